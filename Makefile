@@ -1,0 +1,32 @@
+# The two README commands. Both create .venv when it is missing and install what they need.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint format clean
+
+$(STAMP): pyproject.toml $(wildcard collector/pyproject.toml)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	if [ -f collector/pyproject.toml ]; then $(BIN)/python -m pip install --quiet -e './collector[test]'; fi
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python examples/demo.py
+
+test: $(STAMP)
+	$(BIN)/python -m ruff check .
+	$(BIN)/python -m ruff format --check .
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/python -m ruff check .
+
+format: $(STAMP)
+	$(BIN)/python -m ruff format .
+	$(BIN)/python -m ruff check --fix .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,160 @@
+"""Throughput of ``durable-sessions check`` against a bare ``json.loads`` loop.
+
+Generates a realistic action log (by default 1,000,000 actions in 10,000 interleaved
+sessions, the kind mix of the seed's fixtures, a few percent violations), then times,
+alternately and in the same process tree:
+
+- baseline: a bare loop that only ``json.loads`` every line of the file;
+- check:    ``durable-sessions check FILE --format json`` with every rule on.
+
+Reports wall time medians, their ratio, and each child's peak RSS (from ``wait4``).
+Target (issue 2): ratio <= 1.5, check peak RSS <= 300 MB.
+
+    python benchmarks/check_throughput.py [--actions N] [--sessions N] [--rounds N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import orjson
+
+BASELINE = "import json,sys\nfor line in open(sys.argv[1],'rb'):\n    json.loads(line)\n"
+CHECK = [sys.executable, "-m", "durable_sessions", "check", "--format", "json"]
+
+
+def session_script(session_id: str, rng: random.Random, violation_rate: float):
+    """The actions of one booking-like session, in order, some deliberately broken."""
+    n = 0
+    incarnation = f"run-{rng.randrange(1_000_000):06d}"
+
+    def rec(kind: str, **fields):
+        nonlocal n
+        n += 1
+        base = {"session_id": session_id, "action_id": f"a{n:03d}", "kind": kind, "status": "ok"}
+        base["ts"] = f"2026-11-{1 + n // 50:02d}T{n % 24:02d}:{n % 60:02d}:00Z"
+        base["incarnation"] = incarnation
+        base.update(fields)
+        return base
+
+    def broken() -> bool:
+        return rng.random() < violation_rate
+
+    while True:
+        yield rec(
+            "user_prompt",
+            prompt="Where to and what budget?",
+            **(
+                {}
+                if broken()
+                else {"result": {"destination": "Kyoto", "budget_gbp": rng.randrange(500, 5000)}}
+            ),
+        )
+        for _ in range(3):
+            yield rec(
+                "llm_call",
+                name="main",
+                **({} if broken() else {"result_ref": f"blob://sessions/{session_id}/a{n + 1:03d}.json"}),
+            )
+            yield rec(
+                "external_read",
+                name="flightsearch",
+                cacheable=True,
+                cache_key=f"flights:LHR-KIX:{rng.randrange(30)}",
+                ttl_s=86400,
+                result={"quotes": rng.randrange(10)},
+            )
+            attempts = rng.randrange(1, 4)
+            yield rec(
+                "tool_call",
+                name="seat_map",
+                status="ok" if attempts < 3 else "error",
+                retryable=True,
+                max_attempts=3,
+                attempts=attempts,
+                **({"on_failure": "ask_user"} if attempts == 3 else {}),
+                result={"seat_map": "ok"},
+            )
+        yield rec("clock", result={"now": "2026-11-01T09:14:00Z"})
+        key = {} if broken() else {"idempotency_key": f"pay-{session_id}-a{n + 1:03d}"}
+        yield rec(
+            "payment",
+            name="stripe",
+            amount_gbp=rng.randrange(100, 3000),
+            result={"charge": f"ch_{rng.randrange(1 << 30):x}"},
+            **key,
+        )
+        yield rec("email", replay="skip", to="traveller", result=None)
+        yield rec(
+            "write", name="itinerary", idempotency_key=f"itinerary-{session_id}-{n + 1}", result={"rows": 1}
+        )
+
+
+def generate(path: str, actions: int, sessions: int, seed: int = 7, violation_rate: float = 0.03) -> None:
+    rng = random.Random(seed)
+    scripts = [session_script(f"s-{i:06d}", rng, violation_rate) for i in range(sessions)]
+    per_session = actions // sessions
+    remaining = [per_session] * sessions
+    live = list(range(sessions))
+    with open(path, "wb") as out:
+        while live:
+            i = rng.randrange(len(live))
+            s = live[i]
+            out.write(orjson.dumps(next(scripts[s])) + b"\n")
+            remaining[s] -= 1
+            if remaining[s] == 0:
+                live[i] = live[-1]
+                live.pop()
+
+
+def timed(argv: list[str]) -> tuple[float, float, int]:
+    """Wall seconds, peak RSS in MB and exit code of one child process."""
+    start = time.perf_counter()
+    child = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(child.pid, 0)
+    elapsed = time.perf_counter() - start
+    return elapsed, usage.ru_maxrss / 1024, os.waitstatus_to_exitcode(status)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--actions", type=int, default=1_000_000)
+    parser.add_argument("--sessions", type=int, default=10_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--keep", metavar="FILE", help="write the log here and keep it")
+    args = parser.parse_args()
+    path = args.keep or os.path.join(tempfile.mkdtemp(), "actions.jsonl")
+    if not os.path.exists(path):
+        generate(path, args.actions, args.sessions)
+    size_mb = os.path.getsize(path) / 1e6
+    base, check = [], []
+    for _ in range(args.rounds):
+        base.append(timed([sys.executable, "-c", BASELINE, path]))
+        check.append(timed([*CHECK, path]))
+    b = statistics.median(t for t, _, _ in base)
+    c = statistics.median(t for t, _, _ in check)
+    rss_b = max(r for _, r, _ in base)
+    rss_c = max(r for _, r, _ in check)
+    codes = {code for _, _, code in check}
+    print(
+        f"input: {args.actions:,} actions, {args.sessions:,} sessions, {size_mb:.0f} MB, {args.rounds} rounds"
+    )
+    print(f"baseline json.loads loop: {b:.2f} s  ({args.actions / b:,.0f} lines/s), peak RSS {rss_b:.0f} MB")
+    print(
+        f"durable-sessions check:   {c:.2f} s  ({args.actions / c:,.0f} actions/s), peak RSS {rss_c:.0f} MB, exit {codes}"
+    )
+    print(f"ratio check / baseline:   {c / b:.2f}  (target <= 1.5)")
+    print(f"peak RSS of check:        {rss_c:.0f} MB (target <= 300)")
+    if not args.keep:
+        os.remove(path)
+
+
+if __name__ == "__main__":
+    main()

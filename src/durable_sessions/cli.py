@@ -1,0 +1,267 @@
+"""Command lines: ``durable-sessions`` and the seed-compatible ``replay-check``.
+
+Exit codes, for both: 0 every action is replay-safe, 1 at least one violation (at or
+above ``--fail-on``), 2 usage error or unreadable input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from typing import TextIO
+
+from durable_sessions import __version__
+from durable_sessions.check import check_paths
+from durable_sessions.engine import Checker
+from durable_sessions.readers import DEFAULT_MAX_LINE_BYTES, FORMATS, InputError
+from durable_sessions.report import (
+    OUTPUT_FORMATS,
+    Summary,
+    dump_json,
+    explain_markdown,
+    json_document,
+    sarif_document,
+    text_line,
+    write_text_summary,
+)
+from durable_sessions.rules import CATALOGUE, PRESETS, select_rules
+from durable_sessions.rules.state import DEFAULT_KEY_WINDOW_S
+from durable_sessions.violation import Violation
+
+EXIT_OK, EXIT_VIOLATIONS, EXIT_USAGE = 0, 1, 2
+
+
+# -- replay-check ---------------------------------------------------------------------
+
+
+def replay_check_main(argv: Sequence[str] | None = None) -> int:
+    """``replay-check --actions FILE [--strict] [--quiet]``: the seed checker's contract."""
+    parser = argparse.ArgumentParser(
+        prog="replay-check",
+        description="Check that every action in a JSONL session log is replay-safe.",
+        epilog="Exit 0: every action is replay-safe; 1: violations; 2: usage or unreadable input.",
+    )
+    parser.add_argument("--actions", required=True, metavar="FILE", help="JSONL action log ('-' for stdin)")
+    parser.add_argument("--strict", action="store_true", help="also demand on_failure on dead ends")
+    parser.add_argument("--quiet", action="store_true", help="print the summary line only")
+    args = parser.parse_args(argv)
+    checker = Checker(select_rules("seed", strict=args.strict))
+    out = sys.stdout
+    count = 0
+    try:
+        for violation in check_paths([args.actions], checker, fmt="actions"):
+            count += 1
+            if not args.quiet:
+                out.write(f"line {violation.line} [{violation.action_id or '?'}]: {violation.message}\n")
+    except InputError as error:
+        print(f"replay-check: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    if count:
+        if not args.quiet:
+            out.write("\n")
+        out.write(f"replay-check FAIL: {count} violation(s) in {checker.actions} action(s)\n")
+        return EXIT_VIOLATIONS
+    out.write(f"replay-check OK: {checker.actions} action(s) replay-safe\n")
+    return EXIT_OK
+
+
+# -- durable-sessions -----------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="durable-sessions",
+        description="Check that long-running agent sessions can be recovered by replay.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    check = commands.add_parser(
+        "check",
+        help="check action logs against every rule",
+        description="Check JSONL action logs and observability-tracing event logs.",
+        epilog="Exit 0: no violation at or above --fail-on; 1: violations; 2: usage or unreadable input.",
+    )
+    check.add_argument(
+        "files", nargs="+", metavar="FILE", help="log files ('-' for stdin); sessions may span files"
+    )
+    check.add_argument("--strict", action="store_true", help="also run strict-only rules (dead-end)")
+    check.add_argument(
+        "--format", choices=OUTPUT_FORMATS, default="text", help="output format (default: text)"
+    )
+    check.add_argument(
+        "--fail-on",
+        choices=("error", "warning"),
+        default="error",
+        help="lowest severity that fails (default: error)",
+    )
+    check.add_argument(
+        "--key-window-s",
+        type=_positive_number,
+        default=DEFAULT_KEY_WINDOW_S,
+        metavar="N",
+        help="idempotency key lifetime at the far side, seconds (default: 86400)",
+    )
+    check.add_argument(
+        "--rules", choices=PRESETS, default="all", help="rule set: the seed checker's, or all (default)"
+    )
+    check.add_argument(
+        "--disable", action="append", default=[], metavar="RULE", help="do not run RULE (repeatable)"
+    )
+    check.add_argument(
+        "--input-format", choices=FORMATS, default="auto", help="input format (default: auto-detect)"
+    )
+    check.add_argument(
+        "--max-line-bytes",
+        type=_positive_int,
+        default=DEFAULT_MAX_LINE_BYTES,
+        metavar="N",
+        help="longest line read; longer ones are reported (default: 64 MiB)",
+    )
+    check.set_defaults(run=run_check)
+
+    rules = commands.add_parser("rules", help="list the rule catalogue")
+    rules.add_argument("--format", choices=("text", "json"), default="text")
+    rules.set_defaults(run=run_rules)
+
+    explain = commands.add_parser("explain", help="explain one rule")
+    explain.add_argument("rule", metavar="RULE", help="a rule id, e.g. unkeyed-side-effect")
+    explain.set_defaults(run=run_explain)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except BrokenPipeError:
+        sys.stderr.close()
+        return EXIT_OK
+
+
+def run_check(args: argparse.Namespace) -> int:
+    try:
+        rules = select_rules(args.rules, strict=args.strict, disable=args.disable)
+    except KeyError as error:
+        print(f"durable-sessions check: --disable: {error.args[0]}", file=sys.stderr)
+        return EXIT_USAGE
+    checker = Checker(rules, key_window_s=args.key_window_s)
+    summary = Summary(fail_on=args.fail_on)
+    collected: list[Violation] = []
+    out = sys.stdout
+    progress = _TerminalProgress(sys.stderr) if sys.stderr.isatty() else None
+    try:
+        for violation in check_paths(
+            args.files,
+            checker,
+            fmt=args.input_format,
+            max_line_bytes=args.max_line_bytes,
+            progress=progress,
+        ):
+            summary.add(violation)
+            if args.format == "text":
+                out.write(text_line(violation) + "\n")
+            else:
+                collected.append(violation)
+    except InputError as error:
+        if progress:
+            progress.clear()
+        print(f"durable-sessions check: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    if progress:
+        progress.clear()
+    if args.format == "text":
+        write_text_summary(out, summary, checker.actions, checker.sessions)
+    elif args.format == "json":
+        dump_json(json_document(collected, summary, checker.actions, checker.sessions), out)
+    else:
+        dump_json(sarif_document(collected, rules), out)
+    if checker.actions == 0:
+        print("durable-sessions check: warning: no actions found in the input", file=sys.stderr)
+    return EXIT_VIOLATIONS if summary.failed else EXIT_OK
+
+
+def run_rules(args: argparse.Namespace) -> int:
+    if args.format == "json":
+        rows = [
+            {
+                "id": r.id,
+                "severity": r.severity.value,
+                "scope": r.scope,
+                "summary": r.summary,
+                "fix": r.fix,
+                "seed": r.seed,
+                "strict_only": r.strict_only,
+                "at_session_end": r.at_session_end,
+            }
+            for r in CATALOGUE
+        ]
+        json.dump(rows, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return EXIT_OK
+    width = max(len(r.id) for r in CATALOGUE)
+    for rule in CATALOGUE:
+        tags = "".join(
+            f" [{tag}]"
+            for tag, on in (("seed", rule.seed), ("strict", rule.strict_only), ("end", rule.at_session_end))
+            if on
+        )
+        print(f"{rule.id:<{width}}  {rule.severity.value:<7}  {rule.summary}{tags}")
+    return EXIT_OK
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    if args.rule not in CATALOGUE:
+        print(
+            f"durable-sessions explain: unknown rule {args.rule!r}; see 'durable-sessions rules'",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    sys.stdout.write(explain_markdown(CATALOGUE.get(args.rule)))
+    return EXIT_OK
+
+
+class _TerminalProgress:
+    """A self-overwriting progress line on a terminal, at most a few times a second."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.last = time.monotonic()
+        self.shown = False
+
+    def __call__(self, path: str, done: int, size: int | None) -> None:
+        now = time.monotonic()
+        if now - self.last < 0.5:
+            return
+        self.last = now
+        total = f" of {size / 1e6:.0f} MB" if size else ""
+        self.stream.write(f"\rchecking {path}: {done / 1e6:.0f} MB{total}")
+        self.stream.flush()
+        self.shown = True
+
+    def clear(self) -> None:
+        if self.shown:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+
+
+def _positive_number(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""The incremental checking engine: the only place rules run.
+
+A :class:`Checker` is fed records one at a time (from a file, a live process or the
+sidecar), groups them by session, keeps bounded memory per session, and returns each
+violation exactly once, when the record that causes it arrives. It is told when a
+session ends (end of input, process shutdown, an idle timeout), and only then runs the
+rules that need the whole session.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+
+from durable_sessions.record import NOWHERE, ActionRecord, Location, missing_fields
+from durable_sessions.rules import CATALOGUE, Rule, select_rules
+from durable_sessions.rules.base import Facts
+from durable_sessions.rules.record_rules import describe
+from durable_sessions.rules.state import (
+    DEFAULT_KEY_WINDOW_S,
+    DEFAULT_MAX_ACTIONS_PER_SESSION,
+    SessionState,
+)
+from durable_sessions.violation import Violation
+
+UNREADABLE_LINE = CATALOGUE.get("unreadable-line")
+MISSING_FIELD = CATALOGUE.get("missing-field")
+DISPATCH_CACHE_SIZE = 4096
+_new_facts = tuple.__new__
+
+
+class Checker:
+    """Checks a stream of action records against a selection of rules.
+
+    ``max_sessions`` bounds how many sessions are held at once: past it the least
+    recently active session is ended (its end-of-session rules run) and forgotten.
+    ``None`` holds every session until :meth:`finish`, which is right for a file.
+    """
+
+    def __init__(
+        self,
+        rules: Iterable[Rule] | None = None,
+        *,
+        key_window_s: float = DEFAULT_KEY_WINDOW_S,
+        max_sessions: int | None = None,
+        max_actions_per_session: int = DEFAULT_MAX_ACTIONS_PER_SESSION,
+    ) -> None:
+        self.rules: tuple[Rule, ...] = tuple(rules) if rules is not None else select_rules()
+        self.key_window_s = key_window_s
+        self.max_sessions = max_sessions
+        self.max_actions_per_session = max_actions_per_session
+        enabled = {rule.id for rule in self.rules}
+        self._reports_lines = UNREADABLE_LINE.id in enabled
+        self._reports_missing = MISSING_FIELD.id in enabled
+        self._record_rules = tuple(r for r in self.rules if r.scope == "record")
+        self._session_rules = tuple(r for r in self.rules if r.scope == "session")
+        self._end_rules = tuple(r for r in self._session_rules if r.at_end is not None)
+        self._relevant_fields = frozenset().union(*(r.fields for r in self.rules))
+        self._dispatch: dict[Facts, tuple[tuple[Rule, ...], tuple[Rule, ...]]] = {}
+        self._sessions: OrderedDict[str, SessionState] = OrderedDict()
+        self.actions = 0
+        self.sessions = 0
+
+    def feed(self, record: ActionRecord, where: Location = NOWHERE) -> list[Violation]:
+        """Check one record found at ``where``; return the violations it causes, in rule order."""
+        self.actions += 1
+        missing = missing_fields(record)
+        if missing:
+            return self._missing_fields(record, where, missing)
+        violations: list[Violation] = []
+        session = self._session(record["session_id"], violations)
+        prior = session.actions.get(record["action_id"])
+        if prior is not None and prior.is_redelivery(record, where):
+            self.actions -= 1
+            return violations
+        facts = _new_facts(
+            Facts,
+            (
+                record["kind"],
+                record["status"],
+                frozenset(self._relevant_fields.intersection(record)),
+                prior is not None,
+                bool(session.failure_runs),
+            ),
+        )
+        record_rules, session_rules = self._rules_for(facts)
+        for rule in record_rules:
+            finding = rule.check(record)  # type: ignore[misc]
+            if finding:
+                violations.append(rule.on(record, where, finding))
+        for rule in session_rules:
+            finding = rule.check(session, record, where, prior)  # type: ignore[misc]
+            if finding:
+                violations.append(rule.on(record, where, finding))
+        session.remember(record, where, prior)
+        return violations
+
+    def unreadable(self, location: Location, reason: str) -> list[Violation]:
+        """Count an input line that holds no record, and report why."""
+        self.actions += 1
+        if not self._reports_lines:
+            return []
+        return [
+            UNREADABLE_LINE.violation(
+                f"{reason} — the action on this line cannot be replayed",
+                session_id=None,
+                action_id=None,
+                location=location,
+            )
+        ]
+
+    def end_session(self, session_id: str) -> list[Violation]:
+        """Run the end-of-session rules for ``session_id`` and forget it."""
+        session = self._sessions.pop(session_id, None)
+        if session is None:
+            return []
+        return self._end(session)
+
+    def finish(self) -> list[Violation]:
+        """End every open session (the input is over)."""
+        violations: list[Violation] = []
+        while self._sessions:
+            _, session = self._sessions.popitem(last=False)
+            violations.extend(self._end(session))
+        return violations
+
+    @property
+    def open_sessions(self) -> int:
+        return len(self._sessions)
+
+    def _end(self, session: SessionState) -> list[Violation]:
+        violations = []
+        for rule in self._end_rules:
+            for pending, message in rule.at_end(session):  # type: ignore[misc]
+                violations.append(
+                    rule.violation(
+                        message,
+                        session_id=session.session_id,
+                        action_id=pending.action_id,
+                        location=pending.where,
+                    )
+                )
+        return violations
+
+    def _session(self, session_id: str, violations: list[Violation]) -> SessionState:
+        session = self._sessions.get(session_id)
+        if session is not None:
+            if self.max_sessions is not None:
+                self._sessions.move_to_end(session_id)
+            return session
+        session = SessionState(
+            session_id,
+            key_window_s=self.key_window_s,
+            max_actions=self.max_actions_per_session,
+        )
+        self._sessions[session_id] = session
+        self.sessions += 1
+        if self.max_sessions is not None and len(self._sessions) > self.max_sessions:
+            _, evicted = self._sessions.popitem(last=False)
+            violations.extend(self._end(evicted))
+        return session
+
+    def _rules_for(self, facts: Facts) -> tuple[tuple[Rule, ...], tuple[Rule, ...]]:
+        """The record and session rules that can fire on a record with these facts."""
+        rules = self._dispatch.get(facts)
+        if rules is None:
+            rules = (
+                tuple(r for r in self._record_rules if r.when(facts)),
+                tuple(r for r in self._session_rules if r.when(facts)),
+            )
+            if len(self._dispatch) < DISPATCH_CACHE_SIZE:
+                self._dispatch[facts] = rules
+        return rules
+
+    def _missing_fields(
+        self, record: ActionRecord, where: Location, missing: tuple[str, ...]
+    ) -> list[Violation]:
+        if not self._reports_missing:
+            return []
+        violations = []
+        for name in missing:
+            value = record.get(name)
+            if value is None:
+                message = f"required field '{name}' missing"
+            else:
+                message = f"required field '{name}' is {describe(value)}, expected a non-empty string"
+            session_id, action_id = record.get("session_id"), record.get("action_id")
+            violations.append(
+                MISSING_FIELD.violation(
+                    f"{message} — the action cannot be matched on replay",
+                    session_id=session_id if type(session_id) is str else None,
+                    action_id=action_id if type(action_id) is str else None,
+                    location=where,
+                )
+            )
+        return violations

@@ -1,0 +1,260 @@
+"""Readers: turn log files into action records, streamed line by line.
+
+Two formats are read here:
+
+- the seed's JSONL action log, one record object per line;
+- the observability-tracing event log (``trace_start``, ``step_complete``,
+  ``tool_call``, ``tool_result``, … events), mapped to records as far as that format
+  allows (see ``docs/readers.md``).
+
+A reader never loads a file whole and never raises on bad content: a line it cannot
+use becomes an :class:`Unreadable` item naming the line and the reason. Only a source
+that cannot be opened or read at all raises :class:`InputError`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import IO, Any, Literal
+
+import orjson
+
+from durable_sessions import kinds
+from durable_sessions.record import ActionRecord, Location, line_location
+
+DEFAULT_MAX_LINE_BYTES = 64 * 1024 * 1024
+Format = Literal["auto", "actions", "tracing"]
+FORMATS: tuple[str, ...] = ("auto", "actions", "tracing")
+
+
+class InputError(Exception):
+    """A source that cannot be read at all: missing, a directory, unreadable."""
+
+
+@dataclass(frozen=True, slots=True)
+class Unreadable:
+    """An input line that holds no record, and why."""
+
+    location: Location
+    reason: str
+
+
+Item = tuple[ActionRecord, Location] | Unreadable
+"""A record and where it was found, or a line that holds none."""
+
+
+@contextmanager
+def open_source(path: str) -> Iterator[IO[bytes]]:
+    """Open ``path`` for binary reading (``-`` is standard input), or raise InputError."""
+    if path == "-":
+        yield sys.stdin.buffer
+        return
+    try:
+        handle = open(path, "rb")  # noqa: SIM115 (closed below)
+    except OSError as error:
+        raise InputError(f"cannot read {path!r}: {error.strerror or error}") from None
+    try:
+        yield handle
+    finally:
+        handle.close()
+
+
+def display_name(path: str) -> str:
+    return "<stdin>" if path == "-" else path
+
+
+def iter_lines(source: IO[bytes], name: str, max_line_bytes: int) -> Iterator[tuple[int, bytes | None]]:
+    """``(line_number, content)`` for every non-blank, non-comment line.
+
+    Content is ``None`` for a line longer than ``max_line_bytes``: it is skipped
+    without ever being held whole in memory.
+    """
+    number = 0
+    readline = source.readline
+    try:
+        while raw := readline(max_line_bytes + 1):
+            number += 1
+            if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
+                while (rest := readline(1 << 20)) and not rest.endswith(b"\n"):
+                    pass
+                yield number, None
+                continue
+            stripped = raw.strip()
+            if stripped and not stripped.startswith(b"#"):
+                yield number, stripped
+    except OSError as error:
+        raise InputError(f"cannot read {name!r} after line {number}: {error.strerror or error}") from None
+
+
+def parse_object(line: bytes) -> dict[str, Any] | str:
+    """The JSON object on ``line``, or a message saying why there is none."""
+    try:
+        value = orjson.loads(line)
+    except orjson.JSONDecodeError as error:
+        value = _parse_strictly_with_stdlib(line, error)
+        if isinstance(value, _Failure):
+            return value.reason
+    if type(value) is not dict:
+        return f"line is {_json_type(value)}, not a JSON object"
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class _Failure:
+    reason: str
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _parse_strictly_with_stdlib(line: bytes, error: orjson.JSONDecodeError) -> Any:
+    """Second opinion for what orjson refuses but JSON allows (huge integers, 1e999)."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as bad:
+        return _Failure(f"line is not valid UTF-8 (byte 0x{line[bad.start]:02x} at column {bad.start + 1})")
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        return _Failure("line is JSON nested too deeply to read")
+    except ValueError:
+        return _Failure(f"line is not valid JSON ({error})")
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, list):
+        return "a JSON array"
+    if isinstance(value, str):
+        return "a JSON string"
+    if value is None:
+        return "JSON null"
+    if isinstance(value, bool):
+        return "a JSON boolean"
+    return "a JSON number"
+
+
+def too_long(max_line_bytes: int) -> str:
+    return f"line is longer than {max_line_bytes} bytes, the reader's limit"
+
+
+def read_actions(
+    source: IO[bytes], name: str, *, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+) -> Iterator[Item]:
+    """Records from the seed's JSONL action log."""
+    for number, line in iter_lines(source, name, max_line_bytes):
+        location = line_location(name, number)
+        if line is None:
+            yield Unreadable(location, too_long(max_line_bytes))
+            continue
+        parsed = parse_object(line)
+        if type(parsed) is str:
+            yield Unreadable(location, parsed)
+        else:
+            yield parsed, location  # type: ignore[misc]
+
+
+# -- observability-tracing event logs ------------------------------------------------
+
+TRACING_MARKERS = ("trace_id", "span", "step")
+TRACING_ACTION_EVENTS = {
+    "tool_call": kinds.TOOL_CALL,
+    "tool_result": kinds.TOOL_CALL,
+    "step_complete": kinds.LLM_CALL,
+}
+_TRACING_STATUS = {"ok": "ok", "error": "error", "started": "started"}
+_META_RECORD_FIELDS = (
+    "idempotency_key", "result", "result_ref", "result_digest", "replay", "replayed",
+    "side_effects", "retryable", "max_attempts", "attempts", "cacheable", "cache_key",
+    "ttl_s", "on_failure", "incarnation", "prompt_digest",
+)  # fmt: skip
+
+
+def is_tracing_event(obj: dict[str, Any]) -> bool:
+    return all(marker in obj for marker in TRACING_MARKERS) and "action_id" not in obj
+
+
+def read_tracing(
+    source: IO[bytes], name: str, *, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+) -> Iterator[Item]:
+    """Records from an observability-tracing event log.
+
+    ``tool_call``/``tool_result`` events become ``tool_call`` actions and
+    ``step_complete`` events ``llm_call`` actions, with the trace as the session and the
+    span as the action id. Durability fields the event carries in ``meta`` under their
+    record names (``idempotency_key``, ``result_ref``, …) are taken; ``meta.action_kind``
+    overrides the kind. Other events (``trace_start``, ``step_start``, ``error``, …)
+    describe no action and are skipped.
+    """
+    completed: set[tuple[Any, Any]] = set()
+    for number, line in iter_lines(source, name, max_line_bytes):
+        location = line_location(name, number)
+        if line is None:
+            yield Unreadable(location, too_long(max_line_bytes))
+            continue
+        parsed = parse_object(line)
+        if type(parsed) is str:
+            yield Unreadable(location, parsed)
+            continue
+        record = tracing_event_to_record(parsed, completed)  # type: ignore[arg-type]
+        if record is not None:
+            yield record, location
+
+
+def tracing_event_to_record(event: dict[str, Any], completed: set[tuple[Any, Any]]) -> ActionRecord | None:
+    """The record one tracing event describes, or None when it describes no action."""
+    kind = TRACING_ACTION_EVENTS.get(event.get("kind"))  # type: ignore[arg-type]
+    if kind is None:
+        return None
+    status = _TRACING_STATUS.get(event.get("status"))  # type: ignore[arg-type]
+    if status is None:
+        return None
+    span = (event.get("trace_id"), event.get("span"))
+    if status != "started":
+        if event.get("kind") == "tool_result" and span in completed:
+            return None
+        completed.add(span)
+    meta = event.get("meta") if isinstance(event.get("meta"), dict) else {}
+    record: ActionRecord = {
+        "session_id": event.get("trace_id"),
+        "action_id": event.get("span"),
+        "kind": meta.get("action_kind", kind),
+        "status": status,
+        "name": event.get("tool") or event.get("agent"),
+        "ts": event.get("ts"),
+    }
+    record.update((key, meta[key]) for key in _META_RECORD_FIELDS if key in meta)  # type: ignore[typeddict-item]
+    return record
+
+
+def sniff_format(source: IO[bytes], name: str, max_line_bytes: int) -> Format:
+    """``tracing`` when the first readable object looks like a tracing event, else ``actions``."""
+    peek = getattr(source, "peek", None)
+    head = peek(65536) if peek else b""
+    for line in head.splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith(b"#"):
+            continue
+        parsed = parse_object(stripped)
+        if isinstance(parsed, dict):
+            return "tracing" if is_tracing_event(parsed) else "actions"
+    return "actions"
+
+
+def read(
+    path: str,
+    source: IO[bytes],
+    *,
+    fmt: Format = "auto",
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+) -> Iterator[Item]:
+    """Items from an opened source, in the given or sniffed format."""
+    name = display_name(path)
+    if fmt == "auto":
+        fmt = sniff_format(source, name, max_line_bytes)
+    reader = read_tracing if fmt == "tracing" else read_actions
+    return reader(source, name, max_line_bytes=max_line_bytes)

@@ -1,0 +1,179 @@
+"""Reports: what a check found, as text, JSON or SARIF 2.1.0.
+
+:class:`Summary` folds the violation stream into the per-session verdicts every output
+needs; the renderers only format it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal, TextIO
+
+from durable_sessions import __version__
+from durable_sessions.rules import Rule
+from durable_sessions.violation import Severity, Violation
+
+Verdict = Literal["ok", "at_risk", "unrecoverable"]
+FailOn = Literal["error", "warning"]
+OUTPUT_FORMATS: tuple[str, ...] = ("text", "json", "sarif")
+SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
+SARIF_LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning"}
+
+
+def verdict_of(severities: Iterable[Severity]) -> Verdict:
+    """``unrecoverable`` with any error, ``at_risk`` with only warnings, else ``ok``."""
+    worst: Verdict = "ok"
+    for severity in severities:
+        if severity is Severity.ERROR:
+            return "unrecoverable"
+        worst = "at_risk"
+    return worst
+
+
+@dataclass
+class Summary:
+    """Running totals over a violation stream."""
+
+    fail_on: FailOn = "error"
+    errors: int = 0
+    warnings: int = 0
+    by_session: dict[str, list[Violation]] = field(default_factory=dict)
+
+    def add(self, violation: Violation) -> None:
+        if violation.severity is Severity.ERROR:
+            self.errors += 1
+        else:
+            self.warnings += 1
+        if violation.session_id is not None:
+            self.by_session.setdefault(violation.session_id, []).append(violation)
+
+    @property
+    def total(self) -> int:
+        return self.errors + self.warnings
+
+    @property
+    def failed(self) -> bool:
+        return self.errors > 0 or (self.fail_on == "warning" and self.warnings > 0)
+
+    def verdicts(self) -> dict[str, Verdict]:
+        """The verdict of every session that has a violation."""
+        return {
+            session: verdict_of(v.severity for v in violations)
+            for session, violations in self.by_session.items()
+        }
+
+
+def text_line(violation: Violation) -> str:
+    """``file:line: severity[rule] session/action: message``."""
+    where = violation.file or "-"
+    if violation.line is not None:
+        where = f"{where}:{violation.line}"
+    elif violation.span_id is not None:
+        where = f"{where} span {violation.span_id}"
+    who = f"{violation.session_id or '?'}/{violation.action_id or '?'}"
+    return f"{where}: {violation.severity}[{violation.rule}] {who}: {violation.message}"
+
+
+def write_text_summary(out: TextIO, summary: Summary, actions: int, sessions: int) -> None:
+    verdicts = summary.verdicts()
+    unrecoverable = [s for s, v in verdicts.items() if v == "unrecoverable"]
+    at_risk = [s for s, v in verdicts.items() if v == "at_risk"]
+    counts = f"{summary.errors} error(s), {summary.warnings} warning(s)"
+    scope = f"{actions} action(s) in {sessions} session(s)"
+    if summary.total:
+        out.write("\n")
+    out.write(f"durable-sessions {'FAIL' if summary.failed else 'OK'}: {counts} in {scope}\n")
+    for label, ids in (("unrecoverable", unrecoverable), ("at risk", at_risk)):
+        for session_id in ids:
+            rules = sorted({v.rule for v in summary.by_session[session_id]})
+            out.write(f"  {label}: {session_id} ({', '.join(rules)})\n")
+
+
+def json_document(
+    violations: list[Violation], summary: Summary, actions: int, sessions: int
+) -> dict[str, Any]:
+    return {
+        "ok": not summary.failed,
+        "actions": actions,
+        "sessions": sessions,
+        "violations": [v.as_dict() for v in violations],
+    }
+
+
+def sarif_document(violations: list[Violation], rules: Iterable[Rule]) -> dict[str, Any]:
+    """A SARIF 2.1.0 log with one run, so CI systems can annotate the checked files."""
+    rule_list = list(rules)
+    index = {rule.id: i for i, rule in enumerate(rule_list)}
+    return {
+        "$schema": SARIF_SCHEMA,
+        "version": "2.1.0",
+        "runs": [
+            {
+                "tool": {
+                    "driver": {
+                        "name": "durable-sessions",
+                        "version": __version__,
+                        "informationUri": "https://pypi.org/project/durable-sessions/",
+                        "rules": [_sarif_rule(rule) for rule in rule_list],
+                    }
+                },
+                "results": [_sarif_result(v, index) for v in violations],
+            }
+        ],
+    }
+
+
+def _sarif_rule(rule: Rule) -> dict[str, Any]:
+    text = rule.explanation
+    return {
+        "id": rule.id,
+        "name": "".join(part.capitalize() for part in rule.id.split("-")),
+        "shortDescription": {"text": text.summary},
+        "fullDescription": {"text": text.why},
+        "help": {"text": f"{rule.fix}.", "markdown": explain_markdown(rule)},
+        "defaultConfiguration": {"level": SARIF_LEVEL[rule.severity]},
+    }
+
+
+def _sarif_result(violation: Violation, index: dict[str, int]) -> dict[str, Any]:
+    result: dict[str, Any] = {
+        "ruleId": violation.rule,
+        "level": SARIF_LEVEL[violation.severity],
+        "message": {"text": violation.message},
+        "partialFingerprints": {"durableSessionsViolation/v1": violation.key},
+    }
+    if violation.rule in index:
+        result["ruleIndex"] = index[violation.rule]
+    if violation.file is not None:
+        physical: dict[str, Any] = {"artifactLocation": {"uri": violation.file}}
+        if violation.line is not None:
+            physical["region"] = {"startLine": violation.line}
+        result["locations"] = [{"physicalLocation": physical}]
+    return result
+
+
+def explain_markdown(rule: Rule, heading: str = "#") -> str:
+    """A rule's documentation, ruff style: summary, why, example, use instead, fix."""
+    text = rule.explanation
+    flags = [rule.severity.value]
+    if rule.strict_only:
+        flags.append("strict only")
+    if rule.at_session_end:
+        flags.append("checked at session end")
+    if rule.seed:
+        flags.append("seed checker")
+    return (
+        f"{heading} {rule.id} ({', '.join(flags)})\n\n"
+        f"{text.summary}\n\n"
+        f"{heading}# Why is this bad?\n\n{text.why}\n\n"
+        f"{heading}# Example\n\n{text.example}\n\n"
+        f"{heading}# Use instead\n\n{text.use_instead}\n\n"
+        f"Fix: {rule.fix}.\n"
+    )
+
+
+def dump_json(document: dict[str, Any], out: TextIO) -> None:
+    json.dump(document, out, indent=2, ensure_ascii=False)
+    out.write("\n")

@@ -1,0 +1,564 @@
+"""Rules that judge one action record on its own."""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import datetime
+from typing import Any
+
+from durable_sessions import kinds
+from durable_sessions.record import (
+    ON_FAILURE_VALUES,
+    STATUSES,
+    ActionRecord,
+    is_int,
+    is_recorded,
+    is_redacted,
+)
+from durable_sessions.rules.base import Facts, applies_when, record_rule
+from durable_sessions.violation import Severity
+
+REPLAY_CONSEQUENCE = "replay re-runs it and the session diverges"
+
+
+def might_side_effect(facts: Facts) -> bool:
+    """The record's kind or its ``side_effects`` field may make it side-effecting."""
+    return facts.kind in kinds.SIDE_EFFECTING or "side_effects" in facts.fields
+
+
+def _is_iso_date_time(value: str) -> bool:
+    try:
+        datetime.fromisoformat(value)
+    except ValueError:
+        return False
+    return True
+
+
+@record_rule(
+    "unrecorded-answer",
+    Severity.ERROR,
+    fix="Record the person's answer in `result` (or `result_ref`) when they give it",
+    seed=True,
+    **applies_when(kinds={kinds.USER_PROMPT}, statuses={"ok"}),
+)
+def unrecorded_answer(record: ActionRecord) -> str | None:
+    """A question answered by a person has no recorded answer.
+
+    ## Why is this bad?
+    After a crash, recovery replays the log. An answered `user_prompt` without its
+    answer cannot be replayed, so the resumed session asks the person again: a question
+    from days ago, already answered. It is the failure users notice first: it reads as
+    the agent having forgotten them. A redacted answer (`__REDACTED__`) is not recorded
+    either: the trace no longer holds it.
+
+    ## Example
+    ```json
+    {"session_id":"s-1","action_id":"a01","kind":"user_prompt","status":"ok","prompt":"Budget?"}
+    ```
+
+    ## Use instead
+    ```json
+    {"session_id":"s-1","action_id":"a01","kind":"user_prompt","status":"ok","prompt":"Budget?","result":{"budget_gbp":2400}}
+    ```
+    """
+    if record.get("status") != "ok" or is_recorded(record):
+        return None
+    how = " (its value was redacted)" if is_redacted(record) else ""
+    return (
+        f"user_prompt has no recorded answer{how} — recovery asks the person again "
+        "a question they already answered"
+    )
+
+
+@record_rule(
+    "unrecorded-result",
+    Severity.ERROR,
+    fix="Record the outcome in `result` (or `result_ref`) before the action counts as done",
+    seed=True,
+    **applies_when(kinds=kinds.NON_DETERMINISTIC - {kinds.USER_PROMPT}, statuses={"ok"}),
+)
+def unrecorded_result(record: ActionRecord) -> str | None:
+    """A non-deterministic action (model call, external read, clock, random) has no recorded result.
+
+    ## Why is this bad?
+    Running a model call, a web read, a clock read or a random draw again gives a
+    different answer. Without the recorded result, replay must run it again, and the
+    resumed session silently diverges from the one the user was in. `result: null` is
+    a recorded result; an absent or redacted `result` is not.
+
+    ## Example
+    ```json
+    {"session_id":"s-1","action_id":"a02","kind":"llm_call","status":"ok","model":"main"}
+    ```
+
+    ## Use instead
+    ```json
+    {"session_id":"s-1","action_id":"a02","kind":"llm_call","status":"ok","model":"main","result_ref":"blob://s-1/a02.json"}
+    ```
+    """
+    if record.get("status") != "ok" or is_recorded(record):
+        return None
+    how = " (its value was redacted)" if is_redacted(record) else ""
+    return f"non-deterministic kind '{record['kind']}' has no recorded result{how} — {REPLAY_CONSEQUENCE}"
+
+
+@record_rule(
+    "unkeyed-side-effect",
+    Severity.ERROR,
+    fix="Add an idempotency_key derived from session and action id, or mark it `replay: skip`",
+    seed=True,
+    when=lambda facts: facts.status == "ok" and might_side_effect(facts),
+    fields=frozenset({"side_effects"}),
+)
+def unkeyed_side_effect(record: ActionRecord) -> str | None:
+    """A side-effecting action has neither an idempotency key nor `replay: skip`.
+
+    ## Why is this bad?
+    A payment, an email, a write or a deploy changes the world. If recovery replays
+    it, the effect happens twice: the card is charged twice, the email sent twice. An
+    idempotency key lets the far side recognise the second attempt and collapse it;
+    `replay: skip` makes recovery step over the action. There is no safe third option.
+    Any kind counts as side-effecting when the record says `side_effects: true`.
+
+    ## Example
+    ```json
+    {"session_id":"s-1","action_id":"a07","kind":"payment","status":"ok","result":{"charge":"ch_1"}}
+    ```
+
+    ## Use instead
+    ```json
+    {"session_id":"s-1","action_id":"a07","kind":"payment","status":"ok","idempotency_key":"pay-s-1-a07","result":{"charge":"ch_1"}}
+    ```
+    """
+    if record.get("status") != "ok" or record.get("idempotency_key") or record.get("replay") == "skip":
+        return None
+    if record.get("kind") in kinds.SIDE_EFFECTING:
+        what = f"side-effecting kind '{record['kind']}'"
+    elif record.get("side_effects") is True:
+        what = f"'{record['kind']}' marked side_effects"
+    else:
+        return None
+    return (
+        f"{what} has no idempotency_key and is not replay: skip — recovery would repeat a real-world effect"
+    )
+
+
+@record_rule(
+    "unbounded-retry",
+    Severity.ERROR,
+    fix="Give every retryable action an integer max_attempts of at least 1",
+    seed=True,
+    **applies_when(any_field={"retryable"}),
+)
+def unbounded_retry(record: ActionRecord) -> str | None:
+    """A retryable action has no finite, integer `max_attempts`.
+
+    ## Why is this bad?
+    A retry without a cap is an unbounded loop: it burns budget, never surfaces, and
+    never asks anyone. A cap must be a JSON integer of at least 1: `true`, `"3"`,
+    `3.0` and `-1` are not caps.
+
+    ## Example
+    ```json
+    {"session_id":"s-1","action_id":"a04","kind":"tool_call","status":"error","retryable":true,"attempts":19}
+    ```
+
+    ## Use instead
+    ```json
+    {"session_id":"s-1","action_id":"a04","kind":"tool_call","status":"error","retryable":true,"max_attempts":3,"attempts":2}
+    ```
+    """
+    if record.get("retryable") is not True:
+        return None
+    cap = record.get("max_attempts")
+    if is_int(cap) and cap >= 1:
+        return None
+    why = "" if cap is None else f" (max_attempts is {describe(cap)})"
+    return f"retryable without a finite max_attempts{why} — an unbounded loop that never escalates"
+
+
+@record_rule(
+    "retry-overrun",
+    Severity.ERROR,
+    fix="Stop retrying at max_attempts and escalate instead",
+    seed=True,
+    **applies_when(any_field={"attempts"}),
+)
+def retry_overrun(record: ActionRecord) -> str | None:
+    """An action was attempted more often than its own `max_attempts`.
+
+    ## Why is this bad?
+    The cap was declared but not enforced: whatever retries the action ignores it,
+    so the cap protects nothing and the loop is unbounded in practice.
+
+    ## Example
+    ```json
+    {"session_id":"s-1","action_id":"a05","kind":"tool_call","status":"error","retryable":true,"max_attempts":3,"attempts":7}
+    ```
+
+    ## Use instead
+    ```json
+    {"session_id":"s-1","action_id":"a05","kind":"tool_call","status":"error","retryable":true,"max_attempts":3,"attempts":3,"on_failure":"ask_user"}
+    ```
+    """
+    attempts, cap = record.get("attempts"), record.get("max_attempts")
+    if is_int(attempts) and is_int(cap) and attempts > cap:
+        return f"attempts {attempts} exceeds max_attempts {cap} — the cap is not enforced"
+    return None
+
+
+@record_rule(
+    "cached-human-answer",
+    Severity.ERROR,
+    fix="Never mark a user_prompt cacheable; its answer belongs to one session",
+    seed=True,
+    **applies_when(kinds={kinds.USER_PROMPT}, any_field={"cacheable"}),
+)
+def cached_human_answer(record: ActionRecord) -> str | None:
+    """A person's answer is marked cacheable.
+
+    ## Why is this bad?
+    The useful question for a cache is "whose answer is it?". What a person told the
+    agent belongs to their session; a shared cache serves it to everyone else. That is
+    a correctness bug and, when the answer is personal, a disclosure bug.
+
+    ## Example
+    ```json
+    {"session_id":"s-1","action_id":"a06","kind":"user_prompt","status":"ok","result":{"seat":"aisle"},"cacheable":true,"cache_key":"seat-pref","ttl_s":3600}
+    ```
+
+    ## Use instead
+    ```json
+    {"session_id":"s-1","action_id":"a06","kind":"user_prompt","status":"ok","result":{"seat":"aisle"}}
+    ```
+    """
+    if record.get("cacheable") is True:
+        return "user_prompt marked cacheable — a person's answer is not shareable across sessions"
+    return None
+
+
+@record_rule(
+    "cache-without-key",
+    Severity.ERROR,
+    fix="Give every cacheable action a cache_key naming what makes two calls the same",
+    seed=True,
+    **applies_when(any_field={"cacheable"}),
+)
+def cache_without_key(record: ActionRecord) -> str | None:
+    """A cacheable action has no `cache_key`.
+
+    ## Why is this bad?
+    Without a key nothing says which calls may share an entry, so one call's answer
+    can be served for another.
+
+    ## Example
+    ```json
+    {"session_id":"s-1","action_id":"a03","kind":"external_read","status":"ok","result":{"quotes":2},"cacheable":true,"ttl_s":86400}
+    ```
+
+    ## Use instead
+    ```json
+    {"session_id":"s-1","action_id":"a03","kind":"external_read","status":"ok","result":{"quotes":2},"cacheable":true,"cache_key":"flights:LHR-KIX:2026-11-02","ttl_s":86400}
+    ```
+    """
+    if record.get("cacheable") is True and not record.get("cache_key"):
+        return "cacheable without a cache_key — one call's answer can be served for another"
+    return None
+
+
+@record_rule(
+    "cache-without-ttl",
+    Severity.ERROR,
+    fix="Give every cacheable action a positive integer ttl_s",
+    seed=True,
+    **applies_when(any_field={"cacheable"}),
+)
+def cache_without_ttl(record: ActionRecord) -> str | None:
+    """A cacheable action has no positive integer `ttl_s`.
+
+    ## Why is this bad?
+    An entry that never expires is a stale answer waiting to be served: prices,
+    availability and search results change, the cache does not.
+
+    ## Example
+    ```json
+    {"session_id":"s-1","action_id":"a03","kind":"external_read","status":"ok","result":{"quotes":2},"cacheable":true,"cache_key":"flights:LHR-KIX"}
+    ```
+
+    ## Use instead
+    ```json
+    {"session_id":"s-1","action_id":"a03","kind":"external_read","status":"ok","result":{"quotes":2},"cacheable":true,"cache_key":"flights:LHR-KIX","ttl_s":86400}
+    ```
+    """
+    if record.get("cacheable") is not True:
+        return None
+    ttl = record.get("ttl_s")
+    if is_int(ttl) and ttl > 0:
+        return None
+    why = "" if ttl is None else f" (ttl_s is {describe(ttl)})"
+    return f"cacheable without a positive ttl_s{why} — a stale answer with no way to expire"
+
+
+@record_rule(
+    "dead-end",
+    Severity.ERROR,
+    fix="Say what recovery does after this failure: on_failure ask_user, abort or compensate",
+    seed=True,
+    strict_only=True,
+    **applies_when(statuses={"error"}),
+)
+def dead_end(record: ActionRecord) -> str | None:
+    """A failed action that is not retryable gives no `on_failure` instruction (strict only).
+
+    ## Why is this bad?
+    Recovery meets a failure it may not retry and has no instruction for: it has to
+    guess whether to ask the user, abort or compensate. Guessing is how sessions end
+    silently. Checked only with `--strict`.
+
+    ## Example
+    ```json
+    {"session_id":"s-1","action_id":"a08","kind":"tool_call","status":"error","retryable":false,"error":"visa check failed"}
+    ```
+
+    ## Use instead
+    ```json
+    {"session_id":"s-1","action_id":"a08","kind":"tool_call","status":"error","retryable":false,"on_failure":"ask_user","error":"visa check failed"}
+    ```
+    """
+    if record.get("status") != "error" or record.get("retryable") is True:
+        return None
+    on_failure = record.get("on_failure")
+    if on_failure in ON_FAILURE_VALUES:
+        return None
+    why = "" if on_failure is None else f" (on_failure is {describe(on_failure)})"
+    return (
+        f"failed, not retryable and no on_failure instruction{why} — recovery has to "
+        "guess whether to ask, abort or compensate"
+    )
+
+
+_ISO_DATE = r"(?:19|20)\d\d-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12]\d|3[01])"
+_COMPACT_DATE_TIME = r"(?:19|20)\d\d(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])T\d{4}"
+_TIME_UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[167][0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
+_DATE_LIKE = re.compile(rf"{_ISO_DATE}|{_COMPACT_DATE_TIME}")
+_TIME_UUID_LIKE = re.compile(_TIME_UUID, re.I)
+_DIGIT_RUN = re.compile(r"(?<!\d)(\d{10}|\d{13}|\d{16}|\d{19})(?!\d)")
+_EPOCH_RANGE_S = (946_684_800, 4_102_444_800)  # 2000-01-01 .. 2100-01-01
+
+
+def time_component(key: str) -> str | None:
+    """The part of ``key`` that is derived from time, or None."""
+    if found := _DATE_LIKE.search(key):
+        return f"the date '{found.group()}'"
+    if found := _TIME_UUID_LIKE.search(key):
+        return f"the time-based UUID '{found.group()}'"
+    for run in _DIGIT_RUN.findall(key):
+        seconds = int(run) / 10 ** (len(run) - 10)
+        if _EPOCH_RANGE_S[0] <= seconds < _EPOCH_RANGE_S[1]:
+            return f"the epoch timestamp '{run}'"
+    return None
+
+
+@record_rule(
+    "time-derived-key",
+    Severity.ERROR,
+    fix="Derive the idempotency key from session and action identity, e.g. `pay-<session>-<action>`",
+    **applies_when(any_field={"idempotency_key"}),
+)
+def time_derived_key(record: ActionRecord) -> str | None:
+    """An idempotency key contains a date, an epoch timestamp or a time-based UUID.
+
+    ## Why is this bad?
+    A key computed from the clock differs on every attempt, so the far side sees the
+    replay as a new request and performs the effect again: the key keys nothing.
+    Detected: ISO dates and date-times, epoch numbers of 10, 13, 16 or 19 digits in a
+    plausible range, and UUIDs of versions 1, 6 and 7 (which embed a timestamp).
+
+    ## Example
+    ```json
+    {"session_id":"s-1","action_id":"a07","kind":"payment","status":"ok","idempotency_key":"pay-1764581640123"}
+    ```
+
+    ## Use instead
+    ```json
+    {"session_id":"s-1","action_id":"a07","kind":"payment","status":"ok","idempotency_key":"pay-s-1-a07"}
+    ```
+    """
+    key = record.get("idempotency_key")
+    if type(key) is not str or not key:
+        return None
+    component = time_component(key)
+    if component is None:
+        return None
+    return f"idempotency_key '{key}' contains {component} — it differs on replay, so it keys nothing"
+
+
+@record_rule(
+    "truncated-result",
+    Severity.WARNING,
+    fix="Raise OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT or record large results by reference (result_ref)",
+    **applies_when(any_field={"value_limit"}),
+)
+def truncated_result(record: ActionRecord) -> str | None:
+    """A result read from a span is exactly as long as the attribute length limit.
+
+    ## Why is this bad?
+    The OpenTelemetry SDK cuts attribute values at `OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT`
+    without telling the application. A recorded result of exactly that length was
+    probably cut, so replaying it would hand the session half an answer.
+
+    ## Example
+    ```
+    agent.action.result = '{"text": "The itinerary is … (4096 characters, the limit)'
+    ```
+
+    ## Use instead
+    ```
+    agent.action.result_ref = "blob://sessions/s-1/a02.json"
+    agent.action.result_digest = "sha256:…"
+    ```
+    """
+    limit, length = record.get("value_limit"), record.get("result_length")
+    if limit and length is not None and length == limit:
+        return (
+            f"recorded result is {length} characters, exactly the attribute length limit — "
+            "it was probably cut by the SDK and cannot be replayed"
+        )
+    return None
+
+
+_FIELD_TYPES: dict[str, tuple[type, str]] = {
+    **dict.fromkeys(
+        (
+            "idempotency_key",
+            "cache_key",
+            "name",
+            "result_ref",
+            "result_digest",
+            "prompt_digest",
+            "incarnation",
+        ),
+        (str, "a string"),
+    ),
+    **dict.fromkeys(
+        ("replayed", "side_effects", "retryable", "cacheable", "cache_hit"), (bool, "true or false")
+    ),
+}
+
+
+def _check_attempts(record: ActionRecord, value: Any) -> str | None:
+    if is_int(value) and value >= 1:
+        return None
+    return f"attempts is {describe(value)}, expected an integer of at least 1"
+
+
+def _check_max_attempts(record: ActionRecord, value: Any) -> str | None:
+    if record.get("retryable") is True or (is_int(value) and value >= 1):
+        return None
+    return f"max_attempts is {describe(value)}, expected an integer of at least 1"
+
+
+def _check_ttl(record: ActionRecord, value: Any) -> str | None:
+    if record.get("cacheable") is True or (is_int(value) and value > 0):
+        return None
+    return f"ttl_s is {describe(value)}, expected a positive integer"
+
+
+def _check_replay(record: ActionRecord, value: Any) -> str | None:
+    if value == "skip":
+        return None
+    return f"replay is {describe(value)}, expected 'skip'"
+
+
+def _check_on_failure(record: ActionRecord, value: Any) -> str | None:
+    if value in ON_FAILURE_VALUES:
+        return None
+    return f"on_failure is {describe(value)}, expected ask_user, abort or compensate"
+
+
+def _check_ts(record: ActionRecord, value: Any) -> str | None:
+    if type(value) is str and _is_iso_date_time(value):
+        return None
+    if type(value) in (int, float) and math.isfinite(value):
+        return None
+    return f"ts is {describe(value)}, expected an ISO-8601 date-time"
+
+
+_FIELD_CHECKS = {
+    "attempts": _check_attempts,
+    "max_attempts": _check_max_attempts,
+    "ttl_s": _check_ttl,
+    "replay": _check_replay,
+    "on_failure": _check_on_failure,
+    "ts": _check_ts,
+}
+_CHECKED_FIELDS = frozenset(_FIELD_TYPES) | frozenset(_FIELD_CHECKS)
+
+
+@record_rule(
+    "invalid-field",
+    Severity.ERROR,
+    fix="Write each field with the type and values documented in docs/semconv.md",
+    when=lambda facts: facts.status not in STATUSES or not _CHECKED_FIELDS.isdisjoint(facts.fields),
+    fields=_CHECKED_FIELDS,
+)
+def invalid_field(record: ActionRecord) -> str | None:
+    """A field has the wrong type or an unknown value.
+
+    ## Why is this bad?
+    The rules, and recovery, read these fields literally: `retryable: "yes"` is not
+    `true`, `attempts: "2"` is not a number, `status: "done"` is neither `ok` nor
+    `error`. A wrong type silently turns a protection off, so it is reported rather than
+    guessed at. (`max_attempts` and `ttl_s` are judged by `unbounded-retry` and
+    `cache-without-ttl` when the action is retryable or cacheable.)
+
+    ## Example
+    ```json
+    {"session_id":"s-1","action_id":"a04","kind":"tool_call","status":"done","retryable":"yes","attempts":"2"}
+    ```
+
+    ## Use instead
+    ```json
+    {"session_id":"s-1","action_id":"a04","kind":"tool_call","status":"error","retryable":true,"max_attempts":3,"attempts":2}
+    ```
+    """
+    problems = []
+    for name in _CHECKED_FIELDS.intersection(record):
+        value = record[name]
+        if value is None:
+            continue
+        expected = _FIELD_TYPES.get(name)
+        if expected is None:
+            problem = _FIELD_CHECKS[name](record, value)
+            if problem:
+                problems.append(problem)
+        elif type(value) is not expected[0]:
+            problems.append(f"{name} is {describe(value)}, expected {expected[1]}")
+    if record.get("status") not in STATUSES:
+        problems.append(f"status is {describe(record.get('status'))}, expected one of ok, error, started")
+    if not problems:
+        return None
+    return f"{'; '.join(sorted(problems))} — the rules cannot rely on it"
+
+
+def describe(value: Any) -> str:
+    """A short, type-revealing rendering of a field value for messages."""
+    if value is None:
+        return "null"
+    if type(value) is bool:
+        return f"the boolean {'true' if value else 'false'}"
+    if type(value) is str:
+        shown = value if len(value) <= 40 else value[:37] + "..."
+        return f"the string {shown!r}"
+    if type(value) is int:
+        return f"the integer {value}"
+    if type(value) is float:
+        if math.isinf(value) or math.isnan(value):
+            return f"the non-finite number {value}"
+        return f"the number {value!r}"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return f"a {type(value).__name__}"
