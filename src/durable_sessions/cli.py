@@ -23,6 +23,7 @@ from durable_sessions.report import (
     dump_json,
     explain_markdown,
     json_document,
+    rules_markdown,
     sarif_document,
     text_line,
     write_text_summary,
@@ -123,8 +124,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.set_defaults(run=run_check)
 
-    rules = commands.add_parser("rules", help="list the rule catalogue")
-    rules.add_argument("--format", choices=("text", "json"), default="text")
+    rules = commands.add_parser(
+        "rules",
+        help="list the rule catalogue",
+        description="List the rule catalogue. --format markdown prints the rule reference, docs/rules.md.",
+    )
+    rules.add_argument(
+        "--format",
+        choices=("text", "json", "markdown"),
+        default="text",
+        help="output format (default: text; markdown is the full reference)",
+    )
     rules.set_defaults(run=run_rules)
 
     explain = commands.add_parser("explain", help="explain one rule")
@@ -186,6 +196,9 @@ def run_check(args: argparse.Namespace) -> int:
 
 
 def run_rules(args: argparse.Namespace) -> int:
+    if args.format == "markdown":
+        sys.stdout.write(rules_markdown(CATALOGUE))
+        return EXIT_OK
     if args.format == "json":
         rows = [
             {

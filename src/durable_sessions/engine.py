@@ -20,6 +20,7 @@ from durable_sessions.rules.state import (
     DEFAULT_KEY_WINDOW_S,
     DEFAULT_MAX_ACTIONS_PER_SESSION,
     SessionState,
+    Symbols,
 )
 from durable_sessions.violation import Violation
 
@@ -56,41 +57,49 @@ class Checker:
         self._session_rules = tuple(r for r in self.rules if r.scope == "session")
         self._end_rules = tuple(r for r in self._session_rules if r.at_end is not None)
         self._relevant_fields = frozenset().union(*(r.fields for r in self.rules))
-        self._dispatch: dict[Facts, tuple[tuple[Rule, ...], tuple[Rule, ...]]] = {}
+        self._dispatch: dict[tuple, tuple[tuple[Rule, ...], tuple[Rule, ...]]] = {}
         self._sessions: OrderedDict[str, SessionState] = OrderedDict()
+        self._symbols = Symbols()
         self.actions = 0
         self.sessions = 0
 
     def feed(self, record: ActionRecord, where: Location = NOWHERE) -> list[Violation]:
         """Check one record found at ``where``; return the violations it causes, in rule order."""
         self.actions += 1
-        missing = missing_fields(record)
-        if missing:
-            return self._missing_fields(record, where, missing)
+        get = record.get
+        session_id, action_id, kind, status = get("session_id"), get("action_id"), get("kind"), get("status")
+        if not (
+            type(session_id) is str
+            and type(action_id) is str
+            and type(kind) is str
+            and type(status) is str
+            and session_id
+            and action_id
+            and kind
+            and status
+        ):
+            return self._missing_fields(record, where, missing_fields(record))
         violations: list[Violation] = []
-        session = self._session(record["session_id"], violations)
-        prior = session.actions.get(record["action_id"])
+        session = self._sessions.get(session_id) if self.max_sessions is None else None
+        if session is None:
+            session = self._session(session_id, violations)
+        prior = session.recall(action_id)
         if prior is not None and prior.is_redelivery(record, where):
             self.actions -= 1
             return violations
-        facts = _new_facts(
-            Facts,
-            (
-                record["kind"],
-                record["status"],
-                frozenset(self._relevant_fields.intersection(record)),
-                prior is not None,
-                bool(session.failure_runs),
-            ),
+        facts = (
+            kind,
+            status,
+            frozenset(self._relevant_fields.intersection(record)),
+            prior is not None,
+            bool(session.failure_runs),
         )
-        record_rules, session_rules = self._rules_for(facts)
-        for rule in record_rules:
-            finding = rule.check(record)  # type: ignore[misc]
-            if finding:
+        rules = self._dispatch.get(facts) or self._rules_for(_new_facts(Facts, facts))  # type: ignore[call-overload]
+        for rule in rules[0]:
+            if finding := rule.check(record):  # type: ignore[misc]
                 violations.append(rule.on(record, where, finding))
-        for rule in session_rules:
-            finding = rule.check(session, record, where, prior)  # type: ignore[misc]
-            if finding:
+        for rule in rules[1]:
+            if finding := rule.check(session, record, where, prior):  # type: ignore[misc]
                 violations.append(rule.on(record, where, finding))
         session.remember(record, where, prior)
         return violations
@@ -124,6 +133,14 @@ class Checker:
             violations.extend(self._end(session))
         return violations
 
+    def forget(self, session_id: str) -> None:
+        """Drop ``session_id`` without judging its end (it will be rebuilt or is gone)."""
+        self._sessions.pop(session_id, None)
+
+    def __contains__(self, session_id: object) -> bool:
+        """Whether ``session_id`` is held in memory right now."""
+        return session_id in self._sessions
+
     @property
     def open_sessions(self) -> int:
         return len(self._sessions)
@@ -152,6 +169,7 @@ class Checker:
             session_id,
             key_window_s=self.key_window_s,
             max_actions=self.max_actions_per_session,
+            symbols=self._symbols,
         )
         self._sessions[session_id] = session
         self.sessions += 1

@@ -24,9 +24,10 @@ from typing import IO, Any, Literal
 import orjson
 
 from durable_sessions import kinds
-from durable_sessions.record import ActionRecord, Location, line_location
+from durable_sessions.record import ActionRecord, Location
 
 DEFAULT_MAX_LINE_BYTES = 64 * 1024 * 1024
+UTF8_BOM = b"\xef\xbb\xbf"
 Format = Literal["auto", "actions", "tracing"]
 FORMATS: tuple[str, ...] = ("auto", "actions", "tracing")
 
@@ -65,29 +66,6 @@ def open_source(path: str) -> Iterator[IO[bytes]]:
 
 def display_name(path: str) -> str:
     return "<stdin>" if path == "-" else path
-
-
-def iter_lines(source: IO[bytes], name: str, max_line_bytes: int) -> Iterator[tuple[int, bytes | None]]:
-    """``(line_number, content)`` for every non-blank, non-comment line.
-
-    Content is ``None`` for a line longer than ``max_line_bytes``: it is skipped
-    without ever being held whole in memory.
-    """
-    number = 0
-    readline = source.readline
-    try:
-        while raw := readline(max_line_bytes + 1):
-            number += 1
-            if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
-                while (rest := readline(1 << 20)) and not rest.endswith(b"\n"):
-                    pass
-                yield number, None
-                continue
-            stripped = raw.strip()
-            if stripped and not stripped.startswith(b"#"):
-                yield number, stripped
-    except OSError as error:
-        raise InputError(f"cannot read {name!r} after line {number}: {error.strerror or error}") from None
 
 
 def parse_object(line: bytes) -> dict[str, Any] | str:
@@ -145,17 +123,53 @@ def too_long(max_line_bytes: int) -> str:
 def read_actions(
     source: IO[bytes], name: str, *, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
 ) -> Iterator[Item]:
-    """Records from the seed's JSONL action log."""
-    for number, line in iter_lines(source, name, max_line_bytes):
-        location = line_location(name, number)
-        if line is None:
-            yield Unreadable(location, too_long(max_line_bytes))
-            continue
-        parsed = parse_object(line)
-        if type(parsed) is str:
-            yield Unreadable(location, parsed)
-        else:
-            yield parsed, location  # type: ignore[misc]
+    """Records from the seed's JSONL action log, with their line numbers.
+
+    Blank lines and lines starting with ``#`` are skipped. A line longer than
+    ``max_line_bytes`` is reported without ever being held whole in memory.
+    """
+    number = 0
+    readline = source.readline
+    loads = orjson.loads
+    new_location = tuple.__new__
+    try:
+        while raw := readline(max_line_bytes + 1):
+            number += 1
+            try:
+                value = loads(raw)
+            except orjson.JSONDecodeError:
+                value = _read_unusual_line(source, raw, max_line_bytes, number)
+                if value is None:
+                    continue
+            if type(value) is dict and len(raw) <= max_line_bytes:
+                yield value, new_location(Location, (name, number, None, None))
+            else:
+                yield Unreadable(Location(name, number), _why_unreadable(value, raw, max_line_bytes))
+    except OSError as error:
+        raise InputError(f"cannot read {name!r} after line {number}: {error.strerror or error}") from None
+
+
+def _read_unusual_line(source: IO[bytes], raw: bytes, max_line_bytes: int, number: int) -> Any:
+    """What orjson refused: None for a blank or comment line, else a value or a _Failure."""
+    if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
+        while (rest := source.readline(1 << 20)) and not rest.endswith(b"\n"):
+            pass
+        return _Failure(too_long(max_line_bytes))
+    stripped = raw.strip()
+    if number == 1 and stripped.startswith(UTF8_BOM):
+        stripped = stripped[len(UTF8_BOM) :].strip()
+    if not stripped or stripped.startswith(b"#"):
+        return None
+    parsed = parse_object(stripped)
+    return _Failure(parsed) if type(parsed) is str else parsed
+
+
+def _why_unreadable(value: Any, raw: bytes, max_line_bytes: int) -> str:
+    if isinstance(value, _Failure):
+        return value.reason
+    if len(raw) > max_line_bytes:
+        return too_long(max_line_bytes)
+    return f"line is {_json_type(value)}, not a JSON object"
 
 
 # -- observability-tracing event logs ------------------------------------------------
@@ -191,31 +205,28 @@ def read_tracing(
     describe no action and are skipped.
     """
     completed: set[tuple[Any, Any]] = set()
-    for number, line in iter_lines(source, name, max_line_bytes):
-        location = line_location(name, number)
-        if line is None:
-            yield Unreadable(location, too_long(max_line_bytes))
+    for item in read_actions(source, name, max_line_bytes=max_line_bytes):
+        if type(item) is Unreadable:
+            yield item
             continue
-        parsed = parse_object(line)
-        if type(parsed) is str:
-            yield Unreadable(location, parsed)
-            continue
-        record = tracing_event_to_record(parsed, completed)  # type: ignore[arg-type]
+        event, location = item  # type: ignore[misc]
+        record = tracing_event_to_record(event, completed)
         if record is not None:
             yield record, location
 
 
 def tracing_event_to_record(event: dict[str, Any], completed: set[tuple[Any, Any]]) -> ActionRecord | None:
     """The record one tracing event describes, or None when it describes no action."""
-    kind = TRACING_ACTION_EVENTS.get(event.get("kind"))  # type: ignore[arg-type]
-    if kind is None:
+    event_kind, event_status = event.get("kind"), event.get("status")
+    if type(event_kind) is not str or type(event_status) is not str:
         return None
-    status = _TRACING_STATUS.get(event.get("status"))  # type: ignore[arg-type]
-    if status is None:
+    kind = TRACING_ACTION_EVENTS.get(event_kind)
+    status = _TRACING_STATUS.get(event_status)
+    if kind is None or status is None:
         return None
     span = (event.get("trace_id"), event.get("span"))
-    if status != "started":
-        if event.get("kind") == "tool_result" and span in completed:
+    if status != "started" and all(type(part) is str for part in span):
+        if event_kind == "tool_result" and span in completed:
             return None
         completed.add(span)
     meta = event.get("meta") if isinstance(event.get("meta"), dict) else {}

@@ -13,6 +13,7 @@ silently repaired.
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 from typing import Any, NamedTuple, TypedDict
 
@@ -109,14 +110,18 @@ def missing_fields(record: ActionRecord) -> tuple[str, ...]:
 
 
 def is_redacted(record: ActionRecord) -> bool:
+    """The instrumentation replaced the result with a placeholder."""
     return record.get("redacted") is True or record.get("result", None) == REDACTED
 
 
 def is_recorded(record: ActionRecord) -> bool:
-    """The outcome is in the record (by value, reference or digest) and not redacted."""
-    if "result" in record:
-        return not is_redacted(record)
-    return bool(record.get("result_ref") or record.get("result_digest")) and not is_redacted(record)
+    """The outcome is in the record: by value (even ``null``), by reference or by digest.
+
+    A redacted value is no record of the outcome; a reference beside it still is.
+    """
+    if "result" in record and record["result"] != REDACTED and record.get("redacted") is not True:
+        return True
+    return bool(record.get("result_ref") or record.get("result_digest"))
 
 
 def is_side_effecting(record: ActionRecord) -> bool:
@@ -129,7 +134,7 @@ def outcome_fingerprint(record: ActionRecord) -> Fingerprint | None:
     given = record.get("result_digest")
     if given and type(given) is str:
         return given
-    if "result" in record and not is_redacted(record):
+    if "result" in record and record["result"] != REDACTED:
         return fingerprint(record["result"])
     return None
 
@@ -152,5 +157,9 @@ def parse_ts(value: Any) -> float | None:
             moment = moment.replace(tzinfo=UTC)
         return moment.timestamp()
     if type(value) in (int, float):
-        return float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:
+            return None
+        return seconds if math.isfinite(seconds) else None
     return None

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TextIO
 
 from durable_sessions import __version__
-from durable_sessions.rules import Rule
+from durable_sessions.rules import CATALOGUE, Rule
 from durable_sessions.violation import Severity, Violation
 
 Verdict = Literal["ok", "at_risk", "unrecoverable"]
@@ -172,6 +172,53 @@ def explain_markdown(rule: Rule, heading: str = "#") -> str:
         f"{heading}# Use instead\n\n{text.use_instead}\n\n"
         f"Fix: {rule.fix}.\n"
     )
+
+
+RULES_MARKDOWN_COMMAND = "durable-sessions rules --format markdown > docs/rules.md"
+
+
+def rules_markdown(rules: Iterable[Rule] = CATALOGUE) -> str:
+    """The rule reference, ``docs/rules.md``: a short intro, a table of every rule, then each
+    rule's documentation exactly as ``durable-sessions explain`` prints it."""
+    rule_list = list(rules)
+    rows = "".join(
+        f"| [`{rule.id}`](#{rule.id}) | {_severity_cell(rule)} | {rule.scope} | "
+        f"{'yes' if rule.seed else 'no'} | {_table_cell(rule.summary)} |\n"
+        for rule in rule_list
+    )
+    sections = "\n".join(
+        f'<a id="{rule.id}"></a>\n\n{explain_markdown(rule, heading="##")}' for rule in rule_list
+    )
+    return (
+        "# Rules\n\n"
+        f"<!-- Generated from the rule catalogue by `{RULES_MARKDOWN_COMMAND}`. Do not edit by hand. -->\n\n"
+        "Every rule durable-sessions checks, with its stable id: the id appears in checker output, "
+        "metrics labels and SARIF `ruleId`, and `durable-sessions explain <id>` prints its section below.\n\n"
+        "- **Severity**: an `error` makes the session unrecoverable and the check exit 1; a `warning` "
+        "puts it at risk and fails only with `--fail-on warning`. Strict-only rules run with "
+        "`--strict`; rules checked at session end report once the session is over.\n"
+        "- **Scope**: `line` rules are raised while reading a log line, `record` rules judge one "
+        "action on its own, `session` rules judge an action against what its session did before.\n"
+        "- **Seed**: the rule is part of the seed `replay_check`'s set (`replay-check`, "
+        "`durable-sessions check --rules seed`).\n\n"
+        "| Rule | Severity | Scope | Seed | Summary |\n"
+        "|---|---|---|---|---|\n"
+        f"{rows}\n"
+        f"{sections}"
+    )
+
+
+def _severity_cell(rule: Rule) -> str:
+    qualifiers = [rule.severity.value]
+    if rule.strict_only:
+        qualifiers.append("`--strict` only")
+    if rule.at_session_end:
+        qualifiers.append("at session end")
+    return ", ".join(qualifiers)
+
+
+def _table_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
 
 
 def dump_json(document: dict[str, Any], out: TextIO) -> None:

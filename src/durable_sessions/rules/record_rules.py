@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 import re
-from datetime import datetime
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from durable_sessions import kinds
 from durable_sessions.record import (
@@ -25,14 +25,6 @@ REPLAY_CONSEQUENCE = "replay re-runs it and the session diverges"
 def might_side_effect(facts: Facts) -> bool:
     """The record's kind or its ``side_effects`` field may make it side-effecting."""
     return facts.kind in kinds.SIDE_EFFECTING or "side_effects" in facts.fields
-
-
-def _is_iso_date_time(value: str) -> bool:
-    try:
-        datetime.fromisoformat(value)
-    except ValueError:
-        return False
-    return True
 
 
 @record_rule(
@@ -329,7 +321,7 @@ def dead_end(record: ActionRecord) -> str | None:
     if record.get("status") != "error" or record.get("retryable") is True:
         return None
     on_failure = record.get("on_failure")
-    if on_failure in ON_FAILURE_VALUES:
+    if type(on_failure) is str and on_failure in ON_FAILURE_VALUES:
         return None
     why = "" if on_failure is None else f" (on_failure is {describe(on_failure)})"
     return (
@@ -428,7 +420,34 @@ def truncated_result(record: ActionRecord) -> str | None:
     return None
 
 
-_FIELD_TYPES: dict[str, tuple[type, str]] = {
+_ISO_DATE_TIME = re.compile(
+    r"\d{4}-\d\d-\d\d(?:[T ]\d\d:\d\d(?::\d\d(?:[.,]\d+)?)?(?:Z|[+-]\d\d(?::?\d\d)?)?)?"
+)
+
+
+class FieldSpec(NamedTuple):
+    """What a well-formed value of one field looks like.
+
+    ``accepts`` further constrains a value of the right type; ``alternative`` accepts a
+    value of another type; ``waived_by`` names a flag that, when true, hands the field to
+    the rule that owns it (``unbounded-retry`` judges ``max_attempts`` of a retryable
+    action, ``cache-without-ttl`` the ``ttl_s`` of a cacheable one).
+    """
+
+    type: type
+    expected: str
+    accepts: Callable[[Any], bool] | None = None
+    alternative: Callable[[Any], bool] | None = None
+    waived_by: str | None = None
+
+
+def _is_finite_number(value: Any) -> bool:
+    return type(value) is int or (type(value) is float and math.isfinite(value))
+
+
+_STRING = FieldSpec(str, "a string")
+_BOOLEAN = FieldSpec(bool, "true or false")
+_FIELD_SPECS: dict[str, FieldSpec] = {
     **dict.fromkeys(
         (
             "idempotency_key",
@@ -439,61 +458,26 @@ _FIELD_TYPES: dict[str, tuple[type, str]] = {
             "prompt_digest",
             "incarnation",
         ),
-        (str, "a string"),
+        _STRING,
     ),
-    **dict.fromkeys(
-        ("replayed", "side_effects", "retryable", "cacheable", "cache_hit"), (bool, "true or false")
-    ),
+    **dict.fromkeys(("replayed", "side_effects", "retryable", "cacheable", "cache_hit"), _BOOLEAN),
+    "attempts": FieldSpec(int, "an integer of at least 1", lambda v: v >= 1),
+    "max_attempts": FieldSpec(int, "an integer of at least 1", lambda v: v >= 1, waived_by="retryable"),
+    "ttl_s": FieldSpec(int, "a positive integer", lambda v: v > 0, waived_by="cacheable"),
+    "replay": FieldSpec(str, "'skip'", lambda v: v == "skip"),
+    "on_failure": FieldSpec(str, "ask_user, abort or compensate", ON_FAILURE_VALUES.__contains__),
+    "ts": FieldSpec(str, "an ISO-8601 date-time", _ISO_DATE_TIME.fullmatch, _is_finite_number),
 }
+_CHECKED_FIELDS = frozenset(_FIELD_SPECS)
 
 
-def _check_attempts(record: ActionRecord, value: Any) -> str | None:
-    if is_int(value) and value >= 1:
+def _field_problem(record: ActionRecord, name: str, value: Any, spec: FieldSpec) -> str | None:
+    """Why ``value`` is not well formed, or None when it is acceptable after all."""
+    if value is None or (spec.alternative is not None and spec.alternative(value)):
         return None
-    return f"attempts is {describe(value)}, expected an integer of at least 1"
-
-
-def _check_max_attempts(record: ActionRecord, value: Any) -> str | None:
-    if record.get("retryable") is True or (is_int(value) and value >= 1):
+    if spec.waived_by is not None and record.get(spec.waived_by) is True:
         return None
-    return f"max_attempts is {describe(value)}, expected an integer of at least 1"
-
-
-def _check_ttl(record: ActionRecord, value: Any) -> str | None:
-    if record.get("cacheable") is True or (is_int(value) and value > 0):
-        return None
-    return f"ttl_s is {describe(value)}, expected a positive integer"
-
-
-def _check_replay(record: ActionRecord, value: Any) -> str | None:
-    if value == "skip":
-        return None
-    return f"replay is {describe(value)}, expected 'skip'"
-
-
-def _check_on_failure(record: ActionRecord, value: Any) -> str | None:
-    if value in ON_FAILURE_VALUES:
-        return None
-    return f"on_failure is {describe(value)}, expected ask_user, abort or compensate"
-
-
-def _check_ts(record: ActionRecord, value: Any) -> str | None:
-    if type(value) is str and _is_iso_date_time(value):
-        return None
-    if type(value) in (int, float) and math.isfinite(value):
-        return None
-    return f"ts is {describe(value)}, expected an ISO-8601 date-time"
-
-
-_FIELD_CHECKS = {
-    "attempts": _check_attempts,
-    "max_attempts": _check_max_attempts,
-    "ttl_s": _check_ttl,
-    "replay": _check_replay,
-    "on_failure": _check_on_failure,
-    "ts": _check_ts,
-}
-_CHECKED_FIELDS = frozenset(_FIELD_TYPES) | frozenset(_FIELD_CHECKS)
+    return f"{name} is {describe(value)}, expected {spec.expected}"
 
 
 @record_rule(
@@ -526,15 +510,11 @@ def invalid_field(record: ActionRecord) -> str | None:
     problems = []
     for name in _CHECKED_FIELDS.intersection(record):
         value = record[name]
-        if value is None:
+        spec = _FIELD_SPECS[name]
+        if type(value) is spec.type and (spec.accepts is None or spec.accepts(value)):
             continue
-        expected = _FIELD_TYPES.get(name)
-        if expected is None:
-            problem = _FIELD_CHECKS[name](record, value)
-            if problem:
-                problems.append(problem)
-        elif type(value) is not expected[0]:
-            problems.append(f"{name} is {describe(value)}, expected {expected[1]}")
+        if problem := _field_problem(record, name, value, spec):
+            problems.append(problem)
     if record.get("status") not in STATUSES:
         problems.append(f"status is {describe(record.get('status'))}, expected one of ok, error, started")
     if not problems:
@@ -552,6 +532,8 @@ def describe(value: Any) -> str:
         shown = value if len(value) <= 40 else value[:37] + "..."
         return f"the string {shown!r}"
     if type(value) is int:
+        if value.bit_length() > 128:
+            return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
         return f"the integer {value}"
     if type(value) is float:
         if math.isinf(value) or math.isnan(value):

@@ -35,8 +35,9 @@ def _at(location: Location, relative_to: Location) -> str:
     return str(location)
 
 
-def _incarnations(prior: ActionMemory, record: ActionRecord) -> str:
-    return f"incarnation {prior.incarnation!r} and again in {record.get('incarnation')!r}"
+def _again(prior: ActionMemory, record: ActionRecord) -> str:
+    """``in incarnation 'run-1' … again in 'run-2'``, the two process runs involved."""
+    return f"in incarnation {prior.incarnation!r} was executed again in {record.get('incarnation')!r}"
 
 
 @session_rule(
@@ -133,13 +134,12 @@ def re_asked(
     if prior is not None:
         if prior.kind == kinds.USER_PROMPT and prior.recorded and prior.is_other_incarnation(record):
             return (
-                f"user_prompt '{record['action_id']}' was answered in {_incarnations(prior, record)} "
-                "asked again instead of replayed — the person is asked the same question twice"
+                f"user_prompt '{record['action_id']}' answered {_again(prior, record)} instead of "
+                "replayed — the person is asked the same question twice"
             )
         return None
-    earlier = (
-        session.answered_prompts.get(record.get("prompt_digest")) if record.get("prompt_digest") else None
-    )
+    digest = record.get("prompt_digest")
+    earlier = session.answered_prompts.get(digest) if digest and type(digest) is str else None
     if earlier is None:
         return None
     action_id, incarnation = earlier
@@ -186,7 +186,7 @@ def re_executed_side_effect(
         return None
     if not prior.effect_done or not prior.is_other_incarnation(record):
         return None
-    what = f"'{record['kind']}' '{record['action_id']}' completed in {_incarnations(prior, record)} executed"
+    what = f"'{record['kind']}' '{record['action_id']}' completed {_again(prior, record)}"
     key = record.get("idempotency_key")
     if not key:
         return f"{what} without an idempotency key — the effect fires twice"
@@ -239,8 +239,8 @@ def diverged_result(
     if now is not None and prior.outcome is not None and not same_outcome(now, prior.outcome):
         digests = f" (recorded {as_digest(prior.outcome)}, now {as_digest(now)})"
     return (
-        f"'{record['kind']}' '{record['action_id']}' recorded in {_incarnations(prior, record)} "
-        f"executed instead of replayed{digests} — the resumed session diverges"
+        f"'{record['kind']}' '{record['action_id']}' recorded {_again(prior, record)} instead of "
+        f"replayed{digests} — the resumed session diverges"
     )
 
 
@@ -420,8 +420,7 @@ def _exhausted(record: ActionRecord) -> bool:
 
 def _unescalated_retries(session: SessionState) -> Iterator[tuple[Pending, str]]:
     for pending in session.exhausted_retries.values():
-        latest = session.actions.get(pending.action_id)
-        if latest is not None and latest.status == "ok":
+        if session.status_of(pending.action_id) == "ok":
             continue
         yield (
             pending,
@@ -536,8 +535,7 @@ def disguised_retry_loop(
 
 def _unfinished_side_effects(session: SessionState) -> Iterator[tuple[Pending, str]]:
     for pending in session.unfinished_effects.values():
-        latest = session.actions.get(pending.action_id)
-        if latest is not None and latest.status != "started":
+        if session.status_of(pending.action_id) not in (None, "started"):
             continue
         yield (
             pending,

@@ -1,13 +1,15 @@
 """What a session remembers of its past actions, for the session rules.
 
-The memory is deliberately small: a few fields per action id, never the results
-themselves (only their digests), so a week-long session with many thousands of actions
-stays cheap to hold and cheap to rebuild from a store.
+The memory is deliberately small, because a log of a million actions in ten thousand
+interleaved sessions keeps every session open until the end of the input. Each action
+id costs one packed integer (kind, status, incarnation, position and three flags);
+idempotency keys, attempt numbers and outcome fingerprints are kept beside it only for
+the actions that have them; results themselves are never kept. Rules see the unpacked
+:class:`ActionMemory`, built only when an action id comes back.
 """
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -18,22 +20,27 @@ from durable_sessions.record import (
     Location,
     is_int,
     is_recorded,
-    is_side_effecting,
     outcome_fingerprint,
     parse_ts,
 )
 
 DEFAULT_KEY_WINDOW_S = 86_400
 DEFAULT_MAX_ACTIONS_PER_SESSION = 100_000
-_intern = sys.intern
+
+_RETRYABLE, _RECORDED, _EFFECT_DONE, _HAS_DETAILS = 1, 2, 4, 8
+_FLAG_BITS, _SYMBOL_BITS = 4, 24
+_SYMBOL_MASK = (1 << _SYMBOL_BITS) - 1
+_MAX_SYMBOLS = _SYMBOL_MASK - 1
+_KIND_SHIFT = _FLAG_BITS
+_STATUS_SHIFT = _KIND_SHIFT + _SYMBOL_BITS
+_INCARNATION_SHIFT = _STATUS_SHIFT + _SYMBOL_BITS
+_FILE_SHIFT = _INCARNATION_SHIFT + _SYMBOL_BITS
+_POSITION_SHIFT = _FILE_SHIFT + _SYMBOL_BITS
+_PREFIX_CACHE_SIZE = 4096
 
 
 class ActionMemory(NamedTuple):
-    """What the session knows of one ``action_id`` from the records seen so far.
-
-    A tuple of plain values, so that holding a million of them is cheap and the garbage
-    collector can stop tracking them.
-    """
+    """What the session knows of one ``action_id`` from the records seen so far."""
 
     kind: str
     where: Location
@@ -45,60 +52,6 @@ class ActionMemory(NamedTuple):
     recorded: bool
     outcome: Fingerprint | None
     effect_done: bool
-
-    @classmethod
-    def first(cls, record: ActionRecord, where: Location, incarnation: str | None) -> ActionMemory:
-        get = record.get
-        kind = _intern(record["kind"])
-        status = _intern(record["status"])
-        attempts = get("attempts")
-        key = get("idempotency_key")
-        recorded, outcome, effect_done = _outcome(record, kind, status, False, None, False)
-        return _new_tuple(
-            cls,
-            (
-                kind,
-                where,
-                status,
-                incarnation,
-                frozenset((attempts,)) if is_int(attempts) else _NO_ATTEMPTS,
-                get("retryable") is True,
-                key if key and type(key) is str else None,
-                recorded,
-                outcome,
-                effect_done,
-            ),
-        )
-
-    def updated(self, record: ActionRecord, where: Location, incarnation: str | None) -> ActionMemory:
-        get = record.get
-        status = _intern(record["status"])
-        attempts = self.attempts
-        new_attempt = get("attempts")
-        if is_int(new_attempt) and new_attempt not in attempts:
-            attempts = attempts | {new_attempt}
-        key = self.key
-        if key is None:
-            given = get("idempotency_key")
-            key = given if given and type(given) is str else None
-        recorded, outcome, effect_done = _outcome(
-            record, self.kind, status, self.recorded, self.outcome, self.effect_done
-        )
-        return _new_tuple(
-            ActionMemory,
-            (
-                self.kind,
-                where if where.span_id is not None else self.where,
-                status,
-                incarnation if incarnation is not None else self.incarnation,
-                attempts,
-                self.retryable or get("retryable") is True,
-                key,
-                recorded,
-                outcome,
-                effect_done,
-            ),
-        )
 
     def is_other_incarnation(self, record: ActionRecord) -> bool:
         """``record`` comes from a different process run than the last one seen."""
@@ -114,26 +67,53 @@ class ActionMemory(NamedTuple):
         )
 
 
-_new_tuple = tuple.__new__
 _NO_ATTEMPTS: frozenset[int] = frozenset()
 
 
-def _outcome(
-    record: ActionRecord,
-    kind: str,
-    status: str,
-    recorded: bool,
-    outcome: Fingerprint | None,
-    effect_done: bool,
-) -> tuple[bool, Fingerprint | None, bool]:
-    """(recorded, outcome, effect_done) after ``record``: what executed ok and was kept."""
-    if status != "ok" or record.get("replayed") is True:
-        return recorded, outcome, effect_done
-    if not recorded and kind in kinds.NON_DETERMINISTIC and is_recorded(record):
-        recorded, outcome = True, outcome_fingerprint(record)
-    if not effect_done and is_side_effecting(record):
-        effect_done = True
-    return recorded, outcome, effect_done
+class ActionDetails(NamedTuple):
+    """What only some actions have: an outcome fingerprint, a key, attempt numbers."""
+
+    outcome: Fingerprint | None
+    key: str | None
+    attempts: frozenset[int]
+
+
+class Symbols:
+    """Strings (kinds, statuses, incarnations, files) numbered for packing.
+
+    One table serves every session of a checker, so the common strings are looked up in
+    a small, warm dictionary. It holds at most ``_MAX_SYMBOLS`` strings; past that
+    :meth:`number` returns None and sessions keep such actions unpacked.
+    """
+
+    __slots__ = ("index", "prefixes", "texts")
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+        self.index: dict[str, int] = {}
+        self.prefixes: dict[tuple[str, str, str | None], int | None] = {}
+
+    def number(self, text: str) -> int | None:
+        found = self.index.get(text)
+        if found is None:
+            if len(self.texts) >= _MAX_SYMBOLS:
+                return None
+            found = self.index[text] = len(self.texts)
+            self.texts.append(text)
+        return found
+
+    def prefix(self, kind: str, status: str, file: str | None) -> int | None:
+        """Kind, status and file packed together, or None when the table is full."""
+        combination = (kind, status, file)
+        prefix = self.prefixes.get(combination)
+        if prefix is None:
+            numbers = (self.number(kind), self.number(status), self.number(file) if file else -1)
+            if None in numbers:
+                return None
+            prefix = numbers[0] << _KIND_SHIFT | numbers[1] << _STATUS_SHIFT | (numbers[2] + 1) << _FILE_SHIFT
+            if len(self.prefixes) < _PREFIX_CACHE_SIZE:
+                self.prefixes[combination] = prefix
+        return prefix
 
 
 @dataclass(slots=True)
@@ -166,24 +146,27 @@ class FailureRun:
 class SessionState:
     """The bounded memory of one session, shared by the session rules.
 
-    ``actions`` is updated by the engine after every record; the other maps belong to
-    the rule that names them. At most ``max_actions`` action ids (and as many keys and
-    answered prompts) are remembered: past that the oldest are forgotten, so a runaway
-    session cannot exhaust memory.
+    The engine calls :meth:`recall` before the rules judge a record and
+    :meth:`remember` after; the maps below ``details`` belong to the rules that name
+    them. At most ``max_actions`` action ids (and as many keys and answered prompts) are
+    remembered: past that the oldest are forgotten, so a runaway session cannot exhaust
+    memory.
     """
 
     __slots__ = (
         "actions",
         "answered_prompts",
+        "details",
         "exhausted_retries",
         "failure_runs",
-        "incarnations",
+        "incarnation",
         "key_window_s",
         "keys",
         "max_actions",
         "session_id",
+        "symbols",
         "unfinished_effects",
-    )  # fmt: skip
+    )
 
     def __init__(
         self,
@@ -191,44 +174,139 @@ class SessionState:
         *,
         key_window_s: float = DEFAULT_KEY_WINDOW_S,
         max_actions: int = DEFAULT_MAX_ACTIONS_PER_SESSION,
+        symbols: Symbols | None = None,
     ) -> None:
         self.session_id = session_id
-        self.actions: dict[str, ActionMemory] = {}
+        self.actions: dict[str, int | ActionMemory] = {}
+        self.details: dict[str, ActionDetails] = {}
         self.keys: dict[str, KeyUse] = {}
         self.answered_prompts: dict[str, tuple[str, str | None]] = {}
         self.exhausted_retries: dict[str, Pending] = {}
         self.unfinished_effects: dict[str, Pending] = {}
         self.failure_runs: dict[tuple[str | None, str | None], FailureRun] = {}
-        self.incarnations: dict[str, str] = {}
+        self.symbols = symbols if symbols is not None else Symbols()
+        self.incarnation: tuple[str | None, int] = (None, 0)
         self.key_window_s = key_window_s
         self.max_actions = max_actions
 
+    def recall(self, action_id: str) -> ActionMemory | None:
+        """What the session remembers of ``action_id``, or None if it is new."""
+        packed = self.actions.get(action_id)
+        if packed is None or type(packed) is ActionMemory:
+            return packed  # type: ignore[return-value]
+        texts = self.symbols.texts
+        incarnation = (packed >> _INCARNATION_SHIFT) & _SYMBOL_MASK
+        file = (packed >> _FILE_SHIFT) & _SYMBOL_MASK
+        position = packed >> _POSITION_SHIFT
+        where = Location(texts[file - 1], position) if file else Location(span_id=f"{position:016x}")
+        details = self.details.get(action_id) if packed & _HAS_DETAILS else None
+        return ActionMemory(
+            kind=texts[(packed >> _KIND_SHIFT) & _SYMBOL_MASK],
+            where=where,
+            status=texts[(packed >> _STATUS_SHIFT) & _SYMBOL_MASK],
+            incarnation=texts[incarnation - 1] if incarnation else None,
+            attempts=details.attempts if details else _NO_ATTEMPTS,
+            retryable=bool(packed & _RETRYABLE),
+            key=details.key if details else None,
+            recorded=bool(packed & _RECORDED),
+            outcome=details.outcome if details else None,
+            effect_done=bool(packed & _EFFECT_DONE),
+        )
+
+    def status_of(self, action_id: str) -> str | None:
+        """The latest status recorded for ``action_id``."""
+        memory = self.recall(action_id)
+        return None if memory is None else memory.status
+
     def remember(self, record: ActionRecord, where: Location, prior: ActionMemory | None) -> None:
         """Fold ``record`` into the session's memory (after the rules have judged it)."""
-        incarnation = record.get("incarnation")
-        if incarnation is not None and type(incarnation) is str:
-            incarnation = self.incarnations.setdefault(incarnation, incarnation)
-        else:
-            incarnation = None
+        get = record.get
+        action_id = record["action_id"]
+        status = record["status"]
         if prior is None:
-            self.actions[record["action_id"]] = ActionMemory.first(record, where, incarnation)
-            _trim(self.actions, self.max_actions)
+            kind, flags, outcome, key, attempts = record["kind"], 0, None, None, _NO_ATTEMPTS
+            incarnation = get("incarnation")
         else:
-            self.actions[record["action_id"]] = prior.updated(record, where, incarnation)
-        key = record.get("idempotency_key")
-        if key and type(key) is str and key not in self.keys:
-            self.keys[key] = KeyUse(record["action_id"], where, parse_ts(record.get("ts")))
-            _trim(self.keys, self.max_actions)
-        digest = record.get("prompt_digest")
+            kind, flags = prior.kind, prior.retryable | prior.recorded << 1 | prior.effect_done << 2
+            outcome, key, attempts = prior.outcome, prior.key, prior.attempts
+            incarnation = get("incarnation", prior.incarnation)
+            if where.span_id is None:
+                where = prior.where  # a logged action is cited where it first appeared
+        if get("retryable") is True:
+            flags |= _RETRYABLE
+        if status == "ok" and get("replayed") is not True:
+            if not flags & _RECORDED and is_recorded(record):
+                flags |= _RECORDED
+                outcome = outcome_fingerprint(record)
+            if kind in kinds.SIDE_EFFECTING or get("side_effects") is True:
+                flags |= _EFFECT_DONE
+        if "attempts" in record or "idempotency_key" in record or "prompt_digest" in record:
+            key, attempts = self._remember_key_and_attempts(record, where, action_id, key, attempts)
+        if type(incarnation) is not str:
+            incarnation = None
+        if outcome is not None or key is not None or attempts:
+            flags |= _HAS_DETAILS
+            self.details[action_id] = ActionDetails(outcome, key, attempts)
+        self.actions[action_id] = self._pack(kind, status, incarnation, where, flags) or ActionMemory(
+            kind, where, status, incarnation, attempts, bool(flags & _RETRYABLE), key,
+            bool(flags & _RECORDED), outcome, bool(flags & _EFFECT_DONE),
+        )  # fmt: skip
+        if prior is None and len(self.actions) > self.max_actions:
+            forgotten = next(iter(self.actions))
+            del self.actions[forgotten]
+            self.details.pop(forgotten, None)
+
+    def _pack(self, kind: str, status: str, incarnation: str | None, where: Location, flags: int) -> int:
+        """The action as one integer, or 0 when the symbol table is full."""
+        prefix = self.symbols.prefix(kind, status, where.file if where.span_id is None else None)
+        if prefix is None:
+            return 0
+        if incarnation is not None:
+            last, number = self.incarnation
+            if incarnation != last:
+                found = self.symbols.number(incarnation)
+                if found is None:
+                    return 0
+                number = (found + 1) << _INCARNATION_SHIFT
+                self.incarnation = (incarnation, number)
+            prefix |= number
+        if where.span_id is None:
+            return flags | prefix | (where.line or 0) << _POSITION_SHIFT
+        try:
+            return flags | prefix | int(where.span_id, 16) << _POSITION_SHIFT
+        except ValueError:
+            return 0
+
+    def _remember_key_and_attempts(
+        self,
+        record: ActionRecord,
+        where: Location,
+        action_id: str,
+        key: str | None,
+        attempts: frozenset[int],
+    ) -> tuple[str | None, frozenset[int]]:
+        get = record.get
+        attempt = get("attempts")
+        if is_int(attempt) and attempt not in attempts:
+            attempts = attempts | {attempt}
+        given = get("idempotency_key")
+        if given and type(given) is str:
+            key = key or given
+            if given not in self.keys:
+                self.keys[given] = KeyUse(action_id, where, parse_ts(get("ts")))
+                _trim(self.keys, self.max_actions)
+        digest = get("prompt_digest")
         if (
             digest
+            and type(digest) is str
             and record["kind"] == kinds.USER_PROMPT
             and record["status"] == "ok"
             and digest not in self.answered_prompts
             and is_recorded(record)
         ):
-            self.answered_prompts[digest] = (record["action_id"], incarnation)
+            self.answered_prompts[digest] = (action_id, get("incarnation"))
             _trim(self.answered_prompts, self.max_actions)
+        return key, attempts
 
 
 def _trim(memory: dict, limit: int) -> None:

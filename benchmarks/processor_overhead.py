@@ -1,0 +1,188 @@
+"""Per-span cost of ``DurabilitySpanProcessor``, side by side with the same setup without it.
+
+Each span is: start, 6 attributes, end, on a ``TracerProvider`` with a
+``BatchSpanProcessor`` and a no-op exporter (the baseline). The measured setup adds a
+``DurabilitySpanProcessor`` to the same kind of provider. Rounds of the two alternate in
+one process and the median round is reported, so the ratio is what counts, not the
+absolute times.
+
+Scenarios:
+
+- ``action``: the 6 attributes describe an agent action (``session.id`` and five
+  ``agent.action.*`` attributes, a clean tool call): the processor maps and checks every span;
+- ``plain``: 6 ordinary attributes (HTTP-like): the processor decides "not an action".
+
+Run::
+
+    .venv/bin/python benchmarks/processor_overhead.py [--spans 20000] [--rounds 15] [--breakdown]
+
+It measures and prints; it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+
+import opentelemetry.sdk
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+from durable_sessions.processor import DurabilitySpanProcessor
+
+
+class NoOpExporter(SpanExporter):
+    def export(self, spans: Sequence[object]) -> SpanExportResult:
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+
+SESSIONS = 50
+
+
+def make_provider(with_durability: bool) -> TracerProvider:
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(NoOpExporter()))
+    if with_durability:
+        provider.add_span_processor(DurabilitySpanProcessor(mode="silent", max_sessions=SESSIONS * 2))
+    return provider
+
+
+def run_round(provider: TracerProvider, spans: int, scenario: str, round_no: int) -> float:
+    """Seconds per span for ``spans`` spans."""
+    tracer = provider.get_tracer("bench")
+    sessions = [f"s-{round_no}-{i}" for i in range(SESSIONS)]
+    ids = [f"a{i}" for i in range(spans)]
+    gc.collect()
+    start = time.perf_counter()
+    if scenario == "action":
+        for i in range(spans):
+            span = tracer.start_span("tool search")
+            span.set_attribute("session.id", sessions[i % SESSIONS])
+            span.set_attribute("agent.action.id", ids[i])
+            span.set_attribute("agent.action.kind", "tool_call")
+            span.set_attribute("agent.action.name", "search")
+            span.set_attribute("agent.action.retryable", True)
+            span.set_attribute("agent.action.max_attempts", 3)
+            span.end()
+    else:
+        for i in range(spans):
+            span = tracer.start_span("GET /items")
+            span.set_attribute("http.request.method", "GET")
+            span.set_attribute("url.path", "/items")
+            span.set_attribute("http.response.status_code", 200)
+            span.set_attribute("server.address", "api.example.com")
+            span.set_attribute("server.port", 443)
+            span.set_attribute("user_agent.original", ids[i])
+            span.end()
+    elapsed = time.perf_counter() - start
+    provider.force_flush()
+    return elapsed / spans
+
+
+def measure(scenario: str, spans: int, rounds: int) -> tuple[float, float]:
+    baseline, durable = make_provider(False), make_provider(True)
+    for provider in (baseline, durable):  # warm up
+        run_round(provider, min(spans, 2000), scenario, -1)
+    base_times, durable_times = [], []
+    for round_no in range(rounds):
+        base_times.append(run_round(baseline, spans, scenario, round_no))
+        durable_times.append(run_round(durable, spans, scenario, round_no))
+    baseline.shutdown()
+    durable.shutdown()
+    return statistics.median(base_times), statistics.median(durable_times)
+
+
+def breakdown(spans: int, rounds: int) -> dict[str, float]:
+    """Microseconds per action span spent in each part of ``on_end`` (best of ``rounds``)."""
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from durable_sessions.engine import Checker
+    from durable_sessions.mapping import map_attributes, sdk_attributes
+    from durable_sessions.record import Location
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("bench")
+    for i in range(spans):
+        span = tracer.start_span("tool search")
+        span.set_attribute("session.id", f"s-{i % SESSIONS}")
+        span.set_attribute("agent.action.id", f"a{i}")
+        span.set_attribute("agent.action.kind", "tool_call")
+        span.set_attribute("agent.action.name", "search")
+        span.set_attribute("agent.action.retryable", True)
+        span.set_attribute("agent.action.max_attempts", 3)
+        span.end()
+    finished = exporter.get_finished_spans()
+    where = Location(None, None, "0" * 32, "0" * 16)
+
+    def mapping() -> None:
+        for span in finished:
+            attributes, limit = sdk_attributes(span)
+            map_attributes(attributes, {}, False, span.start_time, "0" * 32, "0" * 16, limit, False)
+
+    records = [
+        map_attributes(sdk_attributes(s)[0], {}, False, s.start_time, "0" * 32, "0" * 16, None, False)[0]  # type: ignore[index]
+        for s in finished
+    ]
+
+    def engine() -> None:
+        checker = Checker(max_sessions=SESSIONS * 2)
+        for record in records:
+            checker.feed(record, where)
+
+    def on_end() -> None:
+        processor = DurabilitySpanProcessor(mode="silent", max_sessions=SESSIONS * 2)
+        for span in finished:
+            processor.on_end(span)
+
+    def best(run: object) -> float:
+        times = []
+        for _ in range(rounds):
+            gc.collect()
+            start = time.perf_counter()
+            run()  # type: ignore[operator]
+            times.append((time.perf_counter() - start) / len(finished) * 1e6)
+        return min(times)
+
+    return {"mapping": best(mapping), "engine.feed": best(engine), "on_end (all)": best(on_end)}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--spans", type=int, default=20_000, help="spans per round (default 20000)")
+    parser.add_argument("--rounds", type=int, default=15, help="rounds per setup (default 15)")
+    parser.add_argument("--scenario", choices=("action", "plain", "both"), default="both")
+    parser.add_argument("--breakdown", action="store_true", help="also time on_end's parts separately")
+    args = parser.parse_args(argv)
+    print(
+        f"python {platform.python_version()} ({platform.python_implementation()}), "
+        f"opentelemetry-sdk {opentelemetry.sdk.version.__version__}, {platform.machine()}; "
+        f"{args.spans} spans x {args.rounds} rounds, median round"
+    )
+    print(f"{'scenario':<8} {'baseline us/span':>17} {'+durability us/span':>20} {'overhead':>9}")
+    scenarios = ("action", "plain") if args.scenario == "both" else (args.scenario,)
+    for scenario in scenarios:
+        base, durable = measure(scenario, args.spans, args.rounds)
+        overhead = (durable - base) / base * 100
+        print(f"{scenario:<8} {base * 1e6:>17.2f} {durable * 1e6:>20.2f} {overhead:>8.1f}%")
+    if args.breakdown:
+        parts = breakdown(args.spans, 5)
+        print(
+            "on_end of an action span, us/span (best of 5): "
+            + ", ".join(f"{k} {v:.2f}" for k, v in parts.items())
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

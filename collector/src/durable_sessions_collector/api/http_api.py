@@ -1,0 +1,70 @@
+"""The HTTP JSON API on the HTTP port.
+
+- ``GET /api/sessions?verdict=ok|at_risk|unrecoverable&limit=N``: sessions, most
+  recently active first;
+- ``GET /api/sessions/{id}``: one session: its actions in order (start time, then
+  arrival; digests only, never result or prompt text), its violations and its verdict;
+- ``GET /healthz``: 200 when the writer runs and the store answers, else 503;
+- ``GET /metrics``: Prometheus text format.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from durable_sessions_collector.alerts.metrics import Metrics
+from durable_sessions_collector.httpserver import Request, Response, Router
+from durable_sessions_collector.store import Store, StoreError
+from durable_sessions_collector.store.base import VERDICTS
+
+MAX_LIMIT = 1000
+
+
+class HttpApi:
+    def __init__(self, store: Store, metrics: Metrics, healthy: Callable[[], str | None]) -> None:
+        self.store = store
+        self.metrics = metrics
+        self.healthy = healthy
+
+    def register(self, router: Router) -> None:
+        router.add("GET", "/api/sessions", self.list_sessions)
+        router.add("GET", "/api/sessions/*", self.get_session)
+        router.add("GET", "/healthz", self.healthz)
+        router.add("GET", "/metrics", self.metrics_page)
+
+    def list_sessions(self, request: Request) -> Response:
+        verdict = (request.query.get("verdict") or [None])[-1]
+        if verdict is not None and verdict not in VERDICTS:
+            return Response.json(
+                400, {"error": f"verdict must be one of {', '.join(VERDICTS)}, got {verdict!r}"}
+            )
+        limit_text = (request.query.get("limit") or ["100"])[-1]
+        if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_LIMIT:
+            return Response.json(
+                400, {"error": f"limit must be an integer from 1 to {MAX_LIMIT}, got {limit_text!r}"}
+            )
+        sessions = self.store.list_sessions(verdict, int(limit_text))  # type: ignore[arg-type]
+        return Response.json(200, {"sessions": [s.as_dict() for s in sessions]})
+
+    def get_session(self, request: Request) -> Response:
+        session_id = request.params["rest"]
+        detail = self.store.get_session(session_id)
+        if detail is None:
+            return Response.json(404, {"error": f"no session {session_id!r}"})
+        return Response.json(200, detail.as_dict())
+
+    def healthz(self, request: Request) -> Response:
+        problem = self.healthy()
+        if problem is None:
+            try:
+                self.store.check()
+            except StoreError as error:
+                problem = str(error)
+        if problem is not None:
+            return Response.json(503, {"status": "unhealthy", "reason": problem})
+        return Response.json(200, {"status": "ok"})
+
+    def metrics_page(self, request: Request) -> Response:
+        return Response(200, generate_latest(self.metrics.registry), CONTENT_TYPE_LATEST)

@@ -1,0 +1,321 @@
+"""The sidecar's configuration: a YAML file, environment variables and flags.
+
+Every setting has one dotted key in the file, one environment variable and one
+command-line flag; later sources win: defaults < file < environment < flags. The table
+:data:`OPTIONS` is the single source of all three names, of the defaults and of the
+documentation (``durable-sessions-collector config-reference`` prints it, and
+``collector/README.md`` holds a copy).
+
+Invalid configuration stops start-up with :class:`ConfigError`, whose message names the
+key and where the bad value came from, e.g.::
+
+    evaluation.idle_s: expected a positive number, got 'soon' (from DURABLE_SESSIONS_IDLE_S)
+
+An example file::
+
+    receivers:
+      grpc: {endpoint: 127.0.0.1:4319}
+      http: {endpoint: 127.0.0.1:4320}
+    store: sqlite:///var/lib/durable-sessions/sessions.db
+    evaluation: {idle_s: 30, key_window_s: 86400, strict: false}
+    alerts:
+      webhook: {url: https://alerts.example/hook, max_attempts: 8}
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+
+ENV_PREFIX = "DURABLE_SESSIONS_"
+MIB = 1024 * 1024
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message names the key and the source."""
+
+
+# --- value parsers: (raw value, from a string source?) -> value, or raise ValueError ---------
+
+
+def _endpoint(value: Any, _text: bool) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"expected host:port, got {value!r}")
+    host, sep, port = value.strip().rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"expected host:port with a port from 0 to 65535, got {value!r}")
+    return value.strip()
+
+
+def _positive_number(value: Any, text: bool) -> float:
+    number = _number(value, text)
+    if number <= 0:
+        raise ValueError(f"expected a positive number, got {value!r}")
+    return number
+
+
+def _number(value: Any, text: bool) -> float:
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, got {value!r}")
+    if isinstance(value, int | float):
+        return float(value)
+    if text and isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    raise ValueError(f"expected a positive number, got {value!r}")
+
+
+def _positive_int(value: Any, text: bool) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"expected a positive integer, got {value!r}")
+    if text and isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if not isinstance(value, int) or value < 1:
+        raise ValueError(f"expected a positive integer, got {value!r}")
+    return value
+
+
+def _optional_positive_int(value: Any, text: bool) -> int | None:
+    if value is None or (text and isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
+        return None
+    return _positive_int(value, text)
+
+
+def _boolean(value: Any, text: bool) -> bool:
+    if isinstance(value, bool):
+        return value
+    if text and isinstance(value, str):
+        lowered = value.strip().lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+    raise ValueError(f"expected true or false, got {value!r}")
+
+
+def _store_url(value: Any, _text: bool) -> str:
+    if not isinstance(value, str) or not value.startswith("sqlite:///") or value == "sqlite:///":
+        raise ValueError(
+            f"expected sqlite:///PATH (e.g. sqlite:///var/lib/durable-sessions/sessions.db), got {value!r}"
+        )
+    return value
+
+
+def _optional_url(value: Any, _text: bool) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"expected an http(s) URL, got {value!r}")
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"expected an http(s) URL, got {value!r}")
+    return value
+
+
+def _log_level(value: Any, _text: bool) -> str:
+    if not isinstance(value, str) or value.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ValueError(f"expected one of debug, info, warning, error, got {value!r}")
+    return value.upper()
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One setting: its file key, environment variable, flag, default and meaning."""
+
+    key: str
+    env: str
+    parse: Callable[[Any, bool], Any]
+    default: Any
+    doc: str
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.env.removeprefix(ENV_PREFIX).lower().replace("_", "-")
+
+    @property
+    def attr(self) -> str:
+        return self.key.replace(".", "_")
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("receivers.grpc.endpoint", "DURABLE_SESSIONS_GRPC_ENDPOINT", _endpoint, "127.0.0.1:4319",
+           "OTLP/gRPC listen address (TraceService/Export); port 0 picks a free port"),
+    Option("receivers.http.endpoint", "DURABLE_SESSIONS_HTTP_ENDPOINT", _endpoint, "127.0.0.1:4320",
+           "HTTP listen address: OTLP/HTTP POST /v1/traces, /api/sessions, /healthz, /metrics"),
+    Option("receivers.max_request_bytes", "DURABLE_SESSIONS_MAX_REQUEST_BYTES", _positive_int, 64 * MIB,
+           "largest accepted Export request, after decompression (both receivers)"),
+    Option("pipeline.queue_size", "DURABLE_SESSIONS_QUEUE_SIZE", _positive_int, 64,
+           "Export requests waiting to be written; past it receivers answer 503 / UNAVAILABLE"),
+    Option("pipeline.retry_after_s", "DURABLE_SESSIONS_RETRY_AFTER_S", _positive_int, 1,
+           "seconds a client is told to wait when the queue is full (Retry-After, RetryInfo)"),
+    Option("pipeline.max_batch", "DURABLE_SESSIONS_MAX_BATCH", _positive_int, 64,
+           "most Export requests committed in one store transaction"),
+    Option("pipeline.ack_timeout_s", "DURABLE_SESSIONS_ACK_TIMEOUT_S", _positive_number, 30.0,
+           "longest a receiver waits for its records to be committed before answering UNAVAILABLE"),
+    Option("store", "DURABLE_SESSIONS_STORE", _store_url, "sqlite:///durable-sessions.db",
+           "where sessions are kept: sqlite:///PATH (relative path) or sqlite:////abs/path"),
+    Option("evaluation.idle_s", "DURABLE_SESSIONS_IDLE_S", _positive_number, 30.0,
+           "a session idle this long is ended: its end-of-session rules run"),
+    Option("evaluation.key_window_s", "DURABLE_SESSIONS_KEY_WINDOW_S", _positive_number, 86400.0,
+           "how long a provider keeps idempotency keys (key-outlived-window)"),
+    Option("evaluation.strict", "DURABLE_SESSIONS_STRICT", _boolean, False,
+           "also run the strict-only rules (dead-end)"),
+    Option("evaluation.max_sessions", "DURABLE_SESSIONS_MAX_SESSIONS", _positive_int, 10_000,
+           "sessions held in memory; others are rebuilt from the store when their spans arrive"),
+    Option("evaluation.max_actions_per_session", "DURABLE_SESSIONS_MAX_ACTIONS_PER_SESSION", _positive_int,
+           100_000, "action ids one session remembers"),
+    Option("evaluation.attribute_value_limit", "DURABLE_SESSIONS_ATTRIBUTE_VALUE_LIMIT",
+           _optional_positive_int, None,
+           "the senders' OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT, when known (truncated-result)"),
+    Option("alerts.log.enabled", "DURABLE_SESSIONS_ALERT_LOG", _boolean, True,
+           "write one JSON line per new violation to standard error"),
+    Option("alerts.webhook.url", "DURABLE_SESSIONS_WEBHOOK_URL", _optional_url, None,
+           "POST each new violation as JSON to this URL (not yet delivered by this version)"),
+    Option("alerts.webhook.max_attempts", "DURABLE_SESSIONS_WEBHOOK_MAX_ATTEMPTS", _positive_int, 8,
+           "webhook delivery attempts before an alert goes to the dead letter"),
+    Option("log_level", "DURABLE_SESSIONS_LOG_LEVEL", _log_level, "INFO",
+           "operational log level (alert lines are always written when enabled)"),
+)  # fmt: skip
+
+_BY_KEY = {option.key: option for option in OPTIONS}
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """The resolved configuration (see :data:`OPTIONS` for each field's meaning)."""
+
+    receivers_grpc_endpoint: str = "127.0.0.1:4319"
+    receivers_http_endpoint: str = "127.0.0.1:4320"
+    receivers_max_request_bytes: int = 64 * MIB
+    pipeline_queue_size: int = 64
+    pipeline_retry_after_s: int = 1
+    pipeline_max_batch: int = 64
+    pipeline_ack_timeout_s: float = 30.0
+    store: str = "sqlite:///durable-sessions.db"
+    evaluation_idle_s: float = 30.0
+    evaluation_key_window_s: float = 86400.0
+    evaluation_strict: bool = False
+    evaluation_max_sessions: int = 10_000
+    evaluation_max_actions_per_session: int = 100_000
+    evaluation_attribute_value_limit: int | None = None
+    alerts_log_enabled: bool = True
+    alerts_webhook_url: str | None = None
+    alerts_webhook_max_attempts: int = 8
+    log_level: str = "INFO"
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    @property
+    def store_path(self) -> str:
+        """The SQLite file of ``store`` (``sqlite:///x.db`` is relative, ``sqlite:////x.db`` absolute)."""
+        return self.store.removeprefix("sqlite:///")
+
+
+def load(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Config:
+    """Resolve the configuration: defaults, then ``path``, then ``env``, then ``overrides``.
+
+    ``overrides`` maps dotted keys (or flag attribute names) to values given as strings
+    on the command line. ``path`` defaults to ``$DURABLE_SESSIONS_CONFIG`` when set.
+    """
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {option.key: option.default for option in OPTIONS}
+    sources: dict[str, str] = dict.fromkeys(values, "default")
+    if path is None and env.get(ENV_PREFIX + "CONFIG"):
+        path = env[ENV_PREFIX + "CONFIG"]
+    if path is not None:
+        for key, value in _read_file(Path(path)).items():
+            values[key] = _parse(_BY_KEY[key], value, text=False, source=str(path))
+            sources[key] = str(path)
+    for option in OPTIONS:
+        if option.env in env:
+            values[option.key] = _parse(option, env[option.env], text=True, source=option.env)
+            sources[option.key] = option.env
+    for name, value in (overrides or {}).items():
+        if value is None:
+            continue
+        option = _BY_KEY.get(name) or next((o for o in OPTIONS if o.attr == name), None)
+        if option is None:
+            raise ConfigError(f"{name}: unknown setting")
+        values[option.key] = _parse(option, value, text=isinstance(value, str), source=option.flag)
+        sources[option.key] = option.flag
+    return Config(**{_BY_KEY[key].attr: value for key, value in values.items()}, sources=sources)
+
+
+def _parse(option: Option, value: Any, *, text: bool, source: str) -> Any:
+    try:
+        return option.parse(value, text)
+    except ValueError as error:
+        raise ConfigError(f"{option.key}: {error} (from {source})") from None
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ConfigError(
+            f"cannot read configuration file {str(path)!r}: {error.strerror or error}"
+        ) from None
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or str(error)
+        raise ConfigError(f"{path}{where}: not valid YAML: {problem}") from None
+    if document is None:
+        return {}
+    if not isinstance(document, dict):
+        raise ConfigError(f"{path}: expected a mapping of settings at the top level")
+    flat: dict[str, Any] = {}
+    _flatten(document, "", flat, path)
+    return flat
+
+
+def _flatten(node: dict[Any, Any], prefix: str, out: dict[str, Any], path: Path) -> None:
+    for raw_key, value in node.items():
+        key = f"{prefix}{raw_key}"
+        if key in _BY_KEY:
+            out[key] = value
+        elif isinstance(value, dict) and any(k.startswith(key + ".") for k in _BY_KEY):
+            _flatten(value, key + ".", out, path)
+        elif any(k.startswith(key + ".") for k in _BY_KEY):
+            raise ConfigError(f"{key}: expected a mapping of settings, got {value!r} (from {path})")
+        else:
+            known = sorted(k for k in _BY_KEY if k.startswith(prefix)) if prefix else sorted(_BY_KEY)
+            raise ConfigError(f"{key}: unknown setting (from {path}); known: {', '.join(known)}")
+
+
+def is_loopback(endpoint: str) -> bool:
+    host = endpoint.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def reference() -> str:
+    """The configuration reference as a Markdown table."""
+    lines = [
+        "| key | environment variable | flag | default | meaning |",
+        "|---|---|---|---|---|",
+    ]
+    for option in OPTIONS:
+        default = "unset" if option.default is None else f"`{option.default}`"
+        lines.append(f"| `{option.key}` | `{option.env}` | `{option.flag}` | {default} | {option.doc} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,121 @@
+"""The evaluator: the shared rule engine over stored sessions.
+
+Record rules and session rules run as each action arrives, through one
+:class:`~durable_sessions.engine.Checker` — no rule is re-implemented here. The
+end-of-session rules run when a session has been idle for ``idle_s`` (like the
+Collector's ``tail_sampling`` ``decision_wait``), and again after later spans reopen it.
+
+Memory stays flat: at most ``max_sessions`` sessions are held in the engine. A session
+that is not held — evicted, ended, or from before a restart — is rebuilt by re-feeding
+its stored records in arrival order, which is the order the engine first saw them in,
+so the rebuilt state is the state it had. Violations found again while rebuilding carry
+the same :attr:`~durable_sessions.violation.Violation.key` and are dropped by the store.
+
+Used by the pipeline's writer thread only: the engine is not thread-safe.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+
+from durable_sessions.engine import Checker
+from durable_sessions.mapping import Mapped, mapping_violations
+from durable_sessions.rules import select_rules
+from durable_sessions.violation import Violation
+from durable_sessions_collector.store import ActionRow, Writer
+
+
+def session_of(record) -> str | None:  # type: ignore[no-untyped-def]
+    """The record's session id, when it is a usable one (else the record joins no session)."""
+    session_id = record.get("session_id")
+    return session_id if type(session_id) is str and session_id else None
+
+
+class Evaluator:
+    """Feeds stored actions to the engine, rebuilding sessions from the store as needed."""
+
+    def __init__(
+        self,
+        *,
+        strict: bool = False,
+        key_window_s: float = 86_400,
+        max_sessions: int = 10_000,
+        max_actions_per_session: int = 100_000,
+    ) -> None:
+        self.rules = select_rules(strict=strict)
+        # Eviction is done here, not by the engine: an evicted session is not over, so
+        # its end-of-session rules must not fire; it is rebuilt when needed.
+        self.checker = Checker(
+            self.rules,
+            key_window_s=key_window_s,
+            max_actions_per_session=max_actions_per_session,
+        )
+        self.max_sessions = max_sessions
+        self._held: OrderedDict[str, None] = OrderedDict()
+        self.rebuilt = 0
+
+    @property
+    def held(self) -> int:
+        """Sessions currently held in memory."""
+        return len(self._held)
+
+    def ingest(self, writer: Writer, mapped: Mapped, now: float) -> tuple[bool, list[Violation]]:
+        """Store one mapped span and check it: (stored, violations found).
+
+        ``stored`` is False for a span already stored (OTLP redelivery): it is not
+        checked again. The violations are not yet stored; the caller stores them.
+        """
+        record, where = mapped.record, mapped.where
+        session_id = session_of(record)
+        rebuilt: list[Violation] = []
+        if session_id is not None:
+            rebuilt = self._hold(writer, session_id)
+        status = record.get("status")
+        row = ActionRow(
+            session_id=session_id,
+            trace_id=where.trace_id or "",
+            span_id=where.span_id or "",
+            status=status if type(status) is str else repr(status),
+            record=record,
+        )
+        if not writer.add_action(row, now):
+            return False, rebuilt
+        violations = mapping_violations(mapped) if mapped.problems else []
+        violations.extend(self.checker.feed(record, where))
+        return True, rebuilt + violations
+
+    def end(self, writer: Writer, session_id: str) -> tuple[list[Violation], list[Violation]]:
+        """Run the end-of-session rules of ``session_id`` and forget it (rebuilt if needed).
+
+        Returns the violations found while rebuilding it, then the end-of-session ones.
+        """
+        rebuilt = self._hold(writer, session_id)
+        self._held.pop(session_id, None)
+        return rebuilt, self.checker.end_session(session_id)
+
+    def discard(self, session_ids: Iterable[str]) -> None:
+        """Forget sessions whose in-memory state may be ahead of the store (a failed commit)."""
+        for session_id in session_ids:
+            if self._held.pop(session_id, "absent") != "absent":
+                self.checker.end_session(session_id)
+
+    def _hold(self, writer: Writer, session_id: str) -> list[Violation]:
+        """Make sure ``session_id`` is in the engine, rebuilding it from the store if not."""
+        held = self._held
+        if session_id in held:
+            held.move_to_end(session_id)
+            return []
+        found: list[Violation] = []
+        feed = self.checker.feed
+        count = 0
+        for record, where in writer.session_records(session_id):
+            found.extend(feed(record, where))
+            count += 1
+        held[session_id] = None
+        if count:
+            self.rebuilt += 1
+        while len(held) > self.max_sessions:
+            evicted, _ = held.popitem(last=False)
+            self.checker.end_session(evicted)  # not over: its end-of-session findings wait for idleness
+        return found

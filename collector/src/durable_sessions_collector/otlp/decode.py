@@ -1,0 +1,233 @@
+"""Decoding OTLP trace requests into :class:`~durable_sessions.mapping.SpanData`.
+
+Both receivers share this module. Request-level problems (a body that is not an
+``ExportTraceServiceRequest``, JSON that does not parse) raise :class:`BadData`, which
+the receivers answer with ``INVALID_ARGUMENT`` / HTTP 400. Span-level problems (an id of
+the wrong length, a JSON id that is not hex) reject that span only: the rest of the
+request is kept and the answer is a partial success that names the rejected spans.
+
+OTLP/JSON differs from protobuf's canonical JSON mapping: ``traceId``/``spanId``/
+``parentSpanId`` are hex strings, not base64. They are converted here before the
+document is handed to ``json_format``, which would otherwise decode them as base64.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Status
+
+from durable_sessions.mapping import SpanData
+
+STATUS_CODE_ERROR = Status.STATUS_CODE_ERROR
+MAX_NAMED_REJECTIONS = 10
+_ID_FIELDS = (("traceId", "trace_id", 16), ("spanId", "span_id", 8), ("parentSpanId", "parent_span_id", 8))
+
+
+class BadData(ValueError):
+    """The request as a whole cannot be decoded (answered 400 / INVALID_ARGUMENT)."""
+
+
+@dataclass(slots=True)
+class Decoded:
+    """The spans of one request: those that decoded, and why the others were rejected."""
+
+    spans: list[SpanData] = field(default_factory=list)
+    rejected: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return len(self.spans) + len(self.rejected)
+
+
+def parse_protobuf(body: bytes) -> ExportTraceServiceRequest:
+    """A binary ``ExportTraceServiceRequest``; raise :class:`BadData` with the decoder's reason."""
+    request = ExportTraceServiceRequest()
+    try:
+        request.ParseFromString(body)
+    except (DecodeError, RuntimeError, ValueError) as error:
+        raise BadData(
+            f"request body is not a valid protobuf ExportTraceServiceRequest ({len(body)} bytes): {error}"
+        ) from None
+    return request
+
+
+def parse_json(body: bytes) -> tuple[ExportTraceServiceRequest, dict[tuple[int, int, int], str]]:
+    """An OTLP/JSON ``ExportTraceServiceRequest`` and the spans whose ids were not hex.
+
+    Returns the request and, per span position, why its ids were unusable; those spans
+    carry no ids in the request and are rejected by :func:`spans_of`.
+    """
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as error:
+        raise BadData(f"request body is not valid JSON: {error}") from None
+    if not isinstance(document, dict):
+        raise BadData(
+            f"request body must be a JSON object (ExportTraceServiceRequest), got {_kind(document)}"
+        )
+    problems: dict[tuple[int, int, int], str] = {}
+    for position, span in _json_spans(document):
+        reasons = [reason for reason in _hex_ids_to_base64(span) if reason]
+        for link in span.get("links") or ():
+            if isinstance(link, dict):
+                reasons.extend(reason for reason in _hex_ids_to_base64(link, "link ") if reason)
+        if reasons:
+            problems[position] = "; ".join(reasons)
+    request = ExportTraceServiceRequest()
+    try:
+        json_format.ParseDict(document, request, ignore_unknown_fields=True)
+    except (json_format.ParseError, ValueError, TypeError, RecursionError) as error:
+        raise BadData(f"request body is not an OTLP/JSON ExportTraceServiceRequest: {error}") from None
+    return request, problems
+
+
+def _kind(value: Any) -> str:
+    return {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}.get(
+        type(value), "null" if value is None else type(value).__name__
+    )
+
+
+def _json_spans(document: dict[str, Any]) -> Iterator[tuple[tuple[int, int, int], dict[str, Any]]]:
+    resources = document.get("resourceSpans", document.get("resource_spans"))
+    if not isinstance(resources, list):
+        return
+    for i, resource in enumerate(resources):
+        if not isinstance(resource, dict):
+            continue
+        scopes = resource.get("scopeSpans", resource.get("scope_spans"))
+        if not isinstance(scopes, list):
+            continue
+        for j, scope in enumerate(scopes):
+            if not isinstance(scope, dict) or not isinstance(scope.get("spans"), list):
+                continue
+            for k, span in enumerate(scope["spans"]):
+                if isinstance(span, dict):
+                    yield (i, j, k), span
+
+
+def _hex_ids_to_base64(node: dict[str, Any], label: str = "") -> Iterator[str | None]:
+    """Rewrite hex id fields in place as base64 (what json_format expects); yield problems."""
+    for camel, snake, size in _ID_FIELDS:
+        for name in (camel, snake):
+            if name not in node:
+                continue
+            value = node[name]
+            if value is None or value == "":
+                continue
+            if not isinstance(value, str):
+                del node[name]
+                yield f"{label}{camel} must be a hex string, got {_kind(value)}"
+                continue
+            try:
+                raw = bytes.fromhex(value)
+            except ValueError:
+                del node[name]
+                yield f"{label}{camel} {_shorten(value)!r} is not hex"
+                continue
+            if len(raw) != size:
+                del node[name]
+                yield f"{label}{camel} {_shorten(value)!r} is {len(raw)} bytes, expected {size} ({size * 2} hex digits)"
+                continue
+            node[name] = base64.b64encode(raw).decode("ascii")
+            yield None
+
+
+def _shorten(text: str, limit: int = 40) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def spans_of(
+    request: ExportTraceServiceRequest,
+    problems: dict[tuple[int, int, int], str] | None = None,
+    *,
+    attribute_value_limit: int | None = None,
+) -> Decoded:
+    """Every span of ``request`` as SpanData, or a rejection naming it and why."""
+    decoded = Decoded()
+    spans, rejected = decoded.spans, decoded.rejected
+    problems = problems or {}
+    for i, resource_spans in enumerate(request.resource_spans):
+        resource = attributes_of(resource_spans.resource.attributes)
+        for j, scope_spans in enumerate(resource_spans.scope_spans):
+            for k, span in enumerate(scope_spans.spans):
+                problem = (
+                    problems.get((i, j, k))
+                    or _id_problem(span.trace_id, 16, "trace_id")
+                    or _id_problem(span.span_id, 8, "span_id")
+                )
+                if problem:
+                    rejected.append(
+                        f"resource_spans[{i}].scope_spans[{j}].spans[{k}] {_shorten(span.name)!r}: {problem}"
+                    )
+                    continue
+                spans.append(
+                    SpanData(
+                        name=span.name,
+                        attributes=attributes_of(span.attributes),
+                        resource=resource,
+                        status_error=span.status.code == STATUS_CODE_ERROR,
+                        start_time_ns=span.start_time_unix_nano,
+                        trace_id=span.trace_id.hex(),
+                        span_id=span.span_id.hex(),
+                        attribute_value_limit=attribute_value_limit,
+                    )
+                )
+    return decoded
+
+
+def _id_problem(value: bytes, size: int, name: str) -> str | None:
+    if len(value) != size:
+        return f"{name} is {len(value)} bytes, expected {size}"
+    if not any(value):
+        return f"{name} is all zeros, which OTLP defines as invalid"
+    return None
+
+
+def attributes_of(key_values) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    """OTLP ``KeyValue``s as a plain dict (a repeated key keeps its last value)."""
+    return {kv.key: value_of(kv.value) for kv in key_values}
+
+
+def value_of(value: AnyValue) -> Any:
+    """An OTLP ``AnyValue`` as the Python value an SDK attribute would hold.
+
+    Arrays become tuples (as the SDK stores sequences), key-value lists dicts, bytes
+    stay bytes, and an empty value is ``None``: the mapping and the rules judge types,
+    nothing is coerced here.
+    """
+    which = value.WhichOneof("value")
+    if which == "string_value":
+        return value.string_value
+    if which == "bool_value":
+        return value.bool_value
+    if which == "int_value":
+        return value.int_value
+    if which == "double_value":
+        return value.double_value
+    if which == "array_value":
+        return tuple(value_of(item) for item in value.array_value.values)
+    if which == "kvlist_value":
+        return {kv.key: value_of(kv.value) for kv in value.kvlist_value.values}
+    if which == "bytes_value":
+        return value.bytes_value
+    return None
+
+
+def to_otlp_json(request: ExportTraceServiceRequest) -> bytes:
+    """``request`` as OTLP/JSON bytes: lowerCamelCase keys, integer enums, hex ids."""
+    document = json_format.MessageToDict(request, use_integers_for_enums=True)
+    for _, span in _json_spans(document):
+        for node in (span, *(link for link in span.get("links") or () if isinstance(link, dict))):
+            for camel, _, _ in _ID_FIELDS:
+                if isinstance(node.get(camel), str):
+                    node[camel] = base64.b64decode(node[camel]).hex()
+    return orjson.dumps(document)

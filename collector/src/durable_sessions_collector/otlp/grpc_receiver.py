@@ -1,0 +1,154 @@
+"""The OTLP/gRPC receiver: ``opentelemetry.proto.collector.trace.v1.TraceService/Export``.
+
+The method is registered with a raw-bytes deserializer, so a body that is not an
+``ExportTraceServiceRequest`` is answered ``INVALID_ARGUMENT`` with the decoder's reason
+(grpcio's own deserialization would answer ``INTERNAL``, which the Collector treats as
+permanent *and* misattributes to the server). Answers, per the OTLP specification:
+
+- OK, ``partial_success`` unset when every span was accepted; set, naming the rejected
+  spans, when some were not (the valid ones are stored);
+- ``INVALID_ARGUMENT``: the request cannot be decoded (not retried by clients);
+- ``RESOURCE_EXHAUSTED``: over ``max_request_bytes`` (grpcio enforces the receive limit);
+- ``UNAVAILABLE`` with ``RetryInfo``: the write queue is full or the store failed; the
+  ``RetryInfo`` is sent both in ``grpc-status-details-bin`` (``google.rpc.Status``, as
+  Go clients read it) and as ``google.rpc.retryinfo-bin`` (as the Python SDK reads it).
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent import futures
+from typing import Any
+
+import grpc
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+from durable_sessions_collector.jsonlog import JsonLog
+from durable_sessions_collector.otlp.decode import BadData, parse_protobuf
+from durable_sessions_collector.otlp.receiver import TraceReceiver
+from durable_sessions_collector.pipeline import Overloaded, Unavailable
+
+SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
+TRANSPORT = "grpc"
+
+
+class _Status(grpc.Status):
+    def __init__(
+        self, code: grpc.StatusCode, details: str, trailing_metadata: tuple[tuple[str, Any], ...]
+    ) -> None:
+        self.code = code
+        self.details = details
+        self.trailing_metadata = trailing_metadata
+
+
+def unavailable_status(message: str, retry_after_s: float) -> grpc.Status:
+    """``UNAVAILABLE`` carrying ``RetryInfo`` (both where Go and Python clients look)."""
+    delay = duration_pb2.Duration(seconds=int(retry_after_s), nanos=int((retry_after_s % 1) * 1e9))
+    retry_info = error_details_pb2.RetryInfo(retry_delay=delay)
+    detail = any_pb2.Any()
+    detail.Pack(retry_info)
+    status = status_pb2.Status(code=code_pb2.UNAVAILABLE, message=message, details=[detail])
+    return _Status(
+        grpc.StatusCode.UNAVAILABLE,
+        message,
+        (
+            ("grpc-status-details-bin", status.SerializeToString()),
+            ("google.rpc.retryinfo-bin", retry_info.SerializeToString()),
+        ),
+    )
+
+
+def invalid_argument_status(message: str) -> grpc.Status:
+    bad_request = error_details_pb2.BadRequest(
+        field_violations=[error_details_pb2.BadRequest.FieldViolation(field="request", description=message)]
+    )
+    detail = any_pb2.Any()
+    detail.Pack(bad_request)
+    status = status_pb2.Status(code=code_pb2.INVALID_ARGUMENT, message=message, details=[detail])
+    return _Status(
+        grpc.StatusCode.INVALID_ARGUMENT, message, (("grpc-status-details-bin", status.SerializeToString()),)
+    )
+
+
+class GrpcReceiver:
+    """A grpcio server with the trace service (more services can be added before start)."""
+
+    def __init__(
+        self,
+        receiver: TraceReceiver,
+        endpoint: str,
+        *,
+        max_request_bytes: int,
+        log: JsonLog,
+        workers: int = 16,
+    ) -> None:
+        self.receiver = receiver
+        self.metrics = receiver.metrics
+        self.endpoint = endpoint
+        self.log = log
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="otlp-grpc"),
+            options=[
+                ("grpc.max_receive_message_length", max_request_bytes),
+                ("grpc.max_send_message_length", 4 * 1024 * 1024),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        handler = grpc.unary_unary_rpc_method_handler(
+            self._export,
+            request_deserializer=None,  # raw bytes: decoding errors are ours to answer
+            response_serializer=ExportTraceServiceResponse.SerializeToString,
+        )
+        self.server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(SERVICE, {"Export": handler}),)
+        )
+        self.port = 0
+
+    def start(self) -> int:
+        try:
+            port = self.server.add_insecure_port(self.endpoint)
+        except RuntimeError as error:
+            raise OSError(f"receivers.grpc.endpoint: cannot listen on {self.endpoint}: {error}") from None
+        if port == 0:
+            raise OSError(f"receivers.grpc.endpoint: cannot listen on {self.endpoint}")
+        self.server.start()
+        self.port = port
+        return port
+
+    def stop(self, grace: float = 2.0) -> None:
+        self.server.stop(grace).wait(grace + 1)
+
+    def _export(self, body: bytes, context: grpc.ServicerContext) -> ExportTraceServiceResponse:
+        start = time.perf_counter()
+        metrics = self.metrics
+        try:
+            try:
+                request = parse_protobuf(body)
+            except BadData as error:
+                metrics.requests.labels(TRANSPORT, "invalid").inc()
+                context.abort_with_status(invalid_argument_status(str(error)))
+            try:
+                outcome = self.receiver.export(request, TRANSPORT)
+            except Overloaded as error:
+                metrics.requests.labels(TRANSPORT, "unavailable").inc()
+                metrics.spans_rejected.labels(TRANSPORT, "overload").inc(len_spans(request))
+                context.abort_with_status(unavailable_status(str(error), error.retry_after_s))
+            except Unavailable as error:
+                metrics.requests.labels(TRANSPORT, "unavailable").inc()
+                context.abort_with_status(unavailable_status(str(error), error.retry_after_s))
+            except Exception as error:
+                self.log.error("export-failed", transport=TRANSPORT, error=f"{type(error).__name__}: {error}")
+                metrics.requests.labels(TRANSPORT, "unavailable").inc()
+                context.abort_with_status(
+                    unavailable_status("internal error in the sidecar (see its log); retry later", 1)
+                )
+            metrics.requests.labels(TRANSPORT, "partial" if outcome.rejected else "ok").inc()
+            return outcome.response()
+        finally:
+            metrics.export_latency.labels(TRANSPORT).observe(time.perf_counter() - start)
+
+
+def len_spans(request) -> int:  # type: ignore[no-untyped-def]
+    return sum(len(scope.spans) for resource in request.resource_spans for scope in resource.scope_spans)

@@ -1,0 +1,167 @@
+"""The OTLP/HTTP receiver: ``POST /v1/traces``, binary protobuf or JSON, optionally gzip.
+
+Answers, per the OTLP specification (the response uses the request's encoding; error
+bodies are a ``google.rpc.Status``):
+
+| situation | status | notes |
+|---|---|---|
+| every span accepted | 200 | ``ExportTraceServiceResponse`` with ``partial_success`` unset |
+| some spans rejected | 200 | ``partial_success.rejected_spans`` and a message naming them |
+| body not decodable (protobuf, JSON, gzip) | 400 | ``Status.message`` says what and where |
+| body over ``max_request_bytes`` (after decompression) | 413 | decompression stops at the limit |
+| ``Content-Type`` not protobuf/JSON, unknown ``Content-Encoding`` | 415 | |
+| write queue full, store failure | 503 | ``Retry-After`` seconds, ``RetryInfo`` in the Status |
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+
+from google.protobuf import any_pb2, duration_pb2, json_format
+from google.protobuf.message import Message
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+
+from durable_sessions_collector.httpserver import BodyError, BodyTooLarge, Request, Response
+from durable_sessions_collector.jsonlog import JsonLog
+from durable_sessions_collector.otlp.decode import BadData, parse_json, parse_protobuf
+from durable_sessions_collector.otlp.grpc_receiver import len_spans
+from durable_sessions_collector.otlp.receiver import TraceReceiver
+from durable_sessions_collector.pipeline import Overloaded, Unavailable
+
+PATH = "/v1/traces"
+PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
+PROTOBUF_TYPES = {"application/x-protobuf", "application/protobuf"}
+TRANSPORT = "http"
+
+
+class TooLarge(Exception):
+    pass
+
+
+def decompress(body: bytes, encoding: str, limit: int) -> bytes:
+    """``body`` decoded per ``Content-Encoding``, never more than ``limit`` bytes (gzip bombs stop there)."""
+    if encoding in ("", "identity"):
+        return body
+    if encoding in ("gzip", "x-gzip"):
+        wbits, name = 16 + zlib.MAX_WBITS, "gzip"
+    elif encoding == "deflate":
+        wbits, name = zlib.MAX_WBITS, "deflate"
+        if body[:1] and (body[0] & 0x0F) != 8:
+            wbits = -zlib.MAX_WBITS  # raw deflate, as some clients send it
+    else:
+        raise ValueError(encoding)
+    out = bytearray()
+    data = body
+    try:
+        while data:
+            decompressor = zlib.decompressobj(wbits)
+            while data:
+                out += decompressor.decompress(data, limit + 1 - len(out))
+                if len(out) > limit:
+                    raise TooLarge(f"request body is over the {limit}-byte limit after {name} decompression")
+                data = decompressor.unconsumed_tail
+            if not decompressor.eof:
+                raise BadData(f"request body is a truncated {name} stream")
+            data = decompressor.unused_data if name == "gzip" else b""
+    except zlib.error as error:
+        raise BadData(f"request body is not valid {name} data: {error}") from None
+    return bytes(out)
+
+
+def status_body(status: int, message: str, json_encoding: bool, retry_after_s: int | None = None) -> Response:
+    """A 4xx/5xx answer: a ``google.rpc.Status`` in the request's encoding."""
+    code = {400: code_pb2.INVALID_ARGUMENT, 413: code_pb2.RESOURCE_EXHAUSTED, 415: code_pb2.INVALID_ARGUMENT,
+            503: code_pb2.UNAVAILABLE}.get(status, code_pb2.UNKNOWN)  # fmt: skip
+    message_pb = status_pb2.Status(code=code, message=message)
+    if retry_after_s is not None:
+        detail = any_pb2.Any()
+        detail.Pack(error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=retry_after_s)))
+        message_pb.details.append(detail)
+    headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else {}
+    return _encode(status, message_pb, json_encoding, headers)
+
+
+def _encode(
+    status: int, message: Message, json_encoding: bool, headers: dict[str, str] | None = None
+) -> Response:
+    if json_encoding:
+        body = json_format.MessageToJson(message, indent=None).encode("utf-8")
+        return Response(status, body, JSON, headers or {})
+    return Response(status, message.SerializeToString(), PROTOBUF, headers or {})
+
+
+class HttpTraceReceiver:
+    """The ``POST /v1/traces`` handler."""
+
+    def __init__(self, receiver: TraceReceiver, *, max_request_bytes: int, log: JsonLog) -> None:
+        self.receiver = receiver
+        self.metrics = receiver.metrics
+        self.limit = max_request_bytes
+        self.log = log
+
+    def __call__(self, request: Request) -> Response:
+        start = time.perf_counter()
+        try:
+            return self._handle(request)
+        finally:
+            self.metrics.export_latency.labels(TRANSPORT).observe(time.perf_counter() - start)
+
+    def _handle(self, request: Request) -> Response:
+        count = self.metrics.requests.labels
+        media_type = request.header("Content-Type").split(";", 1)[0].strip().lower()
+        if media_type == JSON:
+            json_encoding = True
+        elif media_type in PROTOBUF_TYPES:
+            json_encoding = False
+        else:
+            count(TRANSPORT, "unsupported").inc()
+            shown = media_type or "none"
+            return status_body(
+                415, f"unsupported Content-Type {shown!r}; send {PROTOBUF} or {JSON}", json_encoding=True
+            )
+        encoding = request.header("Content-Encoding").strip().lower()
+        if encoding not in ("", "identity", "gzip", "x-gzip", "deflate"):
+            count(TRANSPORT, "unsupported").inc()
+            return status_body(
+                415, f"unsupported Content-Encoding {encoding!r}; send gzip, deflate or none", json_encoding
+            )
+        try:
+            raw = request.read_body(self.limit)
+            body = decompress(raw, encoding, self.limit)
+        except (BodyTooLarge, TooLarge) as error:
+            count(TRANSPORT, "too_large").inc()
+            return status_body(413, str(error), json_encoding)
+        except BodyError as error:
+            count(TRANSPORT, "invalid").inc()
+            request.handler.close_connection = True
+            return status_body(400, str(error), json_encoding)
+        except BadData as error:
+            count(TRANSPORT, "invalid").inc()
+            return status_body(400, str(error), json_encoding)
+        try:
+            if json_encoding:
+                otlp_request, problems = parse_json(body)
+            else:
+                otlp_request, problems = parse_protobuf(body), None
+        except BadData as error:
+            count(TRANSPORT, "invalid").inc()
+            return status_body(400, str(error), json_encoding)
+        try:
+            outcome = self.receiver.export(otlp_request, TRANSPORT, problems)
+        except Overloaded as error:
+            count(TRANSPORT, "unavailable").inc()
+            self.metrics.spans_rejected.labels(TRANSPORT, "overload").inc(len_spans(otlp_request))
+            return status_body(503, str(error), json_encoding, error.retry_after_s)
+        except Unavailable as error:
+            count(TRANSPORT, "unavailable").inc()
+            return status_body(503, str(error), json_encoding, error.retry_after_s)
+        except Exception as error:
+            self.log.error("export-failed", transport=TRANSPORT, error=f"{type(error).__name__}: {error}")
+            count(TRANSPORT, "unavailable").inc()
+            return status_body(
+                503, "internal error in the sidecar (see its log); retry later", json_encoding, 1
+            )
+        count(TRANSPORT, "partial" if outcome.rejected else "ok").inc()
+        return _encode(200, outcome.response(), json_encoding)

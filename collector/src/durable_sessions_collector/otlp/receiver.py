@@ -1,0 +1,123 @@
+"""What both OTLP receivers do with a decoded request: map, queue, wait for the commit."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+from durable_sessions.digest import digest_text, digest_value
+from durable_sessions.mapping import Mapped, map_span
+from durable_sessions_collector.alerts.metrics import Metrics
+from durable_sessions_collector.jsonlog import JsonLog
+from durable_sessions_collector.otlp.decode import MAX_NAMED_REJECTIONS, spans_of
+from durable_sessions_collector.pipeline import Pipeline
+
+MAX_MESSAGE_CHARS = 4000
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What became of an Export request's spans."""
+
+    total: int
+    rejected: list[str]
+    stored: int = 0
+    duplicates: int = 0
+    not_actions: int = 0
+
+    def response(self) -> ExportTraceServiceResponse:
+        """The OTLP response: ``partial_success`` only when spans were rejected."""
+        response = ExportTraceServiceResponse()
+        if self.rejected:
+            response.partial_success.rejected_spans = len(self.rejected)
+            response.partial_success.error_message = rejection_message(self.rejected, self.total)
+        return response
+
+
+def rejection_message(rejected: list[str], total: int) -> str:
+    """``rejected 2 of 5 spans: <which and why>; …`` — short enough for a log line."""
+    named = rejected[:MAX_NAMED_REJECTIONS]
+    text = f"rejected {len(rejected)} of {total} span(s): " + "; ".join(named)
+    if len(rejected) > len(named):
+        text += f"; and {len(rejected) - len(named)} more"
+    if len(text) > MAX_MESSAGE_CHARS:
+        text = text[: MAX_MESSAGE_CHARS - 1] + "…"
+    return text
+
+
+class TraceReceiver:
+    """Turns an ``ExportTraceServiceRequest`` into committed action records."""
+
+    def __init__(
+        self, pipeline: Pipeline, metrics: Metrics, log: JsonLog, *, attribute_value_limit: int | None = None
+    ) -> None:
+        self.pipeline = pipeline
+        self.metrics = metrics
+        self.log = log
+        self.attribute_value_limit = attribute_value_limit
+
+    def export(
+        self,
+        request: ExportTraceServiceRequest,
+        transport: str,
+        problems: dict[tuple[int, int, int], str] | None = None,
+    ) -> Outcome:
+        """Store the request's actions; raise Overloaded/Unavailable when it cannot be now."""
+        decoded = spans_of(request, problems, attribute_value_limit=self.attribute_value_limit)
+        outcome = Outcome(total=decoded.total, rejected=decoded.rejected)
+        self.metrics.spans_received.labels(transport).inc(decoded.total)
+        items: list[Mapped] = []
+        for span in decoded.spans:
+            try:
+                mapped = map_span(span, keep_result=False)
+            except Exception as error:  # a mapping bug must not lose the rest of the request
+                self.log.error(
+                    "mapping-failed",
+                    span_id=span.span_id,
+                    trace_id=span.trace_id,
+                    error=f"{type(error).__name__}: {error}",
+                )
+                outcome.rejected.append(
+                    f"span {span.span_id} {span.name!r} (trace {span.trace_id}): cannot be mapped to an action "
+                    f"record ({type(error).__name__})"
+                )
+                continue
+            if mapped is None:
+                outcome.not_actions += 1
+                continue
+            scrub(mapped.record)
+            items.append(mapped)
+        if outcome.not_actions:
+            self.metrics.spans_not_action.inc(outcome.not_actions)
+        if items:
+            job = self.pipeline.submit(items, transport)
+            self.pipeline.wait(job)
+            outcome.stored, outcome.duplicates = job.stored, job.duplicates
+        if outcome.rejected:
+            self.metrics.spans_rejected.labels(transport, "invalid").inc(len(outcome.rejected))
+        return outcome
+
+
+def scrub(record: dict) -> None:  # type: ignore[type-arg]
+    """Keep digests, never text: drop ``result`` and turn a ``prompt`` into ``prompt_digest``.
+
+    ``map_span(keep_result=False)`` already leaves ``result`` out; a ``prompt`` (the
+    seed's field, from an ``agent.action.prompt`` attribute) is the question put to a
+    person and may be personal data, so only its digest is kept.
+    """
+    if "result" in record:
+        value = record.pop("result")
+        record.setdefault("result_digest", digest_value(value))
+    if "prompt" in record:
+        prompt = record.pop("prompt")
+        if "prompt_digest" not in record:
+            record["prompt_digest"] = digest_text(prompt) if type(prompt) is str else digest_value(prompt)
+
+
+def elapsed_since(start: float) -> float:
+    return time.perf_counter() - start

@@ -1,0 +1,279 @@
+"""The pipeline: a bounded write queue and the one thread that writes.
+
+Receivers decode and map an Export request in their own threads, then :meth:`submit`
+it. When the queue is full, :class:`Overloaded` is raised at once, and the receiver
+answers ``UNAVAILABLE`` with ``RetryInfo`` / 503 with ``Retry-After``: nothing is
+dropped silently. The writer thread takes every queued request (up to ``max_batch``),
+stores and checks their records in one transaction, commits, and only then releases the
+receivers waiting in :meth:`wait`, which acknowledge the Export: an acknowledged span is
+a committed span. New violations are raised after the commit (see :mod:`..alerts`).
+
+Between batches the writer ends the sessions that have been idle for ``idle_s``.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from durable_sessions.mapping import Mapped
+from durable_sessions.violation import Violation
+from durable_sessions_collector.alerts import alert_payload
+from durable_sessions_collector.alerts.metrics import Metrics
+from durable_sessions_collector.evaluator import Evaluator, session_of
+from durable_sessions_collector.jsonlog import JsonLog
+from durable_sessions_collector.store import Store, Writer
+
+IDLE_BATCH = 500
+
+
+class Overloaded(Exception):
+    """The write queue is full: the client should retry after ``retry_after_s``."""
+
+    def __init__(self, retry_after_s: int, message: str) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class Unavailable(Exception):
+    """The records could not be committed (store failure, timeout, shutdown): retryable."""
+
+    def __init__(self, retry_after_s: int, message: str) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+@dataclass(slots=True)
+class Job:
+    """One Export request's mapped spans, waiting to be committed."""
+
+    items: list[Mapped]
+    transport: str
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+    stored: int = 0
+    duplicates: int = 0
+
+
+class Pipeline:
+    """The write queue and its writer thread; owns the evaluator."""
+
+    def __init__(
+        self,
+        store: Store,
+        evaluator: Evaluator,
+        metrics: Metrics,
+        log: JsonLog,
+        *,
+        queue_size: int = 64,
+        max_batch: int = 64,
+        idle_s: float = 30.0,
+        ack_timeout_s: float = 30.0,
+        retry_after_s: int = 1,
+        channels: tuple[str, ...] = (),
+        after_commit: Callable[[], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.evaluator = evaluator
+        self.metrics = metrics
+        self.log = log
+        self.queue: queue.Queue[Job] = queue.Queue(maxsize=queue_size)
+        self.queue_size = queue_size
+        self.max_batch = max_batch
+        self.idle_s = idle_s
+        self.ack_timeout_s = ack_timeout_s
+        self.retry_after_s = retry_after_s
+        self.channels = channels
+        self.after_commit = after_commit
+        self.sweep_every = min(1.0, max(0.05, idle_s / 4))
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.last_sweep = 0.0
+        self._rebuilt_reported = 0
+        self._backlog = True  # alerts left pending by an earlier run are delivered first
+        metrics.queue_capacity.set(queue_size)
+        metrics.watch(self.queue.qsize, lambda: evaluator.held)
+
+    # --- receivers' side ---------------------------------------------------------------
+
+    def submit(self, items: list[Mapped], transport: str) -> Job:
+        """Queue a request's records; raise :class:`Overloaded` when the queue is full."""
+        if self._stopping.is_set() or not self.alive:
+            raise Unavailable(self.retry_after_s, "the sidecar is shutting down; retry later")
+        job = Job(items, transport)
+        try:
+            self.queue.put_nowait(job)
+        except queue.Full:
+            raise Overloaded(
+                self.retry_after_s,
+                f"write queue full ({self.queue_size} Export requests waiting); retry after "
+                f"{self.retry_after_s} s",
+            ) from None
+        return job
+
+    def wait(self, job: Job) -> Job:
+        """Block until ``job`` is committed; raise :class:`Unavailable` if it could not be."""
+        if not job.done.wait(self.ack_timeout_s):
+            raise Unavailable(
+                self.retry_after_s,
+                f"records not committed within {self.ack_timeout_s:g} s; retry later (duplicates are dropped)",
+            )
+        if job.error is not None:
+            raise Unavailable(self.retry_after_s, f"records could not be stored: {job.error}; retry later")
+        return job
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # --- the writer --------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="durable-sessions-writer", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        while True:
+            try:
+                job = self.queue.get_nowait()
+            except queue.Empty:
+                break
+            job.error = RuntimeError("the sidecar stopped before the records were stored")
+            job.done.set()
+
+    def _run(self) -> None:
+        get = self.queue.get
+        while not self._stopping.is_set():
+            try:
+                first = get(timeout=min(self.sweep_every, 0.1))
+            except queue.Empty:
+                first = None
+            if first is not None:
+                batch = [first]
+                while len(batch) < self.max_batch:
+                    try:
+                        batch.append(self.queue.get_nowait())
+                    except queue.Empty:
+                        break
+                self._write(batch)
+            now = time.time()
+            if now - self.last_sweep >= self.sweep_every:
+                self.last_sweep = now
+                try:
+                    self.sweep(now)
+                except Exception as error:  # keep writing; the sweep is retried next time
+                    self.log.error("idle-sweep-failed", error=f"{type(error).__name__}: {error}")
+        # Drain what was accepted before the stop was asked for.
+        while True:
+            try:
+                self._write([self.queue.get_nowait()])
+            except queue.Empty:
+                break
+
+    def _write(self, batch: list[Job]) -> None:
+        now = time.time()
+        touched: dict[str, int] = {}
+        fresh: list[Violation] = []
+        verdicts: dict[str, str] = {}
+        evaluator = self.evaluator
+        try:
+            with self.store.writer() as writer:
+                for job in batch:
+                    for mapped in job.items:
+                        stored, violations = evaluator.ingest(writer, mapped, now)
+                        session_id = session_of(mapped.record)
+                        if stored:
+                            job.stored += 1
+                            if session_id is not None:
+                                touched[session_id] = touched.get(session_id, 0) + 1
+                        else:
+                            job.duplicates += 1
+                        for violation in violations:
+                            if writer.add_violation(violation, at_end=False, now=now):
+                                fresh.append(violation)
+                for session_id, added in touched.items():
+                    writer.touch_session(session_id, now, added)
+                for violation in fresh:
+                    if violation.session_id is not None and violation.session_id not in verdicts:
+                        verdicts[violation.session_id] = ""
+                for session_id in touched.keys() | verdicts.keys():
+                    verdicts[session_id] = writer.refresh_verdict(session_id)
+                self._enqueue(writer, fresh, verdicts, now)
+        except Exception as error:
+            evaluator.discard(touched)
+            self.metrics.commit_failures.inc()
+            self.log.error(
+                "store-write-failed", error=f"{type(error).__name__}: {error}", requests=len(batch)
+            )
+            for job in batch:
+                job.error = error
+                job.done.set()
+            return
+        for job in batch:
+            job.done.set()
+        stored = sum(job.stored for job in batch)
+        duplicates = sum(job.duplicates for job in batch)
+        if stored:
+            self.metrics.spans_stored.inc(stored)
+        if duplicates:
+            self.metrics.spans_duplicate.inc(duplicates)
+        self._raised(fresh)
+
+    def sweep(self, now: float) -> int:
+        """End the sessions idle for ``idle_s``: run their end-of-session rules."""
+        ended = 0
+        while not self._stopping.is_set():
+            fresh: list[Violation] = []
+            verdicts: dict[str, str] = {}
+            with self.store.writer() as writer:
+                idle = writer.idle_sessions(now - self.idle_s, IDLE_BATCH)
+                if not idle:
+                    break
+                try:
+                    for session_id in idle:
+                        rebuilt, violations = self.evaluator.end(writer, session_id)
+                        for violation in rebuilt:
+                            if writer.add_violation(violation, at_end=False, now=now):
+                                fresh.append(violation)
+                        for violation in violations:
+                            if writer.add_violation(violation, at_end=True, now=now):
+                                fresh.append(violation)
+                        writer.resolve_end_violations(session_id, {v.key for v in violations})
+                        writer.end_session(session_id, now)
+                        verdicts[session_id] = writer.refresh_verdict(session_id)
+                    self._enqueue(writer, fresh, verdicts, now)
+                except BaseException:
+                    self.evaluator.discard(idle)
+                    raise
+            ended += len(idle)
+            self.metrics.sessions_ended.inc(len(idle))
+            self._raised(fresh)
+            if len(idle) < IDLE_BATCH:
+                break
+        return ended
+
+    def _enqueue(self, writer: Writer, fresh: list[Violation], verdicts: dict[str, str], now: float) -> None:
+        for violation in fresh:
+            payload = alert_payload(violation, verdicts.get(violation.session_id or ""), now)
+            for channel in self.channels:
+                writer.enqueue_alert(channel, violation.key, payload, now)
+
+    def _raised(self, fresh: list[Violation]) -> None:
+        for violation in fresh:
+            self.metrics.violations.labels(violation.rule, violation.severity.value).inc()
+        if self.evaluator.rebuilt > self._rebuilt_reported:
+            self.metrics.sessions_rebuilt.inc(self.evaluator.rebuilt - self._rebuilt_reported)
+            self._rebuilt_reported = self.evaluator.rebuilt
+        if self.after_commit is not None and (fresh or self._backlog):
+            self._backlog = False
+            try:
+                self.after_commit()
+            except Exception as error:
+                self._backlog = True
+                self.log.error("alert-delivery-failed", error=f"{type(error).__name__}: {error}")

@@ -1,0 +1,175 @@
+"""Assembling the sidecar from its configuration, and running it."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import TextIO
+
+from durable_sessions_collector import __version__
+from durable_sessions_collector.alerts import LOG, WEBHOOK
+from durable_sessions_collector.alerts.log import LogAlerts
+from durable_sessions_collector.alerts.metrics import Metrics
+from durable_sessions_collector.api.http_api import HttpApi
+from durable_sessions_collector.config import Config, is_loopback
+from durable_sessions_collector.evaluator import Evaluator
+from durable_sessions_collector.httpserver import HttpServer, Router
+from durable_sessions_collector.jsonlog import JsonLog
+from durable_sessions_collector.otlp.grpc_receiver import GrpcReceiver
+from durable_sessions_collector.otlp.http_receiver import PATH, HttpTraceReceiver
+from durable_sessions_collector.otlp.receiver import TraceReceiver
+from durable_sessions_collector.pipeline import Pipeline
+from durable_sessions_collector.store import open_store
+
+
+class Service:
+    """The running sidecar: store, evaluator, pipeline, receivers, API.
+
+    ``start()`` binds both ports (port 0 picks free ones: see :attr:`grpc_port` and
+    :attr:`http_port`) and returns once they accept connections; ``stop()`` stops
+    accepting, commits what was accepted, and closes the store.
+    """
+
+    def __init__(self, config: Config, *, log_stream: TextIO | None = None) -> None:
+        self.config = config
+        self.log = JsonLog(log_stream, config.log_level)
+        self.store = None
+        self.grpc_port = 0
+        self.http_port = 0
+        self._stopped = threading.Event()
+        self._started = False
+
+    def start(self) -> Service:
+        config, log = self.config, self.log
+        self.store = store = open_store(config.store)
+        try:
+            self.metrics = metrics = Metrics(store)
+            self.evaluator = Evaluator(
+                strict=config.evaluation_strict,
+                key_window_s=config.evaluation_key_window_s,
+                max_sessions=config.evaluation_max_sessions,
+                max_actions_per_session=config.evaluation_max_actions_per_session,
+            )
+            channels = tuple(
+                channel
+                for channel, enabled in (
+                    (LOG, config.alerts_log_enabled),
+                    (WEBHOOK, bool(config.alerts_webhook_url)),
+                )
+                if enabled
+            )
+            self.log_alerts = LogAlerts(
+                store,
+                log,
+                on_delivered=lambda channel, n: metrics.alert_deliveries.labels(channel, "delivered").inc(n),
+            )
+            self.pipeline = Pipeline(
+                store,
+                self.evaluator,
+                metrics,
+                log,
+                queue_size=config.pipeline_queue_size,
+                max_batch=config.pipeline_max_batch,
+                idle_s=config.evaluation_idle_s,
+                ack_timeout_s=config.pipeline_ack_timeout_s,
+                retry_after_s=config.pipeline_retry_after_s,
+                channels=channels,
+                after_commit=self.log_alerts.deliver_pending if config.alerts_log_enabled else None,
+            )
+            if config.alerts_log_enabled:
+                self.log_alerts.deliver_pending()  # left pending by a previous run
+            receiver = TraceReceiver(
+                self.pipeline, metrics, log, attribute_value_limit=config.evaluation_attribute_value_limit
+            )
+            router = Router()
+            router.add(
+                "POST",
+                PATH,
+                HttpTraceReceiver(receiver, max_request_bytes=config.receivers_max_request_bytes, log=log),
+            )
+            HttpApi(store, metrics, self._health_problem).register(router)
+            self.pipeline.start()
+            self.grpc = GrpcReceiver(
+                receiver,
+                config.receivers_grpc_endpoint,
+                max_request_bytes=config.receivers_max_request_bytes,
+                log=log,
+            )
+            self.grpc_port = self.grpc.start()
+            self.http = HttpServer(
+                config.receivers_http_endpoint, router, log, body_limit=config.receivers_max_request_bytes
+            )
+            self.http_port = self.http.start()
+        except BaseException:
+            self._teardown()
+            raise
+        self._started = True
+        for name, endpoint in (
+            ("receivers.grpc.endpoint", config.receivers_grpc_endpoint),
+            ("receivers.http.endpoint", config.receivers_http_endpoint),
+        ):
+            if not is_loopback(endpoint):
+                log.warning("not-loopback", key=name, endpoint=endpoint,
+                            note="the port is reachable from other hosts and has no authentication yet")  # fmt: skip
+        log.info(
+            "started",
+            version=__version__,
+            grpc_port=self.grpc_port,
+            http_port=self.http_port,
+            store=config.store,
+            idle_s=config.evaluation_idle_s,
+            alert_channels=list(channels),
+        )
+        return self
+
+    def _health_problem(self) -> str | None:
+        if not self.pipeline.alive:
+            return "the writer thread is not running"
+        return None
+
+    def stop(self) -> None:
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self._teardown()
+        if self._started:
+            self.log.info("stopped")
+
+    def _teardown(self) -> None:
+        for name in ("http", "grpc"):
+            component = getattr(self, name, None)
+            if component is not None:
+                try:
+                    component.stop()
+                except Exception as error:
+                    self.log.error("stop-failed", component=name, error=str(error))
+        pipeline = getattr(self, "pipeline", None)
+        if pipeline is not None:
+            pipeline.stop()
+        if self.store is not None:
+            self.store.close()
+
+    def __enter__(self) -> Service:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def serve_forever(self) -> None:
+        """Start, run until SIGTERM or SIGINT, then stop cleanly."""
+        self.start()
+        done = threading.Event()
+
+        def _signal(signum: int, _frame: object) -> None:
+            self.log.info("signal", signal=signal.Signals(signum).name)
+            done.set()
+
+        signal.signal(signal.SIGTERM, _signal)
+        signal.signal(signal.SIGINT, _signal)
+        try:
+            while not done.wait(1.0):
+                if not self.pipeline.alive:
+                    self.log.error("writer-died")
+                    break
+        finally:
+            self.stop()

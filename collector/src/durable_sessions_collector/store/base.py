@@ -1,0 +1,193 @@
+"""The store interface: what the sidecar keeps, independent of the database.
+
+The SQLite implementation (:mod:`.sqlite`) is the embedded default; a PostgreSQL one
+(several sidecar replicas sharing sessions) implements the same two protocols.
+
+What is kept:
+
+- **actions**: one row per (trace id, span id, status) — OTLP delivers at least once, a
+  second delivery is dropped — holding the action record *without* result or prompt
+  text (digests only), in arrival order, which is the order the engine saw them in, so
+  that re-feeding a session's rows rebuilds exactly the state the engine had;
+- **sessions**: first and last ingest time, whether the session is open (spans arrived
+  since its end-of-session rules last ran), counts and the verdict;
+- **violations**: unique on :attr:`Violation.key`, so re-checking a session never
+  duplicates one; end-of-session violations that a later end no longer produces (the
+  missing completion arrived after all) are marked resolved and leave the verdict;
+- **outbox**: one row per (alert channel, violation), written in the same transaction
+  as the violation, so an alert is raised once, also across restarts.
+
+Writes happen in a :class:`Writer`, one transaction: everything in it is committed
+together or not at all, and an Export is acknowledged only after its writer committed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from durable_sessions.record import ActionRecord, Location
+from durable_sessions.report import Verdict
+from durable_sessions.violation import Violation
+
+SessionState = Literal["active", "ended"]
+VERDICTS: tuple[Verdict, ...] = ("ok", "at_risk", "unrecoverable")
+_BYTES_TAG = "__bytes_hex__"
+
+
+class StoreError(RuntimeError):
+    """The store cannot be opened or written (answered as retryable: UNAVAILABLE / 503)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ActionRow:
+    """One action record to store, with where it came from."""
+
+    session_id: str | None
+    trace_id: str
+    span_id: str
+    status: str
+    record: ActionRecord
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSummary:
+    session_id: str
+    verdict: Verdict
+    state: SessionState
+    actions: int
+    errors: int
+    warnings: int
+    first_seen: float
+    last_seen: float
+    ended_at: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "session_id": self.session_id,
+            "verdict": self.verdict,
+            "state": self.state,
+            "actions": self.actions,
+            "errors": self.errors,
+            "warnings": self.warnings,
+            "first_seen": self.first_seen,
+            "last_seen": self.last_seen,
+            "ended_at": self.ended_at,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class SessionDetail:
+    summary: SessionSummary
+    actions: list[dict[str, Any]] = field(default_factory=list)
+    violations: list[dict[str, Any]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        head = self.summary.as_dict()
+        head["action_count"] = head.pop("actions")
+        return {**head, "actions": self.actions, "violations": self.violations}
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    """A pending alert of one channel, from the outbox."""
+
+    id: int
+    channel: str
+    violation_key: str
+    payload: dict[str, Any]
+    attempts: int
+
+
+class Writer(Protocol):
+    """One write transaction. Used by one thread at a time."""
+
+    def add_action(self, row: ActionRow, received_at: float) -> bool:
+        """Store ``row``; False when the same (trace, span, status) is already stored."""
+
+    def session_records(self, session_id: str) -> Iterator[tuple[ActionRecord, Location]]:
+        """The stored records of ``session_id`` in arrival order (this transaction's included)."""
+
+    def add_violation(self, violation: Violation, *, at_end: bool, now: float) -> bool:
+        """Store ``violation``; True when it is new (its key was not stored), so it alerts."""
+
+    def resolve_end_violations(self, session_id: str, keep: set[str]) -> int:
+        """Mark the session's stored end-of-session violations not in ``keep`` resolved."""
+
+    def touch_session(self, session_id: str, now: float, added: int) -> None:
+        """Record activity: ``added`` new actions at ``now``; the session is open again."""
+
+    def end_session(self, session_id: str, now: float) -> None:
+        """The session's end-of-session rules ran at ``now``."""
+
+    def refresh_verdict(self, session_id: str) -> Verdict:
+        """Recount the session's unresolved violations and store its verdict."""
+
+    def enqueue_alert(self, channel: str, violation_key: str, payload: dict[str, Any], now: float) -> None:
+        """Add an alert for ``channel`` to the outbox (once per channel and violation)."""
+
+    def mark_delivered(self, alert_ids: list[int], now: float) -> None:
+        """The alerts were delivered."""
+
+    def mark_failed(self, alert_id: int, error: str, retry_at: float | None) -> None:
+        """A delivery attempt failed; retry at ``retry_at``, or dead-letter it when None."""
+
+    def idle_sessions(self, cutoff: float, limit: int) -> list[str]:
+        """Open sessions with no activity since ``cutoff``, oldest first."""
+
+
+class Store(Protocol):
+    """The durable store of sessions. Reads may come from any thread."""
+
+    def writer(self) -> AbstractContextManager[Writer]:
+        """A transaction: committed when the block ends, rolled back if it raises."""
+
+    def list_sessions(self, verdict: Verdict | None = None, limit: int = 100) -> list[SessionSummary]:
+        """Sessions, most recently active first, optionally only those with ``verdict``."""
+
+    def get_session(self, session_id: str) -> SessionDetail | None:
+        """One session: its actions in order (start time, then arrival), violations, verdict."""
+
+    def verdict_counts(self) -> dict[str, int]:
+        """How many sessions have each verdict."""
+
+    def pending_alerts(self, channel: str, now: float, limit: int = 100) -> list[Alert]:
+        """Alerts of ``channel`` due for delivery at ``now``."""
+
+    def alert_counts(self) -> dict[tuple[str, str], int]:
+        """Outbox rows by (channel, state)."""
+
+    def check(self) -> None:
+        """Raise :class:`StoreError` when the store cannot be read."""
+
+    def close(self) -> None: ...
+
+
+def encode_record(record: ActionRecord) -> str:
+    """A record as JSON text that :func:`decode_record` turns back into an equal record.
+
+    Values JSON lacks are tagged (bytes), so a re-fed record is the record the engine
+    first saw; NaN and infinities are kept as Python's JSON writes them.
+    """
+    return json.dumps(record, default=_tag, separators=(",", ":"), ensure_ascii=False)
+
+
+def decode_record(text: str) -> ActionRecord:
+    return json.loads(text, object_hook=_untag)  # type: ignore[no-any-return]
+
+
+def _tag(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray):
+        return {_BYTES_TAG: bytes(value).hex()}
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    return repr(value)
+
+
+def _untag(node: dict[str, Any]) -> Any:
+    if len(node) == 1 and _BYTES_TAG in node and isinstance(node[_BYTES_TAG], str):
+        return bytes.fromhex(node[_BYTES_TAG])
+    return node

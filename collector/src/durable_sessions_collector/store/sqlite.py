@@ -1,0 +1,427 @@
+"""The SQLite store: one file, WAL journal, the embedded default.
+
+Writes take ``BEGIN IMMEDIATE`` transactions and commit with ``synchronous=FULL``, so an
+acknowledged Export survives a power cut as well as a killed process. Readers (the HTTP
+API, metrics) use their own connections; WAL lets them read while the writer writes.
+The SQL sticks to what PostgreSQL also understands (``ON CONFLICT DO NOTHING``,
+``RETURNING``-free counting), so the PostgreSQL store can follow the same statements.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from durable_sessions.record import ActionRecord, Location
+from durable_sessions.report import Verdict, verdict_of
+from durable_sessions.violation import Severity, Violation
+from durable_sessions_collector.store.base import (
+    ActionRow,
+    Alert,
+    SessionDetail,
+    SessionSummary,
+    StoreError,
+    decode_record,
+    encode_record,
+)
+
+SCHEMA_VERSION = 1
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS actions (
+    id INTEGER PRIMARY KEY,
+    session_id TEXT,
+    trace_id TEXT NOT NULL,
+    span_id TEXT NOT NULL,
+    status TEXT NOT NULL,
+    action_id TEXT,
+    kind TEXT,
+    seq INTEGER,
+    received_at REAL NOT NULL,
+    record TEXT NOT NULL,
+    UNIQUE (trace_id, span_id, status)
+);
+CREATE INDEX IF NOT EXISTS actions_by_session ON actions (session_id, id);
+CREATE TABLE IF NOT EXISTS sessions (
+    session_id TEXT PRIMARY KEY,
+    first_seen REAL NOT NULL,
+    last_seen REAL NOT NULL,
+    open INTEGER NOT NULL DEFAULT 1,
+    ended_at REAL,
+    actions INTEGER NOT NULL DEFAULT 0,
+    errors INTEGER NOT NULL DEFAULT 0,
+    warnings INTEGER NOT NULL DEFAULT 0,
+    verdict TEXT NOT NULL DEFAULT 'ok'
+);
+CREATE INDEX IF NOT EXISTS sessions_idle ON sessions (open, last_seen);
+CREATE INDEX IF NOT EXISTS sessions_by_verdict ON sessions (verdict, last_seen);
+CREATE INDEX IF NOT EXISTS sessions_by_activity ON sessions (last_seen);
+CREATE TABLE IF NOT EXISTS violations (
+    id INTEGER PRIMARY KEY,
+    key TEXT NOT NULL UNIQUE,
+    session_id TEXT,
+    rule TEXT NOT NULL,
+    severity TEXT NOT NULL,
+    message TEXT NOT NULL,
+    action_id TEXT,
+    trace_id TEXT,
+    span_id TEXT,
+    at_end INTEGER NOT NULL DEFAULT 0,
+    resolved INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS violations_by_session ON violations (session_id, id);
+CREATE TABLE IF NOT EXISTS outbox (
+    id INTEGER PRIMARY KEY,
+    channel TEXT NOT NULL,
+    violation_key TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    state TEXT NOT NULL DEFAULT 'pending',
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at REAL NOT NULL,
+    last_error TEXT,
+    created_at REAL NOT NULL,
+    delivered_at REAL,
+    UNIQUE (channel, violation_key)
+);
+CREATE INDEX IF NOT EXISTS outbox_due ON outbox (channel, state, next_attempt_at);
+"""
+
+
+def _connect(path: str, *, readonly: bool = False) -> sqlite3.Connection:
+    connection = sqlite3.connect(path, isolation_level=None, timeout=30.0, check_same_thread=False)
+    connection.execute("PRAGMA busy_timeout = 30000")
+    connection.execute("PRAGMA synchronous = FULL")
+    connection.execute("PRAGMA foreign_keys = OFF")
+    if readonly:
+        connection.execute("PRAGMA query_only = 1")
+    return connection
+
+
+class SqliteStore:
+    """The :class:`~durable_sessions_collector.store.base.Store` on one SQLite file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        directory = os.path.dirname(os.path.abspath(path))
+        try:
+            os.makedirs(directory, exist_ok=True)
+            connection = _connect(path)
+            mode = connection.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise StoreError(f"store {path!r}: cannot switch the journal to WAL (got {mode!r})")
+            connection.executescript(SCHEMA)
+            connection.execute(
+                "INSERT INTO meta (key, value) VALUES ('schema_version', ?) ON CONFLICT DO NOTHING",
+                (str(SCHEMA_VERSION),),
+            )
+            version = connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]
+        except (sqlite3.Error, OSError) as error:
+            raise StoreError(f"cannot open store {path!r}: {error}") from None
+        if int(version) != SCHEMA_VERSION:
+            raise StoreError(
+                f"store {path!r} has schema version {version}, this sidecar reads {SCHEMA_VERSION}"
+            )
+        self._write = connection
+        self._write_lock = threading.Lock()
+        self._local = threading.local()
+        self._readers: list[sqlite3.Connection] = []
+        self._readers_lock = threading.Lock()
+
+    # --- writing ---------------------------------------------------------------------
+
+    @contextmanager
+    def writer(self) -> Iterator[SqliteWriter]:
+        with self._write_lock:
+            connection = self._write
+            try:
+                connection.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as error:
+                raise StoreError(f"store {self.path!r}: cannot begin a transaction: {error}") from None
+            try:
+                yield SqliteWriter(connection)
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    connection.execute("ROLLBACK")
+                raise
+            try:
+                connection.execute("COMMIT")
+            except sqlite3.Error as error:
+                with contextlib.suppress(sqlite3.Error):
+                    connection.execute("ROLLBACK")
+                raise StoreError(f"store {self.path!r}: commit failed: {error}") from None
+
+    # --- reading ---------------------------------------------------------------------
+
+    def _reader(self) -> sqlite3.Connection:
+        connection = getattr(self._local, "connection", None)
+        if connection is None:
+            connection = _connect(self.path, readonly=True)
+            self._local.connection = connection
+            with self._readers_lock:
+                self._readers.append(connection)
+        return connection
+
+    def list_sessions(self, verdict: Verdict | None = None, limit: int = 100) -> list[SessionSummary]:
+        columns = "session_id, verdict, open, actions, errors, warnings, first_seen, last_seen, ended_at"
+        if verdict is None:
+            rows = self._reader().execute(
+                f"SELECT {columns} FROM sessions ORDER BY last_seen DESC LIMIT ?", (limit,)
+            )
+        else:
+            rows = self._reader().execute(
+                f"SELECT {columns} FROM sessions WHERE verdict = ? ORDER BY last_seen DESC LIMIT ?",
+                (verdict, limit),
+            )
+        return [_summary(row) for row in rows.fetchall()]
+
+    def get_session(self, session_id: str) -> SessionDetail | None:
+        reader = self._reader()
+        reader.execute("BEGIN")
+        try:
+            row = reader.execute(
+                "SELECT session_id, verdict, open, actions, errors, warnings, first_seen, last_seen, ended_at "
+                "FROM sessions WHERE session_id = ?",
+                (session_id,),
+            ).fetchone()
+            if row is None:
+                return None
+            actions = [
+                {
+                    "trace_id": trace_id,
+                    "span_id": span_id,
+                    "received_at": received_at,
+                    **decode_record(record),
+                }
+                for trace_id, span_id, received_at, record in reader.execute(
+                    "SELECT trace_id, span_id, received_at, record FROM actions WHERE session_id = ? "
+                    "ORDER BY seq, id",
+                    (session_id,),
+                )
+            ]
+            violations = [
+                {
+                    "rule": rule,
+                    "severity": severity,
+                    "message": message,
+                    "action_id": action_id,
+                    "trace_id": trace_id,
+                    "span_id": span_id,
+                    "at_session_end": bool(at_end),
+                    "resolved": bool(resolved),
+                    "key": key,
+                    "created_at": created_at,
+                }
+                for key, rule, severity, message, action_id, trace_id, span_id, at_end, resolved, created_at in (
+                    reader.execute(
+                        "SELECT key, rule, severity, message, action_id, trace_id, span_id, at_end, resolved, "
+                        "created_at FROM violations WHERE session_id = ? ORDER BY id",
+                        (session_id,),
+                    )
+                )
+            ]
+        finally:
+            reader.execute("COMMIT")
+        for action in actions:
+            for name, value in list(action.items()):
+                if isinstance(value, bytes):
+                    action[name] = {"bytes_hex": value.hex()}
+        return SessionDetail(_summary(row), actions, violations)
+
+    def verdict_counts(self) -> dict[str, int]:
+        counts = dict.fromkeys(("ok", "at_risk", "unrecoverable"), 0)
+        for verdict, count in self._reader().execute(
+            "SELECT verdict, COUNT(*) FROM sessions GROUP BY verdict"
+        ):
+            counts[verdict] = count
+        return counts
+
+    def pending_alerts(self, channel: str, now: float, limit: int = 100) -> list[Alert]:
+        rows = self._reader().execute(
+            "SELECT id, channel, violation_key, payload, attempts FROM outbox "
+            "WHERE channel = ? AND state = 'pending' AND next_attempt_at <= ? ORDER BY id LIMIT ?",
+            (channel, now, limit),
+        )
+        return [
+            Alert(id_, ch, key, json.loads(payload), attempts) for id_, ch, key, payload, attempts in rows
+        ]
+
+    def alert_counts(self) -> dict[tuple[str, str], int]:
+        return {
+            (channel, state): count
+            for channel, state, count in self._reader().execute(
+                "SELECT channel, state, COUNT(*) FROM outbox GROUP BY channel, state"
+            )
+        }
+
+    def count_actions(self) -> int:
+        return int(self._reader().execute("SELECT COUNT(*) FROM actions").fetchone()[0])
+
+    def check(self) -> None:
+        try:
+            self._reader().execute("SELECT 1 FROM meta LIMIT 1").fetchone()
+        except sqlite3.Error as error:
+            raise StoreError(f"store {self.path!r} cannot be read: {error}") from None
+
+    def close(self) -> None:
+        with self._readers_lock:
+            for connection in self._readers:
+                with contextlib.suppress(sqlite3.Error):
+                    connection.close()
+            self._readers.clear()
+        with self._write_lock:
+            self._write.close()
+
+
+def _summary(row: tuple[Any, ...]) -> SessionSummary:
+    session_id, verdict, open_, actions, errors, warnings, first_seen, last_seen, ended_at = row
+    return SessionSummary(
+        session_id=session_id,
+        verdict=verdict,
+        state="active" if open_ else "ended",
+        actions=actions,
+        errors=errors,
+        warnings=warnings,
+        first_seen=first_seen,
+        last_seen=last_seen,
+        ended_at=ended_at,
+    )
+
+
+class SqliteWriter:
+    """One write transaction on the store's write connection."""
+
+    __slots__ = ("_db",)
+
+    def __init__(self, connection: sqlite3.Connection) -> None:
+        self._db = connection
+
+    def add_action(self, row: ActionRow, received_at: float) -> bool:
+        record = row.record
+        action_id, kind, seq = record.get("action_id"), record.get("kind"), record.get("seq")
+        cursor = self._db.execute(
+            "INSERT INTO actions (session_id, trace_id, span_id, status, action_id, kind, seq, received_at, record) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            (
+                row.session_id,
+                row.trace_id,
+                row.span_id,
+                row.status,
+                action_id if type(action_id) is str else None,
+                kind if type(kind) is str else None,
+                seq if type(seq) is int else None,
+                received_at,
+                encode_record(record),
+            ),
+        )
+        return cursor.rowcount == 1
+
+    def session_records(self, session_id: str) -> Iterator[tuple[ActionRecord, Location]]:
+        rows = self._db.execute(
+            "SELECT trace_id, span_id, record FROM actions WHERE session_id = ? ORDER BY id", (session_id,)
+        ).fetchall()
+        for trace_id, span_id, record in rows:
+            yield decode_record(record), Location(None, None, trace_id, span_id)
+
+    def add_violation(self, violation: Violation, *, at_end: bool, now: float) -> bool:
+        cursor = self._db.execute(
+            "INSERT INTO violations (key, session_id, rule, severity, message, action_id, trace_id, span_id, "
+            "at_end, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            (
+                violation.key,
+                violation.session_id,
+                violation.rule,
+                violation.severity.value,
+                violation.message,
+                violation.action_id,
+                violation.trace_id,
+                violation.span_id,
+                int(at_end),
+                now,
+            ),
+        )
+        if cursor.rowcount == 1:
+            return True
+        if at_end:
+            # The same end-of-session finding again: it holds once more.
+            self._db.execute("UPDATE violations SET resolved = 0 WHERE key = ?", (violation.key,))
+        return False
+
+    def resolve_end_violations(self, session_id: str, keep: set[str]) -> int:
+        rows = self._db.execute(
+            "SELECT key FROM violations WHERE session_id = ? AND at_end = 1 AND resolved = 0", (session_id,)
+        ).fetchall()
+        stale = [key for (key,) in rows if key not in keep]
+        for key in stale:
+            self._db.execute("UPDATE violations SET resolved = 1 WHERE key = ?", (key,))
+        return len(stale)
+
+    def touch_session(self, session_id: str, now: float, added: int) -> None:
+        self._db.execute(
+            "INSERT INTO sessions (session_id, first_seen, last_seen, open, actions) VALUES (?, ?, ?, 1, ?) "
+            "ON CONFLICT (session_id) DO UPDATE SET last_seen = excluded.last_seen, open = 1, "
+            "actions = sessions.actions + excluded.actions",
+            (session_id, now, now, added),
+        )
+
+    def end_session(self, session_id: str, now: float) -> None:
+        self._db.execute("UPDATE sessions SET open = 0, ended_at = ? WHERE session_id = ?", (now, session_id))
+
+    def refresh_verdict(self, session_id: str) -> Verdict:
+        counts = dict(
+            self._db.execute(
+                "SELECT severity, COUNT(*) FROM violations WHERE session_id = ? AND resolved = 0 GROUP BY severity",
+                (session_id,),
+            ).fetchall()
+        )
+        errors, warnings = counts.get("error", 0), counts.get("warning", 0)
+        severities = ([Severity.ERROR] if errors else []) + ([Severity.WARNING] if warnings else [])
+        verdict = verdict_of(severities)
+        self._db.execute(
+            "UPDATE sessions SET errors = ?, warnings = ?, verdict = ? WHERE session_id = ?",
+            (errors, warnings, verdict, session_id),
+        )
+        return verdict
+
+    def enqueue_alert(self, channel: str, violation_key: str, payload: dict[str, Any], now: float) -> None:
+        self._db.execute(
+            "INSERT INTO outbox (channel, violation_key, payload, next_attempt_at, created_at) "
+            "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            (channel, violation_key, json.dumps(payload, separators=(",", ":")), now, now),
+        )
+
+    def mark_delivered(self, alert_ids: list[int], now: float) -> None:
+        self._db.executemany(
+            "UPDATE outbox SET state = 'delivered', delivered_at = ?, attempts = attempts + 1 WHERE id = ?",
+            [(now, alert_id) for alert_id in alert_ids],
+        )
+
+    def mark_failed(self, alert_id: int, error: str, retry_at: float | None) -> None:
+        if retry_at is None:
+            self._db.execute(
+                "UPDATE outbox SET state = 'dead', attempts = attempts + 1, last_error = ? WHERE id = ?",
+                (error, alert_id),
+            )
+        else:
+            self._db.execute(
+                "UPDATE outbox SET attempts = attempts + 1, last_error = ?, next_attempt_at = ? WHERE id = ?",
+                (error, retry_at, alert_id),
+            )
+
+    def idle_sessions(self, cutoff: float, limit: int) -> list[str]:
+        return [
+            session_id
+            for (session_id,) in self._db.execute(
+                "SELECT session_id FROM sessions WHERE open = 1 AND last_seen <= ? ORDER BY last_seen LIMIT ?",
+                (cutoff, limit),
+            )
+        ]

@@ -1,0 +1,129 @@
+"""Shared fixtures: a real sidecar on free loopback ports, and real SDK clients for it."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from durable_sessions_collector.config import load
+from durable_sessions_collector.service import Service
+from prometheus_client.parser import text_string_to_metric_families
+
+
+class LineBuffer(io.TextIOBase):
+    """A thread-safe text sink that keeps every line written (the sidecar's stderr)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._text: list[str] = []
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            self._text.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def lines(self) -> list[dict[str, Any]]:
+        with self._lock:
+            text = "".join(self._text)
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+class Sidecar:
+    """A running :class:`Service` plus helpers to talk to it."""
+
+    def __init__(self, service: Service, log: LineBuffer) -> None:
+        self.service = service
+        self.log = log
+
+    @property
+    def grpc_endpoint(self) -> str:
+        return f"127.0.0.1:{self.service.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.service.http_port}"
+
+    def get(self, path: str) -> tuple[int, Any]:
+        try:
+            with urllib.request.urlopen(self.http_url + path, timeout=10) as response:
+                body = response.read()
+                status = response.status
+                content_type = response.headers.get("Content-Type", "")
+        except urllib.error.HTTPError as error:
+            body, status, content_type = error.read(), error.code, error.headers.get("Content-Type", "")
+        return status, json.loads(body) if content_type.startswith("application/json") else body.decode()
+
+    def session(self, session_id: str) -> dict[str, Any]:
+        status, document = self.get("/api/sessions/" + urllib.request.quote(session_id, safe=""))
+        assert status == 200, document
+        return document
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        status, text = self.get("/metrics")
+        assert status == 200
+        samples = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+        return samples
+
+    def metric(self, name: str, **labels: str) -> float:
+        return self.metrics().get((name, tuple(sorted(labels.items()))), 0.0)
+
+    def alerts(self) -> list[dict[str, Any]]:
+        return [line for line in self.log.lines() if line.get("event") == "violation"]
+
+    def stop(self) -> None:
+        self.service.stop()
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05) -> Any:
+    """Poll until ``predicate()`` is truthy; fail with its last value after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    value = predicate()
+    while not value:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s (last value {value!r})")
+        time.sleep(interval)
+        value = predicate()
+    return value
+
+
+@pytest.fixture
+def start_sidecar(tmp_path: Path) -> Iterator[Callable[..., Sidecar]]:
+    """Start a sidecar on free loopback ports with a SQLite file in ``tmp_path``."""
+    started: list[Sidecar] = []
+
+    def start(store: Path | None = None, **settings: Any) -> Sidecar:
+        overrides = {
+            "receivers.grpc.endpoint": "127.0.0.1:0",
+            "receivers.http.endpoint": "127.0.0.1:0",
+            "store": f"sqlite:///{store or tmp_path / 'sessions.db'}",
+            "evaluation.idle_s": 0.3,
+        }
+        overrides.update({key.replace("__", "."): value for key, value in settings.items()})
+        config = load(None, env={}, overrides={k: v for k, v in overrides.items()})
+        log = LineBuffer()
+        sidecar = Sidecar(Service(config, log_stream=log).start(), log)
+        started.append(sidecar)
+        return sidecar
+
+    yield start
+    for sidecar in started:
+        sidecar.stop()
+
+
+@pytest.fixture
+def sidecar(start_sidecar: Callable[..., Sidecar]) -> Sidecar:
+    return start_sidecar()

@@ -1,0 +1,312 @@
+"""Bad input, on both receivers: each answered with the documented code and message,
+the valid spans of a mixed batch kept, and the server still healthy afterwards."""
+
+from __future__ import annotations
+
+import gzip
+import http.client
+import json
+import zlib
+
+import grpc
+import pytest
+from google.rpc import status_pb2
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+
+EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+MIB = 1024 * 1024
+
+
+def value(v) -> AnyValue:  # type: ignore[no-untyped-def]
+    if isinstance(v, bool):
+        return AnyValue(bool_value=v)
+    if isinstance(v, int):
+        return AnyValue(int_value=v)
+    if isinstance(v, float):
+        return AnyValue(double_value=v)
+    if isinstance(v, bytes):
+        return AnyValue(bytes_value=v)
+    return AnyValue(string_value=v)
+
+
+def span(n: int, *, trace_id: bytes | None = None, span_id: bytes | None = None, **attributes) -> Span:  # type: ignore[no-untyped-def]
+    attributes.setdefault("session.id", "bad-input")
+    attributes.setdefault("agent.action.id", f"a{n}")
+    attributes.setdefault("agent.action.kind", "tool_call")
+    return Span(
+        trace_id=bytes([1] * 15 + [n]) if trace_id is None else trace_id,
+        span_id=bytes([2] * 7 + [n]) if span_id is None else span_id,
+        name=f"action {n}",
+        start_time_unix_nano=1_700_000_000_000_000_000 + n,
+        end_time_unix_nano=1_700_000_000_000_000_000 + n + 1,
+        attributes=[KeyValue(key=k, value=value(v)) for k, v in attributes.items()],
+    )
+
+
+def request(*spans: Span) -> ExportTraceServiceRequest:
+    return ExportTraceServiceRequest(
+        resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=list(spans))])]
+    )
+
+
+def post(
+    sidecar, body: bytes, content_type: str | None = "application/x-protobuf", method: str = "POST", **headers
+):  # type: ignore[no-untyped-def]
+    connection = http.client.HTTPConnection("127.0.0.1", sidecar.service.http_port, timeout=30)
+    all_headers = {"Content-Type": content_type} if content_type else {}
+    all_headers.update({k.replace("_", "-"): v for k, v in headers.items()})
+    connection.request(method, "/v1/traces", body=body, headers=all_headers)
+    response = connection.getresponse()
+    data = response.read()
+    connection.close()
+    return response.status, response.headers, data
+
+
+def status_of(headers, data: bytes) -> status_pb2.Status:  # type: ignore[no-untyped-def]
+    status = status_pb2.Status()
+    if headers["Content-Type"] == "application/json":
+        from google.protobuf import json_format
+
+        json_format.Parse(data, status)
+    else:
+        status.ParseFromString(data)
+    return status
+
+
+def grpc_export(sidecar, body: bytes) -> ExportTraceServiceResponse:  # type: ignore[no-untyped-def]
+    with grpc.insecure_channel(
+        sidecar.grpc_endpoint, options=[("grpc.max_send_message_length", 256 * MIB)]
+    ) as channel:
+        call = channel.unary_unary(
+            EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString
+        )
+        return call(body, timeout=30)
+
+
+def assert_healthy(sidecar) -> None:  # type: ignore[no-untyped-def]
+    assert sidecar.get("/healthz") == (200, {"status": "ok"})
+    status, _, _ = post(sidecar, request(span(99, **{"session.id": "after"})).SerializeToString())
+    assert status == 200
+    assert sidecar.session("after")["action_count"] == 1
+
+
+VALID = request(span(1)).SerializeToString()
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "expected"),
+    [
+        (
+            VALID[: len(VALID) // 2],
+            "application/x-protobuf",
+            "not a valid protobuf ExportTraceServiceRequest",
+        ),
+        (
+            b"\xff\xff\xff\xff\xff\x0f garbage",
+            "application/x-protobuf",
+            "not a valid protobuf ExportTraceServiceRequest",
+        ),
+        (b"{not json", "application/json", "not valid JSON"),
+        (b"[1, 2]", "application/json", "must be a JSON object"),
+        (b'{"resourceSpans": "nope"}', "application/json", "not an OTLP/JSON ExportTraceServiceRequest"),
+        (b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"name": 5}]}]}]}', "application/json", "name"),
+    ],
+    ids=[
+        "truncated-protobuf",
+        "garbage-protobuf",
+        "invalid-json",
+        "json-array",
+        "json-wrong-shape",
+        "json-wrong-type",
+    ],
+)
+def test_undecodable_http_bodies_are_400_with_a_message(sidecar, body, content_type, expected) -> None:  # type: ignore[no-untyped-def]
+    status, headers, data = post(sidecar, body, content_type)
+    assert status == 400
+    assert headers["Content-Type"] == content_type
+    assert expected in status_of(headers, data).message
+    assert_healthy(sidecar)
+
+
+def test_undecodable_grpc_bodies_are_invalid_argument_never_internal(sidecar) -> None:  # type: ignore[no-untyped-def]
+    for body in (VALID[: len(VALID) // 2], b"\xff\xff\xff\xff\xff\x0f garbage"):
+        with pytest.raises(grpc.RpcError) as caught:
+            grpc_export(sidecar, body)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "not a valid protobuf ExportTraceServiceRequest" in caught.value.details()
+    assert_healthy(sidecar)
+
+
+def test_wrong_content_type_encoding_and_method(sidecar) -> None:  # type: ignore[no-untyped-def]
+    for content_type in ("text/plain", None, "application/grpc"):
+        status, headers, data = post(sidecar, VALID, content_type)
+        assert status == 415
+        assert "unsupported Content-Type" in status_of(headers, data).message
+    status, headers, data = post(sidecar, VALID, Content_Encoding="br")
+    assert status == 415 and "unsupported Content-Encoding 'br'" in status_of(headers, data).message
+    status, headers, data = post(sidecar, b"not gzip at all", Content_Encoding="gzip")
+    assert status == 400 and "not valid gzip data" in status_of(headers, data).message
+    status, headers, data = post(sidecar, b"", method="GET")
+    assert status == 405 and headers["Allow"] == "POST"
+    assert_healthy(sidecar)
+
+
+def test_gzip_and_deflate_bodies_are_accepted(sidecar) -> None:  # type: ignore[no-untyped-def]
+    status, _, data = post(
+        sidecar, gzip.compress(request(span(1)).SerializeToString()), Content_Encoding="gzip"
+    )
+    assert status == 200 and not ExportTraceServiceResponse.FromString(data).HasField("partial_success")
+    status, _, _ = post(
+        sidecar, zlib.compress(request(span(2)).SerializeToString()), Content_Encoding="deflate"
+    )
+    assert status == 200
+    assert sidecar.session("bad-input")["action_count"] == 2
+
+
+def gzip_bomb(size: int) -> bytes:
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    zeros = bytes(MIB)
+    parts = [compressor.compress(zeros) for _ in range(size // MIB)]
+    return b"".join(parts) + compressor.flush()
+
+
+def test_gzip_bomb_stops_at_the_64_mib_default_limit(sidecar) -> None:  # type: ignore[no-untyped-def]
+    bomb = gzip_bomb(100 * MIB)
+    assert len(bomb) < MIB
+    status, headers, data = post(sidecar, bomb, Content_Encoding="gzip")
+    assert status == 413
+    message = status_of(headers, data).message
+    assert f"over the {64 * MIB}-byte limit after gzip decompression" in message
+    assert_healthy(sidecar)
+
+
+def test_requests_over_the_limit_are_413_and_resource_exhausted(start_sidecar) -> None:  # type: ignore[no-untyped-def]
+    sidecar = start_sidecar(receivers__max_request_bytes=MIB)
+    big = request(span(1, **{"agent.action.name": "x" * (MIB + 10)})).SerializeToString()
+    status, headers, data = post(sidecar, big)
+    assert status == 413 and f"over the {MIB}-byte limit" in status_of(headers, data).message
+    status, headers, _ = post(sidecar, gzip.compress(big), Content_Encoding="gzip")
+    assert status == 413
+    with pytest.raises(grpc.RpcError) as caught:
+        grpc_export(sidecar, big)
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert (
+        sidecar.metric("durable_sessions_export_requests_total", transport="http", outcome="too_large") == 2
+    )
+    assert_healthy(sidecar)
+
+
+def test_bad_ids_reject_only_their_spans_partial_success(sidecar) -> None:  # type: ignore[no-untyped-def]
+    mixed = request(
+        span(1),
+        span(2, trace_id=b"\x01\x02\x03"),
+        span(3, span_id=bytes(8)),
+        span(4),
+    )
+    for send in ("http", "grpc"):
+        if send == "http":
+            status, _, data = post(sidecar, mixed.SerializeToString())
+            assert status == 200
+            response = ExportTraceServiceResponse.FromString(data)
+        else:
+            response = grpc_export(sidecar, mixed.SerializeToString())
+        assert response.partial_success.rejected_spans == 2
+        message = response.partial_success.error_message
+        assert message.startswith("rejected 2 of 4 span(s): ")
+        assert "spans[1] 'action 2': trace_id is 3 bytes, expected 16" in message
+        assert "spans[2] 'action 3': span_id is all zeros" in message
+        assert [a["action_id"] for a in sidecar.session("bad-input")["actions"]] == ["a1", "a4"]  # kept once
+
+    # OTLP/JSON: ids must be hex; a span with a bad one is rejected, its batch kept.
+    good_trace = "5B8EFFF798038103D269B633813FC60C"  # upper case is valid hex (the spec's example)
+    document = {
+        "resourceSpans": [
+            {
+                "resource": {
+                    "attributes": [{"key": "service.instance.id", "value": {"stringValue": "inc-json"}}]
+                },
+                "scopeSpans": [
+                    {
+                        "spans": [
+                            json_span(good_trace, "EEE19B7EC3C1B174", "j1", kind=2),
+                            json_span("zz" * 16, "EEE19B7EC3C1B175", "j2"),
+                            json_span(good_trace, "AAAAAAAAAAAAAAAAAAAAAA==", "j3"),
+                            json_span(good_trace, "EEE19B7E", "j4"),
+                        ]
+                    }
+                ],
+            }
+        ]
+    }
+    status, headers, data = post(sidecar, json.dumps(document).encode(), "application/json")
+    assert status == 200 and headers["Content-Type"] == "application/json"
+    answer = json.loads(data)
+    assert answer["partialSuccess"]["rejectedSpans"] == "3"
+    message = answer["partialSuccess"]["errorMessage"]
+    assert "spans[1] 'j2': traceId 'zzzzzzzz" in message and "is not hex" in message
+    assert "spans[2] 'j3': spanId 'AAAAAAAAAAAAAAAAAAAAAA==' is not hex" in message
+    assert "spans[3] 'j4': spanId 'EEE19B7E' is 4 bytes, expected 8 (16 hex digits)" in message
+    stored = sidecar.session("json")["actions"]
+    assert [(a["action_id"], a["trace_id"], a["span_id"], a["incarnation"]) for a in stored] == [
+        ("j1", good_trace.lower(), "eee19b7ec3c1b174", "inc-json")
+    ]
+    assert (
+        sidecar.metric("durable_sessions_spans_rejected_total", transport="http", reason="invalid") == 2 + 3
+    )
+    assert_healthy(sidecar)
+
+
+def json_span(trace_id: str, span_id: str, action_id: str, kind: int = 1) -> dict:  # type: ignore[type-arg]
+    return {
+        "traceId": trace_id,
+        "spanId": span_id,
+        "name": action_id,
+        "kind": kind,
+        "startTimeUnixNano": "1700000000000000000",
+        "endTimeUnixNano": "1700000000000000001",
+        "unknownFutureField": {"ignored": True},
+        "attributes": [
+            {"key": "session.id", "value": {"stringValue": "json"}},
+            {"key": "agent.action.id", "value": {"stringValue": action_id}},
+            {"key": "agent.action.kind", "value": {"stringValue": "tool_call"}},
+        ],
+        "status": {"code": 1},
+    }
+
+
+def test_ten_thousand_attributes_are_accepted(sidecar) -> None:  # type: ignore[no-untyped-def]
+    attributes = {f"custom.attribute.{i}": i for i in range(10_000)}
+    status, _, data = post(sidecar, request(span(1, **attributes)).SerializeToString())
+    assert status == 200 and not ExportTraceServiceResponse.FromString(data).HasField("partial_success")
+    response = grpc_export(sidecar, request(span(2, **attributes)).SerializeToString())
+    assert not response.HasField("partial_success")
+    assert sidecar.session("bad-input")["action_count"] == 2
+    assert_healthy(sidecar)
+
+
+def test_wrong_attribute_types_become_violations_not_errors(sidecar) -> None:  # type: ignore[no-untyped-def]
+    spans = [
+        span(1, **{"agent.action.retryable": True, "agent.action.max_attempts": "3"}),
+        span(2, **{"agent.action.kind": 7}),
+        span(3, **{"agent.action.kind": "llm_call", "agent.action.result": 42}),
+        span(4, **{"agent.action.kind": "payment", "agent.action.idempotency_key": b"\x00\x01"}),
+        span(5, **{"agent.action.retryable": "yes", "agent.action.ttl_s": 1.5}),
+    ]
+    status, _, data = post(sidecar, request(*spans).SerializeToString())
+    assert status == 200 and not ExportTraceServiceResponse.FromString(data).HasField("partial_success")
+    session = sidecar.session("bad-input")
+    assert session["action_count"] == 5
+    found = {(v["rule"], v["action_id"]) for v in session["violations"]}
+    assert ("unbounded-retry", "a1") in found  # "3" is not a cap
+    assert ("missing-field", "a2") in found  # a kind that is not a string
+    assert ("invalid-field", "a3") in found  # a result that is not JSON text
+    assert ("invalid-field", "a4") in found  # an idempotency key that is bytes
+    assert ("invalid-field", "a5") in found  # retryable "yes", ttl_s 1.5
+    # Stored values keep their types (bytes included) and the server is fine.
+    assert session["actions"][3]["idempotency_key"] == {"bytes_hex": "0001"}
+    assert_healthy(sidecar)

@@ -1,0 +1,142 @@
+"""Overload: with a tiny write queue a burst is answered 503 / UNAVAILABLE with retry
+hints (never dropped silently), and the real SDK exporters' retries deliver everything."""
+
+from __future__ import annotations
+
+import http.client
+import sqlite3
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+from google.rpc import error_details_pb2, status_pb2
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from sidecar_clients import grpc_exporter, http_exporter
+
+EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+CLIENTS = 12
+SPANS_PER_BATCH = 300
+
+
+def batches(tag: str, count: int = CLIENTS, size: int = SPANS_PER_BATCH) -> list[list]:  # type: ignore[type-arg]
+    """``count`` batches of finished SDK spans, one session per batch."""
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.instance.id": f"inc-{tag}"}))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("overload")
+    result = []
+    for b in range(count):
+        for n in range(size):
+            attributes = {
+                "session.id": f"{tag}-{b}",
+                "agent.action.id": f"a{n}",
+                "agent.action.kind": "tool_call",
+            }
+            tracer.start_span("step", attributes=attributes).end()
+        result.append(list(memory.get_finished_spans()))
+        memory.clear()
+    provider.shutdown()
+    return result
+
+
+def burst(function, items) -> list:  # type: ignore[no-untyped-def,type-arg]
+    barrier = threading.Barrier(len(items))
+
+    def run(item):  # type: ignore[no-untyped-def]
+        barrier.wait()
+        return function(item)
+
+    with ThreadPoolExecutor(len(items)) as pool:
+        return list(pool.map(run, items))
+
+
+def stored_actions(path) -> int:  # type: ignore[no-untyped-def]
+    with sqlite3.connect(path) as db:
+        return db.execute("SELECT COUNT(*) FROM actions").fetchone()[0]
+
+
+def test_burst_gets_retry_hints_on_both_transports(start_sidecar, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    sidecar = start_sidecar(pipeline__queue_size=1, pipeline__max_batch=1, pipeline__retry_after_s=2)
+    bodies = [encode_spans(batch).SerializeToString() for batch in batches("raw")]
+
+    def post(body: bytes):  # type: ignore[no-untyped-def]
+        connection = http.client.HTTPConnection("127.0.0.1", sidecar.service.http_port, timeout=30)
+        connection.request(
+            "POST", "/v1/traces", body=body, headers={"Content-Type": "application/x-protobuf"}
+        )
+        response = connection.getresponse()
+        answer = (response.status, response.headers.get("Retry-After"), response.read())
+        connection.close()
+        return answer
+
+    answers = burst(post, bodies)
+    refused = [a for a in answers if a[0] == 503]
+    accepted = [a for a in answers if a[0] == 200]
+    assert refused and accepted and len(refused) + len(accepted) == CLIENTS
+    for _, retry_after, body in refused:
+        assert retry_after == "2"
+        status = status_pb2.Status.FromString(body)
+        assert "write queue full" in status.message
+        retry_info = error_details_pb2.RetryInfo()
+        assert status.details[0].Unpack(retry_info) and retry_info.retry_delay.seconds == 2
+    for _, _, body in accepted:
+        assert not ExportTraceServiceResponse.FromString(body).HasField("partial_success")
+    # Nothing refused was kept, nothing accepted was lost.
+    assert stored_actions(tmp_path / "sessions.db") == len(accepted) * SPANS_PER_BATCH
+
+    channel = grpc.insecure_channel(sidecar.grpc_endpoint)
+    call = channel.unary_unary(
+        EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString
+    )
+    grpc_bodies = [encode_spans(batch).SerializeToString() for batch in batches("raw-grpc")]
+
+    def export(body: bytes):  # type: ignore[no-untyped-def]
+        try:
+            call(body, timeout=30)
+            return None
+        except grpc.RpcError as error:
+            return error
+
+    errors = [e for e in burst(export, grpc_bodies) if e is not None]
+    channel.close()
+    assert errors and len(errors) < CLIENTS
+    for error in errors:
+        assert error.code() == grpc.StatusCode.UNAVAILABLE
+        trailers = dict(error.trailing_metadata())
+        status = status_pb2.Status.FromString(trailers["grpc-status-details-bin"])
+        retry_info = error_details_pb2.RetryInfo()
+        assert status.details[0].Unpack(retry_info) and retry_info.retry_delay.seconds == 2
+        assert (
+            error_details_pb2.RetryInfo.FromString(trailers["google.rpc.retryinfo-bin"]).retry_delay.seconds
+            == 2
+        )
+    assert sidecar.metric("durable_sessions_spans_rejected_total", transport="grpc", reason="overload") == (
+        len(errors) * SPANS_PER_BATCH
+    )
+    assert sidecar.get("/healthz")[0] == 200
+
+
+def test_sdk_exporters_retry_until_everything_is_delivered(start_sidecar, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    sidecar = start_sidecar(pipeline__queue_size=1, pipeline__max_batch=1, pipeline__retry_after_s=1)
+    work = batches("sdk")
+    exporters = [
+        grpc_exporter(sidecar.grpc_endpoint, timeout=30)
+        if n % 2
+        else http_exporter(sidecar.http_url, timeout=30)
+        for n in range(CLIENTS)
+    ]
+    results = burst(lambda pair: pair[0].export(pair[1]), list(zip(exporters, work, strict=True)))
+    assert results == [SpanExportResult.SUCCESS] * CLIENTS
+    refused = sum(
+        sidecar.metric("durable_sessions_export_requests_total", transport=t, outcome="unavailable")
+        for t in ("grpc", "http")
+    )
+    assert refused > 0  # the queue really overflowed, and the retries made up for it
+    assert stored_actions(tmp_path / "sessions.db") == CLIENTS * SPANS_PER_BATCH
+    for exporter in exporters:
+        exporter.shutdown()

@@ -1,0 +1,100 @@
+"""Real OpenTelemetry SDK clients for the sidecar: gRPC, HTTP protobuf, HTTP JSON.
+
+The OpenTelemetry Python SDK ships no OTLP/JSON exporter, so :class:`OtlpJsonExporter`
+builds the request with the SDK's own encoder and writes it as OTLP/JSON the way the
+specification says (lowerCamelCase keys, integer enums, hex ids) — the id conversion is
+done here, independently of the sidecar's code, so a shared mistake cannot hide.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from typing import Any
+
+from google.protobuf import json_format
+from opentelemetry.context import Context
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.trace import Status, StatusCode, Tracer
+
+ID_FIELDS = ("traceId", "spanId", "parentSpanId")
+
+
+def otlp_json(spans: Sequence[ReadableSpan]) -> bytes:
+    """The SDK's encoding of ``spans`` as OTLP/JSON bytes."""
+    document = json_format.MessageToDict(encode_spans(spans), use_integers_for_enums=True)
+    for resource in document.get("resourceSpans", []):
+        for scope in resource.get("scopeSpans", []):
+            for span in scope.get("spans", []):
+                for node in (span, *span.get("links", [])):
+                    for name in ID_FIELDS:
+                        if name in node:
+                            node[name] = base64.b64decode(node[name]).hex()
+    return json.dumps(document).encode()
+
+
+class OtlpJsonExporter(SpanExporter):
+    """POSTs OTLP/JSON to ``/v1/traces``; keeps each response document."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.responses: list[dict[str, Any]] = []
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        request = urllib.request.Request(
+            self.endpoint, data=otlp_json(spans), headers={"Content-Type": "application/json"}, method="POST"
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                self.responses.append(json.loads(response.read()))
+                assert response.headers["Content-Type"] == "application/json"
+                return SpanExportResult.SUCCESS
+        except urllib.error.URLError:
+            return SpanExportResult.FAILURE
+
+    def shutdown(self) -> None:
+        pass
+
+
+def grpc_exporter(endpoint: str, **options: Any) -> GrpcExporter:
+    return GrpcExporter(endpoint=endpoint, insecure=True, **options)
+
+
+def http_exporter(base_url: str, **options: Any) -> HttpExporter:
+    return HttpExporter(endpoint=base_url + "/v1/traces", **options)
+
+
+class Agent:
+    """One process incarnation of an agent: a TracerProvider exporting synchronously."""
+
+    def __init__(self, exporter: SpanExporter, instance_id: str, service: str = "agent") -> None:
+        self.provider = TracerProvider(
+            resource=Resource.create({"service.name": service, "service.instance.id": instance_id})
+        )
+        self.provider.add_span_processor(SimpleSpanProcessor(exporter))
+        self.tracer: Tracer = self.provider.get_tracer("durable-sessions-tests")
+
+    def action(
+        self, session_id: str, action_id: str, kind: str, *, error: bool = False, **fields: Any
+    ) -> None:
+        """Emit one action span (exported, and so committed, when this returns)."""
+        attributes = {"session.id": session_id, "agent.action.id": action_id, "agent.action.kind": kind}
+        attributes.update({f"agent.action.{name}": value for name, value in fields.items()})
+        with self.tracer.start_as_current_span(f"{kind} {action_id}", attributes=attributes) as span:
+            if error:
+                span.set_status(Status(StatusCode.ERROR))
+
+    def trace(self, name: str = "turn"):  # type: ignore[no-untyped-def]
+        """A new trace (a root span that is not an action)."""
+        return self.tracer.start_as_current_span(name, context=Context())
+
+    def shutdown(self) -> None:
+        self.provider.shutdown()

@@ -1,0 +1,416 @@
+"""From a finished span to the action record it describes.
+
+:func:`map_span` is a pure function of :class:`SpanData`, a plain description of a
+finished span that does not depend on the SDK's classes: the span processor builds it
+from the SDK's ``ReadableSpan`` (:func:`from_readable_span`), the collector from OTLP
+spans. The mapping follows ``docs/semconv.md``:
+
+1. ``agent.action.*`` attributes first: each is the record field of the same name
+   (``agent.action.id`` is ``action_id``; ``agent.action.result`` is JSON text and
+   becomes the parsed value).
+2. Without ``agent.action.kind``, the OpenTelemetry GenAI, OpenInference and
+   OpenLLMetry (Traceloop) conventions are tried, in that order; the first that
+   recognises the span decides whether it is an action and of which kind.
+3. The session comes from the first of ``session.id``, ``gen_ai.conversation.id``,
+   ``langfuse.session.id``, ``traceloop.association.properties.session_id`` (span), then
+   resource ``session.id``; else the trace stands in and ``session_source`` is
+   ``trace``. ``incarnation`` is resource ``service.instance.id``; ``seq`` is the start
+   time in nanoseconds, ``ts`` the same in seconds.
+
+Values are never coerced: ``agent.action.max_attempts = "3"`` stays a string so that the
+rules report it. Sequence values become lists (as JSON would give them). The few things
+that no field can carry (a result that is not JSON text) are returned as
+:attr:`Mapped.problems`, and :func:`mapping_violations` reports them under the
+``invalid-field`` rule.
+
+A span describes **no action** (``map_span`` returns ``None``) when it has no
+``agent.action.*`` attribute and no recognised convention identifies it, or when a
+recognised convention says it is not an action (``invoke_agent``, ``CHAIN``,
+``workflow``, …). A span with ``agent.action.*`` attributes but no kind, and not an
+action by any convention, is mapped without a kind, so that ``missing-field`` reports
+it: a mistyped instrumentation is never a silent pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from opentelemetry.trace import StatusCode
+
+from durable_sessions import kinds
+from durable_sessions import semconv as sc
+from durable_sessions.digest import digest_value
+from durable_sessions.record import ActionRecord, Location
+from durable_sessions.rules import CATALOGUE
+from durable_sessions.violation import Violation
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import ReadableSpan
+
+AttributeValue = str | bool | int | float | Sequence[str] | Sequence[bool] | Sequence[int] | Sequence[float]
+
+_PREFIX_LEN = len(sc.ACTION_PREFIX)
+_FIELDS = sc.ACTION_ATTRIBUTES
+_EMPTY: Mapping[str, Any] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class SpanData:
+    """A finished span, independent of the SDK's classes (adapters build it).
+
+    ``attribute_value_limit`` is the attribute value length limit that was in force
+    when the span was recorded (``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT``), when known: a
+    result exactly that long was probably cut.
+    """
+
+    name: str
+    attributes: Mapping[str, AttributeValue]
+    resource: Mapping[str, AttributeValue]
+    status_error: bool
+    start_time_ns: int
+    trace_id: str
+    span_id: str
+    attribute_value_limit: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Mapped:
+    """The action a span describes, where it was found, and what could not be mapped.
+
+    ``problems`` holds one message per attribute whose value no record field can carry
+    faithfully (``agent.action.result`` that is not JSON text); the record is still
+    complete and checkable.
+    """
+
+    record: ActionRecord
+    where: Location
+    problems: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class _Convention:
+    """How a recognised third-party convention describes one kind of span."""
+
+    kind: str
+    id_keys: tuple[str, ...] = ()
+    result_key: str | None = None
+    result_prefix: str | None = None
+    result_ref_key: str | None = None
+
+
+_NOT_ACTION = _Convention(kind="")
+_GENAI_LLM = _Convention(
+    kinds.LLM_CALL,
+    result_key=sc.GEN_AI_OUTPUT_MESSAGES,
+    result_prefix=sc.GEN_AI_COMPLETION_PREFIX,
+    result_ref_key=sc.GEN_AI_OUTPUT_MESSAGES_REF,
+)
+_GENAI_TOOL = _Convention(kinds.TOOL_CALL, (sc.GEN_AI_TOOL_CALL_ID,), sc.GEN_AI_TOOL_CALL_RESULT)
+_GENAI_READ = _Convention(kinds.EXTERNAL_READ)
+_OPENINFERENCE = {
+    "LLM": _Convention(
+        kinds.LLM_CALL, result_key=sc.OUTPUT_VALUE, result_prefix=sc.LLM_OUTPUT_MESSAGES_PREFIX
+    ),
+    "TOOL": _Convention(kinds.TOOL_CALL, (sc.TOOL_CALL_ID, sc.TOOL_ID), sc.OUTPUT_VALUE),
+    "RETRIEVER": _Convention(kinds.EXTERNAL_READ, result_key=sc.OUTPUT_VALUE),
+}
+_TRACELOOP = {"tool": _Convention(kinds.TOOL_CALL, result_key=sc.TRACELOOP_ENTITY_OUTPUT)}
+
+
+def _convention(attributes: Mapping[str, Any]) -> _Convention | None:
+    """The convention that recognises the span: an action, ``_NOT_ACTION``, or None."""
+    get = attributes.get
+    operation = get(sc.GEN_AI_OPERATION_NAME)
+    if operation is not None:
+        if operation in sc.GEN_AI_LLM_OPERATIONS:
+            return _GENAI_LLM
+        if operation in sc.GEN_AI_TOOL_OPERATIONS:
+            return _GENAI_TOOL
+        if operation in sc.GEN_AI_READ_OPERATIONS:
+            return _GENAI_READ
+        return _NOT_ACTION
+    openinference = get(sc.OPENINFERENCE_SPAN_KIND)
+    if openinference is not None:
+        return _OPENINFERENCE.get(openinference, _NOT_ACTION)  # type: ignore[arg-type]
+    traceloop = get(sc.TRACELOOP_SPAN_KIND)
+    if traceloop is not None:
+        return _TRACELOOP.get(traceloop, _NOT_ACTION)  # type: ignore[arg-type]
+    if (get(sc.GEN_AI_SYSTEM) is not None or get(sc.GEN_AI_PROVIDER_NAME) is not None) and get(
+        sc.GEN_AI_REQUEST_MODEL
+    ) is not None:
+        return _GENAI_LLM
+    return None
+
+
+def _plain(value: Any) -> Any:
+    """An attribute value as JSON would hold it: sequences become lists."""
+    if type(value) is tuple:
+        return list(value)
+    return value
+
+
+def map_span(span: SpanData, *, keep_result: bool = True) -> Mapped | None:
+    """The action a span describes, or None when it describes none.
+
+    With ``keep_result=False`` the record never holds result text: it carries
+    ``result_digest`` (the given one, else computed from the result) so that it still
+    counts as recorded, and ``redacted: True`` when the instrumentation hid the value.
+    Records whose result was read from a string attribute carry ``result_length`` and,
+    when the span's limit is known, ``value_limit``.
+    """
+    mapped = map_attributes(
+        span.attributes,
+        span.resource,
+        span.status_error,
+        span.start_time_ns,
+        span.trace_id,
+        span.span_id,
+        span.attribute_value_limit,
+        keep_result,
+    )
+    if mapped is None:
+        return None
+    record, problems = mapped
+    return Mapped(record, _new_location(Location, (None, None, span.trace_id, span.span_id)), problems)  # type: ignore[arg-type]
+
+
+_new_location = tuple.__new__
+_NO_PROBLEMS: tuple[str, ...] = ()
+
+
+def map_attributes(
+    attributes: Mapping[str, Any],
+    resource: Mapping[str, Any],
+    status_error: bool,
+    start_time_ns: int,
+    trace_id: str,
+    span_id: str,
+    limit: int | None,
+    keep_result: bool,
+) -> tuple[ActionRecord, tuple[str, ...]] | None:
+    """:func:`map_span` on the span's parts: ``(record, problems)`` or None.
+
+    For front ends that hold a span's parts already (the span processor, the OTLP
+    decoder) and want to skip building :class:`SpanData` and :class:`Mapped`.
+    """
+    record: dict[str, Any] = {}
+    result: Any = _EMPTY
+    for key, value in attributes.items():
+        if key.startswith(sc.ACTION_PREFIX):
+            field = _FIELDS.get(key) or key[_PREFIX_LEN:]
+            if field == "result":
+                result = value
+            else:
+                record[field] = list(value) if type(value) is tuple else value
+    problems = _NO_PROBLEMS
+    if "kind" in record:
+        if result is not _EMPTY:
+            result, problems = _own_result(record, result, limit)
+    else:
+        convention = _convention(attributes)
+        if convention is None or convention is _NOT_ACTION:
+            if not record and result is _EMPTY:
+                return None
+        else:
+            record["kind"] = convention.kind
+            if "action_id" not in record:
+                record["action_id"] = _first(attributes, convention.id_keys) or span_id
+            if result is _EMPTY:
+                result = _third_party_result(record, attributes, convention, limit)
+            else:
+                result, problems = _own_result(record, result, limit)
+            if convention.result_ref_key and "result_ref" not in record:
+                ref = attributes.get(convention.result_ref_key)
+                if ref is not None:
+                    record["result_ref"] = ref
+    if "status" not in record:
+        record["status"] = sc.STATUS_ERROR if status_error else sc.STATUS_OK
+    if result is not _EMPTY:
+        if keep_result:
+            record["result"] = result
+        elif record.get("redacted") is not True and "result_digest" not in record:
+            record["result_digest"] = digest_value(result)
+    get = attributes.get
+    if "session_id" not in record:
+        for key in sc.SESSION_ATTRIBUTES:
+            session_id = get(key)
+            if session_id is not None:
+                record["session_id"] = session_id
+                break
+        else:
+            session_id = resource.get(sc.RESOURCE_SESSION_ID)
+            if session_id is not None:
+                record["session_id"] = session_id
+            else:
+                record["session_id"] = trace_id
+                record["session_source"] = sc.SESSION_SOURCE_TRACE
+    incarnation = resource.get(sc.SERVICE_INSTANCE_ID)
+    if incarnation is not None:
+        record["incarnation"] = incarnation
+    if "name" not in record:
+        for key in sc.NAME_FALLBACKS:
+            name = get(key)
+            if name is not None:
+                record["name"] = name
+                break
+    record["seq"] = start_time_ns
+    record["ts"] = start_time_ns / 1e9
+    return record, problems  # type: ignore[return-value]
+
+
+def _own_result(record: dict[str, Any], value: Any, limit: int | None) -> tuple[Any, tuple[str, ...]]:
+    """``agent.action.result``: JSON text, parsed. Anything else is kept and reported."""
+    if type(value) is not str:
+        shown = _plain(value)
+        return shown, (
+            f"attribute {sc.ACTION_RESULT} is {_describe(shown)}, expected JSON text — "
+            "the result cannot be replayed as it was recorded",
+        )
+    _measure(record, len(value), limit)
+    if value == sc.REDACTED:
+        record["redacted"] = True
+        return value, ()
+    try:
+        return orjson.loads(value), ()
+    except orjson.JSONDecodeError as error:
+        if limit is not None and len(value) == limit:
+            return value, ()  # cut by the SDK: truncated-result says so
+        return value, (
+            f"attribute {sc.ACTION_RESULT} is not JSON text ({error}) — "
+            "the result cannot be replayed as it was recorded",
+        )
+
+
+def _third_party_result(
+    record: dict[str, Any], attributes: Mapping[str, Any], convention: _Convention, limit: int | None
+) -> Any:
+    """The result a convention records, as the instrumentation wrote it; ``_EMPTY`` if none."""
+    if convention.result_key is not None:
+        value = attributes.get(convention.result_key)
+        if value is not None:
+            if type(value) is str:
+                _measure(record, len(value), limit)
+                if value == sc.REDACTED:
+                    record["redacted"] = True
+            return _plain(value)
+    prefix = convention.result_prefix
+    if prefix is None:
+        return _EMPTY
+    parts = {key[len(prefix) :]: _plain(attributes[key]) for key in attributes if key.startswith(prefix)}
+    if not parts:
+        return _EMPTY
+    longest = max((len(v) for v in parts.values() if type(v) is str), default=None)
+    if longest is not None:
+        _measure(record, longest, limit)
+    if sc.REDACTED in parts.values():
+        record["redacted"] = True
+    return dict(sorted(parts.items()))
+
+
+def _measure(record: dict[str, Any], length: int, limit: int | None) -> None:
+    record["result_length"] = length
+    if limit is not None:
+        record["value_limit"] = limit
+
+
+def _first(attributes: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
+    for key in keys:
+        value = attributes.get(key)
+        if value is not None:
+            return value
+    return None
+
+
+def _describe(value: Any) -> str:
+    if type(value) is bool:
+        return f"the boolean {'true' if value else 'false'}"
+    if type(value) in (int, float):
+        return f"the number {value!r}"
+    if isinstance(value, list):
+        return "a list"
+    return f"a {type(value).__name__}"
+
+
+_INVALID_FIELD = CATALOGUE.get("invalid-field")
+
+
+def mapping_violations(mapped: Mapped) -> list[Violation]:
+    """The ``invalid-field`` violations for what the mapping could not carry."""
+    record = mapped.record
+    session_id, action_id = record.get("session_id"), record.get("action_id")
+    return [
+        _INVALID_FIELD.violation(
+            problem,
+            session_id=session_id if type(session_id) is str else None,
+            action_id=action_id if type(action_id) is str else None,
+            location=mapped.where,
+        )
+        for problem in mapped.problems
+    ]
+
+
+def from_readable_span(span: ReadableSpan, *, attribute_value_limit: int | None = None) -> SpanData:
+    """A finished SDK span as :class:`SpanData`.
+
+    ``attribute_value_limit`` defaults to the limit the span's own attributes were
+    recorded under (``SpanLimits.max_span_attribute_length``), when the SDK exposes it.
+    """
+    attributes, limit = sdk_attributes(span)
+    context = span.context
+    return SpanData(
+        name=span.name,
+        attributes=attributes,
+        resource=sdk_resource_attributes(span.resource),
+        status_error=is_error(span),
+        start_time_ns=span.start_time or 0,
+        trace_id=format(context.trace_id, "032x") if context is not None else "0" * 32,
+        span_id=format(context.span_id, "016x") if context is not None else "0" * 16,
+        attribute_value_limit=attribute_value_limit if attribute_value_limit is not None else limit,
+    )
+
+
+def sdk_attributes(span: ReadableSpan) -> tuple[Mapping[str, Any], int | None]:
+    """A finished SDK span's attributes as a plain mapping, and their value length limit.
+
+    The SDK hands ``on_end`` a ``ReadableSpan`` over the span's ``BoundedAttributes``,
+    which are immutable once the span has ended; their dict is read directly, because
+    ``BoundedAttributes.get`` costs an exception per missing key.
+    """
+    bounded = getattr(span, "_attributes", None)
+    raw = getattr(bounded, "_dict", None)
+    limit = getattr(bounded, "max_value_len", None)
+    if type(raw) is dict:
+        return raw, limit
+    return (span.attributes or _EMPTY), limit
+
+
+def sdk_resource_attributes(resource: Any) -> Mapping[str, Any]:
+    """A ``Resource``'s attributes as a plain mapping (see :func:`sdk_attributes`)."""
+    if resource is None:
+        return _EMPTY
+    attributes = resource.attributes
+    raw = getattr(attributes, "_dict", None)
+    return raw if type(raw) is dict else (attributes or _EMPTY)
+
+
+def is_error(span: ReadableSpan) -> bool:
+    """The span's status code is ERROR."""
+    status = span.status
+    return status is not None and status.status_code is StatusCode.ERROR
+
+
+__all__ = [
+    "AttributeValue",
+    "Mapped",
+    "SpanData",
+    "from_readable_span",
+    "is_error",
+    "map_attributes",
+    "map_span",
+    "mapping_violations",
+    "sdk_attributes",
+    "sdk_resource_attributes",
+]

@@ -1,0 +1,412 @@
+"""``DurabilitySpanProcessor``: check durability rules inline, as spans end.
+
+Add it to an existing ``TracerProvider`` beside your own processors::
+
+    from opentelemetry import trace
+    from durable_sessions.processor import DurabilitySpanProcessor
+
+    provider = trace.get_tracer_provider()          # your existing SDK TracerProvider
+    provider.add_span_processor(DurabilitySpanProcessor())
+
+Each ended span is mapped to an action record (:mod:`durable_sessions.mapping`) and fed
+to the rule engine; violations are reported through
+
+- the ``durable_sessions`` logger, one line each, rate-limited (a summary says what
+  was suppressed);
+- the counter ``durable_sessions.violations`` (attributes ``rule``, ``severity``,
+  ``kind``) on the given or the global ``MeterProvider``;
+- the ``on_violation`` callback, when given.
+
+The processor **fails open**: nothing it does raises into the code that starts or ends
+a span. An internal error is caught, counted (``durable_sessions.internal_errors``)
+and logged once. The single exception is ``mode="raise"``, for tests, which raises
+:class:`DurabilityViolationError` from ``span.end()`` (add the processor after your
+exporting processors, so that they still see the span).
+
+Sessions are held in a bounded LRU (``max_sessions``); an evicted session, and every
+session at :meth:`force_flush` and :meth:`shutdown`, is ended and its end-of-session
+rules run. In ``on_start`` the processor copies the session id of the surrounding
+:func:`durable_sessions.instrument.session` block, or of the parent span, onto spans
+that carry none.
+
+Configuration comes from the constructor, else from the environment:
+
+================================  ===========================================  ===========
+Variable                          Meaning                                      Default
+================================  ===========================================  ===========
+``DURABLE_SESSIONS_MODE``         ``log``, ``silent`` (metric and callback     ``log``
+                                  only), ``raise`` (tests) or ``off``
+``DURABLE_SESSIONS_PRESET``       rule preset: ``all`` or ``seed``             ``all``
+``DURABLE_SESSIONS_STRICT``       ``true`` adds the strict-only rules          ``false``
+``DURABLE_SESSIONS_DISABLE``      comma-separated rule ids to skip             (none)
+``DURABLE_SESSIONS_MAX_SESSIONS`` sessions held at once                        ``1000``
+``DURABLE_SESSIONS_KEY_WINDOW_S`` idempotency key window, seconds              ``86400``
+``DURABLE_SESSIONS_LOG_LIMIT``    violation log lines per minute               ``60``
+================================  ===========================================  ===========
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from typing import Literal
+
+from opentelemetry import context as context_api
+from opentelemetry import metrics
+from opentelemetry import trace as trace_api
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+
+from durable_sessions import __version__
+from durable_sessions import semconv as sc
+from durable_sessions.engine import Checker
+from durable_sessions.instrument import current_session
+from durable_sessions.mapping import (
+    Mapped,
+    is_error,
+    map_attributes,
+    mapping_violations,
+    sdk_attributes,
+    sdk_resource_attributes,
+)
+from durable_sessions.record import Location
+from durable_sessions.rules import Rule, select_rules
+from durable_sessions.rules.state import DEFAULT_KEY_WINDOW_S
+from durable_sessions.violation import Violation
+
+Mode = Literal["log", "silent", "raise", "off"]
+MODES: tuple[str, ...] = ("log", "silent", "raise", "off")
+DEFAULT_MAX_SESSIONS = 1000
+DEFAULT_LOG_LIMIT_PER_MINUTE = 60
+
+logger = logging.getLogger("durable_sessions")
+_new_location = tuple.__new__
+_NO_ATTRIBUTES: dict[str, object] = {}
+
+
+def _live_attributes(span: object) -> Mapping[str, object]:
+    """A live SDK span's attributes as a plain dict (read-only use), else its public view.
+
+    ``BoundedAttributes`` answers a missing key by raising and catching ``KeyError``;
+    its dict answers at dict speed.
+    """
+    bounded = getattr(span, "_attributes", None)
+    raw = getattr(bounded, "_dict", None)
+    if type(raw) is dict:
+        return raw
+    return getattr(span, "attributes", None) or _NO_ATTRIBUTES
+
+
+class DurabilityViolationError(AssertionError):
+    """Raised from ``span.end()`` in ``mode="raise"``: the span broke durability rules."""
+
+    def __init__(self, violations: list[Violation]) -> None:
+        self.violations = violations
+        lines = "\n".join(f"  {format_violation(v)}" for v in violations)
+        super().__init__(f"{len(violations)} durability violation(s):\n{lines}")
+
+
+class ConfigurationError(ValueError):
+    """A constructor argument or environment variable has an unusable value."""
+
+
+def format_violation(violation: Violation) -> str:
+    """One log line: ``[rule] severity session/action (span …): message``."""
+    where = f" span {violation.span_id}" if violation.span_id else ""
+    return (
+        f"[{violation.rule}] {violation.severity} session {violation.session_id!r} "
+        f"action {violation.action_id!r}{where}: {violation.message}"
+    )
+
+
+class _RateLimitedLog:
+    """At most ``limit`` lines per ``period_s``; then one summary of what was suppressed."""
+
+    def __init__(self, target: logging.Logger, limit: int, period_s: float = 60.0) -> None:
+        self._logger = target
+        self._limit = limit
+        self._period_s = period_s
+        self._window_start = time.monotonic()
+        self._logged = 0
+        self._suppressed: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def violation(self, violation: Violation) -> None:
+        level = logging.ERROR if violation.severity == "error" else logging.WARNING
+        with self._lock:
+            now = time.monotonic()
+            if now - self._window_start >= self._period_s:
+                self._summarise_locked()
+                self._window_start, self._logged = now, 0
+            if self._logged >= self._limit:
+                self._suppressed[violation.rule] += 1
+                return
+            self._logged += 1
+        self._logger.log(level, "durability violation %s", format_violation(violation))
+
+    def flush(self) -> None:
+        with self._lock:
+            self._summarise_locked()
+
+    def _summarise_locked(self) -> None:
+        if not self._suppressed:
+            return
+        total = sum(self._suppressed.values())
+        by_rule = ", ".join(f"{rule}: {n}" for rule, n in self._suppressed.most_common())
+        self._logger.warning(
+            "durable_sessions suppressed %d violation log line(s) over the limit of %d per %gs (%s)",
+            total,
+            self._limit,
+            self._period_s,
+            by_rule,
+        )
+        self._suppressed.clear()
+
+
+def _env(name: str) -> str | None:
+    value = os.environ.get(name)
+    return value.strip() if value and value.strip() else None
+
+
+def _env_int(name: str, default: int) -> int:
+    value = _env(name)
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise ConfigurationError(f"{name}={value!r} is not an integer") from None
+    if number < 1:
+        raise ConfigurationError(f"{name}={value!r} must be at least 1")
+    return number
+
+
+def _env_bool(name: str) -> bool:
+    value = _env(name)
+    if value is None:
+        return False
+    if value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ConfigurationError(f"{name}={value!r} is not a boolean (true or false)")
+
+
+class DurabilitySpanProcessor(SpanProcessor):
+    """Maps ended spans to action records and checks them against the durability rules.
+
+    Every argument left ``None`` is read from its ``DURABLE_SESSIONS_*`` environment
+    variable (see the module documentation), else its default. ``rules`` overrides
+    ``preset``/``strict``/``disable``. Unusable configuration raises
+    :class:`ConfigurationError` here, at setup, never later.
+    """
+
+    def __init__(
+        self,
+        *,
+        mode: Mode | None = None,
+        rules: Iterable[Rule] | None = None,
+        preset: str | None = None,
+        strict: bool | None = None,
+        disable: Iterable[str] | None = None,
+        max_sessions: int | None = None,
+        key_window_s: float | None = None,
+        on_violation: Callable[[Violation], object] | None = None,
+        meter_provider: metrics.MeterProvider | None = None,
+        log_limit_per_minute: int | None = None,
+        copy_session: bool = True,
+    ) -> None:
+        mode = mode or _env("DURABLE_SESSIONS_MODE") or "log"  # type: ignore[assignment]
+        if mode not in MODES:
+            raise ConfigurationError(f"unknown durability mode {mode!r}; expected one of {', '.join(MODES)}")
+        self.mode: Mode = mode  # type: ignore[assignment]
+        if rules is None:
+            disabled = disable if disable is not None else (_env("DURABLE_SESSIONS_DISABLE") or "").split(",")
+            try:
+                rules = select_rules(
+                    preset or _env("DURABLE_SESSIONS_PRESET") or "all",  # type: ignore[arg-type]
+                    strict=strict if strict is not None else _env_bool("DURABLE_SESSIONS_STRICT"),
+                    disable=[rule.strip() for rule in disabled if rule.strip()],
+                )
+            except (KeyError, ValueError) as error:
+                raise ConfigurationError(str(error).strip("'\"")) from None
+        if max_sessions is None:
+            max_sessions = _env_int("DURABLE_SESSIONS_MAX_SESSIONS", DEFAULT_MAX_SESSIONS)
+        if key_window_s is None:
+            key_window_s = _env_int("DURABLE_SESSIONS_KEY_WINDOW_S", DEFAULT_KEY_WINDOW_S)
+        if log_limit_per_minute is None:
+            log_limit_per_minute = _env_int("DURABLE_SESSIONS_LOG_LIMIT", DEFAULT_LOG_LIMIT_PER_MINUTE)
+        self.checker = Checker(rules, key_window_s=key_window_s, max_sessions=max_sessions)
+        self.on_violation = on_violation
+        self.copy_session = copy_session
+        self.internal_errors = 0
+        self.violations_reported = 0
+        self._lock = threading.Lock()
+        self._log = _RateLimitedLog(logger, log_limit_per_minute)
+        self._error_logged = False
+        self._shut_down = False
+        meter = (meter_provider or metrics.get_meter_provider()).get_meter("durable_sessions", __version__)
+        self._counter = meter.create_counter(
+            sc.METRIC_VIOLATIONS,
+            unit="{violation}",
+            description="Durability rule violations found in ended spans",
+        )
+        self._error_counter = meter.create_counter(
+            "durable_sessions.internal_errors",
+            unit="{error}",
+            description="Errors inside the durability processor (it failed open)",
+        )
+        self._metric_attributes: dict[tuple[str, str, str], dict[str, str]] = {}
+        self._resource: object = None
+        self._resource_attributes: Mapping[str, object] = _NO_ATTRIBUTES
+
+    # -- SpanProcessor -------------------------------------------------------------
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        """Copy the surrounding session id onto a span that has none."""
+        if not self.copy_session or self.mode == "off":
+            return
+        try:
+            attributes = _live_attributes(span)
+            if sc.SESSION_ID in attributes:
+                return
+            context = parent_context if parent_context is not None else context_api.get_current()
+            session_id = current_session(context)
+            if session_id is None:
+                parent = trace_api.get_current_span(context)
+                if parent.is_recording():
+                    session_id = _live_attributes(parent).get(sc.SESSION_ID)
+            if session_id is not None:
+                span.set_attribute(sc.SESSION_ID, session_id)
+        except Exception as error:  # fail open
+            self._internal_error("on_start", error)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        """Check the ended span; report what it breaks. Raises only in ``mode="raise"``."""
+        if self.mode == "off" or self._shut_down:
+            return
+        try:
+            attributes, limit = sdk_attributes(span)
+            resource = span.resource
+            if resource is not self._resource:
+                self._resource_attributes = sdk_resource_attributes(resource)
+                self._resource = resource
+            context = span.context
+            trace_id = format(context.trace_id, "032x")
+            span_id = format(context.span_id, "016x")
+            mapped = map_attributes(
+                attributes,
+                self._resource_attributes,
+                is_error(span),
+                span.start_time or 0,
+                trace_id,
+                span_id,
+                limit,
+                False,
+            )
+            if mapped is None:
+                return
+            record, problems = mapped
+            where = _new_location(Location, (None, None, trace_id, span_id))
+            with self._lock:
+                violations = self.checker.feed(record, where)
+            if problems:
+                violations = mapping_violations(Mapped(record, where, problems)) + violations
+            if violations:
+                kind = record.get("kind")
+                self._report(violations, kind if type(kind) is str else "unknown")
+        except DurabilityViolationError:
+            raise
+        except Exception as error:  # fail open
+            self._internal_error("on_end", error)
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """End every open session and run its end-of-session rules."""
+        try:
+            self._finish()
+        except DurabilityViolationError:
+            raise
+        except Exception as error:  # fail open
+            self._internal_error("force_flush", error)
+        return True
+
+    def shutdown(self) -> None:
+        """End every session (never raises, whatever the mode); later spans are ignored."""
+        if self._shut_down:
+            return
+        try:
+            self._finish(raising=False)
+        except Exception as error:  # fail open
+            self._internal_error("shutdown", error)
+        self._shut_down = True
+        self._log.flush()
+
+    # -- public helpers ------------------------------------------------------------
+
+    def end_session(self, session_id: str) -> list[Violation]:
+        """End one session now (e.g. the agent finished it) and report its end-of-session findings."""
+        try:
+            with self._lock:
+                violations = self.checker.end_session(session_id)
+            self._report(violations, "unknown", raising=False)
+            return violations
+        except Exception as error:  # fail open
+            self._internal_error("end_session", error)
+            return []
+
+    # -- internals -----------------------------------------------------------------
+
+    def _finish(self, *, raising: bool = True) -> None:
+        if self.mode == "off":
+            return
+        with self._lock:
+            violations = self.checker.finish()
+        self._report(violations, "unknown", raising=raising)
+
+    def _report(self, violations: list[Violation], kind: str, *, raising: bool = True) -> None:
+        self.violations_reported += len(violations)
+        for violation in violations:
+            key = (violation.rule, str(violation.severity), kind)
+            labels = self._metric_attributes.get(key)
+            if labels is None:
+                labels = {"rule": key[0], "severity": key[1], "kind": kind}
+                if len(self._metric_attributes) < 1024:
+                    self._metric_attributes[key] = labels
+            self._counter.add(1, labels)
+            if self.mode == "log":
+                self._log.violation(violation)
+            if self.on_violation is not None:
+                try:
+                    self.on_violation(violation)
+                except Exception as error:  # a broken callback must not break the app
+                    self._internal_error("on_violation callback", error)
+        if self.mode == "raise" and raising and violations:
+            raise DurabilityViolationError(violations)
+
+    def _internal_error(self, where: str, error: Exception) -> None:
+        self.internal_errors += 1
+        with contextlib.suppress(Exception):
+            self._error_counter.add(1, {"where": where})
+        if not self._error_logged:
+            self._error_logged = True
+            logger.warning(
+                "durable_sessions processor failed in %s and is failing open "
+                "(spans and your code are unaffected; further errors are only counted)",
+                where,
+                exc_info=error,
+            )
+
+
+__all__ = [
+    "MODES",
+    "ConfigurationError",
+    "DurabilitySpanProcessor",
+    "DurabilityViolationError",
+    "Mode",
+    "format_violation",
+]

@@ -1,0 +1,1 @@
+"""Test helpers: the fake OpenAI-compatible server."""

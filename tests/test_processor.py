@@ -1,0 +1,436 @@
+"""``DurabilitySpanProcessor`` on a real ``TracerProvider`` with an in-memory exporter."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Status, StatusCode
+
+from durable_sessions import semconv as sc
+from durable_sessions.instrument import session
+from durable_sessions.processor import (
+    ConfigurationError,
+    DurabilitySpanProcessor,
+    DurabilityViolationError,
+)
+from durable_sessions.rules import Explanation, Rule, select_rules
+from durable_sessions.violation import Severity, Violation
+
+
+class Setup:
+    def __init__(self, **options: Any) -> None:
+        self.exporter = InMemorySpanExporter()
+        self.metrics = InMemoryMetricReader()
+        self.violations: list[Violation] = []
+        limits = options.pop("span_limits", None)
+        self.provider = TracerProvider(
+            resource=Resource.create({"service.instance.id": "run-1"}), span_limits=limits
+        )
+        self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+        options.setdefault("on_violation", self.violations.append)
+        options.setdefault("meter_provider", MeterProvider(metric_readers=[self.metrics]))
+        self.processor = DurabilitySpanProcessor(**options)
+        self.provider.add_span_processor(self.processor)
+        self.tracer = self.provider.get_tracer("test")
+
+    def action(self, action_id: str | None, kind: str | None, error: bool = False, **fields: Any) -> None:
+        attributes = {sc.attribute(f): v for f, v in fields.items()}
+        if action_id is not None:
+            attributes[sc.ACTION_ID] = action_id
+        if kind is not None:
+            attributes[sc.ACTION_KIND] = kind
+        with self.tracer.start_as_current_span(f"{kind} {action_id}", attributes=attributes) as span:
+            if error:
+                span.set_status(Status(StatusCode.ERROR))
+
+    def rules(self) -> list[str]:
+        return [v.rule for v in self.violations]
+
+    def counted(self) -> dict[tuple[str, str, str], int]:
+        data = self.metrics.get_metrics_data()
+        counts: dict[tuple[str, str, str], int] = {}
+        for resource_metrics in data.resource_metrics if data else []:
+            for scope in resource_metrics.scope_metrics:
+                for metric in scope.metrics:
+                    if metric.name == sc.METRIC_VIOLATIONS:
+                        for point in metric.data.data_points:
+                            a = point.attributes
+                            counts[(a["rule"], a["severity"], a["kind"])] = point.value
+        return counts
+
+
+@pytest.fixture
+def setup() -> Iterator[Setup]:
+    s = Setup(mode="silent")
+    yield s
+    s.provider.shutdown()
+
+
+def test_clean_actions_report_nothing(setup: Setup) -> None:
+    with session("s-1"):
+        setup.action("a1", "llm_call", result='{"text": "hi"}')
+        setup.action("a2", "payment", idempotency_key="pay-s-1-a2", result='{"charge": "ch_1"}')
+        setup.action("a3", "tool_call", retryable=True, max_attempts=3, attempts=1)
+    setup.provider.force_flush()
+    assert setup.violations == []
+    assert len(setup.exporter.get_finished_spans()) == 3
+
+
+def test_violation_reaches_callback_metric_and_location(setup: Setup) -> None:
+    with session("s-1"):
+        setup.action("a7", "payment")
+    (violation,) = setup.violations
+    assert violation.rule == "unkeyed-side-effect"
+    assert violation.session_id == "s-1"
+    assert violation.action_id == "a7"
+    (span,) = setup.exporter.get_finished_spans()
+    assert violation.span_id == format(span.context.span_id, "016x")
+    assert violation.trace_id == format(span.context.trace_id, "032x")
+    assert setup.counted() == {("unkeyed-side-effect", "error", "payment"): 1}
+
+
+def test_violations_are_logged_one_line_each(caplog: pytest.LogCaptureFixture) -> None:
+    s = Setup(mode="log")
+    with caplog.at_level(logging.WARNING, logger="durable_sessions"), session("s-1"):
+        s.action("a1", "payment")
+        s.action("a2", "llm_call")
+    lines = [r.getMessage() for r in caplog.records if r.name == "durable_sessions"]
+    assert len(lines) == 2
+    assert "[unkeyed-side-effect] error session 's-1' action 'a1'" in lines[0]
+    assert "[unrecorded-result]" in lines[1]
+
+
+def test_log_is_rate_limited_with_a_summary(caplog: pytest.LogCaptureFixture) -> None:
+    s = Setup(mode="log", log_limit_per_minute=3)
+    with caplog.at_level(logging.WARNING, logger="durable_sessions"), session("s-1"):
+        for i in range(10):
+            s.action(f"a{i}", "payment")
+        s.provider.shutdown()
+    lines = [r.getMessage() for r in caplog.records if r.name == "durable_sessions"]
+    assert len(s.violations) == 10  # the callback and metric see everything
+    assert len([line for line in lines if line.startswith("durability violation")]) == 3
+    assert "suppressed 7 violation log line(s)" in lines[-1]
+    assert "unkeyed-side-effect: 7" in lines[-1]
+
+
+def test_raise_mode_raises_into_the_code_that_ended_the_span() -> None:
+    s = Setup(mode="raise")
+    with pytest.raises(DurabilityViolationError) as caught, session("s-1"):
+        s.action("a1", "payment")
+    assert [v.rule for v in caught.value.violations] == ["unkeyed-side-effect"]
+    assert "unkeyed-side-effect" in str(caught.value)
+    assert len(s.exporter.get_finished_spans()) == 1  # added before it: still exported
+
+
+def test_raise_mode_raises_end_of_session_findings_from_force_flush() -> None:
+    s = Setup(mode="raise")
+    with session("s-1"):
+        s.action("a1", "payment", status="started")
+    with pytest.raises(DurabilityViolationError) as caught:
+        s.provider.force_flush()
+    assert [v.rule for v in caught.value.violations] == ["unresolved-side-effect"]
+    s.provider.shutdown()  # never raises
+
+
+def test_off_mode_does_nothing() -> None:
+    s = Setup(mode="off")
+    with session("s-1"):
+        s.action("a1", "payment")
+    s.provider.force_flush()
+    assert s.violations == []
+    (span,) = s.exporter.get_finished_spans()
+    assert sc.SESSION_ID not in span.attributes
+
+
+# -- sessions ------------------------------------------------------------------------
+
+
+def test_session_is_copied_onto_spans_that_have_none(setup: Setup) -> None:
+    with session("s-outer"):
+        with setup.tracer.start_as_current_span("plain"):
+            pass
+        with session("s-inner"), setup.tracer.start_as_current_span("inner"):
+            pass
+        with setup.tracer.start_as_current_span("own", attributes={sc.SESSION_ID: "mine"}):
+            pass
+    with setup.tracer.start_as_current_span("outside"):
+        pass
+    spans = {span.name: span.attributes.get(sc.SESSION_ID) for span in setup.exporter.get_finished_spans()}
+    assert spans == {"plain": "s-outer", "inner": "s-inner", "own": "mine", "outside": None}
+
+
+def test_session_is_inherited_from_the_parent_span_across_threads(setup: Setup) -> None:
+    from opentelemetry import trace
+
+    with setup.tracer.start_as_current_span("root", attributes={sc.SESSION_ID: "s-9"}) as root:
+        parent = trace.set_span_in_context(root)
+
+        def work() -> None:
+            with setup.tracer.start_as_current_span("child", context=parent):
+                pass
+
+        thread = threading.Thread(target=work)
+        thread.start()
+        thread.join()
+    spans = {span.name: span.attributes.get(sc.SESSION_ID) for span in setup.exporter.get_finished_spans()}
+    assert spans["child"] == "s-9"
+
+
+def test_sessions_are_held_in_a_bounded_lru() -> None:
+    s = Setup(mode="silent", max_sessions=2)
+    for session_id in ("s-1", "s-2", "s-3"):
+        with session(session_id):
+            s.action("a1", "payment", status="started")
+    # s-1 was evicted when s-3 arrived: its end-of-session rules ran then.
+    assert [(v.rule, v.session_id) for v in s.violations] == [("unresolved-side-effect", "s-1")]
+    assert s.processor.checker.open_sessions == 2
+    s.provider.force_flush()
+    assert sorted(v.session_id for v in s.violations) == ["s-1", "s-2", "s-3"]
+    s.provider.shutdown()
+
+
+def test_force_flush_runs_end_of_session_rules(setup: Setup) -> None:
+    with session("s-1"):
+        for attempt in (1, 2, 3):
+            setup.action("a4", "tool_call", error=True, retryable=True, max_attempts=3, attempts=attempt)
+    assert setup.violations == []
+    setup.provider.force_flush()
+    assert setup.rules() == ["retry-not-escalated"]
+
+
+def test_end_session(setup: Setup) -> None:
+    with session("s-1"):
+        setup.action("a1", "email", status="started")
+    assert [v.rule for v in setup.processor.end_session("s-1")] == ["unresolved-side-effect"]
+    assert setup.processor.end_session("s-1") == []
+
+
+def test_session_rules_across_spans(setup: Setup) -> None:
+    with session("s-1"):
+        setup.action("a1", "user_prompt", result='{"budget": 2400}', prompt_digest="sha256:" + "1" * 64)
+        setup.action("a2", "user_prompt", result='{"budget": 2000}', prompt_digest="sha256:" + "1" * 64)
+        setup.action("a3", "tool_call")
+        setup.action("a3", "tool_call")
+    assert "duplicate-action-id" in setup.rules()
+
+
+# -- bad input ends as a violation, never an exception ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "rule"),
+    [
+        ({"retryable": True, "max_attempts": "3"}, "unbounded-retry"),
+        ({"retryable": True, "max_attempts": True}, "unbounded-retry"),
+        ({"retryable": True, "max_attempts": -1}, "unbounded-retry"),
+        ({"max_attempts": "3"}, "invalid-field"),
+        ({"result": "not json"}, "invalid-field"),
+        ({"retryable": "yes"}, "invalid-field"),
+        ({"status": "done"}, "invalid-field"),
+        ({"on_failure": "pray"}, "invalid-field"),
+    ],
+)
+def test_wrong_attribute_types_end_as_violations(setup: Setup, fields: dict[str, Any], rule: str) -> None:
+    with session("s-1"):
+        setup.action("a1", "tool_call", **fields)
+    assert rule in setup.rules()
+    assert setup.processor.internal_errors == 0
+
+
+def test_unknown_kind_is_neutral(setup: Setup) -> None:
+    with session("s-1"):
+        setup.action("a1", "teleport")
+    assert setup.violations == []
+
+
+def test_missing_kind_and_id_are_reported(setup: Setup) -> None:
+    with session("s-1"):
+        setup.action(None, "llm_call", result="1")
+        setup.action("a2", None, idempotency_key="k")
+    assert setup.rules() == ["missing-field", "missing-field"]
+    assert "'action_id'" in setup.violations[0].message
+    assert "'kind'" in setup.violations[1].message
+
+
+def test_twenty_megabyte_result(setup: Setup) -> None:
+    big = '"' + "x" * (20 * 1024 * 1024) + '"'
+    with session("s-1"):
+        setup.action("a1", "llm_call", result=big)
+    assert setup.violations == []
+    assert setup.processor.internal_errors == 0
+
+
+def test_result_cut_by_the_sdk_is_flagged() -> None:
+    s = Setup(mode="silent", span_limits=SpanLimits(max_span_attribute_length=32))
+    with session("s-1"):
+        s.action("a1", "llm_call", result='{"text": "' + "y" * 100 + '"}')
+    assert s.rules() == ["truncated-result"]
+    s.provider.shutdown()
+
+
+def test_third_party_span_is_checked(setup: Setup) -> None:
+    with (
+        session("s-1"),
+        setup.tracer.start_as_current_span("chat", attributes={"gen_ai.operation.name": "chat"}),
+    ):
+        pass
+    assert setup.rules() == ["unrecorded-result"]
+    assert setup.counted() == {("unrecorded-result", "error", "llm_call"): 1}
+
+
+def test_not_an_action_is_ignored(setup: Setup) -> None:
+    with setup.tracer.start_as_current_span("agent", attributes={"gen_ai.operation.name": "invoke_agent"}):
+        with setup.tracer.start_as_current_span("GET /", attributes={"http.request.method": "GET"}):
+            pass
+    setup.provider.force_flush()
+    assert setup.violations == []
+    assert setup.processor.checker.actions == 0
+
+
+# -- fail open -------------------------------------------------------------------------
+
+
+def _exploding_rule() -> Rule:
+    def check(record: Any) -> str | None:
+        raise RuntimeError("bug inside a rule")
+
+    return Rule(
+        id="exploding",
+        severity=Severity.ERROR,
+        scope="record",
+        fix="-",
+        explanation=Explanation("explodes", "why", "example", "instead"),
+        check=check,
+    )
+
+
+def test_fail_open_leaves_spans_return_values_and_exceptions_untouched(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    s = Setup(mode="log", rules=[*select_rules(), _exploding_rule()])
+
+    def agent_step(n: int) -> int:
+        with s.tracer.start_as_current_span(
+            f"step {n}", attributes={sc.ACTION_ID: f"a{n}", sc.ACTION_KIND: "tool_call"}
+        ):
+            return n * 2
+
+    def failing_step() -> None:
+        with s.tracer.start_as_current_span(
+            "failing", attributes={sc.ACTION_ID: "f", sc.ACTION_KIND: "tool_call"}
+        ):
+            raise KeyError("the application's own error")
+
+    with caplog.at_level(logging.WARNING, logger="durable_sessions"), session("s-1"):
+        assert [agent_step(n) for n in range(5)] == [0, 2, 4, 6, 8]
+        with pytest.raises(KeyError, match="the application's own error"):
+            failing_step()
+    assert len(s.exporter.get_finished_spans()) == 6
+    assert s.processor.internal_errors == 6
+    failures = [r for r in caplog.records if "failing open" in r.getMessage()]
+    assert len(failures) == 1  # logged once, then only counted
+    assert failures[0].exc_info is not None
+
+
+def test_broken_callback_does_not_reach_the_application() -> None:
+    def callback(violation: Violation) -> None:
+        raise ValueError("broken callback")
+
+    s = Setup(mode="silent", on_violation=callback)
+    with session("s-1"):
+        s.action("a1", "payment")
+    assert s.processor.internal_errors == 1
+    assert len(s.exporter.get_finished_spans()) == 1
+
+
+def test_raise_mode_does_not_raise_internal_errors() -> None:
+    s = Setup(mode="raise", rules=[_exploding_rule()])
+    with session("s-1"):
+        s.action("a1", "tool_call")
+    assert s.processor.internal_errors == 1
+
+
+def test_processor_is_thread_safe(setup: Setup) -> None:
+    def worker(n: int) -> None:
+        with session(f"s-{n % 3}"):
+            for i in range(200):
+                setup.action(f"t{n}-a{i}", "llm_call", result="1")
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    setup.provider.force_flush()
+    assert setup.violations == []
+    assert setup.processor.internal_errors == 0
+    assert setup.processor.checker.actions == 1200
+
+
+# -- configuration -------------------------------------------------------------------
+
+
+def test_configuration_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DURABLE_SESSIONS_MODE", "raise")
+    monkeypatch.setenv("DURABLE_SESSIONS_DISABLE", "unkeyed-side-effect, unrecorded-result")
+    monkeypatch.setenv("DURABLE_SESSIONS_MAX_SESSIONS", "5")
+    monkeypatch.setenv("DURABLE_SESSIONS_STRICT", "true")
+    processor = DurabilitySpanProcessor()
+    assert processor.mode == "raise"
+    assert processor.checker.max_sessions == 5
+    ids = {rule.id for rule in processor.checker.rules}
+    assert "unkeyed-side-effect" not in ids
+    assert "dead-end" in ids  # strict-only
+    assert DurabilitySpanProcessor(mode="silent").mode == "silent"  # code wins
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("DURABLE_SESSIONS_MODE", "loud", "unknown durability mode 'loud'"),
+        ("DURABLE_SESSIONS_MAX_SESSIONS", "many", "DURABLE_SESSIONS_MAX_SESSIONS='many' is not an integer"),
+        ("DURABLE_SESSIONS_MAX_SESSIONS", "0", "must be at least 1"),
+        ("DURABLE_SESSIONS_STRICT", "maybe", "is not a boolean"),
+        ("DURABLE_SESSIONS_DISABLE", "no-such-rule", "unknown rule 'no-such-rule'"),
+        ("DURABLE_SESSIONS_PRESET", "most", "unknown rule preset 'most'"),
+    ],
+)
+def test_bad_configuration_fails_at_setup(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, message: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigurationError, match=message):
+        DurabilitySpanProcessor()
+
+
+def test_uses_the_global_meter_provider_by_default() -> None:
+    processor = DurabilitySpanProcessor(mode="silent")
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    with (
+        session("s"),
+        provider.get_tracer("t").start_as_current_span(
+            "x", attributes={sc.ACTION_KIND: "payment", sc.ACTION_ID: "a"}
+        ),
+    ):
+        pass
+    assert processor.violations_reported == 1
+    provider.shutdown()
+
+
+def test_spans_after_shutdown_are_ignored(setup: Setup) -> None:
+    setup.processor.shutdown()
+    setup.processor.shutdown()  # idempotent
+    with session("s-1"):
+        setup.action("a1", "payment")
+    assert setup.violations == []

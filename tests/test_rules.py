@@ -1,0 +1,833 @@
+"""Every rule of the catalogue, on its example logs and on the subtle cases.
+
+``examples/rules/<rule-id>.bad.jsonl`` is a small session that breaks the rule: each line
+that breaks it carries ``_fails_because``. ``<rule-id>.good.jsonl`` is the same session
+with the fix applied, and is clean under every rule with strict checking on.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from durable_sessions.check import check_paths
+from durable_sessions.digest import digest_value
+from durable_sessions.engine import Checker
+from durable_sessions.record import line_location
+from durable_sessions.rules import CATALOGUE, select_rules
+from durable_sessions.rules.state import DEFAULT_KEY_WINDOW_S
+from durable_sessions.violation import Severity, Violation
+
+ROOT = Path(__file__).resolve().parents[1]
+RULE_EXAMPLES = ROOT / "examples" / "rules"
+SEED_GOOD = ROOT.parent / "shared" / "seed" / "durable-sessions" / "examples" / "actions.good.jsonl"
+DURABLE_SESSIONS = Path(sys.executable).with_name("durable-sessions")
+RULE_IDS = [rule.id for rule in CATALOGUE]
+
+
+# -- helpers -----------------------------------------------------------------------------
+
+
+def check_file(path: Path, *, strict: bool = True) -> list[Violation]:
+    checker = Checker(select_rules("all", strict=strict))
+    return list(check_paths([str(path)], checker, fmt="actions"))
+
+
+def check_records(
+    records: Iterable[dict[str, Any]], *, strict: bool = False, key_window_s: float = DEFAULT_KEY_WINDOW_S
+) -> list[Violation]:
+    """Check records as lines 1, 2, … of a log, then end every session."""
+    checker = Checker(select_rules("all", strict=strict), key_window_s=key_window_s)
+    violations = []
+    for number, record in enumerate(records, 1):
+        violations.extend(checker.feed(record, line_location("test.jsonl", number)))
+    violations.extend(checker.finish())
+    return violations
+
+
+def R(
+    action_id: str, kind: str, status: str = "ok", *, session: str = "s-1", **fields: Any
+) -> dict[str, Any]:
+    """An action record in session ``session``."""
+    return {"session_id": session, "action_id": action_id, "kind": kind, "status": status, **fields}
+
+
+def of(rule_id: str, violations: Iterable[Violation]) -> list[Violation]:
+    return [v for v in violations if v.rule == rule_id]
+
+
+def summary(violations: Iterable[Violation]) -> list[tuple[int | None, str, str]]:
+    return [(v.line, v.rule, v.severity.value) for v in violations]
+
+
+def failing_lines(path: Path) -> dict[int, str]:
+    """``{line: reason}`` for the lines of an example that carry ``_fails_because``.
+
+    A line that is not a JSON object (the unreadable-line example) counts when its text
+    holds a ``"_fails_because"`` member.
+    """
+    lines: dict[int, str] = {}
+    for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        text = raw.strip()
+        if not text or text.startswith("#"):
+            continue
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = None
+        if isinstance(value, dict):
+            if "_fails_because" in value:
+                lines[number] = value["_fails_because"]
+        elif '"_fails_because":"' in text:
+            lines[number] = text.split('"_fails_because":"', 1)[1].split('"', 1)[0]
+    return lines
+
+
+def session_ids(path: Path) -> set[str]:
+    ids = set()
+    for raw in path.read_text(encoding="utf-8").splitlines():
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(value, dict) and isinstance(value.get("session_id"), str):
+            ids.add(value["session_id"])
+    return ids
+
+
+def example(rule_id: str, which: str) -> Path:
+    path = RULE_EXAMPLES / f"{rule_id}.{which}.jsonl"
+    assert path.is_file(), f"rule {rule_id} has no {which} example: expected {path}"
+    return path
+
+
+# -- the per-rule examples ---------------------------------------------------------------
+
+
+def test_examples_exist_only_for_catalogued_rules() -> None:
+    names = sorted(path.name for path in RULE_EXAMPLES.iterdir())
+    expected = sorted(f"{rule_id}.{which}.jsonl" for rule_id in RULE_IDS for which in ("bad", "good"))
+    assert names == expected
+
+
+@pytest.mark.parametrize("rule_id", RULE_IDS)
+def test_bad_example_triggers_its_rule_on_every_failing_line(rule_id: str) -> None:
+    path = example(rule_id, "bad")
+    failing = failing_lines(path)
+    assert failing, f"{path.name} has no line with _fails_because"
+    assert all(reason.strip() for reason in failing.values()), "every _fails_because needs a reason"
+    violations = check_file(path)
+    hit = {v.line for v in of(rule_id, violations)}
+    missed = {line: reason for line, reason in failing.items() if line not in hit}
+    assert not missed, f"{rule_id} does not fire on {missed}; found {summary(violations)}"
+
+
+@pytest.mark.parametrize("rule_id", RULE_IDS)
+def test_bad_example_breaks_rules_only_on_its_failing_lines(rule_id: str) -> None:
+    path = example(rule_id, "bad")
+    failing = failing_lines(path)
+    stray = [v for v in check_file(path) if v.line not in failing]
+    assert not stray, f"violations on lines without _fails_because: {summary(stray)}"
+
+
+@pytest.mark.parametrize("rule_id", RULE_IDS)
+def test_good_example_is_clean_under_every_rule_with_strict(rule_id: str) -> None:
+    path = example(rule_id, "good")
+    violations = check_file(path, strict=True)
+    assert not violations, summary(violations)
+    assert not failing_lines(path), "a good example has no line with _fails_because"
+
+
+@pytest.mark.parametrize("rule_id", RULE_IDS)
+def test_good_example_is_the_bad_session_fixed(rule_id: str) -> None:
+    assert session_ids(example(rule_id, "good")) == session_ids(example(rule_id, "bad"))
+
+
+def test_cli_passes_all_good_examples_and_fails_all_bad_ones_with_every_rule() -> None:
+    good = sorted(str(p) for p in RULE_EXAMPLES.glob("*.good.jsonl"))
+    bad = sorted(str(p) for p in RULE_EXAMPLES.glob("*.bad.jsonl"))
+    run = [str(DURABLE_SESSIONS), "check", "--strict", "--fail-on", "warning", "--format", "json"]
+    passed = subprocess.run([*run, *good], capture_output=True, text=True, encoding="utf-8", timeout=60)
+    assert passed.returncode == 0, passed.stdout + passed.stderr
+    document = json.loads(passed.stdout)
+    assert document["ok"] is True and document["violations"] == []
+    assert document["sessions"] == len(RULE_IDS)
+    failed = subprocess.run([*run, *bad], capture_output=True, text=True, encoding="utf-8", timeout=60)
+    assert failed.returncode == 1, failed.stderr
+    assert {v["rule"] for v in json.loads(failed.stdout)["violations"]} == set(RULE_IDS)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param(SEED_GOOD, id="seed"),
+        pytest.param(ROOT / "examples" / "logs" / "actions.good.jsonl", id="project"),
+        pytest.param(ROOT / "examples" / "logs" / "booking-recoverable.jsonl", id="booking"),
+    ],
+)
+def test_good_fixture_is_clean_under_every_rule_with_strict(path: Path) -> None:
+    if not path.exists():
+        pytest.skip(f"the seed's good fixture is expected at {path}")
+    result = subprocess.run(
+        [str(DURABLE_SESSIONS), "check", "--strict", "--fail-on", "warning", str(path)],
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "durable-sessions OK: 0 error(s), 0 warning(s)" in result.stdout
+
+
+# -- duplicate-action-id ---------------------------------------------------------------
+
+
+def test_same_action_id_in_two_sessions_is_not_a_duplicate() -> None:
+    records = [
+        R("a01", "llm_call", result={"x": 1}, session="s-1"),
+        R("a01", "llm_call", result={"x": 2}, session="s-2"),
+    ]
+    assert check_records(records) == []
+    same_session = [R("a01", "llm_call", result={"x": 1}), R("a01", "llm_call", result={"x": 2})]
+    assert summary(check_records(same_session)) == [(2, "duplicate-action-id", "error")]
+
+
+def test_attempts_of_a_retryable_action_are_not_duplicates() -> None:
+    retry = {"retryable": True, "max_attempts": 3}
+    attempts = [
+        R("a04", "tool_call", "error", attempts=1, **retry),
+        R("a04", "tool_call", "ok", attempts=2, **retry),
+    ]
+    assert check_records(attempts) == []
+    same_attempt = [
+        R("a04", "tool_call", "error", attempts=1, **retry),
+        R("a04", "tool_call", "ok", attempts=1, **retry),
+    ]
+    assert summary(check_records(same_attempt)) == [(2, "duplicate-action-id", "error")]
+
+
+def test_attempts_of_an_action_that_is_not_retryable_are_duplicates() -> None:
+    records = [
+        R("a04", "tool_call", "error", attempts=1, on_failure="abort"),
+        R("a04", "tool_call", "ok", attempts=2),
+    ]
+    assert summary(check_records(records)) == [(2, "duplicate-action-id", "error")]
+
+
+def test_started_record_then_its_completion_is_not_a_duplicate() -> None:
+    records = [
+        R("a07", "payment", "started", idempotency_key="pay-s-1-a07"),
+        R("a07", "payment", "ok", idempotency_key="pay-s-1-a07", result={"charge": "ch_1"}),
+    ]
+    assert check_records(records) == []
+    completed_twice = [
+        *records,
+        R("a07", "payment", "ok", idempotency_key="pay-s-1-a07", result={"charge": "ch_1"}),
+    ]
+    assert summary(check_records(completed_twice)) == [(3, "duplicate-action-id", "error")]
+
+
+def test_different_kinds_under_one_id_are_duplicates_even_in_another_incarnation() -> None:
+    records = [
+        R("a02", "llm_call", incarnation="run-1", result={"x": 1}),
+        R("a02", "clock", incarnation="run-2", result={"now": "2026-11-01T09:14:00Z"}),
+    ]
+    [violation] = check_records(records)
+    assert violation.rule == "duplicate-action-id" and violation.line == 2
+    assert "first at line 1 as 'llm_call', now 'clock'" in violation.message
+
+
+REPLAYABLE = [
+    pytest.param(R("a01", "user_prompt", result={"budget": 2400}), "re-asked", id="user_prompt"),
+    pytest.param(R("a02", "llm_call", result={"plan": "A"}), "diverged-result", id="llm_call"),
+    pytest.param(R("a03", "external_read", result={"quotes": 3}), "diverged-result", id="external_read"),
+    pytest.param(
+        R("a07", "payment", idempotency_key="pay-s-1-a07", result={"charge": "ch_1"}),
+        "re-executed-side-effect",
+        id="payment",
+    ),
+    pytest.param(R("a08", "email", replay="skip", result=None), "re-executed-side-effect", id="email-skip"),
+]
+
+
+@pytest.mark.parametrize(("record", "rule_id"), REPLAYABLE)
+def test_a_replayed_record_is_not_a_re_execution(record: dict[str, Any], rule_id: str) -> None:
+    first = {**record, "incarnation": "run-1"}
+    replayed = {**record, "incarnation": "run-2", "replayed": True}
+    assert check_records([first, replayed], strict=True) == []
+
+
+@pytest.mark.parametrize(("record", "rule_id"), REPLAYABLE)
+def test_executing_again_in_a_later_incarnation_is_a_re_execution(
+    record: dict[str, Any], rule_id: str
+) -> None:
+    first = {**record, "incarnation": "run-1"}
+    again = {**record, "incarnation": "run-2"}
+    violations = check_records([first, again], strict=True)
+    assert [(v.line, v.rule) for v in violations] == [(2, rule_id)]
+    assert "'run-1'" in violations[0].message and "'run-2'" in violations[0].message
+
+
+def test_repeating_in_the_same_incarnation_is_a_duplicate_not_a_re_execution() -> None:
+    records = [
+        R("a01", "user_prompt", incarnation="run-1", result={"budget": 2400}),
+        R("a01", "user_prompt", incarnation="run-1", result={"budget": 2000}),
+    ]
+    assert summary(check_records(records)) == [(2, "duplicate-action-id", "error")]
+
+
+# -- re-asked / re-executed-side-effect / diverged-result / replay-mismatch --------------
+
+
+def test_re_asked_under_a_new_id_is_found_by_prompt_digest() -> None:
+    records = [
+        R(
+            "q1",
+            "user_prompt",
+            incarnation="run-1",
+            prompt_digest="sha256:5d1c",
+            result={"dates": "12-19 Dec"},
+        ),
+        R(
+            "q7",
+            "user_prompt",
+            incarnation="run-2",
+            prompt_digest="sha256:5d1c",
+            result={"dates": "12-19 Dec"},
+        ),
+        R("q8", "user_prompt", incarnation="run-2", prompt_digest="sha256:77aa", result={"seat": "aisle"}),
+    ]
+    [violation] = check_records(records)
+    assert (violation.rule, violation.line, violation.severity) == ("re-asked", 2, Severity.ERROR)
+    assert "already answered as 'q1'" in violation.message
+
+
+def test_same_prompt_digest_in_the_same_incarnation_is_not_a_re_ask() -> None:
+    records = [
+        R("q1", "user_prompt", incarnation="run-1", prompt_digest="sha256:5d1c", result={"ok": True}),
+        R("q2", "user_prompt", incarnation="run-1", prompt_digest="sha256:5d1c", result={"ok": True}),
+    ]
+    assert check_records(records) == []
+
+
+def test_an_unanswered_question_may_be_asked_again_after_a_restart() -> None:
+    records = [
+        R("q1", "user_prompt", "error", incarnation="run-1", on_failure="ask_user"),
+        R("q1", "user_prompt", incarnation="run-2", result={"budget": 2400}),
+    ]
+    assert check_records(records, strict=True) == []
+
+
+def _payment(incarnation: str, **fields: Any) -> dict[str, Any]:
+    return R("a07", "payment", incarnation=incarnation, result={"charge": "ch_1"}, **fields)
+
+
+@pytest.mark.parametrize(
+    ("second", "severity", "phrase"),
+    [
+        pytest.param({}, Severity.ERROR, "without an idempotency key", id="no-key"),
+        pytest.param(
+            {"idempotency_key": "pay-s-1-a07-retry"},
+            Severity.ERROR,
+            "with a different idempotency key",
+            id="other-key",
+        ),
+        pytest.param(
+            {"idempotency_key": "pay-s-1-a07"},
+            Severity.WARNING,
+            "with the same idempotency key",
+            id="same-key",
+        ),
+    ],
+)
+def test_re_executed_side_effect_severity_depends_on_the_key(
+    second: dict[str, Any], severity: Severity, phrase: str
+) -> None:
+    records = [_payment("run-1", idempotency_key="pay-s-1-a07"), _payment("run-2", **second)]
+    [violation] = of("re-executed-side-effect", check_records(records))
+    assert (violation.line, violation.severity) == (2, severity)
+    assert phrase in violation.message
+
+
+def test_a_side_effect_marked_side_effects_is_judged_like_a_side_effecting_kind() -> None:
+    first = R("a09", "tool_call", side_effects=True, incarnation="run-1", idempotency_key="book-s-1-a09")
+    again = R("a09", "tool_call", side_effects=True, incarnation="run-2")
+    assert ("re-executed-side-effect", Severity.ERROR) in [
+        (v.rule, v.severity) for v in check_records([first, again])
+    ]
+
+
+def test_a_side_effect_that_failed_before_the_restart_may_run_again() -> None:
+    records = [
+        R(
+            "a07",
+            "payment",
+            "error",
+            incarnation="run-1",
+            idempotency_key="pay-s-1-a07",
+            retryable=True,
+            max_attempts=3,
+            attempts=1,
+        ),
+        R(
+            "a07",
+            "payment",
+            incarnation="run-2",
+            idempotency_key="pay-s-1-a07",
+            retryable=True,
+            max_attempts=3,
+            attempts=1,
+            result={"charge": "ch_1"},
+        ),
+    ]
+    assert check_records(records) == []
+
+
+LONG_PLAN = {"plan": [f"day {n}: a long description of what happens on day {n}" for n in range(1, 6)]}
+
+
+@pytest.mark.parametrize(
+    ("recorded", "now"),
+    [
+        pytest.param({"plan": "A"}, {"plan": "B"}, id="short"),
+        pytest.param(LONG_PLAN, {"plan": LONG_PLAN["plan"][:4]}, id="long"),
+    ],
+)
+def test_diverged_result_message_gives_both_digests(recorded: Any, now: Any) -> None:
+    records = [
+        R("a02", "llm_call", incarnation="run-1", result=recorded),
+        R("a02", "llm_call", incarnation="run-2", result=now),
+    ]
+    [violation] = check_records(records)
+    assert (violation.rule, violation.line) == ("diverged-result", 2)
+    assert f"recorded {digest_value(recorded)}, now {digest_value(now)}" in violation.message
+
+
+def test_diverged_result_with_the_same_result_still_fires_without_digests() -> None:
+    records = [
+        R("a03", "external_read", incarnation="run-1", result={"quotes": 3}),
+        R("a03", "external_read", incarnation="run-2", result={"quotes": 3}),
+    ]
+    [violation] = check_records(records)
+    assert violation.rule == "diverged-result"
+    assert "was executed again in" in violation.message and "sha256:" not in violation.message
+
+
+def test_replay_mismatch_compares_a_given_digest_with_a_recorded_value() -> None:
+    value = {"plan": "A"}
+    same = [
+        R("a02", "llm_call", incarnation="run-1", result=value),
+        R("a02", "llm_call", incarnation="run-2", replayed=True, result_digest=digest_value(value)),
+    ]
+    assert check_records(same) == []
+    other = [
+        R("a02", "llm_call", incarnation="run-1", result_digest=digest_value(value)),
+        R("a02", "llm_call", incarnation="run-2", replayed=True, result={"plan": "B"}),
+    ]
+    [violation] = check_records(other)
+    assert (violation.rule, violation.line) == ("replay-mismatch", 2)
+    assert digest_value(value) in violation.message and digest_value({"plan": "B"}) in violation.message
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "BUG: replay-mismatch only compares outcomes of non-deterministic kinds "
+        "(rules/state.py _outcome keeps `outcome` only for kinds.NON_DETERMINISTIC), so a "
+        "replayed tool_call or payment serving a different result than the one recorded "
+        "is not reported; RULES.md does not restrict the rule to those kinds"
+    ),
+)
+@pytest.mark.parametrize(
+    "record",
+    [
+        pytest.param(R("a05", "tool_call", result={"seat_map": "v1"}), id="tool_call"),
+        pytest.param(
+            R("a07", "payment", idempotency_key="pay-s-1-a07", result={"charge": "ch_1"}), id="payment"
+        ),
+    ],
+)
+def test_replay_mismatch_applies_to_every_recorded_result(record: dict[str, Any]) -> None:
+    replayed = {**record, "incarnation": "run-2", "replayed": True, "result": {"other": True}}
+    violations = check_records([{**record, "incarnation": "run-1"}, replayed])
+    assert [(v.line, v.rule) for v in violations] == [(2, "replay-mismatch")]
+
+
+# -- record rules: caps, recorded results, keys ------------------------------------------
+
+
+@pytest.mark.parametrize("cap", [True, "3", 3.0, 0, -1, None], ids=repr)
+def test_a_cap_must_be_an_integer_of_at_least_one(cap: Any) -> None:
+    fields = {} if cap is None else {"max_attempts": cap}
+    record = R("a04", "tool_call", "error", retryable=True, attempts=2, **fields)
+    [violation] = of("unbounded-retry", check_records([record]))
+    assert "without a finite max_attempts" in violation.message
+    if cap is not None:
+        assert "max_attempts is " in violation.message
+
+
+@pytest.mark.parametrize("cap", [1, 3, 1000])
+def test_an_integer_cap_bounds_a_retry(cap: int) -> None:
+    record = R("a04", "tool_call", "error", retryable=True, max_attempts=cap, attempts=1)
+    assert of("unbounded-retry", check_records([record])) == []
+
+
+def test_retry_overrun_fires_only_beyond_the_cap() -> None:
+    at_cap = R("a05", "tool_call", "ok", retryable=True, max_attempts=3, attempts=3, result={})
+    beyond = R("a06", "tool_call", "ok", retryable=True, max_attempts=3, attempts=4, result={})
+    [violation] = check_records([at_cap, beyond])
+    assert (violation.rule, violation.line) == ("retry-overrun", 2)
+    assert "attempts 4 exceeds max_attempts 3" in violation.message
+
+
+@pytest.mark.parametrize("kind", ["user_prompt", "llm_call", "external_read", "random", "clock"])
+def test_result_null_counts_as_recorded(kind: str) -> None:
+    assert check_records([R("a01", kind, result=None)]) == []
+    rule_id = "unrecorded-answer" if kind == "user_prompt" else "unrecorded-result"
+    assert [v.rule for v in check_records([R("a01", kind)])] == [rule_id]
+
+
+@pytest.mark.parametrize("kind", ["user_prompt", "llm_call"])
+def test_result_ref_and_result_digest_count_as_recorded(kind: str) -> None:
+    assert check_records([R("a01", kind, result_ref="blob://s-1/a01.json")]) == []
+    assert check_records([R("a02", kind, result_digest=digest_value({"x": 1}))]) == []
+
+
+@pytest.mark.parametrize(
+    ("kind", "rule_id"), [("user_prompt", "unrecorded-answer"), ("llm_call", "unrecorded-result")]
+)
+@pytest.mark.parametrize(
+    "fields",
+    [
+        pytest.param({"result": "__REDACTED__"}, id="placeholder"),
+        pytest.param({"result": {"x": 1}, "redacted": True}, id="flag"),
+    ],
+)
+def test_a_redacted_result_counts_as_absent_and_the_message_says_so(
+    kind: str, rule_id: str, fields: dict[str, Any]
+) -> None:
+    [violation] = check_records([R("a01", kind, **fields)])
+    assert violation.rule == rule_id
+    assert "(its value was redacted)" in violation.message
+    [plain] = check_records([R("a01", kind)])
+    assert "redacted" not in plain.message
+
+
+def test_unrecorded_result_message_names_the_kind() -> None:
+    [violation] = check_records([R("a06", "clock")])
+    assert "non-deterministic kind 'clock' has no recorded result" in violation.message
+
+
+def test_a_failed_non_deterministic_action_needs_no_result() -> None:
+    assert check_records([R("a02", "llm_call", "error", retryable=True, max_attempts=2, attempts=1)]) == []
+
+
+def test_dead_end_is_strict_only() -> None:
+    record = R("a08", "tool_call", "error", retryable=False, error="visa check failed")
+    assert check_records([record], strict=False) == []
+    assert [v.rule for v in check_records([record], strict=True)] == ["dead-end"]
+    for on_failure in ("ask_user", "abort", "compensate"):
+        assert check_records([{**record, "on_failure": on_failure}], strict=True) == []
+
+
+TIME_DERIVED_KEYS = [
+    pytest.param("pay-2026-11-01-a07", "the date '2026-11-01'", id="iso-date"),
+    pytest.param("pay-2026-11-01T09:14:00Z", "the date '2026-11-01'", id="iso-date-time"),
+    pytest.param("pay-20261101T0914", "the date '20261101T0914'", id="compact-date-time"),
+    pytest.param("pay-1764581640", "the epoch timestamp '1764581640'", id="epoch-s"),
+    pytest.param("pay-1764581640123", "the epoch timestamp '1764581640123'", id="epoch-ms"),
+    pytest.param("pay-1764581640123456", "the epoch timestamp '1764581640123456'", id="epoch-us"),
+    pytest.param("pay-1764581640123456789", "the epoch timestamp '1764581640123456789'", id="epoch-ns"),
+    pytest.param("pay-1764581640.25", "the epoch timestamp '1764581640'", id="epoch-fractional"),
+    pytest.param(
+        "mail-5d1a2b3c-9f00-11ef-8a3d-0242ac120002",
+        "the time-based UUID '5d1a2b3c-9f00-11ef-8a3d-0242ac120002'",
+        id="uuid-v1",
+    ),
+    pytest.param(
+        "mail-1ef9f000-5d1a-6b3c-8a3d-0242ac120002",
+        "the time-based UUID '1ef9f000-5d1a-6b3c-8a3d-0242ac120002'",
+        id="uuid-v6",
+    ),
+    pytest.param(
+        "mail-01890A5D-AC96-774B-BCCE-B302099A8057",
+        "the time-based UUID '01890A5D-AC96-774B-BCCE-B302099A8057'",
+        id="uuid-v7-upper",
+    ),
+]
+
+
+@pytest.mark.parametrize(("key", "component"), TIME_DERIVED_KEYS)
+def test_time_derived_key_is_caught(key: str, component: str) -> None:
+    [violation] = check_records([R("a07", "payment", idempotency_key=key, result={})])
+    assert violation.rule == "time-derived-key"
+    assert f"idempotency_key '{key}' contains {component}" in violation.message
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        pytest.param("pay-s-7f21-a07", id="session-and-action"),
+        pytest.param("mail-550e8400-e29b-41d4-a716-446655440000", id="uuid-v4"),
+        pytest.param("acct-5000000000", id="10-digits-after-2100"),
+        pytest.param("ref-0000000042", id="10-digits-before-2000"),
+        pytest.param("order-12345678901", id="11-digits"),
+        pytest.param("order-123456789", id="9-digits"),
+        pytest.param("itinerary-s-7f21", id="no-digits-run"),
+    ],
+)
+def test_identity_derived_key_is_not_time_derived(key: str) -> None:
+    assert check_records([R("a07", "payment", idempotency_key=key, result={})]) == []
+
+
+def test_truncated_result_is_a_warning_when_the_length_equals_the_limit() -> None:
+    at_limit = R("a02", "llm_call", result="x" * 64, result_length=64, value_limit=64)
+    under = R("a03", "llm_call", result="x" * 63, result_length=63, value_limit=64)
+    no_limit = R("a04", "llm_call", result="x" * 64, result_length=64)
+    [violation] = check_records([at_limit, under, no_limit])
+    assert (violation.rule, violation.line, violation.severity) == ("truncated-result", 1, Severity.WARNING)
+    assert "exactly the attribute length limit" in violation.message
+
+
+# -- keys across actions -------------------------------------------------------------------
+
+
+def test_shared_key_fires_on_the_second_action_using_it() -> None:
+    records = [
+        R("a07", "payment", idempotency_key="pay-s-1", result={}),
+        R("a11", "payment", idempotency_key="pay-s-1", result={}),
+        R("a07", "payment", idempotency_key="pay-s-2", result={}, session="s-2"),
+        R("a12", "payment", idempotency_key="pay-s-2", result={}, session="s-3"),
+    ]
+    [violation] = check_records(records)
+    assert (violation.rule, violation.line, violation.action_id) == ("shared-key", 2, "a11")
+    assert "already used by action 'a07' at line 1" in violation.message
+
+
+def test_the_same_key_on_every_attempt_of_one_action_is_not_shared() -> None:
+    retry = {"retryable": True, "max_attempts": 3, "idempotency_key": "pay-s-1-a07"}
+    records = [
+        R("a07", "payment", "error", attempts=1, **retry),
+        R("a07", "payment", attempts=2, result={}, **retry),
+    ]
+    assert check_records(records) == []
+
+
+def test_unstable_key_fires_when_an_attempt_changes_the_key() -> None:
+    retry = {"retryable": True, "max_attempts": 3}
+    records = [
+        R("a07", "payment", "error", attempts=1, idempotency_key="pay-7d1c", **retry),
+        R("a07", "payment", attempts=2, idempotency_key="pay-90ab", result={}, **retry),
+    ]
+    [violation] = check_records(records)
+    assert (violation.rule, violation.line) == ("unstable-key", 2)
+    assert "'pay-90ab'" in violation.message and "'pay-7d1c'" in violation.message
+
+
+def _window_log(tmp_path: Path, first_ts: str, later_ts: str) -> Path:
+    path = tmp_path / "window.jsonl"
+    records = [
+        R("a07", "payment", "started", idempotency_key="wire-s-1-a07", ts=first_ts),
+        R("a07", "payment", idempotency_key="wire-s-1-a07", ts=later_ts, result={"transfer": "tr_1"}),
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+def _check_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(DURABLE_SESSIONS), "check", "--format", "json", *args],
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=60,
+    )
+
+
+def test_key_outlived_window_uses_the_default_day(tmp_path: Path) -> None:
+    inside = _check_cli(str(_window_log(tmp_path, "2026-11-06T17:55:00Z", "2026-11-07T17:00:00Z")))
+    assert inside.returncode == 0 and json.loads(inside.stdout)["violations"] == []
+    outside = _check_cli(str(_window_log(tmp_path, "2026-11-06T17:55:00Z", "2026-11-07T18:55:00Z")))
+    assert outside.returncode == 0, "a warning does not fail by default"
+    [violation] = json.loads(outside.stdout)["violations"]
+    assert (violation["rule"], violation["severity"], violation["line"]) == (
+        "key-outlived-window",
+        "warning",
+        2,
+    )
+    assert "re-sent 25.0 h after its first use, beyond the 24 h key window" in violation["message"]
+
+
+def test_key_outlived_window_follows_key_window_s(tmp_path: Path) -> None:
+    log = str(_window_log(tmp_path, "2026-11-06T09:00:00Z", "2026-11-06T11:00:00Z"))
+    assert json.loads(_check_cli(log).stdout)["violations"] == []
+    narrow = _check_cli("--key-window-s", "3600", "--fail-on", "warning", log)
+    assert narrow.returncode == 1
+    [violation] = json.loads(narrow.stdout)["violations"]
+    assert violation["rule"] == "key-outlived-window"
+    assert "re-sent 2.0 h after its first use, beyond the 1 h key window" in violation["message"]
+    assert json.loads(_check_cli("--key-window-s", "7200", log).stdout)["violations"] == []
+
+
+def test_key_outlived_window_reads_epoch_seconds() -> None:
+    records = [
+        R("a07", "payment", "started", idempotency_key="pay-s-1-a07", ts=1_762_400_000),
+        R("a07", "payment", idempotency_key="pay-s-1-a07", ts=1_762_400_000 + 90_000, result={}),
+    ]
+    assert [v.rule for v in check_records(records)] == ["key-outlived-window"]
+    assert check_records(records, key_window_s=100_000) == []
+
+
+# -- end-of-session rules and the disguised retry loop --------------------------------------
+
+EXHAUSTED = {"retryable": True, "max_attempts": 3, "attempts": 3, "error": "upstream 503"}
+
+
+def test_retry_not_escalated_is_reported_at_session_end() -> None:
+    checker = Checker(select_rules("all"))
+    assert checker.feed(R("a05", "tool_call", "error", **EXHAUSTED), line_location("t.jsonl", 4)) == []
+    assert checker.feed(R("a06", "llm_call", result={}), line_location("t.jsonl", 5)) == []
+    [violation] = checker.end_session("s-1")
+    assert (violation.rule, violation.line, violation.action_id) == ("retry-not-escalated", 4, "a05")
+    assert "failed its last attempt (3 of 3) and nothing escalated" in violation.message
+
+
+@pytest.mark.parametrize(
+    "records",
+    [
+        pytest.param(
+            [
+                R("a05", "tool_call", "error", **EXHAUSTED),
+                R("a06", "user_prompt", result={"retry_later": True}),
+            ],
+            id="later-user-prompt",
+        ),
+        pytest.param(
+            [R("a05", "tool_call", "error", on_failure="ask_user", **EXHAUSTED)], id="on-failure-ask-user"
+        ),
+        pytest.param(
+            [
+                R("a05", "tool_call", "error", incarnation="run-1", **EXHAUSTED),
+                R(
+                    "a05",
+                    "tool_call",
+                    incarnation="run-2",
+                    retryable=True,
+                    max_attempts=3,
+                    attempts=1,
+                    result={},
+                ),
+            ],
+            id="later-attempt-succeeded",
+        ),
+        pytest.param(
+            [R("a05", "tool_call", "error", retryable=True, max_attempts=3, attempts=2)], id="cap-not-reached"
+        ),
+    ],
+)
+def test_retry_not_escalated_is_silent_when_escalated_or_not_exhausted(records: list[dict[str, Any]]) -> None:
+    assert of("retry-not-escalated", check_records(records)) == []
+
+
+def test_a_user_prompt_before_the_cap_is_no_escalation() -> None:
+    records = [R("a04", "user_prompt", result={"ok": True}), R("a05", "tool_call", "error", **EXHAUSTED)]
+    assert [(v.rule, v.line) for v in check_records(records)] == [("retry-not-escalated", 2)]
+
+
+def _failure(action_id: str, name: str = "fetch_listing", **fields: Any) -> dict[str, Any]:
+    return R(action_id, "tool_call", "error", name=name, retryable=True, max_attempts=3, attempts=1, **fields)
+
+
+def test_disguised_retry_loop_fires_once_on_the_fifth_failure() -> None:
+    records = [_failure(f"f{n}") for n in range(1, 8)]
+    [violation] = check_records(records)
+    assert (violation.rule, violation.line, violation.severity) == (
+        "disguised-retry-loop",
+        5,
+        Severity.WARNING,
+    )
+    assert "5 consecutive failures of 'tool_call' 'fetch_listing'" in violation.message
+
+
+def test_four_failures_are_not_a_loop() -> None:
+    assert check_records([_failure(f"f{n}") for n in range(1, 5)]) == []
+
+
+def test_a_success_of_the_same_kind_and_name_breaks_the_loop() -> None:
+    success = R("ok1", "tool_call", name="fetch_listing", result={"listings": 3})
+    records = [*(_failure(f"f{n}") for n in range(1, 5)), success, *(_failure(f"g{n}") for n in range(1, 5))]
+    assert check_records(records) == []
+
+
+def test_other_actions_do_not_break_the_loop() -> None:
+    records = [
+        *(_failure(f"f{n}") for n in range(1, 4)),
+        R("ok1", "tool_call", name="geocode", result={}),
+        _failure("x1", name="geocode"),
+        R("l1", "llm_call", result={}),
+        *(_failure(f"f{n}") for n in range(4, 6)),
+    ]
+    assert [(v.rule, v.line) for v in check_records(records)] == [("disguised-retry-loop", 8)]
+
+
+@pytest.mark.parametrize(
+    "escalation",
+    [
+        pytest.param(R("q1", "user_prompt", result={"try_again": True}), id="user-prompt"),
+        pytest.param(_failure("f4", on_failure="ask_user"), id="on-failure-ask-user"),
+    ],
+)
+def test_an_escalation_breaks_the_loop(escalation: dict[str, Any]) -> None:
+    records = [
+        *(_failure(f"f{n}") for n in range(1, 4)),
+        escalation,
+        *(_failure(f"g{n}") for n in range(1, 4)),
+    ]
+    assert check_records(records) == []
+
+
+def test_retries_under_one_action_id_are_not_a_disguised_loop() -> None:
+    records = [
+        R("f1", "tool_call", "error", name="fetch_listing", retryable=True, max_attempts=5, attempts=n)
+        for n in range(1, 5)
+    ]
+    assert check_records(records) == []
+
+
+UNRESOLVED = [
+    pytest.param([R("a07", "payment", "started")], [1], id="started-only"),
+    pytest.param([R("a09", "tool_call", "started", side_effects=True)], [1], id="side-effects-flag"),
+    pytest.param(
+        [R("a07", "payment", "started"), R("a07", "payment", idempotency_key="pay-s-1-a07", result={})],
+        [],
+        id="completed",
+    ),
+    pytest.param(
+        [R("a07", "payment", "started"), R("a07", "payment", "error", on_failure="abort")], [], id="failed"
+    ),
+    pytest.param([R("a07", "payment", "started", idempotency_key="pay-s-1-a07")], [], id="keyed"),
+    pytest.param([R("a08", "email", "started", replay="skip")], [], id="replay-skip"),
+    pytest.param([R("a05", "tool_call", "started")], [], id="not-side-effecting"),
+]
+
+
+@pytest.mark.parametrize(("records", "lines"), UNRESOLVED)
+def test_unresolved_side_effect(records: list[dict[str, Any]], lines: list[int]) -> None:
+    violations = check_records(records, strict=True)
+    assert [(v.rule, v.line) for v in violations] == [("unresolved-side-effect", line) for line in lines]
+
+
+def test_unresolved_side_effect_waits_for_the_session_to_end() -> None:
+    checker = Checker(select_rules("all"))
+    assert checker.feed(R("a07", "deploy", "started"), line_location("t.jsonl", 1)) == []
+    assert checker.feed(R("a07", "deploy", "started", session="s-2"), line_location("t.jsonl", 2)) == []
+    [violation] = checker.end_session("s-1")
+    assert (violation.rule, violation.session_id, violation.line) == ("unresolved-side-effect", "s-1", 1)
+    assert "started but never completed" in violation.message
+    assert [v.session_id for v in checker.finish()] == ["s-2"]
