@@ -108,9 +108,12 @@ def test_unrecorded_llm_call_is_reported(env: Env) -> None:
 
 
 def test_exception_sets_error_status_and_propagates(env: Env) -> None:
-    with pytest.raises(ValueError, match="card declined"), session("s"):
-        with action("a7", "payment", tracer_provider=env.provider, idempotency_key="k-s-a7"):
-            raise ValueError("card declined")
+    with (
+        pytest.raises(ValueError, match="card declined"),
+        session("s"),
+        action("a7", "payment", tracer_provider=env.provider, idempotency_key="k-s-a7"),
+    ):
+        raise ValueError("card declined")
     span = env.span()
     assert span.status.status_code is StatusCode.ERROR
     assert span.attributes[sc.ACTION_STATUS] == "error"

@@ -289,9 +289,11 @@ def test_third_party_span_is_checked(setup: Setup) -> None:
 
 
 def test_not_an_action_is_ignored(setup: Setup) -> None:
-    with setup.tracer.start_as_current_span("agent", attributes={"gen_ai.operation.name": "invoke_agent"}):
-        with setup.tracer.start_as_current_span("GET /", attributes={"http.request.method": "GET"}):
-            pass
+    with (
+        setup.tracer.start_as_current_span("agent", attributes={"gen_ai.operation.name": "invoke_agent"}),
+        setup.tracer.start_as_current_span("GET /", attributes={"http.request.method": "GET"}),
+    ):
+        pass
     setup.provider.force_flush()
     assert setup.violations == []
     assert setup.processor.checker.actions == 0

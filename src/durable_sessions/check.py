@@ -1,17 +1,142 @@
-"""Offline checking: log files through the readers into the engine."""
+"""Offline checking: log files through the readers into the engine.
+
+:class:`OfflineCheck` checks a list of files as one stream (a session may span files).
+With ``jobs`` above 1 the lines of a JSONL action log are routed by session to worker
+processes, each running its own engine: every session is still judged by exactly one
+engine, in line order, so the findings are the same as those of a single process.
+Either way, the findings come out in input order, the end-of-session ones last.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+import multiprocessing
+import os
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from durable_sessions.engine import Checker
-from durable_sessions.readers import DEFAULT_MAX_LINE_BYTES, Format, Unreadable, open_source, read
+from durable_sessions.readers import (
+    DEFAULT_MAX_LINE_BYTES,
+    Format,
+    InputError,
+    Item,
+    Unreadable,
+    display_name,
+    open_source,
+    read,
+    read_actions,
+    sniff_format,
+)
+from durable_sessions.rules import CATALOGUE, Rule
+from durable_sessions.rules.state import DEFAULT_KEY_WINDOW_S
 from durable_sessions.violation import Violation
 
 Progress = Callable[[str, int, int | None], None]
 """Called now and then with (file, bytes read, file size or None)."""
 
 PROGRESS_EVERY = 65_536
+PARALLEL_MIN_BYTES = 64 * 1024 * 1024
+
+
+def default_jobs(paths: Sequence[str], fmt: Format) -> int:
+    """Worker processes worth starting: one per core for big JSONL files, else none."""
+    if fmt == "tracing" or "-" in paths:
+        return 1
+    try:
+        total = sum(os.path.getsize(path) for path in paths)
+    except OSError:
+        return 1
+    return min(os.cpu_count() or 1, 8) if total >= PARALLEL_MIN_BYTES else 1
+
+
+class OfflineCheck:
+    """One check of ``paths``; iterate it for the violations, then read the counts."""
+
+    def __init__(
+        self,
+        paths: Sequence[str],
+        rules: Iterable[Rule],
+        *,
+        key_window_s: float = DEFAULT_KEY_WINDOW_S,
+        fmt: Format = "auto",
+        max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+        jobs: int = 1,
+        progress: Progress | None = None,
+    ) -> None:
+        self.paths = list(paths)
+        self.rules = tuple(rules)
+        self.key_window_s = key_window_s
+        self.fmt = fmt
+        self.max_line_bytes = max_line_bytes
+        self.jobs = jobs
+        self.progress = progress
+        self.actions = 0
+        self.sessions = 0
+
+    def __iter__(self) -> Iterator[Violation]:
+        if self.jobs > 1 and self._all_actions_format():
+            return self._parallel()
+        return self._sequential()
+
+    def _sequential(self) -> Iterator[Violation]:
+        checker = Checker(self.rules, key_window_s=self.key_window_s)
+        try:
+            yield from check_paths(
+                self.paths,
+                checker,
+                fmt=self.fmt,
+                max_line_bytes=self.max_line_bytes,
+                progress=self.progress,
+            )
+        finally:
+            self.actions, self.sessions = checker.actions, checker.sessions
+
+    def _all_actions_format(self) -> bool:
+        if self.fmt != "auto":
+            return self.fmt == "actions"
+        for path in self.paths:
+            with open_source(path) as source:
+                if sniff_format(source, display_name(path), self.max_line_bytes) != "actions":
+                    return False
+        return True
+
+    def _parallel(self) -> Iterator[Violation]:
+        """Each worker reads every file and checks the lines of its own sessions."""
+        for path in self.paths:
+            with open_source(path):
+                pass  # fail here, loudly, before any worker starts
+        context = multiprocessing.get_context("spawn")
+        rule_ids = [rule.id for rule in self.rules]
+        workers = []
+        for shard in range(self.jobs):
+            receiver, sender = context.Pipe(duplex=False)
+            process = context.Process(
+                target=_check_shard,
+                args=(sender, self.paths, shard, self.jobs, rule_ids, self.key_window_s, self.max_line_bytes),
+                daemon=True,
+            )
+            process.start()
+            sender.close()
+            workers.append((process, receiver))
+        record_time: list[Violation] = []
+        session_end: list[Violation] = []
+        try:
+            for _, receiver in workers:
+                found, ended, actions, sessions = _receive(receiver)
+                record_time.extend(found)
+                session_end.extend(ended)
+                self.actions += actions
+                self.sessions += sessions
+        finally:
+            for process, receiver in workers:
+                receiver.close()
+                process.join(timeout=5)
+                if process.is_alive():
+                    process.kill()
+        position = _position_in(self.paths)
+        yield from sorted(record_time, key=position)
+        yield from sorted(session_end, key=position)
 
 
 def check_paths(
@@ -28,6 +153,7 @@ def check_paths(
     :class:`~durable_sessions.readers.InputError` for a source that cannot be read.
     """
     feed, unreadable = checker.feed, checker.unreadable
+    paths = list(paths)
     for path in paths:
         with open_source(path) as source:
             size = _size(source)
@@ -38,13 +164,79 @@ def check_paths(
                     yield from violations
                 if progress is not None and count % PROGRESS_EVERY == 0:
                     progress(path, source.tell(), size)
-    yield from checker.finish()
+    yield from sorted(checker.finish(), key=_position_in(paths))
+
+
+def _position_in(paths: Sequence[str]) -> Callable[[Violation], tuple[int, int]]:
+    """A sort key putting violations in input order: by file, then line."""
+    order = {display_name(path): index for index, path in enumerate(paths)}
+    return lambda violation: (order.get(violation.file, -1), violation.line or 0)  # type: ignore[arg-type]
 
 
 def _size(source) -> int | None:
     try:
-        import os
-
         return os.fstat(source.fileno()).st_size or None
     except (OSError, ValueError, AttributeError):
         return None
+
+
+# -- worker processes ---------------------------------------------------------------
+
+
+def shard_of(item: Item, shards: int) -> int:
+    """The worker that checks ``item``: a hash of its session id, so one worker sees a whole session.
+
+    Items without a string session id (unreadable lines, records missing it) carry no
+    session state and go to worker 0. The hash must agree across processes, so it is
+    CRC-32 rather than the salted built-in ``hash``.
+    """
+    if type(item) is Unreadable:
+        return 0
+    session_id = item[0].get("session_id")  # type: ignore[index]
+    if type(session_id) is not str:
+        return 0
+    return zlib.crc32(session_id.encode("utf-8", "surrogatepass")) % shards
+
+
+def _receive(receiver: Any) -> tuple[list[Violation], list[Violation], int, int]:
+    try:
+        outcome = receiver.recv()
+    except EOFError:
+        raise InputError("a checking worker process died; run again with --jobs 1") from None
+    if isinstance(outcome, str):
+        raise InputError(outcome)
+    return outcome
+
+
+def _check_shard(
+    sender: Any,
+    paths: list[str],
+    shard: int,
+    shards: int,
+    rule_ids: list[str],
+    key_window_s: float,
+    max_line_bytes: int,
+) -> None:
+    """A worker: read every line, check those whose session hashes to ``shard``, send the findings.
+
+    Every worker parses every line: that costs less than a parent process parsing once
+    and shipping records to the workers, and routes by the session id exactly as parsed.
+    """
+    checker = Checker([CATALOGUE.get(rule_id) for rule_id in rule_ids], key_window_s=key_window_s)
+    feed, unreadable = checker.feed, checker.unreadable
+    found: list[Violation] = []
+    try:
+        for path in paths:
+            name = display_name(path)
+            with open_source(path) as source:
+                for item in read_actions(source, name, max_line_bytes=max_line_bytes):
+                    if shard_of(item, shards) != shard:
+                        continue
+                    if type(item) is Unreadable:
+                        found.extend(unreadable(item.location, item.reason))  # type: ignore[union-attr]
+                    elif violations := feed(*item):  # type: ignore[misc]
+                        found.extend(violations)
+    except InputError as error:
+        sender.send(str(error))
+        return
+    sender.send((found, checker.finish(), checker.actions, checker.sessions))

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from durable_sessions import __version__
-from durable_sessions.check import check_paths
+from durable_sessions.check import OfflineCheck, check_paths, default_jobs
 from durable_sessions.engine import Checker
 from durable_sessions.readers import DEFAULT_MAX_LINE_BYTES, FORMATS, InputError
 from durable_sessions.report import (
@@ -116,6 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--input-format", choices=FORMATS, default="auto", help="input format (default: auto-detect)"
     )
     check.add_argument(
+        "--jobs",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="worker processes (default: one per core for JSONL input over 64 MiB, else 1)",
+    )
+    check.add_argument(
         "--max-line-bytes",
         type=_positive_int,
         default=DEFAULT_MAX_LINE_BYTES,
@@ -159,19 +166,22 @@ def run_check(args: argparse.Namespace) -> int:
     except KeyError as error:
         print(f"durable-sessions check: --disable: {error.args[0]}", file=sys.stderr)
         return EXIT_USAGE
-    checker = Checker(rules, key_window_s=args.key_window_s)
+    jobs = args.jobs if args.jobs is not None else default_jobs(args.files, args.input_format)
     summary = Summary(fail_on=args.fail_on)
     collected: list[Violation] = []
     out = sys.stdout
     progress = _TerminalProgress(sys.stderr) if sys.stderr.isatty() else None
+    run = OfflineCheck(
+        args.files,
+        rules,
+        key_window_s=args.key_window_s,
+        fmt=args.input_format,
+        max_line_bytes=args.max_line_bytes,
+        jobs=jobs,
+        progress=progress,
+    )
     try:
-        for violation in check_paths(
-            args.files,
-            checker,
-            fmt=args.input_format,
-            max_line_bytes=args.max_line_bytes,
-            progress=progress,
-        ):
+        for violation in run:
             summary.add(violation)
             if args.format == "text":
                 out.write(text_line(violation) + "\n")
@@ -185,12 +195,12 @@ def run_check(args: argparse.Namespace) -> int:
     if progress:
         progress.clear()
     if args.format == "text":
-        write_text_summary(out, summary, checker.actions, checker.sessions)
+        write_text_summary(out, summary, run.actions, run.sessions)
     elif args.format == "json":
-        dump_json(json_document(collected, summary, checker.actions, checker.sessions), out)
+        dump_json(json_document(collected, summary, run.actions, run.sessions), out)
     else:
         dump_json(sarif_document(collected, rules), out)
-    if checker.actions == 0:
+    if run.actions == 0:
         print("durable-sessions check: warning: no actions found in the input", file=sys.stderr)
     return EXIT_VIOLATIONS if summary.failed else EXIT_OK
 

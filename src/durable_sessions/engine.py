@@ -57,7 +57,8 @@ class Checker:
         self._session_rules = tuple(r for r in self.rules if r.scope == "session")
         self._end_rules = tuple(r for r in self._session_rules if r.at_end is not None)
         self._relevant_fields = frozenset().union(*(r.fields for r in self.rules))
-        self._dispatch: dict[tuple, tuple[tuple[Rule, ...], tuple[Rule, ...]]] = {}
+        self._dispatch: dict[Facts, tuple[tuple[Rule, ...], tuple[Rule, ...]]] = {}
+        self._by_shape: dict[tuple, tuple[tuple[Rule, ...], tuple[Rule, ...]]] = {}
         self._sessions: OrderedDict[str, SessionState] = OrderedDict()
         self._symbols = Symbols()
         self.actions = 0
@@ -87,14 +88,10 @@ class Checker:
         if prior is not None and prior.is_redelivery(record, where):
             self.actions -= 1
             return violations
-        facts = (
-            kind,
-            status,
-            frozenset(self._relevant_fields.intersection(record)),
-            prior is not None,
-            bool(session.failure_runs),
-        )
-        rules = self._dispatch.get(facts) or self._rules_for(_new_facts(Facts, facts))  # type: ignore[call-overload]
+        shape = (kind, status, tuple(record), prior is not None, bool(session.failure_runs))
+        rules = self._by_shape.get(shape)
+        if rules is None:
+            rules = self._rules_for_shape(shape, record)
         for rule in rules[0]:
             if finding := rule.check(record):  # type: ignore[misc]
                 violations.append(rule.on(record, where, finding))
@@ -155,6 +152,7 @@ class Checker:
                         session_id=session.session_id,
                         action_id=pending.action_id,
                         location=pending.where,
+                        kind=pending.kind,
                     )
                 )
         return violations
@@ -177,6 +175,21 @@ class Checker:
             _, evicted = self._sessions.popitem(last=False)
             violations.extend(self._end(evicted))
         return session
+
+    def _rules_for_shape(
+        self, shape: tuple, record: ActionRecord
+    ) -> tuple[tuple[Rule, ...], tuple[Rule, ...]]:
+        """The rules for a record shape (kind, status, field names, prior, watching).
+
+        Logs repeat a handful of shapes, so this is cached; the facts behind a shape
+        are cached again, so a log whose shapes all differ is only slower, not wrong.
+        """
+        kind, status, _, has_prior, watching = shape
+        fields = frozenset(self._relevant_fields.intersection(record))
+        rules = self._rules_for(_new_facts(Facts, (kind, status, fields, has_prior, watching)))
+        if len(self._by_shape) < DISPATCH_CACHE_SIZE:
+            self._by_shape[shape] = rules
+        return rules
 
     def _rules_for(self, facts: Facts) -> tuple[tuple[Rule, ...], tuple[Rule, ...]]:
         """The record and session rules that can fire on a record with these facts."""
@@ -209,6 +222,7 @@ class Checker:
                     session_id=session_id if type(session_id) is str else None,
                     action_id=action_id if type(action_id) is str else None,
                     location=where,
+                    kind=record.get("kind") if type(record.get("kind")) is str else None,
                 )
             )
         return violations

@@ -347,6 +347,7 @@ def mapping_violations(mapped: Mapped) -> list[Violation]:
             session_id=session_id if type(session_id) is str else None,
             action_id=action_id if type(action_id) is str else None,
             location=mapped.where,
+            kind=record.get("kind") if type(record.get("kind")) is str else None,
         )
         for problem in mapped.problems
     ]

@@ -318,8 +318,7 @@ class DurabilitySpanProcessor(SpanProcessor):
             if problems:
                 violations = mapping_violations(Mapped(record, where, problems)) + violations
             if violations:
-                kind = record.get("kind")
-                self._report(violations, kind if type(kind) is str else "unknown")
+                self._report(violations)
         except DurabilityViolationError:
             raise
         except Exception as error:  # fail open
@@ -353,7 +352,7 @@ class DurabilitySpanProcessor(SpanProcessor):
         try:
             with self._lock:
                 violations = self.checker.end_session(session_id)
-            self._report(violations, "unknown", raising=False)
+            self._report(violations, raising=False)
             return violations
         except Exception as error:  # fail open
             self._internal_error("end_session", error)
@@ -366,11 +365,12 @@ class DurabilitySpanProcessor(SpanProcessor):
             return
         with self._lock:
             violations = self.checker.finish()
-        self._report(violations, "unknown", raising=raising)
+        self._report(violations, raising=raising)
 
-    def _report(self, violations: list[Violation], kind: str, *, raising: bool = True) -> None:
+    def _report(self, violations: list[Violation], *, raising: bool = True) -> None:
         self.violations_reported += len(violations)
         for violation in violations:
+            kind = violation.kind or "unknown"
             key = (violation.rule, str(violation.severity), kind)
             labels = self._metric_attributes.get(key)
             if labels is None:

@@ -97,11 +97,17 @@ def _parse_strictly_with_stdlib(line: bytes, error: orjson.JSONDecodeError) -> A
     except UnicodeDecodeError as bad:
         return _Failure(f"line is not valid UTF-8 (byte 0x{line[bad.start]:02x} at column {bad.start + 1})")
     try:
-        return json.loads(text, parse_constant=_reject_constant)
+        value = json.loads(text, parse_constant=_reject_constant)
     except RecursionError:
         return _Failure("line is JSON nested too deeply to read")
     except ValueError:
         return _Failure(f"line is not valid JSON ({error})")
+    try:
+        orjson.dumps(value)
+    except orjson.JSONEncodeError as invalid:
+        if "surrogate" in str(invalid):
+            return _Failure("line holds a lone UTF-16 surrogate escape (such as \\ud800): not valid Unicode")
+    return value
 
 
 def _json_type(value: Any) -> str:
@@ -120,6 +126,22 @@ def too_long(max_line_bytes: int) -> str:
     return f"line is longer than {max_line_bytes} bytes, the reader's limit"
 
 
+def line_item(raw: bytes, name: str, number: int) -> Item | None:
+    """The record on one raw line, an :class:`Unreadable`, or None for a blank or comment line."""
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        value = _parse_unusual_line(raw, number)
+        if value is None:
+            return None
+    if type(value) is dict:
+        return value, _new_location(Location, (name, number, None, None))  # type: ignore[return-value]
+    return Unreadable(Location(name, number), _why_unreadable(value))
+
+
+_new_location = tuple.__new__
+
+
 def read_actions(
     source: IO[bytes], name: str, *, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
 ) -> Iterator[Item]:
@@ -130,31 +152,21 @@ def read_actions(
     """
     number = 0
     readline = source.readline
-    loads = orjson.loads
-    new_location = tuple.__new__
     try:
         while raw := readline(max_line_bytes + 1):
             number += 1
-            try:
-                value = loads(raw)
-            except orjson.JSONDecodeError:
-                value = _read_unusual_line(source, raw, max_line_bytes, number)
-                if value is None:
-                    continue
-            if type(value) is dict and len(raw) <= max_line_bytes:
-                yield value, new_location(Location, (name, number, None, None))
-            else:
-                yield Unreadable(Location(name, number), _why_unreadable(value, raw, max_line_bytes))
+            if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
+                while (rest := readline(1 << 20)) and not rest.endswith(b"\n"):
+                    pass
+                yield Unreadable(Location(name, number), too_long(max_line_bytes))
+            elif item := line_item(raw, name, number):
+                yield item
     except OSError as error:
         raise InputError(f"cannot read {name!r} after line {number}: {error.strerror or error}") from None
 
 
-def _read_unusual_line(source: IO[bytes], raw: bytes, max_line_bytes: int, number: int) -> Any:
+def _parse_unusual_line(raw: bytes, number: int) -> Any:
     """What orjson refused: None for a blank or comment line, else a value or a _Failure."""
-    if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
-        while (rest := source.readline(1 << 20)) and not rest.endswith(b"\n"):
-            pass
-        return _Failure(too_long(max_line_bytes))
     stripped = raw.strip()
     if number == 1 and stripped.startswith(UTF8_BOM):
         stripped = stripped[len(UTF8_BOM) :].strip()
@@ -164,11 +176,9 @@ def _read_unusual_line(source: IO[bytes], raw: bytes, max_line_bytes: int, numbe
     return _Failure(parsed) if type(parsed) is str else parsed
 
 
-def _why_unreadable(value: Any, raw: bytes, max_line_bytes: int) -> str:
+def _why_unreadable(value: Any) -> str:
     if isinstance(value, _Failure):
         return value.reason
-    if len(raw) > max_line_bytes:
-        return too_long(max_line_bytes)
     return f"line is {_json_type(value)}, not a JSON object"
 
 
@@ -243,17 +253,45 @@ def tracing_event_to_record(event: dict[str, Any], completed: set[tuple[Any, Any
 
 
 def sniff_format(source: IO[bytes], name: str, max_line_bytes: int) -> Format:
-    """``tracing`` when the first readable object looks like a tracing event, else ``actions``."""
-    peek = getattr(source, "peek", None)
-    head = peek(65536) if peek else b""
-    for line in head.splitlines():
+    """``tracing`` when the first readable object looks like a tracing event, else ``actions``.
+
+    A seekable file is read up to its first object and rewound; a pipe can only be
+    peeked at, so there the first object must fit in the read buffer.
+    """
+    try:
+        head = _head_lines(source, max_line_bytes)
+    except OSError as error:
+        raise InputError(f"cannot read {name!r}: {error.strerror or error}") from None
+    for line in head:
         stripped = line.strip()
         if not stripped or stripped.startswith(b"#"):
             continue
         parsed = parse_object(stripped)
         if isinstance(parsed, dict):
             return "tracing" if is_tracing_event(parsed) else "actions"
+        return "actions"
     return "actions"
+
+
+def _head_lines(source: IO[bytes], max_line_bytes: int, limit: int = 64) -> list[bytes]:
+    try:
+        seekable = source.seekable()
+    except (OSError, ValueError):
+        seekable = False
+    if not seekable:
+        peek = getattr(source, "peek", None)
+        return peek(65536).splitlines() if peek else []
+    start = source.tell()
+    lines = []
+    try:
+        while len(lines) < limit and (line := source.readline(max_line_bytes + 1)):
+            lines.append(line)
+            stripped = line.strip()
+            if stripped and not stripped.startswith(b"#"):
+                break
+    finally:
+        source.seek(start)
+    return lines
 
 
 def read(

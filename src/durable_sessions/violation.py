@@ -33,6 +33,7 @@ class Violation:
     line: int | None = None
     trace_id: str | None = None
     span_id: str | None = None
+    kind: str | None = None
 
     @property
     def key(self) -> str:

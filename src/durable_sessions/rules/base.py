@@ -118,8 +118,9 @@ class Rule:
         action_id: str | None,
         location: Location | None,
         severity: Severity | None = None,
+        kind: str | None = None,
     ) -> Violation:
-        """A violation of this rule at ``location``."""
+        """A violation of this rule at ``location`` by an action of ``kind``."""
         loc = location
         return Violation(
             rule=self.id,
@@ -131,6 +132,7 @@ class Rule:
             line=loc.line if loc else None,
             trace_id=loc.trace_id if loc else None,
             span_id=loc.span_id if loc else None,
+            kind=kind,
         )
 
     def on(self, record: ActionRecord, where: Location, finding: Finding) -> Violation:
@@ -142,6 +144,7 @@ class Rule:
             action_id=record.get("action_id"),
             location=where,
             severity=severity,
+            kind=record.get("kind"),
         )
 
 

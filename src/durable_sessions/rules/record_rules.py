@@ -428,25 +428,26 @@ _ISO_DATE_TIME = re.compile(
 class FieldSpec(NamedTuple):
     """What a well-formed value of one field looks like.
 
-    ``accepts`` further constrains a value of the right type; ``alternative`` accepts a
-    value of another type; ``waived_by`` names a flag that, when true, hands the field to
-    the rule that owns it (``unbounded-retry`` judges ``max_attempts`` of a retryable
-    action, ``cache-without-ttl`` the ``ttl_s`` of a cacheable one).
+    ``types`` are the JSON types allowed; ``accepts`` further constrains such a value;
+    ``waived_by`` names a flag that, when true, hands the field to the rule that owns it
+    (``unbounded-retry`` judges ``max_attempts`` of a retryable action,
+    ``cache-without-ttl`` the ``ttl_s`` of a cacheable one).
     """
 
-    type: type
+    types: tuple[type, ...]
     expected: str
-    accepts: Callable[[Any], bool] | None = None
-    alternative: Callable[[Any], bool] | None = None
+    accepts: Callable[[Any], Any] | None = None
     waived_by: str | None = None
 
 
-def _is_finite_number(value: Any) -> bool:
-    return type(value) is int or (type(value) is float and math.isfinite(value))
+def _is_time(value: Any) -> bool:
+    if type(value) is str:
+        return _ISO_DATE_TIME.fullmatch(value) is not None
+    return type(value) is int or math.isfinite(value)
 
 
-_STRING = FieldSpec(str, "a string")
-_BOOLEAN = FieldSpec(bool, "true or false")
+_STRING = FieldSpec((str,), "a string")
+_BOOLEAN = FieldSpec((bool,), "true or false")
 _FIELD_SPECS: dict[str, FieldSpec] = {
     **dict.fromkeys(
         (
@@ -461,19 +462,19 @@ _FIELD_SPECS: dict[str, FieldSpec] = {
         _STRING,
     ),
     **dict.fromkeys(("replayed", "side_effects", "retryable", "cacheable", "cache_hit"), _BOOLEAN),
-    "attempts": FieldSpec(int, "an integer of at least 1", lambda v: v >= 1),
-    "max_attempts": FieldSpec(int, "an integer of at least 1", lambda v: v >= 1, waived_by="retryable"),
-    "ttl_s": FieldSpec(int, "a positive integer", lambda v: v > 0, waived_by="cacheable"),
-    "replay": FieldSpec(str, "'skip'", lambda v: v == "skip"),
-    "on_failure": FieldSpec(str, "ask_user, abort or compensate", ON_FAILURE_VALUES.__contains__),
-    "ts": FieldSpec(str, "an ISO-8601 date-time", _ISO_DATE_TIME.fullmatch, _is_finite_number),
+    "attempts": FieldSpec((int,), "an integer of at least 1", lambda v: v >= 1),
+    "max_attempts": FieldSpec((int,), "an integer of at least 1", lambda v: v >= 1, "retryable"),
+    "ttl_s": FieldSpec((int,), "a positive integer", lambda v: v > 0, "cacheable"),
+    "replay": FieldSpec((str,), "'skip'", lambda v: v == "skip"),
+    "on_failure": FieldSpec((str,), "ask_user, abort or compensate", ON_FAILURE_VALUES.__contains__),
+    "ts": FieldSpec((str, float, int), "an ISO-8601 date-time or epoch seconds", _is_time),
 }
 _CHECKED_FIELDS = frozenset(_FIELD_SPECS)
 
 
 def _field_problem(record: ActionRecord, name: str, value: Any, spec: FieldSpec) -> str | None:
     """Why ``value`` is not well formed, or None when it is acceptable after all."""
-    if value is None or (spec.alternative is not None and spec.alternative(value)):
+    if value is None:
         return None
     if spec.waived_by is not None and record.get(spec.waived_by) is True:
         return None
@@ -511,7 +512,7 @@ def invalid_field(record: ActionRecord) -> str | None:
     for name in _CHECKED_FIELDS.intersection(record):
         value = record[name]
         spec = _FIELD_SPECS[name]
-        if type(value) is spec.type and (spec.accepts is None or spec.accepts(value)):
+        if type(value) in spec.types and (spec.accepts is None or spec.accepts(value)):
             continue
         if problem := _field_problem(record, name, value, spec):
             problems.append(problem)

@@ -16,6 +16,7 @@ from typing import NamedTuple
 from durable_sessions import kinds
 from durable_sessions.digest import Fingerprint
 from durable_sessions.record import (
+    NOWHERE,
     ActionRecord,
     Location,
     is_int,
@@ -198,7 +199,10 @@ class SessionState:
         incarnation = (packed >> _INCARNATION_SHIFT) & _SYMBOL_MASK
         file = (packed >> _FILE_SHIFT) & _SYMBOL_MASK
         position = packed >> _POSITION_SHIFT
-        where = Location(texts[file - 1], position) if file else Location(span_id=f"{position:016x}")
+        if file:
+            where = Location(texts[file - 1], position)
+        else:
+            where = Location(span_id=f"{position:016x}") if position else NOWHERE
         details = self.details.get(action_id) if packed & _HAS_DETAILS else None
         return ActionMemory(
             kind=texts[(packed >> _KIND_SHIFT) & _SYMBOL_MASK],
@@ -247,7 +251,8 @@ class SessionState:
         if outcome is not None or key is not None or attempts:
             flags |= _HAS_DETAILS
             self.details[action_id] = ActionDetails(outcome, key, attempts)
-        self.actions[action_id] = self._pack(kind, status, incarnation, where, flags) or ActionMemory(
+        packed = self._pack(kind, status, incarnation, where, flags)
+        self.actions[action_id] = packed if packed else ActionMemory(
             kind, where, status, incarnation, attempts, bool(flags & _RETRYABLE), key,
             bool(flags & _RECORDED), outcome, bool(flags & _EFFECT_DONE),
         )  # fmt: skip
@@ -258,22 +263,27 @@ class SessionState:
 
     def _pack(self, kind: str, status: str, incarnation: str | None, where: Location, flags: int) -> int:
         """The action as one integer, or 0 when the symbol table is full."""
-        prefix = self.symbols.prefix(kind, status, where.file if where.span_id is None else None)
+        span_id = where.span_id
+        file = (where.file or ("-" if where.line is not None else None)) if span_id is None else None
+        symbols = self.symbols
+        prefix = symbols.prefixes.get((kind, status, file))
         if prefix is None:
-            return 0
+            prefix = symbols.prefix(kind, status, file)
+            if prefix is None:
+                return 0
         if incarnation is not None:
             last, number = self.incarnation
             if incarnation != last:
-                found = self.symbols.number(incarnation)
+                found = symbols.number(incarnation)
                 if found is None:
                     return 0
                 number = (found + 1) << _INCARNATION_SHIFT
                 self.incarnation = (incarnation, number)
             prefix |= number
-        if where.span_id is None:
+        if span_id is None:
             return flags | prefix | (where.line or 0) << _POSITION_SHIFT
         try:
-            return flags | prefix | int(where.span_id, 16) << _POSITION_SHIFT
+            return flags | prefix | int(span_id, 16) << _POSITION_SHIFT
         except ValueError:
             return 0
 
