@@ -435,15 +435,6 @@ def test_replay_mismatch_compares_a_given_digest_with_a_recorded_value() -> None
     assert digest_value(value) in violation.message and digest_value({"plan": "B"}) in violation.message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: replay-mismatch only compares outcomes of non-deterministic kinds "
-        "(rules/state.py _outcome keeps `outcome` only for kinds.NON_DETERMINISTIC), so a "
-        "replayed tool_call or payment serving a different result than the one recorded "
-        "is not reported; RULES.md does not restrict the rule to those kinds"
-    ),
-)
 @pytest.mark.parametrize(
     "record",
     [

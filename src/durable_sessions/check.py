@@ -51,7 +51,11 @@ def default_jobs(paths: Sequence[str], fmt: Format) -> int:
 
 
 class OfflineCheck:
-    """One check of ``paths``; iterate it for the violations, then read the counts."""
+    """One check of ``paths``; iterate it for the violations, then read the counts.
+
+    Standard input (``-``) can be read only once, so a check that includes it runs in
+    this process whatever ``jobs`` says.
+    """
 
     def __init__(
         self,
@@ -75,7 +79,7 @@ class OfflineCheck:
         self.sessions = 0
 
     def __iter__(self) -> Iterator[Violation]:
-        if self.jobs > 1 and self._all_actions_format():
+        if self.jobs > 1 and "-" not in self.paths and self._all_actions_format():
             return self._parallel()
         return self._sequential()
 

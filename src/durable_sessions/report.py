@@ -7,9 +7,12 @@ needs; the renderers only format it.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, TextIO
+from urllib.parse import quote
 
 from durable_sessions import __version__
 from durable_sessions.rules import CATALOGUE, Rule
@@ -147,11 +150,19 @@ def _sarif_result(violation: Violation, index: dict[str, int]) -> dict[str, Any]
     if violation.rule in index:
         result["ruleIndex"] = index[violation.rule]
     if violation.file is not None:
-        physical: dict[str, Any] = {"artifactLocation": {"uri": violation.file}}
+        physical: dict[str, Any] = {"artifactLocation": {"uri": artifact_uri(violation.file)}}
         if violation.line is not None:
             physical["region"] = {"startLine": violation.line}
         result["locations"] = [{"physicalLocation": physical}]
     return result
+
+
+def artifact_uri(path: str) -> str:
+    """A SARIF artifact URI for a checked file: a percent-encoded relative reference, or
+    a ``file://`` URI for an absolute path."""
+    if path.startswith("/"):
+        return Path(path).as_uri()
+    return quote(path.replace(os.sep, "/"))
 
 
 def explain_markdown(rule: Rule, heading: str = "#") -> str:
