@@ -10,11 +10,11 @@ rules that need the whole session.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from durable_sessions.record import NOWHERE, ActionRecord, Location, missing_fields
 from durable_sessions.rules import CATALOGUE, Rule, select_rules
-from durable_sessions.rules.base import Facts
+from durable_sessions.rules.base import Facts, Finding
 from durable_sessions.rules.record_rules import describe
 from durable_sessions.rules.state import (
     DEFAULT_KEY_WINDOW_S,
@@ -27,6 +27,10 @@ from durable_sessions.violation import Violation
 UNREADABLE_LINE = CATALOGUE.get("unreadable-line")
 MISSING_FIELD = CATALOGUE.get("missing-field")
 DISPATCH_CACHE_SIZE = 4096
+Dispatch = tuple[
+    tuple[tuple[Rule, Callable[..., Finding]], ...], tuple[tuple[Rule, Callable[..., Finding]], ...]
+]
+"""The (rule, check) pairs that apply: record rules, then session rules."""
 _new_facts = tuple.__new__
 
 
@@ -57,8 +61,8 @@ class Checker:
         self._session_rules = tuple(r for r in self.rules if r.scope == "session")
         self._end_rules = tuple(r for r in self._session_rules if r.at_end is not None)
         self._relevant_fields = frozenset().union(*(r.fields for r in self.rules))
-        self._dispatch: dict[Facts, tuple[tuple[Rule, ...], tuple[Rule, ...]]] = {}
-        self._by_shape: dict[tuple, tuple[tuple[Rule, ...], tuple[Rule, ...]]] = {}
+        self._dispatch: dict[Facts, Dispatch] = {}
+        self._by_shape: dict[tuple, Dispatch] = {}
         self._sessions: OrderedDict[str, SessionState] = OrderedDict()
         self._symbols = Symbols()
         self.actions = 0
@@ -92,11 +96,11 @@ class Checker:
         rules = self._by_shape.get(shape)
         if rules is None:
             rules = self._rules_for_shape(shape, record)
-        for rule in rules[0]:
-            if finding := rule.check(record):  # type: ignore[misc]
+        for rule, check in rules[0]:
+            if finding := check(record):
                 violations.append(rule.on(record, where, finding))
-        for rule in rules[1]:
-            if finding := rule.check(session, record, where, prior):  # type: ignore[misc]
+        for rule, check in rules[1]:
+            if finding := check(session, record, where, prior):
                 violations.append(rule.on(record, where, finding))
         session.remember(record, where, prior)
         return violations
@@ -176,9 +180,7 @@ class Checker:
             violations.extend(self._end(evicted))
         return session
 
-    def _rules_for_shape(
-        self, shape: tuple, record: ActionRecord
-    ) -> tuple[tuple[Rule, ...], tuple[Rule, ...]]:
+    def _rules_for_shape(self, shape: tuple, record: ActionRecord) -> Dispatch:
         """The rules for a record shape (kind, status, field names, prior, watching).
 
         Logs repeat a handful of shapes, so this is cached; the facts behind a shape
@@ -191,13 +193,13 @@ class Checker:
             self._by_shape[shape] = rules
         return rules
 
-    def _rules_for(self, facts: Facts) -> tuple[tuple[Rule, ...], tuple[Rule, ...]]:
+    def _rules_for(self, facts: Facts) -> Dispatch:
         """The record and session rules that can fire on a record with these facts."""
         rules = self._dispatch.get(facts)
         if rules is None:
             rules = (
-                tuple(r for r in self._record_rules if r.when(facts)),
-                tuple(r for r in self._session_rules if r.when(facts)),
+                tuple((r, r.check_for(facts)) for r in self._record_rules if r.when(facts)),
+                tuple((r, r.check_for(facts)) for r in self._session_rules if r.when(facts)),
             )
             if len(self._dispatch) < DISPATCH_CACHE_SIZE:
                 self._dispatch[facts] = rules

@@ -126,19 +126,6 @@ def too_long(max_line_bytes: int) -> str:
     return f"line is longer than {max_line_bytes} bytes, the reader's limit"
 
 
-def line_item(raw: bytes, name: str, number: int) -> Item | None:
-    """The record on one raw line, an :class:`Unreadable`, or None for a blank or comment line."""
-    try:
-        value = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        value = _parse_unusual_line(raw, number)
-        if value is None:
-            return None
-    if type(value) is dict:
-        return value, _new_location(Location, (name, number, None, None))  # type: ignore[return-value]
-    return Unreadable(Location(name, number), _why_unreadable(value))
-
-
 _new_location = tuple.__new__
 
 
@@ -151,7 +138,7 @@ def read_actions(
     ``max_line_bytes`` is reported without ever being held whole in memory.
     """
     number = 0
-    readline = source.readline
+    readline, loads = source.readline, orjson.loads
     try:
         while raw := readline(max_line_bytes + 1):
             number += 1
@@ -159,8 +146,17 @@ def read_actions(
                 while (rest := readline(1 << 20)) and not rest.endswith(b"\n"):
                     pass
                 yield Unreadable(Location(name, number), too_long(max_line_bytes))
-            elif item := line_item(raw, name, number):
-                yield item
+                continue
+            try:
+                value = loads(raw)
+            except orjson.JSONDecodeError:
+                value = _parse_unusual_line(raw, number)
+                if value is None:
+                    continue  # a blank or comment line
+            if type(value) is dict:
+                yield value, _new_location(Location, (name, number, None, None))
+            else:
+                yield Unreadable(Location(name, number), _why_unreadable(value))
     except OSError as error:
         raise InputError(f"cannot read {name!r} after line {number}: {error.strerror or error}") from None
 

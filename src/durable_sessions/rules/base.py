@@ -90,7 +90,9 @@ class Rule:
     ``seed`` marks the rules of the seed's ``replay_check`` (the ``seed`` preset);
     ``strict_only`` rules run only when strict checking is asked for. ``when`` says on
     which records the check can fire at all, from their :class:`Facts`; ``fields`` names
-    the record fields ``when`` looks at.
+    the record fields ``when`` looks at. ``specialize``, when given, returns the check
+    to run on records with the given facts (a record rule that does per-field work can
+    prepare it once per record shape).
     """
 
     id: str
@@ -104,11 +106,16 @@ class Rule:
     fields: frozenset[str] = frozenset()
     when: Condition = field(default=_always, repr=False)
     check: Callable[..., Finding] | None = field(default=None, repr=False)
+    specialize: Callable[[Facts], Callable[..., Finding]] | None = field(default=None, repr=False)
     at_end: Callable[..., Iterable[tuple[Any, str]]] | None = field(default=None, repr=False)
 
     @property
     def summary(self) -> str:
         return self.explanation.summary
+
+    def check_for(self, facts: Facts) -> Callable[..., Finding]:
+        """The check to run on records with ``facts``."""
+        return self.specialize(facts) if self.specialize is not None else self.check  # type: ignore[return-value]
 
     def violation(
         self,

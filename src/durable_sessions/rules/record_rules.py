@@ -487,6 +487,7 @@ def _field_problem(record: ActionRecord, name: str, value: Any, spec: FieldSpec)
     fix="Write each field with the type and values documented in docs/semconv.md",
     when=lambda facts: facts.status not in STATUSES or not _CHECKED_FIELDS.isdisjoint(facts.fields),
     fields=_CHECKED_FIELDS,
+    specialize=lambda facts: _fields_checker(facts),
 )
 def invalid_field(record: ActionRecord) -> str | None:
     """A field has the wrong type or an unknown value.
@@ -508,8 +509,18 @@ def invalid_field(record: ActionRecord) -> str | None:
     {"session_id":"s-1","action_id":"a04","kind":"tool_call","status":"error","retryable":true,"max_attempts":3,"attempts":2}
     ```
     """
+    return _check_fields(record, tuple(sorted(_CHECKED_FIELDS.intersection(record))))
+
+
+def _fields_checker(facts: Facts) -> Callable[[ActionRecord], str | None]:
+    """``invalid_field`` for records with these facts: the fields to check known in advance."""
+    names = tuple(sorted(_CHECKED_FIELDS & facts.fields))
+    return lambda record: _check_fields(record, names)
+
+
+def _check_fields(record: ActionRecord, names: tuple[str, ...]) -> str | None:
     problems = []
-    for name in _CHECKED_FIELDS.intersection(record):
+    for name in names:
         value = record[name]
         spec = _FIELD_SPECS[name]
         if type(value) in spec.types and (spec.accepts is None or spec.accepts(value)):
