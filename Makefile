@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format clean
+.PHONY: demo test lint format clean proto
 
 $(STAMP): pyproject.toml $(wildcard collector/pyproject.toml)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ lint: $(STAMP)
 format: $(STAMP)
 	$(BIN)/python -m ruff format .
 	$(BIN)/python -m ruff check --fix .
+
+# Regenerate the gRPC API's Python code from proto/ (committed; a test checks it is current).
+proto: $(STAMP)
+	$(BIN)/python collector/scripts/generate_api.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

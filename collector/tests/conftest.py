@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from durable_sessions_collector.config import load
 from durable_sessions_collector.service import Service
+from postgres_support import postgres_url  # noqa: F401  (the fixture: a fresh PostgreSQL schema)
 from prometheus_client.parser import text_string_to_metric_families
 
 
@@ -105,11 +106,14 @@ def start_sidecar(tmp_path: Path) -> Iterator[Callable[..., Sidecar]]:
     """Start a sidecar on free loopback ports with a SQLite file in ``tmp_path``."""
     started: list[Sidecar] = []
 
-    def start(store: Path | None = None, **settings: Any) -> Sidecar:
+    def start(store: Path | str | None = None, **settings: Any) -> Sidecar:
+        """``store``: a SQLite file, or a store URL (``postgresql://…``)."""
         overrides = {
             "receivers.grpc.endpoint": "127.0.0.1:0",
             "receivers.http.endpoint": "127.0.0.1:0",
-            "store": f"sqlite:///{store or tmp_path / 'sessions.db'}",
+            "store": store
+            if isinstance(store, str) and "://" in store
+            else f"sqlite:///{store or tmp_path / 'sessions.db'}",
             "evaluation.idle_s": 0.3,
         }
         overrides.update({key.replace("__", "."): value for key, value in settings.items()})

@@ -3,19 +3,26 @@
     durable-sessions-collector serve [--config FILE] [--grpc-endpoint HOST:PORT] ...
     durable-sessions-collector config [--config FILE] [...]   # print the resolved configuration
     durable-sessions-collector config-reference                # every key, variable and flag
+    durable-sessions-collector sessions list [--verdict V]     # over the HTTP API
+    durable-sessions-collector sessions show SESSION_ID
 
 Exit codes: 0 after a clean stop, 2 for invalid configuration or a port that cannot be
-bound (the message names the key), 1 for any other failure to start.
+bound (the message names the key), 1 for any other failure to start. ``sessions``: 0,
+1 when the sidecar cannot answer (unreachable, 401, no such session), 2 for bad usage.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 from durable_sessions_collector import __version__
+from durable_sessions_collector.client import DEFAULT_ENDPOINT, ApiClient, ApiError
 from durable_sessions_collector.config import OPTIONS, ConfigError, load, reference
 from durable_sessions_collector.store import StoreError
 
@@ -40,7 +47,115 @@ def _parser() -> argparse.ArgumentParser:
                 option.flag, dest=option.attr, metavar="VALUE", help=f"{option.key}: {option.doc}"
             )
     commands.add_parser("config-reference", help="print every setting with its variable and flag (Markdown)")
+    _sessions_parser(commands)
     return parser
+
+
+def _sessions_parser(commands: Any) -> None:
+    text = "list or show sessions through a running sidecar's HTTP API"
+    sessions = commands.add_parser("sessions", help=text, description=text)
+    sessions.add_argument(
+        "--endpoint",
+        default=os.environ.get("DURABLE_SESSIONS_API_ENDPOINT") or DEFAULT_ENDPOINT,
+        help=f"the sidecar's HTTP endpoint (or $DURABLE_SESSIONS_API_ENDPOINT; default {DEFAULT_ENDPOINT}); "
+        "https://… when it serves TLS",
+    )
+    sessions.add_argument(
+        "--token",
+        default=None,
+        help="bearer token (or $DURABLE_SESSIONS_AUTH_TOKEN; prefer the variable or --token-file, "
+        "a flag is visible to other users in the process list)",
+    )
+    sessions.add_argument(
+        "--token-file",
+        default=None,
+        help="file holding the bearer token (or $DURABLE_SESSIONS_AUTH_TOKEN_FILE)",
+    )
+    sessions.add_argument(
+        "--ca-file",
+        default=os.environ.get("DURABLE_SESSIONS_CA_FILE") or None,
+        help="PEM CA certificate(s) to verify the sidecar's TLS certificate (or $DURABLE_SESSIONS_CA_FILE)",
+    )
+    sessions.add_argument("--json", action="store_true", help="print the API's JSON instead of a table")
+    which = sessions.add_subparsers(dest="sessions_command", required=True)
+    listing = which.add_parser("list", help="sessions, most recently active first")
+    listing.add_argument("--verdict", choices=("ok", "at_risk", "unrecoverable"), help="only this verdict")
+    listing.add_argument("--limit", type=int, default=100, help="at most this many (1-1000, default 100)")
+    show = which.add_parser("show", help="one session: its actions, violations and verdict")
+    show.add_argument("session_id", metavar="SESSION_ID")
+
+
+def _sessions(args: argparse.Namespace) -> int:
+    token = args.token or os.environ.get("DURABLE_SESSIONS_AUTH_TOKEN") or None
+    token_file = args.token_file or os.environ.get("DURABLE_SESSIONS_AUTH_TOKEN_FILE") or None
+    if token is None and token_file:
+        try:
+            with open(token_file, encoding="utf-8") as handle:
+                token = handle.read().strip()
+        except OSError as error:
+            print(f"durable-sessions-collector: cannot read the token file {token_file!r}: "
+                  f"{error.strerror or error}", file=sys.stderr)  # fmt: skip
+            return 2
+    try:
+        client = ApiClient(args.endpoint, token=token, ca_file=args.ca_file)
+        if args.sessions_command == "list":
+            if not 1 <= args.limit <= 1000:
+                print("durable-sessions-collector: --limit must be from 1 to 1000", file=sys.stderr)
+                return 2
+            sessions = client.list_sessions(args.verdict, args.limit)
+            if args.json:
+                print(json.dumps({"sessions": sessions}, indent=2))
+            else:
+                _print_sessions(sessions)
+            return 0
+        detail = client.session(args.session_id)
+    except ApiError as error:
+        print(f"durable-sessions-collector: {error}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(detail, indent=2))
+    else:
+        _print_session(detail)
+    return 0
+
+
+def _when(ts: Any) -> str:
+    if not isinstance(ts, int | float):
+        return "-"
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _print_sessions(sessions: list[dict[str, Any]]) -> None:
+    if not sessions:
+        print("no sessions")
+        return
+    rows = [("SESSION", "VERDICT", "STATE", "ACTIONS", "ERRORS", "WARNINGS", "LAST SEEN")]
+    for s in sessions:
+        rows.append((str(s["session_id"]), s["verdict"], s["state"], str(s["actions"]), str(s["errors"]),
+                     str(s["warnings"]), _when(s.get("last_seen"))))  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+
+
+def _print_session(detail: dict[str, Any]) -> None:
+    print(f"session {detail['session_id']}: {detail['verdict']} ({detail['state']})")
+    print(f"  {detail['action_count']} action(s), {detail['errors']} error(s), {detail['warnings']} warning(s); "
+          f"first seen {_when(detail.get('first_seen'))}, last seen {_when(detail.get('last_seen'))}")  # fmt: skip
+    print("actions:")
+    for action in detail["actions"]:
+        extras = [f"incarnation {action['incarnation']}"] if action.get("incarnation") else []
+        for flag in ("replayed", "retryable"):
+            if action.get(flag) is True:
+                extras.append(flag)
+        if action.get("idempotency_key"):
+            extras.append("keyed")
+        suffix = f" ({', '.join(extras)})" if extras else ""
+        print(f"  {action.get('action_id')}  {action.get('kind')}  {action.get('status')}{suffix}")
+    live = [v for v in detail["violations"] if not v.get("resolved")]
+    print("violations:" if live else "violations: none")
+    for v in live:
+        print(f"  {v['severity']}  {v['rule']}  action {v['action_id']}: {v['message']}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -48,6 +163,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "config-reference":
         sys.stdout.write(reference())
         return 0
+    if args.command == "sessions":
+        return _sessions(args)
     overrides = {option.attr: getattr(args, option.attr) for option in OPTIONS}
     try:
         config = load(args.config, overrides=overrides)
@@ -55,14 +172,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"durable-sessions-collector: invalid configuration: {error}", file=sys.stderr)
         return 2
     if args.command == "config":
-        document = {option.key: getattr(config, option.attr) for option in OPTIONS}
-        print(json.dumps({"settings": document, "sources": dict(config.sources)}, indent=2))
+        # Secrets (the token, the webhook URL's credentials and query) are shown as ***.
+        print(json.dumps({"settings": config.display(), "sources": dict(config.sources)}, indent=2))
         return 0
     from durable_sessions_collector.service import Service
 
-    service = Service(config)
     try:
+        service = Service(config)
         service.serve_forever()
+    except ConfigError as error:
+        print(f"durable-sessions-collector: invalid configuration: {error}", file=sys.stderr)
+        return 2
     except StoreError as error:
         print(f"durable-sessions-collector: store: {error}", file=sys.stderr)
         return 2

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import yaml
 
@@ -104,22 +104,154 @@ def _boolean(value: Any, text: bool) -> bool:
 
 
 def _store_url(value: Any, _text: bool) -> str:
+    if isinstance(value, str) and value.startswith(("postgresql://", "postgres://")):
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+        except ValueError:
+            raise ValueError(f"expected postgresql://USER@HOST:PORT/DB, got {_hide_store(value)!r}") from None
+        schemas = [v for k, v in parse_qsl(parts.query, keep_blank_values=True) if k == "schema"]
+        if schemas and not all(v.isidentifier() and v.isascii() and len(v) <= 63 for v in schemas):
+            raise ValueError(f"schema must be a plain identifier (letters, digits, _), got {schemas[-1]!r}")
+        return value
     if not isinstance(value, str) or not value.startswith("sqlite:///") or value == "sqlite:///":
         raise ValueError(
-            f"expected sqlite:///PATH (e.g. sqlite:///var/lib/durable-sessions/sessions.db), got {value!r}"
+            "expected sqlite:///PATH (e.g. sqlite:///var/lib/durable-sessions/sessions.db) or "
+            f"postgresql://USER@HOST:PORT/DB[?schema=NAME], got {value!r}"
         )
     return value
+
+
+def _store_password(url: str) -> list[str]:
+    """The password of a PostgreSQL store URL (in the authority or as ``?password=``)."""
+    if not url.startswith(("postgresql://", "postgres://")):
+        return []
+    try:
+        parts = urlsplit(url)
+        found = [parts.password] if parts.password else []
+    except ValueError:
+        return [url]
+    return found + [v for k, v in parse_qsl(parts.query) if k == "password" and v]
+
+
+def _hide_store(value: Any) -> Any:
+    text = str(value)
+    for secret in _store_password(text):
+        text = text.replace(secret, SECRET)
+    return text
 
 
 def _optional_url(value: Any, _text: bool) -> str | None:
     if value is None or value == "":
         return None
     if not isinstance(value, str):
-        raise ValueError(f"expected an http(s) URL, got {value!r}")
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"expected an http(s) URL, got {value!r}")
+        raise ValueError(f"expected an http(s) URL, got {type(value).__name__}")
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"expected an http(s) URL, got {redact_url(value)!r}")
     return value
+
+
+def _optional_file(value: Any, _text: bool) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"expected a file path, got {value!r}")
+    if not os.path.isfile(value):
+        raise ValueError(f"no such file: {value!r}")
+    if not os.access(value, os.R_OK):
+        raise ValueError(f"file is not readable: {value!r}")
+    return value
+
+
+# RFC 6750 b64token: what an ``Authorization: Bearer`` header can carry unquoted.
+_TOKEN_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~+/")
+MIN_TOKEN_CHARS = 16
+
+
+def check_token(token: str) -> str:
+    """``token`` if it can be sent as a bearer token; the error never repeats the token."""
+    body = token.rstrip("=")
+    if not body or any(c not in _TOKEN_CHARS for c in body):
+        raise ValueError(
+            "expected a bearer token of letters, digits and -._~+/ (RFC 6750), "
+            "with no spaces or quotes (value not shown)"
+        )
+    if len(token) < MIN_TOKEN_CHARS:
+        raise ValueError(
+            f"expected a bearer token of at least {MIN_TOKEN_CHARS} characters (value not shown)"
+        )
+    return token
+
+
+def _optional_token(value: Any, _text: bool) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise ValueError("expected a string (value not shown)")
+    return check_token(value.strip())
+
+
+def read_token_file(path: str) -> str:
+    """The bearer token in ``path`` (surrounding whitespace ignored), checked."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"cannot read {path!r}: {getattr(error, 'strerror', None) or error}") from None
+    return check_token(text.strip())
+
+
+SECRET = "***"
+
+
+def redact_url(url: str) -> str:
+    """``url`` without its secrets: the password (or user) and every query value."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return SECRET
+    netloc = parts.netloc
+    if "@" in netloc:
+        host = parts.hostname or ""
+        if ":" in host:
+            host = f"[{host}]"
+        netloc = f"{SECRET}@{host}" + (f":{port}" if port is not None else "")
+    query = "&".join(
+        f"{pair.split('=', 1)[0]}={SECRET}" if "=" in pair else SECRET
+        for pair in parts.query.split("&")
+        if pair
+    )
+    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
+def url_secrets(url: str) -> list[str]:
+    """The parts of ``url`` that must never be logged: password, user, query values."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return [url]
+    found = [url]
+    for value in (parts.password, parts.username):
+        if value:
+            found.append(value)
+    for pair in parts.query.split("&"):
+        value = pair.split("=", 1)[-1]
+        if value:
+            found.append(value)
+    return found
+
+
+def _hide(value: Any) -> Any:
+    return None if value is None else SECRET
+
+
+def _hide_url(value: Any) -> Any:
+    return None if value is None else redact_url(str(value))
 
 
 def _log_level(value: Any, _text: bool) -> str:
@@ -137,6 +269,7 @@ class Option:
     parse: Callable[[Any, bool], Any]
     default: Any
     doc: str
+    redact: Callable[[Any], Any] | None = None  # how a secret value is shown (config output, logs)
 
     @property
     def flag(self) -> str:
@@ -163,7 +296,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("pipeline.ack_timeout_s", "DURABLE_SESSIONS_ACK_TIMEOUT_S", _positive_number, 30.0,
            "longest a receiver waits for its records to be committed before answering UNAVAILABLE"),
     Option("store", "DURABLE_SESSIONS_STORE", _store_url, "sqlite:///durable-sessions.db",
-           "where sessions are kept: sqlite:///PATH (relative path) or sqlite:////abs/path"),
+           "where sessions are kept: sqlite:///PATH (relative path) or sqlite:////abs/path; or "
+           "postgresql://USER@HOST:PORT/DB[?schema=NAME] shared by several replicas (password never logged)",
+           redact=_hide_store),
     Option("evaluation.idle_s", "DURABLE_SESSIONS_IDLE_S", _positive_number, 30.0,
            "a session idle this long is ended: its end-of-session rules run"),
     Option("evaluation.key_window_s", "DURABLE_SESSIONS_KEY_WINDOW_S", _positive_number, 86400.0,
@@ -180,9 +315,25 @@ OPTIONS: tuple[Option, ...] = (
     Option("alerts.log.enabled", "DURABLE_SESSIONS_ALERT_LOG", _boolean, True,
            "write one JSON line per new violation to standard error"),
     Option("alerts.webhook.url", "DURABLE_SESSIONS_WEBHOOK_URL", _optional_url, None,
-           "POST each new violation as JSON to this URL (not yet delivered by this version)"),
+           "POST each new violation as JSON to this URL; user:password@ is sent as Basic auth; "
+           "credentials and query values are never logged", redact=_hide_url),
     Option("alerts.webhook.max_attempts", "DURABLE_SESSIONS_WEBHOOK_MAX_ATTEMPTS", _positive_int, 8,
            "webhook delivery attempts before an alert goes to the dead letter"),
+    Option("alerts.webhook.timeout_s", "DURABLE_SESSIONS_WEBHOOK_TIMEOUT_S", _positive_number, 5.0,
+           "longest one webhook POST may take before it counts as a failed attempt"),
+    Option("alerts.webhook.backoff_s", "DURABLE_SESSIONS_WEBHOOK_BACKOFF_S", _positive_number, 1.0,
+           "wait before the first retry; doubled after each failed attempt, with jitter"),
+    Option("alerts.webhook.max_backoff_s", "DURABLE_SESSIONS_WEBHOOK_MAX_BACKOFF_S", _positive_number, 300.0,
+           "longest wait between two webhook attempts (also caps a receiver's Retry-After)"),
+    Option("tls.cert_file", "DURABLE_SESSIONS_TLS_CERT_FILE", _optional_file, None,
+           "PEM certificate (chain) served on both ports; set with tls.key_file to require TLS"),
+    Option("tls.key_file", "DURABLE_SESSIONS_TLS_KEY_FILE", _optional_file, None,
+           "PEM private key of tls.cert_file"),
+    Option("auth.token", "DURABLE_SESSIONS_AUTH_TOKEN", _optional_token, None,
+           "bearer token required on both ports (Authorization: Bearer …, gRPC authorization "
+           "metadata), except GET /healthz; never logged", redact=_hide),
+    Option("auth.token_file", "DURABLE_SESSIONS_AUTH_TOKEN_FILE", _optional_file, None,
+           "file holding the bearer token (instead of auth.token), as bearertokenauth's filename"),
     Option("log_level", "DURABLE_SESSIONS_LOG_LEVEL", _log_level, "INFO",
            "operational log level (alert lines are always written when enabled)"),
 )  # fmt: skip
@@ -211,8 +362,45 @@ class Config:
     alerts_log_enabled: bool = True
     alerts_webhook_url: str | None = None
     alerts_webhook_max_attempts: int = 8
+    alerts_webhook_timeout_s: float = 5.0
+    alerts_webhook_backoff_s: float = 1.0
+    alerts_webhook_max_backoff_s: float = 300.0
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    auth_token: str | None = field(default=None, repr=False)
+    auth_token_file: str | None = None
     log_level: str = "INFO"
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    def bearer_token(self) -> str | None:
+        """The token clients must send: ``auth.token``, or the contents of ``auth.token_file``."""
+        if self.auth_token is not None:
+            return self.auth_token
+        if self.auth_token_file is not None:
+            try:
+                return read_token_file(self.auth_token_file)
+            except ValueError as error:
+                raise ConfigError(f"auth.token_file: {error}") from None
+        return None
+
+    def secrets(self) -> list[str]:
+        """Strings that must never appear in a log line."""
+        found: list[str] = []
+        token = self.bearer_token()
+        if token:
+            found.append(token)
+        if self.alerts_webhook_url:
+            found.extend(url_secrets(self.alerts_webhook_url))
+        found.extend(_store_password(self.store))
+        return found
+
+    def display(self) -> dict[str, Any]:
+        """Every setting by key, secrets redacted (``config`` command output)."""
+        shown: dict[str, Any] = {}
+        for option in OPTIONS:
+            value = getattr(self, option.attr)
+            shown[option.key] = option.redact(value) if option.redact is not None else value
+        return shown
 
     @property
     def store_path(self) -> str:
@@ -252,7 +440,34 @@ def load(
             raise ConfigError(f"{name}: unknown setting")
         values[option.key] = _parse(option, value, text=isinstance(value, str), source=option.flag)
         sources[option.key] = option.flag
+    _check_together(values, sources)
     return Config(**{_BY_KEY[key].attr: value for key, value in values.items()}, sources=sources)
+
+
+def _check_together(values: dict[str, Any], sources: dict[str, str]) -> None:
+    """Settings that are only valid in pairs."""
+    cert, key = values.get("tls.cert_file"), values.get("tls.key_file")
+    if (cert is None) != (key is None):
+        missing, given = (
+            ("tls.key_file", "tls.cert_file") if key is None else ("tls.cert_file", "tls.key_file")
+        )
+        raise ConfigError(f"{missing}: required when {given} is set (from {sources[given]})")
+    if values.get("auth.token") is not None and values.get("auth.token_file") is not None:
+        raise ConfigError(
+            f"auth.token_file: set either auth.token or auth.token_file, not both "
+            f"(from {sources['auth.token_file']} and {sources['auth.token']})"
+        )
+    if values.get("auth.token_file") is not None:
+        try:
+            read_token_file(values["auth.token_file"])
+        except ValueError as error:
+            raise ConfigError(f"auth.token_file: {error} (from {sources['auth.token_file']})") from None
+    low, high = values.get("alerts.webhook.backoff_s"), values.get("alerts.webhook.max_backoff_s")
+    if low is not None and high is not None and low > high:
+        raise ConfigError(
+            f"alerts.webhook.max_backoff_s: must be at least alerts.webhook.backoff_s ({low:g}), got {high:g} "
+            f"(from {sources['alerts.webhook.max_backoff_s']})"
+        )
 
 
 def _parse(option: Option, value: Any, *, text: bool, source: str) -> Any:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
+import ssl
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -159,11 +161,24 @@ class Router:
 class HttpServer:
     """The sidecar's HTTP port."""
 
-    def __init__(self, endpoint: str, router: Router, log: JsonLog, *, body_limit: int) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        router: Router,
+        log: JsonLog,
+        *,
+        body_limit: int,
+        tls: ssl.SSLContext | None = None,
+        auth: Callable[[Request], Response | None] | None = None,
+    ) -> None:
+        """``tls``: serve HTTPS with this context; ``auth``: a gate run before every handler,
+        returning None to go on or the response to send instead (e.g. 401)."""
         host, _, port = endpoint.rpartition(":")
         self.router = router
         self.log = log
         self.body_limit = body_limit
+        self.auth = auth
+        self.tls = tls
         server = self
 
         class _Handler(BaseHTTPRequestHandler):
@@ -192,8 +207,9 @@ class HttpServer:
             def log_message(self, format: str, *args: Any) -> None:
                 server.log.debug("http-request", line=format % args)
 
+        server_class = ThreadingHTTPServer if tls is None else _tls_server_class(tls, log)
         try:
-            self.httpd = ThreadingHTTPServer((host.strip("[]"), int(port)), _Handler)
+            self.httpd = server_class((host.strip("[]"), int(port)), _Handler)
         except OSError as error:
             raise OSError(
                 f"receivers.http.endpoint: cannot listen on {endpoint}: {error.strerror or error}"
@@ -219,7 +235,11 @@ class HttpServer:
         methods, params = self.router.match(parts.path)
         request.params = params
         try:
-            if methods is None:
+            denied = self.auth(request) if self.auth is not None else None
+            if denied is not None:
+                response = denied
+                handler.close_connection = True
+            elif methods is None:
                 response = Response.json(404, {"error": f"no such path: {parts.path}"})
             elif handler.command not in methods and not (handler.command == "HEAD" and "GET" in methods):
                 allowed = ", ".join(sorted(methods))
@@ -256,3 +276,24 @@ class HttpServer:
                 handler.wfile.write(response.body)
         except (BrokenPipeError, ConnectionResetError):
             handler.close_connection = True
+
+
+def _tls_server_class(context: ssl.SSLContext, log: JsonLog) -> type[ThreadingHTTPServer]:
+    """A ThreadingHTTPServer that does each TLS handshake in the connection's own thread."""
+    from durable_sessions_collector.security import wrap_accepted
+
+    class _TlsServer(ThreadingHTTPServer):
+        def finish_request(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
+            try:
+                wrapped = wrap_accepted(context, request)
+            except (ssl.SSLError, OSError) as error:
+                log.debug("tls-handshake-failed", peer=str(client_address[0]), error=str(error))
+                return
+            try:
+                self.RequestHandlerClass(wrapped, client_address, self)
+            finally:
+                with contextlib.suppress(OSError):
+                    wrapped.shutdown(socket.SHUT_WR)
+                wrapped.close()
+
+    return _TlsServer

@@ -10,6 +10,8 @@ from durable_sessions_collector import __version__
 from durable_sessions_collector.alerts import LOG, WEBHOOK
 from durable_sessions_collector.alerts.log import LogAlerts
 from durable_sessions_collector.alerts.metrics import Metrics
+from durable_sessions_collector.alerts.webhook import WebhookAlerts
+from durable_sessions_collector.api.grpc_api import SessionApi
 from durable_sessions_collector.api.http_api import HttpApi
 from durable_sessions_collector.config import Config, is_loopback
 from durable_sessions_collector.evaluator import Evaluator
@@ -19,6 +21,13 @@ from durable_sessions_collector.otlp.grpc_receiver import GrpcReceiver
 from durable_sessions_collector.otlp.http_receiver import PATH, HttpTraceReceiver
 from durable_sessions_collector.otlp.receiver import TraceReceiver
 from durable_sessions_collector.pipeline import Pipeline
+from durable_sessions_collector.security import (
+    GrpcAuthInterceptor,
+    HttpAuth,
+    RedactingStream,
+    grpc_server_credentials,
+    server_ssl_context,
+)
 from durable_sessions_collector.store import open_store
 
 
@@ -32,7 +41,9 @@ class Service:
 
     def __init__(self, config: Config, *, log_stream: TextIO | None = None) -> None:
         self.config = config
-        self.log = JsonLog(log_stream, config.log_level)
+        # Every line goes through the redactor: no secret reaches the log, whoever writes it.
+        self.log = JsonLog(RedactingStream(log_stream, config.secrets()), config.log_level)
+        self.webhook: WebhookAlerts | None = None
         self.store = None
         self.grpc_port = 0
         self.http_port = 0
@@ -63,6 +74,17 @@ class Service:
                 log,
                 on_delivered=lambda channel, n: metrics.alert_deliveries.labels(channel, "delivered").inc(n),
             )
+            if config.alerts_webhook_url:
+                self.webhook = WebhookAlerts(
+                    store,
+                    log,
+                    metrics,
+                    config.alerts_webhook_url,
+                    max_attempts=config.alerts_webhook_max_attempts,
+                    timeout_s=config.alerts_webhook_timeout_s,
+                    backoff_s=config.alerts_webhook_backoff_s,
+                    max_backoff_s=config.alerts_webhook_max_backoff_s,
+                )
             self.pipeline = Pipeline(
                 store,
                 self.evaluator,
@@ -74,13 +96,18 @@ class Service:
                 ack_timeout_s=config.pipeline_ack_timeout_s,
                 retry_after_s=config.pipeline_retry_after_s,
                 channels=channels,
-                after_commit=self.log_alerts.deliver_pending if config.alerts_log_enabled else None,
+                after_commit=self._after_commit if channels else None,
             )
             if config.alerts_log_enabled:
                 self.log_alerts.deliver_pending()  # left pending by a previous run
             receiver = TraceReceiver(
                 self.pipeline, metrics, log, attribute_value_limit=config.evaluation_attribute_value_limit
             )
+            token = config.bearer_token()
+            tls = credentials = None
+            if config.tls_cert_file and config.tls_key_file:
+                tls = server_ssl_context(config.tls_cert_file, config.tls_key_file)
+                credentials = grpc_server_credentials(config.tls_cert_file, config.tls_key_file)
             router = Router()
             router.add(
                 "POST",
@@ -94,12 +121,23 @@ class Service:
                 config.receivers_grpc_endpoint,
                 max_request_bytes=config.receivers_max_request_bytes,
                 log=log,
+                credentials=credentials,
+                interceptors=(GrpcAuthInterceptor(token),) if token else (),
             )
+            self.session_api = SessionApi(store, log=log)  # durable_sessions.v1.SessionService
+            self.session_api.register(self.grpc.server)
             self.grpc_port = self.grpc.start()
             self.http = HttpServer(
-                config.receivers_http_endpoint, router, log, body_limit=config.receivers_max_request_bytes
+                config.receivers_http_endpoint,
+                router,
+                log,
+                body_limit=config.receivers_max_request_bytes,
+                tls=tls,
+                auth=HttpAuth(token).check if token else None,
             )
             self.http_port = self.http.start()
+            if self.webhook is not None:
+                self.webhook.start()  # delivers first what an earlier run left pending
         except BaseException:
             self._teardown()
             raise
@@ -108,9 +146,14 @@ class Service:
             ("receivers.grpc.endpoint", config.receivers_grpc_endpoint),
             ("receivers.http.endpoint", config.receivers_http_endpoint),
         ):
-            if not is_loopback(endpoint):
+            if not is_loopback(endpoint) and not (token and tls):
+                missing = " and ".join(
+                    what
+                    for what, absent in (("auth.token", not token), ("tls.cert_file", tls is None))
+                    if absent
+                )
                 log.warning("not-loopback", key=name, endpoint=endpoint,
-                            note="the port is reachable from other hosts and has no authentication yet")  # fmt: skip
+                            note=f"the port is reachable from other hosts; set {missing}")  # fmt: skip
         log.info(
             "started",
             version=__version__,
@@ -119,12 +162,23 @@ class Service:
             store=config.store,
             idle_s=config.evaluation_idle_s,
             alert_channels=list(channels),
+            tls=tls is not None,
+            auth="bearer" if token else "none",
         )
         return self
+
+    def _after_commit(self) -> None:
+        """New alerts were committed: the log channel writes them now, the webhook is woken."""
+        if self.webhook is not None:
+            self.webhook.notify()
+        if self.config.alerts_log_enabled:
+            self.log_alerts.deliver_pending()
 
     def _health_problem(self) -> str | None:
         if not self.pipeline.alive:
             return "the writer thread is not running"
+        if self.webhook is not None and self._started and not self.webhook.alive:
+            return "the webhook delivery thread is not running"
         return None
 
     def stop(self) -> None:
@@ -136,6 +190,9 @@ class Service:
             self.log.info("stopped")
 
     def _teardown(self) -> None:
+        session_api = getattr(self, "session_api", None)
+        if session_api is not None:
+            session_api.stop()  # open WatchAlerts streams end now, not after the grace period
         for name in ("http", "grpc"):
             component = getattr(self, name, None)
             if component is not None:
@@ -146,6 +203,8 @@ class Service:
         pipeline = getattr(self, "pipeline", None)
         if pipeline is not None:
             pipeline.stop()
+        if self.webhook is not None:
+            self.webhook.stop()
         if self.store is not None:
             self.store.close()
 

@@ -7,12 +7,13 @@ left pending by a crash are delivered at the next start. The channels:
 
 - ``log``: one JSON line per violation on standard error (``"event": "violation"``);
 - metrics: ``durable_sessions_violations_total{rule,severity}`` (see :mod:`.metrics`);
-- ``webhook`` (to come): POST JSON with an ``Idempotency-Key``, bounded retries with
-  backoff, dead letter after the cap — its rows are already queued in the outbox.
+- ``webhook``: POST JSON with an ``Idempotency-Key``, bounded retries with backoff and
+  jitter, dead letter after the cap (see :mod:`.webhook`).
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from durable_sessions.violation import Violation
@@ -38,5 +39,14 @@ def alert_payload(violation: Violation, verdict: str | None, detected_at: float)
 
 
 def idempotency_key(payload: dict[str, Any]) -> str:
-    """Stable per session + rule + action (+ span): the same alert always has the same key."""
-    return str(payload["key"])
+    """``ds-alert-`` and 32 hex digits of SHA-256 over session + rule + action.
+
+    The same violation gives the same key on every attempt, after every restart and on
+    every replica, so a receiver can drop repeats. A violation without an action id
+    (an unreadable line) adds its location, so that two of them stay distinct.
+    """
+    parts = [str(payload.get("session_id")), str(payload.get("rule")), str(payload.get("action_id"))]
+    if payload.get("action_id") is None:
+        parts.append(str(payload.get("key")))
+    digest = hashlib.sha256("\x1f".join(parts).encode("utf-8", "surrogatepass")).hexdigest()
+    return "ds-alert-" + digest[:32]

@@ -109,8 +109,22 @@ class Metrics:
         )
         self.alert_deliveries = Counter(
             "durable_sessions_alert_deliveries",
-            "Alert deliveries by channel and outcome",
+            "Alert delivery attempts by channel and outcome (delivered, retry, dead_letter)",
             ["channel", "outcome"],
+            registry=registry,
+        )
+        self.alert_delivery_duration = Histogram(
+            "durable_sessions_alert_delivery_duration_seconds",
+            "Duration of one alert delivery attempt (a webhook POST), by channel",
+            ["channel"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.alert_latency = Histogram(
+            "durable_sessions_alert_latency_seconds",
+            "Time from detecting a violation to delivering its alert, by channel",
+            ["channel"],
+            buckets=(*LATENCY_BUCKETS, 60.0, 300.0, 900.0, 3600.0),
             registry=registry,
         )
         self.commit_failures = Counter(

@@ -1,1 +1,1 @@
-"""The sidecar's APIs. HTTP JSON here; the gRPC service from ``proto/`` is to come."""
+"""The sidecar's APIs: HTTP JSON (:mod:`.http_api`) and gRPC (:mod:`.grpc_api`, from ``proto/``)."""

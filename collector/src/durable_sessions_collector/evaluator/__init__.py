@@ -52,7 +52,8 @@ class Evaluator:
             max_actions_per_session=max_actions_per_session,
         )
         self.max_sessions = max_sessions
-        self._held: OrderedDict[str, None] = OrderedDict()
+        # held session -> how many of its stored records the engine has been fed
+        self._held: OrderedDict[str, int] = OrderedDict()
         self.rebuilt = 0
 
     @property
@@ -81,6 +82,8 @@ class Evaluator:
         )
         if not writer.add_action(row, now):
             return False, rebuilt
+        if session_id is not None:
+            self._held[session_id] += 1
         violations = mapping_violations(mapped) if mapped.problems else []
         violations.extend(self.checker.feed(record, where))
         return True, rebuilt + violations
@@ -93,6 +96,14 @@ class Evaluator:
         rebuilt = self._hold(writer, session_id)
         self._held.pop(session_id, None)
         return rebuilt, self.checker.end_session(session_id)
+
+    def forget_stale(self, stored: dict[str, int]) -> int:
+        """Forget held sessions of which the store holds more (or fewer) records than the
+        engine was fed — another replica sharing the store wrote them — so that they are
+        rebuilt from the store before their next record. Returns how many were forgotten."""
+        stale = [sid for sid, count in stored.items() if self._held.get(sid, count) != count]
+        self.discard(stale)
+        return len(stale)
 
     def discard(self, session_ids: Iterable[str]) -> None:
         """Forget sessions whose in-memory state may be ahead of the store (a failed commit)."""
@@ -112,7 +123,7 @@ class Evaluator:
         for record, where in writer.session_records(session_id):
             found.extend(feed(record, where))
             count += 1
-        held[session_id] = None
+        held[session_id] = count
         if count:
             self.rebuilt += 1
         while len(held) > self.max_sessions:

@@ -83,13 +83,19 @@ class GrpcReceiver:
         max_request_bytes: int,
         log: JsonLog,
         workers: int = 16,
+        credentials: grpc.ServerCredentials | None = None,
+        interceptors: tuple[grpc.ServerInterceptor, ...] = (),
     ) -> None:
+        """``credentials``: serve TLS (see :mod:`..security`); ``interceptors`` run before
+        every RPC of the port (the bearer-token check), the trace service's and any other's."""
         self.receiver = receiver
         self.metrics = receiver.metrics
         self.endpoint = endpoint
         self.log = log
+        self.credentials = credentials
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="otlp-grpc"),
+            interceptors=interceptors,
             options=[
                 ("grpc.max_receive_message_length", max_request_bytes),
                 ("grpc.max_send_message_length", 4 * 1024 * 1024),
@@ -108,7 +114,10 @@ class GrpcReceiver:
 
     def start(self) -> int:
         try:
-            port = self.server.add_insecure_port(self.endpoint)
+            if self.credentials is not None:
+                port = self.server.add_secure_port(self.endpoint, self.credentials)
+            else:
+                port = self.server.add_insecure_port(self.endpoint)
         except RuntimeError as error:
             raise OSError(f"receivers.grpc.endpoint: cannot listen on {self.endpoint}: {error}") from None
         if port == 0:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from durable_sessions.mapping import Mapped
@@ -184,6 +184,7 @@ class Pipeline:
         evaluator = self.evaluator
         try:
             with self.store.writer() as writer:
+                self._lock(writer, {session_of(m.record) for job in batch for m in job.items} - {None})
                 for job in batch:
                     for mapped in job.items:
                         stored, violations = evaluator.ingest(writer, mapped, now)
@@ -236,6 +237,7 @@ class Pipeline:
                 if not idle:
                     break
                 try:
+                    self._lock(writer, idle)
                     for session_id in idle:
                         rebuilt, violations = self.evaluator.end(writer, session_id)
                         for violation in rebuilt:
@@ -257,6 +259,13 @@ class Pipeline:
             if len(idle) < IDLE_BATCH:
                 break
         return ended
+
+    def _lock(self, writer: Writer, session_ids: Iterable[str | None]) -> None:
+        """With a store shared by replicas: lock the sessions for this transaction and
+        forget the held ones another replica has written to since (they are rebuilt)."""
+        stored = writer.lock_sessions(sorted(s for s in session_ids if s is not None))
+        if stored:
+            self.evaluator.forget_stale(stored)
 
     def _enqueue(self, writer: Writer, fresh: list[Violation], verdicts: dict[str, str], now: float) -> None:
         for violation in fresh:

@@ -13,12 +13,24 @@ from durable_sessions_collector.store.base import (
 )
 from durable_sessions_collector.store.sqlite import SqliteStore
 
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
-def open_store(url: str) -> SqliteStore:
-    """The store a ``store:`` URL names (``sqlite:///PATH``)."""
+
+def open_store(url: str) -> Store:
+    """The store a ``store:`` URL names: ``sqlite:///PATH`` or ``postgresql://…[?schema=NAME]``."""
     if url.startswith("sqlite:///"):
         return SqliteStore(url.removeprefix("sqlite:///"))
-    raise StoreError(f"store: unsupported URL {url!r}; expected sqlite:///PATH")
+    if url.startswith(POSTGRES_SCHEMES):
+        try:
+            from durable_sessions_collector.store.postgres import PostgresStore
+        except ImportError as error:
+            raise StoreError(
+                f"store: a PostgreSQL store needs psycopg 3 ({error}); "
+                "pip install 'durable-sessions-collector[postgresql]'"
+            ) from None
+        return PostgresStore(url)
+    shown = url.split("://", 1)[0] + "://…" if "://" in url else url
+    raise StoreError(f"store: unsupported URL {shown!r}; expected sqlite:///PATH or postgresql://…")
 
 
 __all__ = [

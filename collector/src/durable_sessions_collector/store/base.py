@@ -138,6 +138,12 @@ class Writer(Protocol):
     def idle_sessions(self, cutoff: float, limit: int) -> list[str]:
         """Open sessions with no activity since ``cutoff``, oldest first."""
 
+    def lock_sessions(self, session_ids: list[str]) -> dict[str, int] | None:
+        """Before the sessions are written: None when this process is the store's only
+        writer; with a store several replicas share, lock the sessions for the rest of
+        the transaction and return how many actions the store holds for each, so that
+        the evaluator rebuilds a session another replica has added spans to."""
+
 
 class Store(Protocol):
     """The durable store of sessions. Reads may come from any thread."""
@@ -145,8 +151,12 @@ class Store(Protocol):
     def writer(self) -> AbstractContextManager[Writer]:
         """A transaction: committed when the block ends, rolled back if it raises."""
 
-    def list_sessions(self, verdict: Verdict | None = None, limit: int = 100) -> list[SessionSummary]:
-        """Sessions, most recently active first, optionally only those with ``verdict``."""
+    def list_sessions(
+        self, verdict: Verdict | None = None, limit: int = 100, after: tuple[float, str] | None = None
+    ) -> list[SessionSummary]:
+        """Sessions, most recently active first (then by id, descending), optionally only
+        those with ``verdict``; ``after`` = (last_seen, session_id) of the last session of
+        the previous page."""
 
     def get_session(self, session_id: str) -> SessionDetail | None:
         """One session: its actions in order (start time, then arrival), violations, verdict."""
@@ -155,15 +165,60 @@ class Store(Protocol):
         """How many sessions have each verdict."""
 
     def pending_alerts(self, channel: str, now: float, limit: int = 100) -> list[Alert]:
-        """Alerts of ``channel`` due for delivery at ``now``."""
+        """Alerts of ``channel`` due for delivery at ``now``.
+
+        A store shared by several replicas (PostgreSQL) also *claims* the rows it
+        returns for a lease, so that one replica delivers each; ``mark_delivered`` or
+        ``mark_failed`` ends the claim."""
 
     def alert_counts(self) -> dict[tuple[str, str], int]:
         """Outbox rows by (channel, state)."""
+
+    def violation_cursor(self) -> str:
+        """A cursor at the end of the violation feed: what commits from now on follows it."""
+
+    def violations_after(self, cursor: str, limit: int = 100) -> tuple[list[dict[str, Any]], str]:
+        """Committed violations after ``cursor`` in commit order (see :func:`feed_item`;
+        each with the ``cursor`` to resume after it), and the cursor after the last one;
+        ValueError for a cursor of another store."""
 
     def check(self) -> None:
         """Raise :class:`StoreError` when the store cannot be read."""
 
     def close(self) -> None: ...
+
+
+def feed_item(row: tuple[Any, ...] | list[Any]) -> dict[str, Any]:
+    """A violation of the feed, from (key, session_id, rule, severity, message, action_id,
+    trace_id, span_id, at_end, resolved, created_at, the session's verdict now)."""
+    (
+        key,
+        session_id,
+        rule,
+        severity,
+        message,
+        action_id,
+        trace_id,
+        span_id,
+        at_end,
+        resolved,
+        created_at,
+        verdict,
+    ) = row
+    return {
+        "key": key,
+        "session_id": session_id,
+        "rule": rule,
+        "severity": severity,
+        "message": message,
+        "action_id": action_id,
+        "trace_id": trace_id,
+        "span_id": span_id,
+        "at_session_end": bool(at_end),
+        "resolved": bool(resolved),
+        "created_at": created_at,
+        "session_verdict": verdict,
+    }
 
 
 def encode_record(record: ActionRecord) -> str:

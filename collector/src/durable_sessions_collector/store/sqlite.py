@@ -29,6 +29,7 @@ from durable_sessions_collector.store.base import (
     StoreError,
     decode_record,
     encode_record,
+    feed_item,
 )
 
 SCHEMA_VERSION = 1
@@ -171,17 +172,23 @@ class SqliteStore:
                 self._readers.append(connection)
         return connection
 
-    def list_sessions(self, verdict: Verdict | None = None, limit: int = 100) -> list[SessionSummary]:
+    def list_sessions(
+        self, verdict: Verdict | None = None, limit: int = 100, after: tuple[float, str] | None = None
+    ) -> list[SessionSummary]:
         columns = "session_id, verdict, open, actions, errors, warnings, first_seen, last_seen, ended_at"
-        if verdict is None:
-            rows = self._reader().execute(
-                f"SELECT {columns} FROM sessions ORDER BY last_seen DESC LIMIT ?", (limit,)
-            )
-        else:
-            rows = self._reader().execute(
-                f"SELECT {columns} FROM sessions WHERE verdict = ? ORDER BY last_seen DESC LIMIT ?",
-                (verdict, limit),
-            )
+        where: list[str] = []
+        params: list[Any] = []
+        if verdict is not None:
+            where.append("verdict = ?")
+            params.append(verdict)
+        if after is not None:  # keyset paging: the sessions after (last_seen, session_id) of a page
+            where.append("(last_seen < ? OR (last_seen = ? AND session_id < ?))")
+            params.extend([after[0], after[0], after[1]])
+        clause = ("WHERE " + " AND ".join(where)) if where else ""
+        rows = self._reader().execute(
+            f"SELECT {columns} FROM sessions {clause} ORDER BY last_seen DESC, session_id DESC LIMIT ?",
+            (*params, limit),
+        )
         return [_summary(row) for row in rows.fetchall()]
 
     def get_session(self, session_id: str) -> SessionDetail | None:
@@ -266,6 +273,33 @@ class SqliteStore:
     def count_actions(self) -> int:
         return int(self._reader().execute("SELECT COUNT(*) FROM actions").fetchone()[0])
 
+    # --- the violation feed (WatchAlerts) ------------------------------------------------
+    # One writer commits at a time, so violation ids grow in commit order: the cursor is an id.
+
+    def violation_cursor(self) -> str:
+        """A cursor after every violation committed so far."""
+        last = self._reader().execute("SELECT COALESCE(MAX(id), 0) FROM violations").fetchone()[0]
+        return f"sqlite:{last}"
+
+    def violations_after(self, cursor: str, limit: int = 100) -> tuple[list[dict[str, Any]], str]:
+        """Committed violations after ``cursor``, in commit order, and the cursor after them."""
+        kind, _, text = cursor.partition(":")
+        if kind != "sqlite" or not text.isdigit():
+            raise ValueError(f"not a cursor of this store: {cursor!r}")
+        rows = (
+            self._reader()
+            .execute(
+                "SELECT v.id, v.key, v.session_id, v.rule, v.severity, v.message, v.action_id, v.trace_id, "
+                "v.span_id, v.at_end, v.resolved, v.created_at, s.verdict "
+                "FROM violations v LEFT JOIN sessions s ON s.session_id = v.session_id "
+                "WHERE v.id > ? ORDER BY v.id LIMIT ?",
+                (int(text), limit),
+            )
+            .fetchall()
+        )
+        found = [{**feed_item(row[1:]), "cursor": f"sqlite:{row[0]}"} for row in rows]
+        return found, (found[-1]["cursor"] if found else cursor)
+
     def check(self) -> None:
         try:
             self._reader().execute("SELECT 1 FROM meta LIMIT 1").fetchone()
@@ -304,6 +338,11 @@ class SqliteWriter:
 
     def __init__(self, connection: sqlite3.Connection) -> None:
         self._db = connection
+
+    def lock_sessions(self, session_ids: list[str]) -> None:
+        """Nothing to do: this process is the store's only writer, so what the evaluator
+        holds in memory is what the store holds (see the PostgreSQL store)."""
+        return None
 
     def add_action(self, row: ActionRow, received_at: float) -> bool:
         record = row.record

@@ -1,13 +1,16 @@
-"""The SQLite store: WAL, deduplication, unique violations, verdicts, outbox, round trips."""
+"""The store contract, run against both stores (SQLite, and PostgreSQL when configured:
+see ``postgres_support``): deduplication, rollback, unique violations, verdicts, the
+outbox, paging and the violation feed; then what only one of them has (WAL for SQLite)."""
 
 from __future__ import annotations
 
 import math
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from durable_sessions_collector.store import ActionRow, StoreError, open_store
+from durable_sessions_collector.store import ActionRow, Store, StoreError, open_store
 from durable_sessions_collector.store.base import decode_record, encode_record
 
 from durable_sessions.record import Location
@@ -30,10 +33,28 @@ def row(span_id: str, status: str = "ok", **record) -> ActionRow:  # type: ignor
     return ActionRow("sess", "t" * 32, span_id, status, body)  # type: ignore[arg-type]
 
 
-def test_wal_dedup_and_rollback(tmp_path: Path) -> None:
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'nested' / 's.db'}"
+    return str(request.getfixturevalue("postgres_url"))
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[Store]:
+    opened = open_store(store_url)
+    yield opened
+    opened.close()
+
+
+def test_sqlite_store_uses_wal(tmp_path: Path) -> None:
     store = open_store(f"sqlite:///{tmp_path / 'nested' / 's.db'}")
     with sqlite3.connect(tmp_path / "nested" / "s.db") as db:
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    store.close()
+
+
+def test_dedup_and_rollback(store) -> None:  # type: ignore[no-untyped-def]
     with store.writer() as writer:
         assert writer.add_action(row("s1"), 1.0) is True
         assert writer.add_action(row("s1"), 2.0) is False  # same trace, span and status
@@ -44,11 +65,9 @@ def test_wal_dedup_and_rollback(tmp_path: Path) -> None:
     with store.writer() as writer:
         assert [where.span_id for _, where in writer.session_records("sess")] == ["s1", "s1"]
     assert store.count_actions() == 2
-    store.close()
 
 
-def test_violations_are_unique_and_drive_the_verdict(tmp_path: Path) -> None:
-    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+def test_violations_are_unique_and_drive_the_verdict(store) -> None:  # type: ignore[no-untyped-def]
     with store.writer() as writer:
         writer.touch_session("sess", 1.0, 1)
         assert writer.add_violation(violation("re-asked"), at_end=False, now=1.0) is True
@@ -74,11 +93,9 @@ def test_violations_are_unique_and_drive_the_verdict(tmp_path: Path) -> None:
         ("disguised-retry-loop", False),
         ("unresolved-side-effect", True),
     ]
-    store.close()
 
 
-def test_outbox_once_per_channel_and_violation(tmp_path: Path) -> None:
-    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+def test_outbox_once_per_channel_and_violation(store) -> None:  # type: ignore[no-untyped-def]
     with store.writer() as writer:
         writer.enqueue_alert("log", "k1", {"key": "k1"}, 1.0)
         writer.enqueue_alert("log", "k1", {"key": "k1"}, 2.0)
@@ -93,7 +110,6 @@ def test_outbox_once_per_channel_and_violation(tmp_path: Path) -> None:
     assert store.pending_alerts("webhook", now=10.0) == []
     assert len(store.pending_alerts("webhook", now=20.0)) == 1
     assert store.alert_counts() == {("log", "delivered"): 1, ("webhook", "pending"): 1}
-    store.close()
 
 
 def test_records_round_trip_with_the_types_the_engine_saw() -> None:
@@ -114,5 +130,65 @@ def test_unusable_store_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="cannot open store"):
         open_store(f"sqlite:///{tmp_path / 'dir.db'}")
     with pytest.raises(StoreError, match="unsupported URL"):
-        open_store("postgres://x")
+        open_store("mysql://x")
     assert Location  # re-exported type used by the writer
+
+
+def test_sessions_page_by_activity_then_id(store) -> None:  # type: ignore[no-untyped-def]
+    with store.writer() as writer:
+        for n, at in enumerate([1.0, 2.0, 2.0, 2.0, 3.0]):
+            writer.touch_session(f"s{n}", at, 1)
+        writer.add_violation(
+            Violation("re-asked", Severity.ERROR, "x", "s2", "a1", trace_id="t", span_id="s"),
+            at_end=False,
+            now=2.0,
+        )
+        writer.refresh_verdict("s2")
+    everything = [s.session_id for s in store.list_sessions(limit=100)]
+    assert everything == ["s4", "s3", "s2", "s1", "s0"]  # ties on last_seen by id, descending
+    pages, after = [], None
+    while True:
+        page = store.list_sessions(limit=2, after=after)
+        if not page:
+            break
+        pages.append([s.session_id for s in page])
+        after = (page[-1].last_seen, page[-1].session_id)
+    assert pages == [["s4", "s3"], ["s2", "s1"], ["s0"]]
+    assert [s.session_id for s in store.list_sessions("unrecoverable")] == ["s2"]
+    assert store.list_sessions("unrecoverable", after=(2.0, "s2")) == []
+    assert [s.session_id for s in store.list_sessions("ok", limit=1, after=(2.0, "s2"))] == ["s1"]
+
+
+def test_violation_feed_is_in_commit_order_from_a_cursor(store) -> None:  # type: ignore[no-untyped-def]
+    with store.writer() as writer:
+        writer.touch_session("sess", 1.0, 1)
+        writer.add_violation(violation("re-asked"), at_end=False, now=1.0)
+        writer.refresh_verdict("sess")
+    cursor = store.violation_cursor()
+    assert store.violations_after(cursor) == ([], cursor)  # what was committed before is not new
+    with store.writer() as writer:
+        writer.add_violation(violation("unbounded-retry", Severity.WARNING, span="s2"), at_end=False, now=2.0)
+        writer.add_violation(violation("re-asked"), at_end=False, now=2.0)  # not new: no feed item
+        writer.refresh_verdict("sess")
+    with store.writer() as writer:
+        writer.add_violation(violation("unresolved-side-effect", span="s3"), at_end=True, now=3.0)
+    items, middle = store.violations_after(cursor, limit=1)
+    assert [i["rule"] for i in items] == ["unbounded-retry"]
+    assert items[0]["session_verdict"] == "unrecoverable" and items[0]["severity"] == "warning"
+    items, end = store.violations_after(middle)
+    assert [(i["rule"], i["at_session_end"]) for i in items] == [("unresolved-side-effect", True)]
+    assert store.violations_after(end) == ([], end)
+    with pytest.raises(ValueError, match="not a cursor"):
+        store.violations_after("nonsense:1")
+
+
+def test_lock_sessions_tells_a_shared_store_from_a_private_one(store_url: str, store) -> None:  # type: ignore[no-untyped-def]
+    with store.writer() as writer:
+        writer.add_action(row("s1"), 1.0)
+        writer.touch_session("sess", 1.0, 1)
+    with store.writer() as writer:
+        counts = writer.lock_sessions(["new", "sess"])
+    if store_url.startswith("sqlite"):
+        assert counts is None  # the only writer: the evaluator's memory is the truth
+    else:
+        assert counts == {"new": 0, "sess": 1}

@@ -1,0 +1,529 @@
+"""The sidecar's ingest: throughput against a discard receiver, alert latency, memory.
+
+Three modes; each server runs in a child process of its own, the load generator in this
+one, so the two do not share a GIL (they do share the machine's CPUs).
+
+``throughput``
+    OTLP/gRPC ``Export`` requests (``--spans-per-request`` action spans each, fresh
+    trace/span ids every round, several sessions per request, a few sessions with
+    violations) are sent by ``--clients`` concurrent callers on raw channels, first to a
+    *discard receiver* — a grpcio server like the sidecar's (same worker pool and message
+    limits) whose handler parses the ``ExportTraceServiceRequest`` and answers an empty
+    response — then to the sidecar on a SQLite store with every rule on
+    (``evaluation.strict: true``) and the log alert channel writing to /dev/null. For
+    context a third server parses *and* turns every span into Python objects with the
+    sidecar's own OTLP decoder (``spans_of``), then discards them. Rounds alternate; the
+    median round of each is reported, and the ratios.
+
+``latency``
+    Sessions arrive at a steady rate; each has one span with an ingest-time violation
+    (``unbounded-retry``) and one that leaves an end-of-session violation
+    (``unresolved-side-effect``, found once the session has been idle ``--idle-s``). For
+    each alert: the time from the Export call that carried its span to (a) the webhook
+    POST arriving at a local HTTP receiver and (b) the alert arriving on a
+    ``WatchAlerts`` stream. p50/p99/max are reported per kind.
+
+``rss``
+    ``--sessions`` single-span sessions (default 1,000,000) sent through OTLP/gRPC in
+    batches; the sidecar's RSS (``VmRSS``, and the peak ``VmHWM``) after each quarter.
+
+Run::
+
+    .venv/bin/python benchmarks/collector_ingest.py throughput [--rounds 5]
+    .venv/bin/python benchmarks/collector_ingest.py latency [--sessions 300 --rate 20 --idle-s 2]
+    .venv/bin/python benchmarks/collector_ingest.py rss [--sessions 1000000]
+
+It measures and prints; it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.server
+import json
+import multiprocessing
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent import futures
+from pathlib import Path
+from typing import Any, ClassVar
+
+import grpc
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+
+EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+MIB = 1024 * 1024
+
+
+# --- requests -----------------------------------------------------------------------------
+
+
+def _kv(key: str, value: Any) -> KeyValue:
+    if isinstance(value, bool):
+        return KeyValue(key=key, value=AnyValue(bool_value=value))
+    if isinstance(value, int):
+        return KeyValue(key=key, value=AnyValue(int_value=value))
+    return KeyValue(key=key, value=AnyValue(string_value=str(value)))
+
+
+def _span(trace_id: bytes, span_id: bytes, name: str, attributes: dict[str, Any], start_ns: int) -> Span:
+    return Span(
+        trace_id=trace_id,
+        span_id=span_id,
+        name=name,
+        kind=Span.SPAN_KIND_INTERNAL,
+        start_time_unix_nano=start_ns,
+        end_time_unix_nano=start_ns + 1_000_000,
+        attributes=[_kv(k, v) for k, v in attributes.items()],
+    )
+
+
+def _request(spans: list[Span], instance: str) -> bytes:
+    resource = Resource(attributes=[_kv("service.name", "bench-agent"), _kv("service.instance.id", instance)])
+    return ExportTraceServiceRequest(
+        resource_spans=[ResourceSpans(resource=resource, scope_spans=[ScopeSpans(spans=spans)])]
+    ).SerializeToString()
+
+
+def session_steps(session: str, n: int, bad: bool) -> list[tuple[str, dict[str, Any]]]:
+    """``n`` action spans of one session: prompts, model calls, tool calls, a payment."""
+    steps: list[tuple[str, dict[str, Any]]] = []
+    for i in range(n):
+        base = {"session.id": session, "agent.action.id": f"a{i}"}
+        match i % 4:
+            case 0:
+                attrs = {"agent.action.kind": "user_prompt", "agent.action.result": '{"answer": "yes"}'}
+            case 1:
+                attrs = {"agent.action.kind": "llm_call", "agent.action.result": '{"text": "ok"}'}
+            case 2:
+                attrs = {
+                    "agent.action.kind": "tool_call",
+                    "agent.action.name": "search",
+                    "agent.action.retryable": True,
+                    "agent.action.max_attempts": 3,
+                }
+            case _:
+                attrs = {"agent.action.kind": "payment", "agent.action.idempotency_key": f"{session}/a{i}"}
+        steps.append((f"{attrs['agent.action.kind']} a{i}", base | attrs))
+    if bad:  # an unbounded retry: one error violation, one alert
+        steps[-1] = (
+            "tool flaky",
+            {
+                "session.id": session,
+                "agent.action.id": "bad",
+                "agent.action.kind": "tool_call",
+                "agent.action.retryable": True,
+            },
+        )
+    return steps
+
+
+def build_round(tag: str, requests: int, spans_per_request: int, sessions_per_request: int) -> list[bytes]:
+    """Export requests with fresh ids; every 50th session has one violation."""
+    rng = random.Random(tag)
+    out = []
+    per_session = spans_per_request // sessions_per_request
+    now = time.time_ns()
+    count = 0
+    for r in range(requests):
+        spans: list[Span] = []
+        for s in range(sessions_per_request):
+            session = f"{tag}-{r}-{s}"
+            trace_id = rng.randbytes(16)
+            for name, attrs in session_steps(session, per_session, bad=count % 50 == 0):
+                spans.append(_span(trace_id, rng.randbytes(8), name, attrs, now))
+            count += 1
+        out.append(_request(spans, f"inc-{tag}"))
+    return out
+
+
+# --- servers (child processes) --------------------------------------------------------------
+
+
+def _rss_kib() -> tuple[int, int]:
+    fields = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        fields[name] = value.strip()
+    return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
+
+
+def _discard_server(conn: Any, walk: bool = False) -> None:
+    from durable_sessions_collector.otlp.decode import spans_of
+
+    def export(body: bytes, context: grpc.ServicerContext) -> ExportTraceServiceResponse:
+        request = ExportTraceServiceRequest.FromString(body)
+        if walk:  # also turn every span into Python objects, as the sidecar's decoder does
+            spans_of(request)
+        return ExportTraceServiceResponse()
+
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=16),
+        options=[("grpc.max_receive_message_length", 64 * MIB), ("grpc.so_reuseport", 0)],
+    )
+    handler = grpc.unary_unary_rpc_method_handler(
+        export, request_deserializer=None, response_serializer=ExportTraceServiceResponse.SerializeToString
+    )
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "opentelemetry.proto.collector.trace.v1.TraceService", {"Export": handler}
+            ),
+        )
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    _serve(conn, port, lambda: None)
+    server.stop(1)
+
+
+def _sidecar_server(conn: Any, settings: dict[str, Any]) -> None:
+    from durable_sessions_collector.config import load
+    from durable_sessions_collector.service import Service
+
+    overrides = {
+        "receivers.grpc.endpoint": "127.0.0.1:0",
+        "receivers.http.endpoint": "127.0.0.1:0",
+        **settings,
+    }
+    service = Service(load(None, env={}, overrides=overrides), log_stream=open(os.devnull, "w"))  # noqa: SIM115
+    service.start()
+    _serve(conn, service.grpc_port, service.stop, http_port=service.http_port)
+
+
+def _serve(conn: Any, port: int, stop: Callable[[], None], **extra: Any) -> None:
+    conn.send({"port": port, **extra})
+    while True:
+        message = conn.recv()
+        if message == "rss":
+            conn.send(_rss_kib())
+        elif message == "stop":
+            stop()
+            conn.send("stopped")
+            return
+
+
+class Child:
+    """A server in a spawned process; ``port`` once it listens."""
+
+    def __init__(self, target: Callable[..., None], *args: Any) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.conn, child_conn = context.Pipe()
+        self.process = context.Process(target=target, args=(child_conn, *args), daemon=True)
+        self.process.start()
+        info = self.conn.recv()
+        self.port: int = info["port"]
+        self.http_port: int | None = info.get("http_port")
+
+    def rss_mib(self) -> tuple[float, float]:
+        self.conn.send("rss")
+        rss, peak = self.conn.recv()
+        return rss / 1024, peak / 1024
+
+    def stop(self) -> None:
+        self.conn.send("stop")
+        self.conn.recv()
+        self.process.join(10)
+
+
+# --- the load generator ---------------------------------------------------------------------
+
+
+def send_all(port: int, requests: list[bytes], clients: int) -> float:
+    """Send every request (each once, ``clients`` at a time); seconds taken."""
+    channels = [
+        grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", 64 * MIB)])
+        for _ in range(clients)
+    ]
+    calls = [channel.unary_unary(EXPORT) for channel in channels]
+    index = iter(range(len(requests)))
+    lock = threading.Lock()
+    failures: list[str] = []
+
+    def worker(call: Any) -> None:
+        while True:
+            with lock:
+                i = next(index, None)
+            if i is None:
+                return
+            while True:
+                try:
+                    call(requests[i], timeout=120)
+                    break
+                except grpc.RpcError as error:
+                    if error.code() != grpc.StatusCode.UNAVAILABLE:
+                        failures.append(f"{error.code()}: {error.details()}")
+                        return
+                    time.sleep(0.05)
+
+    threads = [threading.Thread(target=worker, args=(call,)) for call in calls]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - start
+    for channel in channels:
+        channel.close()
+    if failures:
+        raise SystemExit(f"Export failed: {failures[:3]}")
+    return elapsed
+
+
+def throughput(args: argparse.Namespace) -> None:
+    work = tempfile.mkdtemp(prefix="ds-bench-")
+    discard = Child(_discard_server)
+    walker = Child(_discard_server, True)
+    sidecar = Child(
+        _sidecar_server,
+        {
+            "store": f"sqlite:///{work}/sessions.db",
+            "evaluation.strict": True,
+            "evaluation.idle_s": args.idle_s,
+        },
+    )
+    spans = args.requests * args.spans_per_request
+    print(
+        f"{args.requests} requests x {args.spans_per_request} spans ({args.sessions_per_request} sessions per "
+        f"request), {args.clients} clients, {args.rounds} rounds"
+    )
+    warm = build_round("warm", 8, args.spans_per_request, args.sessions_per_request)
+    for child in (discard, walker, sidecar):
+        send_all(child.port, warm, args.clients)
+    rates: dict[str, list[float]] = {"discard": [], "decode": [], "sidecar": []}
+    for round_no in range(args.rounds):
+        batch = build_round(f"r{round_no}", args.requests, args.spans_per_request, args.sessions_per_request)
+        for name, child in (("discard", discard), ("decode", walker), ("sidecar", sidecar)):
+            elapsed = send_all(child.port, batch, args.clients)
+            rates[name].append(spans / elapsed)
+        print(
+            f"round {round_no + 1}: discard {rates['discard'][-1]:,.0f} spans/s, "
+            f"decode-to-Python {rates['decode'][-1]:,.0f} spans/s, sidecar {rates['sidecar'][-1]:,.0f} spans/s ({rates['sidecar'][-1] / rates['discard'][-1]:.1%})"
+        )
+    base, side = statistics.median(rates["discard"]), statistics.median(rates["sidecar"])
+    walked = statistics.median(rates["decode"])
+    rss, peak = sidecar.rss_mib()
+    print(f"median: discard {base:,.0f} spans/s, sidecar {side:,.0f} spans/s, ratio {side / base:.1%}")
+    print(f"median: decode-to-Python {walked:,.0f} spans/s, sidecar / decode-to-Python {side / walked:.1%}")
+    print(f"sidecar RSS {rss:.0f} MiB (peak {peak:.0f} MiB)")
+    for child in (discard, walker, sidecar):
+        child.stop()
+
+
+# --- alert latency --------------------------------------------------------------------------
+
+
+class _Hook(http.server.BaseHTTPRequestHandler):
+    arrivals: ClassVar[dict[str, float]] = {}
+    lock = threading.Lock()
+
+    def do_POST(self) -> None:
+        at = time.time()
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+        key = body.get("violation_key") or body.get("key") or self.headers.get("Idempotency-Key")
+        with self.lock:
+            self.arrivals.setdefault(str(key), at)
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def latency(args: argparse.Namespace) -> None:
+    from durable_sessions_collector.api.v1 import sessions_pb2 as pb
+    from durable_sessions_collector.api.v1 import sessions_pb2_grpc as pb_grpc
+
+    hook = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hook)
+    threading.Thread(target=hook.serve_forever, daemon=True).start()
+    work = tempfile.mkdtemp(prefix="ds-bench-")
+    sidecar = Child(
+        _sidecar_server,
+        {
+            "store": f"sqlite:///{work}/sessions.db",
+            "evaluation.strict": True,
+            "evaluation.idle_s": args.idle_s,
+            "alerts.webhook.url": f"http://127.0.0.1:{hook.server_address[1]}/hook",
+        },
+    )
+    channel = grpc.insecure_channel(f"127.0.0.1:{sidecar.port}")
+    watch = pb_grpc.SessionServiceStub(channel).WatchAlerts(pb.WatchAlertsRequest())
+    watch.initial_metadata()
+    watched: dict[tuple[str, str], float] = {}
+    keys: dict[tuple[str, str], str] = {}
+
+    def read_watch() -> None:
+        try:
+            for alert in watch:
+                pair = (alert.violation.session_id, alert.violation.rule)
+                watched.setdefault(pair, time.time())
+                keys[pair] = alert.violation.key
+        except grpc.RpcError:
+            pass
+
+    threading.Thread(target=read_watch, daemon=True).start()
+    export = channel.unary_unary(EXPORT)
+    sent: dict[tuple[str, str], float] = {}
+    rng = random.Random(1)
+    interval = 1 / args.rate
+    start = time.perf_counter()
+    for n in range(args.sessions):
+        session = f"lat-{n}"
+        trace_id = rng.randbytes(16)
+        now_ns = time.time_ns()
+        spans = [
+            _span(trace_id, rng.randbytes(8), "tool flaky",
+                  {"session.id": session, "agent.action.id": "t", "agent.action.kind": "tool_call",
+                   "agent.action.retryable": True}, now_ns),
+            _span(trace_id, rng.randbytes(8), "email",
+                  {"session.id": session, "agent.action.id": "e", "agent.action.kind": "email",
+                   "agent.action.status": "started"}, now_ns),
+        ]  # fmt: skip
+        at = time.time()
+        export(_request(spans, "inc-lat"), timeout=30)
+        sent[(session, "unbounded-retry")] = at
+        sent[(session, "unresolved-side-effect")] = at
+        delay = start + (n + 1) * interval - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+    deadline = time.time() + args.idle_s + 30
+    while time.time() < deadline and (len(watched) < len(sent) or len(_Hook.arrivals) < len(sent)):
+        time.sleep(0.1)
+    watch.cancel()
+    print(
+        f"{args.sessions} sessions at {args.rate}/s, idle_s {args.idle_s}; alerts: {len(sent)} expected, "
+        f"{len(watched)} on WatchAlerts, {len(_Hook.arrivals)} at the webhook"
+    )
+    for rule in ("unbounded-retry", "unresolved-side-effect"):
+        for channel_name, arrived in (
+            ("webhook", {pair: _Hook.arrivals.get(keys.get(pair, "")) for pair in sent}),
+            ("WatchAlerts", watched),
+        ):
+            delays = sorted(
+                arrived[pair] - sent[pair]
+                for pair in sent
+                if pair[1] == rule and arrived.get(pair) is not None
+            )
+            if not delays:
+                print(f"{rule:24} {channel_name:12} no alerts arrived")
+                continue
+            p50 = delays[len(delays) // 2]
+            p99 = delays[min(len(delays) - 1, int(len(delays) * 0.99))]
+            print(
+                f"{rule:24} {channel_name:12} n={len(delays):4}  p50 {p50 * 1000:7.0f} ms  "
+                f"p99 {p99 * 1000:7.0f} ms  max {delays[-1] * 1000:7.0f} ms"
+            )
+    channel.close()
+    sidecar.stop()
+    hook.shutdown()
+
+
+# --- memory ---------------------------------------------------------------------------------
+
+
+def rss(args: argparse.Namespace) -> None:
+    work = tempfile.mkdtemp(prefix="ds-bench-")
+    sidecar = Child(
+        _sidecar_server,
+        {
+            "store": f"sqlite:///{work}/sessions.db",
+            "evaluation.strict": True,
+            "evaluation.idle_s": args.idle_s,
+        },
+    )
+    rss0, _ = sidecar.rss_mib()
+    print(f"{args.sessions:,} single-span sessions over OTLP/gRPC, {args.batch} per request; "
+          f"idle_s {args.idle_s}; RSS at start {rss0:.0f} MiB")  # fmt: skip
+    quarter = args.sessions // 4
+    done = 0
+    start = time.perf_counter()
+    rng = random.Random(2)
+    channel = grpc.insecure_channel(f"127.0.0.1:{sidecar.port}")
+    export = channel.unary_unary(EXPORT)
+    now_ns = time.time_ns()
+    pending: list[futures.Future[Any]] = []
+    pool = futures.ThreadPoolExecutor(args.clients)
+
+    def send(body: bytes) -> None:
+        while True:
+            try:
+                export(body, timeout=120)
+                return
+            except grpc.RpcError as error:
+                if error.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                time.sleep(0.05)
+
+    while done < args.sessions:
+        count = min(args.batch, args.sessions - done)
+        spans = [
+            _span(rng.randbytes(16), rng.randbytes(8), "tool search",
+                  {"session.id": f"m-{done + i}", "agent.action.id": "a0", "agent.action.kind": "tool_call",
+                   "agent.action.retryable": True, "agent.action.max_attempts": 3}, now_ns)
+            for i in range(count)
+        ]  # fmt: skip
+        pending.append(pool.submit(send, _request(spans, "inc-m")))
+        if len(pending) >= args.clients * 2:
+            pending.pop(0).result()
+        before = done
+        done += count
+        if done // quarter != before // quarter or done == args.sessions:
+            for future in pending:
+                future.result()
+            pending.clear()
+            now_rss, peak = sidecar.rss_mib()
+            elapsed = time.perf_counter() - start
+            print(f"{done:>9,} sessions  {elapsed:6.0f} s  ({done / elapsed:,.0f}/s)  "
+                  f"RSS {now_rss:5.0f} MiB  peak {peak:5.0f} MiB")  # fmt: skip
+    pool.shutdown()
+    channel.close()
+    time.sleep(args.idle_s + 2)
+    now_rss, peak = sidecar.rss_mib()
+    print(f"after the idle sweep: RSS {now_rss:.0f} MiB, peak {peak:.0f} MiB")
+    size = sum(f.stat().st_size for f in Path(work).iterdir())
+    print(f"store on disk: {size / MIB:.0f} MiB")
+    sidecar.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    modes = parser.add_subparsers(dest="mode", required=True)
+    one = modes.add_parser("throughput")
+    one.add_argument("--requests", type=int, default=60)
+    one.add_argument("--spans-per-request", type=int, default=512)
+    one.add_argument("--sessions-per-request", type=int, default=16)
+    one.add_argument("--clients", type=int, default=4)
+    one.add_argument("--rounds", type=int, default=5)
+    one.add_argument("--idle-s", type=float, default=30.0)
+    two = modes.add_parser("latency")
+    two.add_argument("--sessions", type=int, default=300)
+    two.add_argument("--rate", type=float, default=20.0, help="sessions per second")
+    two.add_argument("--idle-s", type=float, default=2.0)
+    three = modes.add_parser("rss")
+    three.add_argument("--sessions", type=int, default=1_000_000)
+    three.add_argument("--batch", type=int, default=1000, help="sessions (spans) per Export request")
+    three.add_argument("--clients", type=int, default=4)
+    three.add_argument("--idle-s", type=float, default=30.0)
+    args = parser.parse_args()
+    print(
+        f"Python {platform.python_version()}, grpcio {grpc.__version__}, {os.cpu_count()} CPUs, {platform.machine()}"
+    )
+    {"throughput": throughput, "latency": latency, "rss": rss}[args.mode](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,252 @@
+"""The gRPC ``durable_sessions.v1.SessionService`` (``proto/durable_sessions/v1/sessions.proto``).
+
+Served on the gRPC port beside the OTLP ``TraceService``:
+
+- ``GetSession``: one session (``NOT_FOUND`` when unknown, ``INVALID_ARGUMENT`` for an
+  empty id);
+- ``ListSessions``: most recently active first, an optional verdict, keyset paging with
+  an opaque ``page_token`` (a session that becomes active again between two pages moves
+  to the front: it may be missed by, or appear twice across, one walk through the pages);
+- ``WatchAlerts``: a server stream of violations as they are committed, read from the
+  store's violation feed (so a replica also sees what the others commit), polled every
+  ``poll_s``. The initial metadata ``x-durable-sessions-cursor`` is the starting point;
+  each Alert carries the cursor to resume after it. At most ``max_watchers`` streams at
+  once (each holds a worker thread of the port); more are answered ``RESOURCE_EXHAUSTED``.
+
+Store failures are answered ``UNAVAILABLE`` (retryable).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+from google.protobuf import struct_pb2, timestamp_pb2
+
+from durable_sessions_collector.api.v1 import sessions_pb2 as pb
+from durable_sessions_collector.api.v1 import sessions_pb2_grpc as pb_grpc
+from durable_sessions_collector.jsonlog import JsonLog
+from durable_sessions_collector.store import Store, StoreError
+from durable_sessions_collector.store.base import SessionSummary
+
+CURSOR_METADATA = "x-durable-sessions-cursor"
+DEFAULT_PAGE = 100
+MAX_PAGE = 1000
+FEED_BATCH = 200
+
+VERDICTS = {"ok": pb.VERDICT_OK, "at_risk": pb.VERDICT_AT_RISK, "unrecoverable": pb.VERDICT_UNRECOVERABLE}
+VERDICT_NAMES = {number: name for name, number in VERDICTS.items()}
+SEVERITIES = {"warning": pb.SEVERITY_WARNING, "error": pb.SEVERITY_ERROR}
+STATES = {"active": pb.SESSION_STATE_ACTIVE, "ended": pb.SESSION_STATE_ENDED}
+
+
+class SessionApi(pb_grpc.SessionServiceServicer):
+    """The servicer; :meth:`register` adds it to a grpcio server before it starts."""
+
+    def __init__(
+        self, store: Store, *, log: JsonLog | None = None, poll_s: float = 0.1, max_watchers: int = 8
+    ) -> None:
+        self.store = store
+        self.log = log
+        self.poll_s = poll_s
+        self.max_watchers = max_watchers
+        self._watchers = threading.BoundedSemaphore(max_watchers)
+        self._stopping = threading.Event()
+
+    def register(self, server: grpc.Server) -> None:
+        pb_grpc.add_SessionServiceServicer_to_server(self, server)
+
+    def stop(self) -> None:
+        """End the open watches (call before stopping the server, so it need not wait)."""
+        self._stopping.set()
+
+    # --- unary ----------------------------------------------------------------------------
+
+    def GetSession(self, request: pb.GetSessionRequest, context: grpc.ServicerContext) -> pb.Session:
+        if not request.session_id:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "session_id is required")
+        try:
+            detail = self.store.get_session(request.session_id)
+        except StoreError as error:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"the store cannot be read: {error}")
+        if detail is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no session {request.session_id!r}")
+        return pb.Session(
+            summary=summary_message(detail.summary),
+            actions=[action_message(action) for action in detail.actions],
+            violations=[violation_message(violation) for violation in detail.violations],
+        )
+
+    def ListSessions(
+        self, request: pb.ListSessionsRequest, context: grpc.ServicerContext
+    ) -> pb.ListSessionsResponse:
+        if request.verdict != pb.VERDICT_UNSPECIFIED and request.verdict not in VERDICT_NAMES:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown verdict {request.verdict}")
+        verdict = VERDICT_NAMES.get(request.verdict)
+        size = min(request.page_size or DEFAULT_PAGE, MAX_PAGE)
+        after = None
+        if request.page_token:
+            try:
+                after = decode_page_token(request.page_token, verdict)
+            except ValueError as error:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"page_token: {error}")
+        try:
+            # One more than asked tells whether there is a next page.
+            sessions = self.store.list_sessions(verdict, size + 1, after)  # type: ignore[arg-type,call-arg]
+        except StoreError as error:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"the store cannot be read: {error}")
+        token = ""
+        if len(sessions) > size:
+            sessions = sessions[:size]
+            token = encode_page_token(sessions[-1], verdict)
+        return pb.ListSessionsResponse(sessions=[summary_message(s) for s in sessions], next_page_token=token)
+
+    # --- the stream -----------------------------------------------------------------------
+
+    def WatchAlerts(
+        self, request: pb.WatchAlertsRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.Alert]:
+        unknown = [v for v in request.verdicts if v not in VERDICT_NAMES]
+        if unknown:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown verdict(s) {unknown}")
+        verdicts = {VERDICT_NAMES[v] for v in request.verdicts}
+        rules = set(request.rules)
+        if not self._watchers.acquire(blocking=False):
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"at most {self.max_watchers} WatchAlerts streams at once; retry later",
+            )
+        try:
+            yield from self._watch(request.cursor, verdicts, rules, context)
+        finally:
+            self._watchers.release()
+
+    def _watch(
+        self, cursor: str, verdicts: set[str], rules: set[str], context: grpc.ServicerContext
+    ) -> Iterator[pb.Alert]:
+        try:
+            if not cursor:
+                cursor = self.store.violation_cursor()  # type: ignore[attr-defined]
+            self.store.violations_after(cursor, 0)  # type: ignore[attr-defined]
+        except ValueError as error:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"cursor: {error}")
+        except StoreError as error:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"the store cannot be read: {error}")
+        context.send_initial_metadata(((CURSOR_METADATA, cursor),))
+        done = threading.Event()
+        context.add_callback(done.set)  # the client went away
+        while context.is_active() and not self._stopping.is_set() and not done.is_set():
+            try:
+                items, cursor = self.store.violations_after(cursor, FEED_BATCH)  # type: ignore[attr-defined]
+            except StoreError as error:
+                if self.log is not None:
+                    self.log.error("watch-read-failed", error=str(error))
+                items = []
+            for item in items:
+                if rules and item["rule"] not in rules:
+                    continue
+                if verdicts and item["session_verdict"] not in verdicts:
+                    continue
+                yield pb.Alert(
+                    violation=violation_message(item),
+                    session_verdict=VERDICTS.get(item["session_verdict"] or "", pb.VERDICT_UNSPECIFIED),
+                    cursor=item["cursor"],
+                )
+            if len(items) < FEED_BATCH:
+                done.wait(self.poll_s)
+
+
+# --- conversions ------------------------------------------------------------------------
+
+
+def timestamp(seconds: float | None) -> timestamp_pb2.Timestamp | None:
+    if seconds is None or not math.isfinite(seconds):
+        return None
+    stamp = timestamp_pb2.Timestamp()
+    stamp.FromNanoseconds(round(seconds * 1e9))
+    return stamp
+
+
+def summary_message(summary: SessionSummary) -> pb.SessionSummary:
+    return pb.SessionSummary(
+        session_id=summary.session_id,
+        verdict=VERDICTS.get(summary.verdict, pb.VERDICT_UNSPECIFIED),
+        state=STATES.get(summary.state, pb.SESSION_STATE_UNSPECIFIED),
+        action_count=summary.actions,
+        errors=summary.errors,
+        warnings=summary.warnings,
+        first_seen=timestamp(summary.first_seen),
+        last_seen=timestamp(summary.last_seen),
+        ended_at=timestamp(summary.ended_at),
+    )
+
+
+def action_message(action: dict[str, Any]) -> pb.Action:
+    record = struct_pb2.Struct()
+    record.update({str(k): _plain(v) for k, v in action.items()})
+    return pb.Action(
+        trace_id=_text(action.get("trace_id")),
+        span_id=_text(action.get("span_id")),
+        received_at=timestamp(action.get("received_at")),
+        action_id=_text(action.get("action_id")),
+        kind=_text(action.get("kind")),
+        status=_text(action.get("status")),
+        record=record,
+    )
+
+
+def violation_message(violation: dict[str, Any]) -> pb.Violation:
+    return pb.Violation(
+        key=_text(violation.get("key")),
+        rule=_text(violation.get("rule")),
+        severity=SEVERITIES.get(violation.get("severity") or "", pb.SEVERITY_UNSPECIFIED),
+        message=_text(violation.get("message")),
+        session_id=_text(violation.get("session_id")),
+        action_id=_text(violation.get("action_id")),
+        trace_id=_text(violation.get("trace_id")),
+        span_id=_text(violation.get("span_id")),
+        at_session_end=bool(violation.get("at_session_end")),
+        resolved=bool(violation.get("resolved")),
+        created_at=timestamp(violation.get("created_at")),
+    )
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ("" if value is None else str(value))
+
+
+def _plain(value: Any) -> Any:
+    """A value a ``google.protobuf.Struct`` holds (numbers become doubles)."""
+    if value is None or isinstance(value, bool | str | float):
+        return value
+    if isinstance(value, int):
+        return float(value)
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, bytes | bytearray):
+        return {"bytes_hex": bytes(value).hex()}
+    return repr(value)
+
+
+def encode_page_token(last: SessionSummary, verdict: str | None) -> str:
+    document = {"t": last.last_seen, "s": last.session_id, "v": verdict or ""}
+    return base64.urlsafe_b64encode(json.dumps(document, separators=(",", ":")).encode()).decode()
+
+
+def decode_page_token(token: str, verdict: str | None) -> tuple[float, str]:
+    try:
+        document = json.loads(base64.urlsafe_b64decode(token.encode("ascii")))
+        last_seen, session_id, asked = document["t"], document["s"], document["v"]
+    except (ValueError, UnicodeError, binascii.Error, KeyError, TypeError):
+        raise ValueError("not a page token of this API") from None
+    if not isinstance(last_seen, int | float) or not isinstance(session_id, str) or asked != (verdict or ""):
+        raise ValueError("the token belongs to a listing with another verdict, or is damaged")
+    return float(last_seen), session_id

@@ -1,0 +1,201 @@
+"""Security on both ports: TLS, the bearer token, and keeping secrets out of the log.
+
+- **TLS** (``tls.cert_file`` + ``tls.key_file``): the gRPC port uses grpcio's server
+  credentials, the HTTP port wraps each accepted connection in its own thread (a client
+  that never finishes its handshake cannot stall the accept loop).
+- **Bearer token** (``auth.token`` or ``auth.token_file``): every request must carry
+  ``Authorization: Bearer <token>`` — on gRPC the ``authorization`` metadata — exactly
+  as the OpenTelemetry Collector's ``bearertokenauth`` extension sends it (scheme
+  ``Bearer``, one space, the token). Missing or wrong: HTTP 401 with
+  ``WWW-Authenticate: Bearer``, gRPC ``UNAUTHENTICATED``. Only ``GET /healthz`` stays
+  open, so that load balancers and orchestrators can probe it; it says nothing but
+  ok/unhealthy. Tokens are compared in constant time.
+- **Secrets never logged**: :class:`RedactingStream` sits under the JSON log and
+  replaces every configured secret (the token, the webhook URL's credentials and query
+  values) by ``***`` in each line, whatever component wrote it.
+"""
+
+from __future__ import annotations
+
+import hmac
+import io
+import json
+import socket
+import ssl
+import sys
+import threading
+from collections.abc import Iterable
+from typing import Any, TextIO
+
+import grpc
+from google.protobuf import json_format
+from google.rpc import code_pb2, status_pb2
+
+from durable_sessions_collector.httpserver import Request, Response
+
+OPEN_PATHS = frozenset({"/healthz"})
+REALM = "durable-sessions"
+HANDSHAKE_TIMEOUT_S = 10.0
+
+
+def token_matches(header: str | None, token: str) -> bool:
+    """True when ``header`` is ``Bearer <token>`` (the scheme is case-insensitive, RFC 7235)."""
+    if not header:
+        return False
+    scheme, _, credentials = header.strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(credentials.strip().encode("utf-8", "surrogatepass"), token.encode("utf-8"))
+
+
+# --- HTTP ---------------------------------------------------------------------------------
+
+
+def _why(header: str | None) -> str:
+    if not header:
+        return "missing Authorization header; send Authorization: Bearer <token>"
+    return "invalid bearer token"
+
+
+class HttpAuth:
+    """The HTTP port's gate: ``check(request)`` is None to go on, else the 401 to send."""
+
+    def __init__(self, token: str, *, open_paths: Iterable[str] = OPEN_PATHS) -> None:
+        self._token = token
+        self.open_paths = frozenset(open_paths)
+
+    def check(self, request: Request) -> Response | None:
+        if request.path in self.open_paths and request.method in ("GET", "HEAD"):
+            return None
+        header = request.header("Authorization") or None
+        if token_matches(header, self._token):
+            return None
+        message = _why(header)
+        challenge = f'Bearer realm="{REALM}"' + ("" if header is None else ', error="invalid_token"')
+        if request.path == "/v1/traces":
+            # OTLP/HTTP: the error body is a google.rpc.Status in the request's encoding.
+            status = status_pb2.Status(code=code_pb2.UNAUTHENTICATED, message=message)
+            if request.header("Content-Type").split(";", 1)[0].strip().lower() == "application/json":
+                body = json_format.MessageToJson(status, indent=None).encode("utf-8")
+                response = Response(401, body, "application/json")
+            else:
+                response = Response(401, status.SerializeToString(), "application/x-protobuf")
+        else:
+            response = Response.json(401, {"error": message})
+        response.headers["WWW-Authenticate"] = challenge
+        return response
+
+
+# --- gRPC ---------------------------------------------------------------------------------
+
+
+class GrpcAuthInterceptor(grpc.ServerInterceptor):
+    """Requires ``authorization: Bearer <token>`` metadata on every RPC of the gRPC port."""
+
+    def __init__(self, token: str) -> None:
+        self._token = token
+
+    def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
+        header = None
+        for key, value in handler_call_details.invocation_metadata or ():
+            if key == "authorization":
+                header = value if isinstance(value, str) else None
+                break
+        handler = continuation(handler_call_details)
+        if token_matches(header, self._token) or handler is None:
+            return handler
+        message = _why(header)
+
+        def deny(_request: Any, context: grpc.ServicerContext) -> Any:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+        options = {
+            "request_deserializer": handler.request_deserializer,
+            "response_serializer": handler.response_serializer,
+        }
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(deny, **options)
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(deny, **options)
+        if handler.stream_unary is not None:
+            return grpc.stream_unary_rpc_method_handler(deny, **options)
+        return grpc.stream_stream_rpc_method_handler(deny, **options)
+
+
+# --- TLS ----------------------------------------------------------------------------------
+
+
+def read_pem(path: str, what: str, key: str) -> bytes:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError as error:
+        raise OSError(f"{key}: cannot read the {what} {path!r}: {error.strerror or error}") from None
+
+
+def server_ssl_context(cert_file: str, key_file: str) -> ssl.SSLContext:
+    """A TLS 1.2+ server context for the HTTP port."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(cert_file, key_file)
+    except (ssl.SSLError, OSError) as error:
+        raise OSError(
+            f"tls.cert_file/tls.key_file: cannot load the certificate {cert_file!r} with key {key_file!r}: "
+            f"{getattr(error, 'reason', None) or error}"
+        ) from None
+    context.set_alpn_protocols(["http/1.1"])
+    return context
+
+
+def grpc_server_credentials(cert_file: str, key_file: str) -> grpc.ServerCredentials:
+    cert = read_pem(cert_file, "certificate", "tls.cert_file")
+    key = read_pem(key_file, "private key", "tls.key_file")
+    server_ssl_context(cert_file, key_file)  # fails early, naming the files, when they do not match
+    return grpc.ssl_server_credentials([(key, cert)])
+
+
+def wrap_accepted(context: ssl.SSLContext, connection: socket.socket) -> ssl.SSLSocket:
+    """TLS handshake of one accepted connection (in its own thread), bounded in time."""
+    connection.settimeout(HANDSHAKE_TIMEOUT_S)
+    wrapped = context.wrap_socket(connection, server_side=True)
+    wrapped.settimeout(None)
+    return wrapped
+
+
+# --- secrets out of the log -------------------------------------------------------------------
+
+
+class RedactingStream(io.TextIOBase):
+    """A text stream that writes to ``target`` (default: the current ``sys.stderr``)
+    with every secret replaced by ``***``.
+
+    Each secret is also matched in its JSON-escaped form, since log lines are JSON.
+    """
+
+    def __init__(self, target: TextIO | None, secrets: Iterable[str]) -> None:
+        self.target = target
+        forms: set[str] = set()
+        for secret in secrets:
+            if secret:
+                forms.add(secret)
+                forms.add(json.dumps(secret, ensure_ascii=False)[1:-1])
+                forms.add(json.dumps(secret)[1:-1])
+        # Longest first, so a secret containing another is replaced whole.
+        self._secrets = sorted(forms, key=len, reverse=True)
+        self._lock = threading.Lock()
+
+    def scrub(self, text: str) -> str:
+        for secret in self._secrets:
+            if secret in text:
+                text = text.replace(secret, "***")
+        return text
+
+    def write(self, text: str) -> int:
+        stream = self.target or sys.stderr
+        with self._lock:
+            stream.write(self.scrub(text))
+        return len(text)
+
+    def flush(self) -> None:
+        (self.target or sys.stderr).flush()

@@ -1,0 +1,628 @@
+"""The PostgreSQL store (psycopg 3): several sidecar replicas sharing sessions.
+
+``store: postgresql://user@host:5432/db?schema=durable_sessions`` — any libpq URL;
+the extra ``schema`` parameter names the schema the tables live in (created when
+missing; without it the connection's ``search_path`` decides, usually ``public``).
+
+The same tables and statements as the SQLite store, plus what sharing needs:
+
+- **Schema**: created idempotently (``CREATE … IF NOT EXISTS``) in one transaction
+  under an advisory lock, so replicas starting together do not race; the version is in
+  ``meta.schema_version`` and a store of another version is refused.
+- **Deduplication**: ``INSERT … ON CONFLICT DO NOTHING`` on ``(trace_id, span_id,
+  status)`` and on the violation key. PostgreSQL makes a second inserter of the same key
+  wait for the first transaction and then do nothing, so a span delivered to two
+  replicas is stored once and a violation found by two replicas is new — and queued in
+  the outbox — in exactly one of them.
+- **One session, one writer at a time**: a write transaction first takes a
+  transaction-scoped advisory lock on each session it touches (:meth:`PostgresWriter.
+  lock_sessions`, in a fixed order, so two replicas cannot deadlock on them), and learns
+  how many actions the store holds for each. The evaluator drops a session it holds in
+  memory when that count is not the one it fed (another replica added spans), and
+  rebuilds it from the store. So spans of one session may arrive at any replica, in any
+  interleaving, and are judged as one sidecar would judge them, in commit order.
+- **Idle sweep**: :meth:`PostgresWriter.idle_sessions` only returns sessions whose lock
+  it could take (``pg_try_advisory_xact_lock``), so one replica ends a session while the
+  others skip it, and no replica ends a session another is writing.
+- **Alert outbox**: :meth:`PostgresStore.pending_alerts` *claims* the rows it returns
+  (``FOR UPDATE SKIP LOCKED``, then ``next_attempt_at`` moved ``claim_lease_s`` ahead),
+  so each alert is delivered by one replica; ``mark_delivered`` / ``mark_failed`` end the
+  claim. A replica that dies holding a claim leaves it to another after the lease.
+- **Violation feed** (``WatchAlerts``): each violation row carries the id of the
+  transaction that wrote it (``xid8``). A reader only returns rows of transactions older
+  than every transaction still running (``pg_snapshot_xmin``), ordered by
+  ``(xid, id)``, so a cursor never passes a violation that commits later.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql
+
+from durable_sessions.record import ActionRecord, Location
+from durable_sessions.report import Verdict, verdict_of
+from durable_sessions.violation import Severity, Violation
+from durable_sessions_collector.store.base import (
+    ActionRow,
+    Alert,
+    SessionDetail,
+    SessionSummary,
+    StoreError,
+    decode_record,
+    encode_record,
+    feed_item,
+)
+
+SCHEMA_VERSION = 1
+CLAIM_LEASE_S = 60.0
+DDL_LOCK = 0x64757261  # advisory lock held while creating the schema ("dura")
+_SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+_INT64 = 1 << 63
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS actions (
+    id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    session_id TEXT,
+    trace_id TEXT NOT NULL,
+    span_id TEXT NOT NULL,
+    status TEXT NOT NULL,
+    action_id TEXT,
+    kind TEXT,
+    seq BIGINT,
+    received_at DOUBLE PRECISION NOT NULL,
+    record TEXT NOT NULL,
+    UNIQUE (trace_id, span_id, status)
+);
+CREATE INDEX IF NOT EXISTS actions_by_session ON actions (session_id, id);
+CREATE TABLE IF NOT EXISTS sessions (
+    session_id TEXT PRIMARY KEY,
+    first_seen DOUBLE PRECISION NOT NULL,
+    last_seen DOUBLE PRECISION NOT NULL,
+    open SMALLINT NOT NULL DEFAULT 1,
+    ended_at DOUBLE PRECISION,
+    actions BIGINT NOT NULL DEFAULT 0,
+    errors INTEGER NOT NULL DEFAULT 0,
+    warnings INTEGER NOT NULL DEFAULT 0,
+    verdict TEXT NOT NULL DEFAULT 'ok'
+);
+CREATE INDEX IF NOT EXISTS sessions_idle ON sessions (last_seen) WHERE open = 1;
+CREATE INDEX IF NOT EXISTS sessions_by_verdict ON sessions (verdict, last_seen DESC, session_id DESC);
+CREATE INDEX IF NOT EXISTS sessions_by_activity ON sessions (last_seen DESC, session_id DESC);
+CREATE TABLE IF NOT EXISTS violations (
+    id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    key TEXT NOT NULL UNIQUE,
+    session_id TEXT,
+    rule TEXT NOT NULL,
+    severity TEXT NOT NULL,
+    message TEXT NOT NULL,
+    action_id TEXT,
+    trace_id TEXT,
+    span_id TEXT,
+    at_end SMALLINT NOT NULL DEFAULT 0,
+    resolved SMALLINT NOT NULL DEFAULT 0,
+    created_at DOUBLE PRECISION NOT NULL,
+    xid XID8 NOT NULL DEFAULT pg_current_xact_id()
+);
+CREATE INDEX IF NOT EXISTS violations_by_session ON violations (session_id, id);
+CREATE INDEX IF NOT EXISTS violations_feed ON violations (xid, id);
+CREATE TABLE IF NOT EXISTS outbox (
+    id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    channel TEXT NOT NULL,
+    violation_key TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    state TEXT NOT NULL DEFAULT 'pending',
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at DOUBLE PRECISION NOT NULL,
+    last_error TEXT,
+    created_at DOUBLE PRECISION NOT NULL,
+    delivered_at DOUBLE PRECISION,
+    UNIQUE (channel, violation_key)
+);
+CREATE INDEX IF NOT EXISTS outbox_due ON outbox (channel, state, next_attempt_at);
+"""
+
+_SUMMARY = "session_id, verdict, open, actions, errors, warnings, first_seen, last_seen, ended_at"
+
+
+def _t(value: str | None) -> str | None:
+    """Text PostgreSQL can hold: NUL is the one character a TEXT value cannot contain."""
+    if value is None or "\x00" not in value:
+        return value
+    return value.replace("\x00", "\ufffd")
+
+
+def split_url(url: str) -> tuple[str, str | None]:
+    """``postgresql://…?schema=x&…`` → (the libpq URL without ``schema``, ``x``)."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    schemas = [value for key, value in query if key == "schema"]
+    rest = [(key, value) for key, value in query if key != "schema"]
+    schema = schemas[-1] if schemas else None
+    if schema is not None and not _SCHEMA_NAME.match(schema):
+        raise StoreError(
+            f"store: schema must be a plain identifier (letters, digits, _; at most 63), got {schema!r}"
+        )
+    return urlunsplit(parts._replace(query=urlencode(rest))), schema
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(":" + parts.password + "@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+class PostgresStore:
+    """The :class:`~durable_sessions_collector.store.base.Store` on a PostgreSQL database."""
+
+    shared = True
+
+    def __init__(self, url: str, *, claim_lease_s: float = CLAIM_LEASE_S) -> None:
+        self.url = url
+        self.name = redact(url)
+        self.dsn, self.schema = split_url(url)
+        self.claim_lease_s = claim_lease_s
+        self._write_lock = threading.Lock()
+        self._local = threading.local()
+        self._readers: list[psycopg.Connection[Any]] = []
+        self._readers_lock = threading.Lock()
+        try:
+            connection = self._connect(create_schema=True)
+            with connection.transaction():
+                connection.execute("SELECT pg_advisory_xact_lock(%s)", (DDL_LOCK,))
+                connection.execute(SCHEMA)
+                connection.execute(
+                    "INSERT INTO meta (key, value) VALUES ('schema_version', %s) ON CONFLICT DO NOTHING",
+                    (str(SCHEMA_VERSION),),
+                )
+            row = connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            scope = connection.execute("SELECT current_schema()").fetchone()
+        except psycopg.Error as error:
+            raise StoreError(f"cannot open store {self.name!r}: {_reason(error)}") from None
+        if row is None or int(row[0]) != SCHEMA_VERSION:
+            connection.close()
+            raise StoreError(
+                f"store {self.name!r} has schema version {row and row[0]}, this sidecar reads {SCHEMA_VERSION}"
+            )
+        # Advisory locks are database-wide: scope the session locks to this schema.
+        self._lock_class = int(
+            connection.execute("SELECT hashtext(%s)", (scope[0] if scope else "",)).fetchone()[0]  # type: ignore[index]
+        )
+        self._write = connection
+
+    def _connect(self, *, create_schema: bool = False) -> psycopg.Connection[Any]:
+        options: dict[str, Any] = {"autocommit": True}
+        if "connect_timeout" not in self.dsn:
+            options["connect_timeout"] = 10
+        connection = psycopg.connect(self.dsn, **options)
+        if self.schema is not None:
+            try:
+                if create_schema:
+                    with connection.transaction():
+                        connection.execute("SELECT pg_advisory_xact_lock(%s)", (DDL_LOCK,))
+                        connection.execute(
+                            sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema))
+                        )
+                connection.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
+            except BaseException:
+                connection.close()
+                raise
+        return connection
+
+    # --- writing ---------------------------------------------------------------------
+
+    @contextmanager
+    def writer(self) -> Iterator[PostgresWriter]:
+        with self._write_lock:
+            try:
+                if self._write.closed or self._write.broken:
+                    self._write = self._connect()
+                connection = self._write
+                transaction = connection.transaction()
+                transaction.__enter__()
+            except psycopg.Error as error:
+                raise StoreError(
+                    f"store {self.name!r}: cannot begin a transaction: {_reason(error)}"
+                ) from None
+            try:
+                yield PostgresWriter(connection, self._lock_class)
+            except BaseException as error:
+                with contextlib.suppress(psycopg.Error):
+                    transaction.__exit__(type(error), error, error.__traceback__)
+                raise
+            try:
+                transaction.__exit__(None, None, None)
+            except psycopg.Error as error:
+                raise StoreError(f"store {self.name!r}: commit failed: {_reason(error)}") from None
+
+    # --- reading ---------------------------------------------------------------------
+
+    def _reader(self) -> psycopg.Connection[Any]:
+        connection = getattr(self._local, "connection", None)
+        if connection is None or connection.closed or connection.broken:
+            try:
+                connection = self._connect()
+            except psycopg.Error as error:
+                raise StoreError(f"store {self.name!r} cannot be reached: {_reason(error)}") from None
+            self._local.connection = connection
+            with self._readers_lock:
+                self._readers = [c for c in self._readers if not c.closed]
+                self._readers.append(connection)
+        return connection
+
+    @contextmanager
+    def _read(self) -> Iterator[psycopg.Connection[Any]]:
+        connection = self._reader()
+        try:
+            yield connection
+        except psycopg.Error as error:
+            raise StoreError(f"store {self.name!r} cannot be read: {_reason(error)}") from None
+
+    def list_sessions(
+        self, verdict: Verdict | None = None, limit: int = 100, after: tuple[float, str] | None = None
+    ) -> list[SessionSummary]:
+        where, params = [], []  # type: ignore[var-annotated]
+        if verdict is not None:
+            where.append("verdict = %s")
+            params.append(verdict)
+        if after is not None:
+            where.append("(last_seen, session_id) < (%s, %s)")
+            params.extend([after[0], _t(after[1])])
+        clause = ("WHERE " + " AND ".join(where)) if where else ""
+        with self._read() as db:
+            rows = db.execute(
+                f"SELECT {_SUMMARY} FROM sessions {clause} ORDER BY last_seen DESC, session_id DESC LIMIT %s",
+                (*params, limit),
+            ).fetchall()
+        return [_summary(row) for row in rows]
+
+    def get_session(self, session_id: str) -> SessionDetail | None:
+        with self._read() as db, db.transaction():
+            db.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            row = db.execute(
+                f"SELECT {_SUMMARY} FROM sessions WHERE session_id = %s", (_t(session_id),)
+            ).fetchone()
+            if row is None:
+                return None
+            action_rows = db.execute(
+                "SELECT trace_id, span_id, received_at, record FROM actions WHERE session_id = %s "
+                "ORDER BY seq NULLS FIRST, id",
+                (_t(session_id),),
+            ).fetchall()
+            violation_rows = db.execute(
+                "SELECT key, rule, severity, message, action_id, trace_id, span_id, at_end, resolved, created_at "
+                "FROM violations WHERE session_id = %s ORDER BY id",
+                (_t(session_id),),
+            ).fetchall()
+        actions = [
+            {"trace_id": trace_id, "span_id": span_id, "received_at": received_at, **decode_record(record)}
+            for trace_id, span_id, received_at, record in action_rows
+        ]
+        for action in actions:
+            for name, value in list(action.items()):
+                if isinstance(value, bytes):
+                    action[name] = {"bytes_hex": value.hex()}
+        violations = [
+            {
+                "rule": rule,
+                "severity": severity,
+                "message": message,
+                "action_id": action_id,
+                "trace_id": trace_id,
+                "span_id": span_id,
+                "at_session_end": bool(at_end),
+                "resolved": bool(resolved),
+                "key": key,
+                "created_at": created_at,
+            }
+            for key, rule, severity, message, action_id, trace_id, span_id, at_end, resolved, created_at in (
+                violation_rows
+            )
+        ]
+        return SessionDetail(_summary(row), actions, violations)
+
+    def verdict_counts(self) -> dict[str, int]:
+        counts = dict.fromkeys(("ok", "at_risk", "unrecoverable"), 0)
+        with self._read() as db:
+            for verdict, count in db.execute("SELECT verdict, COUNT(*) FROM sessions GROUP BY verdict"):
+                counts[verdict] = int(count)
+        return counts
+
+    def pending_alerts(self, channel: str, now: float, limit: int = 100) -> list[Alert]:
+        """Claim and return the alerts of ``channel`` due at ``now`` (see the module docs).
+
+        A claimed row is not returned again — by this replica or another — before
+        ``now + claim_lease_s`` unless ``mark_failed`` sets an earlier retry time.
+        """
+        with self._read() as db:
+            rows = db.execute(
+                "UPDATE outbox SET next_attempt_at = %s WHERE id IN ("
+                " SELECT id FROM outbox WHERE channel = %s AND state = 'pending' AND next_attempt_at <= %s"
+                " ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED"
+                ") RETURNING id, channel, violation_key, payload, attempts",
+                (now + self.claim_lease_s, channel, now, limit),
+            ).fetchall()
+        return sorted(
+            (
+                Alert(int(id_), ch, key, json.loads(payload), attempts)
+                for id_, ch, key, payload, attempts in rows
+            ),
+            key=lambda alert: alert.id,
+        )
+
+    def alert_counts(self) -> dict[tuple[str, str], int]:
+        with self._read() as db:
+            return {
+                (channel, state): int(count)
+                for channel, state, count in db.execute(
+                    "SELECT channel, state, COUNT(*) FROM outbox GROUP BY channel, state"
+                )
+            }
+
+    def count_actions(self) -> int:
+        with self._read() as db:
+            return int(db.execute("SELECT COUNT(*) FROM actions").fetchone()[0])  # type: ignore[index]
+
+    # --- the violation feed (WatchAlerts) ------------------------------------------------
+
+    def violation_cursor(self) -> str:
+        """A cursor before every violation not yet committed (some just committed may follow)."""
+        with self._read() as db:
+            xmin = db.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text").fetchone()[0]  # type: ignore[index]
+        return f"pg:{xmin}:0"
+
+    def violations_after(self, cursor: str, limit: int = 100) -> tuple[list[dict[str, Any]], str]:
+        """Committed violations after ``cursor``, in feed order, and the cursor after them."""
+        xid, last_id = _parse_pg_cursor(cursor)
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT v.xid::text, v.id, v.key, v.session_id, v.rule, v.severity, v.message, v.action_id, "
+                "v.trace_id, v.span_id, v.at_end, v.resolved, v.created_at, s.verdict "
+                "FROM violations v LEFT JOIN sessions s ON s.session_id = v.session_id "
+                "WHERE (v.xid, v.id) > (%s::xid8, %s) AND v.xid < pg_snapshot_xmin(pg_current_snapshot()) "
+                "ORDER BY v.xid, v.id LIMIT %s",
+                (str(xid), last_id, limit),
+            ).fetchall()
+        found = [{**feed_item(row[2:]), "cursor": f"pg:{row[0]}:{row[1]}"} for row in rows]
+        return found, (found[-1]["cursor"] if found else cursor)
+
+    def check(self) -> None:
+        with self._read() as db:
+            db.execute("SELECT 1 FROM meta LIMIT 1").fetchone()
+
+    def close(self) -> None:
+        with self._readers_lock:
+            for connection in self._readers:
+                with contextlib.suppress(psycopg.Error):
+                    connection.close()
+            self._readers.clear()
+        with self._write_lock, contextlib.suppress(psycopg.Error):
+            self._write.close()
+
+
+def _parse_pg_cursor(cursor: str) -> tuple[int, int]:
+    parts = cursor.split(":")
+    if len(parts) != 3 or parts[0] != "pg" or not parts[1].isdigit() or not parts[2].isdigit():
+        raise ValueError(f"not a cursor of this store: {cursor!r}")
+    return int(parts[1]), int(parts[2])
+
+
+def _reason(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
+
+
+def _summary(row: Sequence[Any]) -> SessionSummary:
+    session_id, verdict, open_, actions, errors, warnings, first_seen, last_seen, ended_at = row
+    return SessionSummary(
+        session_id=session_id,
+        verdict=verdict,
+        state="active" if open_ else "ended",
+        actions=int(actions),
+        errors=int(errors),
+        warnings=int(warnings),
+        first_seen=first_seen,
+        last_seen=last_seen,
+        ended_at=ended_at,
+    )
+
+
+class PostgresWriter:
+    """One write transaction on the store's write connection."""
+
+    __slots__ = ("_db", "_lock_class")
+
+    def __init__(self, connection: psycopg.Connection[Any], lock_class: int) -> None:
+        self._db = connection
+        self._lock_class = lock_class
+
+    def lock_sessions(self, session_ids: Sequence[str]) -> dict[str, int]:
+        """Lock the sessions for this transaction; return how many actions each has stored.
+
+        Locks are taken in one statement, in the order of their lock keys, so two
+        replicas locking overlapping sets cannot deadlock. A session with no row yet
+        has 0 actions.
+        """
+        if not session_ids:
+            return {}
+        ids = [_t(session_id) for session_id in session_ids]
+        self._db.execute(
+            "SELECT pg_advisory_xact_lock(%s, h) FROM "
+            "(SELECT DISTINCT hashtext(s) AS h FROM unnest(%s::text[]) AS s ORDER BY h) AS keys",
+            (self._lock_class, ids),
+        ).fetchall()
+        stored = dict(
+            self._db.execute(
+                "SELECT session_id, actions FROM sessions WHERE session_id = ANY(%s)", (ids,)
+            ).fetchall()
+        )
+        return {session_id: int(stored.get(_t(session_id), 0)) for session_id in session_ids}
+
+    def add_action(self, row: ActionRow, received_at: float) -> bool:
+        record = row.record
+        action_id, kind, seq = record.get("action_id"), record.get("kind"), record.get("seq")
+        cursor = self._db.execute(
+            "INSERT INTO actions (session_id, trace_id, span_id, status, action_id, kind, seq, received_at, record) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+            (
+                _t(row.session_id),
+                _t(row.trace_id),
+                _t(row.span_id),
+                _t(row.status),
+                _t(action_id) if type(action_id) is str else None,
+                _t(kind) if type(kind) is str else None,
+                seq if type(seq) is int and -_INT64 <= seq < _INT64 else None,
+                received_at,
+                encode_record(record),
+            ),
+        )
+        return cursor.rowcount == 1
+
+    def session_records(self, session_id: str) -> Iterator[tuple[ActionRecord, Location]]:
+        rows = self._db.execute(
+            "SELECT trace_id, span_id, record FROM actions WHERE session_id = %s ORDER BY id",
+            (_t(session_id),),
+        ).fetchall()
+        for trace_id, span_id, record in rows:
+            yield decode_record(record), Location(None, None, trace_id, span_id)
+
+    def add_violation(self, violation: Violation, *, at_end: bool, now: float) -> bool:
+        cursor = self._db.execute(
+            "INSERT INTO violations (key, session_id, rule, severity, message, action_id, trace_id, span_id, "
+            "at_end, created_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+            (
+                _t(violation.key),
+                _t(violation.session_id),
+                _t(violation.rule),
+                violation.severity.value,
+                _t(violation.message),
+                _t(violation.action_id),
+                _t(violation.trace_id),
+                _t(violation.span_id),
+                int(at_end),
+                now,
+            ),
+        )
+        if cursor.rowcount == 1:
+            return True
+        if at_end:
+            # The same end-of-session finding again: it holds once more.
+            self._db.execute(
+                "UPDATE violations SET resolved = 0 WHERE key = %s AND resolved = 1", (_t(violation.key),)
+            )
+        return False
+
+    def resolve_end_violations(self, session_id: str, keep: set[str]) -> int:
+        cursor = self._db.execute(
+            "UPDATE violations SET resolved = 1 WHERE session_id = %s AND at_end = 1 AND resolved = 0 "
+            "AND NOT (key = ANY(%s))",
+            (_t(session_id), [_t(key) for key in keep]),
+        )
+        return cursor.rowcount
+
+    def touch_session(self, session_id: str, now: float, added: int) -> None:
+        self._db.execute(
+            "INSERT INTO sessions (session_id, first_seen, last_seen, open, actions) VALUES (%s, %s, %s, 1, %s) "
+            "ON CONFLICT (session_id) DO UPDATE SET last_seen = GREATEST(sessions.last_seen, excluded.last_seen), "
+            "open = 1, actions = sessions.actions + excluded.actions",
+            (_t(session_id), now, now, added),
+        )
+
+    def end_session(self, session_id: str, now: float) -> None:
+        self._db.execute(
+            "UPDATE sessions SET open = 0, ended_at = %s WHERE session_id = %s", (now, _t(session_id))
+        )
+
+    def refresh_verdict(self, session_id: str) -> Verdict:
+        counts = dict(
+            self._db.execute(
+                "SELECT severity, COUNT(*) FROM violations WHERE session_id = %s AND resolved = 0 "
+                "GROUP BY severity",
+                (_t(session_id),),
+            ).fetchall()
+        )
+        errors, warnings = int(counts.get("error", 0)), int(counts.get("warning", 0))
+        severities = ([Severity.ERROR] if errors else []) + ([Severity.WARNING] if warnings else [])
+        verdict = verdict_of(severities)
+        self._db.execute(
+            "UPDATE sessions SET errors = %s, warnings = %s, verdict = %s WHERE session_id = %s",
+            (errors, warnings, verdict, _t(session_id)),
+        )
+        return verdict
+
+    def enqueue_alert(self, channel: str, violation_key: str, payload: dict[str, Any], now: float) -> None:
+        self._db.execute(
+            "INSERT INTO outbox (channel, violation_key, payload, next_attempt_at, created_at) "
+            "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+            (channel, _t(violation_key), json.dumps(payload, separators=(",", ":")), now, now),
+        )
+
+    def mark_delivered(self, alert_ids: list[int], now: float) -> None:
+        if alert_ids:
+            self._db.execute(
+                "UPDATE outbox SET state = 'delivered', delivered_at = %s, attempts = attempts + 1 "
+                "WHERE id = ANY(%s)",
+                (now, list(alert_ids)),
+            )
+
+    def mark_failed(self, alert_id: int, error: str, retry_at: float | None) -> None:
+        if retry_at is None:
+            self._db.execute(
+                "UPDATE outbox SET state = 'dead', attempts = attempts + 1, last_error = %s WHERE id = %s",
+                (_t(error), alert_id),
+            )
+        else:
+            self._db.execute(
+                "UPDATE outbox SET attempts = attempts + 1, last_error = %s, next_attempt_at = %s WHERE id = %s",
+                (_t(error), retry_at, alert_id),
+            )
+
+    def idle_sessions(self, cutoff: float, limit: int) -> list[str]:
+        """Open sessions idle since ``cutoff`` whose lock this transaction could take.
+
+        A session another replica is writing or ending is skipped; it is found again at
+        a later sweep if it is still idle then.
+        """
+        candidates = [
+            session_id
+            for (session_id,) in self._db.execute(
+                "SELECT session_id FROM sessions WHERE open = 1 AND last_seen <= %s ORDER BY last_seen LIMIT %s",
+                (cutoff, limit),
+            )
+        ]
+        if not candidates:
+            return []
+        locked = [
+            session_id
+            for session_id, got in self._db.execute(
+                "SELECT s, pg_try_advisory_xact_lock(%s, hashtext(s)) FROM unnest(%s::text[]) AS s",
+                (self._lock_class, candidates),
+            )
+            if got
+        ]
+        if not locked:
+            return []
+        # Under the locks, with a new snapshot: still open and idle (not ended or resumed meanwhile)?
+        still = {
+            session_id
+            for (session_id,) in self._db.execute(
+                "SELECT session_id FROM sessions WHERE session_id = ANY(%s) AND open = 1 AND last_seen <= %s",
+                (locked, cutoff),
+            )
+        }
+        return [session_id for session_id in locked if session_id in still]

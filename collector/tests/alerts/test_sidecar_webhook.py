@@ -1,0 +1,166 @@
+"""Webhook alerts: a real sidecar POSTs to a real local HTTP server.
+
+Each violation is POSTed as JSON with an Idempotency-Key from session + rule + action,
+retried with backoff while the receiver fails or is down, kept in the outbox across a
+restart, dead-lettered after ``max_attempts``, and never sent twice once delivered.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+
+from conftest import wait_for
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from sidecar_clients import Agent, grpc_exporter
+from webhook_server import WebhookServer, free_port
+
+SECRET = "card 4242 4242 4242 4242"
+FAST = {
+    "alerts__webhook__backoff_s": 0.05,
+    "alerts__webhook__max_backoff_s": 0.2,
+    "alerts__webhook__timeout_s": 2,
+}
+
+
+def expected_key(session_id: str, rule: str, action_id: str) -> str:
+    """The documented contract: ds-alert- + 32 hex of SHA-256(session \\x1f rule \\x1f action)."""
+    return "ds-alert-" + hashlib.sha256(f"{session_id}\x1f{rule}\x1f{action_id}".encode()).hexdigest()[:32]
+
+
+class Recorder(SpanExporter):
+    """Exports to the sidecar and keeps the spans, to deliver them a second time later."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.exporter = grpc_exporter(endpoint)
+        self.spans: list = []  # type: ignore[type-arg]
+
+    def export(self, spans):  # type: ignore[no-untyped-def]
+        self.spans.extend(spans)
+        return self.exporter.export(spans)
+
+    def shutdown(self) -> None:
+        self.exporter.shutdown()
+
+
+def unkeyed_payment(sidecar, session_id: str = "pay-1") -> Agent:  # type: ignore[no-untyped-def]
+    """One unkeyed payment (unkeyed-side-effect, an error found at ingest); the result
+    text is a secret that must not reach the webhook."""
+    recorder = Recorder(sidecar.grpc_endpoint)
+    agent = Agent(recorder, "inc-1")
+    agent.recorder = recorder  # type: ignore[attr-defined]
+    agent.action(session_id, "charge", "payment", result=json.dumps({"note": SECRET}))
+    return agent
+
+
+def outbox(sidecar, state: str) -> float:  # type: ignore[no-untyped-def]
+    return sidecar.metric("durable_sessions_alert_outbox", channel="webhook", state=state)
+
+
+def deliveries(sidecar, outcome: str) -> float:  # type: ignore[no-untyped-def]
+    return sidecar.metric("durable_sessions_alert_deliveries_total", channel="webhook", outcome=outcome)
+
+
+def test_a_failing_receiver_gets_the_alert_after_retries_with_one_idempotency_key(start_sidecar) -> None:  # type: ignore[no-untyped-def]
+    with WebhookServer(fail_first=2, fail_status=503) as hook:
+        sidecar = start_sidecar(alerts__webhook__url=hook.url, alerts__webhook__max_attempts=5, **FAST)
+        agent = unkeyed_payment(sidecar)
+        wait_for(lambda: len(hook.accepted) == 1)
+        assert len(hook.requests) == 3  # two 503s, then 200
+        key = expected_key("pay-1", "unkeyed-side-effect", "charge")
+        assert {r.headers["idempotency-key"] for r in hook.requests} == {key}
+        assert {r.raw for r in hook.requests} == {hook.requests[0].raw}  # the same body each time
+        request = hook.accepted[0]
+        assert request.path == "/hooks/durable-sessions"
+        assert request.headers["content-type"] == "application/json"
+        body = request.body
+        assert body["idempotency_key"] == key
+        assert (body["session_id"], body["rule"], body["severity"], body["action_id"]) == (
+            "pay-1",
+            "unkeyed-side-effect",
+            "error",
+            "charge",
+        )
+        assert body["session_verdict"] == "unrecoverable"
+        assert body["message"] and body["trace_id"] and body["span_id"]
+        assert SECRET.encode() not in request.raw and b"4242" not in request.raw  # no result text
+
+        wait_for(lambda: outbox(sidecar, "delivered") == 1)
+        assert outbox(sidecar, "pending") == 0
+        assert deliveries(sidecar, "retry") == 2
+        assert deliveries(sidecar, "delivered") == 1
+        assert deliveries(sidecar, "dead_letter") == 0
+        metrics = sidecar.metrics()
+        assert (
+            metrics[("durable_sessions_alert_delivery_duration_seconds_count", (("channel", "webhook"),))]
+            == 3
+        )
+        assert metrics[("durable_sessions_alert_latency_seconds_count", (("channel", "webhook"),))] == 1
+        retries = [line for line in sidecar.log.lines() if line["event"] == "alert-delivery-retry"]
+        assert [line["attempt"] for line in retries] == [1, 2]
+        assert all(0 < line["retry_in_s"] <= 0.2 for line in retries)
+        agent.shutdown()
+
+
+def test_a_receiver_that_is_down_gets_the_alert_once_after_restarts(start_sidecar, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/hook"
+    store = tmp_path / "sessions.db"
+    settings = {"alerts__webhook__url": url, "alerts__webhook__max_attempts": 1000, **FAST}
+
+    first = start_sidecar(store, **settings)
+    agent = unkeyed_payment(first)
+    wait_for(lambda: deliveries(first, "retry") >= 2)  # connection refused, retried
+    assert outbox(first, "pending") == 1
+    first.stop()  # the alert is still pending: it must survive the restart
+    agent.shutdown()
+    spans = agent.recorder.spans
+
+    second = start_sidecar(store, **settings)
+    assert outbox(second, "pending") == 1
+    with WebhookServer(port) as hook:  # the receiver comes up
+        wait_for(lambda: outbox(second, "delivered") == 1)
+        assert [r.headers["idempotency-key"] for r in hook.requests] == [
+            expected_key("pay-1", "unkeyed-side-effect", "charge")
+        ]
+        assert second.alerts() == []  # the log channel had already raised it in the first run
+        second.stop()
+
+        # Once more: a new process, and the same span delivered again (OTLP is at least once).
+        third = start_sidecar(store, **settings)
+        assert grpc_exporter(third.grpc_endpoint).export(spans) == SpanExportResult.SUCCESS
+        assert third.metric("durable_sessions_spans_duplicate_total") == 1
+        assert third.session("pay-1")["action_count"] == 1
+        time.sleep(0.4)  # several delivery rounds
+        assert len(hook.requests) == 1
+        assert outbox(third, "pending") == 0 and outbox(third, "delivered") == 1
+        assert third.alerts() == []
+
+
+def test_a_receiver_that_never_succeeds_gets_max_attempts_then_dead_letter(start_sidecar) -> None:  # type: ignore[no-untyped-def]
+    with WebhookServer(fail_first=None, fail_status=500) as hook:
+        sidecar = start_sidecar(alerts__webhook__url=hook.url, alerts__webhook__max_attempts=3, **FAST)
+        agent = unkeyed_payment(sidecar)
+        wait_for(lambda: outbox(sidecar, "dead") == 1)
+        assert len(hook.requests) == 3
+        assert deliveries(sidecar, "retry") == 2
+        assert deliveries(sidecar, "dead_letter") == 1
+        assert outbox(sidecar, "pending") == 0
+        [dead] = [line for line in sidecar.log.lines() if line["event"] == "alert-dead-letter"]
+        assert dead["attempts"] == 3 and dead["error"] == "HTTP 500"
+        assert dead["reason"] == "attempts exhausted"
+        time.sleep(0.5)
+        assert len(hook.requests) == 3  # a dead letter is never sent again
+        assert sidecar.get("/healthz")[0] == 200
+        agent.shutdown()
+
+
+def test_a_receiver_that_rejects_the_alert_dead_letters_it_at_once(start_sidecar) -> None:  # type: ignore[no-untyped-def]
+    with WebhookServer(fail_first=None, fail_status=400) as hook:
+        sidecar = start_sidecar(alerts__webhook__url=hook.url, alerts__webhook__max_attempts=8, **FAST)
+        agent = unkeyed_payment(sidecar)
+        wait_for(lambda: outbox(sidecar, "dead") == 1)
+        assert len(hook.requests) == 1
+        assert deliveries(sidecar, "retry") == 0 and deliveries(sidecar, "dead_letter") == 1
+        agent.shutdown()

@@ -1,0 +1,116 @@
+"""``durable-sessions-collector sessions list|show`` over a real sidecar's HTTP API."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+
+import pytest
+from durable_sessions_collector.cli import main
+from sidecar_clients import Agent, grpc_exporter
+from tls_certs import make_cert
+from webhook_server import free_port
+
+TOKEN = "cli-" + uuid.uuid4().hex
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in (
+        "DURABLE_SESSIONS_API_ENDPOINT",
+        "DURABLE_SESSIONS_AUTH_TOKEN",
+        "DURABLE_SESSIONS_AUTH_TOKEN_FILE",
+        "DURABLE_SESSIONS_CA_FILE",
+    ):
+        monkeypatch.delenv(name, raising=False)
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:  # type: ignore[no-untyped-def]
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def populate(sidecar) -> None:  # type: ignore[no-untyped-def]
+    agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
+    agent.action("good-1", "a1", "payment", idempotency_key="k-good-1")
+    agent.action("bad-1", "a1", "payment")  # unkeyed-side-effect
+    agent.action("bad-1", "a2", "tool_call", retryable=True)  # unbounded-retry
+    agent.shutdown()
+
+
+def test_list_and_show(sidecar, capsys) -> None:  # type: ignore[no-untyped-def]
+    populate(sidecar)
+    endpoint = ("--endpoint", sidecar.http_url)
+    code, out, _ = run(capsys, "sessions", *endpoint, "list")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split()[:3] == ["SESSION", "VERDICT", "STATE"]
+    assert sorted(line.split()[0] for line in lines[1:]) == ["bad-1", "good-1"]
+
+    code, out, _ = run(capsys, "sessions", *endpoint, "list", "--verdict", "unrecoverable")
+    assert code == 0 and [line.split()[:2] for line in out.splitlines()[1:]] == [["bad-1", "unrecoverable"]]
+
+    code, out, _ = run(capsys, "sessions", *endpoint, "show", "bad-1")
+    assert code == 0
+    assert out.startswith("session bad-1: unrecoverable (active)")
+    assert "  error  unkeyed-side-effect  action a1: " in out
+    assert "  error  unbounded-retry  action a2: " in out
+
+    code, out, _ = run(capsys, "sessions", *endpoint, "--json", "show", "good-1")
+    assert code == 0 and json.loads(out)["verdict"] == "ok"
+
+    code, _, err = run(capsys, "sessions", *endpoint, "show", "nope")
+    assert code == 1 and "answered 404: no session 'nope'" in err
+
+
+def test_token_and_tls_ca_options(start_sidecar, tmp_path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    ca, cert, key = make_cert(tmp_path)
+    sidecar = start_sidecar(tls__cert_file=str(cert), tls__key_file=str(key), auth__token=TOKEN)
+    endpoint = f"https://127.0.0.1:{sidecar.service.http_port}"
+
+    code, _, err = run(capsys, "sessions", "--endpoint", endpoint, "--ca-file", str(ca), "list")
+    assert code == 1 and "refused the request (401" in err and "--token" in err
+
+    code, _, err = run(capsys, "sessions", "--endpoint", endpoint, "--token", TOKEN, "list")
+    assert code == 1 and "cannot verify the TLS certificate" in err and "--ca-file" in err
+
+    code, out, _ = run(
+        capsys, "sessions", "--endpoint", endpoint, "--token", TOKEN, "--ca-file", str(ca), "list"
+    )
+    assert code == 0 and out == "no sessions\n"
+
+    # Endpoint, token (from a file) and CA from the environment.
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    monkeypatch.setenv("DURABLE_SESSIONS_API_ENDPOINT", endpoint)
+    monkeypatch.setenv("DURABLE_SESSIONS_AUTH_TOKEN_FILE", str(tmp_path / "token"))
+    monkeypatch.setenv("DURABLE_SESSIONS_CA_FILE", str(ca))
+    code, out, err = run(capsys, "sessions", "--json", "list")
+    assert code == 0, err
+    assert json.loads(out) == {"sessions": []}
+    assert TOKEN not in out + err
+
+
+def test_an_unreachable_sidecar_is_a_clear_error() -> None:
+    port = free_port()  # nothing listens there
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "durable_sessions_collector",
+            "sessions",
+            "--endpoint",
+            f"127.0.0.1:{port}",
+            "list",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 1
+    assert f"cannot reach the sidecar at http://127.0.0.1:{port}: Connection refused; is it running?" in (
+        result.stderr
+    )
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,69 @@
+"""A real PostgreSQL for the tests: one fresh schema per test, dropped afterwards.
+
+The server is named by ``DURABLE_SESSIONS_TEST_POSTGRES_DSN`` (e.g.
+``postgresql://postgres@127.0.0.1:5432/test``). Unset, the PostgreSQL tests are skipped
+— unless ``DURABLE_SESSIONS_REQUIRE_POSTGRES=1`` (as CI sets it), which makes a missing
+or unreachable server a failure. A DSN that is set but unreachable always fails: it was
+set so that the tests run.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import pytest
+
+DSN_ENV = "DURABLE_SESSIONS_TEST_POSTGRES_DSN"
+REQUIRE_ENV = "DURABLE_SESSIONS_REQUIRE_POSTGRES"
+HOW = (
+    f"set {DSN_ENV}=postgresql://postgres@127.0.0.1:5432/test to run them "
+    f"(and {REQUIRE_ENV}=1 to make a missing server fail instead of skip)"
+)
+
+
+def postgres_dsn() -> str:
+    """The test server's DSN, after checking it answers; skips or fails the test if not."""
+    dsn = os.environ.get(DSN_ENV, "").strip()
+    required = os.environ.get(REQUIRE_ENV, "").strip() == "1"
+    if not dsn:
+        if required:
+            pytest.fail(f"{REQUIRE_ENV}=1 but {DSN_ENV} is not set; {HOW}", pytrace=False)
+        pytest.skip(f"PostgreSQL tests skipped: {HOW}")
+    try:
+        import psycopg
+    except ImportError as error:
+        pytest.fail(f"{DSN_ENV} is set but psycopg is not installed: {error}", pytrace=False)
+    try:
+        with psycopg.connect(dsn, connect_timeout=5) as connection:
+            connection.execute("SELECT 1")
+    except psycopg.Error as error:
+        pytest.fail(f"{DSN_ENV} is set but PostgreSQL cannot be reached: {error}", pytrace=False)
+    return dsn
+
+
+def with_schema(dsn: str, schema: str) -> str:
+    parts = urlsplit(dsn)
+    query = [*parse_qsl(parts.query, keep_blank_values=True), ("schema", schema)]
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+def drop_schema(dsn: str, schema: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as connection:
+        connection.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A ``postgresql://…?schema=…`` store URL with a schema of this test's own."""
+    dsn = postgres_dsn()
+    schema = f"ds_test_{os.getpid()}_{uuid.uuid4().hex[:10]}"
+    try:
+        yield with_schema(dsn, schema)
+    finally:
+        drop_schema(dsn, schema)

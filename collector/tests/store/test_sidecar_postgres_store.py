@@ -1,0 +1,209 @@
+"""What only the PostgreSQL store has: several replicas sharing one database.
+
+Each test opens two or more :class:`PostgresStore` objects on one schema — each is what
+one sidecar replica holds — and drives them from threads, so the concurrency is real:
+concurrent schema creation, a violation found by two replicas at once, outbox claims,
+the idle sweep skipping a session another replica is writing, and a violation feed that
+never moves past a transaction that commits later.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import psycopg
+import pytest
+from durable_sessions_collector.evaluator import Evaluator
+from durable_sessions_collector.store import ActionRow, StoreError, open_store
+from durable_sessions_collector.store.postgres import SCHEMA_VERSION, PostgresStore, split_url
+
+from durable_sessions.mapping import Mapped
+from durable_sessions.record import Location
+from durable_sessions.violation import Severity, Violation
+
+pytestmark = pytest.mark.postgres
+
+
+def violation(rule: str, session: str = "sess", span: str = "s1") -> Violation:
+    return Violation(rule, Severity.ERROR, f"{rule} broken", session, "a1", trace_id="t" * 32, span_id=span)
+
+
+def action(session: str, span: str, action_id: str, kind: str = "tool_call", **fields) -> Mapped:  # type: ignore[no-untyped-def]
+    record = {"session_id": session, "action_id": action_id, "kind": kind, "status": "ok", **fields}
+    return Mapped(record, Location(None, None, "t" * 32, span), [])  # type: ignore[arg-type]
+
+
+def test_replicas_create_the_schema_once_concurrently(postgres_url: str) -> None:
+    with ThreadPoolExecutor(6) as pool:
+        stores = list(pool.map(lambda _: open_store(postgres_url), range(6)))
+    dsn, schema = split_url(postgres_url)
+    with psycopg.connect(dsn) as db:
+        tables = {
+            name
+            for (name,) in db.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (schema,)
+            )
+        }
+        assert tables == {"meta", "actions", "sessions", "violations", "outbox"}
+        assert db.execute(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'").fetchone() == (
+            str(SCHEMA_VERSION),
+        )
+        db.execute(f"UPDATE {schema}.meta SET value = '99' WHERE key = 'schema_version'")
+    for store in stores:
+        store.close()
+    with pytest.raises(StoreError, match="schema version 99"):
+        open_store(postgres_url)
+
+
+def test_a_violation_found_by_two_replicas_is_new_in_one(postgres_url: str) -> None:
+    first, second = open_store(postgres_url), open_store(postgres_url)
+    inserted = threading.Event()
+    release = threading.Event()
+    results: dict[str, bool] = {}
+
+    def replica_a() -> None:
+        with first.writer() as writer:
+            results["a"] = writer.add_violation(violation("re-asked"), at_end=False, now=1.0)
+            writer.enqueue_alert("log", violation("re-asked").key, {"key": "k"}, 1.0)
+            inserted.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=replica_a)
+    thread.start()
+    assert inserted.wait(10)
+    waited = time.monotonic()
+    threading.Timer(0.3, release.set).start()
+    with second.writer() as writer:  # blocks on A's uncommitted row, then finds it stored
+        results["b"] = writer.add_violation(violation("re-asked"), at_end=False, now=1.0)
+    thread.join()
+    assert time.monotonic() - waited >= 0.25
+    assert results == {"a": True, "b": False}
+    assert first.alert_counts() == {("log", "pending"): 1}
+    first.close()
+    second.close()
+
+
+def test_outbox_rows_are_claimed_by_one_replica(postgres_url: str) -> None:
+    stores = [open_store(postgres_url) for _ in range(3)]
+    with stores[0].writer() as writer:
+        for n in range(60):
+            writer.enqueue_alert("webhook", f"k{n}", {"key": f"k{n}"}, 1.0)
+    barrier = threading.Barrier(3)
+
+    def claim(store: PostgresStore) -> list[int]:
+        barrier.wait()
+        got: list[int] = []
+        while batch := store.pending_alerts("webhook", now=10.0, limit=7):
+            got.extend(alert.id for alert in batch)
+        return got
+
+    with ThreadPoolExecutor(3) as pool:
+        claimed = list(pool.map(claim, stores))
+    every = [alert_id for ids in claimed for alert_id in ids]
+    assert len(every) == len(set(every)) == 60  # each row claimed exactly once
+    # Claimed rows wait for their lease; one left undelivered comes back after it.
+    with stores[1].writer() as writer:
+        writer.mark_delivered(every[:59], 11.0)
+    assert stores[2].pending_alerts("webhook", now=12.0) == []
+    [again] = stores[2].pending_alerts("webhook", now=10.0 + stores[2].claim_lease_s + 1)
+    assert again.id == every[59]
+    for store in stores:
+        store.close()
+
+
+def test_idle_sweep_skips_a_session_another_replica_is_writing(postgres_url: str) -> None:
+    first, second = open_store(postgres_url), open_store(postgres_url)
+    with first.writer() as writer:
+        writer.touch_session("busy", 1.0, 1)
+        writer.touch_session("quiet", 1.0, 1)
+    locked = threading.Event()
+    release = threading.Event()
+
+    def writing() -> None:
+        with first.writer() as writer:
+            writer.lock_sessions(["busy"])
+            locked.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=writing)
+    thread.start()
+    assert locked.wait(10)
+    with second.writer() as writer:
+        assert writer.idle_sessions(5.0, 10) == ["quiet"]
+        writer.end_session("quiet", 5.0)
+    release.set()
+    thread.join()
+    with second.writer() as writer:
+        assert writer.idle_sessions(5.0, 10) == ["busy"]
+    first.close()
+    second.close()
+
+
+def test_the_feed_does_not_pass_a_transaction_that_commits_later(postgres_url: str) -> None:
+    first, second = open_store(postgres_url), open_store(postgres_url)
+    cursor = first.violation_cursor()
+    inserted = threading.Event()
+    release = threading.Event()
+
+    def slow() -> None:  # begins first (older transaction id), commits last
+        with first.writer() as writer:
+            writer.add_violation(violation("slow", "s-slow"), at_end=False, now=1.0)
+            inserted.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=slow)
+    thread.start()
+    assert inserted.wait(10)
+    with second.writer() as writer:
+        writer.add_violation(violation("fast", "s-fast"), at_end=False, now=1.0)
+    items, held = second.violations_after(cursor)
+    assert items == [] and held == cursor  # "fast" waits until "slow" is decided
+    release.set()
+    thread.join()
+    items, _ = second.violations_after(cursor)
+    assert [item["rule"] for item in items] == ["slow", "fast"]
+    first.close()
+    second.close()
+
+
+def test_two_evaluators_judge_one_session_as_one(postgres_url: str) -> None:
+    """Spans of one session alternate between replicas; each rebuilds what the other added."""
+    stores = [open_store(postgres_url), open_store(postgres_url)]
+    evaluators = [Evaluator(), Evaluator()]
+    steps = [
+        action("trip", "p1", "c1", "tool_call"),
+        action("trip", "p2", "pay1", "payment", idempotency_key="K"),
+        action("trip", "p3", "pay2", "payment", idempotency_key="K"),
+    ]
+    found: list[str] = []
+    for n, mapped in enumerate(steps):
+        store, evaluator = stores[n % 2], evaluators[n % 2]
+        with store.writer() as writer:
+            stored = writer.lock_sessions(["trip"])
+            evaluator.forget_stale(stored)
+            added, violations = evaluator.ingest(writer, mapped, float(n))
+            assert added
+            writer.touch_session("trip", float(n), 1)
+            found += [v.rule for v in violations if writer.add_violation(v, at_end=False, now=float(n))]
+    # Replica 0 held the session since step 1; the shared key of step 3 is only found if
+    # it notices step 2 (written by replica 1) and rebuilds the session from the store.
+    assert found == ["shared-key"]
+    assert (evaluators[0].rebuilt, evaluators[1].rebuilt) == (1, 1)
+    for store in stores:
+        store.close()
+
+
+def test_text_with_nul_and_a_bad_server_are_handled(postgres_url: str) -> None:
+    store = open_store(postgres_url)
+    with store.writer() as writer:
+        row = ActionRow("se\x00ss", "t" * 32, "s1", "ok", {"session_id": "se\x00ss", "action_id": "a\x00"})  # type: ignore[typeddict-item]
+        assert writer.add_action(row, 1.0)
+        writer.touch_session("se\x00ss", 1.0, 1)
+    detail = store.get_session("se\x00ss")
+    assert detail is not None and detail.actions[0]["action_id"] == "a\x00"  # the record keeps it
+    store.close()
+    with pytest.raises(StoreError) as caught:
+        open_store("postgresql://postgres:hunter2@127.0.0.1:1/test?connect_timeout=2")
+    assert "cannot open store" in str(caught.value) and "hunter2" not in str(caught.value)

@@ -1,0 +1,85 @@
+"""A real webhook receiver for the tests: a local HTTP server that records each POST.
+
+``fail_first`` answers that many requests with ``fail_status`` before it starts
+accepting; ``fail_status`` with ``fail_first=None`` fails forever. It can be started
+on a port chosen in advance (a receiver that is down, then comes up).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass
+class Received:
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+    raw: bytes
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class WebhookServer:
+    def __init__(self, port: int = 0, *, fail_first: int | None = 0, fail_status: int = 503) -> None:
+        self.requests: list[Received] = []
+        self.accepted: list[Received] = []
+        self.fail_first = fail_first
+        self.fail_status = fail_status
+        self._lock = threading.Lock()
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                received = Received(
+                    self.path, {k.lower(): v for k, v in self.headers.items()}, json.loads(raw), raw
+                )
+                with owner._lock:
+                    owner.requests.append(received)
+                    failing = owner.fail_first is None or len(owner.requests) <= owner.fail_first
+                    if not failing:
+                        owner.accepted.append(received)
+                status = owner.fail_status if failing else 200
+                body = b'{"ok": true}' if status == 200 else b'{"error": "try later"}'
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self._thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hooks/durable-sessions"
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def __enter__(self) -> WebhookServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
