@@ -122,7 +122,9 @@ def test_watch_receives_alerts_committed_after_it_started(sidecar, api) -> None:
 
     # Resuming: from the start cursor everything again; from an alert's cursor, what followed.
     resumed = api.WatchAlerts(pb.WatchAlertsRequest(cursor=start), timeout=20)
-    assert [next(resumed).violation.key for _ in range(3)] == [a.violation.key for a in (first, second, third)]
+    assert [next(resumed).violation.key for _ in range(3)] == [
+        a.violation.key for a in (first, second, third)
+    ]
     after_first = api.WatchAlerts(pb.WatchAlertsRequest(cursor=first.cursor), timeout=20)
     assert next(after_first).violation.key == second.violation.key
     for call in (everything, only_retry, only_at_risk, resumed, after_first):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
+from functools import partial
 from typing import Any, NamedTuple
 
 from durable_sessions import kinds
@@ -420,9 +421,7 @@ def truncated_result(record: ActionRecord) -> str | None:
     return None
 
 
-_ISO_DATE_TIME = re.compile(
-    r"\d{4}-\d\d-\d\d(?:[T ]\d\d:\d\d(?::\d\d(?:[.,]\d+)?)?(?:Z|[+-]\d\d(?::?\d\d)?)?)?"
-)
+_STARTS_WITH_DATE = re.compile(r"\d{4}-\d\d-\d\d(?:$|[T ]\d)").match
 
 
 class FieldSpec(NamedTuple):
@@ -441,8 +440,9 @@ class FieldSpec(NamedTuple):
 
 
 def _is_time(value: Any) -> bool:
+    """An ISO-8601 date or date-time (checked up to the date), or finite epoch seconds."""
     if type(value) is str:
-        return _ISO_DATE_TIME.fullmatch(value) is not None
+        return _STARTS_WITH_DATE(value) is not None
     return type(value) is int or math.isfinite(value)
 
 
@@ -509,16 +509,15 @@ def invalid_field(record: ActionRecord) -> str | None:
     {"session_id":"s-1","action_id":"a04","kind":"tool_call","status":"error","retryable":true,"max_attempts":3,"attempts":2}
     ```
     """
-    return _check_fields(record, tuple(sorted(_CHECKED_FIELDS.intersection(record))))
+    return _check_fields(tuple(sorted(_CHECKED_FIELDS.intersection(record))), record)
 
 
 def _fields_checker(facts: Facts) -> Callable[[ActionRecord], str | None]:
     """``invalid_field`` for records with these facts: the fields to check known in advance."""
-    names = tuple(sorted(_CHECKED_FIELDS & facts.fields))
-    return lambda record: _check_fields(record, names)
+    return partial(_check_fields, tuple(sorted(_CHECKED_FIELDS & facts.fields)))
 
 
-def _check_fields(record: ActionRecord, names: tuple[str, ...]) -> str | None:
+def _check_fields(names: tuple[str, ...], record: ActionRecord) -> str | None:
     problems = []
     for name in names:
         value = record[name]

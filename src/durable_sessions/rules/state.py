@@ -69,6 +69,7 @@ class ActionMemory(NamedTuple):
 
 
 _NO_ATTEMPTS: frozenset[int] = frozenset()
+_new_tuple = tuple.__new__
 
 
 class ActionDetails(NamedTuple):
@@ -179,7 +180,7 @@ class SessionState:
     ) -> None:
         self.session_id = session_id
         self.actions: dict[str, int | ActionMemory] = {}
-        self.details: dict[str, ActionDetails] = {}
+        self.details: dict[str, ActionDetails | Fingerprint] = {}
         self.keys: dict[str, KeyUse] = {}
         self.answered_prompts: dict[str, tuple[str, str | None]] = {}
         self.exhausted_retries: dict[str, Pending] = {}
@@ -204,6 +205,8 @@ class SessionState:
         else:
             where = Location(span_id=f"{position:016x}") if position else NOWHERE
         details = self.details.get(action_id) if packed & _HAS_DETAILS else None
+        if details is not None and type(details) is not ActionDetails:
+            details = ActionDetails(details, None, _NO_ATTEMPTS)
         return ActionMemory(
             kind=texts[(packed >> _KIND_SHIFT) & _SYMBOL_MASK],
             where=where,
@@ -248,9 +251,12 @@ class SessionState:
             key, attempts = self._remember_key_and_attempts(record, where, action_id, key, attempts)
         if type(incarnation) is not str:
             incarnation = None
-        if outcome is not None or key is not None or attempts:
+        if key is not None or attempts:
             flags |= _HAS_DETAILS
-            self.details[action_id] = ActionDetails(outcome, key, attempts)
+            self.details[action_id] = _new_tuple(ActionDetails, (outcome, key, attempts))
+        elif outcome is not None:
+            flags |= _HAS_DETAILS
+            self.details[action_id] = outcome  # the common case, kept without a wrapper
         packed = self._pack(kind, status, incarnation, where, flags)
         self.actions[action_id] = packed if packed else ActionMemory(
             kind, where, status, incarnation, attempts, bool(flags & _RETRYABLE), key,
