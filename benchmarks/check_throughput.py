@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import resource
 import statistics
 import subprocess
 import sys
@@ -135,18 +134,20 @@ def tree_rss_kb(pid: int) -> int:
 def timed(argv: list[str]) -> tuple[float, float, int]:
     """Wall seconds, peak RSS of the whole process tree in MB, and exit code of one command.
 
-    The peak is sampled every 20 ms over the command and the workers it starts, and
-    is never below the command's own ``ru_maxrss``.
+    The tree's resident memory is sampled every 20 ms (the command and the workers it
+    starts); the peak is never below the command's own ``ru_maxrss`` from ``wait4``.
     """
     start = time.perf_counter()
     child = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
     peak_kb = 0
-    while child.poll() is None:
+    while True:
+        pid, status, usage = os.wait4(child.pid, os.WNOHANG)
+        if pid:
+            break
         peak_kb = max(peak_kb, tree_rss_kb(child.pid))
         time.sleep(0.02)
     elapsed = time.perf_counter() - start
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return elapsed, max(peak_kb, usage.ru_maxrss) / 1024, child.returncode
+    return elapsed, max(peak_kb, usage.ru_maxrss) / 1024, os.waitstatus_to_exitcode(status)
 
 
 def main() -> None:

@@ -23,9 +23,10 @@ from durable_sessions.readers import (
     Item,
     Unreadable,
     display_name,
+    numbered_lines,
     open_source,
+    parse_line,
     read,
-    read_actions,
     sniff_format,
 )
 from durable_sessions.rules import CATALOGUE, Rule
@@ -192,7 +193,7 @@ def shard_of(item: Item, shards: int) -> int:
 
     Items without a string session id (unreadable lines, records missing it) carry no
     session state and go to worker 0. The hash must agree across processes, so it is
-    CRC-32 rather than the salted built-in ``hash``.
+    CRC-32 of the UTF-8 id rather than the salted built-in ``hash``.
     """
     if type(item) is Unreadable:
         return 0
@@ -200,6 +201,27 @@ def shard_of(item: Item, shards: int) -> int:
     if type(session_id) is not str:
         return 0
     return zlib.crc32(session_id.encode("utf-8", "surrogatepass")) % shards
+
+
+_LEADING_SESSION_ID = b'{"session_id":"'
+
+
+def raw_shard_of(raw: bytes, shards: int) -> int | None:
+    """The worker for a raw line when its bytes alone decide it, else None (parse it).
+
+    They decide when the line starts with ``{"session_id":"`` (writers usually put it
+    first), names ``session_id`` nowhere else and the id has no escape: the bytes
+    between the quotes are then the id's UTF-8, hashed as :func:`shard_of` hashes it.
+    The worker so chosen owns the line whatever it turns out to hold; the others skip
+    it without parsing.
+    """
+    if not raw.startswith(_LEADING_SESSION_ID) or raw.count(b'"session_id"') != 1:
+        return None
+    end = raw.find(b'"', 15)
+    session_id = raw[15:end]
+    if end < 0 or not session_id or b"\\" in session_id:
+        return None
+    return zlib.crc32(session_id) % shards
 
 
 def _receive(receiver: Any) -> tuple[list[Violation], list[Violation], int, int]:
@@ -223,8 +245,8 @@ def _check_shard(
 ) -> None:
     """A worker: read every line, check those whose session hashes to ``shard``, send the findings.
 
-    Every worker parses every line: that costs less than a parent process parsing once
-    and shipping records to the workers, and routes by the session id exactly as parsed.
+    Every worker reads every line; it parses only those that may be its own. That costs
+    less than a parent process parsing once and shipping records to the workers.
     """
     checker = Checker([CATALOGUE.get(rule_id) for rule_id in rule_ids], key_window_s=key_window_s)
     feed, unreadable = checker.feed, checker.unreadable
@@ -233,8 +255,12 @@ def _check_shard(
         for path in paths:
             name = display_name(path)
             with open_source(path) as source:
-                for item in read_actions(source, name, max_line_bytes=max_line_bytes):
-                    if shard_of(item, shards) != shard:
+                for number, raw in numbered_lines(source, name, max_line_bytes):
+                    owner = None if raw is None else raw_shard_of(raw, shards)
+                    if owner is not None and owner != shard:
+                        continue
+                    item = parse_line(raw, name, number, max_line_bytes)
+                    if item is None or (owner is None and shard_of(item, shards) != shard):
                         continue
                     if type(item) is Unreadable:
                         found.extend(unreadable(item.location, item.reason))  # type: ignore[union-attr]

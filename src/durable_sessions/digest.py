@@ -8,6 +8,7 @@ JSON: keys sorted, no insignificant whitespace, UTF-8.
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Any
 
 import orjson
@@ -42,35 +43,39 @@ def digest_text(text: str) -> str:
     return digest_bytes(text.encode("utf-8", "surrogatepass"))
 
 
-Fingerprint = str | bytes
-"""An outcome's identity for equality checks: a given ``sha256:`` digest (str), or the
-canonical JSON itself when short (bytes prefixed ``=``), or its raw SHA-256 (``#``)."""
+Fingerprint = int | str
+"""An outcome's identity, small enough to keep for every action of a long session: the
+first 64 bits of its ``sha256:`` digest (an int), or, for a given digest that is not a
+well-formed SHA-256, that digest itself (a str)."""
 
-_SHORT = 64
+_SHA256_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
-def fingerprint(value: Any) -> bytes:
-    """A cheap identity of ``value``: equal for equal canonical JSON, never the text of a long value."""
+def fingerprint(value: Any) -> int:
+    """The first 64 bits of :func:`digest_value` of ``value``."""
     try:
         canonical = canonical_json(value)
     except (TypeError, orjson.JSONEncodeError):
         canonical = repr(value).encode("utf-8", "surrogatepass")
-    if len(canonical) <= _SHORT:
-        return b"=" + canonical
-    return b"#" + hashlib.sha256(canonical).digest()
+    return int.from_bytes(hashlib.sha256(canonical).digest()[:8], "big")
+
+
+def digest_fingerprint(digest: str) -> Fingerprint:
+    """The fingerprint of a given digest: comparable with :func:`fingerprint` when it is SHA-256."""
+    if _SHA256_DIGEST.fullmatch(digest):
+        return int(digest[7:23], 16)
+    return digest
 
 
 def as_digest(print_: Fingerprint) -> str:
-    """The ``sha256:<hex>`` digest a fingerprint stands for."""
-    if type(print_) is str:
-        return print_
-    if print_[:1] == b"=":
-        return digest_bytes(print_[1:])
-    return PREFIX + print_[1:].hex()
+    """A fingerprint as text: ``sha256:`` and its first 16 hex digits, or the given digest."""
+    if type(print_) is int:
+        return f"{PREFIX}{print_:016x}…"
+    return print_  # type: ignore[return-value]
 
 
-def same_outcome(a: Fingerprint, b: Fingerprint) -> bool:
-    """Whether two fingerprints identify the same outcome."""
+def same_outcome(a: Fingerprint, b: Fingerprint) -> bool | None:
+    """Whether two fingerprints identify the same outcome; None when they cannot be compared."""
     if type(a) is type(b):
         return a == b
-    return as_digest(a) == as_digest(b)
+    return None

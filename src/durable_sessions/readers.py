@@ -129,6 +129,41 @@ def too_long(max_line_bytes: int) -> str:
 _new_location = tuple.__new__
 
 
+def numbered_lines(source: IO[bytes], name: str, max_line_bytes: int) -> Iterator[tuple[int, bytes | None]]:
+    """``(line_number, raw_line)`` for every line; ``None`` for one over ``max_line_bytes``.
+
+    An over-long line is skipped in chunks, never held whole in memory.
+    """
+    number = 0
+    readline = source.readline
+    try:
+        while raw := readline(max_line_bytes + 1):
+            number += 1
+            if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
+                while (rest := readline(1 << 20)) and not rest.endswith(b"\n"):
+                    pass
+                yield number, None
+            else:
+                yield number, raw
+    except OSError as error:
+        raise InputError(f"cannot read {name!r} after line {number}: {error.strerror or error}") from None
+
+
+def parse_line(raw: bytes | None, name: str, number: int, max_line_bytes: int) -> Item | None:
+    """The item on one line from :func:`numbered_lines`; None for a blank or comment line."""
+    if raw is None:
+        return Unreadable(Location(name, number), too_long(max_line_bytes))
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        value = _parse_unusual_line(raw, number)
+        if value is None:
+            return None
+    if type(value) is dict:
+        return value, _new_location(Location, (name, number, None, None))  # type: ignore[return-value]
+    return Unreadable(Location(name, number), _why_unreadable(value))
+
+
 def read_actions(
     source: IO[bytes], name: str, *, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
 ) -> Iterator[Item]:
@@ -137,28 +172,9 @@ def read_actions(
     Blank lines and lines starting with ``#`` are skipped. A line longer than
     ``max_line_bytes`` is reported without ever being held whole in memory.
     """
-    number = 0
-    readline, loads = source.readline, orjson.loads
-    try:
-        while raw := readline(max_line_bytes + 1):
-            number += 1
-            if len(raw) > max_line_bytes and not raw.endswith(b"\n"):
-                while (rest := readline(1 << 20)) and not rest.endswith(b"\n"):
-                    pass
-                yield Unreadable(Location(name, number), too_long(max_line_bytes))
-                continue
-            try:
-                value = loads(raw)
-            except orjson.JSONDecodeError:
-                value = _parse_unusual_line(raw, number)
-                if value is None:
-                    continue  # a blank or comment line
-            if type(value) is dict:
-                yield value, _new_location(Location, (name, number, None, None))
-            else:
-                yield Unreadable(Location(name, number), _why_unreadable(value))
-    except OSError as error:
-        raise InputError(f"cannot read {name!r} after line {number}: {error.strerror or error}") from None
+    for number, raw in numbered_lines(source, name, max_line_bytes):
+        if item := parse_line(raw, name, number, max_line_bytes):
+            yield item
 
 
 def _parse_unusual_line(raw: bytes, number: int) -> Any:

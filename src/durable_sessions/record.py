@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any, NamedTuple, TypedDict
 
 from durable_sessions import kinds
-from durable_sessions.digest import Fingerprint, fingerprint
+from durable_sessions.digest import Fingerprint, digest_fingerprint, digest_value, fingerprint
 
 REQUIRED_FIELDS: tuple[str, ...] = ("session_id", "action_id", "kind", "status")
 STATUSES: frozenset[str] = frozenset({"ok", "error", "started"})
@@ -130,12 +130,22 @@ def is_side_effecting(record: ActionRecord) -> bool:
 
 
 def outcome_fingerprint(record: ActionRecord) -> Fingerprint | None:
-    """The identity of the recorded outcome: the given digest, else one of ``result``."""
+    """The identity of the recorded outcome: from the given digest, else from ``result``."""
+    given = record.get("result_digest")
+    if given and type(given) is str:
+        return digest_fingerprint(given)
+    if "result" in record and record["result"] != REDACTED:
+        return fingerprint(record["result"])
+    return None
+
+
+def outcome_digest(record: ActionRecord) -> str | None:
+    """The full digest of the recorded outcome, for messages."""
     given = record.get("result_digest")
     if given and type(given) is str:
         return given
     if "result" in record and record["result"] != REDACTED:
-        return fingerprint(record["result"])
+        return digest_value(record["result"])
     return None
 
 

@@ -18,6 +18,7 @@ from durable_sessions.record import (
     Location,
     is_int,
     is_side_effecting,
+    outcome_digest,
     outcome_fingerprint,
     parse_ts,
 )
@@ -214,7 +215,8 @@ def diverged_result(
     ## Why is this bad?
     The recorded result was there to replay; running the model call, the web read or the
     clock read again gives another answer, so the resumed session diverges from the one
-    the user was in. The message gives both result digests when they differ.
+    the user was in. When the results differ the message gives both digests (the
+    recorded one by its first 16 hex digits: that is what the session keeps).
 
     ## Example
     ```json
@@ -236,8 +238,8 @@ def diverged_result(
         return None
     now = outcome_fingerprint(record) if record.get("status") == "ok" else None
     digests = ""
-    if now is not None and prior.outcome is not None and not same_outcome(now, prior.outcome):
-        digests = f" (recorded {as_digest(prior.outcome)}, now {as_digest(now)})"
+    if now is not None and prior.outcome is not None and same_outcome(now, prior.outcome) is False:
+        digests = f" (recorded {as_digest(prior.outcome)}, now {outcome_digest(record)})"
     return (
         f"'{record['kind']}' '{record['action_id']}' recorded {_again(prior, record)} instead of "
         f"replayed{digests} — the resumed session diverges"
@@ -276,10 +278,11 @@ def replay_mismatch(
     if record.get("replayed") is not True or prior is None or prior.outcome is None:
         return None
     now = outcome_fingerprint(record)
-    if now is None or same_outcome(now, prior.outcome):
+    if now is None or same_outcome(now, prior.outcome) is not False:
         return None
     return (
-        f"replayed '{record['action_id']}' serves {as_digest(now)}, but {as_digest(prior.outcome)} was recorded — "
+        f"replayed '{record['action_id']}' serves {outcome_digest(record)}, but "
+        f"{as_digest(prior.outcome)} was recorded — "
         "the resumed session diverges while claiming to replay"
     )
 

@@ -10,6 +10,7 @@ the actions that have them; results themselves are never kept. Rules see the unp
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -25,18 +26,21 @@ from durable_sessions.record import (
     parse_ts,
 )
 
+_intern = sys.intern
 DEFAULT_KEY_WINDOW_S = 86_400
 DEFAULT_MAX_ACTIONS_PER_SESSION = 100_000
 
-_RETRYABLE, _RECORDED, _EFFECT_DONE, _HAS_DETAILS = 1, 2, 4, 8
-_FLAG_BITS, _SYMBOL_BITS = 4, 24
+_RETRYABLE, _RECORDED, _EFFECT_DONE, _HAS_DETAILS, _HAS_OUTCOME = 1, 2, 4, 8, 16
+_FLAG_BITS, _SYMBOL_BITS, _OUTCOME_BITS = 5, 24, 64
 _SYMBOL_MASK = (1 << _SYMBOL_BITS) - 1
 _MAX_SYMBOLS = _SYMBOL_MASK - 1
 _KIND_SHIFT = _FLAG_BITS
 _STATUS_SHIFT = _KIND_SHIFT + _SYMBOL_BITS
 _INCARNATION_SHIFT = _STATUS_SHIFT + _SYMBOL_BITS
 _FILE_SHIFT = _INCARNATION_SHIFT + _SYMBOL_BITS
-_POSITION_SHIFT = _FILE_SHIFT + _SYMBOL_BITS
+_OUTCOME_SHIFT = _FILE_SHIFT + _SYMBOL_BITS
+_OUTCOME_MASK = (1 << _OUTCOME_BITS) - 1
+_POSITION_SHIFT = _OUTCOME_SHIFT + _OUTCOME_BITS
 _PREFIX_CACHE_SIZE = 4096
 
 
@@ -207,6 +211,10 @@ class SessionState:
         details = self.details.get(action_id) if packed & _HAS_DETAILS else None
         if details is not None and type(details) is not ActionDetails:
             details = ActionDetails(details, None, _NO_ATTEMPTS)
+        if packed & _HAS_OUTCOME:
+            outcome = (packed >> _OUTCOME_SHIFT) & _OUTCOME_MASK
+        else:
+            outcome = details.outcome if details else None
         return ActionMemory(
             kind=texts[(packed >> _KIND_SHIFT) & _SYMBOL_MASK],
             where=where,
@@ -216,7 +224,7 @@ class SessionState:
             retryable=bool(packed & _RETRYABLE),
             key=details.key if details else None,
             recorded=bool(packed & _RECORDED),
-            outcome=details.outcome if details else None,
+            outcome=outcome,
             effect_done=bool(packed & _EFFECT_DONE),
         )
 
@@ -231,6 +239,8 @@ class SessionState:
         action_id = record["action_id"]
         status = record["status"]
         if prior is None:
+            # Many logs reuse per-session counters ("a01", "step-3") as action ids: one copy each.
+            action_id = _intern(action_id)
             kind, flags, outcome, key, attempts = record["kind"], 0, None, None, _NO_ATTEMPTS
             incarnation = get("incarnation")
         else:
@@ -251,13 +261,21 @@ class SessionState:
             key, attempts = self._remember_key_and_attempts(record, where, action_id, key, attempts)
         if type(incarnation) is not str:
             incarnation = None
+        packed_outcome = 0
+        if type(outcome) is int:
+            flags |= _HAS_OUTCOME
+            packed_outcome, outcome_detail = outcome << _OUTCOME_SHIFT, None
+        else:
+            outcome_detail = outcome  # a given digest that is not SHA-256: kept as it is
         if key is not None or attempts:
             flags |= _HAS_DETAILS
-            self.details[action_id] = _new_tuple(ActionDetails, (outcome, key, attempts))
-        elif outcome is not None:
+            self.details[action_id] = _new_tuple(ActionDetails, (outcome_detail, key, attempts))
+        elif outcome_detail is not None:
             flags |= _HAS_DETAILS
-            self.details[action_id] = outcome  # the common case, kept without a wrapper
+            self.details[action_id] = outcome_detail
         packed = self._pack(kind, status, incarnation, where, flags)
+        if packed:
+            packed |= packed_outcome
         self.actions[action_id] = packed if packed else ActionMemory(
             kind, where, status, incarnation, attempts, bool(flags & _RETRYABLE), key,
             bool(flags & _RECORDED), outcome, bool(flags & _EFFECT_DONE),

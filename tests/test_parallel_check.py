@@ -1,0 +1,65 @@
+"""The parallel offline check routes each line to exactly one worker, by session."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from durable_sessions.check import raw_shard_of, shard_of
+from durable_sessions.record import Location
+
+DURABLE_SESSIONS = Path(sys.executable).with_name("durable-sessions")
+
+session_ids = st.text(min_size=1, max_size=12)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    session_id=session_ids,
+    shards=st.integers(min_value=2, max_value=5),
+    extra=st.dictionaries(st.text(max_size=8), st.integers(-(2**63), 2**63 - 1), max_size=3),
+)
+def test_the_bytes_route_a_line_where_its_parsed_session_id_would(
+    session_id: str, shards: int, extra: dict
+) -> None:
+    record = {"session_id": session_id, **{k: v for k, v in extra.items() if k != "session_id"}}
+    raw = orjson.dumps(record) + b"\n"
+    owner = raw_shard_of(raw, shards)
+    if owner is not None:
+        assert owner == shard_of((orjson.loads(raw), Location("f", 1)), shards)
+
+
+def test_the_bytes_do_not_decide_ambiguous_lines() -> None:
+    assert raw_shard_of(b'{"session_id":"a","result":{"session_id":"b"}}\n', 2) is None
+    assert raw_shard_of(b'{"session_id":"a\\u0062"}\n', 2) is None
+    assert raw_shard_of(b'{"action_id":"x","session_id":"a"}\n', 2) is None
+    assert raw_shard_of(b'{"session_id":""}\n', 2) is None
+
+
+def check(*args: str) -> list[dict]:
+    result = subprocess.run(
+        [str(DURABLE_SESSIONS), "check", "--format", "json", *args], capture_output=True, text=True
+    )
+    assert "Traceback" not in result.stderr
+    return json.loads(result.stdout)["violations"]
+
+
+def test_a_broken_line_claimed_by_its_bytes_is_reported_once(tmp_path: Path) -> None:
+    """A line whose bytes name a session but which is not JSON belongs to that session's worker."""
+    lines = [
+        json.dumps({"session_id": f"s-{i}", "action_id": "a1", "kind": "payment", "status": "ok"})
+        for i in range(8)
+    ]
+    lines.insert(3, '{"session_id":"s-2","action_id":"a2","kind":')  # cut off mid-write
+    log = tmp_path / "log.jsonl"
+    log.write_text("\n".join(lines) + "\n")
+    single, parallel = check("--jobs", "1", str(log)), check("--jobs", "2", str(log))
+    assert parallel == single
+    assert [v["line"] for v in single if v["rule"] == "unreadable-line"] == [4]
+    assert sum(v["rule"] == "unkeyed-side-effect" for v in parallel) == 8
