@@ -36,9 +36,9 @@ def _at(location: Location, relative_to: Location) -> str:
     return str(location)
 
 
-def _again(prior: ActionMemory, record: ActionRecord) -> str:
-    """``in incarnation 'run-1' … again in 'run-2'``, the two process runs involved."""
-    return f"in incarnation {prior.incarnation!r} was executed again in {record.get('incarnation')!r}"
+def _again(prior: ActionMemory, record: ActionRecord, done: str = "executed") -> str:
+    """``in incarnation 'run-1' was executed again in 'run-2'``: the two process runs involved."""
+    return f"in incarnation {prior.incarnation!r} was {done} again in {record.get('incarnation')!r}"
 
 
 @session_rule(
@@ -135,7 +135,7 @@ def re_asked(
     if prior is not None:
         if prior.kind == kinds.USER_PROMPT and prior.recorded and prior.is_other_incarnation(record):
             return (
-                f"user_prompt '{record['action_id']}' answered {_again(prior, record)} instead of "
+                f"user_prompt '{record['action_id']}' answered {_again(prior, record, 'asked')} instead of "
                 "replayed — the person is asked the same question twice"
             )
         return None
