@@ -188,26 +188,15 @@ class Store(Protocol):
     def close(self) -> None: ...
 
 
-def feed_item(row: tuple[Any, ...] | list[Any]) -> dict[str, Any]:
-    """A violation of the feed, from (key, session_id, rule, severity, message, action_id,
-    trace_id, span_id, at_end, resolved, created_at, the session's verdict now)."""
-    (
-        key,
-        session_id,
-        rule,
-        severity,
-        message,
-        action_id,
-        trace_id,
-        span_id,
-        at_end,
-        resolved,
-        created_at,
-        verdict,
-    ) = row
+VIOLATION_COLUMNS = "key, rule, severity, message, action_id, trace_id, span_id, at_end, resolved, created_at"
+"""The columns :func:`violation_detail` reads, in its order."""
+
+
+def violation_detail(row: tuple[Any, ...] | list[Any]) -> dict[str, Any]:
+    """A stored violation as the APIs show it, from a row of :data:`VIOLATION_COLUMNS`."""
+    key, rule, severity, message, action_id, trace_id, span_id, at_end, resolved, created_at = row
     return {
         "key": key,
-        "session_id": session_id,
         "rule": rule,
         "severity": severity,
         "message": message,
@@ -217,8 +206,14 @@ def feed_item(row: tuple[Any, ...] | list[Any]) -> dict[str, Any]:
         "at_session_end": bool(at_end),
         "resolved": bool(resolved),
         "created_at": created_at,
-        "session_verdict": verdict,
     }
+
+
+def feed_item(row: tuple[Any, ...] | list[Any]) -> dict[str, Any]:
+    """A violation of the feed, from (key, session_id, rule, severity, message, action_id,
+    trace_id, span_id, at_end, resolved, created_at, the session's verdict now)."""
+    key, session_id, *columns, verdict = row
+    return {**violation_detail((key, *columns)), "session_id": session_id, "session_verdict": verdict}
 
 
 def encode_record(record: ActionRecord) -> str:

@@ -52,6 +52,7 @@ from durable_sessions.record import ActionRecord, Location
 from durable_sessions.report import Verdict, verdict_of
 from durable_sessions.violation import Severity, Violation
 from durable_sessions_collector.store.base import (
+    VIOLATION_COLUMNS,
     ActionRow,
     Alert,
     SessionDetail,
@@ -60,6 +61,7 @@ from durable_sessions_collector.store.base import (
     decode_record,
     encode_record,
     feed_item,
+    violation_detail,
 )
 
 SCHEMA_VERSION = 1
@@ -305,8 +307,7 @@ class PostgresStore:
                 (_t(session_id),),
             ).fetchall()
             violation_rows = db.execute(
-                "SELECT key, rule, severity, message, action_id, trace_id, span_id, at_end, resolved, created_at "
-                "FROM violations WHERE session_id = %s ORDER BY id",
+                f"SELECT {VIOLATION_COLUMNS} FROM violations WHERE session_id = %s ORDER BY id",
                 (_t(session_id),),
             ).fetchall()
         actions = [
@@ -317,23 +318,7 @@ class PostgresStore:
             for name, value in list(action.items()):
                 if isinstance(value, bytes):
                     action[name] = {"bytes_hex": value.hex()}
-        violations = [
-            {
-                "rule": rule,
-                "severity": severity,
-                "message": message,
-                "action_id": action_id,
-                "trace_id": trace_id,
-                "span_id": span_id,
-                "at_session_end": bool(at_end),
-                "resolved": bool(resolved),
-                "key": key,
-                "created_at": created_at,
-            }
-            for key, rule, severity, message, action_id, trace_id, span_id, at_end, resolved, created_at in (
-                violation_rows
-            )
-        ]
+        violations = [violation_detail(row) for row in violation_rows]
         return SessionDetail(_summary(row), actions, violations)
 
     def verdict_counts(self) -> dict[str, int]:

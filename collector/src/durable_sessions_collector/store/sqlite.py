@@ -22,6 +22,7 @@ from durable_sessions.record import ActionRecord, Location
 from durable_sessions.report import Verdict, verdict_of
 from durable_sessions.violation import Severity, Violation
 from durable_sessions_collector.store.base import (
+    VIOLATION_COLUMNS,
     ActionRow,
     Alert,
     SessionDetail,
@@ -30,6 +31,7 @@ from durable_sessions_collector.store.base import (
     decode_record,
     encode_record,
     feed_item,
+    violation_detail,
 )
 
 SCHEMA_VERSION = 1
@@ -216,24 +218,10 @@ class SqliteStore:
                 )
             ]
             violations = [
-                {
-                    "rule": rule,
-                    "severity": severity,
-                    "message": message,
-                    "action_id": action_id,
-                    "trace_id": trace_id,
-                    "span_id": span_id,
-                    "at_session_end": bool(at_end),
-                    "resolved": bool(resolved),
-                    "key": key,
-                    "created_at": created_at,
-                }
-                for key, rule, severity, message, action_id, trace_id, span_id, at_end, resolved, created_at in (
-                    reader.execute(
-                        "SELECT key, rule, severity, message, action_id, trace_id, span_id, at_end, resolved, "
-                        "created_at FROM violations WHERE session_id = ? ORDER BY id",
-                        (session_id,),
-                    )
+                violation_detail(row)
+                for row in reader.execute(
+                    f"SELECT {VIOLATION_COLUMNS} FROM violations WHERE session_id = ? ORDER BY id",
+                    (session_id,),
                 )
             ]
         finally:
