@@ -186,15 +186,17 @@ def map_attributes(
     resource: Mapping[str, Any],
     status_error: bool,
     start_time_ns: int,
-    trace_id: str,
-    span_id: str,
+    trace_id: str | int,
+    span_id: str | int,
     limit: int | None,
     keep_result: bool,
 ) -> tuple[ActionRecord, tuple[str, ...]] | None:
     """:func:`map_span` on the span's parts: ``(record, problems)`` or None.
 
     For front ends that hold a span's parts already (the span processor, the OTLP
-    decoder) and want to skip building :class:`SpanData` and :class:`Mapped`.
+    decoder) and want to skip building :class:`SpanData` and :class:`Mapped`. The ids
+    may be given as integers: they are formatted as hex only if the record needs them,
+    so a span that is no action costs no formatting.
     """
     record: dict[str, Any] = {}
     result: Any = _EMPTY
@@ -217,7 +219,7 @@ def map_attributes(
         else:
             record["kind"] = convention.kind
             if "action_id" not in record:
-                record["action_id"] = _first(attributes, convention.id_keys) or span_id
+                record["action_id"] = _first(attributes, convention.id_keys) or _hex(span_id, 16)
             if result is _EMPTY:
                 result = _third_party_result(record, attributes, convention, limit)
             else:
@@ -245,7 +247,7 @@ def map_attributes(
             if session_id is not None:
                 record["session_id"] = session_id
             else:
-                record["session_id"] = trace_id
+                record["session_id"] = _hex(trace_id, 32)
                 record["session_source"] = sc.SESSION_SOURCE_TRACE
     incarnation = resource.get(sc.SERVICE_INSTANCE_ID)
     if incarnation is not None:
@@ -259,6 +261,12 @@ def map_attributes(
     record["seq"] = start_time_ns
     record["ts"] = start_time_ns / 1e9
     return record, problems  # type: ignore[return-value]
+
+
+def _hex(span_or_trace_id: str | int, width: int) -> str:
+    if type(span_or_trace_id) is str:
+        return span_or_trace_id
+    return format(span_or_trace_id, f"0{width}x")
 
 
 def _own_result(record: dict[str, Any], value: Any, limit: int | None) -> tuple[Any, tuple[str, ...]]:

@@ -297,21 +297,20 @@ class DurabilitySpanProcessor(SpanProcessor):
                 self._resource_attributes = sdk_resource_attributes(resource)
                 self._resource = resource
             context = span.context
-            trace_id = format(context.trace_id, "032x")
-            span_id = format(context.span_id, "016x")
             mapped = map_attributes(
                 attributes,
                 self._resource_attributes,
                 is_error(span),
                 span.start_time or 0,
-                trace_id,
-                span_id,
+                context.trace_id,
+                context.span_id,
                 limit,
                 False,
             )
             if mapped is None:
                 return
             record, problems = mapped
+            trace_id, span_id = format(context.trace_id, "032x"), format(context.span_id, "016x")
             where = _new_location(Location, (None, None, trace_id, span_id))
             with self._lock:
                 violations = self.checker.feed(record, where)
