@@ -63,3 +63,28 @@ def test_a_broken_line_claimed_by_its_bytes_is_reported_once(tmp_path: Path) -> 
     assert parallel == single
     assert [v["line"] for v in single if v["rule"] == "unreadable-line"] == [4]
     assert sum(v["rule"] == "unkeyed-side-effect" for v in parallel) == 8
+
+
+def test_progress_is_reported_while_workers_check(tmp_path: Path) -> None:
+    """The terminal progress line keeps working when the check runs in worker processes."""
+    from durable_sessions.check import PROGRESS_EVERY, OfflineCheck
+    from durable_sessions.rules import select_rules
+
+    log = tmp_path / "big.jsonl"
+    lines = PROGRESS_EVERY + 100
+    log.write_text(
+        "".join(
+            json.dumps(
+                {"session_id": f"s-{i % 50}", "action_id": f"a{i}", "kind": "tool_call", "status": "ok"}
+            )
+            + "\n"
+            for i in range(lines)
+        )
+    )
+    seen: list[tuple[str, int, int | None]] = []
+    run = OfflineCheck([str(log)], select_rules(), jobs=2, progress=lambda *report: seen.append(report))
+    assert list(run) == []
+    assert run.actions == lines
+    assert seen, "no progress was reported"
+    size = log.stat().st_size
+    assert all(path == str(log) and 0 < done <= size and total == size for path, done, total in seen)

@@ -118,7 +118,16 @@ class OfflineCheck:
             receiver, sender = context.Pipe(duplex=False)
             process = context.Process(
                 target=_check_shard,
-                args=(sender, self.paths, shard, self.jobs, rule_ids, self.key_window_s, self.max_line_bytes),
+                args=(
+                    sender,
+                    self.paths,
+                    shard,
+                    self.jobs,
+                    rule_ids,
+                    self.key_window_s,
+                    self.max_line_bytes,
+                    shard == 0 and self.progress is not None,
+                ),
                 daemon=True,
             )
             process.start()
@@ -128,7 +137,7 @@ class OfflineCheck:
         session_end: list[Violation] = []
         try:
             for _, receiver in workers:
-                found, ended, actions, sessions = _receive(receiver)
+                found, ended, actions, sessions = _receive(receiver, self.progress)
                 record_time.extend(found)
                 session_end.extend(ended)
                 self.actions += actions
@@ -224,14 +233,22 @@ def raw_shard_of(raw: bytes, shards: int) -> int | None:
     return zlib.crc32(session_id) % shards
 
 
-def _receive(receiver: Any) -> tuple[list[Violation], list[Violation], int, int]:
-    try:
-        outcome = receiver.recv()
-    except EOFError:
-        raise InputError("a checking worker process died; run again with --jobs 1") from None
-    if isinstance(outcome, str):
-        raise InputError(outcome)
-    return outcome
+def _receive(receiver: Any, progress: Progress | None) -> tuple[list[Violation], list[Violation], int, int]:
+    """A worker's findings; on the way, the progress it reports (worker 0 only)."""
+    while True:
+        try:
+            message = receiver.recv()
+        except EOFError:
+            raise InputError("a checking worker process died; run again with --jobs 1") from None
+        if isinstance(message, str):
+            raise InputError(message)
+        if message[0] != _PROGRESS:
+            return message
+        if progress is not None:
+            progress(*message[1:])
+
+
+_PROGRESS = "progress"
 
 
 def _check_shard(
@@ -242,6 +259,7 @@ def _check_shard(
     rule_ids: list[str],
     key_window_s: float,
     max_line_bytes: int,
+    reports_progress: bool,
 ) -> None:
     """A worker: read every line, check those whose session hashes to ``shard``, send the findings.
 
@@ -255,7 +273,10 @@ def _check_shard(
         for path in paths:
             name = display_name(path)
             with open_source(path) as source:
+                size = _size(source) if reports_progress else None
                 for number, raw in numbered_lines(source, name, max_line_bytes):
+                    if reports_progress and number % PROGRESS_EVERY == 0:
+                        sender.send((_PROGRESS, path, source.tell(), size))
                     owner = None if raw is None else raw_shard_of(raw, shards)
                     if owner is not None and owner != shard:
                         continue

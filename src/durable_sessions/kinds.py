@@ -27,8 +27,3 @@ SIDE_EFFECTING: frozenset[str] = frozenset({WRITE, PAYMENT, EMAIL, NOTIFY, DEPLO
 """Kinds that touch the world: running them again repeats the effect."""
 
 KNOWN: frozenset[str] = NON_DETERMINISTIC | SIDE_EFFECTING | {TOOL_CALL}
-
-
-def is_non_deterministic(kind: str | None) -> bool:
-    """True when an action of ``kind`` must have its outcome recorded."""
-    return kind in NON_DETERMINISTIC
