@@ -135,9 +135,11 @@ def test_sessions_across_transports_incarnations_and_a_restart(start_sidecar, tm
     first.shutdown()
     second.shutdown()
 
-    # Restart on the same store; a third incarnation re-runs a recorded llm_call.
+    # Restart on the same store; a third incarnation re-runs a recorded llm_call. The
+    # session must stay active across the two Exports of this incarnation, however slow the
+    # machine: a short idle_s would end it between them and rebuild it again.
     sidecar.stop()
-    again = start_sidecar(store)
+    again = start_sidecar(store, evaluation__idle_s=30)
     third = Agent(grpc_exporter(again.grpc_endpoint), "inc-3")
     with third.trace("resume-3"):
         third.action("trip-1", "a02", "llm_call", result=json.dumps({"text": "a different answer"}))
@@ -158,7 +160,9 @@ def test_sessions_across_transports_incarnations_and_a_restart(start_sidecar, tm
         assert len(keys) == len(set(keys)) == db.execute("SELECT COUNT(*) FROM violations").fetchone()[0]
 
 
-def test_idle_session_is_ended_and_judged_again_when_it_resumes(sidecar) -> None:  # type: ignore[no-untyped-def]
+def test_idle_session_is_ended_and_judged_again_when_it_resumes(start_sidecar) -> None:  # type: ignore[no-untyped-def]
+    # idle_s long enough that a busy machine cannot end the session between two steps below.
+    sidecar = start_sidecar(evaluation__idle_s=2)
     agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
     # Write-ahead intent of an unkeyed email, then the process goes quiet.
     agent.action("s-idle", "e1", "email", status="started")
