@@ -164,11 +164,15 @@ class Pipeline:
                 self._write(batch)
             now = time.time()
             if now - self.last_sweep >= self.sweep_every:
-                self.last_sweep = now
                 try:
-                    self.sweep(now)
+                    ended = self.sweep(now)
                 except Exception as error:  # keep writing; the sweep is retried next time
                     self.log.error("idle-sweep-failed", error=f"{type(error).__name__}: {error}")
+                    ended = 0
+                # A full batch leaves more idle sessions: sweep again right after the next
+                # write batch, rather than making Exports wait for a whole wave to end.
+                if ended < IDLE_BATCH:
+                    self.last_sweep = now
         # Drain what was accepted before the stop was asked for.
         while True:
             try:
@@ -227,38 +231,34 @@ class Pipeline:
         self._raised(fresh)
 
     def sweep(self, now: float) -> int:
-        """End the sessions idle for ``idle_s``: run their end-of-session rules."""
-        ended = 0
-        while not self._stopping.is_set():
-            fresh: list[Violation] = []
-            verdicts: dict[str, str] = {}
-            with self.store.writer() as writer:
-                idle = writer.idle_sessions(now - self.idle_s, IDLE_BATCH)
-                if not idle:
-                    break
-                try:
-                    self._lock(writer, idle)
-                    for session_id in idle:
-                        rebuilt, violations = self.evaluator.end(writer, session_id)
-                        for violation in rebuilt:
-                            if writer.add_violation(violation, at_end=False, now=now):
-                                fresh.append(violation)
-                        for violation in violations:
-                            if writer.add_violation(violation, at_end=True, now=now):
-                                fresh.append(violation)
-                        writer.resolve_end_violations(session_id, {v.key for v in violations})
-                        writer.end_session(session_id, now)
-                        verdicts[session_id] = writer.refresh_verdict(session_id)
-                    self._enqueue(writer, fresh, verdicts, now)
-                except BaseException:
-                    self.evaluator.discard(idle)
-                    raise
-            ended += len(idle)
-            self.metrics.sessions_ended.inc(len(idle))
-            self._raised(fresh)
-            if len(idle) < IDLE_BATCH:
-                break
-        return ended
+        """End up to ``IDLE_BATCH`` sessions idle for ``idle_s`` (their end-of-session rules
+        run), in one transaction; return how many were ended."""
+        fresh: list[Violation] = []
+        verdicts: dict[str, str] = {}
+        with self.store.writer() as writer:
+            idle = writer.idle_sessions(now - self.idle_s, IDLE_BATCH)
+            if not idle:
+                return 0
+            try:
+                self._lock(writer, idle)
+                for session_id in idle:
+                    rebuilt, violations = self.evaluator.end(writer, session_id)
+                    for violation in rebuilt:
+                        if writer.add_violation(violation, at_end=False, now=now):
+                            fresh.append(violation)
+                    for violation in violations:
+                        if writer.add_violation(violation, at_end=True, now=now):
+                            fresh.append(violation)
+                    writer.resolve_end_violations(session_id, {v.key for v in violations})
+                    writer.end_session(session_id, now)
+                    verdicts[session_id] = writer.refresh_verdict(session_id)
+                self._enqueue(writer, fresh, verdicts, now)
+            except BaseException:
+                self.evaluator.discard(idle)
+                raise
+        self.metrics.sessions_ended.inc(len(idle))
+        self._raised(fresh)
+        return len(idle)
 
     def _lock(self, writer: Writer, session_ids: Iterable[str | None]) -> None:
         """With a store shared by replicas: lock the sessions for this transaction and
