@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from durable_sessions.rules import CATALOGUE, select_rules
 from durable_sessions.violation import Severity, Violation
 
 FUZZ = settings(
-    max_examples=200,
+    max_examples=int(os.environ.get("FUZZ_EXAMPLES", "200")),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
