@@ -99,6 +99,15 @@ def test_violation_reaches_callback_metric_and_location(setup: Setup) -> None:
     assert setup.counted() == {("unkeyed-side-effect", "error", "payment"): 1}
 
 
+def test_end_of_session_findings_are_counted_with_their_action_kind(setup: Setup) -> None:
+    with session("s-1"):
+        setup.action("e1", "email", status="started")  # intent of an unkeyed email, never completed
+    assert setup.violations == []
+    setup.processor.force_flush()
+    assert setup.rules() == ["unresolved-side-effect"]
+    assert setup.counted() == {("unresolved-side-effect", "error", "email"): 1}
+
+
 def test_violations_are_logged_one_line_each(caplog: pytest.LogCaptureFixture) -> None:
     s = Setup(mode="log")
     with caplog.at_level(logging.WARNING, logger="durable_sessions"), session("s-1"):
