@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 import yaml
 
@@ -206,6 +206,7 @@ def read_token_file(path: str) -> str:
 
 
 SECRET = "***"
+MIN_HEADER_SECRET_CHARS = 8
 
 
 def redact_url(url: str) -> str:
@@ -254,10 +255,93 @@ def _hide_url(value: Any) -> Any:
     return None if value is None else redact_url(str(value))
 
 
+def _hide_headers(value: Any) -> Any:
+    return None if value is None else {name: SECRET for name, _ in value}
+
+
 def _log_level(value: Any, _text: bool) -> str:
     if not isinstance(value, str) or value.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ValueError(f"expected one of debug, info, warning, error, got {value!r}")
     return value.upper()
+
+
+# --- alerts.otlp: a gRPC endpoint, its TLS choice and its metadata --------------------
+
+
+def _otlp_endpoint(value: Any, text: bool) -> str | None:
+    """``host:port``, ``http://host:port`` or ``https://host:port`` (an OTLP/gRPC target)."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"expected host:port or http(s)://host:port, got {value!r}")
+    value = value.strip()
+    if "://" in value:
+        try:
+            parts = urlsplit(value)
+            port = parts.port
+        except ValueError:
+            parts, port = None, None
+        if (
+            parts is None
+            or parts.scheme not in ("http", "https")
+            or not parts.hostname
+            or port is None
+            or parts.username is not None
+            or parts.path not in ("", "/")
+            or parts.query
+        ):
+            raise ValueError(
+                f"expected host:port or http(s)://host:port (no path, no credentials: use "
+                f"alerts.otlp.headers), got {redact_url(value)!r}"
+            )
+        return value
+    _endpoint(value, text)
+    if value.rpartition(":")[2] == "0":
+        raise ValueError(f"expected host:port with a port from 1 to 65535, got {value!r}")
+    return value
+
+
+def _optional_boolean(value: Any, text: bool) -> bool | None:
+    if value is None or (text and isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
+        return None
+    return _boolean(value, text)
+
+
+_METADATA_KEY_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_.")
+
+
+def _headers(value: Any, text: bool) -> tuple[tuple[str, str], ...] | None:
+    """gRPC metadata: a mapping, or ``key=value,key=value`` (``OTEL_EXPORTER_OTLP_HEADERS``
+    syntax, URL-encoded values). Errors never repeat a value (it may be a credential)."""
+    if value is None or value == "" or value == {}:
+        return None
+    if isinstance(value, str):
+        pairs = []
+        for item in value.split(","):
+            if not item.strip():
+                continue
+            name, sep, raw = item.partition("=")
+            if not sep:
+                raise ValueError(f"expected key=value pairs separated by commas, got {name.strip()!r} alone")
+            pairs.append((unquote(name).strip(), unquote(raw).strip()))
+    elif isinstance(value, dict):
+        pairs = [(str(name).strip(), raw) for name, raw in value.items()]
+    else:
+        raise ValueError("expected a mapping of header names to values, or key=value,key=value")
+    headers: dict[str, str] = {}
+    for name, raw in pairs:
+        key = name.lower()
+        if (
+            not key
+            or any(c not in _METADATA_KEY_CHARS for c in key)
+            or key.startswith("grpc-")
+            or key.endswith("-bin")
+        ):
+            raise ValueError(f"{name!r} is not a valid gRPC metadata key (lowercase letters, digits, -_.)")
+        if not isinstance(raw, str) or not raw or any(not " " <= c <= "~" for c in raw):
+            raise ValueError(f"header {key!r}: expected a non-empty printable ASCII string (value not shown)")
+        headers[key] = raw
+    return tuple(headers.items()) or None
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,6 +409,23 @@ OPTIONS: tuple[Option, ...] = (
            "wait before the first retry; doubled after each failed attempt, with jitter"),
     Option("alerts.webhook.max_backoff_s", "DURABLE_SESSIONS_WEBHOOK_MAX_BACKOFF_S", _positive_number, 300.0,
            "longest wait between two webhook attempts (also caps a receiver's Retry-After)"),
+    Option("alerts.otlp.endpoint", "DURABLE_SESSIONS_ALERTS_OTLP_ENDPOINT", _otlp_endpoint, None,
+           "send each new violation as an OpenTelemetry log record over OTLP/gRPC (LogsService/Export) "
+           "to this host:port, http://host:port or https://host:port, e.g. an OpenTelemetry Collector"),
+    Option("alerts.otlp.insecure", "DURABLE_SESSIONS_ALERTS_OTLP_INSECURE", _optional_boolean, None,
+           "true: plaintext gRPC, false: TLS (system CAs; GRPC_DEFAULT_SSL_ROOTS_FILE_PATH for others); "
+           "unset: plaintext for http:// and loopback host:port, TLS otherwise; https:// is always TLS"),
+    Option("alerts.otlp.headers", "DURABLE_SESSIONS_ALERTS_OTLP_HEADERS", _headers, None,
+           "gRPC metadata sent with each Export: a mapping, or key=value,key=value as "
+           "OTEL_EXPORTER_OTLP_HEADERS; values are never logged", redact=_hide_headers),
+    Option("alerts.otlp.max_attempts", "DURABLE_SESSIONS_ALERTS_OTLP_MAX_ATTEMPTS", _positive_int, 8,
+           "OTLP log delivery attempts before an alert goes to the dead letter"),
+    Option("alerts.otlp.timeout_s", "DURABLE_SESSIONS_ALERTS_OTLP_TIMEOUT_S", _positive_number, 10.0,
+           "deadline of one OTLP Export before it counts as a failed attempt"),
+    Option("alerts.otlp.backoff_s", "DURABLE_SESSIONS_ALERTS_OTLP_BACKOFF_S", _positive_number, 1.0,
+           "wait before the first OTLP retry; doubled after each failed attempt, with jitter"),
+    Option("alerts.otlp.max_backoff_s", "DURABLE_SESSIONS_ALERTS_OTLP_MAX_BACKOFF_S", _positive_number, 300.0,
+           "longest wait between two OTLP attempts (also caps a receiver's RetryInfo delay)"),
     Option("tls.cert_file", "DURABLE_SESSIONS_TLS_CERT_FILE", _optional_file, None,
            "PEM certificate (chain) served on both ports; set with tls.key_file to require TLS"),
     Option("tls.key_file", "DURABLE_SESSIONS_TLS_KEY_FILE", _optional_file, None,
@@ -365,6 +466,13 @@ class Config:
     alerts_webhook_timeout_s: float = 5.0
     alerts_webhook_backoff_s: float = 1.0
     alerts_webhook_max_backoff_s: float = 300.0
+    alerts_otlp_endpoint: str | None = None
+    alerts_otlp_insecure: bool | None = None
+    alerts_otlp_headers: tuple[tuple[str, str], ...] | None = field(default=None, repr=False)
+    alerts_otlp_max_attempts: int = 8
+    alerts_otlp_timeout_s: float = 10.0
+    alerts_otlp_backoff_s: float = 1.0
+    alerts_otlp_max_backoff_s: float = 300.0
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
     auth_token: str | None = field(default=None, repr=False)
@@ -391,6 +499,9 @@ class Config:
             found.append(token)
         if self.alerts_webhook_url:
             found.extend(url_secrets(self.alerts_webhook_url))
+        for _, value in self.alerts_otlp_headers or ():
+            # Short values (a tenant id) would blank out every occurrence in the log.
+            found.extend(part for part in {value, value.split()[-1]} if len(part) >= MIN_HEADER_SECRET_CHARS)
         found.extend(_store_password(self.store))
         return found
 
@@ -462,12 +573,13 @@ def _check_together(values: dict[str, Any], sources: dict[str, str]) -> None:
             read_token_file(values["auth.token_file"])
         except ValueError as error:
             raise ConfigError(f"auth.token_file: {error} (from {sources['auth.token_file']})") from None
-    low, high = values.get("alerts.webhook.backoff_s"), values.get("alerts.webhook.max_backoff_s")
-    if low is not None and high is not None and low > high:
-        raise ConfigError(
-            f"alerts.webhook.max_backoff_s: must be at least alerts.webhook.backoff_s ({low:g}), got {high:g} "
-            f"(from {sources['alerts.webhook.max_backoff_s']})"
-        )
+    for channel in ("webhook", "otlp"):
+        low, high = values.get(f"alerts.{channel}.backoff_s"), values.get(f"alerts.{channel}.max_backoff_s")
+        if low is not None and high is not None and low > high:
+            raise ConfigError(
+                f"alerts.{channel}.max_backoff_s: must be at least alerts.{channel}.backoff_s ({low:g}), "
+                f"got {high:g} (from {sources[f'alerts.{channel}.max_backoff_s']})"
+            )
 
 
 def _parse(option: Option, value: Any, *, text: bool, source: str) -> Any:

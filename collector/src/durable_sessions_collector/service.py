@@ -7,9 +7,10 @@ import threading
 from typing import TextIO
 
 from durable_sessions_collector import __version__
-from durable_sessions_collector.alerts import LOG, WEBHOOK
+from durable_sessions_collector.alerts import LOG, OTLP, WEBHOOK
 from durable_sessions_collector.alerts.log import LogAlerts
 from durable_sessions_collector.alerts.metrics import Metrics
+from durable_sessions_collector.alerts.otlp import OtlpAlerts
 from durable_sessions_collector.alerts.webhook import WebhookAlerts
 from durable_sessions_collector.api.grpc_api import SessionApi
 from durable_sessions_collector.api.http_api import HttpApi
@@ -44,6 +45,7 @@ class Service:
         # Every line goes through the redactor: no secret reaches the log, whoever writes it.
         self.log = JsonLog(RedactingStream(log_stream, config.secrets()), config.log_level)
         self.webhook: WebhookAlerts | None = None
+        self.otlp: OtlpAlerts | None = None
         self.store = None
         self.grpc_port = 0
         self.http_port = 0
@@ -66,6 +68,7 @@ class Service:
                 for channel, enabled in (
                     (LOG, config.alerts_log_enabled),
                     (WEBHOOK, bool(config.alerts_webhook_url)),
+                    (OTLP, bool(config.alerts_otlp_endpoint)),
                 )
                 if enabled
             )
@@ -84,6 +87,19 @@ class Service:
                     timeout_s=config.alerts_webhook_timeout_s,
                     backoff_s=config.alerts_webhook_backoff_s,
                     max_backoff_s=config.alerts_webhook_max_backoff_s,
+                )
+            if config.alerts_otlp_endpoint:
+                self.otlp = OtlpAlerts(
+                    store,
+                    log,
+                    metrics,
+                    config.alerts_otlp_endpoint,
+                    insecure=config.alerts_otlp_insecure,
+                    headers=config.alerts_otlp_headers,
+                    max_attempts=config.alerts_otlp_max_attempts,
+                    timeout_s=config.alerts_otlp_timeout_s,
+                    backoff_s=config.alerts_otlp_backoff_s,
+                    max_backoff_s=config.alerts_otlp_max_backoff_s,
                 )
             self.pipeline = Pipeline(
                 store,
@@ -138,6 +154,8 @@ class Service:
             self.http_port = self.http.start()
             if self.webhook is not None:
                 self.webhook.start()  # delivers first what an earlier run left pending
+            if self.otlp is not None:
+                self.otlp.start()
         except BaseException:
             self._teardown()
             raise
@@ -168,9 +186,12 @@ class Service:
         return self
 
     def _after_commit(self) -> None:
-        """New alerts were committed: the log channel writes them now, the webhook is woken."""
+        """New alerts were committed: the log channel writes them now, the webhook and otlp
+        channels are woken."""
         if self.webhook is not None:
             self.webhook.notify()
+        if self.otlp is not None:
+            self.otlp.notify()
         if self.config.alerts_log_enabled:
             self.log_alerts.deliver_pending()
 
@@ -179,6 +200,8 @@ class Service:
             return "the writer thread is not running"
         if self.webhook is not None and self._started and not self.webhook.alive:
             return "the webhook delivery thread is not running"
+        if self.otlp is not None and self._started and not self.otlp.alive:
+            return "the otlp delivery thread is not running"
         return None
 
     def stop(self) -> None:
@@ -205,6 +228,8 @@ class Service:
             pipeline.stop()
         if self.webhook is not None:
             self.webhook.stop()
+        if self.otlp is not None:
+            self.otlp.stop()
         if self.store is not None:
             self.store.close()
 

@@ -8,7 +8,11 @@ left pending by a crash are delivered at the next start. The channels:
 - ``log``: one JSON line per violation on standard error (``"event": "violation"``);
 - metrics: ``durable_sessions_violations_total{rule,severity}`` (see :mod:`.metrics`);
 - ``webhook``: POST JSON with an ``Idempotency-Key``, bounded retries with backoff and
-  jitter, dead letter after the cap (see :mod:`.webhook`).
+  jitter, dead letter after the cap (see :mod:`.webhook`);
+- ``otlp``: an OpenTelemetry log record over OTLP/gRPC to a downstream endpoint (an
+  OpenTelemetry Collector), with the same retries and dead letter (see :mod:`.otlp`).
+
+``webhook`` and ``otlp`` share the outbox delivery loop of :mod:`.outbox`.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from durable_sessions.violation import Violation
 
 LOG = "log"
 WEBHOOK = "webhook"
+OTLP = "otlp"
 
 
 def alert_payload(violation: Violation, verdict: str | None, detected_at: float) -> dict[str, Any]:

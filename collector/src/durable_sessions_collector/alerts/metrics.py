@@ -115,7 +115,7 @@ class Metrics:
         )
         self.alert_delivery_duration = Histogram(
             "durable_sessions_alert_delivery_duration_seconds",
-            "Duration of one alert delivery attempt (a webhook POST), by channel",
+            "Duration of one alert delivery attempt (a webhook POST, an OTLP Export), by channel",
             ["channel"],
             buckets=LATENCY_BUCKETS,
             registry=registry,

@@ -24,6 +24,9 @@ Metrics: ``durable_sessions_alert_deliveries_total{channel="webhook",outcome}``
 ``durable_sessions_alert_outbox{channel="webhook",state}`` (``pending``, ``delivered``,
 ``dead``, read from the store), ``durable_sessions_alert_delivery_duration_seconds``
 (one POST) and ``durable_sessions_alert_latency_seconds`` (detection to delivery).
+
+The outbox loop (retries, backoff, dead letter, metrics) is :class:`.outbox.OutboxDelivery`,
+shared with the ``otlp`` channel; this module says how one POST is made and judged.
 """
 
 from __future__ import annotations
@@ -32,11 +35,9 @@ import base64
 import http.client
 import json
 import random
-import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -44,33 +45,18 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 from durable_sessions_collector import __version__
 from durable_sessions_collector.alerts import WEBHOOK, idempotency_key
 from durable_sessions_collector.alerts.metrics import Metrics
+from durable_sessions_collector.alerts.outbox import Attempt, OutboxDelivery, backoff_delay
 from durable_sessions_collector.config import redact_url
 from durable_sessions_collector.jsonlog import JsonLog
 from durable_sessions_collector.store import Alert, Store
 
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429})
-BATCH = 100
-MAX_ERROR_CHARS = 500
-
-
-@dataclass(frozen=True, slots=True)
-class Attempt:
-    """What one POST came to."""
-
-    outcome: str  # "delivered", "retry" or "rejected"
-    error: str | None = None
-    retry_after_s: float | None = None
+__all__ = ["Attempt", "WebhookAlerts", "backoff_delay", "idempotency_key"]
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
     def redirect_request(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
         return None  # a redirect is answered as the 3xx it is: the URL is wrong
-
-
-def backoff_delay(attempts: int, base_s: float, max_s: float, rng: random.Random) -> float:
-    """Wait after the ``attempts``-th failure: exponential, capped, ±50% jitter."""
-    delay = min(max_s, base_s * (2 ** max(0, attempts - 1)))
-    return min(max_s, delay * rng.uniform(0.5, 1.5))
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -85,10 +71,11 @@ def _retry_after(value: str | None) -> float | None:
         return None
 
 
-class WebhookAlerts:
+class WebhookAlerts(OutboxDelivery):
     """Delivers the ``webhook`` outbox rows from a thread of its own."""
 
     channel = WEBHOOK
+    thread_name = "webhook-alerts"
 
     def __init__(
         self,
@@ -103,13 +90,16 @@ class WebhookAlerts:
         max_backoff_s: float = 300.0,
         rng: random.Random | None = None,
     ) -> None:
-        self.store = store
-        self.log = log
-        self.metrics = metrics
-        self.max_attempts = max_attempts
-        self.timeout_s = timeout_s
-        self.backoff_s = backoff_s
-        self.max_backoff_s = max_backoff_s
+        super().__init__(
+            store,
+            log,
+            metrics,
+            max_attempts=max_attempts,
+            timeout_s=timeout_s,
+            backoff_s=backoff_s,
+            max_backoff_s=max_backoff_s,
+            rng=rng,
+        )
         self.shown_url = redact_url(url)
         parts = urlsplit(url)
         self._headers = {
@@ -124,117 +114,12 @@ class WebhookAlerts:
             url = urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
         self._url = url
         self._opener = urllib.request.build_opener(_NoRedirect())
-        self._rng = rng or random.Random()
-        self._wake = threading.Event()
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._next_due: float | None = None
 
-    # --- lifecycle ---------------------------------------------------------------------
+    def send(self, alert: Alert) -> Attempt:
+        return self.post(alert)
 
-    def start(self) -> None:
-        """Start delivering, beginning with what an earlier run left pending."""
-        self._thread = threading.Thread(target=self._run, name="webhook-alerts", daemon=True)
-        self._thread.start()
-
-    def notify(self) -> None:
-        """New alerts were committed: deliver them now."""
-        self._wake.set()
-
-    def stop(self) -> None:
-        self._stopping.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(self.timeout_s + 2)
-
-    @property
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def _run(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                self.deliver_due()
-            except Exception as error:  # the store is busy or gone: try again shortly
-                self.log.error(
-                    "alert-delivery-failed", channel=WEBHOOK, error=f"{type(error).__name__}: {error}"
-                )
-                self._next_due = time.time() + 1.0
-            now = time.time()
-            wait = 1.0 if self._next_due is None else min(1.0, max(0.01, self._next_due - now))
-            self._wake.wait(wait)
-            self._wake.clear()
-
-    # --- delivery ----------------------------------------------------------------------
-
-    def deliver_due(self) -> int:
-        """POST every alert that is due now; return how many were delivered."""
-        delivered = 0
-        self._next_due = None
-        while not self._stopping.is_set():
-            now = time.time()
-            due = self.store.pending_alerts(WEBHOOK, now, limit=BATCH)
-            if not due:
-                break
-            for alert in due:
-                if self._stopping.is_set():
-                    break
-                delivered += self._deliver(alert)
-            if len(due) < BATCH:
-                break
-        return delivered
-
-    def _deliver(self, alert: Alert) -> int:
-        start = time.perf_counter()
-        attempt = self.post(alert)
-        self.metrics.alert_delivery_duration.labels(WEBHOOK).observe(time.perf_counter() - start)
-        now = time.time()
-        attempts = alert.attempts + 1
-        key = idempotency_key(alert.payload)
-        if attempt.outcome == "delivered":
-            with self.store.writer() as writer:
-                writer.mark_delivered([alert.id], now)
-            self.metrics.alert_deliveries.labels(WEBHOOK, "delivered").inc()
-            detected = alert.payload.get("detected_at")
-            if isinstance(detected, int | float):
-                self.metrics.alert_latency.labels(WEBHOOK).observe(max(0.0, now - detected))
-            self.log.debug("alert-delivered", channel=WEBHOOK, idempotency_key=key, attempts=attempts)
-            return 1
-        error = (attempt.error or "failed")[:MAX_ERROR_CHARS]
-        if attempt.outcome == "retry" and attempts < self.max_attempts:
-            delay = backoff_delay(attempts, self.backoff_s, self.max_backoff_s, self._rng)
-            if attempt.retry_after_s is not None:
-                delay = min(self.max_backoff_s, max(delay, attempt.retry_after_s))
-            retry_at = now + delay
-            with self.store.writer() as writer:
-                writer.mark_failed(alert.id, error, retry_at)
-            self._next_due = retry_at if self._next_due is None else min(self._next_due, retry_at)
-            self.metrics.alert_deliveries.labels(WEBHOOK, "retry").inc()
-            self.log.warning(
-                "alert-delivery-retry",
-                channel=WEBHOOK,
-                url=self.shown_url,
-                idempotency_key=key,
-                attempt=attempts,
-                max_attempts=self.max_attempts,
-                retry_in_s=round(delay, 3),
-                error=error,
-            )
-            return 0
-        with self.store.writer() as writer:
-            writer.mark_failed(alert.id, error, None)
-        self.metrics.alert_deliveries.labels(WEBHOOK, "dead_letter").inc()
-        self.log.error(
-            "alert-dead-letter",
-            channel=WEBHOOK,
-            url=self.shown_url,
-            idempotency_key=key,
-            violation_key=alert.violation_key,
-            attempts=attempts,
-            error=error,
-            reason="rejected by the receiver" if attempt.outcome == "rejected" else "attempts exhausted",
-        )
-        return 0
+    def target(self) -> dict[str, Any]:
+        return {"url": self.shown_url}
 
     def body(self, alert: Alert) -> dict[str, Any]:
         """The JSON document POSTed for ``alert``: the same on every attempt."""

@@ -1,0 +1,203 @@
+"""Delivering one alert channel from the store's outbox: retries, backoff, dead letter.
+
+The ``webhook`` and ``otlp`` channels share this loop; each only says how to send one
+alert (:meth:`OutboxDelivery.send`) and what one attempt came to (:class:`Attempt`).
+
+Rows come from the store's outbox (written in the same transaction as the violation),
+so an alert survives a crash or a restart and is delivered once it can be, oldest
+first, by a thread of the channel's own. A delivered alert is marked delivered; a
+retryable failure is retried after ``backoff_s · 2^(attempt-1)`` (capped by
+``max_backoff_s``, ±50% jitter so that many sidecars do not retry in step; a delay the
+receiver asks for is honoured up to the cap); a rejection, or the ``max_attempts``-th
+failure, moves the alert to the dead letter: it stays in the outbox with state ``dead``
+and its last error, and is never sent again.
+
+Metrics (labelled with the channel): ``durable_sessions_alert_deliveries_total{channel,outcome}``
+(``delivered``, ``retry``, ``dead_letter``), ``durable_sessions_alert_outbox{channel,state}``
+(from the store), ``durable_sessions_alert_delivery_duration_seconds{channel}`` (one attempt)
+and ``durable_sessions_alert_latency_seconds{channel}`` (detection to delivery).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from durable_sessions_collector.alerts import idempotency_key
+from durable_sessions_collector.alerts.metrics import Metrics
+from durable_sessions_collector.jsonlog import JsonLog
+from durable_sessions_collector.store import Alert, Store
+
+BATCH = 100
+MAX_ERROR_CHARS = 500
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """What one delivery attempt came to."""
+
+    outcome: str  # "delivered", "retry" or "rejected"
+    error: str | None = None
+    retry_after_s: float | None = None
+
+
+def backoff_delay(attempts: int, base_s: float, max_s: float, rng: random.Random) -> float:
+    """Wait after the ``attempts``-th failure: exponential, capped, ±50% jitter."""
+    delay = min(max_s, base_s * (2 ** max(0, attempts - 1)))
+    return min(max_s, delay * rng.uniform(0.5, 1.5))
+
+
+class OutboxDelivery:
+    """Delivers the outbox rows of :attr:`channel` from a thread of its own."""
+
+    channel = ""
+    thread_name = "alerts"
+
+    def __init__(
+        self,
+        store: Store,
+        log: JsonLog,
+        metrics: Metrics,
+        *,
+        max_attempts: int = 8,
+        timeout_s: float = 5.0,
+        backoff_s: float = 1.0,
+        max_backoff_s: float = 300.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.store = store
+        self.log = log
+        self.metrics = metrics
+        self.max_attempts = max_attempts
+        self.timeout_s = timeout_s
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self._rng = rng or random.Random()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._next_due: float | None = None
+
+    # --- what a channel provides --------------------------------------------------------
+
+    def send(self, alert: Alert) -> Attempt:
+        """One delivery attempt of ``alert``."""
+        raise NotImplementedError
+
+    def target(self) -> dict[str, Any]:
+        """Where alerts go, for log lines (never a secret)."""
+        return {}
+
+    def close(self) -> None:
+        """Release what :meth:`send` holds open (called after the thread stopped)."""
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start delivering, beginning with what an earlier run left pending."""
+        self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
+        self._thread.start()
+
+    def notify(self) -> None:
+        """New alerts were committed: deliver them now."""
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(self.timeout_s + 2)
+        self.close()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                self.deliver_due()
+            except Exception as error:  # the store is busy or gone: try again shortly
+                self.log.error(
+                    "alert-delivery-failed", channel=self.channel, error=f"{type(error).__name__}: {error}"
+                )
+                self._next_due = time.time() + 1.0
+            now = time.time()
+            wait = 1.0 if self._next_due is None else min(1.0, max(0.01, self._next_due - now))
+            self._wake.wait(wait)
+            self._wake.clear()
+
+    # --- delivery ----------------------------------------------------------------------
+
+    def deliver_due(self) -> int:
+        """Send every alert that is due now; return how many were delivered."""
+        delivered = 0
+        self._next_due = None
+        while not self._stopping.is_set():
+            now = time.time()
+            due = self.store.pending_alerts(self.channel, now, limit=BATCH)
+            if not due:
+                break
+            for alert in due:
+                if self._stopping.is_set():
+                    break
+                delivered += self._deliver(alert)
+            if len(due) < BATCH:
+                break
+        return delivered
+
+    def _deliver(self, alert: Alert) -> int:
+        channel = self.channel
+        start = time.perf_counter()
+        attempt = self.send(alert)
+        self.metrics.alert_delivery_duration.labels(channel).observe(time.perf_counter() - start)
+        now = time.time()
+        attempts = alert.attempts + 1
+        key = idempotency_key(alert.payload)
+        if attempt.outcome == "delivered":
+            with self.store.writer() as writer:
+                writer.mark_delivered([alert.id], now)
+            self.metrics.alert_deliveries.labels(channel, "delivered").inc()
+            detected = alert.payload.get("detected_at")
+            if isinstance(detected, int | float):
+                self.metrics.alert_latency.labels(channel).observe(max(0.0, now - detected))
+            self.log.debug("alert-delivered", channel=channel, idempotency_key=key, attempts=attempts)
+            return 1
+        error = (attempt.error or "failed")[:MAX_ERROR_CHARS]
+        if attempt.outcome == "retry" and attempts < self.max_attempts:
+            delay = backoff_delay(attempts, self.backoff_s, self.max_backoff_s, self._rng)
+            if attempt.retry_after_s is not None:
+                delay = min(self.max_backoff_s, max(delay, attempt.retry_after_s))
+            retry_at = now + delay
+            with self.store.writer() as writer:
+                writer.mark_failed(alert.id, error, retry_at)
+            self._next_due = retry_at if self._next_due is None else min(self._next_due, retry_at)
+            self.metrics.alert_deliveries.labels(channel, "retry").inc()
+            self.log.warning(
+                "alert-delivery-retry",
+                channel=channel,
+                **self.target(),
+                idempotency_key=key,
+                attempt=attempts,
+                max_attempts=self.max_attempts,
+                retry_in_s=round(delay, 3),
+                error=error,
+            )
+            return 0
+        with self.store.writer() as writer:
+            writer.mark_failed(alert.id, error, None)
+        self.metrics.alert_deliveries.labels(channel, "dead_letter").inc()
+        self.log.error(
+            "alert-dead-letter",
+            channel=channel,
+            **self.target(),
+            idempotency_key=key,
+            violation_key=alert.violation_key,
+            attempts=attempts,
+            error=error,
+            reason="rejected by the receiver" if attempt.outcome == "rejected" else "attempts exhausted",
+        )
+        return 0
