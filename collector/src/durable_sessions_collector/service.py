@@ -11,6 +11,7 @@ from durable_sessions_collector.alerts import LOG, OTLP, WEBHOOK
 from durable_sessions_collector.alerts.log import LogAlerts
 from durable_sessions_collector.alerts.metrics import Metrics
 from durable_sessions_collector.alerts.otlp import OtlpAlerts
+from durable_sessions_collector.alerts.outbox import DeliveryPolicy
 from durable_sessions_collector.alerts.webhook import WebhookAlerts
 from durable_sessions_collector.api.grpc_api import SessionApi
 from durable_sessions_collector.api.http_api import HttpApi
@@ -83,10 +84,12 @@ class Service:
                     log,
                     metrics,
                     config.alerts_webhook_url,
-                    max_attempts=config.alerts_webhook_max_attempts,
-                    timeout_s=config.alerts_webhook_timeout_s,
-                    backoff_s=config.alerts_webhook_backoff_s,
-                    max_backoff_s=config.alerts_webhook_max_backoff_s,
+                    policy=DeliveryPolicy(
+                        config.alerts_webhook_max_attempts,
+                        config.alerts_webhook_timeout_s,
+                        config.alerts_webhook_backoff_s,
+                        config.alerts_webhook_max_backoff_s,
+                    ),
                 )
             if config.alerts_otlp_endpoint:
                 self.otlp = OtlpAlerts(
@@ -96,10 +99,12 @@ class Service:
                     config.alerts_otlp_endpoint,
                     insecure=config.alerts_otlp_insecure,
                     headers=config.alerts_otlp_headers,
-                    max_attempts=config.alerts_otlp_max_attempts,
-                    timeout_s=config.alerts_otlp_timeout_s,
-                    backoff_s=config.alerts_otlp_backoff_s,
-                    max_backoff_s=config.alerts_otlp_max_backoff_s,
+                    policy=DeliveryPolicy(
+                        config.alerts_otlp_max_attempts,
+                        config.alerts_otlp_timeout_s,
+                        config.alerts_otlp_backoff_s,
+                        config.alerts_otlp_max_backoff_s,
+                    ),
                 )
             self.pipeline = Pipeline(
                 store,

@@ -65,7 +65,7 @@ from opentelemetry.proto.resource.v1 import resource_pb2
 from durable_sessions_collector import __version__
 from durable_sessions_collector.alerts import OTLP, idempotency_key
 from durable_sessions_collector.alerts.metrics import Metrics
-from durable_sessions_collector.alerts.outbox import Attempt, OutboxDelivery
+from durable_sessions_collector.alerts.outbox import DEFAULT_POLICY, Attempt, DeliveryPolicy, OutboxDelivery
 from durable_sessions_collector.config import is_loopback
 from durable_sessions_collector.jsonlog import JsonLog
 from durable_sessions_collector.store import Alert, Store
@@ -212,22 +212,10 @@ class OtlpAlerts(OutboxDelivery):
         *,
         insecure: bool | None = None,
         headers: tuple[tuple[str, str], ...] | None = None,
-        max_attempts: int = 8,
-        timeout_s: float = 10.0,
-        backoff_s: float = 1.0,
-        max_backoff_s: float = 300.0,
+        policy: DeliveryPolicy = DEFAULT_POLICY,
         rng: random.Random | None = None,
     ) -> None:
-        super().__init__(
-            store,
-            log,
-            metrics,
-            max_attempts=max_attempts,
-            timeout_s=timeout_s,
-            backoff_s=backoff_s,
-            max_backoff_s=max_backoff_s,
-            rng=rng,
-        )
+        super().__init__(store, log, metrics, policy, rng=rng)
         self.endpoint = endpoint
         self.address, self.tls = grpc_target(endpoint, insecure)
         self._metadata = tuple(headers or ())

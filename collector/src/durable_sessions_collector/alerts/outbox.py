@@ -50,6 +50,20 @@ def backoff_delay(attempts: int, base_s: float, max_s: float, rng: random.Random
     return min(max_s, delay * rng.uniform(0.5, 1.5))
 
 
+@dataclass(frozen=True)
+class DeliveryPolicy:
+    """How hard a channel tries: attempts before the dead letter, per-attempt timeout, and
+    the exponential backoff (with jitter) between attempts."""
+
+    max_attempts: int = 8
+    timeout_s: float = 5.0
+    backoff_s: float = 1.0
+    max_backoff_s: float = 300.0
+
+
+DEFAULT_POLICY = DeliveryPolicy()
+
+
 class OutboxDelivery:
     """Delivers the outbox rows of :attr:`channel` from a thread of its own."""
 
@@ -61,20 +75,17 @@ class OutboxDelivery:
         store: Store,
         log: JsonLog,
         metrics: Metrics,
+        policy: DeliveryPolicy,
         *,
-        max_attempts: int = 8,
-        timeout_s: float = 5.0,
-        backoff_s: float = 1.0,
-        max_backoff_s: float = 300.0,
         rng: random.Random | None = None,
     ) -> None:
         self.store = store
         self.log = log
         self.metrics = metrics
-        self.max_attempts = max_attempts
-        self.timeout_s = timeout_s
-        self.backoff_s = backoff_s
-        self.max_backoff_s = max_backoff_s
+        self.max_attempts = policy.max_attempts
+        self.timeout_s = policy.timeout_s
+        self.backoff_s = policy.backoff_s
+        self.max_backoff_s = policy.max_backoff_s
         self._rng = rng or random.Random()
         self._wake = threading.Event()
         self._stopping = threading.Event()

@@ -45,7 +45,13 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 from durable_sessions_collector import __version__
 from durable_sessions_collector.alerts import WEBHOOK, idempotency_key
 from durable_sessions_collector.alerts.metrics import Metrics
-from durable_sessions_collector.alerts.outbox import Attempt, OutboxDelivery, backoff_delay
+from durable_sessions_collector.alerts.outbox import (
+    DEFAULT_POLICY,
+    Attempt,
+    DeliveryPolicy,
+    OutboxDelivery,
+    backoff_delay,
+)
 from durable_sessions_collector.config import redact_url
 from durable_sessions_collector.jsonlog import JsonLog
 from durable_sessions_collector.store import Alert, Store
@@ -84,22 +90,10 @@ class WebhookAlerts(OutboxDelivery):
         metrics: Metrics,
         url: str,
         *,
-        max_attempts: int = 8,
-        timeout_s: float = 5.0,
-        backoff_s: float = 1.0,
-        max_backoff_s: float = 300.0,
+        policy: DeliveryPolicy = DEFAULT_POLICY,
         rng: random.Random | None = None,
     ) -> None:
-        super().__init__(
-            store,
-            log,
-            metrics,
-            max_attempts=max_attempts,
-            timeout_s=timeout_s,
-            backoff_s=backoff_s,
-            max_backoff_s=max_backoff_s,
-            rng=rng,
-        )
+        super().__init__(store, log, metrics, policy, rng=rng)
         self.shown_url = redact_url(url)
         parts = urlsplit(url)
         self._headers = {
