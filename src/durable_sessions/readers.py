@@ -1,11 +1,14 @@
 """Readers: turn log files into action records, streamed line by line.
 
-Two formats are read here:
+Three formats are read here:
 
 - the seed's JSONL action log, one record object per line;
 - the observability-tracing event log (``trace_start``, ``step_complete``,
   ``tool_call``, ``tool_result``, … events), mapped to records as far as that format
-  allows (see ``docs/readers.md``).
+  allows (see ``docs/readers.md``);
+- OTLP/JSON trace files (one ``ExportTraceServiceRequest`` per line, as the
+  OpenTelemetry Collector's ``file`` exporter writes them), each span mapped to a record
+  by the same function the span processor and the sidecar use.
 
 A reader never loads a file whole and never raises on bad content: a line it cannot
 use becomes an :class:`Unreadable` item naming the line and the reason. Only a source
@@ -23,13 +26,14 @@ from typing import IO, Any, Literal
 
 import orjson
 
-from durable_sessions import kinds
+from durable_sessions import kinds, otlp_json
+from durable_sessions.mapping import map_attributes
 from durable_sessions.record import ActionRecord, Location
 
 DEFAULT_MAX_LINE_BYTES = 64 * 1024 * 1024
 UTF8_BOM = b"\xef\xbb\xbf"
-Format = Literal["auto", "actions", "tracing"]
-FORMATS: tuple[str, ...] = ("auto", "actions", "tracing")
+Format = Literal["auto", "actions", "tracing", "otlp-json"]
+FORMATS: tuple[str, ...] = ("auto", "actions", "tracing", "otlp-json")
 
 
 class InputError(Exception):
@@ -265,7 +269,8 @@ def tracing_event_to_record(event: dict[str, Any], completed: set[tuple[Any, Any
 
 
 def sniff_format(source: IO[bytes], name: str, max_line_bytes: int) -> Format:
-    """``tracing`` when the first readable object looks like a tracing event, else ``actions``.
+    """``otlp-json`` or ``tracing`` when the first readable object looks like an OTLP
+    request or a tracing event, else ``actions``.
 
     A seekable file is read up to its first object and rewound; a pipe can only be
     peeked at, so there the first object must fit in the read buffer.
@@ -280,6 +285,8 @@ def sniff_format(source: IO[bytes], name: str, max_line_bytes: int) -> Format:
             continue
         parsed = parse_object(stripped)
         if isinstance(parsed, dict):
+            if otlp_json.is_otlp_request(parsed):
+                return "otlp-json"
             return "tracing" if is_tracing_event(parsed) else "actions"
         return "actions"
     return "actions"
@@ -306,6 +313,35 @@ def _head_lines(source: IO[bytes], max_line_bytes: int, limit: int = 64) -> list
     return lines
 
 
+# -- OTLP/JSON trace files ------------------------------------------------------------
+
+
+def read_otlp_json(
+    source: IO[bytes], name: str, *, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+) -> Iterator[Item]:
+    """Records from the spans of an OTLP/JSON file, located by line and span.
+
+    Spans that describe no action are skipped; a span that cannot be read (a bad id, a
+    start time that is no integer) is reported with its place in the request.
+    """
+    for item in read_actions(source, name, max_line_bytes=max_line_bytes):
+        if type(item) is Unreadable:
+            yield item
+            continue
+        request, location = item  # type: ignore[misc]
+        for span in otlp_json.spans_of(request):
+            if type(span) is otlp_json.BadSpan:
+                yield Unreadable(location, f"{span.where} {span.reason}")  # type: ignore[union-attr]
+                continue
+            mapped = map_attributes(*span, None, True)  # type: ignore[misc]
+            if mapped is None:
+                continue
+            record, problems = mapped
+            if problems:
+                record["mapping_problems"] = problems
+            yield record, Location(name, location.line, span.trace_id, span.span_id)  # type: ignore[union-attr]
+
+
 def read(
     path: str,
     source: IO[bytes],
@@ -317,5 +353,5 @@ def read(
     name = display_name(path)
     if fmt == "auto":
         fmt = sniff_format(source, name, max_line_bytes)
-    reader = read_tracing if fmt == "tracing" else read_actions
-    return reader(source, name, max_line_bytes=max_line_bytes)
+    readers = {"tracing": read_tracing, "otlp-json": read_otlp_json}
+    return readers.get(fmt, read_actions)(source, name, max_line_bytes=max_line_bytes)

@@ -33,8 +33,10 @@ class ActionRecord(TypedDict, total=False):
     ``result_ref`` by reference; ``result_digest`` is ``sha256:<hex>`` of its canonical
     JSON. The last group is set by the span mapping only: ``redacted`` (the
     instrumentation replaced the result with a placeholder), ``result_length`` and
-    ``value_limit`` (for the truncation check), and ``session_source`` (``trace`` when
-    no session attribute was found and the trace stands in for the session).
+    ``value_limit`` (for the truncation check), ``session_source`` (``trace`` when no
+    session attribute was found and the trace stands in for the session), and
+    ``mapping_problems`` (what the span said that no field can carry, reported by
+    ``invalid-field``).
     """
 
     session_id: str
@@ -65,6 +67,7 @@ class ActionRecord(TypedDict, total=False):
     result_length: int
     value_limit: int
     session_source: str
+    mapping_problems: tuple[str, ...]
 
 
 class Location(NamedTuple):

@@ -469,6 +469,8 @@ _FIELD_SPECS: dict[str, FieldSpec] = {
     "replay": FieldSpec((str,), "'skip'", lambda v: v == "skip"),
     "on_failure": FieldSpec((str,), "ask_user, abort or compensate", ON_FAILURE_VALUES.__contains__),
     "ts": FieldSpec((str, float, int), "an ISO-8601 date-time or epoch seconds", _is_time),
+    # Set by the span mapping: what the span said that no field can carry.
+    "mapping_problems": FieldSpec((tuple,), "no problems", lambda problems: not problems),
 }
 _CHECKED_FIELDS = frozenset(_FIELD_SPECS)
 
@@ -552,8 +554,12 @@ _NONE_TYPE = type(None)
 
 def _check_fields(names: tuple[str, ...], record: ActionRecord) -> str | None:
     problems = []
+    from_mapping: tuple[str, ...] = ()
     for name in names:
         value = record[name]
+        if name == "mapping_problems":
+            from_mapping = tuple(value) if isinstance(value, tuple | list) else ()
+            continue
         spec = _FIELD_SPECS[name]
         if type(value) in spec.types and (spec.accepts is None or spec.accepts(value)):
             continue
@@ -561,9 +567,9 @@ def _check_fields(names: tuple[str, ...], record: ActionRecord) -> str | None:
             problems.append(problem)
     if record.get("status") not in STATUSES:
         problems.append(f"status is {describe(record.get('status'))}, expected one of ok, error, started")
-    if not problems:
-        return None
-    return f"{'; '.join(sorted(problems))} — the rules cannot rely on it"
+    messages = [f"{'; '.join(sorted(problems))} — the rules cannot rely on it"] if problems else []
+    messages.extend(from_mapping)  # already in the rule's style: what, then the consequence
+    return "; ".join(messages) or None
 
 
 def describe(value: Any) -> str:

@@ -1,0 +1,127 @@
+"""OTLP/JSON trace files (the Collector's file exporter format) through the offline checker."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import json_format
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.trace import Status, StatusCode
+
+DURABLE_SESSIONS = Path(sys.executable).with_name("durable-sessions")
+
+
+class OtlpJsonFileExporter(SpanExporter):
+    """Writes each export as one OTLP/JSON line, as the Collector's ``file`` exporter does:
+    the SDK's own protobuf encoding, printed as JSON with hex trace and span ids."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        document = json_format.MessageToDict(encode_spans(spans), use_integers_for_enums=True)
+        for group in document["resourceSpans"]:
+            for scope in group["scopeSpans"]:
+                for span in scope["spans"]:
+                    for name in ("traceId", "spanId", "parentSpanId"):
+                        if name in span:
+                            span[name] = base64.b64decode(span[name]).hex()
+        with self.path.open("a") as out:
+            out.write(json.dumps(document) + "\n")
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+
+def write_spans(path: Path, incarnation: str = "run-1") -> None:
+    provider = TracerProvider(resource=Resource.create({"service.instance.id": incarnation}))
+    provider.add_span_processor(SimpleSpanProcessor(OtlpJsonFileExporter(path)))
+    tracer = provider.get_tracer("test")
+
+    def act(name: str, error: bool = False, **attributes: Any) -> None:
+        with tracer.start_as_current_span(name, attributes={"session.id": "trip-7", **attributes}) as span:
+            if error:
+                span.set_status(Status(StatusCode.ERROR))
+
+    with tracer.start_as_current_span("agent turn"):  # not an action
+        act(
+            "ask",
+            **{
+                "agent.action.id": "a1",
+                "agent.action.kind": "user_prompt",
+                "agent.action.result": '{"to": "Kyoto"}',
+            },
+        )
+        act("charge", **{"agent.action.id": "a2", "agent.action.kind": "payment"})
+        act(
+            "plan",
+            **{"agent.action.id": "a3", "agent.action.kind": "llm_call", "agent.action.result": "not json"},
+        )
+        act("chat gpt-4o", **{"gen_ai.operation.name": "chat", "gen_ai.request.model": "gpt-4o"})
+    provider.shutdown()
+
+
+def check(*args: str) -> tuple[int, dict[str, Any]]:
+    result = subprocess.run(
+        [str(DURABLE_SESSIONS), "check", "--format", "json", *args], capture_output=True, text=True
+    )
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.returncode, json.loads(result.stdout)
+
+
+def test_spans_of_an_otlp_json_file_are_checked_and_located(tmp_path: Path) -> None:
+    path = tmp_path / "traces.jsonl"
+    write_spans(path)
+    code, report = check(str(path))  # the format is detected
+    assert code == 1
+    found = {(v["rule"], v["action_id"]) for v in report["violations"]}
+    [chat] = [v["action_id"] for v in report["violations"] if v["rule"] == "unrecorded-result"]
+    assert len(chat) == 16 and int(chat, 16)  # a GenAI span has no action id: its span id stands in
+    assert found == {
+        ("unkeyed-side-effect", "a2"),
+        ("invalid-field", "a3"),  # a result that is not JSON text
+        ("unrecorded-result", chat),  # the GenAI chat span recorded no output
+    }
+    assert report["actions"] == 4 and report["sessions"] == 1
+    lines = path.read_text().splitlines()
+    for violation in report["violations"]:
+        assert violation["file"] == str(path)
+        assert 1 <= violation["line"] <= len(lines)
+        assert violation["session_id"] == "trip-7"
+    [invalid] = [v for v in report["violations"] if v["rule"] == "invalid-field"]
+    assert "agent.action.result is not JSON text" in invalid["message"]
+
+
+def test_a_span_that_cannot_be_read_is_named_by_its_place(tmp_path: Path) -> None:
+    path = tmp_path / "traces.jsonl"
+    write_spans(path)
+    document = json.loads(path.read_text().splitlines()[0])
+    document["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["traceId"] = "zz"
+    path.write_text(json.dumps(document) + "\n" + path.read_text())
+    code, report = check("--input-format", "otlp-json", str(path))
+    assert code == 1
+    [unreadable] = [v for v in report["violations"] if v["rule"] == "unreadable-line"]
+    assert unreadable["line"] == 1
+    assert (
+        "resourceSpans[0].scopeSpans[0].spans[0] traceId 'zz' is not 32 hex digits" in unreadable["message"]
+    )
+
+
+def test_the_same_span_twice_is_not_a_duplicate(tmp_path: Path) -> None:
+    """OTLP delivers at least once: a file may hold a span twice."""
+    path = tmp_path / "traces.jsonl"
+    write_spans(path)
+    path.write_text(path.read_text() * 2)
+    _, report = check(str(path))
+    assert "duplicate-action-id" not in {v["rule"] for v in report["violations"]}
+    assert report["actions"] == 4
