@@ -469,8 +469,11 @@ _FIELD_SPECS: dict[str, FieldSpec] = {
     "replay": FieldSpec((str,), "'skip'", lambda v: v == "skip"),
     "on_failure": FieldSpec((str,), "ask_user, abort or compensate", ON_FAILURE_VALUES.__contains__),
     "ts": FieldSpec((str, float, int), "an ISO-8601 date-time or epoch seconds", _is_time),
-    # Set by the span mapping: what the span said that no field can carry.
-    "mapping_problems": FieldSpec((tuple,), "no problems", lambda problems: not problems),
+    # Set by the span mapping (always a tuple, which no JSON log can produce): what the
+    # span said that no field can carry. A list read from a log is not honoured.
+    "mapping_problems": FieldSpec(
+        (tuple, list), "no problems", lambda problems: type(problems) is list or not problems
+    ),
 }
 _CHECKED_FIELDS = frozenset(_FIELD_SPECS)
 
@@ -558,7 +561,8 @@ def _check_fields(names: tuple[str, ...], record: ActionRecord) -> str | None:
     for name in names:
         value = record[name]
         if name == "mapping_problems":
-            from_mapping = tuple(value) if isinstance(value, tuple | list) else ()
+            if type(value) is tuple:
+                from_mapping = tuple(problem for problem in value if type(problem) is str)
             continue
         spec = _FIELD_SPECS[name]
         if type(value) in spec.types and (spec.accepts is None or spec.accepts(value)):
