@@ -43,7 +43,7 @@ from opentelemetry.trace import StatusCode
 from durable_sessions import kinds
 from durable_sessions import semconv as sc
 from durable_sessions.digest import digest_value
-from durable_sessions.record import ActionRecord, Location
+from durable_sessions.record import ActionRecord, Location, span_location
 from durable_sessions.rules import CATALOGUE
 from durable_sessions.violation import Violation
 
@@ -174,10 +174,9 @@ def map_span(span: SpanData, *, keep_result: bool = True) -> Mapped | None:
     if mapped is None:
         return None
     record, problems = mapped
-    return Mapped(record, _new_location(Location, (None, None, span.trace_id, span.span_id)), problems)  # type: ignore[arg-type]
+    return Mapped(record, span_location(span.trace_id, span.span_id), problems)  # type: ignore[arg-type]
 
 
-_new_location = tuple.__new__
 _NO_PROBLEMS: tuple[str, ...] = ()
 
 
@@ -235,29 +234,22 @@ def map_attributes(
             record["result"] = result
         elif record.get("redacted") is not True and "result_digest" not in record:
             record["result_digest"] = digest_value(result)
-    get = attributes.get
     if "session_id" not in record:
-        for key in sc.SESSION_ATTRIBUTES:
-            session_id = get(key)
-            if session_id is not None:
-                record["session_id"] = session_id
-                break
-        else:
+        session_id = _first(attributes, sc.SESSION_ATTRIBUTES)
+        if session_id is None:
             session_id = resource.get(sc.RESOURCE_SESSION_ID)
-            if session_id is not None:
-                record["session_id"] = session_id
-            else:
-                record["session_id"] = _hex(trace_id, 32)
-                record["session_source"] = sc.SESSION_SOURCE_TRACE
+        if session_id is not None:
+            record["session_id"] = session_id
+        else:
+            record["session_id"] = _hex(trace_id, 32)
+            record["session_source"] = sc.SESSION_SOURCE_TRACE
     incarnation = resource.get(sc.SERVICE_INSTANCE_ID)
     if incarnation is not None:
         record["incarnation"] = incarnation
     if "name" not in record:
-        for key in sc.NAME_FALLBACKS:
-            name = get(key)
-            if name is not None:
-                record["name"] = name
-                break
+        name = _first(attributes, sc.NAME_FALLBACKS)
+        if name is not None:
+            record["name"] = name
     record["seq"] = start_time_ns
     record["ts"] = start_time_ns / 1e9
     return record, problems  # type: ignore[return-value]

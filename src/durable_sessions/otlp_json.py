@@ -3,8 +3,8 @@
 Each line holds one ``ExportTraceServiceRequest`` in the OTLP/JSON encoding: ids are
 hex strings, 64-bit integers may be written as strings, enums as integers (or their
 names), attribute values as ``{"stringValue": …}`` and the like. This module walks such
-a request as plain JSON — no protobuf needed on the application side — and yields the
-parts of every span that :func:`durable_sessions.mapping.map_attributes` reads.
+a request as plain JSON — no protobuf needed on the application side — and yields every
+span as the :class:`~durable_sessions.mapping.SpanData` that the mapping reads.
 """
 
 from __future__ import annotations
@@ -14,19 +14,10 @@ import re
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
+from durable_sessions.mapping import SpanData
+
 _HEX_ID = {32: re.compile(r"[0-9a-f]{32}"), 16: re.compile(r"[0-9a-f]{16}")}
 _STATUS_ERROR = (2, "STATUS_CODE_ERROR")
-
-
-class SpanParts(NamedTuple):
-    """What the mapping needs of one span."""
-
-    attributes: dict[str, Any]
-    resource: dict[str, Any]
-    status_error: bool
-    start_time_ns: int
-    trace_id: str
-    span_id: str
 
 
 class BadSpan(NamedTuple):
@@ -40,7 +31,7 @@ def is_otlp_request(obj: dict[str, Any]) -> bool:
     return "resourceSpans" in obj
 
 
-def spans_of(request: dict[str, Any]) -> Iterator[SpanParts | BadSpan]:
+def spans_of(request: dict[str, Any]) -> Iterator[SpanData | BadSpan]:
     """Every span of one OTLP/JSON request, or what is wrong with it and where."""
     resource_spans = request.get("resourceSpans")
     if not isinstance(resource_spans, list):
@@ -62,7 +53,7 @@ def spans_of(request: dict[str, Any]) -> Iterator[SpanParts | BadSpan]:
                 yield _span(span, resource_attributes, f"{where}.scopeSpans[{s}].spans[{n}]")
 
 
-def _span(span: Any, resource: dict[str, Any], where: str) -> SpanParts | BadSpan:
+def _span(span: Any, resource: dict[str, Any], where: str) -> SpanData | BadSpan:
     if not isinstance(span, dict):
         return BadSpan(where, "is not an object")
     trace_id, span_id = span.get("traceId"), span.get("spanId")
@@ -75,7 +66,9 @@ def _span(span: Any, resource: dict[str, Any], where: str) -> SpanParts | BadSpa
         return BadSpan(where, f"startTimeUnixNano {span.get('startTimeUnixNano')!r} is not an integer")
     status = span.get("status")
     code = status.get("code") if isinstance(status, dict) else None
-    return SpanParts(
+    name = span.get("name")
+    return SpanData(
+        name if isinstance(name, str) else "",
         attributes_of(span.get("attributes")),
         resource,
         code in _STATUS_ERROR,

@@ -74,7 +74,7 @@ from durable_sessions.mapping import (
     sdk_attributes,
     sdk_resource_attributes,
 )
-from durable_sessions.record import Location
+from durable_sessions.record import span_location
 from durable_sessions.rules import Rule, select_rules
 from durable_sessions.rules.state import DEFAULT_KEY_WINDOW_S
 from durable_sessions.violation import Violation
@@ -85,7 +85,6 @@ DEFAULT_MAX_SESSIONS = 1000
 DEFAULT_LOG_LIMIT_PER_MINUTE = 60
 
 logger = logging.getLogger("durable_sessions")
-_new_location = tuple.__new__
 _NO_ATTRIBUTES: dict[str, object] = {}
 
 
@@ -311,7 +310,7 @@ class DurabilitySpanProcessor(SpanProcessor):
                 return
             record, problems = mapped
             trace_id, span_id = format(context.trace_id, "032x"), format(context.span_id, "016x")
-            where = _new_location(Location, (None, None, trace_id, span_id))
+            where = span_location(trace_id, span_id)
             with self._lock:
                 violations = self.checker.feed(record, where)
             if problems:

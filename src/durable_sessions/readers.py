@@ -27,8 +27,8 @@ from typing import IO, Any, Literal
 import orjson
 
 from durable_sessions import kinds, otlp_json
-from durable_sessions.mapping import map_attributes
-from durable_sessions.record import ActionRecord, Location
+from durable_sessions.mapping import map_span
+from durable_sessions.record import ActionRecord, Location, line_location
 
 DEFAULT_MAX_LINE_BYTES = 64 * 1024 * 1024
 UTF8_BOM = b"\xef\xbb\xbf"
@@ -130,9 +130,6 @@ def too_long(max_line_bytes: int) -> str:
     return f"line is longer than {max_line_bytes} bytes, the reader's limit"
 
 
-_new_location = tuple.__new__
-
-
 def numbered_lines(source: IO[bytes], name: str, max_line_bytes: int) -> Iterator[tuple[int, bytes | None]]:
     """``(line_number, raw_line)`` for every line; ``None`` for one over ``max_line_bytes``.
 
@@ -164,7 +161,7 @@ def parse_line(raw: bytes | None, name: str, number: int, max_line_bytes: int) -
         if value is None:
             return None
     if type(value) is dict:
-        return value, _new_location(Location, (name, number, None, None))  # type: ignore[return-value]
+        return value, line_location(name, number)  # type: ignore[return-value]
     return Unreadable(Location(name, number), _why_unreadable(value))
 
 
@@ -333,13 +330,12 @@ def read_otlp_json(
             if type(span) is otlp_json.BadSpan:
                 yield Unreadable(location, f"{span.where} {span.reason}")  # type: ignore[union-attr]
                 continue
-            mapped = map_attributes(*span, None, True)  # type: ignore[misc]
+            mapped = map_span(span)  # type: ignore[arg-type]
             if mapped is None:
                 continue
-            record, problems = mapped
-            if problems:
-                record["mapping_problems"] = problems
-            yield record, Location(name, location.line, span.trace_id, span.span_id)  # type: ignore[union-attr]
+            if mapped.problems:
+                mapped.record["mapping_problems"] = mapped.problems
+            yield mapped.record, Location(name, location.line, *mapped.where[2:])
 
 
 def read(

@@ -95,6 +95,11 @@ def line_location(file: str, line: int) -> Location:
     return _new_location(Location, (file, line, None, None))
 
 
+def span_location(trace_id: str, span_id: str) -> Location:
+    """A span location, built like :func:`line_location`."""
+    return _new_location(Location, (None, None, trace_id, span_id))
+
+
 def missing_fields(record: ActionRecord) -> tuple[str, ...]:
     """The required fields that are absent or not a non-empty string."""
     get = record.get
