@@ -12,6 +12,11 @@ Scenarios:
   ``agent.action.*`` attributes, a clean tool call): the processor maps and checks every span;
 - ``plain``: 6 ordinary attributes (HTTP-like): the processor decides "not an action".
 
+Setups: ``baseline`` (no durability processor), ``inline`` (the rules run in
+``span.end()``) and ``process`` (``checking="process"``: the span is handed to a checker
+process). "catch-up" is how long ``force_flush`` then took: for ``process``, the time
+the checker process needed after the last span to have checked everything.
+
 Run::
 
     .venv/bin/python benchmarks/processor_overhead.py [--spans 20000] [--rounds 15] [--breakdown]
@@ -47,16 +52,22 @@ class NoOpExporter(SpanExporter):
 SESSIONS = 50
 
 
-def make_provider(with_durability: bool) -> TracerProvider:
+SETUPS = ("baseline", "inline", "process")
+"""No durability processor; one checking in ``span.end()``; one handing spans to a checker process."""
+
+
+def make_provider(setup: str) -> TracerProvider:
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(NoOpExporter()))
-    if with_durability:
-        provider.add_span_processor(DurabilitySpanProcessor(mode="silent", max_sessions=SESSIONS * 2))
+    if setup != "baseline":
+        provider.add_span_processor(
+            DurabilitySpanProcessor(mode="silent", max_sessions=SESSIONS * 2, checking=setup)  # type: ignore[arg-type]
+        )
     return provider
 
 
-def run_round(provider: TracerProvider, spans: int, scenario: str, round_no: int) -> float:
-    """Seconds per span for ``spans`` spans."""
+def run_round(provider: TracerProvider, spans: int, scenario: str, round_no: int) -> tuple[float, float]:
+    """Seconds per span for ``spans`` spans, and seconds the processors took to catch up after."""
     tracer = provider.get_tracer("bench")
     sessions = [f"s-{round_no}-{i}" for i in range(SESSIONS)]
     ids = [f"a{i}" for i in range(spans)]
@@ -84,20 +95,30 @@ def run_round(provider: TracerProvider, spans: int, scenario: str, round_no: int
             span.end()
     elapsed = time.perf_counter() - start
     provider.force_flush()
-    return elapsed / spans
+    return elapsed / spans, time.perf_counter() - start - elapsed
 
 
-def measure(scenario: str, spans: int, rounds: int) -> tuple[float, float]:
-    baseline, durable = make_provider(False), make_provider(True)
-    for provider in (baseline, durable):  # warm up
+def measure(scenario: str, spans: int, rounds: int) -> dict[str, tuple[float, float, float]]:
+    """Per setup: median seconds per span, median overhead over the baseline round run
+    just before it (paired, so the machine's slow drifts cancel), median catch-up seconds."""
+    providers = {setup: make_provider(setup) for setup in SETUPS}
+    for provider in providers.values():  # warm up (and let the checker process start)
         run_round(provider, min(spans, 2000), scenario, -1)
-    base_times, durable_times = [], []
+    times: dict[str, list[tuple[float, float]]] = {setup: [] for setup in SETUPS}
     for round_no in range(rounds):
-        base_times.append(run_round(baseline, spans, scenario, round_no))
-        durable_times.append(run_round(durable, spans, scenario, round_no))
-    baseline.shutdown()
-    durable.shutdown()
-    return statistics.median(base_times), statistics.median(durable_times)
+        for setup, provider in providers.items():
+            times[setup].append(run_round(provider, spans, scenario, round_no))
+    for provider in providers.values():
+        provider.shutdown()
+    base = times["baseline"]
+    return {
+        setup: (
+            statistics.median(t for t, _ in rows),
+            statistics.median(t / b[0] - 1 for (t, _), b in zip(rows, base, strict=True)),
+            statistics.median(c for _, c in rows),
+        )
+        for setup, rows in times.items()
+    }
 
 
 def breakdown(spans: int, rounds: int) -> dict[str, float]:
@@ -159,8 +180,8 @@ def breakdown(spans: int, rounds: int) -> dict[str, float]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--spans", type=int, default=20_000, help="spans per round (default 20000)")
-    parser.add_argument("--rounds", type=int, default=15, help="rounds per setup (default 15)")
+    parser.add_argument("--spans", type=int, default=5_000, help="spans per round (default 5000)")
+    parser.add_argument("--rounds", type=int, default=31, help="rounds per setup (default 31)")
     parser.add_argument("--scenario", choices=("action", "plain", "both"), default="both")
     parser.add_argument("--breakdown", action="store_true", help="also time on_end's parts separately")
     args = parser.parse_args(argv)
@@ -169,12 +190,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"opentelemetry-sdk {opentelemetry.sdk.version.__version__}, {platform.machine()}; "
         f"{args.spans} spans x {args.rounds} rounds, median round"
     )
-    print(f"{'scenario':<8} {'baseline us/span':>17} {'+durability us/span':>20} {'overhead':>9}")
+    print(f"{'scenario':<8} {'setup':<9} {'us/span':>8} {'overhead':>9} {'catch-up ms':>12}")
     scenarios = ("action", "plain") if args.scenario == "both" else (args.scenario,)
     for scenario in scenarios:
-        base, durable = measure(scenario, args.spans, args.rounds)
-        overhead = (durable - base) / base * 100
-        print(f"{scenario:<8} {base * 1e6:>17.2f} {durable * 1e6:>20.2f} {overhead:>8.1f}%")
+        results = measure(scenario, args.spans, args.rounds)
+        for setup, (per_span, ratio, catch_up) in results.items():
+            overhead = "" if setup == "baseline" else f"{ratio * 100:.1f}%"
+            print(f"{scenario:<8} {setup:<9} {per_span * 1e6:>8.2f} {overhead:>9} {catch_up * 1e3:>12.1f}")
     if args.breakdown:
         parts = breakdown(args.spans, 5)
         print(

@@ -31,13 +31,13 @@ class Setup:
     def __init__(self, **options: Any) -> None:
         self.exporter = InMemorySpanExporter()
         self.metrics = InMemoryMetricReader()
-        self.violations: list[Violation] = []
+        self._found: list[Violation] = []
         limits = options.pop("span_limits", None)
         self.provider = TracerProvider(
             resource=Resource.create({"service.instance.id": "run-1"}), span_limits=limits
         )
         self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
-        options.setdefault("on_violation", self.violations.append)
+        options.setdefault("on_violation", self._found.append)
         options.setdefault("meter_provider", MeterProvider(metric_readers=[self.metrics]))
         self.processor = DurabilitySpanProcessor(**options)
         self.provider.add_span_processor(self.processor)
@@ -52,6 +52,12 @@ class Setup:
         with self.tracer.start_as_current_span(f"{kind} {action_id}", attributes=attributes) as span:
             if error:
                 span.set_status(Status(StatusCode.ERROR))
+
+    @property
+    def violations(self) -> list[Violation]:
+        """What was reported so far (once the checker, in whichever process, has caught up)."""
+        assert self.processor.wait_checked(timeout_s=30)
+        return self._found
 
     def rules(self) -> list[str]:
         return [v.rule for v in self.violations]
@@ -69,9 +75,10 @@ class Setup:
         return counts
 
 
-@pytest.fixture
-def setup() -> Iterator[Setup]:
-    s = Setup(mode="silent")
+@pytest.fixture(params=["inline", "process"])
+def setup(request: pytest.FixtureRequest) -> Iterator[Setup]:
+    """A provider whose processor checks in ``span.end()``, or in a checker process."""
+    s = Setup(mode="silent", checking=request.param)
     yield s
     s.provider.shutdown()
 
@@ -305,7 +312,7 @@ def test_not_an_action_is_ignored(setup: Setup) -> None:
         pass
     setup.provider.force_flush()
     assert setup.violations == []
-    assert setup.processor.checker.actions == 0
+    assert setup.processor.actions_checked == 0
 
 
 # -- fail open -------------------------------------------------------------------------
@@ -385,7 +392,7 @@ def test_processor_is_thread_safe(setup: Setup) -> None:
     setup.provider.force_flush()
     assert setup.violations == []
     assert setup.processor.internal_errors == 0
-    assert setup.processor.checker.actions == 1200
+    assert setup.processor.actions_checked == 1200
 
 
 # -- configuration -------------------------------------------------------------------

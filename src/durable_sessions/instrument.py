@@ -56,7 +56,8 @@ from durable_sessions.digest import PREFIX, digest_bytes
 
 logger = logging.getLogger("durable_sessions")
 
-_SESSION_KEY = context_api.create_key("durable_sessions.session_id")
+SESSION_CONTEXT_KEY = context_api.create_key("durable_sessions.session_id")
+"""The context key :func:`session` sets (a ``Context`` is a dict, so readers may ``get`` it)."""
 DEFAULT_MAX_RESULT_CHARS = 32 * 1024
 """Results whose JSON text is longer go to the result store (the SDK's default
 attribute length limit is unlimited, but backends and collectors commonly cut values)."""
@@ -73,7 +74,7 @@ def session(session_id: str) -> Iterator[str]:
     Blocks nest (the innermost wins) and the value travels with the OpenTelemetry
     context, so asyncio tasks created inside inherit it.
     """
-    token = context_api.attach(context_api.set_value(_SESSION_KEY, session_id))
+    token = context_api.attach(context_api.set_value(SESSION_CONTEXT_KEY, session_id))
     try:
         yield session_id
     finally:
@@ -82,7 +83,7 @@ def session(session_id: str) -> Iterator[str]:
 
 def current_session(context: context_api.Context | None = None) -> str | None:
     """The session id of the innermost :func:`session` block in ``context`` (default: current)."""
-    value = context_api.get_value(_SESSION_KEY, context)
+    value = context_api.get_value(SESSION_CONTEXT_KEY, context)
     return value if type(value) is str else None
 
 

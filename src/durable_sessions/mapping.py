@@ -380,9 +380,11 @@ def sdk_attributes(span: ReadableSpan) -> tuple[Mapping[str, Any], int | None]:
     which are immutable once the span has ended; their dict is read directly, because
     ``BoundedAttributes.get`` costs an exception per missing key.
     """
-    bounded = getattr(span, "_attributes", None)
-    raw = getattr(bounded, "_dict", None)
-    limit = getattr(bounded, "max_value_len", None)
+    try:
+        bounded = span._attributes  # type: ignore[attr-defined]
+        raw, limit = bounded._dict, bounded.max_value_len
+    except AttributeError:
+        return (span.attributes or _EMPTY), getattr(getattr(span, "_attributes", None), "max_value_len", None)
     if type(raw) is dict:
         return raw, limit
     return (span.attributes or _EMPTY), limit
@@ -397,10 +399,13 @@ def sdk_resource_attributes(resource: Any) -> Mapping[str, Any]:
     return raw if type(raw) is dict else (attributes or _EMPTY)
 
 
+_ERROR = StatusCode.ERROR  # an enum member lookup per span adds up
+
+
 def is_error(span: ReadableSpan) -> bool:
     """The span's status code is ERROR."""
     status = span.status
-    return status is not None and status.status_code is StatusCode.ERROR
+    return status is not None and status.status_code is _ERROR
 
 
 __all__ = [

@@ -29,6 +29,12 @@ rules run. In ``on_start`` the processor copies the session id of the surroundin
 :func:`durable_sessions.instrument.session` block, or of the parent span, onto spans
 that carry none.
 
+With ``checking="process"`` the processor only hands each candidate span to a checker
+process (:mod:`durable_sessions.offload`) and the rules run there, on another CPU:
+``span.end()`` stays cheap, violations are reported a moment later from a background
+thread, ``force_flush`` waits for the checker to catch up, and a checker that falls
+far behind drops spans (counted in ``spans_dropped``) rather than slow the application.
+
 Configuration comes from the constructor, else from the environment:
 
 ================================  ===========================================  ===========
@@ -42,6 +48,8 @@ Variable                          Meaning                                      D
 ``DURABLE_SESSIONS_MAX_SESSIONS`` sessions held at once                        ``1000``
 ``DURABLE_SESSIONS_KEY_WINDOW_S`` idempotency key window, seconds              ``86400``
 ``DURABLE_SESSIONS_LOG_LIMIT``    violation log lines per minute               ``60``
+``DURABLE_SESSIONS_CHECKING``     ``inline`` (in ``span.end()``) or            ``inline``
+                                  ``process`` (a checker process; see below)
 ================================  ===========================================  ===========
 """
 
@@ -65,27 +73,28 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from durable_sessions import __version__
 from durable_sessions import semconv as sc
 from durable_sessions.engine import Checker
-from durable_sessions.instrument import current_session
-from durable_sessions.mapping import (
-    Mapped,
-    is_error,
-    map_attributes,
-    mapping_violations,
-    sdk_attributes,
-    sdk_resource_attributes,
-)
-from durable_sessions.record import span_location
+from durable_sessions.instrument import SESSION_CONTEXT_KEY
+from durable_sessions.mapping import is_error, sdk_attributes, sdk_resource_attributes
+from durable_sessions.offload import RESOURCE, SPAN, CheckerProcess
 from durable_sessions.rules import Rule, select_rules
 from durable_sessions.rules.state import DEFAULT_KEY_WINDOW_S
+from durable_sessions.span_check import SpanParts, check_span, may_be_action
 from durable_sessions.violation import Violation
 
 Mode = Literal["log", "silent", "raise", "off"]
 MODES: tuple[str, ...] = ("log", "silent", "raise", "off")
+Checking = Literal["inline", "process"]
+CHECKINGS: tuple[str, ...] = ("inline", "process")
 DEFAULT_MAX_SESSIONS = 1000
 DEFAULT_LOG_LIMIT_PER_MINUTE = 60
 
 logger = logging.getLogger("durable_sessions")
 _NO_ATTRIBUTES: dict[str, object] = {}
+
+
+# The context key under which the API keeps the current span, found through the public
+# API once, so that ``on_start`` can read it with one ``dict.get`` (a Context is a dict).
+_CURRENT_SPAN_KEY = next(iter(trace_api.set_span_in_context(trace_api.INVALID_SPAN, Context())))
 
 
 def _live_attributes(span: object) -> Mapping[str, object]:
@@ -94,8 +103,10 @@ def _live_attributes(span: object) -> Mapping[str, object]:
     ``BoundedAttributes`` answers a missing key by raising and catching ``KeyError``;
     its dict answers at dict speed.
     """
-    bounded = getattr(span, "_attributes", None)
-    raw = getattr(bounded, "_dict", None)
+    try:
+        raw = span._attributes._dict  # type: ignore[attr-defined]
+    except AttributeError:
+        raw = None
     if type(raw) is dict:
         return raw
     return getattr(span, "attributes", None) or _NO_ATTRIBUTES
@@ -219,11 +230,20 @@ class DurabilitySpanProcessor(SpanProcessor):
         meter_provider: metrics.MeterProvider | None = None,
         log_limit_per_minute: int | None = None,
         copy_session: bool = True,
+        checking: Checking | None = None,
     ) -> None:
         mode = mode or _env("DURABLE_SESSIONS_MODE") or "log"  # type: ignore[assignment]
         if mode not in MODES:
             raise ConfigurationError(f"unknown durability mode {mode!r}; expected one of {', '.join(MODES)}")
         self.mode: Mode = mode  # type: ignore[assignment]
+        checking = checking or _env("DURABLE_SESSIONS_CHECKING") or "inline"  # type: ignore[assignment]
+        if checking not in CHECKINGS:
+            raise ConfigurationError(f"unknown checking {checking!r}; expected one of {', '.join(CHECKINGS)}")
+        if checking == "process" and mode == "raise":
+            raise ConfigurationError(
+                'mode="raise" needs checking="inline": a checker process cannot raise into span.end()'
+            )
+        self.checking: Checking = checking  # type: ignore[assignment]
         if rules is None:
             disabled = disable if disable is not None else (_env("DURABLE_SESSIONS_DISABLE") or "").split(",")
             try:
@@ -240,7 +260,11 @@ class DurabilitySpanProcessor(SpanProcessor):
             key_window_s = _env_int("DURABLE_SESSIONS_KEY_WINDOW_S", DEFAULT_KEY_WINDOW_S)
         if log_limit_per_minute is None:
             log_limit_per_minute = _env_int("DURABLE_SESSIONS_LOG_LIMIT", DEFAULT_LOG_LIMIT_PER_MINUTE)
-        self.checker = Checker(rules, key_window_s=key_window_s, max_sessions=max_sessions)
+        rules = tuple(rules)
+        self.checker: Checker | None = None
+        self._offload: CheckerProcess | None = None
+        if checking == "inline":
+            self.checker = Checker(rules, key_window_s=key_window_s, max_sessions=max_sessions)
         self.on_violation = on_violation
         self.copy_session = copy_session
         self.internal_errors = 0
@@ -263,6 +287,14 @@ class DurabilitySpanProcessor(SpanProcessor):
         self._metric_attributes: dict[tuple[str, str, str], dict[str, str]] = {}
         self._resource: object = None
         self._resource_attributes: Mapping[str, object] = _NO_ATTRIBUTES
+        if checking == "process" and mode != "off":
+            self._offload = CheckerProcess(
+                rules,
+                key_window_s=key_window_s,
+                max_sessions=max_sessions,
+                report=self._report_found,
+                on_error=self._internal_error,
+            )
 
     # -- SpanProcessor -------------------------------------------------------------
 
@@ -275,11 +307,12 @@ class DurabilitySpanProcessor(SpanProcessor):
             if sc.SESSION_ID in attributes:
                 return
             context = parent_context if parent_context is not None else context_api.get_current()
-            session_id = current_session(context)
-            if session_id is None:
-                parent = trace_api.get_current_span(context)
-                if parent.is_recording():
-                    session_id = _live_attributes(parent).get(sc.SESSION_ID)
+            session_id = context.get(SESSION_CONTEXT_KEY)
+            if type(session_id) is not str:
+                parent = context.get(_CURRENT_SPAN_KEY)
+                if parent is None or not isinstance(parent, trace_api.Span) or not parent.is_recording():
+                    return
+                session_id = _live_attributes(parent).get(sc.SESSION_ID)
             if session_id is not None:
                 span.set_attribute(sc.SESSION_ID, session_id)
         except Exception as error:  # fail open
@@ -291,30 +324,35 @@ class DurabilitySpanProcessor(SpanProcessor):
             return
         try:
             attributes, limit = sdk_attributes(span)
+            if not may_be_action(attributes):
+                return
             resource = span.resource
             if resource is not self._resource:
                 self._resource_attributes = sdk_resource_attributes(resource)
                 self._resource = resource
+                if self._offload is not None:
+                    self._offload.submit((RESOURCE, dict(self._resource_attributes)))
             context = span.context
-            mapped = map_attributes(
-                attributes,
-                self._resource_attributes,
-                is_error(span),
-                span.start_time or 0,
-                context.trace_id,
-                context.span_id,
-                limit,
-                False,
-            )
-            if mapped is None:
+            if self._offload is not None:
+                if type(attributes) is not dict:
+                    attributes = dict(attributes)
+                self._offload.submit(
+                    (
+                        SPAN,
+                        attributes,
+                        is_error(span),
+                        span.start_time or 0,
+                        context.trace_id,
+                        context.span_id,
+                        limit,
+                    )
+                )
                 return
-            record, problems = mapped
-            trace_id, span_id = format(context.trace_id, "032x"), format(context.span_id, "016x")
-            where = span_location(trace_id, span_id)
+            parts = SpanParts(
+                attributes, is_error(span), span.start_time or 0, context.trace_id, context.span_id, limit
+            )
             with self._lock:
-                violations = self.checker.feed(record, where)
-            if problems:
-                violations = mapping_violations(Mapped(record, where, problems)) + violations
+                violations = check_span(self.checker, parts, self._resource_attributes)  # type: ignore[arg-type]
             if violations:
                 self._report(violations)
         except DurabilityViolationError:
@@ -323,9 +361,13 @@ class DurabilitySpanProcessor(SpanProcessor):
             self._internal_error("on_end", error)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        """End every open session and run its end-of-session rules."""
+        """End every open session and run its end-of-session rules.
+
+        With ``checking="process"`` this waits, at most ``timeout_millis``, for the
+        checker process to check every span handed over so far; False if it did not.
+        """
         try:
-            self._finish()
+            return self._finish(timeout_s=timeout_millis / 1000)
         except DurabilityViolationError:
             raise
         except Exception as error:  # fail open
@@ -338,6 +380,8 @@ class DurabilitySpanProcessor(SpanProcessor):
             return
         try:
             self._finish(raising=False)
+            if self._offload is not None:
+                self._offload.close()
         except Exception as error:  # fail open
             self._internal_error("shutdown", error)
         self._shut_down = True
@@ -348,6 +392,10 @@ class DurabilitySpanProcessor(SpanProcessor):
     def end_session(self, session_id: str) -> list[Violation]:
         """End one session now (e.g. the agent finished it) and report its end-of-session findings."""
         try:
+            if self._offload is not None:
+                return self._offload.end_session(session_id, timeout_s=30.0) or []
+            if self.checker is None:
+                return []
             with self._lock:
                 violations = self.checker.end_session(session_id)
             self._report(violations, raising=False)
@@ -358,12 +406,50 @@ class DurabilitySpanProcessor(SpanProcessor):
 
     # -- internals -----------------------------------------------------------------
 
-    def _finish(self, *, raising: bool = True) -> None:
+    def wait_checked(self, timeout_s: float = 30.0) -> bool:
+        """Return once every span ended so far is checked and its violations reported.
+
+        Immediate with ``checking="inline"``; with ``checking="process"`` it waits (at
+        most ``timeout_s``; False if that was not enough) for the checker process, without
+        ending any session. Tests use it before looking at what was reported.
+        """
+        if self._offload is None or self._shut_down:
+            return True  # nothing is being checked any more
+        try:
+            return self._offload.sync(timeout_s)
+        except Exception as error:  # fail open
+            self._internal_error("wait_checked", error)
+            return False
+
+    @property
+    def actions_checked(self) -> int:
+        """Action spans checked so far (with ``checking="process"``: as of the latest
+        :meth:`wait_checked`, ``force_flush`` or ``end_session``)."""
+        if self._offload is not None:
+            return self._offload.actions
+        return self.checker.actions if self.checker is not None else 0
+
+    @property
+    def spans_dropped(self) -> int:
+        """Spans not checked because the checker process fell behind or stopped."""
+        return self._offload.dropped if self._offload is not None else 0
+
+    def _finish(self, *, raising: bool = True, timeout_s: float = 30.0) -> bool:
         if self.mode == "off":
-            return
+            return True
+        if self._offload is not None:
+            return self._offload.finish(timeout_s) is not None  # reported as they arrive
         with self._lock:
-            violations = self.checker.finish()
+            violations = self.checker.finish()  # type: ignore[union-attr]
         self._report(violations, raising=raising)
+        return True
+
+    def _report_found(self, violations: list[Violation]) -> None:
+        """What the checker process found (on its reader thread)."""
+        try:
+            self._report(violations, raising=False)
+        except Exception as error:  # fail open
+            self._internal_error("reporting", error)
 
     def _report(self, violations: list[Violation], *, raising: bool = True) -> None:
         self.violations_reported += len(violations)

@@ -1,0 +1,349 @@
+"""Checking in a child process, so the application only hands ended spans over.
+
+``DurabilitySpanProcessor(checking="process")`` starts one checker process
+(``python -m durable_sessions.offload``) and talks to it over two pipes:
+
+- the application's threads append each candidate span's parts to a bounded queue and
+  return (a full queue drops the span and counts it, it never blocks);
+- a writer thread sends the queue in batches, every ``interval_s`` or sooner when a
+  batch fills;
+- the checker process maps and checks the spans with the same engine the inline mode
+  uses (:func:`durable_sessions.span_check.check_span`) and sends back what it finds;
+- a reader thread hands those findings to the processor's reporting (log, counter,
+  callback), on that thread.
+
+Frames in both directions are a 4-byte little-endian length and a :mod:`marshal`ed
+list of messages. ``marshal`` keeps every attribute value type exactly (NaN, big
+integers, tuples) and is safe here because both ends are the same interpreter.
+Checking this way costs a second CPU's time instead of the application's; it cannot
+raise into the application, so ``mode="raise"`` needs the inline mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import marshal
+import os
+import signal
+import struct
+import subprocess
+import sys
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from typing import IO, Any
+
+from durable_sessions.engine import Checker
+from durable_sessions.rules import CATALOGUE, Rule
+from durable_sessions.span_check import SpanParts, check_span
+from durable_sessions.violation import Severity, Violation
+
+SPAN, RESOURCE, END_SESSION, FINISH, SYNC = 0, 1, 2, 3, 4
+"""Messages to the checker process: ``(SPAN, *SpanParts)``, ``(RESOURCE, attributes)``,
+``(END_SESSION, token, session_id)``, ``(FINISH, token)``, ``(SYNC, token)``."""
+FOUND, DONE, FAILED = 0, 1, 2
+"""Messages back: ``(FOUND, violations)``, ``(DONE, token, violations, actions checked so far)``,
+``(FAILED, error)``."""
+
+DEFAULT_QUEUE_LIMIT = 65_536
+DEFAULT_BATCH_SIZE = 512
+DEFAULT_INTERVAL_S = 0.05
+_HEADER = struct.Struct("<I")
+
+Report = Callable[[list[Violation]], None]
+ErrorHandler = Callable[[str, Exception], None]
+
+
+def encode_frame(messages: list[Any]) -> bytes:
+    """One frame of messages (raises ValueError for a value marshal cannot carry)."""
+    data = marshal.dumps(messages)
+    return _HEADER.pack(len(data)) + data
+
+
+def write_frame(stream: IO[bytes], frame: bytes) -> None:
+    """Send one encoded frame."""
+    stream.write(frame)
+    stream.flush()
+
+
+def read_frame(stream: IO[bytes]) -> list[Any] | None:
+    """The next frame's messages, or None at the end of the stream."""
+    header = stream.read(_HEADER.size)
+    if len(header) < _HEADER.size:
+        return None
+    (length,) = _HEADER.unpack(header)
+    data = stream.read(length)
+    if len(data) < length:
+        return None
+    return marshal.loads(data)
+
+
+def violation_fields(violation: Violation) -> tuple:
+    """A violation as plain values, for a frame."""
+    return (
+        violation.rule,
+        violation.severity.value,
+        violation.message,
+        violation.session_id,
+        violation.action_id,
+        violation.file,
+        violation.line,
+        violation.trace_id,
+        violation.span_id,
+        violation.kind,
+    )
+
+
+def violation_from(fields: Iterable[Any]) -> Violation:
+    """The inverse of :func:`violation_fields`."""
+    rule, severity, *rest = fields
+    return Violation(rule, Severity(severity), *rest)
+
+
+class CheckerProcess:
+    """The application's side of a checker process.
+
+    ``report`` receives the violations the process finds, on the reader thread;
+    ``on_error`` is told of anything that goes wrong (the process dying, a span that
+    cannot be sent), and the checking then stops without raising into the caller.
+    """
+
+    def __init__(
+        self,
+        rules: Iterable[Rule],
+        *,
+        key_window_s: float,
+        max_sessions: int,
+        report: Report,
+        on_error: ErrorHandler,
+        queue_limit: int = DEFAULT_QUEUE_LIMIT,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        interval_s: float = DEFAULT_INTERVAL_S,
+    ) -> None:
+        config = {
+            "rules": [rule.id for rule in rules],
+            "key_window_s": key_window_s,
+            "max_sessions": max_sessions,
+        }
+        self._report = report
+        self._on_error = on_error
+        self._queue: deque[tuple] = deque()
+        self._queue_limit = queue_limit
+        self._batch_size = batch_size
+        self._interval_s = interval_s
+        self._wake = threading.Event()
+        self._closing = False
+        self._alive = True
+        self._tokens = itertools.count(1)
+        self._answers: dict[int, list[Violation]] = {}
+        self._answered = threading.Condition()
+        self.dropped = 0
+        self.actions = 0
+        """Actions the process had checked at its latest answer (``sync``, ``finish``, …)."""
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "durable_sessions.offload", json.dumps(config)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        self._writer = threading.Thread(
+            target=self._write_loop, name="durable_sessions.offload.writer", daemon=True
+        )
+        self._reader = threading.Thread(
+            target=self._read_loop, name="durable_sessions.offload.reader", daemon=True
+        )
+        self._writer.start()
+        self._reader.start()
+
+    @property
+    def alive(self) -> bool:
+        """Whether spans handed over are still being checked."""
+        return self._alive
+
+    def submit(self, message: tuple) -> None:
+        """Queue one message for the checker process; never blocks, drops (and counts spans) when full."""
+        queue = self._queue
+        if len(queue) >= self._queue_limit or not self._alive:
+            if message[0] == SPAN:
+                self.dropped += 1
+            return
+        queue.append(message)
+        if len(queue) == self._batch_size:
+            self._wake.set()
+
+    def end_session(self, session_id: str, timeout_s: float) -> list[Violation] | None:
+        """End one session; its end-of-session violations, or None if no answer came in time."""
+        return self._ask(lambda token: (END_SESSION, token, session_id), timeout_s)
+
+    def sync(self, timeout_s: float) -> bool:
+        """Wait until every message queued so far has been checked and its findings reported."""
+        return self._ask(lambda token: (SYNC, token), timeout_s) is not None
+
+    def finish(self, timeout_s: float) -> list[Violation] | None:
+        """Check everything queued, then end every session; None if that took longer than ``timeout_s``."""
+        return self._ask(lambda token: (FINISH, token), timeout_s)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the writer, let the process finish what it was sent, and reap it."""
+        self._closing = True
+        self._wake.set()
+        self._writer.join(timeout_s)
+        with contextlib.suppress(OSError):
+            self._process.stdin.close()  # type: ignore[union-attr]
+        try:
+            self._process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        self._reader.join(timeout_s)
+        self._alive = False
+
+    # -- internals -----------------------------------------------------------------
+
+    def _ask(self, make: Callable[[int], tuple], timeout_s: float) -> list[Violation] | None:
+        if not self._alive:
+            return None
+        token = next(self._tokens)
+        self._queue.append(make(token))
+        self._wake.set()
+        with self._answered:
+            self._answered.wait_for(lambda: token in self._answers or not self._alive, timeout_s)
+            return self._answers.pop(token, None)
+
+    def _write_loop(self) -> None:
+        stdin = self._process.stdin
+        queue = self._queue
+        while self._alive:
+            self._wake.wait(self._interval_s)
+            self._wake.clear()
+            while queue:
+                batch = [queue.popleft() for _ in range(min(len(queue), self._batch_size * 8))]
+                try:
+                    write_frame(stdin, self._encode(batch))  # type: ignore[arg-type]
+                except (OSError, ValueError) as error:
+                    self._fail("sending spans to the checker process", error)
+                    return
+            if self._closing:
+                return
+
+    def _read_loop(self) -> None:
+        stdout = self._process.stdout
+        try:
+            while (messages := read_frame(stdout)) is not None:  # type: ignore[arg-type]
+                for message in messages:
+                    self._receive(message)
+        except (OSError, ValueError, EOFError, TypeError) as error:
+            self._fail("reading the checker process's findings", error)
+            return
+        if not self._closing:
+            code = self._process.poll()
+            self._fail("the checker process", RuntimeError(f"it exited unexpectedly (exit code {code})"))
+        with self._answered:
+            self._answered.notify_all()
+
+    def _receive(self, message: tuple) -> None:
+        if message[0] == FOUND:
+            self._report([violation_from(fields) for fields in message[1]])
+        elif message[0] == DONE:
+            violations = [violation_from(fields) for fields in message[2]]
+            self.actions = message[3]
+            self._report(violations)
+            with self._answered:
+                self._answers[message[1]] = violations
+                self._answered.notify_all()
+        else:
+            self._on_error("the checker process", RuntimeError(message[1]))
+
+    def _encode(self, batch: list[tuple]) -> bytes:
+        """``batch`` as a frame, leaving out (and counting) any message marshal cannot carry."""
+        try:
+            return encode_frame(batch)
+        except ValueError:
+            kept = [message for message in batch if _can_marshal(message)]
+            self.dropped += len(batch) - len(kept)
+            return encode_frame(kept)
+
+    def _fail(self, where: str, error: Exception) -> None:
+        self._alive = False
+        self._on_error(where, error)
+        with self._answered:
+            self._answered.notify_all()
+
+
+def _can_marshal(message: tuple) -> bool:
+    try:
+        marshal.dumps(message)
+    except ValueError:
+        return False
+    return True
+
+
+# -- the checker process -------------------------------------------------------------
+
+
+class _Session:
+    """The checker process's side: one engine, fed from frames."""
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        self.checker = Checker(
+            [CATALOGUE.get(rule_id) for rule_id in config["rules"]],
+            key_window_s=config["key_window_s"],
+            max_sessions=config["max_sessions"],
+        )
+        self.resource: Mapping[str, Any] = {}
+
+    def answer(self, messages: list[tuple]) -> list[tuple]:
+        """The replies to one frame, in order: findings before the answer that follows them."""
+        replies: list[tuple] = []
+        found: list[tuple] = []
+        for message in messages:
+            op = message[0]
+            if op == SPAN:
+                try:
+                    found.extend(
+                        map(
+                            violation_fields, check_span(self.checker, SpanParts(*message[1:]), self.resource)
+                        )
+                    )
+                except Exception as error:  # one bad span must not stop the checking
+                    replies.append((FAILED, f"checking a span failed: {error!r}"))
+            elif op == RESOURCE:
+                self.resource = message[1]
+            else:
+                if found:
+                    replies.append((FOUND, found))
+                    found = []
+                ended = [violation_fields(v) for v in self._ended(message)]
+                replies.append((DONE, message[1], ended, self.checker.actions))
+        if found:
+            replies.append((FOUND, found))
+        return replies
+
+    def _ended(self, message: tuple) -> list[Violation]:
+        if message[0] == END_SESSION:
+            return self.checker.end_session(message[2])
+        if message[0] == FINISH:
+            return self.checker.finish()
+        return []  # SYNC: only the findings before it
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run as the checker process: frames in on stdin, findings out on stdout."""
+    args = sys.argv[1:] if argv is None else argv
+    # Ctrl-C is for the application; this process ends when the application closes the pipe.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    session = _Session(json.loads(args[0]))
+    source = sys.stdin.buffer
+    # Frames own the real stdout; anything printed goes to stderr instead of corrupting them.
+    sink = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    while (messages := read_frame(source)) is not None:
+        replies = session.answer(messages)
+        if replies:
+            write_frame(sink, encode_frame(replies))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""One ended span, given as its parts, through the mapping into the engine.
+
+The span processor takes this step in the application's process (``checking="inline"``)
+or hands the parts to a checker process that takes it there (``checking="process"``);
+either way the same code turns a span into findings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from durable_sessions import semconv as sc
+from durable_sessions.engine import Checker
+from durable_sessions.mapping import Mapped, map_attributes, mapping_violations
+from durable_sessions.record import span_location
+from durable_sessions.violation import Violation
+
+_MAYBE_ACTION_KEYS = frozenset(
+    (
+        sc.GEN_AI_OPERATION_NAME,
+        sc.OPENINFERENCE_SPAN_KIND,
+        sc.TRACELOOP_SPAN_KIND,
+        sc.GEN_AI_SYSTEM,
+        sc.GEN_AI_PROVIDER_NAME,
+    )
+)
+_ACTION_PREFIX = sc.ACTION_PREFIX
+_join_keys = "\n".join
+
+
+class SpanParts(NamedTuple):
+    """What the mapping needs of one ended span; plain values, so it can cross a pipe."""
+
+    attributes: Mapping[str, Any]
+    is_error: bool
+    start_time_ns: int
+    trace_id: int
+    span_id: int
+    value_limit: int | None
+
+
+def may_be_action(attributes: Mapping[str, Any]) -> bool:
+    """False only for spans the mapping certainly calls "not an action".
+
+    A span is an action only through an ``agent.action.*`` attribute or one of the
+    third-party conventions' marker attributes, so a span with neither is skipped
+    without being mapped.
+    """
+    if not _MAYBE_ACTION_KEYS.isdisjoint(attributes):
+        return True
+    # One search of the joined keys beats a loop over them; a key that merely contains
+    # the prefix passes too, and the mapping then decides.
+    return _ACTION_PREFIX in _join_keys(attributes)
+
+
+def check_span(checker: Checker, parts: SpanParts, resource: Mapping[str, Any]) -> list[Violation]:
+    """The violations of one span: the mapping's own (``invalid-field``), then the engine's."""
+    mapped = map_attributes(parts[0], resource, parts[1], parts[2] or 0, parts[3], parts[4], parts[5], False)
+    if mapped is None:
+        return []
+    record, problems = mapped
+    where = span_location(format(parts[3], "032x"), format(parts[4], "016x"))
+    violations = checker.feed(record, where)
+    if problems:
+        violations = mapping_violations(Mapped(record, where, problems)) + violations
+    return violations

@@ -1,0 +1,284 @@
+"""``checking="process"``: the span processor hands spans to a real checker process."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import time
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from durable_sessions import semconv as sc
+from durable_sessions.instrument import session
+from durable_sessions.mapping import map_attributes
+from durable_sessions.offload import SPAN, CheckerProcess, violation_fields, violation_from
+from durable_sessions.processor import ConfigurationError, DurabilitySpanProcessor
+from durable_sessions.rules import select_rules
+from durable_sessions.span_check import may_be_action
+from durable_sessions.violation import Severity, Violation
+
+
+def provider_with(processor: DurabilitySpanProcessor) -> tuple[TracerProvider, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    provider.add_span_processor(processor)
+    return provider, exporter
+
+
+def run_scenario(tracer: Any, seed: int) -> None:
+    """A mix of clean and broken actions over a few sessions, some third-party spans."""
+    rng = random.Random(seed)
+    kinds = ["llm_call", "payment", "email", "tool_call", "user_prompt", "external_read", "clock"]
+    for n in range(300):
+        attributes: dict[str, Any] = {
+            sc.SESSION_ID: f"s-{rng.randrange(7)}",
+            sc.ACTION_ID: f"a{rng.randrange(120)}",
+            sc.ACTION_KIND: rng.choice(kinds),
+        }
+        if rng.random() < 0.5:
+            attributes[sc.attribute("result")] = '{"ok": true}'
+        if rng.random() < 0.3:
+            attributes[sc.attribute("idempotency_key")] = f"key-{rng.randrange(50)}"
+        if rng.random() < 0.2:
+            attributes[sc.attribute("status")] = rng.choice(["started", "error", "ok"])
+        if rng.random() < 0.1:
+            attributes[sc.attribute("max_attempts")] = rng.choice([3, "3", True, -1, float("nan")])
+        if n % 17 == 0:
+            attributes = {
+                sc.GEN_AI_OPERATION_NAME: "chat",
+                sc.GEN_AI_REQUEST_MODEL: "m",
+                sc.SESSION_ID: "s-1",
+            }
+        with tracer.start_as_current_span("step", attributes=attributes):
+            pass
+
+
+def test_same_findings_as_checking_inline() -> None:
+    found: dict[str, list[Violation]] = {"inline": [], "process": []}
+    for checking, violations in found.items():
+        processor = DurabilitySpanProcessor(
+            mode="silent",
+            checking=checking,
+            on_violation=violations.append,
+            max_sessions=50,  # type: ignore[arg-type]
+        )
+        provider, _ = provider_with(processor)
+        run_scenario(provider.get_tracer("t"), seed=11)
+        assert processor.force_flush()
+        provider.shutdown()
+        assert processor.actions_checked == 300
+
+    def comparable(violations: list[Violation]) -> list[tuple]:
+        # span and trace ids (and action ids made from them) are random per run
+        ids = re.compile("[0-9a-f]{16,32}").sub
+        return sorted(
+            (v.rule, v.session_id, ids("#", v.action_id or ""), ids("#", v.message)) for v in violations
+        )
+
+    assert len(found["inline"]) > 50
+    assert comparable(found["process"]) == comparable(found["inline"])
+
+
+def test_span_end_returns_before_the_checker_has_seen_it() -> None:
+    seen: list[Violation] = []
+    processor = DurabilitySpanProcessor(mode="silent", checking="process", on_violation=seen.append)
+    provider, exporter = provider_with(processor)
+    tracer = provider.get_tracer("t")
+    with (
+        session("s-1"),
+        tracer.start_as_current_span("pay", attributes={sc.ACTION_ID: "p1", sc.ACTION_KIND: "payment"}),
+    ):
+        pass
+    assert len(exporter.get_finished_spans()) == 1  # the exporter already has it
+    assert processor.wait_checked(timeout_s=30)
+    assert [v.rule for v in seen] == ["unkeyed-side-effect"]
+    assert seen[0].session_id == "s-1"
+    provider.shutdown()
+
+
+def test_end_session_answers_with_the_end_of_session_findings() -> None:
+    processor = DurabilitySpanProcessor(mode="silent", checking="process")
+    provider, _ = provider_with(processor)
+    tracer = provider.get_tracer("t")
+    attributes = {
+        sc.SESSION_ID: "s-9",
+        sc.ACTION_ID: "e1",
+        sc.ACTION_KIND: "email",
+        sc.attribute("status"): "started",
+    }
+    with tracer.start_as_current_span("email", attributes=attributes):
+        pass
+    assert [v.rule for v in processor.end_session("s-9")] == ["unresolved-side-effect"]
+    assert processor.end_session("s-9") == []  # ended once
+    provider.shutdown()
+
+
+def test_shutdown_ends_sessions_and_reaps_the_checker_process() -> None:
+    seen: list[Violation] = []
+    processor = DurabilitySpanProcessor(mode="silent", checking="process", on_violation=seen.append)
+    provider, _ = provider_with(processor)
+    attributes = {
+        sc.SESSION_ID: "s-2",
+        sc.ACTION_ID: "e1",
+        sc.ACTION_KIND: "email",
+        sc.attribute("status"): "started",
+    }
+    with provider.get_tracer("t").start_as_current_span("email", attributes=attributes):
+        pass
+    child = processor._offload._process  # type: ignore[union-attr]
+    provider.shutdown()
+    assert [v.rule for v in seen] == ["unresolved-side-effect"]
+    assert child.poll() == 0
+
+
+def test_a_dead_checker_process_fails_open(caplog: pytest.LogCaptureFixture) -> None:
+    processor = DurabilitySpanProcessor(mode="log", checking="process")
+    provider, exporter = provider_with(processor)
+    tracer = provider.get_tracer("t")
+    assert processor.wait_checked(timeout_s=30)
+    child = processor._offload._process  # type: ignore[union-attr]
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    deadline = time.monotonic() + 10
+    while "failing open" not in caplog.text and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert processor.internal_errors >= 1
+    assert "failing open" in caplog.text
+    for n in range(5):
+        with tracer.start_as_current_span(
+            "pay", attributes={sc.ACTION_ID: f"p{n}", sc.ACTION_KIND: "payment"}
+        ):
+            pass
+    assert len(exporter.get_finished_spans()) == 5  # the application is untouched
+    assert processor.spans_dropped == 5
+    started = time.monotonic()
+    assert processor.force_flush(timeout_millis=30_000) is False  # says so, at once
+    assert time.monotonic() - started < 5
+    provider.shutdown()
+
+
+def test_a_full_queue_drops_and_counts_instead_of_blocking() -> None:
+    errors: list[str] = []
+    checker = CheckerProcess(
+        select_rules(),
+        key_window_s=86_400,
+        max_sessions=10,
+        report=lambda violations: None,
+        on_error=lambda where, error: errors.append(where),
+        queue_limit=3,
+        interval_s=60,  # nothing is sent until asked
+    )
+    for n in range(10):
+        checker.submit(span_message({sc.SESSION_ID: "s", sc.ACTION_ID: f"a{n}", sc.ACTION_KIND: "clock"}))
+    assert checker.dropped == 7
+    assert checker.sync(timeout_s=30)
+    assert checker.actions == 3
+    checker.close()
+    assert errors == []
+
+
+def test_values_marshal_cannot_carry_are_dropped_and_counted() -> None:
+    found: list[Violation] = []
+    checker = CheckerProcess(
+        select_rules(),
+        key_window_s=86_400,
+        max_sessions=10,
+        report=found.extend,
+        on_error=lambda where, error: pytest.fail(f"{where}: {error}"),
+    )
+    checker.submit(
+        span_message({sc.SESSION_ID: "s", sc.ACTION_ID: "odd", sc.ACTION_KIND: "payment", "x": object()})
+    )
+    checker.submit(span_message({sc.SESSION_ID: "s", sc.ACTION_ID: "p1", sc.ACTION_KIND: "payment"}))
+    assert checker.sync(timeout_s=30)
+    assert checker.dropped == 1
+    assert checker.actions == 1
+    assert [(v.rule, v.action_id) for v in found] == [("unkeyed-side-effect", "p1")]
+    checker.close()
+
+
+def test_raise_mode_needs_inline_checking(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigurationError, match='mode="raise" needs checking="inline"'):
+        DurabilitySpanProcessor(mode="raise", checking="process")
+    with pytest.raises(ConfigurationError, match="unknown checking 'elsewhere'"):
+        DurabilitySpanProcessor(checking="elsewhere")  # type: ignore[arg-type]
+    monkeypatch.setenv("DURABLE_SESSIONS_CHECKING", "process")
+    processor = DurabilitySpanProcessor(mode="silent")
+    assert processor.checking == "process"
+    assert processor.checker is None
+    processor.shutdown()
+
+
+def test_off_mode_starts_no_process() -> None:
+    processor = DurabilitySpanProcessor(mode="off", checking="process")
+    assert processor._offload is None
+    assert processor.force_flush()
+
+
+def span_message(attributes: dict[str, Any]) -> tuple:
+    return (SPAN, attributes, False, 1_700_000_000_000_000_000, 1, 2, None)
+
+
+@pytest.mark.parametrize(
+    "violation",
+    [
+        Violation(
+            "unkeyed-side-effect",
+            Severity.ERROR,
+            "m",
+            "s",
+            "a",
+            trace_id="0" * 32,
+            span_id="1" * 16,
+            kind="payment",
+        ),
+        Violation("unreadable-line", Severity.WARNING, "bad — ü", None, None, file="x.jsonl", line=3),
+    ],
+)
+def test_violations_cross_the_pipe_unchanged(violation: Violation) -> None:
+    assert violation_from(violation_fields(violation)) == violation
+
+
+_KEYS = st.sampled_from(
+    [
+        sc.ACTION_ID,
+        sc.ACTION_KIND,
+        sc.attribute("result"),
+        sc.attribute("status"),
+        sc.SESSION_ID,
+        sc.GEN_AI_OPERATION_NAME,
+        sc.GEN_AI_SYSTEM,
+        sc.GEN_AI_PROVIDER_NAME,
+        sc.GEN_AI_REQUEST_MODEL,
+        sc.GEN_AI_TOOL_CALL_ID,
+        sc.OPENINFERENCE_SPAN_KIND,
+        sc.TRACELOOP_SPAN_KIND,
+        sc.OUTPUT_VALUE,
+        "http.request.method",
+        "agent.action",
+        "xagent.action.kind",
+    ]
+)
+_VALUES = st.one_of(
+    st.sampled_from(["chat", "LLM", "TOOL", "tool", "payment", "execute_tool", "embeddings"]),
+    st.text(max_size=5),
+    st.integers(),
+    st.booleans(),
+)
+
+
+@settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "300")), deadline=None)
+@given(st.dictionaries(st.one_of(_KEYS, st.text(max_size=12)), _VALUES, max_size=6))
+def test_the_pre_filter_never_skips_an_action(attributes: dict[str, Any]) -> None:
+    mapped = map_attributes(attributes, {}, False, 0, 1, 2, None, False)
+    if mapped is not None:
+        assert may_be_action(attributes)
