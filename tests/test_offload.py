@@ -34,6 +34,18 @@ def provider_with(processor: DurabilitySpanProcessor) -> tuple[TracerProvider, I
     return provider, exporter
 
 
+def start_unfinished_email(provider: TracerProvider, session_id: str) -> None:
+    """An email whose intent is recorded and never completed: an end-of-session finding."""
+    attributes = {
+        sc.SESSION_ID: session_id,
+        sc.ACTION_ID: "e1",
+        sc.ACTION_KIND: "email",
+        sc.attribute("status"): "started",
+    }
+    with provider.get_tracer("t").start_as_current_span("email", attributes=attributes):
+        pass
+
+
 def run_scenario(tracer: Any, seed: int) -> None:
     """A mix of clean and broken actions over a few sessions, some third-party spans."""
     rng = random.Random(seed)
@@ -108,15 +120,7 @@ def test_span_end_returns_before_the_checker_has_seen_it() -> None:
 def test_end_session_answers_with_the_end_of_session_findings() -> None:
     processor = DurabilitySpanProcessor(mode="silent", checking="process")
     provider, _ = provider_with(processor)
-    tracer = provider.get_tracer("t")
-    attributes = {
-        sc.SESSION_ID: "s-9",
-        sc.ACTION_ID: "e1",
-        sc.ACTION_KIND: "email",
-        sc.attribute("status"): "started",
-    }
-    with tracer.start_as_current_span("email", attributes=attributes):
-        pass
+    start_unfinished_email(provider, "s-9")
     assert [v.rule for v in processor.end_session("s-9")] == ["unresolved-side-effect"]
     assert processor.end_session("s-9") == []  # ended once
     provider.shutdown()
@@ -126,14 +130,7 @@ def test_shutdown_ends_sessions_and_reaps_the_checker_process() -> None:
     seen: list[Violation] = []
     processor = DurabilitySpanProcessor(mode="silent", checking="process", on_violation=seen.append)
     provider, _ = provider_with(processor)
-    attributes = {
-        sc.SESSION_ID: "s-2",
-        sc.ACTION_ID: "e1",
-        sc.ACTION_KIND: "email",
-        sc.attribute("status"): "started",
-    }
-    with provider.get_tracer("t").start_as_current_span("email", attributes=attributes):
-        pass
+    start_unfinished_email(provider, "s-2")
     child = processor._offload._process  # type: ignore[union-attr]
     provider.shutdown()
     assert [v.rule for v in seen] == ["unresolved-side-effect"]
@@ -168,10 +165,7 @@ def test_a_dead_checker_process_fails_open(caplog: pytest.LogCaptureFixture) -> 
 
 def test_a_full_queue_drops_and_counts_instead_of_blocking() -> None:
     errors: list[str] = []
-    checker = CheckerProcess(
-        select_rules(),
-        key_window_s=86_400,
-        max_sessions=10,
+    checker = checker_process(
         report=lambda violations: None,
         on_error=lambda where, error: errors.append(where),
         queue_limit=3,
@@ -188,12 +182,8 @@ def test_a_full_queue_drops_and_counts_instead_of_blocking() -> None:
 
 def test_values_marshal_cannot_carry_are_dropped_and_counted() -> None:
     found: list[Violation] = []
-    checker = CheckerProcess(
-        select_rules(),
-        key_window_s=86_400,
-        max_sessions=10,
-        report=found.extend,
-        on_error=lambda where, error: pytest.fail(f"{where}: {error}"),
+    checker = checker_process(
+        report=found.extend, on_error=lambda where, error: pytest.fail(f"{where}: {error}")
     )
     checker.submit(
         span_message({sc.SESSION_ID: "s", sc.ACTION_ID: "odd", sc.ACTION_KIND: "payment", "x": object()})
@@ -222,6 +212,10 @@ def test_off_mode_starts_no_process() -> None:
     processor = DurabilitySpanProcessor(mode="off", checking="process")
     assert processor._offload is None
     assert processor.force_flush()
+
+
+def checker_process(**options: Any) -> CheckerProcess:
+    return CheckerProcess(select_rules(), key_window_s=86_400, max_sessions=10, **options)
 
 
 def span_message(attributes: dict[str, Any]) -> tuple:
