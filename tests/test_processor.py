@@ -452,3 +452,14 @@ def test_spans_after_shutdown_are_ignored(setup: Setup) -> None:
     with session("s-1"):
         setup.action("a1", "payment")
     assert setup.violations == []
+
+
+def test_an_earlier_span_is_cited_without_an_unknown_trace(setup: Setup) -> None:
+    with session("s-1"):
+        setup.action("a1", "llm_call", result="1")
+        setup.action("a1", "llm_call", result="1")
+    (violation,) = setup.violations
+    assert violation.rule == "duplicate-action-id"
+    first = setup.exporter.get_finished_spans()[0]
+    assert f"first at span {first.context.span_id:016x})" in violation.message
+    assert "None" not in violation.message

@@ -82,7 +82,8 @@ class Location(NamedTuple):
         if self.line is not None:
             return f"{self.file or '-'}:{self.line}"
         if self.span_id is not None:
-            return f"span {self.span_id} (trace {self.trace_id})"
+            # an earlier action recalled from session memory keeps its span id only
+            return f"span {self.span_id} (trace {self.trace_id})" if self.trace_id else f"span {self.span_id}"
         return self.file or "-"
 
 
