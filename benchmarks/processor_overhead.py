@@ -12,7 +12,8 @@ Scenarios:
   ``agent.action.*`` attributes, a clean tool call): the processor maps and checks every span;
 - ``plain``: 6 ordinary attributes (HTTP-like): the processor decides "not an action".
 
-Setups: ``baseline`` (no durability processor), ``inline`` (the rules run in
+Setups: ``baseline`` (no durability processor), ``empty`` (a ``SpanProcessor`` that
+does nothing: the floor any added processor pays), ``inline`` (the rules run in
 ``span.end()``) and ``process`` (``checking="process"``: the span is handed to a checker
 process). "catch-up" is how long ``force_flush`` then took: for ``process``, the time
 the checker process needed after the last span to have checked everything.
@@ -35,7 +36,7 @@ import time
 from collections.abc import Sequence
 
 import opentelemetry.sdk
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from durable_sessions.processor import DurabilitySpanProcessor
@@ -52,14 +53,18 @@ class NoOpExporter(SpanExporter):
 SESSIONS = 50
 
 
-SETUPS = ("baseline", "inline", "process")
-"""No durability processor; one checking in ``span.end()``; one handing spans to a checker process."""
+SETUPS = ("baseline", "empty", "inline", "process")
+"""No durability processor; a processor that does nothing (the floor: what the SDK charges
+for calling one more processor); one checking in ``span.end()``; one handing spans to a
+checker process."""
 
 
 def make_provider(setup: str) -> TracerProvider:
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(NoOpExporter()))
-    if setup != "baseline":
+    if setup == "empty":
+        provider.add_span_processor(SpanProcessor())
+    elif setup != "baseline":
         provider.add_span_processor(
             DurabilitySpanProcessor(mode="silent", max_sessions=SESSIONS * 2, checking=setup)  # type: ignore[arg-type]
         )

@@ -14,7 +14,15 @@ from opentelemetry.trace import Status, StatusCode
 from durable_sessions import semconv as sc
 from durable_sessions.digest import digest_value
 from durable_sessions.engine import Checker
-from durable_sessions.mapping import Mapped, SpanData, from_readable_span, map_span, mapping_violations
+from durable_sessions.mapping import (
+    Mapped,
+    SpanData,
+    from_readable_span,
+    is_error,
+    map_span,
+    mapping_violations,
+    sdk_span_facts,
+)
 from durable_sessions.record import Location, is_recorded, is_redacted
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
@@ -504,3 +512,30 @@ def test_from_readable_span_without_limit() -> None:
     assert from_readable_span(finished).attribute_value_limit is None
     assert from_readable_span(finished).status_error is False
     provider.shutdown()
+
+
+class PublicOnlySpan:
+    """A span object with the ``ReadableSpan`` properties and none of its fields."""
+
+    def __init__(self, span: Any) -> None:
+        self.status, self.start_time, self.context, self.resource = (
+            span.status,
+            span.start_time,
+            span.context,
+            span.resource,
+        )
+
+
+@pytest.mark.parametrize("error", [False, True])
+def test_span_facts_read_from_fields_equal_the_public_properties(error: bool) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.instance.id": "r-1"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with provider.get_tracer("t").start_as_current_span("s") as live:
+        if error:
+            live.set_status(Status(StatusCode.ERROR))
+    (span,) = exporter.get_finished_spans()
+    public = (is_error(span), span.start_time, span.context.trace_id, span.context.span_id, span.resource)
+    assert public[0] is error
+    assert sdk_span_facts(span) == public
+    assert sdk_span_facts(PublicOnlySpan(span)) == public  # type: ignore[arg-type]

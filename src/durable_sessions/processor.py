@@ -74,7 +74,7 @@ from durable_sessions import __version__
 from durable_sessions import semconv as sc
 from durable_sessions.engine import Checker
 from durable_sessions.instrument import SESSION_CONTEXT_KEY
-from durable_sessions.mapping import is_error, sdk_attributes, sdk_resource_attributes
+from durable_sessions.mapping import sdk_attributes, sdk_resource_attributes, sdk_span_facts
 from durable_sessions.offload import RESOURCE, SPAN, CheckerProcess
 from durable_sessions.rules import Rule, select_rules
 from durable_sessions.rules.state import DEFAULT_KEY_WINDOW_S
@@ -94,6 +94,8 @@ _NO_ATTRIBUTES: dict[str, object] = {}
 
 # The context key under which the API keeps the current span, found through the public
 # API once, so that ``on_start`` can read it with one ``dict.get`` (a Context is a dict).
+_SESSION_ID = sc.SESSION_ID
+_current_context = context_api.get_current
 _CURRENT_SPAN_KEY = next(iter(trace_api.set_span_in_context(trace_api.INVALID_SPAN, Context())))
 
 
@@ -303,10 +305,13 @@ class DurabilitySpanProcessor(SpanProcessor):
         if not self.copy_session or self.mode == "off":
             return
         try:
-            attributes = _live_attributes(span)
-            if sc.SESSION_ID in attributes:
+            try:
+                attributes = span._attributes._dict  # type: ignore[attr-defined]
+            except AttributeError:
+                attributes = _live_attributes(span)
+            if _SESSION_ID in attributes:
                 return
-            context = parent_context if parent_context is not None else context_api.get_current()
+            context = parent_context if parent_context is not None else _current_context()
             session_id = context.get(SESSION_CONTEXT_KEY)
             if type(session_id) is not str:
                 parent = context.get(_CURRENT_SPAN_KEY)
@@ -326,31 +331,18 @@ class DurabilitySpanProcessor(SpanProcessor):
             attributes, limit = sdk_attributes(span)
             if not may_be_action(attributes):
                 return
-            resource = span.resource
+            error, start_time, trace_id, span_id, resource = sdk_span_facts(span)
             if resource is not self._resource:
                 self._resource_attributes = sdk_resource_attributes(resource)
                 self._resource = resource
                 if self._offload is not None:
                     self._offload.submit((RESOURCE, dict(self._resource_attributes)))
-            context = span.context
             if self._offload is not None:
                 if type(attributes) is not dict:
                     attributes = dict(attributes)
-                self._offload.submit(
-                    (
-                        SPAN,
-                        attributes,
-                        is_error(span),
-                        span.start_time or 0,
-                        context.trace_id,
-                        context.span_id,
-                        limit,
-                    )
-                )
+                self._offload.submit((SPAN, attributes, error, start_time, trace_id, span_id, limit))
                 return
-            parts = SpanParts(
-                attributes, is_error(span), span.start_time or 0, context.trace_id, context.span_id, limit
-            )
+            parts = SpanParts(attributes, error, start_time, trace_id, span_id, limit)
             with self._lock:
                 violations = check_span(self.checker, parts, self._resource_attributes)  # type: ignore[arg-type]
             if violations:

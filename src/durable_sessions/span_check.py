@@ -26,6 +26,7 @@ _MAYBE_ACTION_KEYS = frozenset(
     )
 )
 _ACTION_PREFIX = sc.ACTION_PREFIX
+_ACTION_KIND = sc.ACTION_KIND
 _join_keys = "\n".join
 
 
@@ -47,7 +48,7 @@ def may_be_action(attributes: Mapping[str, Any]) -> bool:
     third-party conventions' marker attributes, so a span with neither is skipped
     without being mapped.
     """
-    if not _MAYBE_ACTION_KEYS.isdisjoint(attributes):
+    if _ACTION_KIND in attributes or not _MAYBE_ACTION_KEYS.isdisjoint(attributes):
         return True
     # One search of the joined keys beats a loop over them; a key that merely contains
     # the prefix passes too, and the mapping then decides.
