@@ -6,6 +6,7 @@ import os
 import random
 import re
 import signal
+import sys
 import time
 from typing import Any
 
@@ -206,6 +207,23 @@ def test_raise_mode_needs_inline_checking(monkeypatch: pytest.MonkeyPatch) -> No
     assert processor.checking == "process"
     assert processor.checker is None
     processor.shutdown()
+
+
+def test_no_checker_process_means_checking_inline(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python")
+    seen: list[Violation] = []
+    processor = DurabilitySpanProcessor(mode="silent", checking="process", on_violation=seen.append)
+    assert processor.checking == "inline"
+    assert "starting the checker process (checking inline instead)" in caplog.text
+    provider, _ = provider_with(processor)
+    with provider.get_tracer("t").start_as_current_span(
+        "pay", attributes={sc.SESSION_ID: "s", sc.ACTION_ID: "p1", sc.ACTION_KIND: "payment"}
+    ):
+        pass
+    assert [v.rule for v in seen] == ["unkeyed-side-effect"]
+    provider.shutdown()
 
 
 def test_off_mode_starts_no_process() -> None:

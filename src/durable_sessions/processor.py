@@ -290,13 +290,18 @@ class DurabilitySpanProcessor(SpanProcessor):
         self._resource: object = None
         self._resource_attributes: Mapping[str, object] = _NO_ATTRIBUTES
         if checking == "process" and mode != "off":
-            self._offload = CheckerProcess(
-                rules,
-                key_window_s=key_window_s,
-                max_sessions=max_sessions,
-                report=self._report_found,
-                on_error=self._internal_error,
-            )
+            try:
+                self._offload = CheckerProcess(
+                    rules,
+                    key_window_s=key_window_s,
+                    max_sessions=max_sessions,
+                    report=self._report_found,
+                    on_error=self._internal_error,
+                )
+            except OSError as error:  # no process could be started: check here rather than not at all
+                self._internal_error("starting the checker process (checking inline instead)", error)
+                self.checking = "inline"
+                self.checker = Checker(rules, key_window_s=key_window_s, max_sessions=max_sessions)
 
     # -- SpanProcessor -------------------------------------------------------------
 
