@@ -15,13 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from durable_sessions.check import check_paths
 from durable_sessions.digest import digest_value
 from durable_sessions.engine import Checker
 from durable_sessions.record import line_location
 from durable_sessions.rules import CATALOGUE, select_rules
-from durable_sessions.rules.state import DEFAULT_KEY_WINDOW_S
+from durable_sessions.rules.state import DEFAULT_KEY_WINDOW_S, _pack_attempts, _unpack_attempts
 from durable_sessions.violation import Severity, Violation
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -824,3 +826,12 @@ def test_unresolved_side_effect_waits_for_the_session_to_end() -> None:
     assert (violation.rule, violation.session_id, violation.line) == ("unresolved-side-effect", "s-1", 1)
     assert "started but never completed" in violation.message
     assert [v.session_id for v in checker.finish()] == ["s-2"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.frozensets(st.integers(min_value=-5, max_value=100), max_size=6))
+def test_attempt_numbers_survive_packing(attempts: frozenset[int]) -> None:
+    packed = _pack_attempts(attempts)
+    assert _unpack_attempts(packed) == attempts
+    if attempts and all(1 <= n <= 62 for n in attempts):
+        assert type(packed) is int  # kept as a mask, not a frozenset

@@ -77,11 +77,38 @@ _new_tuple = tuple.__new__
 
 
 class ActionDetails(NamedTuple):
-    """What only some actions have: an outcome fingerprint, a key, attempt numbers."""
+    """What only some actions have: an outcome fingerprint, a key, attempt numbers
+    (packed by :func:`_pack_attempts`)."""
 
     outcome: Fingerprint | None
     key: str | None
-    attempts: frozenset[int]
+    attempts: int | frozenset[int]
+
+
+_MASKABLE_ATTEMPTS = range(1, 63)
+_attempt_sets: dict[int, frozenset[int]] = {}
+
+
+def _pack_attempts(attempts: frozenset[int]) -> int | frozenset[int]:
+    """Attempt numbers as a bit mask when they are all small (a retried call's 1, 2, 3):
+    a small int costs nothing to keep, where a frozenset costs some 200 bytes an action."""
+    mask = 0
+    for attempt in attempts:
+        if attempt not in _MASKABLE_ATTEMPTS:
+            return attempts
+        mask |= 1 << attempt
+    return mask
+
+
+def _unpack_attempts(packed: int | frozenset[int]) -> frozenset[int]:
+    if type(packed) is not int:
+        return packed  # type: ignore[return-value]
+    attempts = _attempt_sets.get(packed)
+    if attempts is None:
+        attempts = frozenset(n for n in _MASKABLE_ATTEMPTS if packed >> n & 1)
+        if len(_attempt_sets) < 4096:
+            _attempt_sets[packed] = attempts
+    return attempts
 
 
 class Symbols:
@@ -220,7 +247,7 @@ class SessionState:
             where=where,
             status=texts[(packed >> _STATUS_SHIFT) & _SYMBOL_MASK],
             incarnation=texts[incarnation - 1] if incarnation else None,
-            attempts=details.attempts if details else _NO_ATTEMPTS,
+            attempts=_unpack_attempts(details.attempts) if details else _NO_ATTEMPTS,
             retryable=bool(packed & _RETRYABLE),
             key=details.key if details else None,
             recorded=bool(packed & _RECORDED),
@@ -269,7 +296,9 @@ class SessionState:
             outcome_detail = outcome  # a given digest that is not SHA-256: kept as it is
         if key is not None or attempts:
             flags |= _HAS_DETAILS
-            self.details[action_id] = _new_tuple(ActionDetails, (outcome_detail, key, attempts))
+            self.details[action_id] = _new_tuple(
+                ActionDetails, (outcome_detail, key, _pack_attempts(attempts))
+            )
         elif outcome_detail is not None:
             flags |= _HAS_DETAILS
             self.details[action_id] = outcome_detail
