@@ -105,9 +105,10 @@ def violation_from(fields: Iterable[Any]) -> Violation:
 class CheckerProcess:
     """The application's side of a checker process.
 
-    ``report`` receives the violations the process finds, on the reader thread;
-    ``on_error`` is told of anything that goes wrong (the process dying, a span that
-    cannot be sent), and the checking then stops without raising into the caller.
+    ``report`` receives the violations the process finds, on the reader thread.
+    ``on_error`` is told when the process cannot be written to or read from, or dies;
+    the checking then stops, and later spans are dropped and counted, never raised
+    about. A span carrying a value ``marshal`` cannot represent is dropped and counted.
     """
 
     def __init__(
@@ -138,6 +139,7 @@ class CheckerProcess:
         self._alive = True
         self._tokens = itertools.count(1)
         self._answers: dict[int, list[Violation]] = {}
+        self._waiting: set[int] = set()
         self._answered = threading.Condition()
         self.dropped = 0
         self.actions = 0
@@ -155,11 +157,6 @@ class CheckerProcess:
         )
         self._writer.start()
         self._reader.start()
-
-    @property
-    def alive(self) -> bool:
-        """Whether spans handed over are still being checked."""
-        return self._alive
 
     def submit(self, message: tuple) -> None:
         """Queue one message for the checker process; never blocks, drops (and counts spans) when full."""
@@ -189,6 +186,8 @@ class CheckerProcess:
         self._closing = True
         self._wake.set()
         self._writer.join(timeout_s)
+        if self._writer.is_alive():  # stuck writing to a process that stopped reading
+            self._process.kill()
         with contextlib.suppress(OSError):
             self._process.stdin.close()  # type: ignore[union-attr]
         try:
@@ -205,10 +204,13 @@ class CheckerProcess:
         if not self._alive:
             return None
         token = next(self._tokens)
+        with self._answered:
+            self._waiting.add(token)
         self._queue.append(make(token))
         self._wake.set()
         with self._answered:
             self._answered.wait_for(lambda: token in self._answers or not self._alive, timeout_s)
+            self._waiting.discard(token)  # an answer arriving after the timeout is not kept
             return self._answers.pop(token, None)
 
     def _write_loop(self) -> None:
@@ -250,7 +252,8 @@ class CheckerProcess:
             self.actions = message[3]
             self._report(violations)
             with self._answered:
-                self._answers[message[1]] = violations
+                if message[1] in self._waiting:
+                    self._answers[message[1]] = violations
                 self._answered.notify_all()
         else:
             self._on_error("the checker process", RuntimeError(message[1]))
