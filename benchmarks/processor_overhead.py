@@ -20,7 +20,7 @@ the checker process needed after the last span to have checked everything.
 
 Run::
 
-    .venv/bin/python benchmarks/processor_overhead.py [--spans 20000] [--rounds 15] [--breakdown]
+    .venv/bin/python benchmarks/processor_overhead.py [--spans 5000] [--rounds 31] [--scenario action|plain|both] [--breakdown]
 
 It measures and prints; it asserts nothing.
 """
