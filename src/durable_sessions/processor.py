@@ -92,13 +92,6 @@ logger = logging.getLogger("durable_sessions")
 _NO_ATTRIBUTES: dict[str, object] = {}
 
 
-# The context key under which the API keeps the current span, found through the public
-# API once, so that ``on_start`` can read it with one ``dict.get`` (a Context is a dict).
-_SESSION_ID = sc.SESSION_ID
-_current_context = context_api.get_current
-_CURRENT_SPAN_KEY = next(iter(trace_api.set_span_in_context(trace_api.INVALID_SPAN, Context())))
-
-
 def _live_attributes(span: object) -> Mapping[str, object]:
     """A live SDK span's attributes as a plain dict (read-only use), else its public view.
 
@@ -112,6 +105,13 @@ def _live_attributes(span: object) -> Mapping[str, object]:
     if type(raw) is dict:
         return raw
     return getattr(span, "attributes", None) or _NO_ATTRIBUTES
+
+
+_SESSION_ID = sc.SESSION_ID
+_current_context = context_api.get_current
+# The context key under which the API keeps the current span, found through the public
+# API once, so that ``on_start`` can read it with one ``dict.get`` (a Context is a dict).
+_CURRENT_SPAN_KEY = next(iter(trace_api.set_span_in_context(trace_api.INVALID_SPAN, Context())))
 
 
 class DurabilityViolationError(AssertionError):
@@ -265,8 +265,6 @@ class DurabilitySpanProcessor(SpanProcessor):
         rules = tuple(rules)
         self.checker: Checker | None = None
         self._offload: CheckerProcess | None = None
-        if checking == "inline":
-            self.checker = Checker(rules, key_window_s=key_window_s, max_sessions=max_sessions)
         self.on_violation = on_violation
         self.copy_session = copy_session
         self.internal_errors = 0
@@ -301,7 +299,8 @@ class DurabilitySpanProcessor(SpanProcessor):
             except OSError as error:  # no process could be started: check here rather than not at all
                 self._internal_error("starting the checker process (checking inline instead)", error)
                 self.checking = "inline"
-                self.checker = Checker(rules, key_window_s=key_window_s, max_sessions=max_sessions)
+        if self.checking == "inline":
+            self.checker = Checker(rules, key_window_s=key_window_s, max_sessions=max_sessions)
 
     # -- SpanProcessor -------------------------------------------------------------
 
@@ -310,7 +309,7 @@ class DurabilitySpanProcessor(SpanProcessor):
         if not self.copy_session or self.mode == "off":
             return
         try:
-            try:
+            try:  # _live_attributes' fast path, written out: on_start runs for every span
                 attributes = span._attributes._dict  # type: ignore[attr-defined]
             except AttributeError:
                 attributes = _live_attributes(span)

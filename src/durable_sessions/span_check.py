@@ -57,11 +57,14 @@ def may_be_action(attributes: Mapping[str, Any]) -> bool:
 
 def check_span(checker: Checker, parts: SpanParts, resource: Mapping[str, Any]) -> list[Violation]:
     """The violations of one span: the mapping's own (``invalid-field``), then the engine's."""
-    mapped = map_attributes(parts[0], resource, parts[1], parts[2] or 0, parts[3], parts[4], parts[5], False)
+    attributes, is_error, start_time_ns, trace_id, span_id, value_limit = parts
+    mapped = map_attributes(
+        attributes, resource, is_error, start_time_ns, trace_id, span_id, value_limit, False
+    )
     if mapped is None:
         return []
     record, problems = mapped
-    where = span_location(format(parts[3], "032x"), format(parts[4], "016x"))
+    where = span_location(format(trace_id, "032x"), format(span_id, "016x"))
     violations = checker.feed(record, where)
     if problems:
         violations = mapping_violations(Mapped(record, where, problems)) + violations
