@@ -25,6 +25,14 @@ from durable_sessions.processor import ConfigurationError, DurabilitySpanProcess
 from durable_sessions.rules import select_rules
 from durable_sessions.span_check import may_be_action
 from durable_sessions.violation import Severity, Violation
+from tests.support.senders import use_sender
+
+
+@pytest.fixture(params=["native", "python"])
+def sender(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A test that starts checker processes runs with each of the two senders."""
+    use_sender(monkeypatch, request.param)
+    return request.param
 
 
 def provider_with(processor: DurabilitySpanProcessor) -> tuple[TracerProvider, InMemorySpanExporter]:
@@ -75,7 +83,7 @@ def run_scenario(tracer: Any, seed: int) -> None:
             pass
 
 
-def test_same_findings_as_checking_inline() -> None:
+def test_same_findings_as_checking_inline(sender: str) -> None:
     found: dict[str, list[Violation]] = {"inline": [], "process": []}
     for checking, violations in found.items():
         processor = DurabilitySpanProcessor(
@@ -101,7 +109,7 @@ def test_same_findings_as_checking_inline() -> None:
     assert comparable(found["process"]) == comparable(found["inline"])
 
 
-def test_span_end_returns_before_the_checker_has_seen_it() -> None:
+def test_span_end_returns_before_the_checker_has_seen_it(sender: str) -> None:
     seen: list[Violation] = []
     processor = DurabilitySpanProcessor(mode="silent", checking="process", on_violation=seen.append)
     provider, exporter = provider_with(processor)
@@ -112,13 +120,14 @@ def test_span_end_returns_before_the_checker_has_seen_it() -> None:
     ):
         pass
     assert len(exporter.get_finished_spans()) == 1  # the exporter already has it
+    assert processor._offload.native == (sender == "native")  # type: ignore[union-attr]
     assert processor.wait_checked(timeout_s=30)
     assert [v.rule for v in seen] == ["unkeyed-side-effect"]
     assert seen[0].session_id == "s-1"
     provider.shutdown()
 
 
-def test_end_session_answers_with_the_end_of_session_findings() -> None:
+def test_end_session_answers_with_the_end_of_session_findings(sender: str) -> None:
     processor = DurabilitySpanProcessor(mode="silent", checking="process")
     provider, _ = provider_with(processor)
     start_unfinished_email(provider, "s-9")
@@ -127,7 +136,7 @@ def test_end_session_answers_with_the_end_of_session_findings() -> None:
     provider.shutdown()
 
 
-def test_shutdown_ends_sessions_and_reaps_the_checker_process() -> None:
+def test_shutdown_ends_sessions_and_reaps_the_checker_process(sender: str) -> None:
     seen: list[Violation] = []
     processor = DurabilitySpanProcessor(mode="silent", checking="process", on_violation=seen.append)
     provider, _ = provider_with(processor)
@@ -138,7 +147,7 @@ def test_shutdown_ends_sessions_and_reaps_the_checker_process() -> None:
     assert child.poll() == 0
 
 
-def test_a_dead_checker_process_fails_open(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_dead_checker_process_fails_open(caplog: pytest.LogCaptureFixture, sender: str) -> None:
     processor = DurabilitySpanProcessor(mode="log", checking="process")
     provider, exporter = provider_with(processor)
     tracer = provider.get_tracer("t")
@@ -164,7 +173,7 @@ def test_a_dead_checker_process_fails_open(caplog: pytest.LogCaptureFixture) -> 
     provider.shutdown()
 
 
-def test_a_full_queue_drops_and_counts_instead_of_blocking() -> None:
+def test_a_full_queue_drops_and_counts_instead_of_blocking(sender: str) -> None:
     errors: list[str] = []
     checker = checker_process(
         report=lambda violations: None,
@@ -181,7 +190,7 @@ def test_a_full_queue_drops_and_counts_instead_of_blocking() -> None:
     assert errors == []
 
 
-def test_values_marshal_cannot_carry_are_dropped_and_counted() -> None:
+def test_values_marshal_cannot_carry_are_dropped_and_counted(sender: str) -> None:
     found: list[Violation] = []
     checker = checker_process(
         report=found.extend, on_error=lambda where, error: pytest.fail(f"{where}: {error}")

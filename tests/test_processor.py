@@ -25,6 +25,7 @@ from durable_sessions.processor import (
 )
 from durable_sessions.rules import Explanation, Rule, select_rules
 from durable_sessions.violation import Severity, Violation
+from tests.support.senders import use_sender
 
 
 class Setup:
@@ -75,10 +76,14 @@ class Setup:
         return counts
 
 
-@pytest.fixture(params=["inline", "process"])
-def setup(request: pytest.FixtureRequest) -> Iterator[Setup]:
-    """A provider whose processor checks in ``span.end()``, or in a checker process."""
-    s = Setup(mode="silent", checking=request.param)
+@pytest.fixture(params=["inline", "process", "process-python"])
+def setup(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Setup]:
+    """A provider whose processor checks in ``span.end()``, or in a checker process fed
+    by the native sender, or by the pure-Python one."""
+    checking, _, sender = request.param.partition("-")
+    if checking == "process":
+        use_sender(monkeypatch, sender or "native")
+    s = Setup(mode="silent", checking=checking)
     yield s
     s.provider.shutdown()
 

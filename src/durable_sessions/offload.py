@@ -35,9 +35,11 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import IO, Any
 
+from opentelemetry.trace import SpanContext, StatusCode
+
 from durable_sessions.engine import Checker
 from durable_sessions.rules import CATALOGUE, Rule
-from durable_sessions.span_check import SpanParts, check_span
+from durable_sessions.span_check import ACTION_KIND, ACTION_PREFIX, MAYBE_ACTION_KEYS, SpanParts, check_span
 from durable_sessions.violation import Severity, Violation
 
 SPAN, RESOURCE, END_SESSION, FINISH, SYNC = 0, 1, 2, 3, 4
@@ -50,6 +52,8 @@ FOUND, DONE, FAILED = 0, 1, 2
 DEFAULT_QUEUE_LIMIT = 65_536
 DEFAULT_BATCH_SIZE = 512
 DEFAULT_INTERVAL_S = 0.05
+NATIVE_BYTES_PER_SPAN = 256
+"""What the native sender budgets per span when it turns span counts into bytes."""
 _HEADER = struct.Struct("<I")
 
 Report = Callable[[list[Violation]], None]
@@ -102,6 +106,126 @@ def violation_from(fields: Iterable[Any]) -> Violation:
     return Violation(rule, Severity(severity), *rest)
 
 
+class _ThreadSender:
+    """Sends messages from a bounded queue, marshalled in batches by a writer thread.
+
+    The pure-Python way; :class:`durable_sessions._handoff.Handoff` is the native one with
+    the same methods, used when it was built.
+    """
+
+    def __init__(
+        self,
+        stream: IO[bytes],
+        on_error: ErrorHandler,
+        *,
+        queue_limit: int,
+        batch_size: int,
+        interval_s: float,
+    ) -> None:
+        self._stream = stream
+        self._on_error = on_error
+        self._queue: deque[tuple] = deque()
+        self._queue_limit = queue_limit
+        self._batch_size = batch_size
+        self._interval_s = interval_s
+        self._wake = threading.Event()
+        self._closing = False
+        self.error: OSError | ValueError | None = None
+        self.dropped = 0
+        self._writer = threading.Thread(
+            target=self._write_loop, name="durable_sessions.offload.writer", daemon=True
+        )
+        self._writer.start()
+
+    def send(self, message: tuple, urgent: bool = False) -> bool:
+        """Queue one message; never blocks. False when sending has stopped or, for a span,
+        when the queue is full (a span not queued is counted in ``dropped``)."""
+        queue = self._queue
+        is_span = message[0] == SPAN
+        if (is_span and len(queue) >= self._queue_limit) or self.error is not None or self._closing:
+            self.dropped += is_span
+            return False
+        queue.append(message)
+        if urgent or len(queue) == self._batch_size:
+            self._wake.set()
+        return True
+
+    def stop(self) -> None:
+        """Refuse (and count) further messages; what is queued is still sent."""
+        self._closing = True
+        self._wake.set()
+
+    def close(self, timeout_s: float) -> bool:
+        """Send what is queued, then stop; False if still sending after ``timeout_s``."""
+        self._closing = True
+        self._wake.set()
+        self._writer.join(timeout_s)
+        if self._writer.is_alive():
+            return False
+        with contextlib.suppress(OSError):
+            self._stream.close()
+        return True
+
+    def _write_loop(self) -> None:
+        queue = self._queue
+        while True:
+            self._wake.wait(self._interval_s)
+            self._wake.clear()
+            while queue:
+                batch = [queue.popleft() for _ in range(min(len(queue), self._batch_size * 8))]
+                try:
+                    write_frame(self._stream, self._encode(batch))
+                except (OSError, ValueError) as error:
+                    self.error = error
+                    self.dropped += sum(message[0] == SPAN for message in (*batch, *queue))
+                    self._on_error("sending spans to the checker process", error)
+                    return
+            if self._closing:
+                return
+
+    def _encode(self, batch: list[tuple]) -> bytes:
+        """``batch`` as a frame, leaving out (and counting) any message marshal cannot carry."""
+        try:
+            return encode_frame(batch)
+        except ValueError:
+            kept = [message for message in batch if _can_marshal(message)]
+            self.dropped += len(batch) - len(kept)
+            return encode_frame(kept)
+
+
+def _context_is_tuple() -> bool:
+    """Whether a ``SpanContext`` keeps its trace and span ids as its first two items
+    (it does, as a typed tuple); the native sender then reads them without a call."""
+    context = SpanContext(trace_id=0xABC, span_id=0xDEF, is_remote=False)
+    return isinstance(context, tuple) and context[:2] == (context.trace_id, context.span_id)
+
+
+def _native_sender(stream: IO[bytes], *, queue_limit: int, batch_size: int, interval_s: float) -> Any:
+    """The native sender (:mod:`durable_sessions._handoff`), or None when it was not built
+    or ``DURABLE_SESSIONS_NATIVE=false``."""
+    if os.environ.get("DURABLE_SESSIONS_NATIVE", "").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    try:
+        from durable_sessions._handoff import Handoff
+    except ImportError:
+        return None
+    sender = Handoff(
+        fd=stream.fileno(),  # duplicated: the sender's thread owns its copy
+        span_op=SPAN,
+        action_kind=ACTION_KIND,
+        markers=tuple(MAYBE_ACTION_KEYS),
+        prefix=ACTION_PREFIX,
+        error_code=StatusCode.ERROR,
+        batch_bytes=batch_size * NATIVE_BYTES_PER_SPAN,
+        limit_bytes=queue_limit * NATIVE_BYTES_PER_SPAN,
+        limit_count=queue_limit,
+        interval_s=interval_s,
+        context_is_tuple=_context_is_tuple(),
+    )
+    stream.close()  # the native sender's copy of the pipe is now the only one
+    return sender
+
+
 class CheckerProcess:
     """The application's side of a checker process.
 
@@ -109,6 +233,9 @@ class CheckerProcess:
     ``on_error`` is told when the process cannot be written to or read from, or dies;
     the checking then stops, and later spans are dropped and counted, never raised
     about. A span carrying a value ``marshal`` cannot represent is dropped and counted.
+
+    Spans go over through the native sender when it was built (``put_span`` is then
+    its method, else None), otherwise as messages given to :meth:`submit`.
     """
 
     def __init__(
@@ -130,18 +257,12 @@ class CheckerProcess:
         }
         self._report = report
         self._on_error = on_error
-        self._queue: deque[tuple] = deque()
-        self._queue_limit = queue_limit
-        self._batch_size = batch_size
-        self._interval_s = interval_s
-        self._wake = threading.Event()
         self._closing = False
         self._alive = True
         self._tokens = itertools.count(1)
         self._answers: dict[int, list[Violation]] = {}
         self._waiting: set[int] = set()
         self._answered = threading.Condition()
-        self.dropped = 0
         self.actions = 0
         """Actions the process had checked at its latest answer (``sync``, ``finish``, …)."""
         self._process = subprocess.Popen(
@@ -149,25 +270,41 @@ class CheckerProcess:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         )
-        self._writer = threading.Thread(
-            target=self._write_loop, name="durable_sessions.offload.writer", daemon=True
-        )
+        stdin: IO[bytes] = self._process.stdin  # type: ignore[assignment]
+        sizes = {"queue_limit": queue_limit, "batch_size": batch_size, "interval_s": interval_s}
+        self._sender = _native_sender(stdin, **sizes) or _ThreadSender(stdin, self._fail, **sizes)
+        self.native = not isinstance(self._sender, _ThreadSender)
+        """Whether the native sender (:mod:`durable_sessions._handoff`) is in use."""
         self._reader = threading.Thread(
             target=self._read_loop, name="durable_sessions.offload.reader", daemon=True
         )
-        self._writer.start()
         self._reader.start()
 
+    @property
+    def dropped(self) -> int:
+        """Spans (and requests) not sent: the queue was full, a value could not be sent,
+        or the checker process had stopped."""
+        return self._sender.dropped
+
+    def span_handler(self, fallback: Callable[[Any], None]) -> Callable[[Any], None] | None:
+        """With the native sender, a ``SpanProcessor.on_end`` that hands an SDK span over
+        without running Python code, and calls ``fallback(span)`` with any span it does not
+        hand over (a resource it has not sent yet, a span that is not the SDK's, a value
+        it does not encode). None with the pure-Python sender.
+        """
+        if not self.native:
+            return None
+        self._sender.fallback = fallback
+        return self._sender.on_end
+
+    def sent_resource(self, resource: object) -> None:
+        """The spans of ``resource`` may now go over natively (its attributes were submitted)."""
+        if self.native:
+            self._sender.resource = resource
+
     def submit(self, message: tuple) -> None:
-        """Queue one message for the checker process; never blocks, drops (and counts spans) when full."""
-        queue = self._queue
-        if len(queue) >= self._queue_limit or not self._alive:
-            if message[0] == SPAN:
-                self.dropped += 1
-            return
-        queue.append(message)
-        if len(queue) == self._batch_size:
-            self._wake.set()
+        """Queue one message for the checker process; never blocks, drops (and counts) when full."""
+        self._sender.send(message)
 
     def end_session(self, session_id: str, timeout_s: float) -> list[Violation] | None:
         """End one session; its end-of-session violations, or None if no answer came in time."""
@@ -182,14 +319,13 @@ class CheckerProcess:
         return self._ask(lambda token: (FINISH, token), timeout_s)
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Stop the writer, let the process finish what it was sent, and reap it."""
+        """Stop sending, let the process finish what it was sent, and reap it."""
         self._closing = True
-        self._wake.set()
-        self._writer.join(timeout_s)
-        if self._writer.is_alive():  # stuck writing to a process that stopped reading
+        if self.native:
+            self._sender.fallback = None  # it refers back to the span processor
+        if not self._sender.close(timeout_s):  # stuck writing to a process that stopped reading
             self._process.kill()
-        with contextlib.suppress(OSError):
-            self._process.stdin.close()  # type: ignore[union-attr]
+            self._sender.close(timeout_s)
         try:
             self._process.wait(timeout_s)
         except subprocess.TimeoutExpired:
@@ -206,28 +342,14 @@ class CheckerProcess:
         token = next(self._tokens)
         with self._answered:
             self._waiting.add(token)
-        self._queue.append(make(token))
-        self._wake.set()
+        if not self._sender.send(make(token), urgent=True):
+            if self._sender.error is not None:
+                self._fail("sending spans to the checker process", self._sender.error)
+            return None
         with self._answered:
             self._answered.wait_for(lambda: token in self._answers or not self._alive, timeout_s)
             self._waiting.discard(token)  # an answer arriving after the timeout is not kept
             return self._answers.pop(token, None)
-
-    def _write_loop(self) -> None:
-        stdin = self._process.stdin
-        queue = self._queue
-        while self._alive:
-            self._wake.wait(self._interval_s)
-            self._wake.clear()
-            while queue:
-                batch = [queue.popleft() for _ in range(min(len(queue), self._batch_size * 8))]
-                try:
-                    write_frame(stdin, self._encode(batch))  # type: ignore[arg-type]
-                except (OSError, ValueError) as error:
-                    self._fail("sending spans to the checker process", error)
-                    return
-            if self._closing:
-                return
 
     def _read_loop(self) -> None:
         stdout = self._process.stdout
@@ -258,17 +380,11 @@ class CheckerProcess:
         else:
             self._on_error("the checker process", RuntimeError(message[1]))
 
-    def _encode(self, batch: list[tuple]) -> bytes:
-        """``batch`` as a frame, leaving out (and counting) any message marshal cannot carry."""
-        try:
-            return encode_frame(batch)
-        except ValueError:
-            kept = [message for message in batch if _can_marshal(message)]
-            self.dropped += len(batch) - len(kept)
-            return encode_frame(kept)
-
     def _fail(self, where: str, error: Exception) -> None:
+        if not self._alive:
+            return
         self._alive = False
+        self._sender.stop()  # later spans are dropped and counted
         self._on_error(where, error)
         with self._answered:
             self._answered.notify_all()

@@ -296,6 +296,11 @@ class DurabilitySpanProcessor(SpanProcessor):
                     report=self._report_found,
                     on_error=self._internal_error,
                 )
+                native_on_end = self._offload.span_handler(self._check_ended)
+                if native_on_end is not None:
+                    # The SDK calls processor.on_end(span): with the native sender that
+                    # is the sender's own method, so an ended span costs no Python frame.
+                    self.on_end = native_on_end  # type: ignore[method-assign]
             except OSError as error:  # no process could be started: check here rather than not at all
                 self._internal_error("starting the checker process (checking inline instead)", error)
                 self.checking = "inline"
@@ -331,16 +336,16 @@ class DurabilitySpanProcessor(SpanProcessor):
         """Check the ended span; report what it breaks. Raises only in ``mode="raise"``."""
         if self.mode == "off" or self._shut_down:
             return
+        self._check_ended(span)
+
+    def _check_ended(self, span: ReadableSpan) -> None:
         try:
             attributes, limit = sdk_attributes(span)
             if not may_be_action(attributes):
                 return
             error, start_time, trace_id, span_id, resource = sdk_span_facts(span)
             if resource is not self._resource:
-                self._resource_attributes = sdk_resource_attributes(resource)
-                self._resource = resource
-                if self._offload is not None:
-                    self._offload.submit((RESOURCE, dict(self._resource_attributes)))
+                self._use_resource(resource)
             if self._offload is not None:
                 if type(attributes) is not dict:
                     attributes = dict(attributes)
@@ -374,6 +379,7 @@ class DurabilitySpanProcessor(SpanProcessor):
         """End every session (never raises, whatever the mode); later spans are ignored."""
         if self._shut_down:
             return
+        self.__dict__.pop("on_end", None)  # back to the method that ignores spans after shutdown
         try:
             self._finish(raising=False)
             if self._offload is not None:
@@ -429,6 +435,14 @@ class DurabilitySpanProcessor(SpanProcessor):
     def spans_dropped(self) -> int:
         """Spans not checked because the checker process fell behind or stopped."""
         return self._offload.dropped if self._offload is not None else 0
+
+    def _use_resource(self, resource: object) -> None:
+        """Spans from here on come from ``resource``; the checker process is told first."""
+        self._resource_attributes = sdk_resource_attributes(resource)
+        self._resource = resource
+        if self._offload is not None:
+            self._offload.submit((RESOURCE, dict(self._resource_attributes)))
+            self._offload.sent_resource(resource)
 
     def _finish(self, *, raising: bool = True, timeout_s: float = 30.0) -> bool:
         if self.mode == "off":

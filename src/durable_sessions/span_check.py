@@ -16,7 +16,7 @@ from durable_sessions.mapping import Mapped, map_attributes, mapping_violations
 from durable_sessions.record import span_location
 from durable_sessions.violation import Violation
 
-_MAYBE_ACTION_KEYS = frozenset(
+MAYBE_ACTION_KEYS = frozenset(
     (
         sc.GEN_AI_OPERATION_NAME,
         sc.OPENINFERENCE_SPAN_KIND,
@@ -25,8 +25,9 @@ _MAYBE_ACTION_KEYS = frozenset(
         sc.GEN_AI_PROVIDER_NAME,
     )
 )
-_ACTION_PREFIX = sc.ACTION_PREFIX
-_ACTION_KIND = sc.ACTION_KIND
+"""Marker attributes of the third-party conventions: a span with one may be an action."""
+ACTION_PREFIX = sc.ACTION_PREFIX
+ACTION_KIND = sc.ACTION_KIND
 _join_keys = "\n".join
 
 
@@ -48,11 +49,11 @@ def may_be_action(attributes: Mapping[str, Any]) -> bool:
     third-party conventions' marker attributes, so a span with neither is skipped
     without being mapped.
     """
-    if _ACTION_KIND in attributes or not _MAYBE_ACTION_KEYS.isdisjoint(attributes):
+    if ACTION_KIND in attributes or not MAYBE_ACTION_KEYS.isdisjoint(attributes):
         return True
     # One search of the joined keys beats a loop over them; a key that merely contains
     # the prefix passes too, and the mapping then decides.
-    return _ACTION_PREFIX in _join_keys(attributes)
+    return ACTION_PREFIX in _join_keys(attributes)
 
 
 def check_span(checker: Checker, parts: SpanParts, resource: Mapping[str, Any]) -> list[Violation]:

@@ -1,0 +1,897 @@
+/*
+ * durable_sessions._handoff: hand ended spans to the checker process cheaply.
+ *
+ * The pure-Python hand-over (durable_sessions.offload) queues a tuple per span and has a
+ * writer thread marshal and send the queue. Both halves hold the GIL, so the application
+ * thread pays for them. This accelerator reads the few fields the checker needs from an
+ * SDK span, encodes them straight into marshal's wire format (so the checker process
+ * still reads frames with marshal.loads), and sends the bytes from a native thread that
+ * never takes the GIL.
+ *
+ * A Handoff writes frames to a file descriptor it duplicates: a 4-byte little-endian
+ * length, then a marshalled list of messages. It never raises into the span's code path:
+ * put_span answers HANDED (queued, dropped and counted, or not an action),
+ * NEW_RESOURCE (the span's resource is not the one last declared: nothing was queued)
+ * or UNSUPPORTED (not an SDK span, or a value this encoder does not write: nothing was
+ * queued), and the caller takes the Python path for the last two.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <marshal.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+enum { HANDED = 0, NEW_RESOURCE = 1, UNSUPPORTED = 2 };
+
+/* marshal's type codes (Python/marshal.c); version 2, which has no back-references,
+ * so separately encoded messages can be concatenated into one list. */
+#define TYPE_NULL '0'
+#define TYPE_NONE 'N'
+#define TYPE_FALSE 'F'
+#define TYPE_TRUE 'T'
+#define TYPE_INT 'i'
+#define TYPE_LONG 'l'
+#define TYPE_BINARY_FLOAT 'g'
+#define TYPE_UNICODE 'u'
+#define TYPE_TUPLE '('
+#define TYPE_LIST '['
+#define TYPE_DICT '{'
+#define FRAME_HEADER 9 /* frame length (4), list type (1), item count (4) */
+
+/* -- growable byte buffers ------------------------------------------------------------ */
+
+typedef struct {
+    char *data;
+    size_t len;
+    size_t cap;
+    char small[512];
+} Scratch; /* one span's encoding, on the encoding thread's stack */
+
+static int
+scratch_reserve(Scratch *s, size_t extra)
+{
+    if (s->len + extra <= s->cap)
+        return 0;
+    size_t cap = s->cap * 2;
+    while (cap < s->len + extra)
+        cap *= 2;
+    char *data = s->data == s->small ? PyMem_RawMalloc(cap) : PyMem_RawRealloc(s->data, cap);
+    if (data == NULL)
+        return -1;
+    if (s->data == s->small)
+        memcpy(data, s->small, s->len);
+    s->data = data;
+    s->cap = cap;
+    return 0;
+}
+
+static void
+scratch_init(Scratch *s)
+{
+    s->data = s->small;
+    s->len = 0;
+    s->cap = sizeof s->small;
+}
+
+static void
+scratch_free(Scratch *s)
+{
+    if (s->data != s->small)
+        PyMem_RawFree(s->data);
+}
+
+static int
+put_byte(Scratch *s, char c)
+{
+    if (scratch_reserve(s, 1) < 0)
+        return -1;
+    s->data[s->len++] = c;
+    return 0;
+}
+
+static void
+store_u32(char *p, uint32_t x)
+{
+    p[0] = (char)(x & 0xff);
+    p[1] = (char)((x >> 8) & 0xff);
+    p[2] = (char)((x >> 16) & 0xff);
+    p[3] = (char)((x >> 24) & 0xff);
+}
+
+static int
+put_u32(Scratch *s, char type, uint32_t x)
+{
+    if (scratch_reserve(s, 5) < 0)
+        return -1;
+    s->data[s->len] = type;
+    store_u32(s->data + s->len + 1, x);
+    s->len += 5;
+    return 0;
+}
+
+/* -- marshal encoding of attribute values ------------------------------------------- */
+
+/* Each encoder returns 0 when written, 1 when the value is not one this encoder writes
+ * (the caller then takes the Python path), -1 on a memory error. None of them runs
+ * Python code, so no other thread can run while a span is being encoded. */
+
+static int
+put_magnitude(Scratch *s, int negative, unsigned long long hi, unsigned long long lo)
+{
+    /* TYPE_LONG: the count of 15-bit digits (negative for a negative number), then the
+     * digits from the least significant, the last one non-zero. */
+    uint16_t digits[9];
+    int n = 0;
+    while (hi != 0 || lo != 0) {
+        digits[n++] = (uint16_t)(lo & 0x7fff);
+        lo = (lo >> 15) | ((hi & 0x7fff) << 49);
+        hi >>= 15;
+    }
+    if (put_u32(s, TYPE_LONG, (uint32_t)(negative ? -n : n)) < 0 || scratch_reserve(s, 2 * (size_t)n) < 0)
+        return -1;
+    for (int i = 0; i < n; i++) {
+        s->data[s->len++] = (char)(digits[i] & 0xff);
+        s->data[s->len++] = (char)(digits[i] >> 8);
+    }
+    return 0;
+}
+
+static int
+put_int(Scratch *s, PyObject *value)
+{
+    int overflow;
+    long long x = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (overflow == 0) {
+        if (x == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return 1;
+        }
+        if (x >= INT32_MIN && x <= INT32_MAX)
+            return put_u32(s, TYPE_INT, (uint32_t)(int32_t)x);
+        unsigned long long magnitude = x < 0 ? (unsigned long long)(-(x + 1)) + 1 : (unsigned long long)x;
+        return put_magnitude(s, x < 0, 0, magnitude);
+    }
+    if (overflow < 0)
+        return 1; /* below -2**63: rare enough for the Python path */
+    /* Trace ids are 128-bit. */
+    unsigned char bytes[16];
+#if PY_VERSION_HEX >= 0x030D0000
+    Py_ssize_t needed = PyLong_AsNativeBytes(value, bytes, 16, Py_ASNATIVEBYTES_LITTLE_ENDIAN | Py_ASNATIVEBYTES_UNSIGNED_BUFFER);
+    if (needed < 0 || needed > 16) {
+        PyErr_Clear();
+        return 1;
+    }
+#else
+    if (_PyLong_AsByteArray((PyLongObject *)value, bytes, 16, 1, 0) < 0) {
+        PyErr_Clear(); /* 2**128 or more */
+        return 1;
+    }
+#endif
+    unsigned long long lo = 0, hi = 0;
+    for (int i = 7; i >= 0; i--) {
+        lo = (lo << 8) | bytes[i];
+        hi = (hi << 8) | bytes[i + 8];
+    }
+    return put_magnitude(s, 0, hi, lo);
+}
+
+static int
+put_str(Scratch *s, PyObject *value)
+{
+    Py_ssize_t size;
+    const char *utf8 = PyUnicode_AsUTF8AndSize(value, &size);
+    if (utf8 == NULL) { /* lone surrogates: marshal writes them, UTF-8 cannot */
+        PyErr_Clear();
+        return 1;
+    }
+    if (size > INT32_MAX)
+        return 1;
+    if (put_u32(s, TYPE_UNICODE, (uint32_t)size) < 0 || scratch_reserve(s, (size_t)size) < 0)
+        return -1;
+    memcpy(s->data + s->len, utf8, (size_t)size);
+    s->len += (size_t)size;
+    return 0;
+}
+
+static int
+put_scalar(Scratch *s, PyObject *value)
+{
+    if (value == Py_None)
+        return put_byte(s, TYPE_NONE);
+    if (value == Py_True)
+        return put_byte(s, TYPE_TRUE);
+    if (value == Py_False)
+        return put_byte(s, TYPE_FALSE);
+    if (PyUnicode_CheckExact(value))
+        return put_str(s, value);
+    if (PyLong_CheckExact(value))
+        return put_int(s, value);
+    if (PyFloat_CheckExact(value)) {
+        if (scratch_reserve(s, 9) < 0)
+            return -1;
+        s->data[s->len] = TYPE_BINARY_FLOAT;
+        if (PyFloat_Pack8(PyFloat_AS_DOUBLE(value), s->data + s->len + 1, 1) < 0) {
+            PyErr_Clear();
+            return 1;
+        }
+        s->len += 9;
+        return 0;
+    }
+    return 1;
+}
+
+static int
+put_value(Scratch *s, PyObject *value)
+{
+    int is_tuple = PyTuple_CheckExact(value);
+    if (!is_tuple && !PyList_CheckExact(value))
+        return put_scalar(s, value);
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(value);
+    if (n > INT32_MAX)
+        return 1;
+    int status = put_u32(s, is_tuple ? TYPE_TUPLE : TYPE_LIST, (uint32_t)n);
+    PyObject **items = PySequence_Fast_ITEMS(value);
+    for (Py_ssize_t i = 0; status == 0 && i < n; i++) {
+        if (PyTuple_CheckExact(items[i]) || PyList_CheckExact(items[i]))
+            return 1; /* attribute values are flat; let marshal handle the odd one */
+        status = put_scalar(s, items[i]);
+    }
+    return status;
+}
+
+static int
+put_attributes(Scratch *s, PyObject *dict)
+{
+    if (put_byte(s, TYPE_DICT) < 0)
+        return -1;
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(dict, &pos, &key, &value)) {
+        if (!PyUnicode_CheckExact(key))
+            return 1;
+        int status = put_str(s, key);
+        if (status == 0)
+            status = put_value(s, value);
+        if (status != 0)
+            return status;
+    }
+    return put_byte(s, TYPE_NULL);
+}
+
+/* -- the state shared with the sending thread ------------------------------------------ */
+
+typedef struct {
+    pthread_mutex_t lock;
+    pthread_cond_t wake;     /* the sender waits here for bytes, a full batch or closing */
+    pthread_cond_t finished; /* close() waits here for the sender to end */
+    int fd;
+    char *pending; /* FRAME_HEADER bytes reserved, then the encoded messages */
+    size_t pending_len, pending_cap;
+    uint32_t pending_count;
+    unsigned long long pending_spans; /* of the pending messages, those that are spans */
+    size_t batch_bytes, limit_bytes;
+    uint32_t limit_count;
+    double interval_s;
+    int urgent, closing, done, error, refs;
+    unsigned long long dropped;
+} Shared;
+
+static void
+shared_release(Shared *st)
+{
+    pthread_mutex_lock(&st->lock);
+    int last = --st->refs == 0;
+    pthread_mutex_unlock(&st->lock);
+    if (!last)
+        return;
+    if (st->fd >= 0)
+        close(st->fd);
+    free(st->pending);
+    pthread_mutex_destroy(&st->lock);
+    pthread_cond_destroy(&st->wake);
+    pthread_cond_destroy(&st->finished);
+    free(st);
+}
+
+static int
+write_all(int fd, const char *data, size_t len)
+{
+    while (len > 0) {
+        ssize_t n = write(fd, data, len);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno;
+        }
+        data += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+static void
+deadline_after(struct timespec *t, double seconds)
+{
+    clock_gettime(CLOCK_MONOTONIC, t);
+    long long ns = t->tv_nsec + (long long)(seconds * 1e9);
+    t->tv_sec += (time_t)(ns / 1000000000LL);
+    t->tv_nsec = (long)(ns % 1000000000LL);
+}
+
+static void *
+sender_main(void *arg)
+{
+    Shared *st = arg;
+    char *out = NULL;
+    size_t out_cap = 0;
+    pthread_mutex_lock(&st->lock);
+    for (;;) {
+        while (st->pending_count == 0 && !st->closing)
+            pthread_cond_wait(&st->wake, &st->lock);
+        if (st->pending_count == 0)
+            break; /* closing, and everything is sent */
+        if (!st->closing && !st->urgent && st->pending_len < st->batch_bytes) {
+            struct timespec deadline;
+            deadline_after(&deadline, st->interval_s);
+            while (!st->closing && !st->urgent && st->pending_len < st->batch_bytes)
+                if (pthread_cond_timedwait(&st->wake, &st->lock, &deadline) == ETIMEDOUT)
+                    break;
+        }
+        /* Take the pending bytes, leave an empty buffer in their place. */
+        char *frame = st->pending;
+        size_t frame_len = st->pending_len, frame_cap = st->pending_cap;
+        uint32_t count = st->pending_count;
+        unsigned long long spans = st->pending_spans;
+        st->pending = out;
+        st->pending_cap = out_cap;
+        st->pending_len = FRAME_HEADER;
+        st->pending_count = 0;
+        st->pending_spans = 0;
+        st->urgent = 0;
+        pthread_mutex_unlock(&st->lock);
+        store_u32(frame, (uint32_t)(frame_len - 4));
+        frame[4] = TYPE_LIST;
+        store_u32(frame + 5, count);
+        int error = write_all(st->fd, frame, frame_len);
+        out = frame;
+        out_cap = frame_cap;
+        pthread_mutex_lock(&st->lock);
+        if (error) {
+            st->error = error;
+            st->dropped += spans + st->pending_spans;
+            st->pending_count = 0;
+            st->pending_spans = 0;
+            st->pending_len = FRAME_HEADER;
+            break;
+        }
+    }
+    close(st->fd); /* the checker reads the end of its input */
+    st->fd = -1;
+    st->done = 1;
+    pthread_cond_broadcast(&st->finished);
+    pthread_mutex_unlock(&st->lock);
+    free(out);
+    shared_release(st);
+    return NULL;
+}
+
+static void
+shared_drop(Shared *st)
+{
+    pthread_mutex_lock(&st->lock);
+    st->dropped++;
+    pthread_mutex_unlock(&st->lock);
+}
+
+/* Append one encoded message; 1 when it was queued, 0 when dropped (a span is counted). */
+static int
+shared_append(Shared *st, const char *data, size_t len, int urgent, int is_span)
+{
+    int queued = 0;
+    pthread_mutex_lock(&st->lock);
+    /* The limits hold back spans only: a request or a resource always has room. */
+    if (st->closing || st->error
+        || (is_span && (len > st->limit_bytes - st->pending_len || st->pending_count >= st->limit_count))) {
+        st->dropped += is_span;
+    }
+    else {
+        if (st->pending_len + len > st->pending_cap) {
+            size_t cap = st->pending_cap ? st->pending_cap : 65536;
+            while (cap < st->pending_len + len)
+                cap *= 2;
+            char *grown = realloc(st->pending, cap);
+            if (grown == NULL) {
+                st->dropped += is_span;
+                pthread_mutex_unlock(&st->lock);
+                return 0;
+            }
+            st->pending = grown;
+            st->pending_cap = cap;
+        }
+        memcpy(st->pending + st->pending_len, data, len);
+        st->pending_len += len;
+        st->pending_count++;
+        st->pending_spans += is_span;
+        st->urgent |= urgent;
+        queued = 1;
+        if (st->pending_count == 1 || urgent || st->pending_len >= st->batch_bytes)
+            pthread_cond_signal(&st->wake);
+    }
+    pthread_mutex_unlock(&st->lock);
+    return queued;
+}
+
+/* -- the Python type -------------------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    Shared *st;
+    pthread_t thread;
+    int started;
+    long span_op;
+    PyObject *action_kind; /* the agent.action.kind key */
+    PyObject *markers;     /* third-party marker keys (a tuple of str) */
+    PyObject *prefix;      /* agent.action. */
+    PyObject *error_code;  /* StatusCode.ERROR */
+    PyObject *resource;    /* the resource last declared to the checker */
+    int context_is_tuple;  /* SpanContext(trace_id, span_id, ...)[0:2] == (trace_id, span_id) */
+    PyObject *fallback;    /* on_end's Python path, for what put_span does not hand over */
+} Handoff;
+
+static PyObject *ATTR_ATTRIBUTES, *ATTR_DICT, *ATTR_MAX_LEN, *ATTR_RESOURCE, *ATTR_STATUS,
+    *ATTR_STATUS_CODE, *ATTR_START, *ATTR_CONTEXT, *ATTR_TRACE_ID, *ATTR_SPAN_ID;
+
+static int
+Handoff_init(Handoff *self, PyObject *args, PyObject *kwargs)
+{
+    static char *names[] = {"fd", "span_op", "action_kind", "markers", "prefix", "error_code",
+                            "batch_bytes", "limit_bytes", "limit_count", "interval_s", "context_is_tuple", NULL};
+    int fd;
+    Py_ssize_t batch_bytes, limit_bytes, limit_count;
+    double interval_s;
+    PyObject *action_kind, *markers, *prefix, *error_code;
+    if (self->st != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Handoff is already initialised");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "ilUO!UOnnnd|p", names, &fd, &self->span_op, &action_kind,
+                                     &PyTuple_Type, &markers, &prefix, &error_code, &batch_bytes,
+                                     &limit_bytes, &limit_count, &interval_s, &self->context_is_tuple))
+        return -1;
+    if (batch_bytes <= 0 || limit_bytes <= FRAME_HEADER || limit_count <= 0 || limit_count > UINT32_MAX
+        || interval_s <= 0) {
+        PyErr_SetString(PyExc_ValueError, "batch_bytes, limit_bytes, limit_count and interval_s must be positive");
+        return -1;
+    }
+    Shared *st = calloc(1, sizeof *st);
+    if (st == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    st->pending_cap = 65536;
+    st->pending = malloc(st->pending_cap);
+    st->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (st->pending == NULL || st->fd < 0) {
+        int error = errno;
+        if (st->fd >= 0)
+            close(st->fd);
+        free(st->pending);
+        free(st);
+        errno = error;
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    pthread_condattr_t monotonic;
+    pthread_condattr_init(&monotonic);
+    pthread_condattr_setclock(&monotonic, CLOCK_MONOTONIC);
+    pthread_mutex_init(&st->lock, NULL);
+    pthread_cond_init(&st->wake, &monotonic);
+    pthread_cond_init(&st->finished, &monotonic);
+    pthread_condattr_destroy(&monotonic);
+    st->pending_len = FRAME_HEADER;
+    st->batch_bytes = (size_t)batch_bytes + FRAME_HEADER;
+    st->limit_bytes = (size_t)limit_bytes;
+    st->limit_count = (uint32_t)limit_count;
+    st->interval_s = interval_s;
+    st->refs = 2; /* this object and the sending thread */
+    int error = pthread_create(&self->thread, NULL, sender_main, st);
+    if (error) {
+        st->refs = 1;
+        shared_release(st);
+        errno = error;
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    self->st = st;
+    self->started = 1;
+    Py_INCREF(action_kind);
+    self->action_kind = action_kind;
+    Py_INCREF(markers);
+    self->markers = markers;
+    Py_INCREF(prefix);
+    self->prefix = prefix;
+    Py_INCREF(error_code);
+    self->error_code = error_code;
+    Py_INCREF(Py_None);
+    self->resource = Py_None;
+    return 0;
+}
+
+/* Close without waiting: the thread sends what is queued, then frees the shared state. */
+static void
+Handoff_dealloc(Handoff *self)
+{
+    if (self->st != NULL) {
+        pthread_mutex_lock(&self->st->lock);
+        self->st->closing = 1;
+        pthread_cond_signal(&self->st->wake);
+        pthread_mutex_unlock(&self->st->lock);
+        if (self->started)
+            pthread_detach(self->thread);
+        shared_release(self->st);
+    }
+    Py_XDECREF(self->action_kind);
+    Py_XDECREF(self->markers);
+    Py_XDECREF(self->prefix);
+    Py_XDECREF(self->error_code);
+    Py_XDECREF(self->resource);
+    Py_XDECREF(self->fallback);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int
+ready(Handoff *self)
+{
+    if (self->st == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Handoff is not initialised");
+        return 0;
+    }
+    return 1;
+}
+
+/* True when the mapping could call the span an action (span_check.may_be_action). */
+static int
+may_be_action(Handoff *self, PyObject *attributes)
+{
+    int found = PyDict_Contains(attributes, self->action_kind);
+    for (Py_ssize_t i = 0; found == 0 && i < PyTuple_GET_SIZE(self->markers); i++)
+        found = PyDict_Contains(attributes, PyTuple_GET_ITEM(self->markers, i));
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    while (found == 0 && PyDict_Next(attributes, &pos, &key, &value)) {
+        if (!PyUnicode_Check(key))
+            continue;
+        Py_ssize_t at = PyUnicode_Find(key, self->prefix, 0, PY_SSIZE_T_MAX, 1);
+        found = at >= 0 ? 1 : (at == -1 ? 0 : -1);
+    }
+    return found;
+}
+
+/* A SpanContext is a tuple (trace_id, span_id, ...) whose properties read its items; the
+ * items are read directly when the caller found that layout at start-up. */
+static PyObject *
+context_item(Handoff *self, PyObject *context, Py_ssize_t index, PyObject *name)
+{
+    if (self->context_is_tuple && PyTuple_Check(context) && PyTuple_GET_SIZE(context) > index) {
+        PyObject *item = PyTuple_GET_ITEM(context, index);
+        Py_INCREF(item);
+        return item;
+    }
+    return PyObject_GetAttr(context, name);
+}
+
+/* The span's message: (span_op, attributes, is_error, start_ns, trace_id, span_id, limit). */
+static int
+encode_span(Handoff *self, Scratch *s, PyObject *span, PyObject *bounded, PyObject *attributes)
+{
+    int status = 1;
+    PyObject *state = NULL, *code = NULL, *start = NULL, *context = NULL, *trace_id = NULL,
+             *span_id = NULL, *limit = NULL;
+    if ((state = PyObject_GetAttr(span, ATTR_STATUS)) == NULL
+        || (state != Py_None && (code = PyObject_GetAttr(state, ATTR_STATUS_CODE)) == NULL)
+        || (start = PyObject_GetAttr(span, ATTR_START)) == NULL
+        || (context = PyObject_GetAttr(span, ATTR_CONTEXT)) == NULL
+        || (trace_id = context_item(self, context, 0, ATTR_TRACE_ID)) == NULL
+        || (span_id = context_item(self, context, 1, ATTR_SPAN_ID)) == NULL
+        || (limit = PyObject_GetAttr(bounded, ATTR_MAX_LEN)) == NULL) {
+        PyErr_Clear();
+        goto done;
+    }
+    if (!(start == Py_None || PyLong_CheckExact(start)) || !PyLong_CheckExact(trace_id)
+        || !PyLong_CheckExact(span_id) || !(limit == Py_None || PyLong_CheckExact(limit)))
+        goto done;
+    if ((status = put_u32(s, TYPE_TUPLE, 7)) != 0 || (status = put_u32(s, TYPE_INT, (uint32_t)self->span_op)) != 0
+        || (status = put_attributes(s, attributes)) != 0
+        || (status = put_byte(s, code != NULL && code == self->error_code ? TYPE_TRUE : TYPE_FALSE)) != 0
+        || (status = start == Py_None ? put_u32(s, TYPE_INT, 0) : put_int(s, start)) != 0
+        || (status = put_int(s, trace_id)) != 0 || (status = put_int(s, span_id)) != 0
+        || (status = put_scalar(s, limit)) != 0)
+        goto done;
+done:
+    Py_XDECREF(state);
+    Py_XDECREF(code);
+    Py_XDECREF(start);
+    Py_XDECREF(context);
+    Py_XDECREF(trace_id);
+    Py_XDECREF(span_id);
+    Py_XDECREF(limit);
+    return status;
+}
+
+static long
+put_span(Handoff *self, PyObject *span)
+{
+    long answer = UNSUPPORTED;
+    PyObject *bounded = NULL, *attributes = NULL, *resource = NULL;
+    Scratch s;
+    scratch_init(&s);
+    if ((bounded = PyObject_GetAttr(span, ATTR_ATTRIBUTES)) == NULL
+        || (attributes = PyObject_GetAttr(bounded, ATTR_DICT)) == NULL) {
+        PyErr_Clear();
+        goto done;
+    }
+    if (!PyDict_CheckExact(attributes))
+        goto done;
+    int action = may_be_action(self, attributes);
+    if (action < 0) {
+        PyErr_Clear();
+        goto done;
+    }
+    if (action == 0) {
+        answer = HANDED; /* certainly not an action: nothing to send */
+        goto done;
+    }
+    if ((resource = PyObject_GetAttr(span, ATTR_RESOURCE)) == NULL) {
+        PyErr_Clear();
+        goto done;
+    }
+    if (resource != self->resource) {
+        answer = NEW_RESOURCE;
+        goto done;
+    }
+    int status = encode_span(self, &s, span, bounded, attributes);
+    if (status < 0) {
+        PyErr_Clear();
+        shared_drop(self->st);
+        answer = HANDED;
+    }
+    else if (status == 0) {
+        shared_append(self->st, s.data, s.len, 0, 1);
+        answer = HANDED;
+    }
+done:
+    scratch_free(&s);
+    Py_XDECREF(bounded);
+    Py_XDECREF(attributes);
+    Py_XDECREF(resource);
+    return answer;
+}
+
+static PyObject *
+Handoff_put_span(Handoff *self, PyObject *span)
+{
+    if (!ready(self))
+        return NULL;
+    return PyLong_FromLong(put_span(self, span));
+}
+
+/* A SpanProcessor's on_end: the span handed over here, or given to the fallback. */
+static PyObject *
+Handoff_on_end(Handoff *self, PyObject *span)
+{
+    if (!ready(self))
+        return NULL;
+    if (put_span(self, span) != HANDED && self->fallback != NULL)
+        return PyObject_CallOneArg(self->fallback, span);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+Handoff_send(Handoff *self, PyObject *args, PyObject *kwargs)
+{
+    static char *names[] = {"message", "urgent", NULL};
+    PyObject *message;
+    int urgent = 0;
+    if (!ready(self) || !PyArg_ParseTupleAndKeywords(args, kwargs, "O|p", names, &message, &urgent))
+        return NULL;
+    /* Only spans count as dropped, as put_span's do. */
+    int is_span = PyTuple_Check(message) && PyTuple_GET_SIZE(message) > 0 && PyLong_CheckExact(PyTuple_GET_ITEM(message, 0))
+                  && PyLong_AsLong(PyTuple_GET_ITEM(message, 0)) == self->span_op;
+    PyErr_Clear();
+    PyObject *data = PyMarshal_WriteObjectToString(message, 2);
+    if (data == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_ValueError))
+            return NULL;
+        PyErr_Clear(); /* a value marshal cannot carry */
+        if (is_span)
+            shared_drop(self->st);
+        Py_RETURN_FALSE;
+    }
+    int queued = shared_append(self->st, PyBytes_AS_STRING(data), (size_t)PyBytes_GET_SIZE(data), urgent, is_span);
+    Py_DECREF(data);
+    return PyBool_FromLong(queued);
+}
+
+static PyObject *
+Handoff_stop(Handoff *self, PyObject *unused)
+{
+    if (!ready(self))
+        return NULL;
+    pthread_mutex_lock(&self->st->lock);
+    self->st->closing = 1;
+    pthread_cond_signal(&self->st->wake);
+    pthread_mutex_unlock(&self->st->lock);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+Handoff_close(Handoff *self, PyObject *args)
+{
+    double timeout_s;
+    if (!ready(self) || !PyArg_ParseTuple(args, "d", &timeout_s))
+        return NULL;
+    Shared *st = self->st;
+    int done;
+    Py_BEGIN_ALLOW_THREADS
+    struct timespec deadline;
+    deadline_after(&deadline, timeout_s);
+    pthread_mutex_lock(&st->lock);
+    st->closing = 1;
+    pthread_cond_signal(&st->wake);
+    while (!st->done)
+        if (pthread_cond_timedwait(&st->finished, &st->lock, &deadline) == ETIMEDOUT)
+            break;
+    done = st->done;
+    pthread_mutex_unlock(&st->lock);
+    if (done && self->started) {
+        pthread_join(self->thread, NULL);
+        self->started = 0;
+    }
+    Py_END_ALLOW_THREADS
+    return PyBool_FromLong(done);
+}
+
+static PyObject *
+Handoff_get_dropped(Handoff *self, void *closure)
+{
+    if (!ready(self))
+        return NULL;
+    pthread_mutex_lock(&self->st->lock);
+    unsigned long long dropped = self->st->dropped;
+    pthread_mutex_unlock(&self->st->lock);
+    return PyLong_FromUnsignedLongLong(dropped);
+}
+
+static PyObject *
+Handoff_get_error(Handoff *self, void *closure)
+{
+    if (!ready(self))
+        return NULL;
+    pthread_mutex_lock(&self->st->lock);
+    int error = self->st->error;
+    pthread_mutex_unlock(&self->st->lock);
+    if (error == 0)
+        Py_RETURN_NONE;
+    return PyObject_CallFunction(PyExc_OSError, "is", error, strerror(error));
+}
+
+static PyObject *
+Handoff_get_resource(Handoff *self, void *closure)
+{
+    PyObject *resource = self->resource ? self->resource : Py_None;
+    Py_INCREF(resource);
+    return resource;
+}
+
+static int
+Handoff_set_resource(Handoff *self, PyObject *value, void *closure)
+{
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "resource cannot be deleted");
+        return -1;
+    }
+    Py_INCREF(value);
+    Py_XSETREF(self->resource, value);
+    return 0;
+}
+
+static PyMethodDef Handoff_methods[] = {
+    {"put_span", (PyCFunction)Handoff_put_span, METH_O,
+     "put_span(span) -> 0 handed over (or not an action, or dropped and counted), "
+     "1 new resource, 2 unsupported (nothing queued for 1 and 2)."},
+    {"on_end", (PyCFunction)Handoff_on_end, METH_O,
+     "on_end(span): put_span, and the fallback for a span it did not hand over."},
+    {"send", (PyCFunction)(void (*)(void))Handoff_send, METH_VARARGS | METH_KEYWORDS,
+     "send(message, urgent=False) -> bool: queue a marshalable message; False if dropped "
+     "(counted in dropped when it is a span message)."},
+    {"stop", (PyCFunction)Handoff_stop, METH_NOARGS,
+     "stop(): refuse (and count) further messages; what is queued is still sent."},
+    {"close", (PyCFunction)Handoff_close, METH_VARARGS,
+     "close(timeout_s) -> bool: send what is queued, then end; False if still sending at the timeout."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyObject *
+Handoff_get_fallback(Handoff *self, void *closure)
+{
+    PyObject *fallback = self->fallback ? self->fallback : Py_None;
+    Py_INCREF(fallback);
+    return fallback;
+}
+
+static int
+Handoff_set_fallback(Handoff *self, PyObject *value, void *closure)
+{
+    if (value != NULL && value != Py_None && !PyCallable_Check(value)) {
+        PyErr_SetString(PyExc_TypeError, "fallback must be callable or None");
+        return -1;
+    }
+    Py_XINCREF(value == Py_None ? NULL : value);
+    Py_XSETREF(self->fallback, value == Py_None ? NULL : value);
+    return 0;
+}
+
+static PyGetSetDef Handoff_getset[] = {
+    {"fallback", (getter)Handoff_get_fallback, (setter)Handoff_set_fallback,
+     "Called by on_end with each span put_span did not hand over (a new resource, or unsupported).", NULL},
+    {"dropped", (getter)Handoff_get_dropped, NULL, "Span messages not sent (queue full, unencodable, or sending stopped).", NULL},
+    {"error", (getter)Handoff_get_error, NULL, "The OSError that stopped the sending, or None.", NULL},
+    {"resource", (getter)Handoff_get_resource, (setter)Handoff_set_resource,
+     "The resource the checker was last told about.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject HandoffType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "durable_sessions._handoff.Handoff",
+    .tp_basicsize = sizeof(Handoff),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Hands ended spans to a checker process through a file descriptor.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Handoff_init,
+    .tp_dealloc = (destructor)Handoff_dealloc,
+    .tp_methods = Handoff_methods,
+    .tp_getset = Handoff_getset,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "durable_sessions._handoff",
+    .m_doc = "A native span hand-over for checking=\"process\" (optional; see durable_sessions.offload).",
+    .m_size = -1,
+};
+
+PyMODINIT_FUNC
+PyInit__handoff(void)
+{
+    if (PyType_Ready(&HandoffType) < 0)
+        return NULL;
+#define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL
+    INTERN(ATTR_ATTRIBUTES, "_attributes");
+    INTERN(ATTR_DICT, "_dict");
+    INTERN(ATTR_MAX_LEN, "max_value_len");
+    INTERN(ATTR_RESOURCE, "_resource");
+    INTERN(ATTR_STATUS, "_status");
+    INTERN(ATTR_STATUS_CODE, "_status_code");
+    INTERN(ATTR_START, "_start_time");
+    INTERN(ATTR_CONTEXT, "_context");
+    INTERN(ATTR_TRACE_ID, "trace_id");
+    INTERN(ATTR_SPAN_ID, "span_id");
+#undef INTERN
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&HandoffType);
+    if (PyModule_AddObject(m, "Handoff", (PyObject *)&HandoffType) < 0 || PyModule_AddIntConstant(m, "HANDED", HANDED) < 0
+        || PyModule_AddIntConstant(m, "NEW_RESOURCE", NEW_RESOURCE) < 0
+        || PyModule_AddIntConstant(m, "UNSUPPORTED", UNSUPPORTED) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,278 @@
+"""The native sender writes exactly what the pure-Python path would have marshalled.
+
+``durable_sessions._handoff.Handoff`` encodes SDK spans itself, in marshal's format, and
+sends them from a thread of its own. These tests read its real pipe and compare each
+message with the one the Python path builds from the same span (``marshal.loads`` on
+both), for generated attribute values, and check what it refuses, drops and counts.
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import threading
+from collections.abc import Iterator
+from typing import IO, Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.trace import SpanContext, Status, StatusCode
+
+from durable_sessions import semconv as sc
+from durable_sessions.mapping import sdk_attributes, sdk_span_facts
+from durable_sessions.offload import SPAN, SYNC, _context_is_tuple, read_frame
+from durable_sessions.span_check import ACTION_KIND, ACTION_PREFIX, MAYBE_ACTION_KEYS, may_be_action
+from tests.support.senders import require_native
+
+HANDED, NEW_RESOURCE, UNSUPPORTED = 0, 1, 2
+RESOURCE = Resource.create({"service.name": "handoff-test"})
+PROVIDER = TracerProvider(resource=RESOURCE)
+
+
+class Pipe:
+    """A Handoff writing into a real pipe, and the reading end."""
+
+    def __init__(self, **limits: Any) -> None:
+        from durable_sessions._handoff import Handoff
+
+        read_fd, write_fd = os.pipe()
+        options = {"batch_bytes": 1 << 16, "limit_bytes": 1 << 24, "limit_count": 1 << 16, "interval_s": 60.0}
+        options.update(limits)
+        self.handoff = Handoff(
+            fd=write_fd,
+            span_op=SPAN,
+            action_kind=ACTION_KIND,
+            markers=tuple(MAYBE_ACTION_KEYS),
+            prefix=ACTION_PREFIX,
+            error_code=StatusCode.ERROR,
+            context_is_tuple=_context_is_tuple(),
+            **options,
+        )
+        os.close(write_fd)  # the handoff keeps its own copy
+        self.handoff.resource = RESOURCE
+        self.reader: IO[bytes] = os.fdopen(read_fd, "rb")
+        self.tokens = 0
+
+    def received(self) -> list[tuple]:
+        """Every message sent so far (a SYNC pushes them out; it is not returned)."""
+        self.tokens += 1
+        assert self.handoff.send((SYNC, self.tokens), urgent=True)
+        messages: list[tuple] = []
+        while True:
+            frame = read_frame(self.reader)
+            assert frame is not None, "the pipe ended before the SYNC came through"
+            for message in frame:
+                if message == (SYNC, self.tokens):
+                    return messages
+                messages.append(message)
+
+    def close(self) -> None:
+        assert self.handoff.close(10.0)
+        assert read_frame(self.reader) is None  # the handoff closed its end
+        self.reader.close()
+
+
+@pytest.fixture
+def pipe() -> Iterator[Pipe]:
+    require_native()
+    p = Pipe()
+    yield p
+    p.close()
+
+
+def ended_span(attributes: dict[str, Any], *, error: bool = False) -> ReadableSpan:
+    span = PROVIDER.get_tracer("t").start_span("step", attributes=attributes)
+    if error:
+        span.set_status(Status(StatusCode.ERROR, "boom"))
+    span.end()
+    return span  # type: ignore[return-value]
+
+
+def python_message(span: ReadableSpan) -> tuple:
+    """What ``DurabilitySpanProcessor`` submits for ``span`` on the pure-Python path."""
+    attributes, limit = sdk_attributes(span)
+    error, start, trace_id, span_id, _ = sdk_span_facts(span)
+    return (SPAN, dict(attributes), error, start, trace_id, span_id, limit)
+
+
+def same(a: object, b: object) -> bool:
+    """Equal, with NaN equal to itself (marshal keeps NaN; == does not)."""
+    return marshal.dumps(a, 2) == marshal.dumps(b, 2)
+
+
+def action(**extra: Any) -> dict[str, Any]:
+    return {sc.SESSION_ID: "s-1", sc.ACTION_ID: "a1", ACTION_KIND: "tool_call", **extra}
+
+
+def test_a_span_arrives_as_the_python_path_would_send_it(pipe: Pipe) -> None:
+    span = ended_span(action(**{sc.attribute("result"): '{"ok": true}', sc.attribute("max_attempts"): 3}))
+    assert pipe.handoff.put_span(span) == HANDED
+    (message,) = pipe.received()
+    assert same(message, python_message(span))
+    assert message[4] == span.context.trace_id  # 128 bits, exactly
+    assert message[3] == span.start_time
+
+
+def test_error_status_and_value_limits_cross(pipe: Pipe) -> None:
+    span = ended_span(action(), error=True)
+    pipe.handoff.put_span(span)
+    (message,) = pipe.received()
+    assert message[2] is True
+    assert same(message, python_message(span))
+
+
+def test_spans_that_are_not_actions_are_not_sent(pipe: Pipe) -> None:
+    assert pipe.handoff.put_span(ended_span({"http.request.method": "GET"})) == HANDED
+    assert pipe.received() == []
+    assert pipe.handoff.dropped == 0
+
+
+def test_a_new_resource_is_left_to_the_caller(pipe: Pipe) -> None:
+    other = TracerProvider(resource=Resource.create({"service.name": "other"}))
+    span = other.get_tracer("t").start_span("step", attributes=action())
+    span.end()
+    assert pipe.handoff.put_span(span) == NEW_RESOURCE
+    assert pipe.received() == []  # nothing sent before the caller sends the resource
+    pipe.handoff.resource = span.resource
+    assert pipe.handoff.put_span(span) == HANDED
+    assert len(pipe.received()) == 1
+
+
+def test_what_it_does_not_encode_is_left_to_the_caller(pipe: Pipe) -> None:
+    class NotAnSdkSpan:
+        attributes = action()
+
+    assert pipe.handoff.put_span(NotAnSdkSpan()) == UNSUPPORTED
+    lone_surrogate = ended_span(action(**{"x": "\ud800"}))
+    assert pipe.handoff.put_span(lone_surrogate) == UNSUPPORTED
+    huge = ended_span(action(**{"x": 1 << 130}))
+    assert pipe.handoff.put_span(huge) == UNSUPPORTED
+    assert pipe.received() == []
+    assert pipe.handoff.dropped == 0
+
+
+def test_on_end_gives_the_fallback_what_it_does_not_hand_over(pipe: Pipe) -> None:
+    given_back: list[object] = []
+    pipe.handoff.fallback = given_back.append
+    plain, odd = ended_span(action()), ended_span(action(**{"x": "\ud800"}))
+    pipe.handoff.on_end(plain)
+    pipe.handoff.on_end(odd)
+    assert given_back == [odd]
+    assert len(pipe.received()) == 1
+    pipe.handoff.fallback = None
+
+
+def test_full_queue_drops_spans_and_counts_them_but_not_requests() -> None:
+    require_native()
+    pipe = Pipe(limit_count=2)
+    for n in range(5):
+        pipe.handoff.put_span(ended_span(action(**{sc.ACTION_ID: f"a{n}"})))
+    assert pipe.handoff.dropped == 3
+    assert [m[1][sc.ACTION_ID] for m in pipe.received()] == ["a0", "a1"]  # the SYNC got through
+    pipe.close()
+
+
+def test_a_message_marshal_cannot_carry_is_refused() -> None:
+    require_native()
+    pipe = Pipe()
+    assert pipe.handoff.send((SPAN, {"x": object()})) is False
+    assert pipe.handoff.send((SYNC, 0, object())) is False
+    assert pipe.handoff.dropped == 1  # only the span counts
+    pipe.close()
+
+
+def test_stop_refuses_and_counts_what_comes_after() -> None:
+    require_native()
+    pipe = Pipe()
+    pipe.handoff.put_span(ended_span(action()))
+    pipe.handoff.stop()
+    pipe.handoff.put_span(ended_span(action()))
+    assert pipe.handoff.dropped == 1
+    assert pipe.handoff.close(10.0)
+    frame = read_frame(pipe.reader)  # the span queued before stop() was still sent
+    assert frame is not None and len(frame) == 1
+    assert read_frame(pipe.reader) is None
+
+
+def test_a_closed_reader_stops_the_sending_and_counts_the_lost_spans() -> None:
+    require_native()
+    pipe = Pipe(batch_bytes=1)  # send every span at once
+    pipe.reader.close()
+    for _ in range(20):
+        pipe.handoff.put_span(ended_span(action()))
+    assert pipe.handoff.close(10.0)
+    assert isinstance(pipe.handoff.error, BrokenPipeError)
+    assert pipe.handoff.dropped == 20
+
+
+def test_spans_from_many_threads_all_arrive(pipe: Pipe) -> None:
+    def end_spans(thread: int) -> None:
+        for n in range(500):
+            pipe.handoff.put_span(ended_span(action(**{sc.ACTION_ID: f"t{thread}-{n}"})))
+
+    threads = [threading.Thread(target=end_spans, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    ids = [m[1][sc.ACTION_ID] for m in pipe.received()]
+    assert sorted(ids) == sorted(f"t{t}-{n}" for t in range(4) for n in range(500))
+
+
+def test_span_context_layout_is_detected() -> None:
+    context = SpanContext(trace_id=7, span_id=9, is_remote=False)
+    assert _context_is_tuple() == (context[:2] == (7, 9))
+
+
+_SCALARS = st.one_of(
+    st.text(),
+    st.booleans(),
+    st.integers(),
+    st.integers(min_value=-(1 << 64), max_value=1 << 129),
+    st.floats(allow_nan=True, allow_infinity=True),
+)
+_VALUES = st.one_of(
+    _SCALARS,
+    st.lists(st.text(), max_size=4),
+    st.lists(st.integers(), max_size=4),
+    st.lists(st.floats(), max_size=4),
+    st.lists(st.booleans(), max_size=4),
+)
+
+
+@settings(
+    max_examples=int(os.environ.get("FUZZ_EXAMPLES", "300")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(extra=st.dictionaries(st.text(max_size=20), _VALUES, max_size=8), error=st.booleans())
+def test_generated_spans_arrive_exactly_or_are_left_to_the_caller(
+    pipe: Pipe, extra: dict[str, Any], error: bool
+) -> None:
+    span = ended_span({**action(), **extra}, error=error)
+    answer = pipe.handoff.put_span(span)
+    messages = pipe.received()
+    if answer == UNSUPPORTED:
+        assert messages == []
+        assert _outside_the_encoder(python_message(span)[1])
+        return
+    assert answer == HANDED
+    assert may_be_action(span.attributes)  # type: ignore[arg-type]
+    (message,) = messages
+    assert same(message, python_message(span))
+
+
+def _outside_the_encoder(attributes: dict[str, Any]) -> bool:
+    """A value the native encoder leaves to marshal: a lone surrogate, or an int out of range."""
+
+    def odd(value: object) -> bool:
+        if isinstance(value, str):
+            return any(0xD800 <= ord(c) <= 0xDFFF for c in value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return not -(1 << 63) <= value < 1 << 128
+        return isinstance(value, tuple) and any(odd(v) for v in value)
+
+    return any(odd(key) or odd(value) for key, value in attributes.items())
