@@ -9,8 +9,8 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "durable_sessions._handoff",
-            ["src/durable_sessions/_handoff.c"],
+            "durable_sessions._native",
+            ["src/durable_sessions/_native.c"],
             optional=True,
         )
     ]

@@ -3,10 +3,14 @@
 ``DurabilitySpanProcessor(checking="process")`` starts one checker process
 (``python -m durable_sessions.offload``) and talks to it over two pipes:
 
-- the application's threads append each candidate span's parts to a bounded queue and
-  return (a full queue drops the span and counts it, it never blocks);
-- a writer thread sends the queue in batches, every ``interval_s`` or sooner when a
-  batch fills;
+- the application's threads hand each candidate span's parts to a sender and return
+  (a full sender drops the span and counts it, it never blocks);
+- the sender sends them in batches, every ``interval_s`` or sooner when a batch fills.
+  The native sender (:mod:`durable_sessions._native`, a C extension built where a
+  compiler is available) is the span processor's ``on_end`` itself: it encodes SDK
+  spans in marshal's format and writes them from a thread that never takes the GIL.
+  The pure-Python sender (:class:`_ThreadSender`, and ``DURABLE_SESSIONS_NATIVE=false``)
+  queues message tuples and marshals them on a writer thread;
 - the checker process maps and checks the spans with the same engine the inline mode
   uses (:func:`durable_sessions.span_check.check_span`) and sends back what it finds;
 - a reader thread hands those findings to the processor's reporting (log, counter,
@@ -38,6 +42,7 @@ from typing import IO, Any
 from opentelemetry.trace import SpanContext, StatusCode
 
 from durable_sessions.engine import Checker
+from durable_sessions.native import native_module
 from durable_sessions.rules import CATALOGUE, Rule
 from durable_sessions.span_check import ACTION_KIND, ACTION_PREFIX, MAYBE_ACTION_KEYS, SpanParts, check_span
 from durable_sessions.violation import Severity, Violation
@@ -52,6 +57,7 @@ FOUND, DONE, FAILED = 0, 1, 2
 DEFAULT_QUEUE_LIMIT = 65_536
 DEFAULT_BATCH_SIZE = 512
 DEFAULT_INTERVAL_S = 0.05
+CHECKER_NICENESS = 10
 NATIVE_BYTES_PER_SPAN = 256
 """What the native sender budgets per span when it turns span counts into bytes."""
 _HEADER = struct.Struct("<I")
@@ -109,7 +115,7 @@ def violation_from(fields: Iterable[Any]) -> Violation:
 class _ThreadSender:
     """Sends messages from a bounded queue, marshalled in batches by a writer thread.
 
-    The pure-Python way; :class:`durable_sessions._handoff.Handoff` is the native one with
+    The pure-Python way; :class:`durable_sessions._native.Handoff` is the native one with
     the same methods, used when it was built.
     """
 
@@ -201,15 +207,12 @@ def _context_is_tuple() -> bool:
 
 
 def _native_sender(stream: IO[bytes], *, queue_limit: int, batch_size: int, interval_s: float) -> Any:
-    """The native sender (:mod:`durable_sessions._handoff`), or None when it was not built
+    """The native sender (:mod:`durable_sessions._native`), or None when it was not built
     or ``DURABLE_SESSIONS_NATIVE=false``."""
-    if os.environ.get("DURABLE_SESSIONS_NATIVE", "").strip().lower() in ("0", "false", "no", "off"):
+    native = native_module()
+    if native is None:
         return None
-    try:
-        from durable_sessions._handoff import Handoff
-    except ImportError:
-        return None
-    sender = Handoff(
+    sender = native.Handoff(
         fd=stream.fileno(),  # duplicated: the sender's thread owns its copy
         span_op=SPAN,
         action_kind=ACTION_KIND,
@@ -274,7 +277,7 @@ class CheckerProcess:
         sizes = {"queue_limit": queue_limit, "batch_size": batch_size, "interval_s": interval_s}
         self._sender = _native_sender(stdin, **sizes) or _ThreadSender(stdin, self._fail, **sizes)
         self.native = not isinstance(self._sender, _ThreadSender)
-        """Whether the native sender (:mod:`durable_sessions._handoff`) is in use."""
+        """Whether the native sender (:mod:`durable_sessions._native`) is in use."""
         self._reader = threading.Thread(
             target=self._read_loop, name="durable_sessions.offload.reader", daemon=True
         )
@@ -452,6 +455,10 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     # Ctrl-C is for the application; this process ends when the application closes the pipe.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Checking is background work: where it competes with the application for a CPU,
+    # the application goes first.
+    with contextlib.suppress(OSError, AttributeError):
+        os.nice(CHECKER_NICENESS)
     session = _Session(json.loads(args[0]))
     source = sys.stdin.buffer
     # Frames own the real stdout; anything printed goes to stderr instead of corrupting them.

@@ -62,6 +62,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
+from contextvars import ContextVar
 from typing import Literal
 
 from opentelemetry import context as context_api
@@ -75,6 +76,7 @@ from durable_sessions import semconv as sc
 from durable_sessions.engine import Checker
 from durable_sessions.instrument import SESSION_CONTEXT_KEY
 from durable_sessions.mapping import sdk_attributes, sdk_resource_attributes, sdk_span_facts
+from durable_sessions.native import native_module
 from durable_sessions.offload import RESOURCE, SPAN, CheckerProcess
 from durable_sessions.rules import Rule, select_rules
 from durable_sessions.rules.state import DEFAULT_KEY_WINDOW_S
@@ -112,6 +114,19 @@ _current_context = context_api.get_current
 # The context key under which the API keeps the current span, found through the public
 # API once, so that ``on_start`` can read it with one ``dict.get`` (a Context is a dict).
 _CURRENT_SPAN_KEY = next(iter(trace_api.set_span_in_context(trace_api.INVALID_SPAN, Context())))
+
+
+def _current_context_var() -> ContextVar | None:
+    """The ``ContextVar`` the API keeps the current ``Context`` in, when it is the default
+    contextvars runtime (its value is then what ``context.get_current()`` returns)."""
+    runtime = getattr(context_api, "_RUNTIME_CONTEXT", None)
+    variable = getattr(runtime, "_current_context", None)
+    if not isinstance(variable, ContextVar):
+        return None
+    try:
+        return variable if variable.get() is _current_context() else None
+    except LookupError:  # no value and no default: not the runtime we know
+        return None
 
 
 class DurabilityViolationError(AssertionError):
@@ -306,6 +321,18 @@ class DurabilitySpanProcessor(SpanProcessor):
                 self.checking = "inline"
         if self.checking == "inline":
             self.checker = Checker(rules, key_window_s=key_window_s, max_sessions=max_sessions)
+        native = native_module()
+        if native is not None and copy_session and mode != "off":
+            # As with on_end above: the SDK calls processor.on_start(span, parent_context),
+            # here the extension's method, which gives this class's Python path whatever
+            # it does not settle itself (a span that is not the SDK's, a parent span to read).
+            self.on_start = native.SessionCopier(  # type: ignore[method-assign]
+                session_key=_SESSION_ID,
+                context_key=SESSION_CONTEXT_KEY,
+                current_span_key=_CURRENT_SPAN_KEY,
+                context_var=_current_context_var(),
+                fallback=self._copy_session,
+            ).on_start
 
     # -- SpanProcessor -------------------------------------------------------------
 
@@ -313,6 +340,9 @@ class DurabilitySpanProcessor(SpanProcessor):
         """Copy the surrounding session id onto a span that has none."""
         if not self.copy_session or self.mode == "off":
             return
+        self._copy_session(span, parent_context)
+
+    def _copy_session(self, span: Span, parent_context: Context | None) -> None:
         try:
             try:  # _live_attributes' fast path, written out: on_start runs for every span
                 attributes = span._attributes._dict  # type: ignore[attr-defined]
@@ -379,7 +409,8 @@ class DurabilitySpanProcessor(SpanProcessor):
         """End every session (never raises, whatever the mode); later spans are ignored."""
         if self._shut_down:
             return
-        self.__dict__.pop("on_end", None)  # back to the method that ignores spans after shutdown
+        self.__dict__.pop("on_end", None)  # back to the methods that ignore spans after shutdown
+        self.__dict__.pop("on_start", None)
         try:
             self._finish(raising=False)
             if self._offload is not None:

@@ -1,6 +1,6 @@
 """The two ways ``checking="process"`` sends spans: the native sender and the pure-Python one.
 
-The native sender (``durable_sessions._handoff``) is built by ``pip install`` where a C
+The native sender (``durable_sessions._native``) is built by ``pip install`` where a C
 compiler is available. A test that needs it skips when it was not built — unless
 ``DURABLE_SESSIONS_REQUIRE_NATIVE=1`` (as CI sets it), which makes its absence a failure.
 """
@@ -13,14 +13,14 @@ import os
 import pytest
 
 REQUIRE_ENV = "DURABLE_SESSIONS_REQUIRE_NATIVE"
-NATIVE_BUILT = importlib.util.find_spec("durable_sessions._handoff") is not None
+NATIVE_BUILT = importlib.util.find_spec("durable_sessions._native") is not None
 
 
 def require_native() -> None:
     """Skip (or, in CI, fail) when the native sender was not built."""
     if NATIVE_BUILT:
         return
-    message = "durable_sessions._handoff was not built (no C compiler at install time?)"
+    message = "durable_sessions._native was not built (no C compiler at install time?)"
     if os.environ.get(REQUIRE_ENV) == "1":
         pytest.fail(f"{message}; {REQUIRE_ENV}=1 requires it")
     pytest.skip(message)

@@ -1,5 +1,10 @@
 /*
- * durable_sessions._handoff: hand ended spans to the checker process cheaply.
+ * durable_sessions._native: the span processor's per-span work, where it is hot.
+ *
+ * Two optional fast paths, each with a Python path that stays the reference:
+ * Handoff (on_end with checking="process") and SessionCopier (on_start).
+ *
+ * Handoff hands ended spans to the checker process cheaply.
  *
  * The pure-Python hand-over (durable_sessions.offload) queues a tuple per span and has a
  * writer thread marshal and send the queue. Both halves hold the GIL, so the application
@@ -527,6 +532,7 @@ Handoff_init(Handoff *self, PyObject *args, PyObject *kwargs)
 static void
 Handoff_dealloc(Handoff *self)
 {
+    PyObject_GC_UnTrack(self);
     if (self->st != NULL) {
         pthread_mutex_lock(&self->st->lock);
         self->st->closing = 1;
@@ -536,13 +542,29 @@ Handoff_dealloc(Handoff *self)
             pthread_detach(self->thread);
         shared_release(self->st);
     }
-    Py_XDECREF(self->action_kind);
-    Py_XDECREF(self->markers);
-    Py_XDECREF(self->prefix);
-    Py_XDECREF(self->error_code);
-    Py_XDECREF(self->resource);
-    Py_XDECREF(self->fallback);
+    Py_CLEAR(self->action_kind);
+    Py_CLEAR(self->markers);
+    Py_CLEAR(self->prefix);
+    Py_CLEAR(self->error_code);
+    Py_CLEAR(self->resource);
+    Py_CLEAR(self->fallback);
     Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int
+Handoff_traverse(Handoff *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->resource);
+    Py_VISIT(self->fallback); /* a bound method of the span processor that owns this */
+    return 0;
+}
+
+static int
+Handoff_clear(Handoff *self)
+{
+    Py_CLEAR(self->resource);
+    Py_CLEAR(self->fallback);
+    return 0;
 }
 
 static int
@@ -848,10 +870,12 @@ static PyGetSetDef Handoff_getset[] = {
 };
 
 static PyTypeObject HandoffType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "durable_sessions._handoff.Handoff",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "durable_sessions._native.Handoff",
     .tp_basicsize = sizeof(Handoff),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "Hands ended spans to a checker process through a file descriptor.",
+    .tp_traverse = (traverseproc)Handoff_traverse,
+    .tp_clear = (inquiry)Handoff_clear,
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Handoff_init,
     .tp_dealloc = (destructor)Handoff_dealloc,
@@ -859,17 +883,203 @@ static PyTypeObject HandoffType = {
     .tp_getset = Handoff_getset,
 };
 
+/* -- SessionCopier: on_start -------------------------------------------------------------- */
+
+/* Copies the session id of the surrounding session() block onto a span that has none;
+ * anything else (no SDK span, a parent span to look at, no way to read the current
+ * context) is given to the fallback, the processor's Python on_start. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *session_key;      /* the session.id attribute */
+    PyObject *context_key;      /* where session() keeps the id in the Context */
+    PyObject *current_span_key; /* where the API keeps the current span in the Context */
+    PyObject *context_var;      /* the ContextVar holding the current Context, or None */
+    PyObject *fallback;
+} SessionCopier;
+
+static PyObject *ATTR_SET_ATTRIBUTE;
+
+static int
+SessionCopier_init(SessionCopier *self, PyObject *args, PyObject *kwargs)
+{
+    static char *names[] = {"session_key", "context_key", "current_span_key", "context_var", "fallback", NULL};
+    PyObject *session_key, *context_key, *current_span_key, *context_var, *fallback;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "UOOOO", names, &session_key, &context_key, &current_span_key,
+                                     &context_var, &fallback))
+        return -1;
+    if (context_var != Py_None && !PyContextVar_CheckExact(context_var)) {
+        PyErr_SetString(PyExc_TypeError, "context_var must be a ContextVar or None");
+        return -1;
+    }
+    if (!PyCallable_Check(fallback)) {
+        PyErr_SetString(PyExc_TypeError, "fallback must be callable");
+        return -1;
+    }
+    Py_INCREF(session_key);
+    Py_XSETREF(self->session_key, session_key);
+    Py_INCREF(context_key);
+    Py_XSETREF(self->context_key, context_key);
+    Py_INCREF(current_span_key);
+    Py_XSETREF(self->current_span_key, current_span_key);
+    Py_INCREF(context_var);
+    Py_XSETREF(self->context_var, context_var);
+    Py_INCREF(fallback);
+    Py_XSETREF(self->fallback, fallback);
+    return 0;
+}
+
+static int
+SessionCopier_traverse(SessionCopier *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->fallback);
+    Py_VISIT(self->context_var);
+    return 0;
+}
+
+static int
+SessionCopier_clear(SessionCopier *self)
+{
+    Py_CLEAR(self->session_key);
+    Py_CLEAR(self->context_key);
+    Py_CLEAR(self->current_span_key);
+    Py_CLEAR(self->context_var);
+    Py_CLEAR(self->fallback);
+    return 0;
+}
+
+static void
+SessionCopier_dealloc(SessionCopier *self)
+{
+    PyObject_GC_UnTrack(self);
+    SessionCopier_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* 1: the span has a session id already, 0: it has none, -1: not an SDK span. */
+static int
+has_session(SessionCopier *self, PyObject *span)
+{
+    PyObject *bounded = PyObject_GetAttr(span, ATTR_ATTRIBUTES);
+    PyObject *attributes = bounded == NULL ? NULL : PyObject_GetAttr(bounded, ATTR_DICT);
+    int found = -1;
+    if (attributes != NULL && PyDict_CheckExact(attributes))
+        found = PyDict_Contains(attributes, self->session_key);
+    if (found < 0)
+        PyErr_Clear();
+    Py_XDECREF(bounded);
+    Py_XDECREF(attributes);
+    return found;
+}
+
+static PyObject *PARENT_CONTEXT; /* the keyword the SDK passes parent_context by */
+
+/* on_start(span, parent_context=None), parsed by hand: the SDK calls it for every span,
+ * with a keyword, and the generic argument parser costs more than the rest of it. */
+static int
+on_start_arguments(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject **span,
+                   PyObject **parent_context)
+{
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    nargs = PyVectorcall_NARGS(nargs);
+    *parent_context = Py_None;
+    if (nargs + nkw < 1 || nargs + nkw > 2 || nargs < 1) {
+        PyErr_SetString(PyExc_TypeError, "on_start(span, parent_context=None)");
+        return -1;
+    }
+    *span = args[0];
+    if (nargs == 2)
+        *parent_context = args[1];
+    else if (nkw == 1) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, 0);
+        if (name != PARENT_CONTEXT && PyUnicode_Compare(name, PARENT_CONTEXT) != 0) {
+            PyErr_Format(PyExc_TypeError, "on_start() got an unexpected keyword argument %R", name);
+            return -1;
+        }
+        *parent_context = args[1];
+    }
+    return 0;
+}
+
+static PyObject *
+SessionCopier_on_start(SessionCopier *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *span, *parent_context;
+    if (self->fallback == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "SessionCopier is not initialised");
+        return NULL;
+    }
+    if (on_start_arguments(args, nargs, kwnames, &span, &parent_context) < 0)
+        return NULL;
+    int has = has_session(self, span);
+    if (has == 1)
+        Py_RETURN_NONE;
+    PyObject *context = NULL;
+    if (has == 0 && parent_context != Py_None) {
+        context = parent_context;
+        Py_INCREF(context);
+    }
+    else if (has == 0 && self->context_var != Py_None && PyContextVar_Get(self->context_var, NULL, &context) < 0) {
+        PyErr_Clear();
+        context = NULL;
+    }
+    if (context == NULL || !PyDict_Check(context)) {
+        Py_XDECREF(context);
+        if (has == 0 && self->context_var != Py_None && parent_context == Py_None)
+            Py_RETURN_NONE; /* no context set at all: no session to copy */
+        return PyObject_CallFunctionObjArgs(self->fallback, span, parent_context, NULL);
+    }
+    PyObject *session_id = PyDict_GetItemWithError(context, self->context_key);
+    PyObject *result = NULL;
+    if (session_id != NULL && PyUnicode_CheckExact(session_id)) {
+        result = PyObject_CallMethodObjArgs(span, ATTR_SET_ATTRIBUTE, self->session_key, session_id, NULL);
+        if (result == NULL) { /* let the Python path meet (and count) the error */
+            PyErr_Clear();
+            result = PyObject_CallFunctionObjArgs(self->fallback, span, parent_context, NULL);
+        }
+    }
+    else if (!PyErr_Occurred() && PyDict_GetItemWithError(context, self->current_span_key) == NULL
+             && !PyErr_Occurred()) {
+        result = Py_None; /* no session() block and no parent span */
+        Py_INCREF(result);
+    }
+    else {
+        PyErr_Clear();
+        result = PyObject_CallFunctionObjArgs(self->fallback, span, parent_context, NULL);
+    }
+    Py_DECREF(context);
+    return result;
+}
+
+static PyMethodDef SessionCopier_methods[] = {
+    {"on_start", (PyCFunction)(void (*)(void))SessionCopier_on_start, METH_FASTCALL | METH_KEYWORDS,
+     "on_start(span, parent_context=None): a SpanProcessor's on_start."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject SessionCopierType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "durable_sessions._native.SessionCopier",
+    .tp_basicsize = sizeof(SessionCopier),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Copies the surrounding session id onto spans as they start.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)SessionCopier_init,
+    .tp_dealloc = (destructor)SessionCopier_dealloc,
+    .tp_traverse = (traverseproc)SessionCopier_traverse,
+    .tp_clear = (inquiry)SessionCopier_clear,
+    .tp_methods = SessionCopier_methods,
+};
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
-    .m_name = "durable_sessions._handoff",
-    .m_doc = "A native span hand-over for checking=\"process\" (optional; see durable_sessions.offload).",
+    .m_name = "durable_sessions._native",
+    .m_doc = "Optional native fast paths of the span processor (see durable_sessions.offload and .processor).",
     .m_size = -1,
 };
 
 PyMODINIT_FUNC
-PyInit__handoff(void)
+PyInit__native(void)
 {
-    if (PyType_Ready(&HandoffType) < 0)
+    if (PyType_Ready(&HandoffType) < 0 || PyType_Ready(&SessionCopierType) < 0)
         return NULL;
 #define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL
     INTERN(ATTR_ATTRIBUTES, "_attributes");
@@ -882,12 +1092,16 @@ PyInit__handoff(void)
     INTERN(ATTR_CONTEXT, "_context");
     INTERN(ATTR_TRACE_ID, "trace_id");
     INTERN(ATTR_SPAN_ID, "span_id");
+    INTERN(ATTR_SET_ATTRIBUTE, "set_attribute");
+    INTERN(PARENT_CONTEXT, "parent_context");
 #undef INTERN
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
     Py_INCREF(&HandoffType);
-    if (PyModule_AddObject(m, "Handoff", (PyObject *)&HandoffType) < 0 || PyModule_AddIntConstant(m, "HANDED", HANDED) < 0
+    Py_INCREF(&SessionCopierType);
+    if (PyModule_AddObject(m, "Handoff", (PyObject *)&HandoffType) < 0
+        || PyModule_AddObject(m, "SessionCopier", (PyObject *)&SessionCopierType) < 0 || PyModule_AddIntConstant(m, "HANDED", HANDED) < 0
         || PyModule_AddIntConstant(m, "NEW_RESOURCE", NEW_RESOURCE) < 0
         || PyModule_AddIntConstant(m, "UNSUPPORTED", UNSUPPORTED) < 0) {
         Py_DECREF(m);

@@ -1,6 +1,6 @@
 """The native sender writes exactly what the pure-Python path would have marshalled.
 
-``durable_sessions._handoff.Handoff`` encodes SDK spans itself, in marshal's format, and
+``durable_sessions._native.Handoff`` encodes SDK spans itself, in marshal's format, and
 sends them from a thread of its own. These tests read its real pipe and compare each
 message with the one the Python path builds from the same span (``marshal.loads`` on
 both), for generated attribute values, and check what it refuses, drops and counts.
@@ -36,7 +36,7 @@ class Pipe:
     """A Handoff writing into a real pipe, and the reading end."""
 
     def __init__(self, **limits: Any) -> None:
-        from durable_sessions._handoff import Handoff
+        from durable_sessions._native import Handoff
 
         read_fd, write_fd = os.pipe()
         options = {"batch_bytes": 1 << 16, "limit_bytes": 1 << 24, "limit_count": 1 << 16, "interval_s": 60.0}
@@ -276,3 +276,106 @@ def _outside_the_encoder(attributes: dict[str, Any]) -> bool:
         return isinstance(value, tuple) and any(odd(v) for v in value)
 
     return any(odd(key) or odd(value) for key, value in attributes.items())
+
+
+def _sessions_seen(monkeypatch: pytest.MonkeyPatch, native: bool) -> tuple[list[object], bool]:
+    """Session ids the processor's on_start gives spans started in several ways."""
+    import asyncio
+
+    from opentelemetry import context as context_api
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from durable_sessions.instrument import session
+    from durable_sessions.processor import DurabilitySpanProcessor
+
+    monkeypatch.setenv("DURABLE_SESSIONS_NATIVE", "true" if native else "false")
+    processor = DurabilitySpanProcessor(mode="silent")
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("t")
+    with tracer.start_as_current_span("no session"):
+        pass
+    with (
+        session("s-block"),
+        tracer.start_as_current_span("in a block"),
+        tracer.start_as_current_span("nested in a block"),
+    ):
+        pass
+    with (
+        tracer.start_as_current_span("parent", attributes={sc.SESSION_ID: "s-parent"}),
+        tracer.start_as_current_span("child of a session span"),
+    ):
+        pass
+    with tracer.start_as_current_span("own", attributes={sc.SESSION_ID: "s-own"}), session("s-block"):
+        pass
+    with session("s-explicit"):
+        explicit = context_api.get_current()
+    tracer.start_span("explicit parent context", context=explicit).end()
+    tracer.start_span("empty parent context", context=context_api.Context()).end()
+    with session("s-thread"):
+        worker = threading.Thread(target=lambda: tracer.start_span("other thread").end())
+        worker.start()
+        worker.join()
+
+    async def task() -> None:
+        with tracer.start_as_current_span("in a task"):
+            pass
+
+    with session("s-task"):
+        asyncio.run(task())
+    non_recording = trace.NonRecordingSpan(SpanContext(1, 2, False, trace_flags=trace.TraceFlags(1)))
+    with trace.use_span(non_recording), tracer.start_as_current_span("under a non-recording parent"):
+        pass
+    uses_native = "on_start" in processor.__dict__
+    provider.shutdown()
+    return [
+        (s.name, (s.attributes or {}).get(sc.SESSION_ID)) for s in exporter.get_finished_spans()
+    ], uses_native
+
+
+def test_session_copying_is_the_same_natively(monkeypatch: pytest.MonkeyPatch) -> None:
+    require_native()
+    native, used = _sessions_seen(monkeypatch, native=True)
+    python, not_used = _sessions_seen(monkeypatch, native=False)
+    assert used and not not_used
+    assert native == python
+    assert dict(native) == {
+        "no session": None,
+        "nested in a block": "s-block",
+        "in a block": "s-block",
+        "child of a session span": "s-parent",
+        "parent": "s-parent",
+        "own": "s-own",
+        "explicit parent context": "s-explicit",
+        "empty parent context": None,
+        "other thread": None,  # a thread starts with an empty context, as OpenTelemetry's does
+        "in a task": "s-task",
+        "under a non-recording parent": None,
+    }
+
+
+def test_the_native_on_start_reads_the_current_context_directly() -> None:
+    require_native()
+    from durable_sessions.processor import _current_context_var
+
+    assert _current_context_var() is not None  # else every span would take the Python path
+
+
+def test_the_native_on_start_takes_the_sdk_arguments_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    require_native()
+    from durable_sessions.processor import DurabilitySpanProcessor
+
+    monkeypatch.delenv("DURABLE_SESSIONS_NATIVE", raising=False)
+    on_start = DurabilitySpanProcessor(mode="silent").on_start
+    span = PROVIDER.get_tracer("t").start_span("s")
+    assert on_start(span) is None
+    assert on_start(span, None) is None
+    assert on_start(span, parent_context=None) is None
+    with pytest.raises(TypeError):
+        on_start(span, context=None)  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        on_start()  # type: ignore[call-arg]
