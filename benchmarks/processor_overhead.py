@@ -14,8 +14,10 @@ Scenarios:
 
 Setups: ``baseline`` (no durability processor), ``empty`` (a ``SpanProcessor`` that
 does nothing: the floor any added processor pays), ``inline`` (the rules run in
-``span.end()``) and ``process`` (``checking="process"``: the span is handed to a checker
-process). "catch-up" is how long ``force_flush`` then took: for ``process``, the time
+``span.end()``), ``process`` (``checking="process"``: the span is handed to a checker
+process by the native sender, ``durable_sessions._native``) and ``process-python`` (the
+same with ``DURABLE_SESSIONS_NATIVE=false``: the pure-Python sender and ``on_start``).
+"catch-up" is how long ``force_flush`` then took: for the ``process`` setups, the time
 the checker process needed after the last span to have checked everything.
 
 Run::
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import platform
 import statistics
 import sys
@@ -39,6 +42,7 @@ import opentelemetry.sdk
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
+from durable_sessions.native import SWITCH as NATIVE_SWITCH
 from durable_sessions.processor import DurabilitySpanProcessor
 
 
@@ -53,10 +57,10 @@ class NoOpExporter(SpanExporter):
 SESSIONS = 50
 
 
-SETUPS = ("baseline", "empty", "inline", "process")
+SETUPS = ("baseline", "empty", "inline", "process", "process-python")
 """No durability processor; a processor that does nothing (the floor: what the SDK charges
 for calling one more processor); one checking in ``span.end()``; one handing spans to a
-checker process."""
+checker process natively; the same without the native extension."""
 
 
 def make_provider(setup: str) -> TracerProvider:
@@ -65,9 +69,12 @@ def make_provider(setup: str) -> TracerProvider:
     if setup == "empty":
         provider.add_span_processor(SpanProcessor())
     elif setup != "baseline":
+        checking, _, sender = setup.partition("-")
+        os.environ[NATIVE_SWITCH] = "false" if sender == "python" else "true"
         provider.add_span_processor(
-            DurabilitySpanProcessor(mode="silent", max_sessions=SESSIONS * 2, checking=setup)  # type: ignore[arg-type]
+            DurabilitySpanProcessor(mode="silent", max_sessions=SESSIONS * 2, checking=checking)  # type: ignore[arg-type]
         )
+        del os.environ[NATIVE_SWITCH]
     return provider
 
 
@@ -195,13 +202,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"opentelemetry-sdk {opentelemetry.sdk.version.__version__}, {platform.machine()}; "
         f"{args.spans} spans x {args.rounds} rounds, median round"
     )
-    print(f"{'scenario':<8} {'setup':<9} {'us/span':>8} {'overhead':>9} {'catch-up ms':>12}")
+    print(f"{'scenario':<8} {'setup':<14} {'us/span':>8} {'overhead':>9} {'catch-up ms':>12}")
     scenarios = ("action", "plain") if args.scenario == "both" else (args.scenario,)
     for scenario in scenarios:
         results = measure(scenario, args.spans, args.rounds)
         for setup, (per_span, ratio, catch_up) in results.items():
             overhead = "" if setup == "baseline" else f"{ratio * 100:.1f}%"
-            print(f"{scenario:<8} {setup:<9} {per_span * 1e6:>8.2f} {overhead:>9} {catch_up * 1e3:>12.1f}")
+            print(f"{scenario:<8} {setup:<14} {per_span * 1e6:>8.2f} {overhead:>9} {catch_up * 1e3:>12.1f}")
     if args.breakdown:
         parts = breakdown(args.spans, 5)
         print(

@@ -379,3 +379,33 @@ def test_the_native_on_start_takes_the_sdk_arguments_only(monkeypatch: pytest.Mo
         on_start(span, context=None)  # type: ignore[call-arg]
     with pytest.raises(TypeError):
         on_start()  # type: ignore[call-arg]
+
+
+def test_a_forked_child_drops_and_counts_and_leaves_the_parent_sending() -> None:
+    require_native()
+    import signal
+    import time
+
+    pipe = Pipe()
+    span = ended_span(action())  # before the fork: the SDK gives a child's spans a resource of its own
+    pid = os.fork()
+    if pid == 0:  # the child: no sending thread here; nothing may block or be sent
+        code = 3
+        try:
+            pipe.handoff.put_span(span)
+            sent = pipe.handoff.send((SYNC, 99), urgent=True)
+            code = 0 if (pipe.handoff.dropped, sent, pipe.handoff.close(1.0)) == (1, False, True) else 1
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 20
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung in the sender")
+    assert os.waitstatus_to_exitcode(done[1]) == 0
+    pipe.handoff.put_span(ended_span(action()))
+    assert len(pipe.received()) == 1  # only the parent's span, and the child's SYNC never came
+    assert pipe.handoff.dropped == 0
+    pipe.close()

@@ -432,6 +432,19 @@ shared_append(Shared *st, const char *data, size_t len, int urgent, int is_span)
     return queued;
 }
 
+/* -- after fork() ---------------------------------------------------------------------------- */
+
+/* A forked child has no sending thread, and the shared lock may have been held by it at
+ * the fork: a Handoff made before the fork drops (and counts) everything in the child
+ * without touching the shared state. */
+static volatile unsigned long fork_generation;
+
+static void
+on_fork_child(void)
+{
+    fork_generation++;
+}
+
 /* -- the Python type -------------------------------------------------------------------- */
 
 typedef struct {
@@ -447,7 +460,34 @@ typedef struct {
     PyObject *resource;    /* the resource last declared to the checker */
     int context_is_tuple;  /* SpanContext(trace_id, span_id, ...)[0:2] == (trace_id, span_id) */
     PyObject *fallback;    /* on_end's Python path, for what put_span does not hand over */
+    unsigned long generation;          /* fork_generation when made */
+    unsigned long long forked_dropped; /* spans dropped in a forked child */
 } Handoff;
+
+static int
+forked(Handoff *self)
+{
+    return self->generation != fork_generation;
+}
+
+static int
+handoff_append(Handoff *self, const char *data, size_t len, int urgent, int is_span)
+{
+    if (forked(self)) {
+        self->forked_dropped += is_span;
+        return 0;
+    }
+    return shared_append(self->st, data, len, urgent, is_span);
+}
+
+static void
+handoff_drop(Handoff *self)
+{
+    if (forked(self))
+        self->forked_dropped++;
+    else
+        shared_drop(self->st);
+}
 
 static PyObject *ATTR_ATTRIBUTES, *ATTR_DICT, *ATTR_MAX_LEN, *ATTR_RESOURCE, *ATTR_STATUS,
     *ATTR_STATUS_CODE, *ATTR_START, *ATTR_CONTEXT, *ATTR_TRACE_ID, *ATTR_SPAN_ID;
@@ -515,6 +555,7 @@ Handoff_init(Handoff *self, PyObject *args, PyObject *kwargs)
     }
     self->st = st;
     self->started = 1;
+    self->generation = fork_generation;
     Py_INCREF(action_kind);
     self->action_kind = action_kind;
     Py_INCREF(markers);
@@ -533,7 +574,13 @@ static void
 Handoff_dealloc(Handoff *self)
 {
     PyObject_GC_UnTrack(self);
-    if (self->st != NULL) {
+    if (self->st != NULL && forked(self)) { /* no thread here, and the lock is not ours */
+        if (self->st->fd >= 0)
+            close(self->st->fd);
+        free(self->st->pending);
+        free(self->st);
+    }
+    else if (self->st != NULL) {
         pthread_mutex_lock(&self->st->lock);
         self->st->closing = 1;
         pthread_cond_signal(&self->st->wake);
@@ -680,11 +727,11 @@ put_span(Handoff *self, PyObject *span)
     int status = encode_span(self, &s, span, bounded, attributes);
     if (status < 0) {
         PyErr_Clear();
-        shared_drop(self->st);
+        handoff_drop(self);
         answer = HANDED;
     }
     else if (status == 0) {
-        shared_append(self->st, s.data, s.len, 0, 1);
+        handoff_append(self, s.data, s.len, 0, 1);
         answer = HANDED;
     }
 done:
@@ -732,10 +779,10 @@ Handoff_send(Handoff *self, PyObject *args, PyObject *kwargs)
             return NULL;
         PyErr_Clear(); /* a value marshal cannot carry */
         if (is_span)
-            shared_drop(self->st);
+            handoff_drop(self);
         Py_RETURN_FALSE;
     }
-    int queued = shared_append(self->st, PyBytes_AS_STRING(data), (size_t)PyBytes_GET_SIZE(data), urgent, is_span);
+    int queued = handoff_append(self, PyBytes_AS_STRING(data), (size_t)PyBytes_GET_SIZE(data), urgent, is_span);
     Py_DECREF(data);
     return PyBool_FromLong(queued);
 }
@@ -745,6 +792,8 @@ Handoff_stop(Handoff *self, PyObject *unused)
 {
     if (!ready(self))
         return NULL;
+    if (forked(self))
+        Py_RETURN_NONE;
     pthread_mutex_lock(&self->st->lock);
     self->st->closing = 1;
     pthread_cond_signal(&self->st->wake);
@@ -758,6 +807,8 @@ Handoff_close(Handoff *self, PyObject *args)
     double timeout_s;
     if (!ready(self) || !PyArg_ParseTuple(args, "d", &timeout_s))
         return NULL;
+    if (forked(self))
+        Py_RETURN_TRUE; /* nothing of it runs in this process */
     Shared *st = self->st;
     int done;
     Py_BEGIN_ALLOW_THREADS
@@ -784,6 +835,8 @@ Handoff_get_dropped(Handoff *self, void *closure)
 {
     if (!ready(self))
         return NULL;
+    if (forked(self))
+        return PyLong_FromUnsignedLongLong(self->forked_dropped);
     pthread_mutex_lock(&self->st->lock);
     unsigned long long dropped = self->st->dropped;
     pthread_mutex_unlock(&self->st->lock);
@@ -795,6 +848,8 @@ Handoff_get_error(Handoff *self, void *closure)
 {
     if (!ready(self))
         return NULL;
+    if (forked(self))
+        return PyObject_CallFunction(PyExc_OSError, "is", ECHILD, "the sender was made in the parent process");
     pthread_mutex_lock(&self->st->lock);
     int error = self->st->error;
     pthread_mutex_unlock(&self->st->lock);
@@ -1081,6 +1136,10 @@ PyInit__native(void)
 {
     if (PyType_Ready(&HandoffType) < 0 || PyType_Ready(&SessionCopierType) < 0)
         return NULL;
+    if (pthread_atfork(NULL, NULL, on_fork_child) != 0) {
+        PyErr_SetString(PyExc_OSError, "pthread_atfork failed");
+        return NULL;
+    }
 #define INTERN(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return NULL
     INTERN(ATTR_ATTRIBUTES, "_attributes");
     INTERN(ATTR_DICT, "_dict");
