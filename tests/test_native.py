@@ -409,3 +409,15 @@ def test_a_forked_child_drops_and_counts_and_leaves_the_parent_sending() -> None
     assert len(pipe.received()) == 1  # only the parent's span, and the child's SYNC never came
     assert pipe.handoff.dropped == 0
     pipe.close()
+
+
+def test_one_large_span_goes_through_but_a_backlog_is_bounded_in_bytes() -> None:
+    require_native()
+    pipe = Pipe(limit_bytes=4096)
+    big = {sc.attribute("result"): "x" * 20_000}
+    pipe.handoff.put_span(ended_span(action(**big)))  # nothing waiting: sent, however large
+    pipe.handoff.put_span(ended_span(action(**big)))  # behind it: over the byte limit
+    assert pipe.handoff.dropped == 1
+    (message,) = pipe.received()
+    assert len(message[1][sc.attribute("result")]) == 20_000
+    pipe.close()

@@ -289,6 +289,8 @@ def test_twenty_megabyte_result(setup: Setup) -> None:
         setup.action("a1", "llm_call", result=big)
     assert setup.violations == []
     assert setup.processor.internal_errors == 0
+    assert setup.processor.spans_dropped == 0
+    assert setup.processor.actions_checked == 1  # checked, not lost on the way
 
 
 def test_result_cut_by_the_sdk_is_flagged() -> None:

@@ -400,9 +400,11 @@ shared_append(Shared *st, const char *data, size_t len, int urgent, int is_span)
 {
     int queued = 0;
     pthread_mutex_lock(&st->lock);
-    /* The limits hold back spans only: a request or a resource always has room. */
+    /* The limits hold back spans only: a request or a resource always has room, and so
+     * does one span however large, when no other span is waiting. */
     if (st->closing || st->error
-        || (is_span && (len > st->limit_bytes - st->pending_len || st->pending_count >= st->limit_count))) {
+        || (is_span && st->pending_spans > 0
+            && (st->pending_len + len > st->limit_bytes || st->pending_count >= st->limit_count))) {
         st->dropped += is_span;
     }
     else {
