@@ -85,6 +85,8 @@ def setup(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> It
         use_sender(monkeypatch, sender or "native")
     s = Setup(mode="silent", checking=checking)
     yield s
+    assert s.processor.wait_checked(timeout_s=30)
+    assert s.processor.spans_dropped == 0  # nothing passed by being lost on the way
     s.provider.shutdown()
 
 
