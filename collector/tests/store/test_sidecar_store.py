@@ -4,14 +4,19 @@ outbox, paging and the violation feed; then what only one of them has (WAL for S
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from durable_sessions_collector.store import ActionRow, Store, StoreError, open_store
 from durable_sessions_collector.store.base import decode_record, encode_record
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from durable_sessions.record import Location
 from durable_sessions.violation import Severity, Violation
@@ -123,6 +128,28 @@ def test_records_round_trip_with_the_types_the_engine_saw() -> None:
     }
     assert decode_record(encode_record(record)) == record  # type: ignore[arg-type]
     assert math.isnan(decode_record(encode_record({"v": math.nan}))["v"])  # type: ignore[typeddict-item]
+
+
+_RECORD_VALUES = st.one_of(
+    st.text(),
+    st.integers(),
+    st.integers(min_value=-(1 << 70), max_value=1 << 70),
+    st.booleans(),
+    st.none(),
+    st.floats(allow_nan=False),
+    st.binary(max_size=8),
+    st.lists(st.one_of(st.integers(), st.text()), max_size=3),
+)
+
+
+@settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "300")), deadline=None)
+@given(st.dictionaries(st.text(max_size=12), _RECORD_VALUES, max_size=8))
+def test_every_record_round_trips_and_reads_as_json_would(record: dict[str, Any]) -> None:
+    text = encode_record(record)  # type: ignore[arg-type]
+    assert decode_record(text) == record
+    if all(type(value) in (str, int, bool, type(None)) for value in record.values()):
+        # orjson's text, where it writes it, is the text json wrote before it
+        assert text == json.dumps(record, separators=(",", ":"), ensure_ascii=False)
 
 
 def test_unusable_store_is_a_clear_error(tmp_path: Path) -> None:
