@@ -34,6 +34,9 @@ process (:mod:`durable_sessions.offload`) and the rules run there, on another CP
 ``span.end()`` stays cheap, violations are reported a moment later from a background
 thread, ``force_flush`` waits for the checker to catch up, and a checker that falls
 far behind drops spans (counted in ``spans_dropped``) rather than slow the application.
+Where the optional C extension was built (:mod:`durable_sessions.native`), ``on_start``
+and, with ``checking="process"``, ``on_end`` are its functions, set on the instance;
+they give this class's Python code whatever they do not settle themselves.
 
 Configuration comes from the constructor, else from the environment:
 
