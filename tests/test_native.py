@@ -330,7 +330,7 @@ def _sessions_seen(monkeypatch: pytest.MonkeyPatch, native: bool) -> tuple[list[
     non_recording = trace.NonRecordingSpan(SpanContext(1, 2, False, trace_flags=trace.TraceFlags(1)))
     with trace.use_span(non_recording), tracer.start_as_current_span("under a non-recording parent"):
         pass
-    uses_native = "on_start" in processor.__dict__
+    uses_native = processor.native
     provider.shutdown()
     return [
         (s.name, (s.attributes or {}).get(sc.SESSION_ID)) for s in exporter.get_finished_spans()

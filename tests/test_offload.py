@@ -121,6 +121,7 @@ def test_span_end_returns_before_the_checker_has_seen_it(sender: str) -> None:
         pass
     assert len(exporter.get_finished_spans()) == 1  # the exporter already has it
     assert processor._offload.native == (sender == "native")  # type: ignore[union-attr]
+    assert processor.native == (sender == "native")
     assert processor.wait_checked(timeout_s=30)
     assert [v.rule for v in seen] == ["unkeyed-side-effect"]
     assert seen[0].session_id == "s-1"

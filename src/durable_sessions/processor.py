@@ -466,6 +466,12 @@ class DurabilitySpanProcessor(SpanProcessor):
         return self.checker.actions if self.checker is not None else 0
 
     @property
+    def native(self) -> bool:
+        """Whether the optional C extension runs this processor's ``on_start`` (and, with
+        ``checking="process"``, its ``on_end``)."""
+        return "on_start" in self.__dict__ or "on_end" in self.__dict__
+
+    @property
     def spans_dropped(self) -> int:
         """Spans not checked because the checker process fell behind or stopped."""
         return self._offload.dropped if self._offload is not None else 0
