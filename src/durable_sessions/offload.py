@@ -112,6 +112,12 @@ def violation_from(fields: Iterable[Any]) -> Violation:
     return Violation(rule, Severity(severity), *rest)
 
 
+_forks = [0]
+"""How many times this process is a fork's child of the process that imported this module."""
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
+
+
 class _ThreadSender:
     """Sends messages from a bounded queue, marshalled in batches by a writer thread.
 
@@ -138,6 +144,7 @@ class _ThreadSender:
         self._closing = False
         self.error: OSError | ValueError | None = None
         self.dropped = 0
+        self._generation = _forks[0]
         self._writer = threading.Thread(
             target=self._write_loop, name="durable_sessions.offload.writer", daemon=True
         )
@@ -148,7 +155,12 @@ class _ThreadSender:
         when the queue is full (a span not queued is counted in ``dropped``)."""
         queue = self._queue
         is_span = message[0] == SPAN
-        if (is_span and len(queue) >= self._queue_limit) or self.error is not None or self._closing:
+        if (
+            (is_span and len(queue) >= self._queue_limit)
+            or self.error is not None
+            or self._closing
+            or self._generation != _forks[0]  # a forked child: the writer thread is the parent's
+        ):
             self.dropped += is_span
             return False
         queue.append(message)
