@@ -421,3 +421,24 @@ def test_one_large_span_goes_through_but_a_backlog_is_bounded_in_bytes() -> None
     (message,) = pipe.received()
     assert len(message[1][sc.attribute("result")]) == 20_000
     pipe.close()
+
+
+_ANY_KEYS = st.one_of(
+    st.sampled_from(
+        [*sorted(MAYBE_ACTION_KEYS), ACTION_KIND, sc.SESSION_ID, "http.route", "x" + ACTION_PREFIX + "y"]
+    ),
+    st.text(max_size=16),
+)
+
+
+@settings(
+    max_examples=int(os.environ.get("FUZZ_EXAMPLES", "300")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(attributes=st.dictionaries(_ANY_KEYS, st.one_of(st.text(max_size=8), st.integers()), max_size=6))
+def test_the_native_pre_filter_is_may_be_action(pipe: Pipe, attributes: dict[str, Any]) -> None:
+    span = ended_span(attributes)
+    if pipe.handoff.put_span(span) == UNSUPPORTED:
+        return  # left to the Python path, which applies may_be_action itself
+    assert len(pipe.received()) == (1 if may_be_action(span.attributes) else 0)  # type: ignore[arg-type]

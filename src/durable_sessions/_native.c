@@ -320,10 +320,17 @@ write_all(int fd, const char *data, size_t len)
     return 0;
 }
 
+/* Condition variables time out on the monotonic clock where they can (not on macOS). */
+#if defined(__APPLE__)
+#define DEADLINE_CLOCK CLOCK_REALTIME
+#else
+#define DEADLINE_CLOCK CLOCK_MONOTONIC
+#endif
+
 static void
 deadline_after(struct timespec *t, double seconds)
 {
-    clock_gettime(CLOCK_MONOTONIC, t);
+    clock_gettime(DEADLINE_CLOCK, t);
     long long ns = t->tv_nsec + (long long)(seconds * 1e9);
     t->tv_sec += (time_t)(ns / 1000000000LL);
     t->tv_nsec = (long)(ns % 1000000000LL);
@@ -536,7 +543,9 @@ Handoff_init(Handoff *self, PyObject *args, PyObject *kwargs)
     }
     pthread_condattr_t monotonic;
     pthread_condattr_init(&monotonic);
-    pthread_condattr_setclock(&monotonic, CLOCK_MONOTONIC);
+#if !defined(__APPLE__)
+    pthread_condattr_setclock(&monotonic, DEADLINE_CLOCK);
+#endif
     pthread_mutex_init(&st->lock, NULL);
     pthread_cond_init(&st->wake, &monotonic);
     pthread_cond_init(&st->finished, &monotonic);
