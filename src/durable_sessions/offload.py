@@ -58,6 +58,7 @@ DEFAULT_QUEUE_LIMIT = 65_536
 DEFAULT_BATCH_SIZE = 512
 DEFAULT_INTERVAL_S = 0.05
 CHECKER_NICENESS = 10
+"""Added to the checker process's niceness: checking is background work."""
 NATIVE_BYTES_PER_SPAN = 256
 """What the native sender budgets per span when it turns span counts into bytes."""
 _HEADER = struct.Struct("<I")
@@ -207,7 +208,9 @@ class _ThreadSender:
             return encode_frame(batch)
         except ValueError:
             kept = [message for message in batch if _can_marshal(message)]
-            self.dropped += len(batch) - len(kept)
+            self.dropped += sum(message[0] == SPAN for message in batch) - sum(
+                message[0] == SPAN for message in kept
+            )
             return encode_frame(kept)
 
 
@@ -249,8 +252,8 @@ class CheckerProcess:
     the checking then stops, and later spans are dropped and counted, never raised
     about. A span carrying a value ``marshal`` cannot represent is dropped and counted.
 
-    Spans go over through the native sender when it was built (``put_span`` is then
-    its method, else None), otherwise as messages given to :meth:`submit`.
+    Spans go over through the native sender's ``on_end`` (see :meth:`span_handler`)
+    when it was built, otherwise as messages given to :meth:`submit`.
     """
 
     def __init__(
@@ -297,8 +300,8 @@ class CheckerProcess:
 
     @property
     def dropped(self) -> int:
-        """Spans (and requests) not sent: the queue was full, a value could not be sent,
-        or the checker process had stopped."""
+        """Spans not sent: the queue was full, a value could not be sent, or the sending
+        had stopped."""
         return self._sender.dropped
 
     def span_handler(self, fallback: Callable[[Any], None]) -> Callable[[Any], None] | None:

@@ -314,21 +314,27 @@ class DurabilitySpanProcessor(SpanProcessor):
                     report=self._report_found,
                     on_error=self._internal_error,
                 )
-                native_on_end = self._offload.span_handler(self._check_ended)
-                if native_on_end is not None:
-                    # The SDK calls processor.on_end(span): with the native sender that
-                    # is the sender's own method, so an ended span costs no Python frame.
-                    self.on_end = native_on_end  # type: ignore[method-assign]
             except OSError as error:  # no process could be started: check here rather than not at all
                 self._internal_error("starting the checker process (checking inline instead)", error)
                 self.checking = "inline"
         if self.checking == "inline":
             self.checker = Checker(rules, key_window_s=key_window_s, max_sessions=max_sessions)
+        self._go_native()
+
+    def _go_native(self) -> None:
+        """Where the C extension was built, make its functions this instance's ``on_start``
+        and (with the native sender) ``on_end``.
+
+        The SDK calls ``processor.on_start(span, parent_context)`` and
+        ``processor.on_end(span)``: as instance attributes, the extension's functions run
+        with no Python frame per span, and give this class's Python code whatever they do
+        not settle themselves (a span that is not the SDK's, a parent span to read, a new
+        resource, a value they do not encode).
+        """
         native = native_module()
-        if native is not None and copy_session and mode != "off":
-            # As with on_end above: the SDK calls processor.on_start(span, parent_context),
-            # here the extension's method, which gives this class's Python path whatever
-            # it does not settle itself (a span that is not the SDK's, a parent span to read).
+        if native is None or self.mode == "off":
+            return
+        if self.copy_session:
             self.on_start = native.SessionCopier(  # type: ignore[method-assign]
                 session_key=_SESSION_ID,
                 context_key=SESSION_CONTEXT_KEY,
@@ -336,6 +342,8 @@ class DurabilitySpanProcessor(SpanProcessor):
                 context_var=_current_context_var(),
                 fallback=self._copy_session,
             ).on_start
+        if self._offload is not None and (on_end := self._offload.span_handler(self._check_ended)):
+            self.on_end = on_end  # type: ignore[method-assign]
 
     # -- SpanProcessor -------------------------------------------------------------
 
