@@ -8,10 +8,11 @@ import sys
 from pathlib import Path
 
 import orjson
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from durable_sessions.check import raw_shard_of, shard_of
+from durable_sessions.check import cyclic_gc_paused, raw_shard_of, shard_of
 from durable_sessions.record import Location
 
 DURABLE_SESSIONS = Path(sys.executable).with_name("durable-sessions")
@@ -88,3 +89,22 @@ def test_progress_is_reported_while_workers_check(tmp_path: Path) -> None:
     assert seen, "no progress was reported"
     size = log.stat().st_size
     assert all(path == str(log) and 0 < done <= size and total == size for path, done, total in seen)
+
+
+def test_the_cyclic_collector_is_paused_for_a_check_and_restored_after() -> None:
+    import gc
+
+    assert gc.isenabled()
+    with cyclic_gc_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with cyclic_gc_paused():
+            pass
+        assert not gc.isenabled()  # left as the caller had it
+    finally:
+        gc.enable()
+    with pytest.raises(RuntimeError), cyclic_gc_paused():
+        raise RuntimeError("the check failed")
+    assert gc.isenabled()

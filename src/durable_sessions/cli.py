@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from durable_sessions import __version__
-from durable_sessions.check import OfflineCheck, check_paths, default_jobs
+from durable_sessions.check import OfflineCheck, check_paths, cyclic_gc_paused, default_jobs
 from durable_sessions.engine import Checker
 from durable_sessions.readers import DEFAULT_MAX_LINE_BYTES, FORMATS, InputError
 from durable_sessions.report import (
@@ -53,10 +53,11 @@ def replay_check_main(argv: Sequence[str] | None = None) -> int:
     out = sys.stdout
     count = 0
     try:
-        for violation in check_paths([args.actions], checker, fmt="actions"):
-            count += 1
-            if not args.quiet:
-                out.write(f"line {violation.line} [{violation.action_id or '?'}]: {violation.message}\n")
+        with cyclic_gc_paused():
+            for violation in check_paths([args.actions], checker, fmt="actions"):
+                count += 1
+                if not args.quiet:
+                    out.write(f"line {violation.line} [{violation.action_id or '?'}]: {violation.message}\n")
     except InputError as error:
         print(f"replay-check: {error}", file=sys.stderr)
         return EXIT_USAGE
@@ -181,12 +182,13 @@ def run_check(args: argparse.Namespace) -> int:
         progress=progress,
     )
     try:
-        for violation in run:
-            summary.add(violation)
-            if args.format == "text":
-                out.write(text_line(violation) + "\n")
-            else:
-                collected.append(violation)
+        with cyclic_gc_paused():
+            for violation in run:
+                summary.add(violation)
+                if args.format == "text":
+                    out.write(text_line(violation) + "\n")
+                else:
+                    collected.append(violation)
     except InputError as error:
         if progress:
             progress.clear()
