@@ -25,6 +25,7 @@ from durable_sessions import semconv as sc
 from durable_sessions.mapping import sdk_attributes, sdk_span_facts
 from durable_sessions.offload import SPAN, SYNC, _context_is_tuple, read_frame
 from durable_sessions.span_check import ACTION_KIND, ACTION_PREFIX, MAYBE_ACTION_KEYS, may_be_action
+from tests.support.forks import exit_code_in_fork
 from tests.support.senders import require_native
 
 HANDED, NEW_RESOURCE, UNSUPPORTED = 0, 1, 2
@@ -383,28 +384,15 @@ def test_the_native_on_start_takes_the_sdk_arguments_only(monkeypatch: pytest.Mo
 
 def test_a_forked_child_drops_and_counts_and_leaves_the_parent_sending() -> None:
     require_native()
-    import signal
-    import time
-
     pipe = Pipe()
     span = ended_span(action())  # before the fork: the SDK gives a child's spans a resource of its own
-    pid = os.fork()
-    if pid == 0:  # the child: no sending thread here; nothing may block or be sent
-        code = 3
-        try:
-            pipe.handoff.put_span(span)
-            sent = pipe.handoff.send((SYNC, 99), urgent=True)
-            code = 0 if (pipe.handoff.dropped, sent, pipe.handoff.close(1.0)) == (1, False, True) else 1
-        finally:
-            os._exit(code)
-    deadline = time.monotonic() + 20
-    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    if done[0] == 0:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        pytest.fail("the forked child hung in the sender")
-    assert os.waitstatus_to_exitcode(done[1]) == 0
+
+    def child() -> int:  # no sending thread here; nothing may block or be sent
+        pipe.handoff.put_span(span)
+        sent = pipe.handoff.send((SYNC, 99), urgent=True)
+        return 0 if (pipe.handoff.dropped, sent, pipe.handoff.close(1.0)) == (1, False, True) else 1
+
+    assert exit_code_in_fork(child) == 0
     pipe.handoff.put_span(ended_span(action()))
     assert len(pipe.received()) == 1  # only the parent's span, and the child's SYNC never came
     assert pipe.handoff.dropped == 0

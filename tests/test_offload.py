@@ -25,6 +25,7 @@ from durable_sessions.processor import ConfigurationError, DurabilitySpanProcess
 from durable_sessions.rules import select_rules
 from durable_sessions.span_check import may_be_action
 from durable_sessions.violation import Severity, Violation
+from tests.support.forks import exit_code_in_fork
 from tests.support.senders import use_sender
 
 
@@ -307,34 +308,22 @@ def test_the_pre_filter_never_skips_an_action(attributes: dict[str, Any]) -> Non
 
 
 def test_a_forked_child_counts_its_spans_as_dropped(sender: str) -> None:
-    import time
-
     processor = DurabilitySpanProcessor(mode="silent", checking="process")
     provider, _ = provider_with(processor)
     tracer = provider.get_tracer("t")
     read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the checker process and the sending thread belong to the parent
-        code = 3
-        try:
-            for n in range(3):
-                with tracer.start_as_current_span(
-                    "pay", attributes={sc.ACTION_ID: f"p{n}", sc.ACTION_KIND: "payment"}
-                ):
-                    pass
-            os.write(write_end, str(processor.spans_dropped).encode())
-            code = 0
-        finally:
-            os._exit(code)
+
+    def child() -> int:  # the checker process and the sending thread belong to the parent
+        for n in range(3):
+            with tracer.start_as_current_span(
+                "pay", attributes={sc.ACTION_ID: f"p{n}", sc.ACTION_KIND: "payment"}
+            ):
+                pass
+        os.write(write_end, str(processor.spans_dropped).encode())
+        return 0
+
+    assert exit_code_in_fork(child) == 0
     os.close(write_end)
-    deadline = time.monotonic() + 20
-    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    if done[0] == 0:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        pytest.fail("the forked child hung")
-    assert os.waitstatus_to_exitcode(done[1]) == 0
     with os.fdopen(read_end, "rb") as reader:
         assert reader.read() == b"3"
     with tracer.start_as_current_span("pay", attributes={sc.ACTION_ID: "parent", sc.ACTION_KIND: "payment"}):
