@@ -332,3 +332,34 @@ def test_a_forked_child_counts_its_spans_as_dropped(sender: str) -> None:
     assert processor.actions_checked == 1  # only the parent's span reached the checker
     assert processor.spans_dropped == 0
     provider.shutdown()
+
+
+def test_many_threads_ending_spans_at_once_are_all_checked(sender: str) -> None:
+    import threading
+
+    found: list[Violation] = []
+    processor = DurabilitySpanProcessor(
+        mode="silent", checking="process", on_violation=found.append, max_sessions=100
+    )
+    provider, _ = provider_with(processor)
+    tracer = provider.get_tracer("t")
+
+    def end_spans(thread: int) -> None:
+        for n in range(1000):
+            attributes = {sc.SESSION_ID: f"s-{thread}", sc.ACTION_ID: f"p{n}", sc.ACTION_KIND: "payment"}
+            with tracer.start_as_current_span("pay", attributes=attributes):
+                pass
+
+    threads = [threading.Thread(target=end_spans, args=(t,)) for t in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert processor.wait_checked(timeout_s=60)
+    assert processor.spans_dropped == 0
+    assert processor.actions_checked == 6000
+    assert len(found) == 6000  # every payment lacks a key: one finding each, none lost or doubled
+    assert {(v.session_id, v.action_id) for v in found} == {
+        (f"s-{t}", f"p{n}") for t in range(6) for n in range(1000)
+    }
+    provider.shutdown()
