@@ -430,3 +430,31 @@ def test_the_native_pre_filter_is_may_be_action(pipe: Pipe, attributes: dict[str
     if pipe.handoff.put_span(span) == UNSUPPORTED:
         return  # left to the Python path, which applies may_be_action itself
     assert len(pipe.received()) == (1 if may_be_action(span.attributes) else 0)  # type: ignore[arg-type]
+
+
+def test_a_subclass_that_overrides_the_hooks_keeps_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    require_native()
+    from durable_sessions.processor import DurabilitySpanProcessor
+
+    monkeypatch.delenv("DURABLE_SESSIONS_NATIVE", raising=False)
+    calls: list[str] = []
+
+    class Counting(DurabilitySpanProcessor):
+        def on_start(self, span: Any, parent_context: Any = None) -> None:
+            calls.append("start")
+            super().on_start(span, parent_context)
+
+        def on_end(self, span: Any) -> None:
+            calls.append("end")
+            super().on_end(span)
+
+    processor = Counting(mode="silent", checking="process")
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    with provider.get_tracer("t").start_as_current_span("step", attributes=action()):
+        pass
+    assert calls == ["start", "end"]
+    assert not processor.native
+    assert processor.wait_checked(timeout_s=30)
+    assert processor.actions_checked == 1
+    provider.shutdown()

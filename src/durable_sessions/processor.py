@@ -334,7 +334,8 @@ class DurabilitySpanProcessor(SpanProcessor):
         native = native_module()
         if native is None or self.mode == "off":
             return
-        if self.copy_session:
+        cls = type(self)  # a subclass's own on_start or on_end is left to run
+        if self.copy_session and cls.on_start is DurabilitySpanProcessor.on_start:
             self.on_start = native.SessionCopier(  # type: ignore[method-assign]
                 session_key=_SESSION_ID,
                 context_key=SESSION_CONTEXT_KEY,
@@ -342,7 +343,11 @@ class DurabilitySpanProcessor(SpanProcessor):
                 context_var=_current_context_var(),
                 fallback=self._copy_session,
             ).on_start
-        if self._offload is not None and (on_end := self._offload.span_handler(self._check_ended)):
+        if (
+            self._offload is not None
+            and cls.on_end is DurabilitySpanProcessor.on_end
+            and (on_end := self._offload.span_handler(self._check_ended))
+        ):
             self.on_end = on_end  # type: ignore[method-assign]
 
     # -- SpanProcessor -------------------------------------------------------------
