@@ -23,6 +23,7 @@ the checker process needed after the last span to have checked everything.
 Run::
 
     .venv/bin/python benchmarks/processor_overhead.py [--spans 5000] [--rounds 31] [--scenario action|plain|both] [--breakdown]
+    .venv/bin/python benchmarks/processor_overhead.py --instructions   # needs valgrind
 
 It measures and prints; it asserts nothing.
 """
@@ -33,14 +34,21 @@ import argparse
 import gc
 import os
 import platform
+import re
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
 
 import opentelemetry.sdk
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
 
 from durable_sessions.native import SWITCH as NATIVE_SWITCH
 from durable_sessions.processor import DurabilitySpanProcessor
@@ -63,9 +71,12 @@ for calling one more processor); one checking in ``span.end()``; one handing spa
 checker process natively; the same without the native extension."""
 
 
-def make_provider(setup: str) -> TracerProvider:
+def make_provider(setup: str, batching: bool = True) -> TracerProvider:
+    """A provider for ``setup``; its exporting processor batches, or exports each span as it
+    ends (``batching=False``, for instruction counts: no exporter thread)."""
     provider = TracerProvider()
-    provider.add_span_processor(BatchSpanProcessor(NoOpExporter()))
+    exporting = BatchSpanProcessor(NoOpExporter()) if batching else SimpleSpanProcessor(NoOpExporter())
+    provider.add_span_processor(exporting)
     if setup == "empty":
         provider.add_span_processor(SpanProcessor())
     elif setup != "baseline":
@@ -78,8 +89,8 @@ def make_provider(setup: str) -> TracerProvider:
     return provider
 
 
-def run_round(provider: TracerProvider, spans: int, scenario: str, round_no: int) -> tuple[float, float]:
-    """Seconds per span for ``spans`` spans, and seconds the processors took to catch up after."""
+def emit(provider: TracerProvider, spans: int, scenario: str, round_no: int) -> float:
+    """Start, set 6 attributes on, and end ``spans`` spans; the seconds that took."""
     tracer = provider.get_tracer("bench")
     sessions = [f"s-{round_no}-{i}" for i in range(SESSIONS)]
     ids = [f"a{i}" for i in range(spans)]
@@ -105,9 +116,41 @@ def run_round(provider: TracerProvider, spans: int, scenario: str, round_no: int
             span.set_attribute("server.port", 443)
             span.set_attribute("user_agent.original", ids[i])
             span.end()
-    elapsed = time.perf_counter() - start
+    return time.perf_counter() - start
+
+
+def run_round(provider: TracerProvider, spans: int, scenario: str, round_no: int) -> tuple[float, float]:
+    """Seconds per span for ``spans`` spans, and seconds the processors took to catch up after."""
+    elapsed = emit(provider, spans, scenario, round_no)
+    start = time.perf_counter()
     provider.force_flush()
-    return elapsed / spans, time.perf_counter() - start - elapsed
+    return elapsed / spans, time.perf_counter() - start
+
+
+CALLGRIND = ("valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null")
+
+
+def instructions(scenario: str, setup: str, spans: tuple[int, int] = (2_000, 12_000)) -> float:
+    """Instructions per span in the application's process (callgrind; checker processes are
+    not traced), from the difference between two runs, so that start-up cancels out."""
+    counts = []
+    for n in spans:
+        result = subprocess.run(
+            [*CALLGRIND, sys.executable, __file__, "--count-run", setup, scenario, str(n)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        counts.append(int(re.search(r"refs:\s+([\d,]+)", result.stderr).group(1).replace(",", "")))  # type: ignore[union-attr]
+    return (counts[1] - counts[0]) / (spans[1] - spans[0])
+
+
+def count_run(setup: str, scenario: str, spans: int) -> None:
+    """The process callgrind counts: ``spans`` spans, exported one by one, then exit at once."""
+    provider = make_provider(setup, batching=False)
+    emit(provider, spans, scenario, 0)
+    provider.force_flush()
+    os._exit(0)
 
 
 def measure(scenario: str, spans: int, rounds: int) -> dict[str, tuple[float, float, float]]:
@@ -190,20 +233,43 @@ def breakdown(spans: int, rounds: int) -> dict[str, float]:
     return {"mapping": best(mapping), "engine.feed": best(engine), "on_end (all)": best(on_end)}
 
 
+def print_instructions(scenarios: Sequence[str]) -> None:
+    print(f"{'scenario':<8} {'setup':<14} {'instr/span':>11} {'added':>9}")
+    for scenario in scenarios:
+        base = instructions(scenario, "baseline")
+        print(f"{scenario:<8} {'baseline':<14} {base:>11,.0f}")
+        for setup in SETUPS[2:]:  # the empty processor is the wall-clock floor; not counted here
+            count = instructions(scenario, setup)
+            print(f"{scenario:<8} {setup:<14} {count:>11,.0f} {(count / base - 1) * 100:>8.1f}%")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--spans", type=int, default=5_000, help="spans per round (default 5000)")
     parser.add_argument("--rounds", type=int, default=31, help="rounds per setup (default 31)")
     parser.add_argument("--scenario", choices=("action", "plain", "both"), default="both")
     parser.add_argument("--breakdown", action="store_true", help="also time on_end's parts separately")
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="count instructions per span with valgrind's callgrind instead of timing",
+    )
+    parser.add_argument(
+        "--count-run", nargs=3, metavar=("SETUP", "SCENARIO", "SPANS"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args(argv)
+    if args.count_run:
+        count_run(args.count_run[0], args.count_run[1], int(args.count_run[2]))
+    scenarios = ("action", "plain") if args.scenario == "both" else (args.scenario,)
+    if args.instructions:
+        print_instructions(scenarios)
+        return 0
     print(
         f"python {platform.python_version()} ({platform.python_implementation()}), "
         f"opentelemetry-sdk {opentelemetry.sdk.version.__version__}, {platform.machine()}; "
         f"{args.spans} spans x {args.rounds} rounds, median round"
     )
     print(f"{'scenario':<8} {'setup':<14} {'us/span':>8} {'overhead':>9} {'catch-up ms':>12}")
-    scenarios = ("action", "plain") if args.scenario == "both" else (args.scenario,)
     for scenario in scenarios:
         results = measure(scenario, args.spans, args.rounds)
         for setup, (per_span, ratio, catch_up) in results.items():
