@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -108,3 +110,57 @@ def test_the_cyclic_collector_is_paused_for_a_check_and_restored_after() -> None
     with pytest.raises(RuntimeError), cyclic_gc_paused():
         raise RuntimeError("the check failed")
     assert gc.isenabled()
+
+
+_LINE_PIECES = st.one_of(
+    st.builds(lambda s: b'{"session_id":"' + s.encode() + b'","action_id":"a"}', st.text(max_size=6)),
+    st.builds(lambda s: b'{"session_id":"' + s + b'"}', st.binary(max_size=6)),
+    st.just(b'{"session_id":"s","x":{"session_id":"t"}}'),
+    st.just(b'{"action_id":"a","session_id":"s"}'),
+    st.just(b""),
+    st.just(b"\r"),
+    st.binary(max_size=40),
+)
+
+
+@settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "300")), deadline=None)
+@given(
+    lines=st.lists(_LINE_PIECES, max_size=12),
+    trailing_newline=st.booleans(),
+    max_line_bytes=st.integers(min_value=1, max_value=60),
+    block=st.integers(min_value=1, max_value=64),
+    shards=st.integers(min_value=1, max_value=3),
+)
+def test_block_routing_gives_each_worker_the_lines_line_routing_gives_it(
+    lines: list[bytes], trailing_newline: bool, max_line_bytes: int, block: int, shards: int
+) -> None:
+    import io
+
+    from durable_sessions import check
+
+    native = require_native_module()
+    text = b"\n".join(line.replace(b"\n", b" ") for line in lines) + (
+        b"\n" if trailing_newline and lines else b""
+    )
+    for shard in range(shards):
+        by_line = list(check._own_lines_by_line(io.BytesIO(text), "f", shard, shards, max_line_bytes, None))
+        saved, check.ROUTE_BLOCK = check.ROUTE_BLOCK, block
+        try:
+            by_block = list(
+                check._own_lines_by_block(
+                    io.BytesIO(text), "f", shard, shards, max_line_bytes, None, native.route_lines
+                )
+            )
+        finally:
+            check.ROUTE_BLOCK = saved
+        assert by_block == by_line
+
+
+def require_native_module() -> Any:
+    from durable_sessions.native import native_module
+    from tests.support.senders import require_native
+
+    require_native()
+    module = native_module()
+    assert module is not None
+    return module

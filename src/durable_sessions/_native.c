@@ -1135,11 +1135,143 @@ static PyTypeObject SessionCopierType = {
     .tp_methods = SessionCopier_methods,
 };
 
+/* -- route_lines: the offline check's line routing -------------------------------------------- */
+
+/* durable_sessions.check.raw_shard_of and numbered_lines over a block of a JSONL file,
+ * for a worker of a parallel check: the lines it must look at, without a Python call for
+ * each line that another worker owns. */
+
+static uint32_t crc_table[256];
+
+static void
+crc_init(void)
+{
+    for (uint32_t n = 0; n < 256; n++) {
+        uint32_t c = n;
+        for (int k = 0; k < 8; k++)
+            c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[n] = c;
+    }
+}
+
+static uint32_t
+crc32_of(const unsigned char *p, size_t n) /* zlib.crc32 */
+{
+    uint32_t c = 0xFFFFFFFFu;
+    while (n--)
+        c = crc_table[(c ^ *p++) & 0xff] ^ (c >> 8);
+    return c ^ 0xFFFFFFFFu;
+}
+
+static const char LEADING_SESSION_ID[] = "{\"session_id\":\"";
+static const char SESSION_ID_KEY[] = "\"session_id\"";
+
+static size_t
+occurrences(const char *line, size_t len, const char *needle, size_t needle_len)
+{
+    size_t count = 0;
+    const char *p = line, *end = line + len;
+    while ((size_t)(end - p) >= needle_len) {
+        const char *q = memchr(p, needle[0], (size_t)(end - p) - needle_len + 1);
+        if (q == NULL)
+            break;
+        if (memcmp(q, needle, needle_len) == 0) {
+            count++;
+            p = q + needle_len; /* non-overlapping, as bytes.count */
+        }
+        else
+            p = q + 1;
+    }
+    return count;
+}
+
+/* check.raw_shard_of: the owning shard when the bytes decide it, else -1. */
+static long
+raw_owner(const char *line, size_t len, long shards)
+{
+    size_t lead = sizeof LEADING_SESSION_ID - 1;
+    if (len < lead || memcmp(line, LEADING_SESSION_ID, lead) != 0
+        || occurrences(line, len, SESSION_ID_KEY, sizeof SESSION_ID_KEY - 1) != 1)
+        return -1;
+    const char *close = memchr(line + lead, '"', len - lead);
+    if (close == NULL || close == line + lead || memchr(line + lead, '\\', (size_t)(close - line - lead)) != NULL)
+        return -1;
+    return (long)(crc32_of((const unsigned char *)line + lead, (size_t)(close - line - lead)) % (uint32_t)shards);
+}
+
+static int
+append_line(PyObject *lines, Py_ssize_t number, const char *raw, Py_ssize_t len, int decided)
+{
+    PyObject *bytes = raw == NULL ? Py_NewRef(Py_None) : PyBytes_FromStringAndSize(raw, len);
+    if (bytes == NULL)
+        return -1;
+    PyObject *item = Py_BuildValue("(nNO)", number, bytes, decided ? Py_True : Py_False);
+    if (item == NULL)
+        return -1;
+    int status = PyList_Append(lines, item);
+    Py_DECREF(item);
+    return status;
+}
+
+static PyObject *
+route_lines(PyObject *module, PyObject *args)
+{
+    Py_buffer data;
+    Py_ssize_t number, shard, shards, max_line_bytes;
+    int final;
+    if (!PyArg_ParseTuple(args, "y*nnnnp", &data, &number, &shard, &shards, &max_line_bytes, &final))
+        return NULL;
+    PyObject *lines = PyList_New(0);
+    if (lines == NULL || shards <= 0 || max_line_bytes < 0) {
+        if (lines != NULL)
+            PyErr_SetString(PyExc_ValueError, "shards must be positive and max_line_bytes not negative");
+        Py_XDECREF(lines);
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    const char *start = data.buf, *p = start, *end = start + data.len;
+    while (p < end) {
+        const char *newline = memchr(p, '\n', (size_t)(end - p));
+        if (newline == NULL && !final)
+            break; /* the caller brings the rest of this line with the next block */
+        const char *next = newline == NULL ? end : newline + 1;
+        Py_ssize_t raw_len = next - p, content = newline == NULL ? raw_len : raw_len - 1;
+        number++;
+        int status = 0;
+        if (content > max_line_bytes)
+            status = append_line(lines, number, NULL, 0, 0); /* too long: reported, never parsed */
+        else {
+            long owner = raw_owner(p, (size_t)raw_len, (long)shards);
+            if (owner < 0 || owner == shard)
+                status = append_line(lines, number, p, raw_len, owner == shard);
+        }
+        if (status < 0) {
+            Py_DECREF(lines);
+            PyBuffer_Release(&data);
+            return NULL;
+        }
+        p = next;
+    }
+    Py_ssize_t consumed = p - start;
+    PyBuffer_Release(&data);
+    return Py_BuildValue("(Nnn)", lines, consumed, number);
+}
+
+static PyMethodDef module_functions[] = {
+    {"route_lines", (PyCFunction)route_lines, METH_VARARGS,
+     "route_lines(data, number, shard, shards, max_line_bytes, final) -> (lines, consumed, number): "
+     "the lines of data a parallel check's worker must look at, as (line number, raw bytes or None "
+     "when too long, owned for certain); lines another worker owns are left out. Without final, "
+     "a last line with no newline is left for the next call (consumed says where it starts)."},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "durable_sessions._native",
     .m_doc = "Optional native fast paths of the span processor (see durable_sessions.offload and .processor).",
     .m_size = -1,
+    .m_methods = module_functions,
 };
 
 PyMODINIT_FUNC
@@ -1147,6 +1279,7 @@ PyInit__native(void)
 {
     if (PyType_Ready(&HandoffType) < 0 || PyType_Ready(&SessionCopierType) < 0)
         return NULL;
+    crc_init();
     if (pthread_atfork(NULL, NULL, on_fork_child) != 0) {
         PyErr_SetString(PyExc_OSError, "pthread_atfork failed");
         return NULL;

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from durable_sessions.engine import Checker
+from durable_sessions.native import native_module
 from durable_sessions.readers import (
     DEFAULT_MAX_LINE_BYTES,
     Format,
@@ -235,6 +236,82 @@ def raw_shard_of(raw: bytes, shards: int) -> int | None:
     return zlib.crc32(session_id) % shards
 
 
+OwnLine = tuple[int, "bytes | None", bool]
+"""(line number, raw line or None when it is too long, whether the bytes already showed it is
+this worker's); other lines are not given."""
+ROUTE_BLOCK = 1 << 18
+
+
+def own_lines(
+    source: Any,
+    name: str,
+    shard: int,
+    shards: int,
+    max_line_bytes: int,
+    progress: Callable[[], None] | None = None,
+) -> Iterator[OwnLine]:
+    """The lines of ``source`` that worker ``shard`` of ``shards`` must look at: those
+    :func:`raw_shard_of` gives it, and those the bytes do not decide (parse and see).
+
+    Uses the native extension's ``route_lines`` where it was built, so that a line another
+    worker owns costs no Python code; the same lines either way (a test checks this).
+    """
+    native = native_module()
+    if native is None:
+        return _own_lines_by_line(source, name, shard, shards, max_line_bytes, progress)
+    return _own_lines_by_block(source, name, shard, shards, max_line_bytes, progress, native.route_lines)
+
+
+def _own_lines_by_line(
+    source: Any, name: str, shard: int, shards: int, max_line_bytes: int, progress: Callable[[], None] | None
+) -> Iterator[OwnLine]:
+    for number, raw in numbered_lines(source, name, max_line_bytes):
+        if progress is not None and number % PROGRESS_EVERY == 0:
+            progress()
+        owner = None if raw is None else raw_shard_of(raw, shards)
+        if owner is None:
+            yield number, raw, False
+        elif owner == shard:
+            yield number, raw, True
+
+
+def _own_lines_by_block(
+    source: Any,
+    name: str,
+    shard: int,
+    shards: int,
+    max_line_bytes: int,
+    progress: Callable[[], None] | None,
+    route_lines: Callable[..., tuple[list[OwnLine], int, int]],
+) -> Iterator[OwnLine]:
+    """As :func:`_own_lines_by_line`, a block at a time; a line longer than
+    ``max_line_bytes`` is never held whole (as :func:`readers.numbered_lines`)."""
+    number, carry, skipping = 0, b"", False
+    try:
+        while True:
+            block = source.read(ROUTE_BLOCK)
+            final = not block
+            if progress is not None:
+                progress()
+            if skipping:  # the rest of a line already reported as too long
+                newline = block.find(b"\n")
+                if newline < 0 and not final:
+                    continue
+                block, skipping = block[newline + 1 :] if newline >= 0 else b"", False
+            data = carry + block if carry else block
+            lines, consumed, number = route_lines(data, number, shard, shards, max_line_bytes, final)
+            yield from lines
+            if final:
+                return
+            carry = data[consumed:]
+            if len(carry) > max_line_bytes:  # no end in sight: too long, skip the rest
+                number += 1
+                yield number, None, False
+                carry, skipping = b"", True
+    except OSError as error:
+        raise InputError(f"cannot read {name!r} after line {number}: {error.strerror or error}") from None
+
+
 def _receive(receiver: Any, progress: Progress | None) -> tuple[list[Violation], list[Violation], int, int]:
     """A worker's findings; on the way, the progress it reports (worker 0 only)."""
     while True:
@@ -301,14 +378,16 @@ def _check_own_lines(
             name = display_name(path)
             with open_source(path) as source:
                 size = _size(source) if reports_progress else None
-                for number, raw in numbered_lines(source, name, max_line_bytes):
-                    if reports_progress and number % PROGRESS_EVERY == 0:
-                        sender.send((_PROGRESS, path, source.tell(), size))
-                    owner = None if raw is None else raw_shard_of(raw, shards)
-                    if owner is not None and owner != shard:
-                        continue
+
+                def progress(path: str = path, source: Any = source, size: int | None = size) -> None:
+                    sender.send((_PROGRESS, path, source.tell(), size))
+
+                lines = own_lines(
+                    source, name, shard, shards, max_line_bytes, progress if reports_progress else None
+                )
+                for number, raw, owned in lines:
                     item = parse_line(raw, name, number, max_line_bytes)
-                    if item is None or (owner is None and shard_of(item, shards) != shard):
+                    if item is None or (not owned and shard_of(item, shards) != shard):
                         continue
                     if type(item) is Unreadable:
                         found.extend(unreadable(item.location, item.reason))  # type: ignore[union-attr]
