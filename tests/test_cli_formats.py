@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from durable_sessions.report import dump_json
 from durable_sessions.rules import CATALOGUE
 
 DURABLE_SESSIONS = Path(sys.executable).with_name("durable-sessions")
@@ -614,3 +619,20 @@ def test_sarif_uri_of_a_relative_path_is_percent_encoded(tmp_path: Path) -> None
     )
     [found] = json.loads(result.stdout)["runs"][0]["results"]
     assert found["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] == "my%20logs%20%231/s.jsonl"
+
+
+_JSON_VALUES = st.recursive(
+    st.one_of(st.text(), st.integers(), st.booleans(), st.none()),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "300")), deadline=None)
+@given(st.dictionaries(st.text(max_size=8), _JSON_VALUES, max_size=5))
+def test_json_output_is_the_text_json_dumps_writes(document: dict[str, Any]) -> None:
+    out = io.StringIO()
+    dump_json(document, out)
+    assert out.getvalue() == json.dumps(document, indent=2, ensure_ascii=False) + "\n"
