@@ -1,8 +1,9 @@
 /*
  * durable_sessions._native: the span processor's per-span work, where it is hot.
  *
- * Two optional fast paths, each with a Python path that stays the reference:
- * Handoff (on_end with checking="process") and SessionCopier (on_start).
+ * Optional fast paths, each with a Python path that stays the reference: Handoff
+ * (on_end with checking="process"), SessionCopier (on_start) and route_lines (the
+ * parallel offline check's line routing).
  *
  * Handoff hands ended spans to the checker process cheaply.
  *
@@ -1269,7 +1270,8 @@ static PyMethodDef module_functions[] = {
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "durable_sessions._native",
-    .m_doc = "Optional native fast paths of the span processor (see durable_sessions.offload and .processor).",
+    .m_doc = "Optional native fast paths of the span processor and the parallel check "
+             "(see durable_sessions.native).",
     .m_size = -1,
     .m_methods = module_functions,
 };

@@ -1,9 +1,11 @@
 """The optional C extension, ``durable_sessions._native``, and the switch that turns it off.
 
 ``pip install`` builds the extension where a C compiler is available. It holds the
-span processor's hottest per-span steps, each of which also exists in Python: the
-Python code stays the reference, is used wherever the extension is missing or
-declines a span, and is what ``DURABLE_SESSIONS_NATIVE=false`` selects.
+hottest per-item steps of the span processor (``on_start``, and ``on_end`` with
+``checking="process"``) and of the parallel offline check (routing lines to workers),
+each of which also exists in Python: the Python code stays the reference, is used
+wherever the extension is missing or declines an item, and is what
+``DURABLE_SESSIONS_NATIVE=false`` selects.
 """
 
 from __future__ import annotations
