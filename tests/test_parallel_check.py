@@ -164,3 +164,42 @@ def require_native_module() -> Any:
     module = native_module()
     assert module is not None
     return module
+
+
+@pytest.mark.parametrize("routing", ["native", "python"])
+def test_messy_files_give_the_same_findings_in_parallel(tmp_path: Path, routing: str) -> None:
+    """Two files, key orders that the bytes do and do not decide, over-long lines, a missing
+    final newline: with either routing, the workers find what one process finds."""
+    import random
+
+    rng = random.Random(5)
+    kinds = ["payment", "tool_call", "user_prompt", "llm_call", "email"]
+    paths = []
+    for f in range(2):
+        lines = []
+        for _ in range(1500):
+            record = {"session_id": f"s-{rng.randrange(40)}", "action_id": f"a{rng.randrange(300)}"}
+            record.update(kind=rng.choice(kinds), status=rng.choice(["ok", "ok", "started", "error"]))
+            if rng.random() < 0.3:
+                record = dict(reversed(list(record.items())))  # session_id not first: parse to route
+            if rng.random() < 0.02:
+                record["result"] = "x" * 400  # over --max-line-bytes: reported, never parsed
+            lines.append(json.dumps(record, separators=(",", ":") if rng.random() < 0.5 else (", ", ": ")))
+        path = tmp_path / f"log{f}.jsonl"
+        path.write_text("\n".join(lines) + ("\n" if f == 0 else ""))
+        paths.append(str(path))
+    env = {**os.environ, "DURABLE_SESSIONS_NATIVE": "true" if routing == "native" else "false"}
+    if routing == "native":
+        require_native_module()
+
+    def run(jobs: str) -> list[dict]:
+        argv = [str(DURABLE_SESSIONS), "check", "--format", "json", "--max-line-bytes", "300", "--jobs", jobs]
+        result = subprocess.run([*argv, *paths], capture_output=True, text=True, env=env)
+        assert "Traceback" not in result.stderr
+        return json.loads(result.stdout)["violations"]
+
+    single = run("1")
+    assert any(v["rule"] == "unreadable-line" for v in single)
+    assert len(single) > 100
+    assert run("2") == single
+    assert run("3") == single
