@@ -26,6 +26,7 @@
 #include <marshal.h>
 
 #include <errno.h>
+#include <stddef.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -394,6 +395,16 @@ sender_main(void *arg)
     return NULL;
 }
 
+/* Ask the sending thread to send what is queued and end; later messages are refused. */
+static void
+shared_stop(Shared *st)
+{
+    pthread_mutex_lock(&st->lock);
+    st->closing = 1;
+    pthread_cond_signal(&st->wake);
+    pthread_mutex_unlock(&st->lock);
+}
+
 static void
 shared_drop(Shared *st)
 {
@@ -593,10 +604,7 @@ Handoff_dealloc(Handoff *self)
         free(self->st);
     }
     else if (self->st != NULL) {
-        pthread_mutex_lock(&self->st->lock);
-        self->st->closing = 1;
-        pthread_cond_signal(&self->st->wake);
-        pthread_mutex_unlock(&self->st->lock);
+        shared_stop(self->st);
         if (self->started)
             pthread_detach(self->thread);
         shared_release(self->st);
@@ -804,12 +812,8 @@ Handoff_stop(Handoff *self, PyObject *unused)
 {
     if (!ready(self))
         return NULL;
-    if (forked(self))
-        Py_RETURN_NONE;
-    pthread_mutex_lock(&self->st->lock);
-    self->st->closing = 1;
-    pthread_cond_signal(&self->st->wake);
-    pthread_mutex_unlock(&self->st->lock);
+    if (!forked(self))
+        shared_stop(self->st);
     Py_RETURN_NONE;
 }
 
@@ -826,9 +830,8 @@ Handoff_close(Handoff *self, PyObject *args)
     Py_BEGIN_ALLOW_THREADS
     struct timespec deadline;
     deadline_after(&deadline, timeout_s);
+    shared_stop(st);
     pthread_mutex_lock(&st->lock);
-    st->closing = 1;
-    pthread_cond_signal(&st->wake);
     while (!st->done)
         if (pthread_cond_timedwait(&st->finished, &st->lock, &deadline) == ETIMEDOUT)
             break;
@@ -870,12 +873,12 @@ Handoff_get_error(Handoff *self, void *closure)
     return PyObject_CallFunction(PyExc_OSError, "is", error, strerror(error));
 }
 
+/* The getter of an object field (its offset in Handoff is the closure); None when unset. */
 static PyObject *
-Handoff_get_resource(Handoff *self, void *closure)
+Handoff_get_object(Handoff *self, void *offset)
 {
-    PyObject *resource = self->resource ? self->resource : Py_None;
-    Py_INCREF(resource);
-    return resource;
+    PyObject *value = *(PyObject **)((char *)self + (size_t)offset);
+    return Py_NewRef(value != NULL ? value : Py_None);
 }
 
 static int
@@ -906,14 +909,6 @@ static PyMethodDef Handoff_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static PyObject *
-Handoff_get_fallback(Handoff *self, void *closure)
-{
-    PyObject *fallback = self->fallback ? self->fallback : Py_None;
-    Py_INCREF(fallback);
-    return fallback;
-}
-
 static int
 Handoff_set_fallback(Handoff *self, PyObject *value, void *closure)
 {
@@ -927,12 +922,12 @@ Handoff_set_fallback(Handoff *self, PyObject *value, void *closure)
 }
 
 static PyGetSetDef Handoff_getset[] = {
-    {"fallback", (getter)Handoff_get_fallback, (setter)Handoff_set_fallback,
-     "Called by on_end with each span put_span did not hand over (a new resource, or unsupported).", NULL},
+    {"fallback", (getter)Handoff_get_object, (setter)Handoff_set_fallback,
+     "Called by on_end with each span put_span did not hand over (a new resource, or unsupported).", (void *)offsetof(Handoff, fallback)},
     {"dropped", (getter)Handoff_get_dropped, NULL, "Span messages not sent (queue full, unencodable, or sending stopped).", NULL},
     {"error", (getter)Handoff_get_error, NULL, "The OSError that stopped the sending, or None.", NULL},
-    {"resource", (getter)Handoff_get_resource, (setter)Handoff_set_resource,
-     "The resource the checker was last told about.", NULL},
+    {"resource", (getter)Handoff_get_object, (setter)Handoff_set_resource,
+     "The resource the checker was last told about.", (void *)offsetof(Handoff, resource)},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
