@@ -1,7 +1,8 @@
-"""Builds the optional native span hand-over; everything else is in pyproject.toml.
+"""Builds the optional C extensions; everything else is in pyproject.toml.
 
 ``optional=True``: where no C compiler (or no POSIX threads) is available the build
-skips the extension and ``checking="process"`` uses its pure-Python sender.
+skips them, ``checking="process"`` uses its pure-Python sender and the engine folds
+actions into session memory in Python (``durable_sessions.native``).
 """
 
 from setuptools import Extension, setup
@@ -12,6 +13,11 @@ setup(
             "durable_sessions._native",
             ["src/durable_sessions/_native.c"],
             optional=True,
-        )
+        ),
+        Extension(
+            "durable_sessions._memory",
+            ["src/durable_sessions/_memory.c"],
+            optional=True,
+        ),
     ]
 )

@@ -203,3 +203,23 @@ def test_messy_files_give_the_same_findings_in_parallel(tmp_path: Path, routing:
     assert len(single) > 100
     assert run("2") == single
     assert run("3") == single
+
+
+def test_the_cli_forks_its_workers_only_where_no_other_thread_runs() -> None:
+    """Forking beside another thread could copy a lock that thread holds; the CLI, which
+    runs none, forks (no re-import in every worker), anything else spawns."""
+    import threading
+
+    from durable_sessions.check import cli_start_method
+
+    probe = "from durable_sessions.check import cli_start_method; print(cli_start_method())"
+    alone = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert alone.stdout.strip() == "fork"
+    release = threading.Event()
+    other = threading.Thread(target=release.wait)
+    other.start()
+    try:
+        assert cli_start_method() == "spawn"
+    finally:
+        release.set()
+        other.join()

@@ -13,6 +13,7 @@ import contextlib
 import gc
 import multiprocessing
 import os
+import threading
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -54,11 +55,23 @@ def default_jobs(paths: Sequence[str], fmt: Format) -> int:
     return min(os.cpu_count() or 1, 8) if total >= PARALLEL_MIN_BYTES else 1
 
 
+def cli_start_method() -> str:
+    """How the CLI starts its workers: ``fork`` where the platform has it and no other
+    Python thread runs here (true of the CLI, not always of a test calling it), else
+    ``spawn``. Forked workers skip re-importing the checker: ~0.3 s of a big check."""
+    if "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1:
+        return "fork"
+    return "spawn"
+
+
 class OfflineCheck:
     """One check of ``paths``; iterate it for the violations, then read the counts.
 
     Standard input (``-``) can be read only once, so a check that includes it runs in
-    this process whatever ``jobs`` says.
+    this process whatever ``jobs`` says. Workers are started with ``start_method``
+    (:mod:`multiprocessing`'s): ``spawn`` by default, which is safe in any process;
+    ``fork`` starts them without re-importing the checker, which is safe only in a
+    process with no other threads (the CLI passes it where the platform has it).
     """
 
     def __init__(
@@ -71,6 +84,7 @@ class OfflineCheck:
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
         jobs: int = 1,
         progress: Progress | None = None,
+        start_method: str = "spawn",
     ) -> None:
         self.paths = list(paths)
         self.rules = tuple(rules)
@@ -79,6 +93,7 @@ class OfflineCheck:
         self.max_line_bytes = max_line_bytes
         self.jobs = jobs
         self.progress = progress
+        self.start_method = start_method
         self.actions = 0
         self.sessions = 0
 
@@ -114,7 +129,7 @@ class OfflineCheck:
         for path in self.paths:
             with open_source(path):
                 pass  # fail here, loudly, before any worker starts
-        context = multiprocessing.get_context("spawn")
+        context = multiprocessing.get_context(self.start_method)
         rule_ids = [rule.id for rule in self.rules]
         workers = []
         for shard in range(self.jobs):

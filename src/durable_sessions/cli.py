@@ -14,7 +14,13 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from durable_sessions import __version__
-from durable_sessions.check import OfflineCheck, check_paths, cyclic_gc_paused, default_jobs
+from durable_sessions.check import (
+    OfflineCheck,
+    check_paths,
+    cli_start_method,
+    cyclic_gc_paused,
+    default_jobs,
+)
 from durable_sessions.engine import Checker
 from durable_sessions.readers import DEFAULT_MAX_LINE_BYTES, FORMATS, InputError
 from durable_sessions.report import (
@@ -180,6 +186,7 @@ def run_check(args: argparse.Namespace) -> int:
         max_line_bytes=args.max_line_bytes,
         jobs=jobs,
         progress=progress,
+        start_method=cli_start_method(),
     )
     try:
         with cyclic_gc_paused():

@@ -14,11 +14,13 @@ from typing import Any
 import orjson
 
 PREFIX = "sha256:"
+CANONICAL = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
+"""The orjson options that make JSON canonical."""
 
 
 def canonical_json(value: Any) -> bytes:
     """The canonical JSON bytes of ``value`` (sorted keys, compact, UTF-8)."""
-    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
+    return orjson.dumps(value, option=CANONICAL)
 
 
 def digest_bytes(data: bytes) -> str:

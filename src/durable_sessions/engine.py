@@ -21,6 +21,7 @@ from durable_sessions.rules.state import (
     DEFAULT_MAX_ACTIONS_PER_SESSION,
     SessionState,
     Symbols,
+    remembering,
 )
 from durable_sessions.violation import Violation
 
@@ -65,6 +66,7 @@ class Checker:
         self._by_shape: dict[tuple, Dispatch] = {}
         self._sessions: OrderedDict[str, SessionState] = OrderedDict()
         self._symbols = Symbols()
+        self._remember = remembering()
         self.actions = 0
         self.sessions = 0
 
@@ -102,7 +104,7 @@ class Checker:
         for rule, check in rules[1]:
             if finding := check(session, record, where, prior):
                 violations.append(rule.on(record, where, finding))
-        session.remember(record, where, prior)
+        self._remember(session, record, where, prior)
         return violations
 
     def unreadable(self, location: Location, reason: str) -> list[Violation]:

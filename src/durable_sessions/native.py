@@ -1,28 +1,33 @@
-"""The optional C extension, ``durable_sessions._native``, and the switch that turns it off.
+"""The optional C extensions and the switch that turns them off.
 
-``pip install`` builds the extension where a C compiler is available. It holds the
-hottest per-item steps of the span processor (``on_start``, and ``on_end`` with
-``checking="process"``) and of the parallel offline check (routing lines to workers),
-each of which also exists in Python: the Python code stays the reference, is used
-wherever the extension is missing or declines an item, and is what
-``DURABLE_SESSIONS_NATIVE=false`` selects.
+``pip install`` builds them where a C compiler is available:
+
+- ``durable_sessions._native`` holds the hottest per-item steps of the span processor
+  (``on_start``, and ``on_end`` with ``checking="process"``) and of the parallel offline
+  check (routing lines to workers);
+- ``durable_sessions._memory`` folds every checked action into its session's memory
+  (``SessionState.remember``), for the engine wherever it runs.
+
+Each step also exists in Python: the Python code stays the reference, is used wherever
+an extension is missing or declines an item, and is what ``DURABLE_SESSIONS_NATIVE=false``
+selects.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 from types import ModuleType
 
 SWITCH = "DURABLE_SESSIONS_NATIVE"
 
 
-def native_module() -> ModuleType | None:
-    """The extension module, or None when it was not built or ``DURABLE_SESSIONS_NATIVE``
-    is ``false`` (or ``0``, ``no``, ``off``)."""
+def native_module(name: str = "_native") -> ModuleType | None:
+    """The extension module ``durable_sessions.<name>``, or None when it was not built or
+    ``DURABLE_SESSIONS_NATIVE`` is ``false`` (or ``0``, ``no``, ``off``)."""
     if os.environ.get(SWITCH, "").strip().lower() in ("0", "false", "no", "off"):
         return None
     try:
-        from durable_sessions import _native
+        return importlib.import_module(f"durable_sessions.{name}")
     except ImportError:
         return None
-    return _native

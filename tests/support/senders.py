@@ -13,14 +13,13 @@ import os
 import pytest
 
 REQUIRE_ENV = "DURABLE_SESSIONS_REQUIRE_NATIVE"
-NATIVE_BUILT = importlib.util.find_spec("durable_sessions._native") is not None
 
 
-def require_native() -> None:
-    """Skip (or, in CI, fail) when the native sender was not built."""
-    if NATIVE_BUILT:
+def require_native(module: str = "_native") -> None:
+    """Skip (or, in CI, fail) when the extension ``durable_sessions.<module>`` was not built."""
+    if importlib.util.find_spec(f"durable_sessions.{module}") is not None:
         return
-    message = "durable_sessions._native was not built (no C compiler at install time?)"
+    message = f"durable_sessions.{module} was not built (no C compiler at install time?)"
     if os.environ.get(REQUIRE_ENV) == "1":
         pytest.fail(f"{message}; {REQUIRE_ENV}=1 requires it")
     pytest.skip(message)

@@ -10,14 +10,21 @@ the actions that have them; results themselves are never kept. Rules see the unp
 
 from __future__ import annotations
 
+import functools
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from types import ModuleType
+from typing import Any, NamedTuple
+
+import orjson
 
 from durable_sessions import kinds
-from durable_sessions.digest import Fingerprint
+from durable_sessions.digest import CANONICAL, Fingerprint, fingerprint
+from durable_sessions.native import native_module
 from durable_sessions.record import (
     NOWHERE,
+    REDACTED,
     ActionRecord,
     Location,
     is_int,
@@ -370,6 +377,37 @@ class SessionState:
             self.answered_prompts[digest] = (action_id, get("incarnation"))
             _trim(self.answered_prompts, self.max_actions)
         return key, attempts
+
+
+Remember = Callable[[SessionState, ActionRecord, Location, "ActionMemory | None"], None]
+
+
+def remembering() -> Remember:
+    """How the engine folds a checked record into its session: ``SessionState.remember``,
+    or the same fold in C (``durable_sessions._memory``) where it was built and
+    ``DURABLE_SESSIONS_NATIVE`` does not turn it off. Called as
+    ``remember(session, record, where, prior)``."""
+    module = native_module("_memory")
+    return SessionState.remember if module is None else _native_fold(module).remember
+
+
+@functools.cache
+def _native_fold(module: ModuleType) -> Any:
+    return module.Fold(
+        ActionMemory,
+        ActionDetails,
+        python_remember=SessionState.remember,
+        side_effecting=kinds.SIDE_EFFECTING,
+        redacted=REDACTED,
+        no_attempts=_NO_ATTEMPTS,
+        dumps=orjson.dumps,
+        dumps_option=CANONICAL,
+        fingerprint=fingerprint,
+        flag_bits=(_RETRYABLE, _RECORDED, _EFFECT_DONE, _HAS_DETAILS, _HAS_OUTCOME),
+        incarnation_shift=_INCARNATION_SHIFT,
+        outcome_shift=_OUTCOME_SHIFT,
+        position_shift=_POSITION_SHIFT,
+    )
 
 
 def _trim(memory: dict, limit: int) -> None:
