@@ -8,7 +8,9 @@ alternately and in the same process tree:
 - check:    ``durable-sessions check FILE --format json`` with every rule on (and
             its default ``--jobs``: one worker per core for a file this size).
 
-Reports wall time medians, their ratio, and each child's peak RSS (from ``wait4``).
+Reports each round, the wall time medians and their ratio, the median of the rounds'
+ratios (each check against the baseline run just before it, which cancels slow drifts
+in the machine's load), and each child's peak RSS (from ``wait4``).
 Target (issue 2): ratio <= 1.5, check peak RSS <= 300 MB.
 
     python benchmarks/check_throughput.py [--actions N] [--sessions N] [--rounds N]
@@ -164,11 +166,14 @@ def main() -> None:
     size_mb = os.path.getsize(path) / 1e6
     base, check = [], []
     check_argv = [*CHECK, *(["--jobs", str(args.jobs)] if args.jobs else []), path]
-    for _ in range(args.rounds):
+    for round_ in range(1, args.rounds + 1):
         base.append(timed([sys.executable, "-c", BASELINE, path]))
         check.append(timed(check_argv))
+        (tb, _, _), (tc, _, _) = base[-1], check[-1]
+        print(f"round {round_}: baseline {tb:.2f} s, check {tc:.2f} s, ratio {tc / tb:.2f}", flush=True)
     b = statistics.median(t for t, _, _ in base)
     c = statistics.median(t for t, _, _ in check)
+    paired = statistics.median(tc / tb for (tb, _, _), (tc, _, _) in zip(base, check, strict=True))
     rss_b = max(r for _, r, _ in base)
     rss_c = max(r for _, r, _ in check)
     codes = {code for _, _, code in check}
@@ -180,6 +185,7 @@ def main() -> None:
         f"durable-sessions check:   {c:.2f} s  ({args.actions / c:,.0f} actions/s), peak RSS {rss_c:.0f} MB, exit {codes}"
     )
     print(f"ratio check / baseline:   {c / b:.2f}  (target <= 1.5)")
+    print(f"median of round ratios:   {paired:.2f}  (each check against the baseline just before it)")
     print(f"peak RSS of check:        {rss_c:.0f} MB (target <= 300)")
     if not args.keep:
         os.remove(path)

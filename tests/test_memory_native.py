@@ -163,22 +163,28 @@ def test_native_fold_hands_unusual_inputs_to_the_reference(native_remember: Any)
     assert memory_of(native) == memory_of(python)
 
 
+def sha256_prefix(data: bytes) -> int:
+    return int.from_bytes(hashlib.sha256(data).digest()[:8], "big")
+
+
+@pytest.mark.parametrize("accelerated", [True, False], ids=["cpu-sha-extensions-if-any", "portable"])
 @pytest.mark.parametrize("length", [0, 1, 31, 55, 56, 63, 64, 65, 119, 120, 128, 1000])
-def test_sha256_prefix_is_the_first_64_bits_of_sha256(length: int) -> None:
+def test_sha256_prefix_is_the_first_64_bits_of_sha256(length: int, accelerated: bool) -> None:
     require_native("_memory")
-    from durable_sessions._memory import sha256_prefix
+    from durable_sessions import _memory
 
     data = bytes((i * 37 + length) % 256 for i in range(length))
-    assert sha256_prefix(data) == int.from_bytes(hashlib.sha256(data).digest()[:8], "big")
+    assert _memory.sha256_prefix(data, accelerated) == sha256_prefix(data)
 
 
 @settings(max_examples=300, deadline=None)
 @given(data=st.binary(max_size=300))
 def test_sha256_prefix_on_generated_bytes(data: bytes) -> None:
     require_native("_memory")
-    from durable_sessions._memory import sha256_prefix
+    from durable_sessions import _memory
 
-    assert sha256_prefix(data) == int.from_bytes(hashlib.sha256(data).digest()[:8], "big")
+    assert _memory.sha256_prefix(data) == sha256_prefix(data)
+    assert _memory.sha256_prefix(data, False) == sha256_prefix(data)
 
 
 def findings(paths: list[Path]) -> list[str]:
