@@ -154,20 +154,26 @@ static PyObject *S_ACTION_ID, *S_STATUS, *S_KIND, *S_INCARNATION, *S_RETRYABLE, 
 
 /* -- the fold ------------------------------------------------------------------------- */
 
+/* The Python objects a fold uses, set by state.py (which owns the layout they describe). */
+#define FOLD_OBJECTS(X)                                                                  \
+    X(memory_type)     /* ActionMemory */                                             \
+    X(details_type)    /* ActionDetails */                                            \
+    X(python_remember) /* SessionState.remember, the reference */                     \
+    X(side_effecting)  /* kinds.SIDE_EFFECTING */                                     \
+    X(redacted)        /* record.REDACTED */                                          \
+    X(no_attempts)     /* the empty frozenset */                                      \
+    X(dumps)           /* orjson.dumps */                                             \
+    X(dumps_option)    /* the canonical JSON options */                               \
+    X(fingerprint)     /* digest.fingerprint, for values orjson refuses */
+
+#define DECLARE(name) PyObject *name;
 typedef struct {
     PyObject_HEAD
-    PyTypeObject *memory_type;  /* ActionMemory */
-    PyTypeObject *details_type; /* ActionDetails */
-    PyObject *python_remember;  /* SessionState.remember, the reference */
-    PyObject *side_effecting;   /* kinds.SIDE_EFFECTING */
-    PyObject *redacted;         /* record.REDACTED */
-    PyObject *no_attempts;      /* the empty frozenset */
-    PyObject *dumps;            /* orjson.dumps */
-    PyObject *dumps_option;     /* the canonical JSON options */
-    PyObject *fingerprint;      /* digest.fingerprint */
+    FOLD_OBJECTS(DECLARE)
     unsigned long retryable, recorded, effect_done, has_details, has_outcome;
     int incarnation_shift, outcome_shift, position_shift;
 } Fold;
+#undef DECLARE
 
 enum { WORDS = 4 };
 
@@ -498,7 +504,7 @@ store_details(Fold *self, Action *a, PyObject *details)
         if (packed == NULL)
             return -1;
         PyObject *items[3] = {outcome_detail, a->key, packed};
-        PyObject *entry = new_named_tuple(self->details_type, items, 3);
+        PyObject *entry = new_named_tuple((PyTypeObject *)self->details_type, items, 3);
         Py_DECREF(packed);
         if (entry == NULL)
             return -1;
@@ -686,7 +692,7 @@ store_action(Fold *self, Action *a, PyObject *actions)
             a->flags & self->recorded ? Py_True : Py_False, a->outcome,
             a->flags & self->effect_done ? Py_True : Py_False,
         };
-        packed = new_named_tuple(self->memory_type, items, 10);
+        packed = new_named_tuple((PyTypeObject *)self->memory_type, items, 10);
         if (packed == NULL)
             return -1;
     } else if (nonzero < 0) {
@@ -775,12 +781,13 @@ Fold_init(Fold *self, PyObject *args, PyObject *kwargs)
     static char *names[] = {"memory_type", "details_type", "python_remember", "side_effecting", "redacted",
                             "no_attempts", "dumps", "dumps_option", "fingerprint", "flag_bits",
                             "incarnation_shift", "outcome_shift", "position_shift", NULL};
-    PyObject *memory_type, *details_type, *flag_bits;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!$OO!UO!OOOO!iii:Fold", names, &PyType_Type, &memory_type,
-                                     &PyType_Type, &details_type, &self->python_remember, &PyFrozenSet_Type,
-                                     &self->side_effecting, &self->redacted, &PyFrozenSet_Type, &self->no_attempts,
-                                     &self->dumps, &self->dumps_option, &self->fingerprint, &PyTuple_Type,
-                                     &flag_bits, &self->incarnation_shift, &self->outcome_shift,
+    PyObject *flag_bits;
+    Fold given = {0};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!$OO!UO!OOOO!iii:Fold", names, &PyType_Type,
+                                     &given.memory_type, &PyType_Type, &given.details_type, &given.python_remember,
+                                     &PyFrozenSet_Type, &given.side_effecting, &given.redacted, &PyFrozenSet_Type,
+                                     &given.no_attempts, &given.dumps, &given.dumps_option, &given.fingerprint,
+                                     &PyTuple_Type, &flag_bits, &self->incarnation_shift, &self->outcome_shift,
                                      &self->position_shift))
         return -1;
     unsigned long *flags[5] = {&self->retryable, &self->recorded, &self->effect_done, &self->has_details,
@@ -799,42 +806,27 @@ Fold_init(Fold *self, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_ValueError, "the packed layout does not fit the native fold's 256 bits");
         return -1;
     }
-    self->memory_type = (PyTypeObject *)Py_NewRef(memory_type);
-    self->details_type = (PyTypeObject *)Py_NewRef(details_type);
-    PyObject **owned[] = {&self->python_remember, &self->side_effecting, &self->redacted, &self->no_attempts,
-                          &self->dumps, &self->dumps_option, &self->fingerprint};
-    for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++)
-        Py_INCREF(*owned[i]);
+#define TAKE(name) Py_XSETREF(self->name, Py_NewRef(given.name));
+    FOLD_OBJECTS(TAKE)
+#undef TAKE
     return 0;
 }
 
 static int
 Fold_traverse(Fold *self, visitproc visit, void *arg)
 {
-    Py_VISIT(self->memory_type);
-    Py_VISIT(self->details_type);
-    Py_VISIT(self->python_remember);
-    Py_VISIT(self->side_effecting);
-    Py_VISIT(self->redacted);
-    Py_VISIT(self->no_attempts);
-    Py_VISIT(self->dumps);
-    Py_VISIT(self->dumps_option);
-    Py_VISIT(self->fingerprint);
+#define VISIT(name) Py_VISIT(self->name);
+    FOLD_OBJECTS(VISIT)
+#undef VISIT
     return 0;
 }
 
 static int
 Fold_clear(Fold *self)
 {
-    Py_CLEAR(self->memory_type);
-    Py_CLEAR(self->details_type);
-    Py_CLEAR(self->python_remember);
-    Py_CLEAR(self->side_effecting);
-    Py_CLEAR(self->redacted);
-    Py_CLEAR(self->no_attempts);
-    Py_CLEAR(self->dumps);
-    Py_CLEAR(self->dumps_option);
-    Py_CLEAR(self->fingerprint);
+#define CLEAR(name) Py_CLEAR(self->name);
+    FOLD_OBJECTS(CLEAR)
+#undef CLEAR
     return 0;
 }
 
