@@ -18,9 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from durable_sessions.check import check_paths
 from durable_sessions.digest import digest_value
 from durable_sessions.engine import Checker
-from durable_sessions.readers import read_actions
 from durable_sessions.record import REDACTED, Location, line_location, span_location
 from durable_sessions.rules import select_rules
 from durable_sessions.rules.state import SessionState, Symbols, remembering
@@ -188,15 +188,7 @@ def test_sha256_prefix_on_generated_bytes(data: bytes) -> None:
 
 
 def findings(paths: list[Path]) -> list[str]:
-    checker = Checker(select_rules("all"))
-    found = []
-    for path in paths:
-        with path.open("rb") as source:
-            for item in read_actions(source, str(path)):
-                if type(item) is tuple:
-                    found.extend(map(repr, checker.feed(*item)))
-    found.extend(map(repr, checker.finish()))
-    return found
+    return [repr(v) for v in check_paths(map(str, paths), Checker(select_rules("all")))]
 
 
 def test_whole_checks_report_the_same_with_and_without_the_fold(

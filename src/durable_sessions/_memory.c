@@ -613,6 +613,33 @@ incarnation_number(Fold *self, PyObject *symbols, Action *a)
     return number;
 }
 
+/* The reference's SessionState._pack, then an int outcome shifted in as the reference
+ * does: for positions and outcomes that 64-bit words cannot hold. New reference. */
+static PyObject *
+pack_by_reference(Fold *self, Action *a)
+{
+    PyObject *flags = PyLong_FromUnsignedLong(a->flags);
+    if (flags == NULL)
+        return NULL;
+    PyObject *packed = PyObject_CallMethodObjArgs(a->session, M_PACK, a->kind, a->status, a->incarnation,
+                                                  a->where, flags, NULL);
+    Py_DECREF(flags);
+    if (packed == NULL || !PyLong_CheckExact(a->outcome))
+        return packed;
+    int nonzero = PyObject_IsTrue(packed);
+    if (nonzero < 0)
+        Py_CLEAR(packed);
+    if (nonzero <= 0)
+        return packed;
+    PyObject *shift = PyLong_FromLong(self->outcome_shift);
+    PyObject *shifted = shift ? PyNumber_Lshift(a->outcome, shift) : NULL;
+    Py_XDECREF(shift);
+    PyObject *combined = shifted ? PyNumber_Or(packed, shifted) : NULL;
+    Py_XDECREF(shifted);
+    Py_DECREF(packed);
+    return combined;
+}
+
 /* SessionState._pack, then the outcome: the action as one int, 0 when it cannot be
  * packed. New reference. */
 static PyObject *
@@ -624,31 +651,11 @@ pack(Fold *self, Action *a)
         outcome = PyLong_AsUnsignedLongLong(a->outcome);
         if (PyErr_Occurred()) {
             PyErr_Clear();
-            outcome_is_int = -1;
+            return pack_by_reference(self, a);
         }
     }
-    if (position_of(a->where, &position) || outcome_is_int < 0) {
-        PyObject *flags = PyLong_FromUnsignedLong(a->flags);
-        if (flags == NULL)
-            return NULL;
-        PyObject *packed = PyObject_CallMethodObjArgs(a->session, M_PACK, a->kind, a->status, a->incarnation,
-                                                      a->where, flags, NULL);
-        Py_DECREF(flags);
-        if (packed == NULL || !outcome_is_int)
-            return packed;
-        int nonzero = PyObject_IsTrue(packed);
-        if (nonzero < 0)
-            Py_CLEAR(packed);
-        if (nonzero <= 0)
-            return packed;
-        PyObject *shift = PyLong_FromLong(self->outcome_shift);
-        PyObject *shifted = shift ? PyNumber_Lshift(a->outcome, shift) : NULL;
-        Py_XDECREF(shift);
-        PyObject *combined = shifted ? PyNumber_Or(packed, shifted) : NULL;
-        Py_XDECREF(shifted);
-        Py_DECREF(packed);
-        return combined;
-    }
+    if (position_of(a->where, &position))
+        return pack_by_reference(self, a);
     PyObject *symbols = PyObject_GetAttr(a->session, A_SYMBOLS);
     if (symbols == NULL)
         return NULL;
