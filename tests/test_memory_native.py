@@ -21,9 +21,10 @@ from hypothesis import strategies as st
 from durable_sessions.check import check_paths
 from durable_sessions.digest import digest_value
 from durable_sessions.engine import Checker
-from durable_sessions.record import REDACTED, Location, line_location, span_location
+from durable_sessions.record import Location, line_location
 from durable_sessions.rules import select_rules
 from durable_sessions.rules.state import SessionState, Symbols, remembering
+from tests.support.actions import actions
 from tests.support.senders import require_native
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -35,64 +36,6 @@ def native_remember() -> Any:
     remember = remembering()
     assert remember is not SessionState.remember, "the native fold should be selected"
     return remember
-
-
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
-    max_leaves=6,
-)
-any_value = st.one_of(json_values, st.sampled_from([True, "yes", 1, 0, "", None, 2**70, -5]))
-digests = st.sampled_from(
-    [
-        digest_value({"a": 1}),
-        digest_value("ok"),
-        "sha256:" + "A" * 64,
-        "sha256:abc",
-        "md5:0123",
-        "",
-        7,
-    ]
-)
-OPTIONAL = {
-    "retryable": any_value,
-    "replayed": any_value,
-    "side_effects": any_value,
-    "result": st.one_of(json_values, st.just(REDACTED), st.just(2**80)),
-    "redacted": any_value,
-    "result_ref": st.sampled_from(["", "blob://r", None, 3]),
-    "result_digest": digests,
-    "attempts": st.sampled_from([1, 2, 3, 62, 63, 70, True, "2", 0]),
-    "idempotency_key": st.sampled_from(["k1", "k2", "", 5]),
-    "prompt_digest": st.sampled_from(["p1", "p2", ""]),
-    "incarnation": st.sampled_from(["run-1", "run-2", "", 7, None]),
-    "ts": st.sampled_from(["2026-11-29T10:00:00Z", 1_700_000_000, "soon"]),
-}
-records = st.fixed_dictionaries(
-    {
-        "session_id": st.just("s-1"),
-        "action_id": st.sampled_from(["a1", "a2", "a3", "a4"]),
-        "kind": st.sampled_from(["tool_call", "payment", "email", "user_prompt", "llm_call", "odd kind"]),
-        "status": st.sampled_from(["ok", "ok", "error", "started", "done"]),
-    },
-    optional=OPTIONAL,
-)
-line_locations = st.builds(
-    line_location,
-    st.sampled_from(["run.jsonl", "other.jsonl", ""]),
-    st.one_of(st.integers(0, 5000), st.just(2**70)),
-)
-span_locations = st.builds(
-    span_location,
-    st.sampled_from(["4bf92f3577b34da6a3ce929d0e0e4736", ""]),
-    st.sampled_from(
-        ["00f067aa0ba902b7", "ABCDEF", "1", "zz", "-1f", " 1f", "0x1f", "1_0", "f" * 17, "", "é1"]
-    ),
-)
-odd_locations = st.sampled_from(
-    [Location(), Location("run.jsonl"), Location(None, 3), Location("x", -2), Location("x", True)]
-)
-actions = st.lists(st.tuples(records, st.one_of(line_locations, span_locations, odd_locations)), max_size=25)
 
 
 class FullSymbols(Symbols):

@@ -5,8 +5,9 @@
 - ``durable_sessions._native`` holds the hottest per-item steps of the span processor
   (``on_start``, and ``on_end`` with ``checking="process"``) and of the parallel offline
   check (routing lines to workers);
-- ``durable_sessions._memory`` folds every checked action into its session's memory
-  (``SessionState.remember``), for the engine wherever it runs.
+- ``durable_sessions._engine`` dispatches every record to the rules that apply
+  (``Checker.feed``), and ``durable_sessions._memory`` folds it into its session's
+  memory (``SessionState.remember``), for the engine wherever it runs.
 
 Each step also exists in Python: the Python code stays the reference, is used wherever
 an extension is missing or declines an item, and is what ``DURABLE_SESSIONS_NATIVE=false``

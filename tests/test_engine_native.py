@@ -1,0 +1,160 @@
+"""The native feed reports what ``Checker.feed`` reports and leaves the same memory.
+
+``durable_sessions._engine.Feed.feed`` does the engine's per-record dispatch in C and hands
+the Python method every record it does not handle itself. These tests feed generated
+records (several sessions, action ids seen again, span redeliveries, missing and
+ill-typed identifiers, a bounded number of sessions) to two checkers, one through the
+Python method and one natively, and compare the violations of every record, the counts,
+the memory of every session and the end-of-input findings; then whole example logs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from durable_sessions.check import check_paths
+from durable_sessions.engine import Checker
+from durable_sessions.record import line_location, span_location
+from durable_sessions.rules import select_rules
+from durable_sessions.rules.base import Explanation, Rule
+from durable_sessions.rules.state import SessionState
+from durable_sessions.violation import Severity
+from tests.support.actions import IDENTIFIERS, OPTIONAL, locations
+from tests.support.senders import require_native
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+RULES = select_rules("all", strict=True)
+
+odd_identifier = st.sampled_from(["", 7, None, True, ["s-1"]])
+records = st.fixed_dictionaries(
+    {
+        **IDENTIFIERS,
+        "session_id": st.sampled_from(["s-1", "s-2", "s-3"]),
+        "name": st.sampled_from(["search", "book"]),
+    },
+    optional=OPTIONAL,
+)
+odd_records = st.tuples(records, st.sampled_from(list(IDENTIFIERS)), odd_identifier).map(
+    lambda drawn: {**drawn[0], drawn[1]: drawn[2]} if drawn[2] is not None else _without(*drawn[:2])
+)
+steps = st.lists(
+    st.tuples(st.one_of(records, records, records, odd_records), locations),
+    max_size=30,
+)
+
+
+def _without(record: dict[str, Any], name: str) -> dict[str, Any]:
+    return {key: value for key, value in record.items() if key != name}
+
+
+@pytest.fixture(scope="module")
+def native() -> None:
+    require_native("_engine")
+
+
+def python_feed(checker: Checker) -> Any:
+    return Checker.feed.__get__(checker)
+
+
+def memory_of(checker: Checker) -> dict[str, Any]:
+    return {
+        session_id: (
+            list(session.actions.items()),
+            list(session.details.items()),
+            list(session.keys.items()),
+            list(session.answered_prompts.items()),
+            list(session.exhausted_retries.items()),
+            list(session.unfinished_effects.items()),
+            list(session.failure_runs.items()),
+        )
+        for session_id, session in checker._sessions.items()
+    }
+
+
+def feed_both(steps: list, *, max_sessions: int | None) -> None:
+    python, native = (Checker(RULES, max_sessions=max_sessions) for _ in range(2))
+    assert native.feed != python_feed(native), "the native feed should be selected"
+    feed = python_feed(python)
+    for record, where in steps:
+        assert native.feed(dict(record), where) == feed(dict(record), where), (record, where)
+        assert (native.actions, native.sessions) == (python.actions, python.sessions)
+        assert memory_of(native) == memory_of(python)
+    assert native.finish() == python.finish()
+
+
+@settings(max_examples=400, deadline=None)
+@given(steps=steps)
+def test_native_feed_reports_and_remembers_as_the_python_feed(native: None, steps: list) -> None:
+    feed_both(steps, max_sessions=None)
+
+
+@settings(max_examples=150, deadline=None)
+@given(steps=steps)
+def test_native_feed_with_a_bound_on_sessions(native: None, steps: list) -> None:
+    feed_both(steps, max_sessions=1)
+
+
+def test_a_redelivered_span_is_not_counted_again(native: None) -> None:
+    checker = Checker(RULES)
+    record = {"session_id": "s-1", "action_id": "a1", "kind": "email", "status": "ok"}
+    where = span_location("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7")
+    first = checker.feed(dict(record), where)
+    assert [v.rule for v in first] == ["unkeyed-side-effect"]
+    assert checker.feed(dict(record), where) == []
+    assert checker.actions == 1
+    assert checker.feed(dict(record), line_location("run.jsonl", 2)) != []
+    assert checker.actions == 2
+
+
+def test_unusual_records_go_to_the_python_feed(native: None) -> None:
+    """A dict subclass and a record without its identifiers: the same findings either way."""
+
+    class Record(dict):
+        pass
+
+    record = {"session_id": "s-1", "action_id": "a1", "kind": "payment", "status": "ok", "result": 1}
+    for unusual in (
+        Record(record),
+        _without(record, "kind"),
+        {**record, "status": ""},
+        {**record, "kind": 3},
+    ):
+        python, native = Checker(RULES), Checker(RULES)
+        assert native.feed(unusual) == python_feed(python)(unusual)
+        assert native.actions == python.actions == 1
+
+
+def test_an_exception_in_a_rule_reaches_the_caller(native: None) -> None:
+    """The engine does not swallow errors (the processor's fail-open wrapper does)."""
+
+    def broken(record: dict[str, Any]) -> str | None:
+        raise RuntimeError("rule failed")
+
+    rule = Rule("broken", Severity.ERROR, "record", "fix it", Explanation("s", "w", "e", "u"), check=broken)
+    checker = Checker([rule])
+    with pytest.raises(RuntimeError, match="rule failed"):
+        checker.feed({"session_id": "s-1", "action_id": "a1", "kind": "tool_call", "status": "error"})
+
+
+def test_whole_example_logs_report_the_same(native: None) -> None:
+    logs = [str(path) for path in sorted(EXAMPLES.rglob("*.jsonl"))]
+    assert len(logs) > 20
+    natively = list(check_paths(logs, Checker(RULES)))
+    reference = Checker(RULES)
+    reference.feed = python_feed(reference)  # type: ignore[method-assign]
+    assert natively == list(check_paths(logs, reference))
+    assert len(natively) > 20
+
+
+def test_the_session_memory_is_the_engines(native: None) -> None:
+    checker = Checker(RULES)
+    checker.feed({"session_id": "s-1", "action_id": "a1", "kind": "user_prompt", "status": "ok", "result": 1})
+    session = checker._sessions["s-1"]
+    assert isinstance(session, SessionState)
+    memory = session.recall("a1")
+    assert memory is not None and memory.recorded and memory.kind == "user_prompt"
