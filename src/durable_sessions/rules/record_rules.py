@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+import operator
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from operator import itemgetter
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from durable_sessions import kinds
@@ -428,27 +430,35 @@ _STARTS_WITH_DATE = re.compile(r"\d{4}-\d\d-\d\d(?:$|[T ]\d)").match
 class FieldSpec(NamedTuple):
     """What a well-formed value of one field looks like.
 
-    ``types`` are the JSON types allowed; ``accepts`` further constrains such a value;
-    ``waived_by`` names a flag that, when true, hands the field to the rule that owns it
-    (``unbounded-retry`` judges ``max_attempts`` of a retryable action,
-    ``cache-without-ttl`` the ``ttl_s`` of a cacheable one).
+    ``types`` are the JSON types allowed; ``accepts`` maps some of them to a further
+    check of a value of that type (truthy when acceptable); ``waived_by`` names a flag
+    that, when true, hands the field to the rule that owns it (``unbounded-retry``
+    judges ``max_attempts`` of a retryable action, ``cache-without-ttl`` the ``ttl_s``
+    of a cacheable one). The checks are C functions rather than lambdas because
+    ``invalid-field`` runs them on every record.
     """
 
     types: tuple[type, ...]
     expected: str
-    accepts: Callable[[Any], Any] | None = None
+    accepts: Mapping[type, Callable[[Any], Any]] = MappingProxyType({})
     waived_by: str | None = None
 
+    def admits(self, value: Any) -> bool:
+        """``value`` is well formed for this field."""
+        kind = type(value)
+        if kind not in self.types:
+            return False
+        accepts = self.accepts.get(kind)
+        return accepts is None or bool(accepts(value))
 
-def _is_time(value: Any) -> bool:
-    """An ISO-8601 date or date-time (checked up to the date), or finite epoch seconds."""
-    if type(value) is str:
-        return _STARTS_WITH_DATE(value) is not None
-    return type(value) is int or math.isfinite(value)
+
+def _checks(accepts: dict[type, Callable[[Any], Any]]) -> Mapping[type, Callable[[Any], Any]]:
+    return MappingProxyType(accepts)
 
 
 _STRING = FieldSpec((str,), "a string")
 _BOOLEAN = FieldSpec((bool,), "true or false")
+_AT_LEAST_ONE = _checks({int: partial(operator.le, 1)})
 _FIELD_SPECS: dict[str, FieldSpec] = {
     **dict.fromkeys(
         (
@@ -463,17 +473,22 @@ _FIELD_SPECS: dict[str, FieldSpec] = {
         _STRING,
     ),
     **dict.fromkeys(("replayed", "side_effects", "retryable", "cacheable", "cache_hit"), _BOOLEAN),
-    "attempts": FieldSpec((int,), "an integer of at least 1", lambda v: v >= 1),
-    "max_attempts": FieldSpec((int,), "an integer of at least 1", lambda v: v >= 1, "retryable"),
-    "ttl_s": FieldSpec((int,), "a positive integer", lambda v: v > 0, "cacheable"),
-    "replay": FieldSpec((str,), "'skip'", lambda v: v == "skip"),
-    "on_failure": FieldSpec((str,), "ask_user, abort or compensate", ON_FAILURE_VALUES.__contains__),
-    "ts": FieldSpec((str, float, int), "an ISO-8601 date-time or epoch seconds", _is_time),
+    "attempts": FieldSpec((int,), "an integer of at least 1", _AT_LEAST_ONE),
+    "max_attempts": FieldSpec((int,), "an integer of at least 1", _AT_LEAST_ONE, "retryable"),
+    "ttl_s": FieldSpec((int,), "a positive integer", _checks({int: partial(operator.lt, 0)}), "cacheable"),
+    "replay": FieldSpec((str,), "'skip'", _checks({str: partial(operator.eq, "skip")})),
+    "on_failure": FieldSpec(
+        (str,), "ask_user, abort or compensate", _checks({str: ON_FAILURE_VALUES.__contains__})
+    ),
+    # An ISO-8601 date or date-time (checked up to the date), or finite epoch seconds.
+    "ts": FieldSpec(
+        (str, float, int),
+        "an ISO-8601 date-time or epoch seconds",
+        _checks({str: _STARTS_WITH_DATE, float: math.isfinite}),
+    ),
     # Set by the span mapping (always a tuple, which no JSON log can produce): what the
     # span said that no field can carry. A list read from a log is not honoured.
-    "mapping_problems": FieldSpec(
-        (tuple, list), "no problems", lambda problems: type(problems) is list or not problems
-    ),
+    "mapping_problems": FieldSpec((tuple, list), "no problems", _checks({tuple: operator.not_})),
 }
 _CHECKED_FIELDS = frozenset(_FIELD_SPECS)
 
@@ -521,32 +536,38 @@ def invalid_field(record: ActionRecord) -> str | None:
 def _fields_checker(facts: Facts) -> Callable[[ActionRecord], str | None]:
     """``invalid_field`` for records with these facts: the fields to check known in advance.
 
-    The common case, every field of its usual type, costs one C-level pass: fetch the
-    values, compare their types with the expected ones, then run the few value checks.
+    The common case, every field of a type seen well formed before, costs one C-level
+    pass to fetch the values and their types, then the C value checks of those types.
     """
     names = tuple(sorted(_CHECKED_FIELDS & facts.fields))
     if not names or facts.status not in STATUSES:
         return partial(_check_fields, names)
     values_of = itemgetter(*names) if len(names) > 1 else lambda record: (record[names[0]],)
-    constrained = tuple(
-        (index, _FIELD_SPECS[name].accepts)
-        for index, name in enumerate(names)
-        if _FIELD_SPECS[name].accepts is not None
-    )
-    allowed_types = {tuple(_FIELD_SPECS[name].types[0] for name in names)}
+    specs = [_FIELD_SPECS[name] for name in names]
+
+    def value_checks(types: tuple[type, ...]) -> tuple[tuple[int, Callable[[Any], Any]], ...]:
+        return tuple(
+            (index, spec.accepts[kind])
+            for index, (spec, kind) in enumerate(zip(specs, types, strict=True))
+            if kind in spec.accepts
+        )
+
+    usual_types = tuple(spec.types[0] for spec in specs)
+    checks_by_types = {usual_types: value_checks(usual_types)}
 
     def check(record: ActionRecord) -> str | None:
         values = values_of(record)
         types = tuple(map(type, values))
-        if types in allowed_types:
-            for index, accepts in constrained:
+        checks = checks_by_types.get(types)
+        if checks is not None:
+            for index, accepts in checks:
                 if not accepts(values[index]):
                     break
             else:
                 return None
         problem = _check_fields(names, record)
-        if problem is None and len(allowed_types) < 64 and _NONE_TYPE not in types:
-            allowed_types.add(types)  # every value of these types passed: a usual shape
+        if problem is None and len(checks_by_types) < 64 and _NONE_TYPE not in types:
+            checks_by_types[types] = value_checks(types)  # every value of these types passed: a usual shape
         return problem
 
     return check
@@ -565,7 +586,7 @@ def _check_fields(names: tuple[str, ...], record: ActionRecord) -> str | None:
                 from_mapping = tuple(problem for problem in value if type(problem) is str)
             continue
         spec = _FIELD_SPECS[name]
-        if type(value) in spec.types and (spec.accepts is None or spec.accepts(value)):
+        if spec.admits(value):
             continue
         if problem := _field_problem(record, name, value, spec):
             problems.append(problem)
