@@ -15,6 +15,10 @@ one, so the two do not share a GIL (they do share the machine's CPUs).
     sidecar's own OTLP decoder (``spans_of``), then discards them. Rounds alternate; the
     median round of each is reported, and the ratios.
 
+    ``--baseline TREE`` adds a fourth server: the sidecar of another source tree (its
+    ``collector/src``, e.g. an earlier commit exported with ``git archive``), so that
+    before and after are measured in the same run.
+
 ``latency``
     Sessions arrive at a steady rate; each has one span with an ingest-time violation
     (``unbounded-retry``) and one that leaves an end-of-session violation
@@ -29,7 +33,7 @@ one, so the two do not share a GIL (they do share the machine's CPUs).
 
 Run::
 
-    .venv/bin/python benchmarks/collector_ingest.py throughput [--rounds 5]
+    .venv/bin/python benchmarks/collector_ingest.py throughput [--rounds 5] [--baseline TREE]
     .venv/bin/python benchmarks/collector_ingest.py latency [--sessions 300 --rate 20 --idle-s 2]
     .venv/bin/python benchmarks/collector_ingest.py rss [--sessions 1000000]
 
@@ -190,7 +194,9 @@ def _discard_server(conn: Any, walk: bool = False) -> None:
     server.stop(1)
 
 
-def _sidecar_server(conn: Any, settings: dict[str, Any]) -> None:
+def _sidecar_server(conn: Any, settings: dict[str, Any], collector_src: str | None = None) -> None:
+    if collector_src is not None:  # another version of the sidecar, for before/after figures
+        sys.path.insert(0, collector_src)
     from durable_sessions_collector.config import load
     from durable_sessions_collector.service import Service
 
@@ -287,31 +293,40 @@ def throughput(args: argparse.Namespace) -> None:
     work = tempfile.mkdtemp(prefix="ds-bench-")
     discard = Child(_discard_server)
     walker = Child(_discard_server, True)
-    sidecar = Child(
-        _sidecar_server,
-        {
-            "store": f"sqlite:///{work}/sessions.db",
-            "evaluation.strict": True,
-            "evaluation.idle_s": args.idle_s,
-        },
-    )
+    settings = {"evaluation.strict": True, "evaluation.idle_s": args.idle_s}
+    sidecar = Child(_sidecar_server, {"store": f"sqlite:///{work}/sessions.db", **settings})
+    servers = [("discard", discard), ("decode", walker), ("sidecar", sidecar)]
+    if args.baseline:
+        os.makedirs(f"{work}/baseline")
+        baseline = Child(
+            _sidecar_server,
+            {"store": f"sqlite:///{work}/baseline/sessions.db", **settings},
+            str(Path(args.baseline, "collector", "src")),
+        )
+        servers.append(("baseline", baseline))
     spans = args.requests * args.spans_per_request
     print(
         f"{args.requests} requests x {args.spans_per_request} spans ({args.sessions_per_request} sessions per "
         f"request), {args.clients} clients, {args.rounds} rounds"
     )
     warm = build_round("warm", 8, args.spans_per_request, args.sessions_per_request)
-    for child in (discard, walker, sidecar):
+    for _, child in servers:
         send_all(child.port, warm, args.clients)
-    rates: dict[str, list[float]] = {"discard": [], "decode": [], "sidecar": []}
+    rates: dict[str, list[float]] = {name: [] for name, _ in servers}
     for round_no in range(args.rounds):
         batch = build_round(f"r{round_no}", args.requests, args.spans_per_request, args.sessions_per_request)
-        for name, child in (("discard", discard), ("decode", walker), ("sidecar", sidecar)):
+        for name, child in servers:
             elapsed = send_all(child.port, batch, args.clients)
             rates[name].append(spans / elapsed)
+        baseline_note = (
+            f", baseline sidecar {rates['baseline'][-1]:,.0f} spans/s "
+            f"(sidecar / baseline {rates['sidecar'][-1] / rates['baseline'][-1]:.2f}x)"
+            if args.baseline
+            else ""
+        )
         print(
             f"round {round_no + 1}: discard {rates['discard'][-1]:,.0f} spans/s, "
-            f"decode-to-Python {rates['decode'][-1]:,.0f} spans/s, sidecar {rates['sidecar'][-1]:,.0f} spans/s ({rates['sidecar'][-1] / rates['discard'][-1]:.1%})"
+            f"decode-to-Python {rates['decode'][-1]:,.0f} spans/s, sidecar {rates['sidecar'][-1]:,.0f} spans/s ({rates['sidecar'][-1] / rates['discard'][-1]:.1%}){baseline_note}"
         )
     base, side = statistics.median(rates["discard"]), statistics.median(rates["sidecar"])
     walked = statistics.median(rates["decode"])
@@ -319,7 +334,16 @@ def throughput(args: argparse.Namespace) -> None:
     print(f"median: discard {base:,.0f} spans/s, sidecar {side:,.0f} spans/s, ratio {side / base:.1%}")
     print(f"median: decode-to-Python {walked:,.0f} spans/s, sidecar / decode-to-Python {side / walked:.1%}")
     print(f"sidecar RSS {rss:.0f} MiB (peak {peak:.0f} MiB)")
-    for child in (discard, walker, sidecar):
+    if args.baseline:
+        before = statistics.median(rates["baseline"])
+        # the servers take turns within a round: a round's own ratio is the fairer comparison
+        gains = sorted(now / then for now, then in zip(rates["sidecar"], rates["baseline"], strict=True))
+        print(
+            f"median: baseline sidecar {before:,.0f} spans/s ({before / base:.1%} of discard, "
+            f"{before / walked:.1%} of decode-to-Python); sidecar / baseline per round "
+            f"{statistics.median(gains):.2f}x (rounds {gains[0]:.2f}-{gains[-1]:.2f}x)"
+        )
+    for _, child in servers:
         child.stop()
 
 
@@ -509,6 +533,12 @@ def main() -> None:
     one.add_argument("--clients", type=int, default=4)
     one.add_argument("--rounds", type=int, default=5)
     one.add_argument("--idle-s", type=float, default=30.0)
+    one.add_argument(
+        "--baseline",
+        metavar="TREE",
+        help="also run the sidecar of the source tree TREE (e.g. `git archive REV collector/src | tar -x -C "
+        "TREE`) as a fourth server, for before/after figures from one run",
+    )
     two = modes.add_parser("latency")
     two.add_argument("--sessions", type=int, default=300)
     two.add_argument("--rate", type=float, default=20.0, help="sessions per second")

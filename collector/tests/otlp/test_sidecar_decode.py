@@ -1,22 +1,37 @@
-"""Decoding OTLP into SpanData: values, ids, OTLP/JSON's hex ids, and decompression."""
+"""Decoding OTLP into SpanData: values, ids, OTLP/JSON's hex ids, and decompression; and the
+receivers' decoder, which keeps only the attributes the mapping reads."""
 
 from __future__ import annotations
 
 import gzip
 import json
+import os
 import zlib
+from typing import Any
 
 import pytest
 from durable_sessions_collector.otlp.decode import (
+    MAPPED_KEYS,
+    MAPPED_PREFIXES,
     BadData,
+    mapped_attributes_of,
     parse_json,
     parse_protobuf,
+    span_parts,
     spans_of,
     to_otlp_json,
     value_of,
 )
 from durable_sessions_collector.otlp.http_receiver import TooLarge, decompress
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
+
+from durable_sessions import semconv as sc
+from durable_sessions.mapping import map_attributes, map_span
 
 
 def test_any_values_keep_their_types() -> None:
@@ -109,3 +124,224 @@ def test_decompression_is_bounded_and_checked() -> None:
         decompress(gzip.compress(data)[:-12], "gzip", 1000)
     with pytest.raises(BadData, match="not valid gzip data"):
         decompress(b"plain", "gzip", 1000)
+
+
+# --- the receiver's decoder: only the attributes the mapping reads ---------------------------
+
+_SEMCONV_STRINGS = sorted(
+    {value for name, value in vars(sc).items() if name.isupper() and isinstance(value, str)}
+    | {
+        value
+        for name, value in vars(sc).items()
+        if name.isupper() and isinstance(value, frozenset | tuple)
+        for value in value
+    }
+)
+"""Every attribute name and value semconv spells: what the mapping could read, and the
+values (``chat``, ``TOOL``, ``__REDACTED__``, …) that steer it."""
+
+_ATTRIBUTE_KEYS = st.one_of(
+    st.sampled_from(_SEMCONV_STRINGS),
+    st.sampled_from([sc.ACTION_PREFIX, sc.GEN_AI_COMPLETION_PREFIX, sc.LLM_OUTPUT_MESSAGES_PREFIX]).flatmap(
+        lambda prefix: st.sampled_from(["0.content", "color", "1.message.content", "kind"]).map(
+            prefix.__add__
+        )
+    ),
+    st.sampled_from(
+        ["http.method", "custom.attribute", "agent.actions", "gen_ai.completion", "service.name"]
+    ),
+    st.text(max_size=8),
+)
+_SCALARS = st.one_of(
+    st.sampled_from(_SEMCONV_STRINGS),
+    st.sampled_from(['{"answer": "yes"}', "not json", "[1, 2]"]),
+    st.text(max_size=8),
+    st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1),
+    st.booleans(),
+    st.floats(allow_nan=False),
+    st.binary(max_size=4),
+)
+_VALUES = st.one_of(_SCALARS, st.lists(_SCALARS, max_size=3).map(tuple))
+
+
+def _any_value(python_value: Any) -> AnyValue:
+    if isinstance(python_value, tuple):
+        return AnyValue(array_value=ArrayValue(values=[_any_value(item) for item in python_value]))
+    if isinstance(python_value, bool):
+        return AnyValue(bool_value=python_value)
+    if isinstance(python_value, int):
+        return AnyValue(int_value=python_value)
+    if isinstance(python_value, float):
+        return AnyValue(double_value=python_value)
+    if isinstance(python_value, bytes):
+        return AnyValue(bytes_value=python_value)
+    return AnyValue(string_value=python_value)
+
+
+def _key_values(pairs: list[tuple[str, Any]]) -> list[KeyValue]:
+    return [KeyValue(key=key, value=_any_value(value)) for key, value in pairs]
+
+
+_ATTRIBUTES = st.lists(st.tuples(_ATTRIBUTE_KEYS, _VALUES), max_size=12)  # repeated keys too
+
+
+def _request(
+    spans: list[list[tuple[str, Any]]], resource: list[tuple[str, Any]], error: bool
+) -> ExportTraceServiceRequest:
+    return ExportTraceServiceRequest(
+        resource_spans=[
+            ResourceSpans(
+                resource=Resource(attributes=_key_values(resource)),
+                scope_spans=[
+                    ScopeSpans(
+                        spans=[
+                            Span(
+                                trace_id=bytes([1] * 16),
+                                span_id=bytes([2] * 7 + [n]),
+                                name=f"span {n}",
+                                start_time_unix_nano=1_700_000_000_000_000_000 + n,
+                                attributes=_key_values(attributes),
+                                status=Status(
+                                    code=Status.STATUS_CODE_ERROR if error else Status.STATUS_CODE_OK
+                                ),
+                            )
+                            for n, attributes in enumerate(spans)
+                        ]
+                    )
+                ],
+            )
+        ]
+    )
+
+
+def assert_mapped_alike(request: ExportTraceServiceRequest) -> list[dict[str, Any] | None]:
+    """Each span's record and problems from the receiver's decoder are those of the full
+    decode and ``map_span``; returns the records."""
+    full = [map_span(span, keep_result=False) for span in spans_of(request, attribute_value_limit=17).spans]
+    rejected: list[str] = []
+    parts = list(span_parts(request, None, rejected, mapped_attributes_of))
+    assert rejected == [] and len(parts) == len(full)
+    records = []
+    for mapped, (_name, attributes, resource, *facts) in zip(full, parts, strict=True):
+        assert all(key in MAPPED_KEYS or key.startswith(MAPPED_PREFIXES) for key in (*attributes, *resource))
+        filtered = map_attributes(attributes, resource, *facts, 17, False)
+        if mapped is None:
+            assert filtered is None
+            records.append(None)
+            continue
+        assert filtered is not None
+        record, problems = filtered
+        # the same fields in the same order (the stored JSON text), the same problems reported
+        assert list(record.items()) == list(mapped.record.items())
+        assert problems == mapped.problems
+        records.append(record)
+    return records
+
+
+@settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "300")), deadline=None)
+@given(st.lists(_ATTRIBUTES, min_size=1, max_size=3), _ATTRIBUTES, st.booleans())
+def test_the_receivers_decoder_maps_every_span_as_the_full_decode_does(
+    spans: list[list[tuple[str, Any]]], resource: list[tuple[str, Any]], error: bool
+) -> None:
+    assert_mapped_alike(_request(spans, resource, error))
+
+
+_NOISE = [("http.method", "POST"), ("service.name", "agent"), ("custom.count", 3)]
+
+
+@pytest.mark.parametrize(
+    ("attributes", "resource", "expected"),
+    [
+        (
+            [("session.id", "s"), ("agent.action.id", "a"), ("agent.action.kind", "llm_call"),
+             ("agent.action.result", "not json"), ("agent.action.colour", "blue")],
+            [],
+            {"session_id": "s", "colour": "blue", "result_digest": ...},
+        ),
+        (
+            [("gen_ai.operation.name", "execute_tool"), ("gen_ai.tool.call.id", "call-1"),
+             ("gen_ai.tool.call.result", "42"), ("gen_ai.tool.name", "search"), ("gen_ai.conversation.id", "c")],
+            [],
+            {"kind": "tool_call", "action_id": "call-1", "name": "search", "session_id": "c", "result_digest": ...},
+        ),
+        (
+            [("gen_ai.operation.name", "chat"), ("gen_ai.output.messages", "[]"),
+             ("gen_ai.output.messages_ref", "s3://out"), ("gen_ai.request.model", "m")],
+            [],
+            {"kind": "llm_call", "result_ref": "s3://out", "name": "m", "result_digest": ...},
+        ),
+        (
+            [("gen_ai.system", "openai"), ("gen_ai.request.model", "m"), ("gen_ai.completion.0.content", "hi")],
+            [],
+            {"kind": "llm_call", "result_length": 2, "result_digest": ...},
+        ),
+        (
+            [("gen_ai.provider.name", "openai"), ("gen_ai.request.model", "m"), ("langfuse.session.id", "l")],
+            [],
+            {"kind": "llm_call", "session_id": "l"},
+        ),
+        (
+            [("openinference.span.kind", "LLM"), ("llm.output_messages.0.message.content", "hi")],
+            [("session.id", "from-resource"), ("service.instance.id", "i-1")],
+            {"kind": "llm_call", "session_id": "from-resource", "incarnation": "i-1", "result_digest": ...},
+        ),
+        (
+            [("openinference.span.kind", "TOOL"), ("tool_call.id", "t1"), ("output.value", "ok"), ("tool.name", "x")],
+            [],
+            {"kind": "tool_call", "action_id": "t1", "name": "x", "result_digest": ...},
+        ),
+        (
+            [("openinference.span.kind", "TOOL"), ("tool.id", "t2")],
+            [],
+            {"kind": "tool_call", "action_id": "t2"},
+        ),
+        (
+            [("openinference.span.kind", "RETRIEVER"), ("output.value", "docs")],
+            [],
+            {"kind": "external_read", "result_digest": ...},
+        ),
+        (
+            [("traceloop.span.kind", "tool"), ("traceloop.entity.output", "{}"),
+             ("traceloop.association.properties.session_id", "t")],
+            [],
+            {"kind": "tool_call", "session_id": "t", "result_digest": ...},
+        ),
+    ],
+)  # fmt: skip
+def test_every_attribute_the_mapping_reads_reaches_it(
+    attributes: list[tuple[str, Any]], resource: list[tuple[str, Any]], expected: dict[str, Any]
+) -> None:
+    [record] = assert_mapped_alike(_request([_NOISE + attributes + _NOISE], _NOISE + resource, False))
+    assert record is not None
+    assert all(field in record for field in expected)
+    exact = {field: value for field, value in expected.items() if value is not ...}  # ...: any value
+    assert {field: record[field] for field in exact} == exact
+
+
+def test_the_receivers_decoder_skips_only_what_the_mapping_never_reads() -> None:
+    attributes = _key_values(
+        [
+            ("http.method", "POST"),
+            ("agent.action.colour", "blue"),  # unknown to us, still a record field
+            ("gen_ai.operation.name", "execute_tool"),
+            ("gen_ai.tool.call.id", "call-1"),
+            ("gen_ai.tool.name", "search"),
+            ("gen_ai.conversation.id", "conv-1"),
+            ("gen_ai.completion.0.content", "hi"),
+            ("llm.output_messages.0.message.content", "hi"),
+            ("http.url", "https://example.com"),
+            ("agent.action.max_attempts", "3"),  # ill-typed: kept as it is, for the rules to report
+        ]
+    )
+    assert mapped_attributes_of(attributes) == {
+        "agent.action.colour": "blue",
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.call.id": "call-1",
+        "gen_ai.tool.name": "search",
+        "gen_ai.conversation.id": "conv-1",
+        "gen_ai.completion.0.content": "hi",
+        "llm.output_messages.0.message.content": "hi",
+        "agent.action.max_attempts": "3",
+    }
+    resource = _key_values([("service.name", "agent"), ("service.instance.id", "i-1"), ("session.id", "s")])
+    assert mapped_attributes_of(resource) == {"service.instance.id": "i-1", "session.id": "s"}

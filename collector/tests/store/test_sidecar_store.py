@@ -137,6 +137,7 @@ _RECORD_VALUES = st.one_of(
     st.booleans(),
     st.none(),
     st.floats(allow_nan=False),
+    st.floats(min_value=-1e-3, max_value=1e-3),  # where orjson's and json's float notations part
     st.binary(max_size=8),
     st.lists(st.one_of(st.integers(), st.text()), max_size=3),
 )
@@ -147,9 +148,19 @@ _RECORD_VALUES = st.one_of(
 def test_every_record_round_trips_and_reads_as_json_would(record: dict[str, Any]) -> None:
     text = encode_record(record)  # type: ignore[arg-type]
     assert decode_record(text) == record
-    if all(type(value) in (str, int, bool, type(None)) for value in record.values()):
+    if all(type(value) in (str, int, bool, type(None), float) for value in record.values()):
         # orjson's text, where it writes it, is the text json wrote before it
         assert text == json.dumps(record, separators=(",", ":"), ensure_ascii=False)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [1764374400.1234567, 0.0, -0.0, 1e-4, 9.99e-5, -1e-5, 5e-324, 1e16, 1e22, math.inf, -math.inf, math.nan],
+)
+def test_floats_are_written_as_json_writes_them(value: float) -> None:
+    # Every record carries a float (ts): orjson writes it only where its text is json's.
+    record = {"session_id": "s", "ts": value}
+    assert encode_record(record) == json.dumps(record, separators=(",", ":"), ensure_ascii=False)  # type: ignore[arg-type]
 
 
 def test_unusable_store_is_a_clear_error(tmp_path: Path) -> None:

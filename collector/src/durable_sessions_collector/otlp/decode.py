@@ -1,4 +1,6 @@
-"""Decoding OTLP trace requests into :class:`~durable_sessions.mapping.SpanData`.
+"""Decoding OTLP trace requests into :class:`~durable_sessions.mapping.SpanData`, or, for
+the receivers, into the parts ``map_attributes`` takes (:func:`span_parts`), with only the
+attributes the mapping reads turned into Python values (:func:`mapped_attributes_of`).
 
 Both receivers share this module. Request-level problems (a body that is not an
 ``ExportTraceServiceRequest``, JSON that does not parse) raise :class:`BadData`, which
@@ -14,7 +16,7 @@ document is handed to ``json_format``, which would otherwise decode them as base
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +27,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
+from durable_sessions import semconv as sc
 from durable_sessions.mapping import SpanData
 
 STATUS_CODE_ERROR = Status.STATUS_CODE_ERROR
@@ -145,43 +148,60 @@ def _shorten(text: str, limit: int = 40) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
+SpanParts = tuple[str, dict[str, Any], dict[str, Any], bool, int, str, str]
+"""A span as ``(name, attributes, resource, status_error, start_time_ns, trace_id,
+span_id)``: :class:`SpanData`'s fields in its order, and what ``map_attributes`` takes."""
+
+
 def spans_of(
     request: ExportTraceServiceRequest,
     problems: dict[tuple[int, int, int], str] | None = None,
     *,
     attribute_value_limit: int | None = None,
 ) -> Decoded:
-    """Every span of ``request`` as SpanData, or a rejection naming it and why."""
+    """Every span of ``request`` as SpanData (with all its attributes), or a rejection
+    naming it and why."""
     decoded = Decoded()
-    spans, rejected = decoded.spans, decoded.rejected
+    decoded.spans = [
+        SpanData(*parts, attribute_value_limit=attribute_value_limit)
+        for parts in span_parts(request, problems, decoded.rejected, attributes_of)
+    ]
+    return decoded
+
+
+def span_parts(
+    request: ExportTraceServiceRequest,
+    problems: dict[tuple[int, int, int], str] | None,
+    rejected: list[str],
+    decode_attributes: Callable[[Any], dict[str, Any]],
+) -> Iterator[SpanParts]:
+    """The spans of ``request`` with usable ids, their attributes and their resource's
+    decoded by ``decode_attributes``; each of the others is described in ``rejected``."""
     problems = problems or {}
     for i, resource_spans in enumerate(request.resource_spans):
-        resource = attributes_of(resource_spans.resource.attributes)
+        resource = decode_attributes(resource_spans.resource.attributes)
         for j, scope_spans in enumerate(resource_spans.scope_spans):
             for k, span in enumerate(scope_spans.spans):
+                trace_id, span_id = span.trace_id, span.span_id
                 problem = (
                     problems.get((i, j, k))
-                    or _id_problem(span.trace_id, 16, "trace_id")
-                    or _id_problem(span.span_id, 8, "span_id")
+                    or _id_problem(trace_id, 16, "trace_id")
+                    or _id_problem(span_id, 8, "span_id")
                 )
                 if problem:
                     rejected.append(
                         f"resource_spans[{i}].scope_spans[{j}].spans[{k}] {_shorten(span.name)!r}: {problem}"
                     )
                     continue
-                spans.append(
-                    SpanData(
-                        name=span.name,
-                        attributes=attributes_of(span.attributes),
-                        resource=resource,
-                        status_error=span.status.code == STATUS_CODE_ERROR,
-                        start_time_ns=span.start_time_unix_nano,
-                        trace_id=span.trace_id.hex(),
-                        span_id=span.span_id.hex(),
-                        attribute_value_limit=attribute_value_limit,
-                    )
+                yield (
+                    span.name,
+                    decode_attributes(span.attributes),
+                    resource,
+                    span.status.code == STATUS_CODE_ERROR,
+                    span.start_time_unix_nano,
+                    trace_id.hex(),
+                    span_id.hex(),
                 )
-    return decoded
 
 
 def _id_problem(value: bytes, size: int, name: str) -> str | None:
@@ -192,9 +212,51 @@ def _id_problem(value: bytes, size: int, name: str) -> str | None:
     return None
 
 
+MAPPED_KEYS = frozenset(
+    {
+        *sc.SESSION_ATTRIBUTES,
+        sc.RESOURCE_SESSION_ID,
+        sc.SERVICE_INSTANCE_ID,
+        *sc.NAME_FALLBACKS,
+        sc.GEN_AI_OPERATION_NAME,
+        sc.GEN_AI_SYSTEM,
+        sc.GEN_AI_PROVIDER_NAME,
+        sc.GEN_AI_REQUEST_MODEL,
+        sc.GEN_AI_OUTPUT_MESSAGES,
+        sc.GEN_AI_OUTPUT_MESSAGES_REF,
+        sc.GEN_AI_TOOL_CALL_ID,
+        sc.GEN_AI_TOOL_CALL_RESULT,
+        sc.OPENINFERENCE_SPAN_KIND,
+        sc.OUTPUT_VALUE,
+        sc.TOOL_CALL_ID,
+        sc.TOOL_ID,
+        sc.TRACELOOP_SPAN_KIND,
+        sc.TRACELOOP_ENTITY_OUTPUT,
+    }
+)
+"""The span and resource attributes ``map_attributes`` reads by name (``docs/semconv.md``)."""
+
+MAPPED_PREFIXES = (sc.ACTION_PREFIX, sc.GEN_AI_COMPLETION_PREFIX, sc.LLM_OUTPUT_MESSAGES_PREFIX)
+"""The attribute name prefixes it reads every attribute of: ours (an unknown
+``agent.action.*`` attribute is a record field, which the rules report) and the
+conventions' numbered result parts."""
+
+
 def attributes_of(key_values) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     """OTLP ``KeyValue``s as a plain dict (a repeated key keeps its last value)."""
     return {kv.key: value_of(kv.value) for kv in key_values}
+
+
+def mapped_attributes_of(key_values) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    """:func:`attributes_of`, but only the attributes the mapping reads (:data:`MAPPED_KEYS`,
+    :data:`MAPPED_PREFIXES`): the others' values are never turned into Python objects,
+    and the mapping finds the same record in the smaller dict."""
+    attributes: dict[str, Any] = {}
+    for kv in key_values:
+        key = kv.key
+        if key in MAPPED_KEYS or key.startswith(MAPPED_PREFIXES):
+            attributes[key] = value_of(kv.value)
+    return attributes
 
 
 def value_of(value: AnyValue) -> Any:

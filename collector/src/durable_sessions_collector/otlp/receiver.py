@@ -11,10 +11,11 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from durable_sessions.digest import digest_text, digest_value
-from durable_sessions.mapping import Mapped, map_span
+from durable_sessions.mapping import Mapped, map_attributes
+from durable_sessions.record import span_location
 from durable_sessions_collector.alerts.metrics import Metrics
 from durable_sessions_collector.jsonlog import JsonLog
-from durable_sessions_collector.otlp.decode import MAX_NAMED_REJECTIONS, spans_of
+from durable_sessions_collector.otlp.decode import MAX_NAMED_REJECTIONS, mapped_attributes_of, span_parts
 from durable_sessions_collector.pipeline import Pipeline
 
 MAX_MESSAGE_CHARS = 4000
@@ -68,30 +69,42 @@ class TraceReceiver:
         problems: dict[tuple[int, int, int], str] | None = None,
     ) -> Outcome:
         """Store the request's actions; raise Overloaded/Unavailable when it cannot be now."""
-        decoded = spans_of(request, problems, attribute_value_limit=self.attribute_value_limit)
-        outcome = Outcome(total=decoded.total, rejected=decoded.rejected)
-        self.metrics.spans_received.labels(transport).inc(decoded.total)
+        rejected: list[str] = []  # for unusable ids
+        unmappable: list[str] = []
         items: list[Mapped] = []
-        for span in decoded.spans:
+        accepted = not_actions = 0
+        limit = self.attribute_value_limit
+        # The span's parts go to the mapping as they are: SpanData and map_span would
+        # only wrap them, and each span's attributes the mapping does not read are skipped.
+        for parts in span_parts(request, problems, rejected, mapped_attributes_of):
+            accepted += 1
+            name, attributes, resource, status_error, start_time_ns, trace_id, span_id = parts
             try:
-                mapped = map_span(span, keep_result=False)
+                mapped = map_attributes(
+                    attributes, resource, status_error, start_time_ns, trace_id, span_id, limit, False
+                )
             except Exception as error:  # a mapping bug must not lose the rest of the request
                 self.log.error(
                     "mapping-failed",
-                    span_id=span.span_id,
-                    trace_id=span.trace_id,
+                    span_id=span_id,
+                    trace_id=trace_id,
                     error=f"{type(error).__name__}: {error}",
                 )
-                outcome.rejected.append(
-                    f"span {span.span_id} {span.name!r} (trace {span.trace_id}): cannot be mapped to an action "
+                unmappable.append(
+                    f"span {span_id} {name!r} (trace {trace_id}): cannot be mapped to an action "
                     f"record ({type(error).__name__})"
                 )
                 continue
             if mapped is None:
-                outcome.not_actions += 1
+                not_actions += 1
                 continue
-            scrub(mapped.record)
-            items.append(mapped)
+            record, mapping_problems = mapped
+            scrub(record)
+            items.append(Mapped(record, span_location(trace_id, span_id), mapping_problems))
+        outcome = Outcome(
+            total=accepted + len(rejected), rejected=rejected + unmappable, not_actions=not_actions
+        )
+        self.metrics.spans_received.labels(transport).inc(outcome.total)
         if outcome.not_actions:
             self.metrics.spans_not_action.inc(outcome.not_actions)
         if items:
@@ -106,7 +119,7 @@ class TraceReceiver:
 def scrub(record: dict) -> None:  # type: ignore[type-arg]
     """Keep digests, never text: drop ``result`` and turn a ``prompt`` into ``prompt_digest``.
 
-    ``map_span(keep_result=False)`` already leaves ``result`` out; a ``prompt`` (the
+    ``map_attributes(..., keep_result=False)`` already leaves ``result`` out; a ``prompt`` (the
     seed's field, from an ``agent.action.prompt`` attribute) is the question put to a
     person and may be personal data, so only its digest is kept.
     """

@@ -24,7 +24,8 @@ together or not at all, and an Export is acknowledged only after its writer comm
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import math
+from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -44,7 +45,7 @@ class StoreError(RuntimeError):
     """The store cannot be opened or written (answered as retryable: UNAVAILABLE / 503)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built for every ingested span, and a frozen init costs 5x
 class ActionRow:
     """One action record to store, with where it came from."""
 
@@ -219,8 +220,26 @@ def feed_item(row: tuple[Any, ...] | list[Any]) -> dict[str, Any]:
 
 
 _ORJSON_EXACT = frozenset({str, int, bool, type(None)})
-"""Value types orjson writes exactly as :mod:`json` does (it writes NaN as null, and
-refuses integers beyond 64 bits and lone surrogates, which then take the json path)."""
+"""Value types orjson writes exactly as :mod:`json` does (it refuses integers beyond 64
+bits and lone surrogates, which then take the json path)."""
+
+_ORJSON_SMALLEST_FLOAT = 1e-4
+"""Below this magnitude (zero aside) orjson writes a float in positional notation
+(``0.00001``) where :mod:`json` writes ``1e-05``; from it up to infinity both write
+Python's ``repr``. NaN and infinities orjson writes as ``null``, json as ``NaN``."""
+
+
+def _orjson_writes_as_json(values: Iterable[Any]) -> bool:
+    """orjson writes each of ``values`` (but for unencodable ones, which it refuses) as json does."""
+    exact = _ORJSON_EXACT
+    for value in values:
+        kind = type(value)
+        if kind is float:
+            if not (_ORJSON_SMALLEST_FLOAT <= abs(value) < math.inf or value == 0.0):
+                return False
+        elif kind not in exact:
+            return False
+    return True
 
 
 def encode_record(record: ActionRecord) -> str:
@@ -228,9 +247,10 @@ def encode_record(record: ActionRecord) -> str:
 
     Values JSON lacks are tagged (bytes), so a re-fed record is the record the engine
     first saw; NaN and infinities are kept as Python's JSON writes them. A record of
-    plain strings, integers and booleans, nearly every record, is written by orjson.
+    plain strings, integers, booleans and floats, nearly every record (``ts`` is a
+    float), is written by orjson, in the text :mod:`json` would write.
     """
-    if _ORJSON_EXACT.issuperset(map(type, record.values())):
+    if _orjson_writes_as_json(record.values()):
         try:
             return orjson.dumps(record).decode()
         except orjson.JSONEncodeError:
