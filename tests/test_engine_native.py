@@ -10,9 +10,11 @@ the memory of every session and the end-of-input findings; then whole example lo
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -158,3 +160,50 @@ def test_the_session_memory_is_the_engines(native: None) -> None:
     assert isinstance(session, SessionState)
     memory = session.recall("a1")
     assert memory is not None and memory.recorded and memory.kind == "user_prompt"
+
+
+raw_lines = st.one_of(
+    records.map(lambda record: json.dumps(record).encode()),
+    records.map(lambda record: json.dumps(record).encode() + b"\n"),
+    st.sampled_from([b"[1, 2]", b"null", b"{not json", b"\xff\xfe", b"", b"# a comment", b'"text"']),
+)
+numbered_lines = st.lists(
+    st.tuples(st.one_of(raw_lines, st.none()), st.sampled_from([True, False, 1])), max_size=20
+).map(lambda drawn: [(number, raw, owned) for number, (raw, owned) in enumerate(drawn, start=1)])
+
+
+def python_feed_lines(checker: Checker) -> Any:
+    return Checker.feed_lines.__get__(checker)
+
+
+@settings(max_examples=300, deadline=None)
+@given(lines=numbered_lines)
+def test_native_feed_lines_feeds_and_hands_over_as_the_python_method(native: None, lines: list) -> None:
+    python, native = Checker(RULES), Checker(RULES)
+    python.feed = python_feed(python)  # type: ignore[method-assign]
+    handed: dict[str, list] = {"python": [], "native": []}
+
+    def other(name: str, checker: Checker) -> Any:
+        def check_line(number: int, raw: bytes | None, owned: bool) -> list[Any]:
+            handed[name].append((number, raw, owned))
+            return [f"other {number}"]
+
+        return check_line
+
+    assert native.feed_lines != python_feed_lines(native), "the native feed_lines should be selected"
+    found = native.feed_lines(lines, "run.jsonl", other("native", native))
+    assert found == python_feed_lines(python)(lines, "run.jsonl", other("python", python))
+    assert handed["native"] == handed["python"]
+    assert (native.actions, native.sessions) == (python.actions, python.sessions)
+    assert memory_of(native) == memory_of(python)
+
+
+def test_feed_lines_cites_each_line(native: None) -> None:
+    record = {"session_id": "s-1", "action_id": "a1", "kind": "payment", "status": "ok", "result": 1}
+    lines = [(7, orjson.dumps(record), True), (9, b"{broken", True), (12, orjson.dumps(record), False)]
+    handed: list[int] = []
+    found = Checker(RULES).feed_lines(
+        lines, "run.jsonl", lambda number, raw, owned: handed.append(number) or []
+    )
+    assert [(v.rule, v.file, v.line) for v in found] == [("unkeyed-side-effect", "run.jsonl", 7)]
+    assert handed == [9, 12]

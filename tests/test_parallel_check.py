@@ -146,11 +146,10 @@ def test_block_routing_gives_each_worker_the_lines_line_routing_gives_it(
         by_line = list(check._own_lines_by_line(io.BytesIO(text), "f", shard, shards, max_line_bytes, None))
         saved, check.ROUTE_BLOCK = check.ROUTE_BLOCK, block
         try:
-            by_block = list(
-                check._own_lines_by_block(
-                    io.BytesIO(text), "f", shard, shards, max_line_bytes, None, native.route_lines
-                )
+            blocks = check._own_lines_by_block(
+                io.BytesIO(text), "f", shard, shards, max_line_bytes, None, native.route_lines
             )
+            by_block = [line for lines in blocks for line in lines]
         finally:
             check.ROUTE_BLOCK = saved
         assert by_block == by_line

@@ -33,7 +33,10 @@ static PyObject *M_SESSION, *M_RECALL, *M_IS_REDELIVERY, *M_RULES_FOR_SHAPE, *M_
     X(sessions)         \
     X(by_shape)         \
     X(remember)         \
-    X(nowhere)
+    X(nowhere)          \
+    X(loads)            \
+    X(decode_error)     \
+    X(location_type)
 
 typedef struct {
     PyObject_HEAD
@@ -243,15 +246,114 @@ Feed_feed(Feed *self, PyObject *const *args, Py_ssize_t nargs)
     return violations;
 }
 
+/* Location(file, number): a line location, built as record.line_location builds it. */
+static PyObject *
+line_location(Feed *self, PyObject *file, PyObject *number)
+{
+    PyTypeObject *type = (PyTypeObject *)self->location_type;
+    PyObject *where = type->tp_alloc(type, 4);
+    if (where == NULL)
+        return NULL;
+    PyTuple_SET_ITEM(where, 0, Py_NewRef(file));
+    PyTuple_SET_ITEM(where, 1, Py_NewRef(number));
+    PyTuple_SET_ITEM(where, 2, Py_NewRef(Py_None));
+    PyTuple_SET_ITEM(where, 3, Py_NewRef(Py_None));
+    return where;
+}
+
+/* The object on an owned line, or NULL with no error set when the line is not one. */
+static PyObject *
+owned_object(Feed *self, PyObject *raw, PyObject *owned)
+{
+    if (owned != Py_True || !PyBytes_CheckExact(raw))
+        return NULL;
+    PyObject *value = PyObject_Vectorcall(self->loads, &raw, 1, NULL);
+    if (value == NULL) {
+        if (PyErr_ExceptionMatches(self->decode_error))
+            PyErr_Clear();
+        return NULL;
+    }
+    if (PyDict_CheckExact(value))
+        return value;
+    Py_DECREF(value);
+    return NULL;
+}
+
+/* One (number, raw, owned) line: fed when it holds an object, else given to other. */
+static PyObject *
+feed_line(Feed *self, PyObject *line, PyObject *file, PyObject *other)
+{
+    if (!PyTuple_Check(line) || PyTuple_GET_SIZE(line) != 3) {
+        PyErr_SetString(PyExc_TypeError, "feed_lines: each line must be (number, raw, owned)");
+        return NULL;
+    }
+    PyObject *number = PyTuple_GET_ITEM(line, 0);
+    PyObject *record = owned_object(self, PyTuple_GET_ITEM(line, 1), PyTuple_GET_ITEM(line, 2));
+    if (record == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        return PyObject_Vectorcall(other, PySequence_Fast_ITEMS(line), 3, NULL);
+    }
+    PyObject *where = line_location(self, file, number);
+    PyObject *violations = NULL;
+    if (where != NULL) {
+        PyObject *args[2] = {record, where};
+        violations = Feed_feed(self, args, 2);
+    }
+    Py_XDECREF(where);
+    Py_DECREF(record);
+    return violations;
+}
+
+static int
+extend(PyObject *list, PyObject *items)
+{
+    PyObject *sequence = PySequence_Fast(items, "feed_lines: other must return a list of violations");
+    if (sequence == NULL)
+        return -1;
+    int failed = 0;
+    for (Py_ssize_t i = 0; !failed && i < PySequence_Fast_GET_SIZE(sequence); i++)
+        failed = PyList_Append(list, PySequence_Fast_GET_ITEM(sequence, i));
+    Py_DECREF(sequence);
+    return failed;
+}
+
+static PyObject *
+Feed_feed_lines(Feed *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "feed_lines(lines: list, file, other) takes 3 arguments");
+        return NULL;
+    }
+    PyObject *lines = args[0], *found = PyList_New(0);
+    for (Py_ssize_t i = 0; found != NULL && i < PyList_GET_SIZE(lines); i++) {
+        PyObject *line = Py_NewRef(PyList_GET_ITEM(lines, i));
+        PyObject *violations = feed_line(self, line, args[1], args[2]);
+        Py_DECREF(line);
+        int failed = violations == NULL || extend(found, violations) < 0;
+        Py_XDECREF(violations);
+        if (failed)
+            Py_CLEAR(found);
+    }
+    return found;
+}
+
 static int
 Feed_init(Feed *self, PyObject *args, PyObject *kwargs)
 {
-    static char *names[] = {"checker", "python_feed", "sessions", "by_shape", "remember", "nowhere", NULL};
+    static char *names[] = {"checker", "python_feed", "sessions", "by_shape", "remember", "nowhere",
+                            "loads", "decode_error", "location_type", NULL};
     Feed given = {0};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O$OO!O!OO:Feed", names, &given.checker, &given.python_feed,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O$OO!O!OOOOO!:Feed", names, &given.checker, &given.python_feed,
                                      &PyDict_Type, &given.sessions, &PyDict_Type, &given.by_shape, &given.remember,
-                                     &given.nowhere))
+                                     &given.nowhere, &given.loads, &given.decode_error, &PyType_Type,
+                                     &given.location_type))
         return -1;
+    if (!PyType_IsSubtype((PyTypeObject *)given.location_type, &PyTuple_Type)
+        || !PyExceptionClass_Check(given.decode_error)) {
+        PyErr_SetString(PyExc_TypeError, "location_type must be a tuple type and decode_error an exception class");
+        return -1;
+    }
     if (!PyDict_CheckExact(given.by_shape)) {
         PyErr_SetString(PyExc_TypeError, "by_shape must be a dict");
         return -1;
@@ -291,6 +393,8 @@ Feed_dealloc(Feed *self)
 static PyMethodDef Feed_methods[] = {
     {"feed", (PyCFunction)(void (*)(void))Feed_feed, METH_FASTCALL,
      "feed(record, where=NOWHERE) -> list of violations: Checker.feed(record, where), in C."},
+    {"feed_lines", (PyCFunction)(void (*)(void))Feed_feed_lines, METH_FASTCALL,
+     "feed_lines(lines, file, other) -> list of violations: Checker.feed_lines(lines, file, other), in C."},
     {NULL, NULL, 0, NULL},
 };
 

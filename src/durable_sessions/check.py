@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import multiprocessing
 import os
 import threading
@@ -18,7 +19,7 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from durable_sessions.engine import Checker
+from durable_sessions.engine import Checker, Line
 from durable_sessions.native import native_module
 from durable_sessions.readers import (
     DEFAULT_MAX_LINE_BYTES,
@@ -251,10 +252,11 @@ def raw_shard_of(raw: bytes, shards: int) -> int | None:
     return zlib.crc32(session_id) % shards
 
 
-OwnLine = tuple[int, "bytes | None", bool]
+OwnLine = Line
 """(line number, raw line or None when it is too long, whether the bytes already showed it is
 this worker's); other lines are not given."""
 ROUTE_BLOCK = 1 << 18
+LINES_PER_BLOCK = 1024
 
 
 def own_lines(
@@ -264,17 +266,22 @@ def own_lines(
     shards: int,
     max_line_bytes: int,
     progress: Callable[[], None] | None = None,
-) -> Iterator[OwnLine]:
-    """The lines of ``source`` that worker ``shard`` of ``shards`` must look at: those
-    :func:`raw_shard_of` gives it, and those the bytes do not decide (parse and see).
+) -> Iterator[list[OwnLine]]:
+    """The lines of ``source`` that worker ``shard`` of ``shards`` must look at, in blocks:
+    those :func:`raw_shard_of` gives it, and those the bytes do not decide (parse and see).
 
     Uses the native extension's ``route_lines`` where it was built, so that a line another
     worker owns costs no Python code; the same lines either way (a test checks this).
     """
     native = native_module()
     if native is None:
-        return _own_lines_by_line(source, name, shard, shards, max_line_bytes, progress)
+        return _batched(_own_lines_by_line(source, name, shard, shards, max_line_bytes, progress))
     return _own_lines_by_block(source, name, shard, shards, max_line_bytes, progress, native.route_lines)
+
+
+def _batched(lines: Iterator[OwnLine]) -> Iterator[list[OwnLine]]:
+    while block := list(itertools.islice(lines, LINES_PER_BLOCK)):
+        yield block
 
 
 def _own_lines_by_line(
@@ -298,7 +305,7 @@ def _own_lines_by_block(
     max_line_bytes: int,
     progress: Callable[[], None] | None,
     route_lines: Callable[..., tuple[list[OwnLine], int, int]],
-) -> Iterator[OwnLine]:
+) -> Iterator[list[OwnLine]]:
     """As :func:`_own_lines_by_line`, a block at a time; a line longer than
     ``max_line_bytes`` is never held whole (as :func:`readers.numbered_lines`)."""
     number, carry, skipping = 0, b"", False
@@ -315,13 +322,14 @@ def _own_lines_by_block(
                 block, skipping = block[newline + 1 :] if newline >= 0 else b"", False
             data = carry + block if carry else block
             lines, consumed, number = route_lines(data, number, shard, shards, max_line_bytes, final)
-            yield from lines
+            if lines:
+                yield lines
             if final:
                 return
             carry = data[consumed:]
             if len(carry) > max_line_bytes:  # no end in sight: too long, skip the rest
                 number += 1
-                yield number, None, False
+                yield [(number, None, False)]
                 carry, skipping = b"", True
     except OSError as error:
         raise InputError(f"cannot read {name!r} after line {number}: {error.strerror or error}") from None
@@ -364,6 +372,23 @@ def cyclic_gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+def _line_checker(
+    checker: Checker, name: str, shard: int, shards: int, max_line_bytes: int
+) -> Callable[[int, bytes | None, bool], list[Violation]]:
+    """What a worker does with a line :meth:`Checker.feed_lines` does not feed itself: parse
+    it, skip it if another worker owns it, else check it (readers report why it is unreadable)."""
+
+    def check_line(number: int, raw: bytes | None, owned: bool) -> list[Violation]:
+        item = parse_line(raw, name, number, max_line_bytes)
+        if item is None or (not owned and shard_of(item, shards) != shard):
+            return []
+        if type(item) is Unreadable:
+            return checker.unreadable(item.location, item.reason)  # type: ignore[union-attr]
+        return checker.feed(*item)  # type: ignore[misc]
+
+    return check_line
+
+
 def _check_shard(*args: Any) -> None:
     """A worker process's entry: :func:`_check_own_lines`, with the cyclic collector paused."""
     with cyclic_gc_paused():
@@ -386,7 +411,6 @@ def _check_own_lines(
     less than a parent process parsing once and shipping records to the workers.
     """
     checker = Checker([CATALOGUE.get(rule_id) for rule_id in rule_ids], key_window_s=key_window_s)
-    feed, unreadable = checker.feed, checker.unreadable
     found: list[Violation] = []
     try:
         for path in paths:
@@ -397,17 +421,12 @@ def _check_own_lines(
                 def progress(path: str = path, source: Any = source, size: int | None = size) -> None:
                     sender.send((_PROGRESS, path, source.tell(), size))
 
-                lines = own_lines(
+                other = _line_checker(checker, name, shard, shards, max_line_bytes)
+                blocks = own_lines(
                     source, name, shard, shards, max_line_bytes, progress if reports_progress else None
                 )
-                for number, raw, owned in lines:
-                    item = parse_line(raw, name, number, max_line_bytes)
-                    if item is None or (not owned and shard_of(item, shards) != shard):
-                        continue
-                    if type(item) is Unreadable:
-                        found.extend(unreadable(item.location, item.reason))  # type: ignore[union-attr]
-                    elif violations := feed(*item):  # type: ignore[misc]
-                        found.extend(violations)
+                for lines in blocks:
+                    found.extend(checker.feed_lines(lines, name, other))
     except InputError as error:
         sender.send(str(error))
         return

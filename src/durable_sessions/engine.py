@@ -9,11 +9,15 @@ rules that need the whole session.
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import orjson
 
 from durable_sessions.native import native_module
-from durable_sessions.record import NOWHERE, ActionRecord, Location, missing_fields
+from durable_sessions.record import NOWHERE, ActionRecord, Location, line_location, missing_fields
 from durable_sessions.rules import CATALOGUE, Rule, select_rules
 from durable_sessions.rules.base import Facts, Finding
 from durable_sessions.rules.record_rules import describe
@@ -34,6 +38,8 @@ Dispatch = tuple[
 ]
 """The (rule, check) pairs that apply: record rules, then session rules."""
 _new_facts = tuple.__new__
+Line = tuple[int, "bytes | None", bool]
+"""A line of a JSONL action log: (line number, raw bytes or None, whether it is this checker's)."""
 
 
 class Checker:
@@ -70,24 +76,28 @@ class Checker:
         self._remember = remembering()
         self.actions = 0
         self.sessions = 0
-        self.feed = self._native_feed() or self.feed
+        native = self._native_feed()
+        if native is not None:
+            self.feed, self.feed_lines = native.feed, native.feed_lines
 
-    def _native_feed(self) -> Callable[..., list[Violation]] | None:
-        """:meth:`feed` in C (``durable_sessions._engine``), which hands this method every
-        record it does not handle itself, or None where it was not built or
-        ``DURABLE_SESSIONS_NATIVE`` turns it off."""
+    def _native_feed(self) -> Any:
+        """:meth:`feed` and :meth:`feed_lines` in C (``durable_sessions._engine``), which
+        hands :meth:`feed` every record it does not handle itself; None where it was not
+        built or ``DURABLE_SESSIONS_NATIVE`` turns it off."""
         module = native_module("_engine")
         if module is None:
             return None
-        feed = module.Feed(
+        return module.Feed(
             self,
             python_feed=self.feed,
             sessions=self._sessions,
             by_shape=self._by_shape,
             remember=self._remember,
             nowhere=NOWHERE,
+            loads=orjson.loads,
+            decode_error=orjson.JSONDecodeError,
+            location_type=Location,
         )
-        return feed.feed
 
     def feed(self, record: ActionRecord, where: Location = NOWHERE) -> list[Violation]:
         """Check one record found at ``where``; return the violations it causes, in rule order.
@@ -129,6 +139,28 @@ class Checker:
                 violations.append(rule.on(record, where, finding))
         self._remember(session, record, where, prior)
         return violations
+
+    def feed_lines(
+        self, lines: Sequence[Line], file: str, other: Callable[[int, bytes | None, bool], list[Violation]]
+    ) -> list[Violation]:
+        """Check a block of lines of ``file``; return the violations they cause, in order.
+
+        A line known to be this checker's that holds a JSON object is fed at its line;
+        every other line (someone else's perhaps, or unreadable) is given to ``other``,
+        which returns its violations. Where the native extension was built,
+        ``checker.feed_lines`` is its C version of this method.
+        """
+        found: list[Violation] = []
+        for number, raw, owned in lines:
+            record = None
+            if owned is True and type(raw) is bytes:
+                with contextlib.suppress(orjson.JSONDecodeError):
+                    record = orjson.loads(raw)
+            if type(record) is dict:
+                found.extend(self.feed(record, line_location(file, number)))
+            else:
+                found.extend(other(number, raw, owned))
+        return found
 
     def unreadable(self, location: Location, reason: str) -> list[Violation]:
         """Count an input line that holds no record, and report why."""
