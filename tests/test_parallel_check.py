@@ -45,6 +45,26 @@ def test_the_bytes_do_not_decide_ambiguous_lines() -> None:
     assert raw_shard_of(b'{"session_id":""}\n', 2) is None
 
 
+AMBIGUOUS_LINES = [
+    b'{"session_id":"a","result":{"session_id":"b"}}',
+    b'{"session_id":"session_id","x":1}',  # the value, quoted, is the key again
+    b'{"session_id":"s","session_id":"t"}',  # a duplicate key: the parser keeps the last
+    b'{"session_id":"s","x":"_session_id_"}',
+    b'{"session_id":"s","x":"a"}',
+    b'{"session_id":"s_id"}',
+]
+
+
+@pytest.mark.parametrize("line", AMBIGUOUS_LINES)
+def test_block_routing_decides_exactly_the_lines_byte_routing_decides(line: bytes) -> None:
+    native = require_native_module()
+    for shard in range(2):
+        lines, _, _ = native.route_lines(line + b"\n", 0, shard, 2, 1 << 20, True)
+        owner = raw_shard_of(line, 2)
+        expected = [] if owner is not None and owner != shard else [(1, line + b"\n", owner == shard)]
+        assert lines == expected
+
+
 def check(*args: str) -> list[dict]:
     result = subprocess.run(
         [str(DURABLE_SESSIONS), "check", "--format", "json", *args], capture_output=True, text=True
@@ -117,6 +137,11 @@ _LINE_PIECES = st.one_of(
     st.builds(lambda s: b'{"session_id":"' + s + b'"}', st.binary(max_size=6)),
     st.just(b'{"session_id":"s","x":{"session_id":"t"}}'),
     st.just(b'{"action_id":"a","session_id":"s"}'),
+    # Runs of key fragments: the key again (overlapping or not), in values, cut short.
+    st.lists(
+        st.sampled_from([b'"session_id"', b"session_id", b"_id", b"_", b'"', b"s", b"\\", b'","x":']),
+        max_size=8,
+    ).map(lambda parts: b'{"session_id":"' + b"".join(parts)),
     st.just(b""),
     st.just(b"\r"),
     st.binary(max_size=40),

@@ -1162,23 +1162,22 @@ crc32_of(const unsigned char *p, size_t n) /* zlib.crc32 */
 static const char LEADING_SESSION_ID[] = "{\"session_id\":\"";
 static const char SESSION_ID_KEY[] = "\"session_id\"";
 
-static size_t
-occurrences(const char *line, size_t len, const char *needle, size_t needle_len)
+/* Whether "session_id" occurs in line[from:len], by its rarest byte: the underscore is
+ * far less common in a JSON line than the quote the key starts with. */
+static int
+names_session_id(const char *line, size_t from, size_t len)
 {
-    size_t count = 0;
-    const char *p = line, *end = line + len;
-    while ((size_t)(end - p) >= needle_len) {
-        const char *q = memchr(p, needle[0], (size_t)(end - p) - needle_len + 1);
-        if (q == NULL)
-            break;
-        if (memcmp(q, needle, needle_len) == 0) {
-            count++;
-            p = q + needle_len; /* non-overlapping, as bytes.count */
-        }
-        else
-            p = q + 1;
+    const size_t key_len = sizeof SESSION_ID_KEY - 1, underscore = 8; /* "session_id" */
+    const char *p = line + from + underscore, *end = line + len;
+    while (p < end) {
+        const char *q = memchr(p, '_', (size_t)(end - p));
+        if (q == NULL || (size_t)(end - (q - underscore)) < key_len)
+            return 0;
+        if (memcmp(q - underscore, SESSION_ID_KEY, key_len) == 0)
+            return 1;
+        p = q + 1;
     }
-    return count;
+    return 0;
 }
 
 /* check.raw_shard_of: the owning shard when the bytes decide it, else -1. */
@@ -1186,8 +1185,10 @@ static long
 raw_owner(const char *line, size_t len, long shards)
 {
     size_t lead = sizeof LEADING_SESSION_ID - 1;
+    /* raw.count(b'"session_id"') == 1: the leading key is at 1, and the count goes on
+     * from where it ends (non-overlapping), at 1 + 12. */
     if (len < lead || memcmp(line, LEADING_SESSION_ID, lead) != 0
-        || occurrences(line, len, SESSION_ID_KEY, sizeof SESSION_ID_KEY - 1) != 1)
+        || names_session_id(line, 1 + sizeof SESSION_ID_KEY - 1, len))
         return -1;
     const char *close = memchr(line + lead, '"', len - lead);
     if (close == NULL || close == line + lead || memchr(line + lead, '\\', (size_t)(close - line - lead)) != NULL)
