@@ -20,12 +20,28 @@ from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import Status, StatusCode, Tracer
 
 ID_FIELDS = ("traceId", "spanId", "parentSpanId")
+
+
+def any_value(python_value: Any) -> AnyValue:
+    """An OTLP ``AnyValue`` holding ``python_value`` (a tuple becomes an array value)."""
+    if isinstance(python_value, tuple):
+        return AnyValue(array_value=ArrayValue(values=[any_value(item) for item in python_value]))
+    if isinstance(python_value, bool):
+        return AnyValue(bool_value=python_value)
+    if isinstance(python_value, int):
+        return AnyValue(int_value=python_value)
+    if isinstance(python_value, float):
+        return AnyValue(double_value=python_value)
+    if isinstance(python_value, bytes):
+        return AnyValue(bytes_value=python_value)
+    return AnyValue(string_value=python_value)
 
 
 def otlp_json(spans: Sequence[ReadableSpan]) -> bytes:

@@ -15,23 +15,12 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+from sidecar_clients import any_value
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 MIB = 1024 * 1024
-
-
-def value(v) -> AnyValue:  # type: ignore[no-untyped-def]
-    if isinstance(v, bool):
-        return AnyValue(bool_value=v)
-    if isinstance(v, int):
-        return AnyValue(int_value=v)
-    if isinstance(v, float):
-        return AnyValue(double_value=v)
-    if isinstance(v, bytes):
-        return AnyValue(bytes_value=v)
-    return AnyValue(string_value=v)
 
 
 def span(n: int, *, trace_id: bytes | None = None, span_id: bytes | None = None, **attributes) -> Span:  # type: ignore[no-untyped-def]
@@ -44,7 +33,7 @@ def span(n: int, *, trace_id: bytes | None = None, span_id: bytes | None = None,
         name=f"action {n}",
         start_time_unix_nano=1_700_000_000_000_000_000 + n,
         end_time_unix_nano=1_700_000_000_000_000_000 + n + 1,
-        attributes=[KeyValue(key=k, value=value(v)) for k, v in attributes.items()],
+        attributes=[KeyValue(key=k, value=any_value(v)) for k, v in attributes.items()],
     )
 
 

@@ -29,6 +29,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
+from sidecar_clients import any_value
 
 from durable_sessions import semconv as sc
 from durable_sessions.mapping import map_attributes, map_span
@@ -164,22 +165,8 @@ _SCALARS = st.one_of(
 _VALUES = st.one_of(_SCALARS, st.lists(_SCALARS, max_size=3).map(tuple))
 
 
-def _any_value(python_value: Any) -> AnyValue:
-    if isinstance(python_value, tuple):
-        return AnyValue(array_value=ArrayValue(values=[_any_value(item) for item in python_value]))
-    if isinstance(python_value, bool):
-        return AnyValue(bool_value=python_value)
-    if isinstance(python_value, int):
-        return AnyValue(int_value=python_value)
-    if isinstance(python_value, float):
-        return AnyValue(double_value=python_value)
-    if isinstance(python_value, bytes):
-        return AnyValue(bytes_value=python_value)
-    return AnyValue(string_value=python_value)
-
-
 def _key_values(pairs: list[tuple[str, Any]]) -> list[KeyValue]:
-    return [KeyValue(key=key, value=_any_value(value)) for key, value in pairs]
+    return [KeyValue(key=key, value=any_value(value)) for key, value in pairs]
 
 
 _ATTRIBUTES = st.lists(st.tuples(_ATTRIBUTE_KEYS, _VALUES), max_size=12)  # repeated keys too
