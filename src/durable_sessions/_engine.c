@@ -10,7 +10,7 @@
  *
  * - the whole of Checker.feed, when the record is not a plain dict or one of its four
  *   identifying fields is not a non-empty string (nothing has been done at that point);
- * - Checker._session, for a session not held (or when max_sessions bounds them);
+ * - Checker._session, for a session not held;
  * - SessionState.recall and ActionMemory.is_redelivery, for an action id seen before;
  * - Checker._rules_for_shape, for a shape not in the dispatch cache;
  * - the rules' checks, Rule.on and the engine's fold (remember), always.
@@ -23,7 +23,7 @@
 
 static PyObject *S_SESSION_ID, *S_ACTION_ID, *S_KIND, *S_STATUS;
 static PyObject *A_ACTIONS, *A_MAX_SESSIONS, *A_FAILURE_RUNS;
-static PyObject *M_SESSION, *M_RECALL, *M_IS_REDELIVERY, *M_RULES_FOR_SHAPE, *M_ON;
+static PyObject *M_SESSION, *M_MOVE_TO_END, *M_RECALL, *M_IS_REDELIVERY, *M_RULES_FOR_SHAPE, *M_ON;
 
 /* The Python objects a Feed holds, in one list so that each is taken, visited and
  * cleared alike. */
@@ -69,26 +69,27 @@ is_identifier(PyObject *value)
     return value != NULL && PyUnicode_CheckExact(value) && PyUnicode_GET_LENGTH(value) > 0;
 }
 
-/* The session the record belongs to, as Checker.feed finds it (a new reference). */
+/* The session the record belongs to, as Checker._session finds it (a new reference):
+ * a held session, made the most recently active one when sessions are bounded. */
 static PyObject *
 session_of(Feed *self, PyObject *session_id, PyObject *violations)
 {
-    PyObject *max_sessions = PyObject_GetAttr(self->checker, A_MAX_SESSIONS);
-    if (max_sessions == NULL)
-        return NULL;
-    PyObject *session = NULL;
-    if (max_sessions == Py_None) {
-        session = PyDict_GetItemWithError(self->sessions, session_id);
-        if (session == NULL && PyErr_Occurred()) {
-            Py_DECREF(max_sessions);
+    PyObject *session = PyDict_GetItemWithError(self->sessions, session_id);
+    if (session == NULL) {
+        if (PyErr_Occurred())
             return NULL;
-        }
-        Py_XINCREF(session);
+        return PyObject_CallMethodObjArgs(self->checker, M_SESSION, session_id, violations, NULL);
     }
-    Py_DECREF(max_sessions);
-    if (session != NULL)
-        return session;
-    return PyObject_CallMethodObjArgs(self->checker, M_SESSION, session_id, violations, NULL);
+    Py_INCREF(session);
+    PyObject *max_sessions = PyObject_GetAttr(self->checker, A_MAX_SESSIONS);
+    PyObject *moved = max_sessions == Py_None || max_sessions == NULL
+                        ? Py_XNewRef(max_sessions)
+                        : PyObject_CallMethodOneArg(self->sessions, M_MOVE_TO_END, session_id);
+    Py_XDECREF(max_sessions);
+    if (moved == NULL)
+        Py_CLEAR(session);
+    Py_XDECREF(moved);
+    return session;
 }
 
 /* session.recall(action_id): None at once for an id the session has not seen. */
@@ -433,6 +434,7 @@ PyInit__engine(void)
     INTERN(A_MAX_SESSIONS, "max_sessions");
     INTERN(A_FAILURE_RUNS, "failure_runs");
     INTERN(M_SESSION, "_session");
+    INTERN(M_MOVE_TO_END, "move_to_end");
     INTERN(M_RECALL, "recall");
     INTERN(M_IS_REDELIVERY, "is_redelivery");
     INTERN(M_RULES_FOR_SHAPE, "_rules_for_shape");
