@@ -207,3 +207,23 @@ def test_feed_lines_cites_each_line(native: None) -> None:
     )
     assert [(v.rule, v.file, v.line) for v in found] == [("unkeyed-side-effect", "run.jsonl", 7)]
     assert handed == [9, 12]
+
+
+class _KeyThatCannotCompare:
+    """A dict key that collides with ``session_id`` and raises when compared."""
+
+    def __hash__(self) -> int:
+        return hash("session_id")
+
+    def __eq__(self, other: object) -> bool:
+        raise LookupError("cannot compare")
+
+
+def test_an_error_reading_the_record_reaches_the_caller_counted_as_in_python(native: None) -> None:
+    record = {_KeyThatCannotCompare(): 1, "action_id": "a1", "kind": "email", "status": "ok"}
+    python, native = Checker(RULES), Checker(RULES)
+    with pytest.raises(LookupError):
+        python_feed(python)(record)
+    with pytest.raises(LookupError):
+        native.feed(record)
+    assert native.actions == python.actions == 1

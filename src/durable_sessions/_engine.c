@@ -229,21 +229,23 @@ Feed_feed(Feed *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *ids[4] = {NULL, NULL, NULL, NULL};
     int usual = PyDict_CheckExact(record);
     PyObject *names[4] = {S_SESSION_ID, S_ACTION_ID, S_KIND, S_STATUS};
+    /* Each identifier is held from the moment it is read: a rule, the fold, or even a
+     * later lookup's key comparison could change the record. A lookup that fails is
+     * left to the Python feed, which counts the record and raises as it would. */
     for (int i = 0; usual && i < 4; i++) {
-        ids[i] = PyDict_GetItemWithError(record, names[i]);
+        ids[i] = Py_XNewRef(PyDict_GetItemWithError(record, names[i]));
         if (ids[i] == NULL && PyErr_Occurred())
-            return NULL;
+            PyErr_Clear();
         usual = is_identifier(ids[i]);
     }
+    PyObject *violations = NULL;
     if (!usual)
-        return PyObject_Vectorcall(self->python_feed, args, nargs, NULL);
-    for (int i = 0; i < 4; i++)
-        Py_INCREF(ids[i]); /* a rule or the fold could change the record */
-    PyObject *violations = count_actions(self, 1) < 0 ? NULL : PyList_New(0);
-    if (violations != NULL && check(self, record, where, ids, violations) < 0)
+        violations = PyObject_Vectorcall(self->python_feed, args, nargs, NULL);
+    else if (count_actions(self, 1) == 0 && (violations = PyList_New(0)) != NULL
+             && check(self, record, where, ids, violations) < 0)
         Py_CLEAR(violations);
     for (int i = 0; i < 4; i++)
-        Py_DECREF(ids[i]);
+        Py_XDECREF(ids[i]);
     return violations;
 }
 
