@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import orjson
@@ -141,7 +141,7 @@ class Checker:
         return violations
 
     def feed_lines(
-        self, lines: Sequence[Line], file: str, other: Callable[[int, bytes | None, bool], list[Violation]]
+        self, lines: list[Line], file: str, other: Callable[[int, bytes | None, bool], list[Violation]]
     ) -> list[Violation]:
         """Check a block of lines of ``file``; return the violations they cause, in order.
 
