@@ -227,3 +227,22 @@ def test_an_error_reading_the_record_reaches_the_caller_counted_as_in_python(nat
     with pytest.raises(LookupError):
         native.feed(record)
     assert native.actions == python.actions == 1
+
+
+def test_a_subclass_keeps_its_own_feed(native: None) -> None:
+    """The C methods stand in only for methods the class left as they are."""
+    seen: list[str] = []
+
+    class CountingChecker(Checker):
+        def feed(self, record: Any, where: Any = None) -> list[Any]:
+            seen.append(record["action_id"])
+            return super().feed(record, where) if where is not None else super().feed(record)
+
+    checker = CountingChecker(RULES)
+    record = {"session_id": "s-1", "action_id": "a1", "kind": "payment", "status": "ok", "result": 1}
+    assert [v.rule for v in checker.feed(record)] == ["unkeyed-side-effect"]
+    lines = [(1, orjson.dumps({**record, "action_id": "a2"}), True)]
+    checker.feed_lines(lines, "run.jsonl", lambda number, raw, owned: [])
+    assert seen == ["a1", "a2"]
+    plain = Checker(RULES)
+    assert plain.feed != python_feed(plain), "the plain class still gets the C feed"

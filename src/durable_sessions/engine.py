@@ -83,9 +83,11 @@ class Checker:
     def _native_feed(self) -> Any:
         """:meth:`feed` and :meth:`feed_lines` in C (``durable_sessions._engine``), which
         hands :meth:`feed` every record it does not handle itself; None where it was not
-        built or ``DURABLE_SESSIONS_NATIVE`` turns it off."""
+        built, ``DURABLE_SESSIONS_NATIVE`` turns it off, or a subclass overrides either
+        method (its override is kept)."""
         module = native_module("_engine")
-        if module is None:
+        cls = type(self)
+        if module is None or cls.feed is not Checker.feed or cls.feed_lines is not Checker.feed_lines:
             return None
         return module.Feed(
             self,
