@@ -15,8 +15,12 @@
  * - Checker._rules_for_shape, for a shape not in the dispatch cache;
  * - the rules' checks, Rule.on and the engine's fold (remember), always.
  *
+ * Feed.feed_lines (Checker.feed_lines) feeds a parallel check's worker a block of its
+ * lines: an owned line that orjson reads as an object goes to Feed.feed with no Python
+ * frame in between; every other line goes to the worker's Python line checker.
+ *
  * tests/test_engine_native.py checks that both feeds report the same violations and
- * leave the same memory, over the example logs and generated records.
+ * leave the same memory, over the example logs and generated records and lines.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
