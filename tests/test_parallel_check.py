@@ -193,7 +193,8 @@ def require_native_module() -> Any:
 @pytest.mark.parametrize("routing", ["native", "python"])
 def test_messy_files_give_the_same_findings_in_parallel(tmp_path: Path, routing: str) -> None:
     """Two files, key orders that the bytes do and do not decide, over-long lines, a missing
-    final newline: with either routing, the workers find what one process finds."""
+    final newline: with either routing, one process and the workers find what one process
+    reading line by line in Python finds."""
     import random
 
     rng = random.Random(5)
@@ -212,21 +213,23 @@ def test_messy_files_give_the_same_findings_in_parallel(tmp_path: Path, routing:
         path = tmp_path / f"log{f}.jsonl"
         path.write_text("\n".join(lines) + ("\n" if f == 0 else ""))
         paths.append(str(path))
-    env = {**os.environ, "DURABLE_SESSIONS_NATIVE": "true" if routing == "native" else "false"}
+    python = {**os.environ, "DURABLE_SESSIONS_NATIVE": "false"}
+    env = {**os.environ, "DURABLE_SESSIONS_NATIVE": "true"} if routing == "native" else python
     if routing == "native":
         require_native_module()
 
-    def run(jobs: str) -> list[dict]:
+    def run(jobs: str, env: dict[str, str] = env) -> list[dict]:
         argv = [str(DURABLE_SESSIONS), "check", "--format", "json", "--max-line-bytes", "300", "--jobs", jobs]
         result = subprocess.run([*argv, *paths], capture_output=True, text=True, env=env)
         assert "Traceback" not in result.stderr
         return json.loads(result.stdout)["violations"]
 
-    single = run("1")
-    assert any(v["rule"] == "unreadable-line" for v in single)
-    assert len(single) > 100
-    assert run("2") == single
-    assert run("3") == single
+    reference = run("1", python)  # one process reading line by line, all in Python
+    assert any(v["rule"] == "unreadable-line" for v in reference)
+    assert len(reference) > 100
+    assert run("1") == reference  # with the extension: a block at a time, as the workers read
+    assert run("2") == reference
+    assert run("3") == reference
 
 
 def test_the_cli_forks_its_workers_only_where_no_other_thread_runs() -> None:
@@ -247,3 +250,26 @@ def test_the_cli_forks_its_workers_only_where_no_other_thread_runs() -> None:
     finally:
         release.set()
         other.join()
+
+
+def test_one_process_reads_a_regular_action_log_in_blocks_and_a_stream_by_line(tmp_path: Path) -> None:
+    from durable_sessions.check import _reads_in_blocks
+
+    require_native_module()
+    log = tmp_path / "run.jsonl"
+    log.write_text('{"session_id":"s","action_id":"a","kind":"payment","status":"ok"}\n')
+    tracing = tmp_path / "events.jsonl"
+    tracing.write_text(
+        '{"trace_id":"run-1","ts":"2026-07-05T10:00:00Z","kind":"trace_start","span":"root","step":0,'
+        '"agent":"orchestrator","status":"started","parent":null}\n'
+    )
+    with log.open("rb") as source:
+        assert _reads_in_blocks(str(log), source, "auto", 1 << 20)
+        assert source.tell() == 0  # sniffing rewound it
+    with tracing.open("rb") as source:
+        assert not _reads_in_blocks(str(tracing), source, "auto", 1 << 20)
+    reader, writer = os.pipe()
+    os.write(writer, log.read_bytes())
+    os.close(writer)
+    with os.fdopen(reader, "rb") as stream:
+        assert not _reads_in_blocks("/dev/fd/3", stream, "actions", 1 << 20)

@@ -14,6 +14,7 @@ import gc
 import itertools
 import multiprocessing
 import os
+import stat
 import threading
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -190,6 +191,9 @@ def check_paths(
     for path in paths:
         with open_source(path) as source:
             size = _size(source)
+            if _reads_in_blocks(path, source, fmt, max_line_bytes):
+                yield from _check_blocks(path, source, size, checker, max_line_bytes, progress)
+                continue
             for count, item in enumerate(read(path, source, fmt=fmt, max_line_bytes=max_line_bytes)):
                 if type(item) is Unreadable:
                     yield from unreadable(item.location, item.reason)  # type: ignore[union-attr]
@@ -198,6 +202,34 @@ def check_paths(
                 if progress is not None and count % PROGRESS_EVERY == 0:
                     progress(path, source.tell(), size)
     yield from sorted(checker.finish(), key=_position_in(paths))
+
+
+def _reads_in_blocks(path: str, source: Any, fmt: Format, max_line_bytes: int) -> bool:
+    """Whether ``path`` is read as a parallel worker reads its share: a block at a time, each
+    line fed by :meth:`Checker.feed_lines`. So it is for an action log in a regular file
+    where the native extension routes lines; a stream (standard input, a pipe) is checked
+    line by line as it comes."""
+    if path == "-" or native_module() is None or not _is_regular_file(source):
+        return False
+    return (sniff_format(source, display_name(path), max_line_bytes) if fmt == "auto" else fmt) == "actions"
+
+
+def _is_regular_file(source: Any) -> bool:
+    try:
+        return stat.S_ISREG(os.fstat(source.fileno()).st_mode)
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _check_blocks(
+    path: str, source: Any, size: int | None, checker: Checker, max_line_bytes: int, progress: Progress | None
+) -> Iterator[Violation]:
+    name = display_name(path)
+    report = (lambda: progress(path, source.tell(), size)) if progress is not None else None
+    every_line = _line_checker(checker, name, 0, 1, max_line_bytes)
+    for lines in own_lines(source, name, 0, 1, max_line_bytes, report):
+        if violations := checker.feed_lines(lines, name, every_line):
+            yield from violations
 
 
 def _position_in(paths: Sequence[str]) -> Callable[[Violation], tuple[int, int]]:
