@@ -26,7 +26,7 @@ from durable_sessions.rules import select_rules
 from durable_sessions.rules.base import Explanation, Rule
 from durable_sessions.rules.state import SessionState
 from durable_sessions.violation import Severity
-from tests.support.actions import IDENTIFIERS, OPTIONAL, locations
+from tests.support.actions import IDENTIFIERS, OPTIONAL, locations, session_memory
 from tests.support.senders import require_native
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -64,18 +64,7 @@ def python_feed(checker: Checker) -> Any:
 
 
 def memory_of(checker: Checker) -> dict[str, Any]:
-    return {
-        session_id: (
-            list(session.actions.items()),
-            list(session.details.items()),
-            list(session.keys.items()),
-            list(session.answered_prompts.items()),
-            list(session.exhausted_retries.items()),
-            list(session.unfinished_effects.items()),
-            list(session.failure_runs.items()),
-        )
-        for session_id, session in checker._sessions.items()
-    }
+    return {session_id: session_memory(session) for session_id, session in checker._sessions.items()}
 
 
 def feed_both(steps: list, *, max_sessions: int | None) -> None:

@@ -24,7 +24,7 @@ from durable_sessions.engine import Checker
 from durable_sessions.record import Location, line_location
 from durable_sessions.rules import select_rules
 from durable_sessions.rules.state import SessionState, Symbols, remembering
-from tests.support.actions import actions
+from tests.support.actions import actions, session_memory
 from tests.support.senders import require_native
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -45,17 +45,6 @@ class FullSymbols(Symbols):
         return None if text.startswith("new") else super().number(text)
 
 
-def memory_of(session: SessionState) -> dict[str, Any]:
-    return {
-        "actions": list(session.actions.items()),
-        "details": list(session.details.items()),
-        "keys": list(session.keys.items()),
-        "answered_prompts": list(session.answered_prompts.items()),
-        "incarnation": session.incarnation,
-        "symbols": list(session.symbols.texts),
-    }
-
-
 def fold_both(native_remember: Any, steps: list, *, max_actions: int, symbols: type[Symbols]) -> None:
     python = SessionState("s-1", max_actions=max_actions, symbols=symbols())
     native = SessionState("s-1", max_actions=max_actions, symbols=symbols())
@@ -64,7 +53,7 @@ def fold_both(native_remember: Any, steps: list, *, max_actions: int, symbols: t
         assert native.recall(record["action_id"]) == prior
         SessionState.remember(python, dict(record), where, prior)
         native_remember(native, dict(record), where, prior)
-        assert memory_of(native) == memory_of(python), (record, where)
+        assert session_memory(native) == session_memory(python), (record, where)
     for action_id in ("a1", "a2", "a3", "a4"):
         assert native.recall(action_id) == python.recall(action_id)
 
@@ -103,7 +92,7 @@ def test_native_fold_hands_unusual_inputs_to_the_reference(native_remember: Any)
     python, native = SessionState("s-1"), SessionState("s-1")
     SessionState.remember(python, record, line_location("f", 1), None)
     native_remember(native, Record(record), line_location("f", 1), None)
-    assert memory_of(native) == memory_of(python)
+    assert session_memory(native) == session_memory(python)
 
 
 def sha256_prefix(data: bytes) -> int:

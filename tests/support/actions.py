@@ -1,13 +1,17 @@
 """Hypothesis strategies for action records as the engine meets them: odd field types,
 redacted results, given digests, retries, keys, several incarnations, and line, span and
-malformed locations. Shared by the tests that hold a native step to its Python reference."""
+malformed locations; and :func:`session_memory`, to compare what two sessions remember.
+Shared by the tests that hold a native step to its Python reference."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from hypothesis import strategies as st
 
 from durable_sessions.digest import digest_value
 from durable_sessions.record import REDACTED, Location, line_location, span_location
+from durable_sessions.rules.state import SessionState
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
@@ -64,3 +68,18 @@ odd_locations = st.sampled_from(
 )
 locations = st.one_of(line_locations, span_locations, odd_locations)
 actions = st.lists(st.tuples(records, locations), max_size=25)
+
+
+def session_memory(session: SessionState) -> dict[str, Any]:
+    """Every map of a session's memory, in order, for comparing two sessions."""
+    return {
+        "actions": list(session.actions.items()),
+        "details": list(session.details.items()),
+        "keys": list(session.keys.items()),
+        "answered_prompts": list(session.answered_prompts.items()),
+        "exhausted_retries": list(session.exhausted_retries.items()),
+        "unfinished_effects": list(session.unfinished_effects.items()),
+        "failure_runs": list(session.failure_runs.items()),
+        "incarnation": session.incarnation,
+        "symbols": list(session.symbols.texts),
+    }
