@@ -252,8 +252,12 @@ def test_the_cli_forks_its_workers_only_where_no_other_thread_runs() -> None:
         other.join()
 
 
-def test_one_process_reads_a_regular_action_log_in_blocks_and_a_stream_by_line(tmp_path: Path) -> None:
-    from durable_sessions.check import _reads_in_blocks
+def test_one_process_reads_a_regular_action_log_in_blocks_and_a_stream_by_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from durable_sessions.check import _reads_in_blocks, check_paths
+    from durable_sessions.engine import Checker
+    from durable_sessions.readers import sniff_format
 
     require_native_module()
     log = tmp_path / "run.jsonl"
@@ -264,12 +268,23 @@ def test_one_process_reads_a_regular_action_log_in_blocks_and_a_stream_by_line(t
         '"agent":"orchestrator","status":"started","parent":null}\n'
     )
     with log.open("rb") as source:
-        assert _reads_in_blocks(str(log), source, "auto", 1 << 20)
+        assert sniff_format(source, "run.jsonl", 1 << 20) == "actions"
         assert source.tell() == 0  # sniffing rewound it
+        assert _reads_in_blocks(str(log), source)
     with tracing.open("rb") as source:
-        assert not _reads_in_blocks(str(tracing), source, "auto", 1 << 20)
+        assert sniff_format(source, "events.jsonl", 1 << 20) == "tracing"
+
+    def findings(native: str) -> list[str]:
+        monkeypatch.setenv("DURABLE_SESSIONS_NATIVE", native)
+        return [repr(v) for v in check_paths([str(log), str(tracing)], Checker())]
+
+    in_blocks = findings("true")
+    assert any("unkeyed-side-effect" in found for found in in_blocks)
+    assert in_blocks == findings("false")  # the tracing log too, by its own reader either way
+    with log.open("rb") as source:
+        assert not _reads_in_blocks("-", source)
     reader, writer = os.pipe()
     os.write(writer, log.read_bytes())
     os.close(writer)
     with os.fdopen(reader, "rb") as stream:
-        assert not _reads_in_blocks("/dev/fd/3", stream, "actions", 1 << 20)
+        assert not _reads_in_blocks("/dev/fd/3", stream)

@@ -191,10 +191,17 @@ def check_paths(
     for path in paths:
         with open_source(path) as source:
             size = _size(source)
-            if _reads_in_blocks(path, source, fmt, max_line_bytes):
-                yield from _check_blocks(path, source, size, checker, max_line_bytes, progress)
+            name = display_name(path)
+            file_fmt = sniff_format(source, name, max_line_bytes) if fmt == "auto" else fmt
+            if file_fmt == "actions" and _reads_in_blocks(path, source):
+
+                def report(path: str = path, source: Any = source, size: int | None = size) -> None:
+                    progress(path, source.tell(), size)  # type: ignore[misc]
+
+                reporting = report if progress is not None else None
+                yield from _check_blocks(source, name, checker, 0, 1, max_line_bytes, reporting)
                 continue
-            for count, item in enumerate(read(path, source, fmt=fmt, max_line_bytes=max_line_bytes)):
+            for count, item in enumerate(read(path, source, fmt=file_fmt, max_line_bytes=max_line_bytes)):
                 if type(item) is Unreadable:
                     yield from unreadable(item.location, item.reason)  # type: ignore[union-attr]
                 elif violations := feed(*item):  # type: ignore[misc]
@@ -204,17 +211,13 @@ def check_paths(
     yield from sorted(checker.finish(), key=_position_in(paths))
 
 
-def _reads_in_blocks(path: str, source: Any, fmt: Format, max_line_bytes: int) -> bool:
-    """Whether ``path`` is read as a parallel worker reads its share: a block at a time, each
-    line fed by :meth:`Checker.feed_lines`. So it is for an action log in a regular file
-    where the native extension routes lines; a stream (standard input, a pipe) is checked
-    line by line as it comes."""
-    if path == "-" or native_module() is None or not _is_regular_file(source):
+def _reads_in_blocks(path: str, source: Any) -> bool:
+    """Whether an action log is read as a parallel worker reads its share: a block at a
+    time, each line fed by :meth:`Checker.feed_lines`. So it is in a regular file where
+    the native extension routes lines; a stream (standard input, a pipe) is checked line
+    by line as it comes."""
+    if path == "-" or native_module() is None:
         return False
-    return (sniff_format(source, display_name(path), max_line_bytes) if fmt == "auto" else fmt) == "actions"
-
-
-def _is_regular_file(source: Any) -> bool:
     try:
         return stat.S_ISREG(os.fstat(source.fileno()).st_mode)
     except (OSError, ValueError, AttributeError):
@@ -222,13 +225,19 @@ def _is_regular_file(source: Any) -> bool:
 
 
 def _check_blocks(
-    path: str, source: Any, size: int | None, checker: Checker, max_line_bytes: int, progress: Progress | None
+    source: Any,
+    name: str,
+    checker: Checker,
+    shard: int,
+    shards: int,
+    max_line_bytes: int,
+    progress: Callable[[], None] | None,
 ) -> Iterator[Violation]:
-    name = display_name(path)
-    report = (lambda: progress(path, source.tell(), size)) if progress is not None else None
-    every_line = _line_checker(checker, name, 0, 1, max_line_bytes)
-    for lines in own_lines(source, name, 0, 1, max_line_bytes, report):
-        if violations := checker.feed_lines(lines, name, every_line):
+    """The violations in the lines of ``source`` that worker ``shard`` of ``shards`` owns
+    (one process is worker 0 of 1), found a block at a time."""
+    other = _line_checker(checker, name, shard, shards, max_line_bytes)
+    for lines in own_lines(source, name, shard, shards, max_line_bytes, progress):
+        if violations := checker.feed_lines(lines, name, other):
             yield from violations
 
 
@@ -453,12 +462,8 @@ def _check_own_lines(
                 def progress(path: str = path, source: Any = source, size: int | None = size) -> None:
                     sender.send((_PROGRESS, path, source.tell(), size))
 
-                other = _line_checker(checker, name, shard, shards, max_line_bytes)
-                blocks = own_lines(
-                    source, name, shard, shards, max_line_bytes, progress if reports_progress else None
-                )
-                for lines in blocks:
-                    found.extend(checker.feed_lines(lines, name, other))
+                report = progress if reports_progress else None
+                found.extend(_check_blocks(source, name, checker, shard, shards, max_line_bytes, report))
     except InputError as error:
         sender.send(str(error))
         return
