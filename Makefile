@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint format clean proto
 
-$(STAMP): pyproject.toml setup.py $(wildcard src/durable_sessions/*.c) $(wildcard collector/pyproject.toml)
+$(STAMP): pyproject.toml setup.py $(wildcard src/durable_sessions/*.c) $(wildcard collector/pyproject.toml collector/setup.py collector/src/*/*/*.c)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test]'

@@ -31,11 +31,21 @@ one, so the two do not share a GIL (they do share the machine's CPUs).
     ``--sessions`` single-span sessions (default 1,000,000) sent through OTLP/gRPC in
     batches; the sidecar's RSS (``VmRSS``, and the peak ``VmHWM``) after each quarter.
 
+``store-floor``
+    What SQLite alone costs per action row, for the throughput target's arithmetic: the
+    records of ``throughput``'s requests, mapped and encoded as the sidecar stores them
+    (all of that done beforehand), inserted with ``executemany`` (no Python per row) in
+    transactions of one write batch (``--spans-per-request`` × ``--clients`` rows), WAL,
+    ``synchronous=FULL``: into the sidecar's ``actions`` table, and into a copy without
+    its unique (duplicate-dropping) index and its by-session index. The discard receiver
+    runs in the same run: half its throughput is the per-span budget of the 50% target.
+
 Run::
 
     .venv/bin/python benchmarks/collector_ingest.py throughput [--rounds 5] [--baseline TREE]
     .venv/bin/python benchmarks/collector_ingest.py latency [--sessions 300 --rate 20 --idle-s 2]
     .venv/bin/python benchmarks/collector_ingest.py rss [--sessions 1000000]
+    .venv/bin/python benchmarks/collector_ingest.py store-floor [--rounds 5]
 
 It measures and prints; it asserts nothing.
 """
@@ -523,6 +533,68 @@ def rss(args: argparse.Namespace) -> None:
     sidecar.stop()
 
 
+def action_rows(requests: list[bytes], received_at: float) -> list[tuple[Any, ...]]:
+    """The rows the SQLite store writes for these requests' action spans."""
+    from durable_sessions_collector.otlp.decode import protobuf_span_parts
+    from durable_sessions_collector.otlp.receiver import scrub
+    from durable_sessions_collector.store.base import encode_record
+
+    from durable_sessions.mapping import map_attributes
+
+    rows = []
+    for body in requests:
+        for _name, attributes, resource, error, start, trace_id, span_id in protobuf_span_parts(body, []):
+            mapped = map_attributes(attributes, resource, error, start, trace_id, span_id, None, False)
+            if mapped is None:
+                continue
+            record = mapped[0]
+            scrub(record)
+            fields = [record.get(name) for name in ("session_id", "status", "action_id", "kind", "seq")]
+            rows.append((fields[0], trace_id, span_id, *fields[1:], received_at, encode_record(record)))
+    return rows
+
+
+def store_floor(args: argparse.Namespace) -> None:
+    import sqlite3
+
+    from durable_sessions_collector.store.sqlite import SqliteStore
+
+    work = tempfile.mkdtemp(prefix="ds-floor-")
+    SqliteStore(f"{work}/sessions.db").close()  # the sidecar's schema
+    connection = sqlite3.connect(f"{work}/sessions.db", isolation_level=None)
+    connection.execute("PRAGMA synchronous = FULL")
+    connection.execute("CREATE TABLE plain_actions AS SELECT * FROM actions WHERE 0")  # no constraints
+    discard = Child(_discard_server)
+    batch = args.spans_per_request * args.clients
+    timings: dict[str, list[float]] = {"discard": [], "actions": [], "plain_actions": []}
+    for round_ in range(args.rounds):
+        requests = build_round(
+            f"floor{round_}", args.requests, args.spans_per_request, args.sessions_per_request
+        )
+        spans = args.requests * args.spans_per_request
+        timings["discard"].append(send_all(discard.port, requests, args.clients) / spans)
+        rows = action_rows(requests, time.time())
+        for table in ("actions", "plain_actions"):
+            sql = f"INSERT INTO {table} (session_id, trace_id, span_id, status, action_id, kind, seq, received_at, record) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
+            start = time.perf_counter()
+            for i in range(0, len(rows), batch):
+                connection.execute("BEGIN IMMEDIATE")
+                connection.executemany(sql, rows[i : i + batch])
+                connection.execute("COMMIT")
+            timings[table].append((time.perf_counter() - start) / len(rows))
+        print(
+            f"round {round_ + 1}: discard {timings['discard'][-1] * 1e6:.2f} µs/span; SQLite "
+            f"{timings['actions'][-1] * 1e6:.2f} µs/row as stored, {timings['plain_actions'][-1] * 1e6:.2f} without indexes"
+        )
+    discard.stop()
+    median = {name: statistics.median(values) * 1e6 for name, values in timings.items()}
+    print(
+        f"median: discard {median['discard']:.2f} µs/span, so the 50% target leaves {2 * median['discard']:.2f} µs "
+        f"per span for everything; SQLite alone takes {median['actions']:.2f} µs/row as stored "
+        f"({median['plain_actions']:.2f} without indexes)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     modes = parser.add_subparsers(dest="mode", required=True)
@@ -548,11 +620,17 @@ def main() -> None:
     three.add_argument("--batch", type=int, default=1000, help="sessions (spans) per Export request")
     three.add_argument("--clients", type=int, default=4)
     three.add_argument("--idle-s", type=float, default=30.0)
+    four = modes.add_parser("store-floor")
+    four.add_argument("--requests", type=int, default=60)
+    four.add_argument("--spans-per-request", type=int, default=512)
+    four.add_argument("--sessions-per-request", type=int, default=16)
+    four.add_argument("--clients", type=int, default=4)
+    four.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     print(
         f"Python {platform.python_version()}, grpcio {grpc.__version__}, {os.cpu_count()} CPUs, {platform.machine()}"
     )
-    {"throughput": throughput, "latency": latency, "rss": rss}[args.mode](args)
+    {"throughput": throughput, "latency": latency, "rss": rss, "store-floor": store_floor}[args.mode](args)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@
   check (routing lines to workers);
 - ``durable_sessions._engine`` dispatches every record to the rules that apply
   (``Checker.feed``), and ``durable_sessions._memory`` folds it into its session's
-  memory (``SessionState.remember``), for the engine wherever it runs.
+  memory (``SessionState.remember``), for the engine wherever it runs;
+- the sidecar's ``durable_sessions_collector.otlp._wire`` reads binary OTLP trace
+  requests into the parts the mapping takes.
 
 Each step also exists in Python: the Python code stays the reference, is used wherever
 an extension is missing or declines an item, and is what ``DURABLE_SESSIONS_NATIVE=false``
@@ -23,12 +25,12 @@ from types import ModuleType
 SWITCH = "DURABLE_SESSIONS_NATIVE"
 
 
-def native_module(name: str = "_native") -> ModuleType | None:
-    """The extension module ``durable_sessions.<name>``, or None when it was not built or
+def native_module(name: str = "_native", package: str = "durable_sessions") -> ModuleType | None:
+    """The extension module ``<package>.<name>``, or None when it was not built or
     ``DURABLE_SESSIONS_NATIVE`` is ``false`` (or ``0``, ``no``, ``off``)."""
     if os.environ.get(SWITCH, "").strip().lower() in ("0", "false", "no", "off"):
         return None
     try:
-        return importlib.import_module(f"durable_sessions.{name}")
+        return importlib.import_module(f"{package}.{name}")
     except ImportError:
         return None

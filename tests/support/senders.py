@@ -15,11 +15,11 @@ import pytest
 REQUIRE_ENV = "DURABLE_SESSIONS_REQUIRE_NATIVE"
 
 
-def require_native(module: str = "_native") -> None:
-    """Skip (or, in CI, fail) when the extension ``durable_sessions.<module>`` was not built."""
-    if importlib.util.find_spec(f"durable_sessions.{module}") is not None:
+def require_native(module: str = "_native", package: str = "durable_sessions") -> None:
+    """Skip (or, in CI, fail) when the extension ``<package>.<module>`` was not built."""
+    if importlib.util.find_spec(f"{package}.{module}") is not None:
         return
-    message = f"durable_sessions.{module} was not built (no C compiler at install time?)"
+    message = f"{package}.{module} was not built (no C compiler at install time?)"
     if os.environ.get(REQUIRE_ENV) == "1":
         pytest.fail(f"{message}; {REQUIRE_ENV}=1 requires it")
     pytest.skip(message)

@@ -2,6 +2,11 @@
 the receivers, into the parts ``map_attributes`` takes (:func:`span_parts`), with only the
 attributes the mapping reads turned into Python values (:func:`mapped_attributes_of`).
 
+The receivers call :func:`protobuf_span_parts` and :func:`json_span_parts`. Where the
+optional extension ``_wire`` is built, a binary request is read into those parts straight
+from its bytes; whatever it declines (anything unusual, any error) takes the path here,
+which is the reference and words every error.
+
 Both receivers share this module. Request-level problems (a body that is not an
 ``ExportTraceServiceRequest``, JSON that does not parse) raise :class:`BadData`, which
 the receivers answer with ``INVALID_ARGUMENT`` / HTTP 400. Span-level problems (an id of
@@ -29,6 +34,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
 from durable_sessions import semconv as sc
 from durable_sessions.mapping import SpanData
+from durable_sessions.native import native_module
 
 STATUS_CODE_ERROR = Status.STATUS_CODE_ERROR
 MAX_NAMED_REJECTIONS = 10
@@ -259,6 +265,23 @@ def mapped_attributes_of(key_values) -> dict[str, Any]:  # type: ignore[no-untyp
     return attributes
 
 
+def protobuf_span_parts(body: bytes, rejected: list[str]) -> list[SpanParts]:
+    """The parts of a binary request's spans, as :func:`span_parts` gives them with
+    :func:`mapped_attributes_of`; spans with unusable ids are described in ``rejected``.
+    Raise :class:`BadData` when ``body`` is not an ``ExportTraceServiceRequest``."""
+    if _WIRE is not None:
+        parts: list[SpanParts] | None = _WIRE.span_parts(body)
+        if parts is not None:
+            return parts
+    return list(span_parts(parse_protobuf(body), None, rejected, mapped_attributes_of))
+
+
+def json_span_parts(body: bytes, rejected: list[str]) -> list[SpanParts]:
+    """:func:`protobuf_span_parts` for an OTLP/JSON request."""
+    request, problems = parse_json(body)
+    return list(span_parts(request, problems, rejected, mapped_attributes_of))
+
+
 def value_of(value: AnyValue) -> Any:
     """An OTLP ``AnyValue`` as the Python value an SDK attribute would hold.
 
@@ -282,6 +305,14 @@ def value_of(value: AnyValue) -> Any:
     if which == "bytes_value":
         return value.bytes_value
     return None
+
+
+def _wire_decoder() -> Any:
+    wire = native_module("_wire", package=__package__ or "durable_sessions_collector.otlp")
+    return None if wire is None else wire.Decoder(sorted(MAPPED_KEYS), MAPPED_PREFIXES)
+
+
+_WIRE = _wire_decoder()
 
 
 def to_otlp_json(request: ExportTraceServiceRequest) -> bytes:

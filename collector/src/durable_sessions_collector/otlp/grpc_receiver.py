@@ -26,7 +26,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from durable_sessions_collector.jsonlog import JsonLog
-from durable_sessions_collector.otlp.decode import BadData, parse_protobuf
+from durable_sessions_collector.otlp.decode import BadData, protobuf_span_parts
 from durable_sessions_collector.otlp.receiver import TraceReceiver
 from durable_sessions_collector.pipeline import Overloaded, Unavailable
 
@@ -133,16 +133,17 @@ class GrpcReceiver:
         start = time.perf_counter()
         metrics = self.metrics
         try:
+            rejected: list[str] = []
             try:
-                request = parse_protobuf(body)
+                spans = protobuf_span_parts(body, rejected)
             except BadData as error:
                 metrics.requests.labels(TRANSPORT, "invalid").inc()
                 context.abort_with_status(invalid_argument_status(str(error)))
             try:
-                outcome = self.receiver.export(request, TRANSPORT)
+                outcome = self.receiver.export(spans, rejected, TRANSPORT)
             except Overloaded as error:
                 metrics.requests.labels(TRANSPORT, "unavailable").inc()
-                metrics.spans_rejected.labels(TRANSPORT, "overload").inc(len_spans(request))
+                metrics.spans_rejected.labels(TRANSPORT, "overload").inc(len(spans) + len(rejected))
                 context.abort_with_status(unavailable_status(str(error), error.retry_after_s))
             except Unavailable as error:
                 metrics.requests.labels(TRANSPORT, "unavailable").inc()
@@ -157,7 +158,3 @@ class GrpcReceiver:
             return outcome.response()
         finally:
             metrics.export_latency.labels(TRANSPORT).observe(time.perf_counter() - start)
-
-
-def len_spans(request) -> int:  # type: ignore[no-untyped-def]
-    return sum(len(scope.spans) for resource in request.resource_spans for scope in resource.scope_spans)

@@ -24,8 +24,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from durable_sessions_collector.httpserver import BodyError, BodyTooLarge, Request, Response
 from durable_sessions_collector.jsonlog import JsonLog
-from durable_sessions_collector.otlp.decode import BadData, parse_json, parse_protobuf
-from durable_sessions_collector.otlp.grpc_receiver import len_spans
+from durable_sessions_collector.otlp.decode import BadData, json_span_parts, protobuf_span_parts
 from durable_sessions_collector.otlp.receiver import TraceReceiver
 from durable_sessions_collector.pipeline import Overloaded, Unavailable
 
@@ -140,19 +139,17 @@ class HttpTraceReceiver:
         except BadData as error:
             count(TRANSPORT, "invalid").inc()
             return status_body(400, str(error), json_encoding)
+        rejected: list[str] = []
         try:
-            if json_encoding:
-                otlp_request, problems = parse_json(body)
-            else:
-                otlp_request, problems = parse_protobuf(body), None
+            spans = (json_span_parts if json_encoding else protobuf_span_parts)(body, rejected)
         except BadData as error:
             count(TRANSPORT, "invalid").inc()
             return status_body(400, str(error), json_encoding)
         try:
-            outcome = self.receiver.export(otlp_request, TRANSPORT, problems)
+            outcome = self.receiver.export(spans, rejected, TRANSPORT)
         except Overloaded as error:
             count(TRANSPORT, "unavailable").inc()
-            self.metrics.spans_rejected.labels(TRANSPORT, "overload").inc(len_spans(otlp_request))
+            self.metrics.spans_rejected.labels(TRANSPORT, "overload").inc(len(spans) + len(rejected))
             return status_body(503, str(error), json_encoding, error.retry_after_s)
         except Unavailable as error:
             count(TRANSPORT, "unavailable").inc()

@@ -1,21 +1,18 @@
-"""What both OTLP receivers do with a decoded request: map, queue, wait for the commit."""
+"""What both OTLP receivers do with a decoded request's spans: map, queue, wait for the commit."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from durable_sessions.digest import digest_text, digest_value
 from durable_sessions.mapping import Mapped, map_attributes
 from durable_sessions.record import span_location
 from durable_sessions_collector.alerts.metrics import Metrics
 from durable_sessions_collector.jsonlog import JsonLog
-from durable_sessions_collector.otlp.decode import MAX_NAMED_REJECTIONS, mapped_attributes_of, span_parts
+from durable_sessions_collector.otlp.decode import MAX_NAMED_REJECTIONS, SpanParts
 from durable_sessions_collector.pipeline import Pipeline
 
 MAX_MESSAGE_CHARS = 4000
@@ -52,7 +49,7 @@ def rejection_message(rejected: list[str], total: int) -> str:
 
 
 class TraceReceiver:
-    """Turns an ``ExportTraceServiceRequest`` into committed action records."""
+    """Turns an Export request's spans into committed action records."""
 
     def __init__(
         self, pipeline: Pipeline, metrics: Metrics, log: JsonLog, *, attribute_value_limit: int | None = None
@@ -62,22 +59,16 @@ class TraceReceiver:
         self.log = log
         self.attribute_value_limit = attribute_value_limit
 
-    def export(
-        self,
-        request: ExportTraceServiceRequest,
-        transport: str,
-        problems: dict[tuple[int, int, int], str] | None = None,
-    ) -> Outcome:
-        """Store the request's actions; raise Overloaded/Unavailable when it cannot be now."""
-        rejected: list[str] = []  # for unusable ids
+    def export(self, spans: list[SpanParts], rejected: list[str], transport: str) -> Outcome:
+        """Store the actions among a request's ``spans`` (``rejected``: why its other spans
+        were not decoded); raise Overloaded/Unavailable when they cannot be stored now."""
         unmappable: list[str] = []
         items: list[Mapped] = []
-        accepted = not_actions = 0
+        not_actions = 0
         limit = self.attribute_value_limit
         # The span's parts go to the mapping as they are: SpanData and map_span would
         # only wrap them, and each span's attributes the mapping does not read are skipped.
-        for parts in span_parts(request, problems, rejected, mapped_attributes_of):
-            accepted += 1
+        for parts in spans:
             name, attributes, resource, status_error, start_time_ns, trace_id, span_id = parts
             try:
                 mapped = map_attributes(
@@ -102,7 +93,7 @@ class TraceReceiver:
             scrub(record)
             items.append(Mapped(record, span_location(trace_id, span_id), mapping_problems))
         outcome = Outcome(
-            total=accepted + len(rejected), rejected=rejected + unmappable, not_actions=not_actions
+            total=len(spans) + len(rejected), rejected=rejected + unmappable, not_actions=not_actions
         )
         self.metrics.spans_received.labels(transport).inc(outcome.total)
         if outcome.not_actions:
