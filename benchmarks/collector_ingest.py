@@ -595,15 +595,21 @@ def store_floor(args: argparse.Namespace) -> None:
     )
 
 
+def workload_parser(modes: Any, name: str) -> argparse.ArgumentParser:
+    """A mode sending ``throughput``'s requests, in rounds."""
+    parser: argparse.ArgumentParser = modes.add_parser(name)
+    parser.add_argument("--requests", type=int, default=60)
+    parser.add_argument("--spans-per-request", type=int, default=512)
+    parser.add_argument("--sessions-per-request", type=int, default=16)
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=5)
+    return parser
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     modes = parser.add_subparsers(dest="mode", required=True)
-    one = modes.add_parser("throughput")
-    one.add_argument("--requests", type=int, default=60)
-    one.add_argument("--spans-per-request", type=int, default=512)
-    one.add_argument("--sessions-per-request", type=int, default=16)
-    one.add_argument("--clients", type=int, default=4)
-    one.add_argument("--rounds", type=int, default=5)
+    one = workload_parser(modes, "throughput")
     one.add_argument("--idle-s", type=float, default=30.0)
     one.add_argument(
         "--baseline",
@@ -620,12 +626,7 @@ def main() -> None:
     three.add_argument("--batch", type=int, default=1000, help="sessions (spans) per Export request")
     three.add_argument("--clients", type=int, default=4)
     three.add_argument("--idle-s", type=float, default=30.0)
-    four = modes.add_parser("store-floor")
-    four.add_argument("--requests", type=int, default=60)
-    four.add_argument("--spans-per-request", type=int, default=512)
-    four.add_argument("--sessions-per-request", type=int, default=16)
-    four.add_argument("--clients", type=int, default=4)
-    four.add_argument("--rounds", type=int, default=5)
+    workload_parser(modes, "store-floor")
     args = parser.parse_args()
     print(
         f"Python {platform.python_version()}, grpcio {grpc.__version__}, {os.cpu_count()} CPUs, {platform.machine()}"
