@@ -265,6 +265,14 @@ def mapped_attributes_of(key_values) -> dict[str, Any]:  # type: ignore[no-untyp
     return attributes
 
 
+def _wire_decoder() -> Any:
+    wire = native_module("_wire", package="durable_sessions_collector.otlp")
+    return None if wire is None else wire.Decoder(sorted(MAPPED_KEYS), MAPPED_PREFIXES)
+
+
+_WIRE = _wire_decoder()
+
+
 def protobuf_span_parts(body: bytes, rejected: list[str]) -> list[SpanParts]:
     """The parts of a binary request's spans, as :func:`span_parts` gives them with
     :func:`mapped_attributes_of`; spans with unusable ids are described in ``rejected``.
@@ -305,14 +313,6 @@ def value_of(value: AnyValue) -> Any:
     if which == "bytes_value":
         return value.bytes_value
     return None
-
-
-def _wire_decoder() -> Any:
-    wire = native_module("_wire", package=__package__ or "durable_sessions_collector.otlp")
-    return None if wire is None else wire.Decoder(sorted(MAPPED_KEYS), MAPPED_PREFIXES)
-
-
-_WIRE = _wire_decoder()
 
 
 def to_otlp_json(request: ExportTraceServiceRequest) -> bytes:

@@ -143,7 +143,6 @@ class GrpcReceiver:
                 outcome = self.receiver.export(spans, rejected, TRANSPORT)
             except Overloaded as error:
                 metrics.requests.labels(TRANSPORT, "unavailable").inc()
-                metrics.spans_rejected.labels(TRANSPORT, "overload").inc(len(spans) + len(rejected))
                 context.abort_with_status(unavailable_status(str(error), error.retry_after_s))
             except Unavailable as error:
                 metrics.requests.labels(TRANSPORT, "unavailable").inc()

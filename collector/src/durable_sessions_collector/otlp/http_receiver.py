@@ -149,7 +149,6 @@ class HttpTraceReceiver:
             outcome = self.receiver.export(spans, rejected, TRANSPORT)
         except Overloaded as error:
             count(TRANSPORT, "unavailable").inc()
-            self.metrics.spans_rejected.labels(TRANSPORT, "overload").inc(len(spans) + len(rejected))
             return status_body(503, str(error), json_encoding, error.retry_after_s)
         except Unavailable as error:
             count(TRANSPORT, "unavailable").inc()

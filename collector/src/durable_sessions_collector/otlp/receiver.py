@@ -13,7 +13,7 @@ from durable_sessions.record import span_location
 from durable_sessions_collector.alerts.metrics import Metrics
 from durable_sessions_collector.jsonlog import JsonLog
 from durable_sessions_collector.otlp.decode import MAX_NAMED_REJECTIONS, SpanParts
-from durable_sessions_collector.pipeline import Pipeline
+from durable_sessions_collector.pipeline import Overloaded, Pipeline
 
 MAX_MESSAGE_CHARS = 4000
 
@@ -61,7 +61,8 @@ class TraceReceiver:
 
     def export(self, spans: list[SpanParts], rejected: list[str], transport: str) -> Outcome:
         """Store the actions among a request's ``spans`` (``rejected``: why its other spans
-        were not decoded); raise Overloaded/Unavailable when they cannot be stored now."""
+        were not decoded); raise Overloaded/Unavailable when they cannot be stored now
+        (the request's spans are counted as rejected for overload)."""
         unmappable: list[str] = []
         items: list[Mapped] = []
         not_actions = 0
@@ -99,7 +100,11 @@ class TraceReceiver:
         if outcome.not_actions:
             self.metrics.spans_not_action.inc(outcome.not_actions)
         if items:
-            job = self.pipeline.submit(items, transport)
+            try:
+                job = self.pipeline.submit(items, transport)
+            except Overloaded:
+                self.metrics.spans_rejected.labels(transport, "overload").inc(outcome.total)
+                raise
             self.pipeline.wait(job)
             outcome.stored, outcome.duplicates = job.stored, job.duplicates
         if outcome.rejected:
