@@ -37,15 +37,17 @@ one, so the two do not share a GIL (they do share the machine's CPUs).
     (all of that done beforehand), inserted with ``executemany`` (no Python per row) in
     transactions of one write batch (``--spans-per-request`` × ``--clients`` rows), WAL,
     ``synchronous=FULL``: into the sidecar's ``actions`` table, and into a copy without
-    its unique (duplicate-dropping) index and its by-session index. The discard receiver
-    runs in the same run: half its throughput is the per-span budget of the 50% target.
+    its index (which drops duplicate spans and finds a session's rows); with
+    ``--baseline TREE``, also into the ``actions`` table of that tree's schema. The tables
+    grow over the rounds. The discard receiver runs in the same run: half its throughput
+    is the per-span budget of the 50% target.
 
 Run::
 
     .venv/bin/python benchmarks/collector_ingest.py throughput [--rounds 5] [--baseline TREE]
     .venv/bin/python benchmarks/collector_ingest.py latency [--sessions 300 --rate 20 --idle-s 2]
     .venv/bin/python benchmarks/collector_ingest.py rss [--sessions 1000000]
-    .venv/bin/python benchmarks/collector_ingest.py store-floor [--rounds 5]
+    .venv/bin/python benchmarks/collector_ingest.py store-floor [--rounds 5] [--baseline TREE]
 
 It measures and prints; it asserts nothing.
 """
@@ -60,6 +62,7 @@ import os
 import platform
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -554,19 +557,38 @@ def action_rows(requests: list[bytes], received_at: float) -> list[tuple[Any, ..
     return rows
 
 
+def _create_store(path: str, collector_src: str | None = None) -> None:
+    """An empty store of the sidecar of ``collector_src`` (this tree's when None), in a child
+    process so that another tree's ``durable_sessions_collector`` can be imported."""
+    code = (
+        "import sys; sys.path[:0] = sys.argv[2:]\n"
+        "from durable_sessions_collector.store.sqlite import SqliteStore\n"
+        "SqliteStore(sys.argv[1]).close()"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code, path, *([collector_src] if collector_src else [])], check=True
+    )
+
+
 def store_floor(args: argparse.Namespace) -> None:
     import sqlite3
 
-    from durable_sessions_collector.store.sqlite import SqliteStore
-
     work = tempfile.mkdtemp(prefix="ds-floor-")
-    SqliteStore(f"{work}/sessions.db").close()  # the sidecar's schema
-    connection = sqlite3.connect(f"{work}/sessions.db", isolation_level=None)
-    connection.execute("PRAGMA synchronous = FULL")
-    connection.execute("CREATE TABLE plain_actions AS SELECT * FROM actions WHERE 0")  # no constraints
+    stores = {"actions": f"{work}/sessions.db"}
+    _create_store(stores["actions"])
+    if args.baseline:
+        stores["baseline"] = f"{work}/baseline.db"
+        _create_store(stores["baseline"], str(Path(args.baseline, "collector", "src")))
+    connections = {name: sqlite3.connect(path, isolation_level=None) for name, path in stores.items()}
+    plain = connections["actions"]
+    plain.execute("CREATE TABLE plain_actions AS SELECT * FROM actions WHERE 0")  # no constraints
+    for connection in connections.values():
+        connection.execute("PRAGMA synchronous = FULL")
+    tables = [(name, connection, "actions") for name, connection in connections.items()]
+    tables.append(("plain_actions", plain, "plain_actions"))
     discard = Child(_discard_server)
     batch = args.spans_per_request * args.clients
-    timings: dict[str, list[float]] = {"discard": [], "actions": [], "plain_actions": []}
+    timings: dict[str, list[float]] = {"discard": [], **{name: [] for name, _, _ in tables}}
     for round_ in range(args.rounds):
         requests = build_round(
             f"floor{round_}", args.requests, args.spans_per_request, args.sessions_per_request
@@ -574,25 +596,31 @@ def store_floor(args: argparse.Namespace) -> None:
         spans = args.requests * args.spans_per_request
         timings["discard"].append(send_all(discard.port, requests, args.clients) / spans)
         rows = action_rows(requests, time.time())
-        for table in ("actions", "plain_actions"):
+        for name, connection, table in tables:
             sql = f"INSERT INTO {table} (session_id, trace_id, span_id, status, action_id, kind, seq, received_at, record) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
             start = time.perf_counter()
             for i in range(0, len(rows), batch):
                 connection.execute("BEGIN IMMEDIATE")
                 connection.executemany(sql, rows[i : i + batch])
                 connection.execute("COMMIT")
-            timings[table].append((time.perf_counter() - start) / len(rows))
+            timings[name].append((time.perf_counter() - start) / len(rows))
         print(
-            f"round {round_ + 1}: discard {timings['discard'][-1] * 1e6:.2f} µs/span; SQLite "
-            f"{timings['actions'][-1] * 1e6:.2f} µs/row as stored, {timings['plain_actions'][-1] * 1e6:.2f} without indexes"
+            f"round {round_ + 1} ({(round_ + 1) * len(rows):,} rows): discard {timings['discard'][-1] * 1e6:.2f} µs/span; "
+            + _floor_line({name: values[-1] * 1e6 for name, values in timings.items()})
         )
     discard.stop()
     median = {name: statistics.median(values) * 1e6 for name, values in timings.items()}
     print(
         f"median: discard {median['discard']:.2f} µs/span, so the 50% target leaves {2 * median['discard']:.2f} µs "
-        f"per span for everything; SQLite alone takes {median['actions']:.2f} µs/row as stored "
-        f"({median['plain_actions']:.2f} without indexes)"
+        f"per span for everything; " + _floor_line(median)
     )
+
+
+def _floor_line(micros: dict[str, float]) -> str:
+    line = f"SQLite {micros['actions']:.2f} µs/row as stored, {micros['plain_actions']:.2f} without indexes"
+    if "baseline" in micros:
+        line += f", {micros['baseline']:.2f} in the baseline's schema"
+    return line
 
 
 def workload_parser(modes: Any, name: str) -> argparse.ArgumentParser:
@@ -603,6 +631,13 @@ def workload_parser(modes: Any, name: str) -> argparse.ArgumentParser:
     parser.add_argument("--sessions-per-request", type=int, default=16)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--baseline",
+        metavar="TREE",
+        help="also measure the source tree TREE (e.g. `git archive REV collector/src | tar -x -C TREE`): its "
+        "sidecar as a fourth server (throughput), its store's schema (store-floor), for before/after figures "
+        "from one run",
+    )
     return parser
 
 
@@ -611,12 +646,6 @@ def main() -> None:
     modes = parser.add_subparsers(dest="mode", required=True)
     one = workload_parser(modes, "throughput")
     one.add_argument("--idle-s", type=float, default=30.0)
-    one.add_argument(
-        "--baseline",
-        metavar="TREE",
-        help="also run the sidecar of the source tree TREE (e.g. `git archive REV collector/src | tar -x -C "
-        "TREE`) as a fourth server, for before/after figures from one run",
-    )
     two = modes.add_parser("latency")
     two.add_argument("--sessions", type=int, default=300)
     two.add_argument("--rate", type=float, default=20.0, help="sessions per second")

@@ -72,6 +72,18 @@ def test_dedup_and_rollback(store) -> None:  # type: ignore[no-untyped-def]
     assert store.count_actions() == 2
 
 
+def test_a_span_without_a_session_is_stored_once(store) -> None:  # type: ignore[no-untyped-def]
+    sessionless = ActionRow(
+        None, "f" * 32, "s9", "ok", {"action_id": "a9", "kind": "tool_call", "status": "ok"}
+    )
+    with store.writer() as writer:
+        assert writer.add_action(sessionless, 1.0) is True
+        assert writer.add_action(row("s9"), 1.0) is True  # the same ids in a session: another trace
+    with store.writer() as writer:
+        assert writer.add_action(sessionless, 2.0) is False  # redelivered
+    assert store.count_actions() == 2
+
+
 def test_violations_are_unique_and_drive_the_verdict(store) -> None:  # type: ignore[no-untyped-def]
     with store.writer() as writer:
         writer.touch_session("sess", 1.0, 1)
@@ -230,3 +242,79 @@ def test_lock_sessions_tells_a_shared_store_from_a_private_one(store_url: str, s
         assert counts is None  # the only writer: the evaluator's memory is the truth
     else:
         assert counts == {"new": 0, "sess": 1}
+
+
+SCHEMA_V1 = (Path(__file__).parent / "sqlite_schema_v1.sql").read_text()
+
+
+def _store_of_version_1(path: Path) -> None:
+    """A store as version 1 of the sidecar left it: its schema, some actions, a session."""
+    with sqlite3.connect(path) as db:
+        db.executescript(SCHEMA_V1)
+        db.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+        insert = (
+            "INSERT INTO actions (id, session_id, trace_id, span_id, status, action_id, kind, seq, "
+            "received_at, record) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        )
+        for id_, session_id, span_id in ((3, "sess", "s1"), (7, None, "s2"), (9, "sess", "s0")):
+            record = {"session_id": session_id, "action_id": span_id, "kind": "tool_call", "status": "ok"}
+            db.execute(
+                insert,
+                (
+                    id_,
+                    session_id,
+                    "t" * 32,
+                    span_id,
+                    "ok",
+                    span_id,
+                    "tool_call",
+                    1,
+                    1.0,
+                    encode_record(record),
+                ),
+            )
+        db.execute(
+            "INSERT INTO sessions (session_id, first_seen, last_seen, actions) VALUES ('sess', 1, 1, 2)"
+        )
+    db.close()
+
+
+def test_a_version_1_store_is_migrated_keeping_its_rows(tmp_path: Path) -> None:
+    path = tmp_path / "v1.db"
+    _store_of_version_1(path)
+    store = open_store(f"sqlite:///{path}")
+    with store.writer() as writer:  # the rows, in their order, and their duplicates still dropped
+        assert [where.span_id for _, where in writer.session_records("sess")] == ["s1", "s0"]
+        assert writer.add_action(row("s1"), 2.0) is False
+        assert writer.add_action(ActionRow(None, "t" * 32, "s2", "ok", {"status": "ok"}), 2.0) is False
+        assert writer.add_action(row("s4"), 2.0) is True
+    assert store.count_actions() == 4
+    assert store.get_session("sess").summary.actions == 2  # type: ignore[union-attr]
+    store.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("2",)
+        assert db.execute("SELECT id FROM actions ORDER BY id").fetchall() == [(3,), (7,), (9,), (10,)]
+        indexes = {
+            name
+            for (name,) in db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'actions'"
+            )
+        }
+    db.close()
+    assert indexes == {"actions_by_session_span"}
+    open_store(f"sqlite:///{path}").close()  # and it opens again as it is
+
+
+def test_a_store_of_an_unknown_version_is_refused_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "v99.db"
+    _store_of_version_1(path)
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE meta SET value = '99'")
+    db.close()
+    with pytest.raises(StoreError, match="schema version 99, this sidecar reads 2"):
+        open_store(f"sqlite:///{path}")
+    with sqlite3.connect(path) as db:
+        assert db.execute(
+            "SELECT COUNT(*) FROM sqlite_master WHERE name = 'actions_by_session'"
+        ).fetchone() == (1,)
+    db.close()

@@ -34,12 +34,14 @@ from durable_sessions_collector.store.base import (
     violation_detail,
 )
 
-SCHEMA_VERSION = 1
-SCHEMA = """
+SCHEMA_VERSION = 2
+META = """
 CREATE TABLE IF NOT EXISTS meta (
     key TEXT PRIMARY KEY,
     value TEXT NOT NULL
-);
+)
+"""
+ACTIONS = """
 CREATE TABLE IF NOT EXISTS actions (
     id INTEGER PRIMARY KEY,
     session_id TEXT,
@@ -50,10 +52,22 @@ CREATE TABLE IF NOT EXISTS actions (
     kind TEXT,
     seq INTEGER,
     received_at REAL NOT NULL,
-    record TEXT NOT NULL,
-    UNIQUE (trace_id, span_id, status)
-);
-CREATE INDEX IF NOT EXISTS actions_by_session ON actions (session_id, id);
+    record TEXT NOT NULL
+)
+"""
+# One index serves both uses of the actions: it drops a redelivered span (the same
+# trace, span and status; a span's session is derived from the span, so it is the same
+# too) and finds a session's rows. Leading with the session keeps one batch's inserts on
+# few pages; version 1's unique index led with the random trace id, so every insert
+# dirtied another page of it, and inserts slowed as the store grew.
+ACTIONS_INDEX = (
+    "CREATE UNIQUE INDEX IF NOT EXISTS actions_by_session_span "
+    "ON actions (coalesce(session_id, ''), trace_id, span_id, status)"
+)
+SCHEMA = f"""
+{META};
+{ACTIONS};
+{ACTIONS_INDEX};
 CREATE TABLE IF NOT EXISTS sessions (
     session_id TEXT PRIMARY KEY,
     first_seen REAL NOT NULL,
@@ -96,7 +110,7 @@ CREATE TABLE IF NOT EXISTS outbox (
     delivered_at REAL,
     UNIQUE (channel, violation_key)
 );
-CREATE INDEX IF NOT EXISTS outbox_due ON outbox (channel, state, next_attempt_at);
+CREATE INDEX IF NOT EXISTS outbox_due ON outbox (channel, state, next_attempt_at)
 """
 
 
@@ -108,6 +122,43 @@ def _connect(path: str, *, readonly: bool = False) -> sqlite3.Connection:
     if readonly:
         connection.execute("PRAGMA query_only = 1")
     return connection
+
+
+def _prepare(connection: sqlite3.Connection, path: str) -> None:
+    """Create the schema, or migrate an older one, in one transaction (all or nothing)."""
+    connection.execute("BEGIN IMMEDIATE")
+    try:
+        connection.execute(META)
+        found = connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        version = str(SCHEMA_VERSION) if found is None else found[0]
+        if version == "1":
+            _migrate_from_1(connection)
+        elif version != str(SCHEMA_VERSION):
+            raise StoreError(
+                f"store {path!r} has schema version {version}, this sidecar reads {SCHEMA_VERSION}"
+            )
+        for statement in SCHEMA.split(";"):
+            connection.execute(statement)
+        connection.execute(
+            "INSERT INTO meta (key, value) VALUES ('schema_version', ?) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (str(SCHEMA_VERSION),),
+        )
+        connection.execute("COMMIT")
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):
+            connection.execute("ROLLBACK")
+        raise
+
+
+def _migrate_from_1(connection: sqlite3.Connection) -> None:
+    """Version 1 → 2: the actions table, rebuilt without its two indexes (rows, ids and
+    their order kept); :data:`ACTIONS_INDEX` replaces both. Every key unique in version 1
+    is unique in version 2."""
+    connection.execute("ALTER TABLE actions RENAME TO actions_v1")
+    connection.execute(ACTIONS)
+    connection.execute("INSERT INTO actions SELECT * FROM actions_v1 ORDER BY id")
+    connection.execute("DROP TABLE actions_v1")
 
 
 class SqliteStore:
@@ -122,18 +173,9 @@ class SqliteStore:
             mode = connection.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if str(mode).lower() != "wal":
                 raise StoreError(f"store {path!r}: cannot switch the journal to WAL (got {mode!r})")
-            connection.executescript(SCHEMA)
-            connection.execute(
-                "INSERT INTO meta (key, value) VALUES ('schema_version', ?) ON CONFLICT DO NOTHING",
-                (str(SCHEMA_VERSION),),
-            )
-            version = connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]
+            _prepare(connection, path)
         except (sqlite3.Error, OSError) as error:
             raise StoreError(f"cannot open store {path!r}: {error}") from None
-        if int(version) != SCHEMA_VERSION:
-            raise StoreError(
-                f"store {path!r} has schema version {version}, this sidecar reads {SCHEMA_VERSION}"
-            )
         self._write = connection
         self._write_lock = threading.Lock()
         self._local = threading.local()
@@ -212,7 +254,7 @@ class SqliteStore:
                     **decode_record(record),
                 }
                 for trace_id, span_id, received_at, record in reader.execute(
-                    "SELECT trace_id, span_id, received_at, record FROM actions WHERE session_id = ? "
+                    "SELECT trace_id, span_id, received_at, record FROM actions WHERE coalesce(session_id, '') = ? "
                     "ORDER BY seq, id",
                     (session_id,),
                 )
@@ -354,7 +396,8 @@ class SqliteWriter:
 
     def session_records(self, session_id: str) -> Iterator[tuple[ActionRecord, Location]]:
         rows = self._db.execute(
-            "SELECT trace_id, span_id, record FROM actions WHERE session_id = ? ORDER BY id", (session_id,)
+            "SELECT trace_id, span_id, record FROM actions WHERE coalesce(session_id, '') = ? ORDER BY id",
+            (session_id,),
         ).fetchall()
         for trace_id, span_id, record in rows:
             yield decode_record(record), Location(None, None, trace_id, span_id)
