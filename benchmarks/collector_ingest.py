@@ -210,16 +210,18 @@ def _discard_server(conn: Any, walk: bool = False) -> None:
 def _sidecar_server(conn: Any, settings: dict[str, Any], collector_src: str | None = None) -> None:
     if collector_src is not None:  # another version of the sidecar, for before/after figures
         sys.path.insert(0, collector_src)
+    from durable_sessions_collector import service as sidecar
     from durable_sessions_collector.config import load
-    from durable_sessions_collector.service import Service
 
     overrides = {
         "receivers.grpc.endpoint": "127.0.0.1:0",
         "receivers.http.endpoint": "127.0.0.1:0",
         **settings,
     }
-    service = Service(load(None, env={}, overrides=overrides), log_stream=open(os.devnull, "w"))  # noqa: SIM115
+    service = sidecar.Service(load(None, env={}, overrides=overrides), log_stream=open(os.devnull, "w"))  # noqa: SIM115
     service.start()
+    # As serve_forever does; a baseline tree from before it did may lack the function.
+    getattr(sidecar, "tune_garbage_collector", lambda: None)()
     _serve(conn, service.grpc_port, service.stop, http_port=service.http_port)
 
 
