@@ -8,6 +8,9 @@ import json
 import math
 import os
 import sqlite3
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -318,3 +321,48 @@ def test_a_store_of_an_unknown_version_is_refused_untouched(tmp_path: Path) -> N
             "SELECT COUNT(*) FROM sqlite_master WHERE name = 'actions_by_session'"
         ).fetchone() == (1,)
     db.close()
+
+
+OPEN_STORE = """
+import sys
+from durable_sessions_collector.store import open_store
+print("opening", flush=True)
+open_store(sys.argv[1]).close()
+"""
+
+
+def test_a_migration_killed_midway_leaves_version_1_whole(tmp_path: Path) -> None:
+    path = tmp_path / "v1.db"
+    _store_of_version_1(path)
+    rows = 200_000
+    with sqlite3.connect(path) as db:
+        db.executemany(
+            "INSERT INTO actions (session_id, trace_id, span_id, status, received_at, record) "
+            "VALUES (?, ?, ?, 'ok', 1, '{}')",
+            ((f"s{n % 1000}", f"{n:032x}", f"{n:016x}") for n in range(rows)),
+        )
+    db.close()
+    wal = Path(f"{path}-wal")
+    # Killed once the migration has written 1 MiB of its copy to the WAL, uncommitted.
+    child = subprocess.Popen(
+        [sys.executable, "-c", OPEN_STORE, f"sqlite:///{path}"], stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout is not None and child.stdout.readline() == "opening\n"
+    deadline = time.monotonic() + 60
+    while (
+        not (wal.exists() and wal.stat().st_size > 2**20)
+        and child.poll() is None
+        and time.monotonic() < deadline
+    ):
+        time.sleep(0.001)
+    child.kill()
+    assert child.wait() != 0, "the migration finished before it could be killed"
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("1",)
+        assert db.execute("SELECT COUNT(*) FROM actions").fetchone() == (rows + 3,)
+    db.close()
+    store = open_store(f"sqlite:///{path}")  # and the next start migrates it
+    assert store.count_actions() == rows + 3
+    with store.writer() as writer:
+        assert [where.span_id for _, where in writer.session_records("sess")] == ["s1", "s0"]
+    store.close()
