@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from durable_sessions_collector.evaluator import Evaluator
+from durable_sessions_collector.evaluator import Evaluator, arrival
 from durable_sessions_collector.store import open_store
 
 from durable_sessions.engine import Checker
@@ -51,7 +51,7 @@ def test_a_tiny_memory_bound_gives_the_same_findings_as_an_unbounded_engine(tmp_
     for start in range(0, len(items), 25):
         with store.writer() as writer:
             for item in items[start : start + 25]:
-                stored, violations = evaluator.ingest(writer, item, 0.0)
+                stored, violations = evaluator.ingest(writer, arrival(item), 0.0)
                 assert stored
                 found.update(v.key for v in violations)
     assert evaluator.held == 1
@@ -75,7 +75,7 @@ def test_redelivered_spans_are_neither_stored_nor_checked_twice(tmp_path: Path) 
         Location(None, None, "1" * 32, "2" * 16),
     )
     with store.writer() as writer:
-        stored, violations = evaluator.ingest(writer, item, 0.0)
+        stored, violations = evaluator.ingest(writer, arrival(item), 0.0)
         assert stored and [v.rule for v in violations] == ["unkeyed-side-effect"]
-        assert evaluator.ingest(writer, item, 0.0) == (False, [])
+        assert evaluator.ingest(writer, arrival(item), 0.0) == (False, [])
     store.close()

@@ -299,3 +299,17 @@ def test_wrong_attribute_types_become_violations_not_errors(sidecar) -> None:  #
     # Stored values keep their types (bytes included) and the server is fine.
     assert session["actions"][3]["idempotency_key"] == {"bytes_hex": "0001"}
     assert_healthy(sidecar)
+
+
+def test_start_times_past_int64_are_stored_not_failed(sidecar) -> None:  # type: ignore[no-untyped-def]
+    # start_time_unix_nano is a fixed64: a span may start after 2262, as far as OTLP goes.
+    # Its seq does not fit a 64-bit integer column; the span must still be stored, with
+    # the valid spans of its write batch.
+    late = span(1)
+    late.start_time_unix_nano = 2**64 - 1
+    response = grpc_export(sidecar, request(late, span(2)).SerializeToString())
+    assert not response.HasField("partial_success")
+    session = sidecar.session("bad-input")
+    assert session["action_count"] == 2
+    assert sorted(action["seq"] for action in session["actions"])[-1] == 2**64 - 1
+    assert_healthy(sidecar)

@@ -15,8 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 import pytest
-from durable_sessions_collector.evaluator import Evaluator
-from durable_sessions_collector.store import ActionRow, StoreError, open_store
+from durable_sessions_collector.evaluator import Evaluator, arrival
+from durable_sessions_collector.store import StoreError, action_row, open_store
 from durable_sessions_collector.store.postgres import SCHEMA_VERSION, PostgresStore, split_url
 
 from durable_sessions.mapping import Mapped
@@ -183,7 +183,7 @@ def test_two_evaluators_judge_one_session_as_one(postgres_url: str) -> None:
         with store.writer() as writer:
             stored = writer.lock_sessions(["trip"])
             evaluator.forget_stale(stored)
-            added, violations = evaluator.ingest(writer, mapped, float(n))
+            added, violations = evaluator.ingest(writer, arrival(mapped), float(n))
             assert added
             writer.touch_session("trip", float(n), 1)
             found += [v.rule for v in violations if writer.add_violation(v, at_end=False, now=float(n))]
@@ -198,7 +198,7 @@ def test_two_evaluators_judge_one_session_as_one(postgres_url: str) -> None:
 def test_text_with_nul_and_a_bad_server_are_handled(postgres_url: str) -> None:
     store = open_store(postgres_url)
     with store.writer() as writer:
-        row = ActionRow("se\x00ss", "t" * 32, "s1", "ok", {"session_id": "se\x00ss", "action_id": "a\x00"})  # type: ignore[typeddict-item]
+        row = action_row({"session_id": "se\x00ss", "action_id": "a\x00", "status": "ok"}, "t" * 32, "s1")  # type: ignore[typeddict-item]
         assert writer.add_action(row, 1.0)
         writer.touch_session("se\x00ss", 1.0, 1)
     detail = store.get_session("se\x00ss")

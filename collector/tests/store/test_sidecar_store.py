@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from durable_sessions_collector.store import ActionRow, Store, StoreError, open_store
+from durable_sessions_collector.store import ActionRow, Store, StoreError, action_row, open_store
 from durable_sessions_collector.store.base import decode_record, encode_record
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -38,7 +38,7 @@ def row(span_id: str, status: str = "ok", **record) -> ActionRow:  # type: ignor
         "seq": 1,
         **record,
     }
-    return ActionRow("sess", "t" * 32, span_id, status, body)  # type: ignore[arg-type]
+    return action_row(body, "t" * 32, span_id)  # type: ignore[arg-type]
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
@@ -76,9 +76,7 @@ def test_dedup_and_rollback(store) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_a_span_without_a_session_is_stored_once(store) -> None:  # type: ignore[no-untyped-def]
-    sessionless = ActionRow(
-        None, "f" * 32, "s9", "ok", {"action_id": "a9", "kind": "tool_call", "status": "ok"}
-    )
+    sessionless = action_row({"action_id": "a9", "kind": "tool_call", "status": "ok"}, "f" * 32, "s9")
     with store.writer() as writer:
         assert writer.add_action(sessionless, 1.0) is True
         assert writer.add_action(row("s9"), 1.0) is True  # the same ids in a session: another trace
@@ -289,7 +287,7 @@ def test_a_version_1_store_is_migrated_keeping_its_rows(tmp_path: Path) -> None:
     with store.writer() as writer:  # the rows, in their order, and their duplicates still dropped
         assert [where.span_id for _, where in writer.session_records("sess")] == ["s1", "s0"]
         assert writer.add_action(row("s1"), 2.0) is False
-        assert writer.add_action(ActionRow(None, "t" * 32, "s2", "ok", {"status": "ok"}), 2.0) is False
+        assert writer.add_action(action_row({"status": "ok"}, "t" * 32, "s2"), 2.0) is False
         assert writer.add_action(row("s4"), 2.0) is True
     assert store.count_actions() == 4
     assert store.get_session("sess").summary.actions == 2  # type: ignore[union-attr]

@@ -11,6 +11,7 @@ from durable_sessions.digest import digest_text, digest_value
 from durable_sessions.mapping import Mapped, map_attributes
 from durable_sessions.record import span_location
 from durable_sessions_collector.alerts.metrics import Metrics
+from durable_sessions_collector.evaluator import Arrival, arrival
 from durable_sessions_collector.jsonlog import JsonLog
 from durable_sessions_collector.otlp.decode import MAX_NAMED_REJECTIONS, SpanParts
 from durable_sessions_collector.pipeline import Overloaded, Pipeline
@@ -64,7 +65,7 @@ class TraceReceiver:
         were not decoded); raise Overloaded/Unavailable when they cannot be stored now
         (the request's spans are counted as rejected for overload)."""
         unmappable: list[str] = []
-        items: list[Mapped] = []
+        items: list[Arrival] = []
         not_actions = 0
         limit = self.attribute_value_limit
         # The span's parts go to the mapping as they are: SpanData and map_span would
@@ -92,7 +93,7 @@ class TraceReceiver:
                 continue
             record, mapping_problems = mapped
             scrub(record)
-            items.append(Mapped(record, span_location(trace_id, span_id), mapping_problems))
+            items.append(arrival(Mapped(record, span_location(trace_id, span_id), mapping_problems)))
         outcome = Outcome(
             total=len(spans) + len(rejected), rejected=rejected + unmappable, not_actions=not_actions
         )

@@ -19,11 +19,10 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from durable_sessions.mapping import Mapped
 from durable_sessions.violation import Violation
 from durable_sessions_collector.alerts import alert_payload
 from durable_sessions_collector.alerts.metrics import Metrics
-from durable_sessions_collector.evaluator import Evaluator, session_of
+from durable_sessions_collector.evaluator import Arrival, Evaluator
 from durable_sessions_collector.jsonlog import JsonLog
 from durable_sessions_collector.store import Store, Writer
 
@@ -50,7 +49,7 @@ class Unavailable(Exception):
 class Job:
     """One Export request's mapped spans, waiting to be committed."""
 
-    items: list[Mapped]
+    items: list[Arrival]
     transport: str
     done: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
@@ -99,7 +98,7 @@ class Pipeline:
 
     # --- receivers' side ---------------------------------------------------------------
 
-    def submit(self, items: list[Mapped], transport: str) -> Job:
+    def submit(self, items: list[Arrival], transport: str) -> Job:
         """Queue a request's records; raise :class:`Overloaded` when the queue is full."""
         if self._stopping.is_set() or not self.alive:
             raise Unavailable(self.retry_after_s, "the sidecar is shutting down; retry later")
@@ -188,11 +187,11 @@ class Pipeline:
         evaluator = self.evaluator
         try:
             with self.store.writer() as writer:
-                self._lock(writer, {session_of(m.record) for job in batch for m in job.items} - {None})
+                self._lock(writer, {arrived.row.session_id for job in batch for arrived in job.items})
                 for job in batch:
-                    for mapped in job.items:
-                        stored, violations = evaluator.ingest(writer, mapped, now)
-                        session_id = session_of(mapped.record)
+                    for arrived in job.items:
+                        stored, violations = evaluator.ingest(writer, arrived, now)
+                        session_id = arrived.row.session_id
                         if stored:
                             job.stored += 1
                             if session_id is not None:

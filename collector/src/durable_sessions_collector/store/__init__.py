@@ -10,6 +10,7 @@ from durable_sessions_collector.store.base import (
     Store,
     StoreError,
     Writer,
+    action_row,
 )
 from durable_sessions_collector.store.sqlite import SqliteStore
 
@@ -42,5 +43,6 @@ __all__ = [
     "Store",
     "StoreError",
     "Writer",
+    "action_row",
     "open_store",
 ]

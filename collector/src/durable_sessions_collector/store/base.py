@@ -47,13 +47,44 @@ class StoreError(RuntimeError):
 
 @dataclass(slots=True)  # not frozen: built for every ingested span, and a frozen init costs 5x
 class ActionRow:
-    """One action record to store, with where it came from."""
+    """One action record to store, with where it came from, in the store's columns.
+
+    Built by :func:`action_row`, in the thread that received the span, so that the one
+    writer thread only inserts it.
+    """
 
     session_id: str | None
     trace_id: str
     span_id: str
     status: str
     record: ActionRecord
+    action_id: str | None
+    kind: str | None
+    seq: int | None
+    text: str
+    """The record as :func:`encode_record` writes it."""
+
+
+_INT64 = 2**63
+
+
+def action_row(record: ActionRecord, trace_id: str, span_id: str) -> ActionRow:
+    """The row ``record`` is stored as. A column holds a field only when its type is the
+    column's: a session id must be a non-empty string, and ``seq`` must fit a 64-bit
+    integer column (a span's start time is unsigned and may not)."""
+    session_id, status = record.get("session_id"), record.get("status")
+    action_id, kind, seq = record.get("action_id"), record.get("kind"), record.get("seq")
+    return ActionRow(
+        session_id if type(session_id) is str and session_id else None,
+        trace_id,
+        span_id,
+        status if type(status) is str else repr(status),
+        record,
+        action_id if type(action_id) is str else None,
+        kind if type(kind) is str else None,
+        seq if type(seq) is int and -_INT64 <= seq < _INT64 else None,
+        encode_record(record),
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,7 +59,6 @@ from durable_sessions_collector.store.base import (
     SessionSummary,
     StoreError,
     decode_record,
-    encode_record,
     feed_item,
     violation_detail,
 )
@@ -68,7 +67,6 @@ SCHEMA_VERSION = 1
 CLAIM_LEASE_S = 60.0
 DDL_LOCK = 0x64757261  # advisory lock held while creating the schema ("dura")
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
-_INT64 = 1 << 63
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -459,8 +457,6 @@ class PostgresWriter:
         return {session_id: int(stored.get(_t(session_id), 0)) for session_id in session_ids}
 
     def add_action(self, row: ActionRow, received_at: float) -> bool:
-        record = row.record
-        action_id, kind, seq = record.get("action_id"), record.get("kind"), record.get("seq")
         cursor = self._db.execute(
             "INSERT INTO actions (session_id, trace_id, span_id, status, action_id, kind, seq, received_at, record) "
             "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
@@ -469,11 +465,11 @@ class PostgresWriter:
                 _t(row.trace_id),
                 _t(row.span_id),
                 _t(row.status),
-                _t(action_id) if type(action_id) is str else None,
-                _t(kind) if type(kind) is str else None,
-                seq if type(seq) is int and -_INT64 <= seq < _INT64 else None,
+                _t(row.action_id),
+                _t(row.kind),
+                row.seq,
                 received_at,
-                encode_record(record),
+                row.text,
             ),
         )
         return cursor.rowcount == 1

@@ -29,7 +29,6 @@ from durable_sessions_collector.store.base import (
     SessionSummary,
     StoreError,
     decode_record,
-    encode_record,
     feed_item,
     violation_detail,
 )
@@ -375,8 +374,6 @@ class SqliteWriter:
         return None
 
     def add_action(self, row: ActionRow, received_at: float) -> bool:
-        record = row.record
-        action_id, kind, seq = record.get("action_id"), record.get("kind"), record.get("seq")
         cursor = self._db.execute(
             "INSERT INTO actions (session_id, trace_id, span_id, status, action_id, kind, seq, received_at, record) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
@@ -385,11 +382,11 @@ class SqliteWriter:
                 row.trace_id,
                 row.span_id,
                 row.status,
-                action_id if type(action_id) is str else None,
-                kind if type(kind) is str else None,
-                seq if type(seq) is int else None,
+                row.action_id,
+                row.kind,
+                row.seq,
                 received_at,
-                encode_record(record),
+                row.text,
             ),
         )
         return cursor.rowcount == 1
