@@ -45,7 +45,7 @@ def tune_garbage_collector() -> None:
     and held sessions alive while it does. Under the default thresholds, those survivors
     set off full collections, each of which scans the whole heap and finds nothing: in
     ``benchmarks/collector_ingest.py throughput`` these thresholds made the sidecar
-    ~1.19× faster. :func:`gc.freeze` also leaves what start-up built (modules,
+    ~1.18× faster. :func:`gc.freeze` also leaves what start-up built (modules,
     descriptors, configuration) out of every later collection.
 
     Called by :meth:`Service.serve_forever`, which owns its process. A program that

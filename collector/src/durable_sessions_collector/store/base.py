@@ -49,8 +49,8 @@ class StoreError(RuntimeError):
 class ActionRow:
     """One action record to store, with where it came from, in the store's columns.
 
-    Built by :func:`action_row`, in the thread that received the span, so that the one
-    writer thread only inserts it.
+    Built by :func:`action_row`, one builder for both stores, in the thread that received
+    the span (the writer thread only inserts it).
     """
 
     session_id: str | None
