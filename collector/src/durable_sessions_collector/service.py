@@ -78,6 +78,8 @@ class Service:
     def start(self) -> Service:
         config, log = self.config, self.log
         self.store = store = open_store(config.store)
+        if store.migrated_from is not None:
+            log.info("store-migrated", store=config.store, from_version=store.migrated_from)
         try:
             self.metrics = metrics = Metrics(store)
             self.evaluator = Evaluator(

@@ -4,6 +4,7 @@ outbox, paging and the violation feed; then what only one of them has (WAL for S
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from durable_sessions_collector.config import load
+from durable_sessions_collector.service import Service
 from durable_sessions_collector.store import ActionRow, Store, StoreError, action_row, open_store
 from durable_sessions_collector.store.base import decode_record, encode_record
 from hypothesis import given, settings
@@ -63,6 +66,7 @@ def test_sqlite_store_uses_wal(tmp_path: Path) -> None:
 
 
 def test_dedup_and_rollback(store) -> None:  # type: ignore[no-untyped-def]
+    assert store.migrated_from is None  # a new store
     with store.writer() as writer:
         assert writer.add_action(row("s1"), 1.0) is True
         assert writer.add_action(row("s1"), 2.0) is False  # same trace, span and status
@@ -284,6 +288,7 @@ def test_a_version_1_store_is_migrated_keeping_its_rows(tmp_path: Path) -> None:
     path = tmp_path / "v1.db"
     _store_of_version_1(path)
     store = open_store(f"sqlite:///{path}")
+    assert store.migrated_from == "1"
     with store.writer() as writer:  # the rows, in their order, and their duplicates still dropped
         assert [where.span_id for _, where in writer.session_records("sess")] == ["s1", "s0"]
         assert writer.add_action(row("s1"), 2.0) is False
@@ -303,7 +308,9 @@ def test_a_version_1_store_is_migrated_keeping_its_rows(tmp_path: Path) -> None:
         }
     db.close()
     assert indexes == {"actions_by_session_span"}
-    open_store(f"sqlite:///{path}").close()  # and it opens again as it is
+    again = open_store(f"sqlite:///{path}")  # and it opens again as it is
+    assert again.migrated_from is None
+    again.close()
 
 
 def test_a_store_of_an_unknown_version_is_refused_untouched(tmp_path: Path) -> None:
@@ -364,3 +371,23 @@ def test_a_migration_killed_midway_leaves_version_1_whole(tmp_path: Path) -> Non
     with store.writer() as writer:
         assert [where.span_id for _, where in writer.session_records("sess")] == ["s1", "s0"]
     store.close()
+
+
+def test_the_sidecar_logs_a_migration(tmp_path: Path) -> None:
+    path = tmp_path / "v1.db"
+    _store_of_version_1(path)
+    config = load(
+        None,
+        env={},
+        overrides={
+            "store": f"sqlite:///{path}",
+            "receivers.grpc.endpoint": "127.0.0.1:0",
+            "receivers.http.endpoint": "127.0.0.1:0",
+        },
+    )
+    log = io.StringIO()
+    with Service(config, log_stream=log):
+        pass
+    lines = [json.loads(line) for line in log.getvalue().splitlines()]
+    migrated = [line for line in lines if line["event"] == "store-migrated"]
+    assert len(migrated) == 1 and migrated[0]["from_version"] == "1"

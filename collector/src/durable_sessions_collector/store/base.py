@@ -182,6 +182,10 @@ class Writer(Protocol):
 class Store(Protocol):
     """The durable store of sessions. Reads may come from any thread."""
 
+    migrated_from: str | None
+    """The schema version this store was migrated from when it was opened; None when
+    it needed no migration."""
+
     def writer(self) -> AbstractContextManager[Writer]:
         """A transaction: committed when the block ends, rolled back if it raises."""
 

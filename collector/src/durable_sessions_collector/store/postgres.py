@@ -175,6 +175,7 @@ class PostgresStore:
     def __init__(self, url: str, *, claim_lease_s: float = CLAIM_LEASE_S) -> None:
         self.url = url
         self.name = redact(url)
+        self.migrated_from: str | None = None  # another version is refused, not migrated
         self.dsn, self.schema = split_url(url)
         self.claim_lease_s = claim_lease_s
         self._write_lock = threading.Lock()

@@ -123,8 +123,9 @@ def _connect(path: str, *, readonly: bool = False) -> sqlite3.Connection:
     return connection
 
 
-def _prepare(connection: sqlite3.Connection, path: str) -> None:
-    """Create the schema, or migrate an older one, in one transaction (all or nothing)."""
+def _prepare(connection: sqlite3.Connection, path: str) -> str | None:
+    """Create the schema, or migrate an older one, in one transaction (all or nothing).
+    Returns the version migrated from, if any."""
     connection.execute("BEGIN IMMEDIATE")
     try:
         connection.execute(META)
@@ -148,6 +149,7 @@ def _prepare(connection: sqlite3.Connection, path: str) -> None:
         with contextlib.suppress(sqlite3.Error):
             connection.execute("ROLLBACK")
         raise
+    return None if version == str(SCHEMA_VERSION) else version
 
 
 def _migrate_from_1(connection: sqlite3.Connection) -> None:
@@ -172,7 +174,7 @@ class SqliteStore:
             mode = connection.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if str(mode).lower() != "wal":
                 raise StoreError(f"store {path!r}: cannot switch the journal to WAL (got {mode!r})")
-            _prepare(connection, path)
+            self.migrated_from = _prepare(connection, path)
         except (sqlite3.Error, OSError) as error:
             raise StoreError(f"cannot open store {path!r}: {error}") from None
         self._write = connection
