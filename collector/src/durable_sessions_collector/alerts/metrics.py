@@ -58,7 +58,8 @@ class Metrics:
         )
         self.spans_rejected = Counter(
             "durable_sessions_spans_rejected",
-            "Spans not accepted: invalid (answered as rejected, never retried) or overload (retried by the client)",
+            "Spans not accepted: invalid or unstorable (answered as rejected, never retried), or overload "
+            "(retried by the client)",
             ["transport", "reason"],
             registry=registry,
         )

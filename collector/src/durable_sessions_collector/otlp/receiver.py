@@ -100,6 +100,7 @@ class TraceReceiver:
         self.metrics.spans_received.labels(transport).inc(outcome.total)
         if outcome.not_actions:
             self.metrics.spans_not_action.inc(outcome.not_actions)
+        invalid = len(outcome.rejected)
         if items:
             try:
                 job = self.pipeline.submit(items, transport)
@@ -108,8 +109,11 @@ class TraceReceiver:
                 raise
             self.pipeline.wait(job)
             outcome.stored, outcome.duplicates = job.stored, job.duplicates
-        if outcome.rejected:
-            self.metrics.spans_rejected.labels(transport, "invalid").inc(len(outcome.rejected))
+            if job.unstorable:
+                self.metrics.spans_rejected.labels(transport, "unstorable").inc(len(job.unstorable))
+                outcome.rejected += job.unstorable
+        if invalid:
+            self.metrics.spans_rejected.labels(transport, "invalid").inc(invalid)
         return outcome
 
 

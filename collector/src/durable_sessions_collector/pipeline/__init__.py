@@ -24,7 +24,7 @@ from durable_sessions_collector.alerts import alert_payload
 from durable_sessions_collector.alerts.metrics import Metrics
 from durable_sessions_collector.evaluator import Arrival, Evaluator
 from durable_sessions_collector.jsonlog import JsonLog
-from durable_sessions_collector.store import Store, Writer
+from durable_sessions_collector.store import Store, StoreError, Writer
 
 IDLE_BATCH = 500
 
@@ -55,6 +55,8 @@ class Job:
     error: BaseException | None = None
     stored: int = 0
     duplicates: int = 0
+    unstorable: list[str] = field(default_factory=list)
+    """Spans that could not be stored, each named with the reason (rejected, not retried)."""
 
 
 class Pipeline:
@@ -180,7 +182,36 @@ class Pipeline:
                 break
 
     def _write(self, batch: list[Job]) -> None:
-        now = time.time()
+        """Commit ``batch`` in one transaction, then release its receivers.
+
+        A failure the store reports as such (:class:`StoreError`: unreachable, locked,
+        full) fails the batch, and its clients retry. Any other failure comes from
+        something in the records, so it must not fail the requests batched with it
+        forever: the requests are written one at a time, and a failing request span by
+        span, so that only the spans that cannot be stored are rejected.
+        """
+        for job in batch:
+            job.stored = job.duplicates = 0
+        try:
+            fresh = self._transaction(batch, time.time())
+        except StoreError as error:
+            self._fail(batch, error)
+            return
+        except Exception as error:
+            self._fail_over(batch, error)
+            return
+        for job in batch:
+            job.done.set()
+        stored = sum(job.stored for job in batch)
+        duplicates = sum(job.duplicates for job in batch)
+        if stored:
+            self.metrics.spans_stored.inc(stored)
+        if duplicates:
+            self.metrics.spans_duplicate.inc(duplicates)
+        self._raised(fresh)
+
+    def _transaction(self, batch: list[Job], now: float) -> list[Violation]:
+        """Store and check the batch's records in one transaction; return the new violations."""
         touched: dict[str, int] = {}
         fresh: list[Violation] = []
         verdicts: dict[str, str] = {}
@@ -209,25 +240,48 @@ class Pipeline:
                 for session_id in touched.keys() | verdicts.keys():
                     verdicts[session_id] = writer.refresh_verdict(session_id)
                 self._enqueue(writer, fresh, verdicts, now)
-        except Exception as error:
+        except BaseException:
             evaluator.discard(touched)
-            self.metrics.commit_failures.inc()
-            self.log.error(
-                "store-write-failed", error=f"{type(error).__name__}: {error}", requests=len(batch)
-            )
-            for job in batch:
-                job.error = error
-                job.done.set()
-            return
+            raise
+        return fresh
+
+    def _fail(self, batch: list[Job], error: BaseException) -> None:
+        self.metrics.commit_failures.inc()
+        self.log.error("store-write-failed", error=f"{type(error).__name__}: {error}", requests=len(batch))
         for job in batch:
+            job.error = error
             job.done.set()
-        stored = sum(job.stored for job in batch)
-        duplicates = sum(job.duplicates for job in batch)
-        if stored:
-            self.metrics.spans_stored.inc(stored)
-        if duplicates:
-            self.metrics.spans_duplicate.inc(duplicates)
-        self._raised(fresh)
+
+    def _fail_over(self, batch: list[Job], error: Exception) -> None:
+        """``batch`` failed for something in its records: write it in smaller parts."""
+        if len(batch) > 1:
+            for job in batch:
+                self._write([job])
+            return
+        job = batch[0]
+        if len(job.items) == 1:
+            self._fail(batch, error)
+            return
+        self.log.error(
+            "request-write-failed",
+            error=f"{type(error).__name__}: {error}",
+            spans=len(job.items),
+            note="writing its spans one at a time",
+        )
+        failed: list[Job] = []
+        for arrived in job.items:
+            part = Job([arrived], job.transport)
+            self._write([part])
+            if part.error is None:
+                job.stored += part.stored
+                job.duplicates += part.duplicates
+            else:
+                failed.append(part)
+        if len(failed) == len(job.items):
+            job.error = failed[-1].error  # nothing could be stored: retryable, as a store failure is
+        else:
+            job.unstorable = [_unstorable(part) for part in failed]
+        job.done.set()
 
     def sweep(self, now: float) -> int:
         """End up to ``IDLE_BATCH`` sessions idle for ``idle_s`` (their end-of-session rules
@@ -285,3 +339,11 @@ class Pipeline:
             except Exception as error:
                 self._backlog = True
                 self.log.error("alert-delivery-failed", error=f"{type(error).__name__}: {error}")
+
+
+def _unstorable(part: Job) -> str:
+    row = part.items[0].row
+    return (
+        f"span {row.span_id} (trace {row.trace_id}): cannot be stored "
+        f"({type(part.error).__name__}: {part.error})"
+    )

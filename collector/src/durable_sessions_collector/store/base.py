@@ -42,7 +42,10 @@ _BYTES_TAG = "__bytes_hex__"
 
 
 class StoreError(RuntimeError):
-    """The store cannot be opened or written (answered as retryable: UNAVAILABLE / 503)."""
+    """The store cannot be opened or written (answered as retryable: UNAVAILABLE / 503).
+
+    A writer raises it for the store's own state (unreachable, locked, full); any other
+    error inside a write comes from the records written."""
 
 
 @dataclass(slots=True)  # not frozen: built for every ingested span, and a frozen init costs 5x

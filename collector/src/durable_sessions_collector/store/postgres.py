@@ -245,6 +245,8 @@ class PostgresStore:
             except BaseException as error:
                 with contextlib.suppress(psycopg.Error):
                     transaction.__exit__(type(error), error, error.__traceback__)
+                if isinstance(error, psycopg.OperationalError):  # connection, locks, resources
+                    raise StoreError(f"store {self.name!r}: write failed: {_reason(error)}") from error
                 raise
             try:
                 transaction.__exit__(None, None, None)

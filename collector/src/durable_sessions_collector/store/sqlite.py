@@ -195,9 +195,11 @@ class SqliteStore:
                 raise StoreError(f"store {self.path!r}: cannot begin a transaction: {error}") from None
             try:
                 yield SqliteWriter(connection)
-            except BaseException:
+            except BaseException as error:
                 with contextlib.suppress(sqlite3.Error):
                     connection.execute("ROLLBACK")
+                if isinstance(error, sqlite3.OperationalError):  # locked, full, I/O: the store's state
+                    raise StoreError(f"store {self.path!r}: write failed: {error}") from error
                 raise
             try:
                 connection.execute("COMMIT")

@@ -1,0 +1,145 @@
+"""A span that cannot be stored must not fail, forever, the requests batched with it.
+
+The store cannot be made to fail on one span from the outside, so a real SQLite trigger
+on the sidecar's own store file aborts the insert of any action with ``action_id``
+'poison'. It stands for whatever in a record a store may refuse (the OverflowError of
+a start time past 2^63 was one). The trigger raises a constraint error, not an error
+of the store's state, so the sidecar treats it as coming from the records.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+from conftest import wait_for
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+
+EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+
+
+def span_id(session: str, action_id: str) -> bytes:
+    return hashlib.sha256(f"{session}/{action_id}".encode()).digest()[:8]
+
+
+def request(session: str, *action_ids: str) -> bytes:
+    spans = [
+        Span(
+            trace_id=hashlib.sha256(session.encode()).digest()[:16],
+            span_id=span_id(session, action_id),
+            name=action_id,
+            start_time_unix_nano=1_700_000_000_000_000_000 + n,
+            attributes=[
+                KeyValue(key="session.id", value=AnyValue(string_value=session)),
+                KeyValue(key="agent.action.id", value=AnyValue(string_value=action_id)),
+                KeyValue(key="agent.action.kind", value=AnyValue(string_value="tool_call")),
+            ],
+        )
+        for n, action_id in enumerate(action_ids)
+    ]
+    return ExportTraceServiceRequest(
+        resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=spans)])]
+    ).SerializeToString()
+
+
+def poison(store: Path) -> None:
+    with sqlite3.connect(store) as db:
+        db.execute(
+            "CREATE TRIGGER poison BEFORE INSERT ON actions WHEN NEW.action_id = 'poison' "
+            "BEGIN SELECT RAISE(ABORT, 'poisoned row'); END"
+        )
+    db.close()
+
+
+def test_only_the_unstorable_span_is_rejected_and_its_batch_is_stored(start_sidecar, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    store = tmp_path / "sessions.db"
+    sidecar = start_sidecar(store)
+    poison(store)
+    channel = grpc.insecure_channel(sidecar.grpc_endpoint)
+    export = channel.unary_unary(
+        EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString
+    )
+    # Hold the store's write lock so that the three requests queue up behind a first one
+    # and are written as one batch once it is released.
+    lock = sqlite3.connect(store, isolation_level=None)
+    lock.execute("BEGIN IMMEDIATE")
+    pipeline = sidecar.service.pipeline
+    with ThreadPoolExecutor(4) as pool:
+        first = pool.submit(export, request("first", "f1"), timeout=60)
+        wait_for(lambda: sidecar.metric("durable_sessions_spans_received_total", transport="grpc") == 1)
+        wait_for(lambda: pipeline.queue.qsize() == 0)  # the writer took it and waits on the lock
+        bodies = [request("mixed", "m1", "poison", "m2"), request("clean-a", "a1"), request("clean-b", "b1")]
+        answers = [pool.submit(export, body, timeout=60) for body in bodies]
+        wait_for(lambda: pipeline.queue.qsize() == 3)
+        lock.execute("COMMIT")
+        lock.close()
+        assert not first.result().HasField("partial_success")
+        mixed, clean_a, clean_b = (answer.result() for answer in answers)
+    channel.close()
+
+    assert not clean_a.HasField("partial_success") and not clean_b.HasField("partial_success")
+    assert mixed.partial_success.rejected_spans == 1
+    message = mixed.partial_success.error_message
+    assert "rejected 1 of 3 span(s)" in message and "cannot be stored" in message
+    assert "IntegrityError: poisoned row" in message and span_id("mixed", "poison").hex() in message
+    assert [a["action_id"] for a in sidecar.session("mixed")["actions"]] == ["m1", "m2"]
+    assert sidecar.session("clean-a")["action_count"] == 1
+    assert sidecar.session("clean-b")["action_count"] == 1
+    assert sidecar.metric("durable_sessions_spans_rejected_total", transport="grpc", reason="unstorable") == 1
+    assert sidecar.metric("durable_sessions_actions_stored_total") == 5
+    assert sidecar.get("/healthz")[0] == 200
+
+
+def test_a_request_of_only_unstorable_spans_is_retryable(start_sidecar, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Nothing of it could be stored: that looks like the store, not the spans, so the
+    # client is told to retry rather than have the spans dropped.
+    store = tmp_path / "sessions.db"
+    sidecar = start_sidecar(store)
+    poison(store)
+    with grpc.insecure_channel(sidecar.grpc_endpoint) as channel:
+        export = channel.unary_unary(
+            EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString
+        )
+        try:
+            export(request("all-bad", "poison"), timeout=30)
+        except grpc.RpcError as error:
+            assert error.code() == grpc.StatusCode.UNAVAILABLE
+            assert "poisoned row" in error.details()
+        else:
+            raise AssertionError("a request none of whose spans could be stored was answered OK")
+    assert sidecar.get("/healthz")[0] == 200
+
+
+def test_a_broken_store_fails_the_batch_without_splitting_it(start_sidecar, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # An error of the store's own state (here a schema it cannot use: a trigger on a
+    # table that is gone) is a StoreError: the request is answered retryable as a whole,
+    # not retried span by span (which would fail once per span), and nothing is kept.
+    store = tmp_path / "sessions.db"
+    sidecar = start_sidecar(store)
+    with sqlite3.connect(store) as db:
+        db.execute("CREATE TRIGGER broken BEFORE INSERT ON actions BEGIN SELECT 1 FROM no_such_table; END")
+    db.close()
+    with grpc.insecure_channel(sidecar.grpc_endpoint) as channel:
+        export = channel.unary_unary(
+            EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString
+        )
+        try:
+            export(request("broken", "b1", "b2", "b3"), timeout=30)
+        except grpc.RpcError as error:
+            assert error.code() == grpc.StatusCode.UNAVAILABLE
+            assert "no such table" in error.details()
+        else:
+            raise AssertionError("a write the store failed was answered OK")
+    events = [line.get("event") for line in sidecar.log.lines()]
+    assert events.count("store-write-failed") == 1 and "request-write-failed" not in events
+    with sqlite3.connect(store) as db:
+        assert db.execute("SELECT COUNT(*) FROM actions").fetchone() == (0,)
+    db.close()
