@@ -241,7 +241,9 @@ class Pipeline:
                     verdicts[session_id] = writer.refresh_verdict(session_id)
                 self._enqueue(writer, fresh, verdicts, now)
         except BaseException:
-            evaluator.discard(touched)
+            # Any session of the batch may hold state the rollback took from the store
+            # (a record fed before the failure): forget them all; they are rebuilt.
+            evaluator.discard({arrived.row.session_id for job in batch for arrived in job.items} - {None})
             raise
         return fresh
 
