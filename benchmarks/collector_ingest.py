@@ -542,7 +542,7 @@ def action_rows(requests: list[bytes], received_at: float) -> list[tuple[Any, ..
     """The rows the SQLite store writes for these requests' action spans."""
     from durable_sessions_collector.otlp.decode import protobuf_span_parts
     from durable_sessions_collector.otlp.receiver import scrub
-    from durable_sessions_collector.store.base import encode_record
+    from durable_sessions_collector.store import action_row
 
     from durable_sessions.mapping import map_attributes
 
@@ -554,8 +554,17 @@ def action_rows(requests: list[bytes], received_at: float) -> list[tuple[Any, ..
                 continue
             record = mapped[0]
             scrub(record)
-            fields = [record.get(name) for name in ("session_id", "status", "action_id", "kind", "seq")]
-            rows.append((fields[0], trace_id, span_id, *fields[1:], received_at, encode_record(record)))
+            row = action_row(record, trace_id, span_id)
+            columns = (
+                row.session_id,
+                row.trace_id,
+                row.span_id,
+                row.status,
+                row.action_id,
+                row.kind,
+                row.seq,
+            )
+            rows.append((*columns, received_at, row.text))
     return rows
 
 

@@ -216,9 +216,10 @@ class Pipeline:
         fresh: list[Violation] = []
         verdicts: dict[str, str] = {}
         evaluator = self.evaluator
+        sessions = {arrived.row.session_id for job in batch for arrived in job.items} - {None}
         try:
             with self.store.writer() as writer:
-                self._lock(writer, {arrived.row.session_id for job in batch for arrived in job.items})
+                self._lock(writer, sessions)
                 for job in batch:
                     for arrived in job.items:
                         stored, violations = evaluator.ingest(writer, arrived, now)
@@ -243,7 +244,7 @@ class Pipeline:
         except BaseException:
             # Any session of the batch may hold state the rollback took from the store
             # (a record fed before the failure): forget them all; they are rebuilt.
-            evaluator.discard({arrived.row.session_id for job in batch for arrived in job.items} - {None})
+            evaluator.discard(sessions)
             raise
         return fresh
 

@@ -59,10 +59,9 @@ CREATE TABLE IF NOT EXISTS actions (
 # too) and finds a session's rows. Leading with the session keeps one batch's inserts on
 # few pages; version 1's unique index led with the random trace id, so every insert
 # dirtied another page of it, and inserts slowed as the store grew.
-ACTIONS_INDEX = (
-    "CREATE UNIQUE INDEX IF NOT EXISTS actions_by_session_span "
-    "ON actions (coalesce(session_id, ''), trace_id, span_id, status)"
-)
+SESSION_KEY = "coalesce(session_id, '')"
+"""How the index keys a row's session: queries by session say it the same way, to use it."""
+ACTIONS_INDEX = f"CREATE UNIQUE INDEX IF NOT EXISTS actions_by_session_span ON actions ({SESSION_KEY}, trace_id, span_id, status)"
 SCHEMA = f"""
 {META};
 {ACTIONS};
@@ -257,7 +256,7 @@ class SqliteStore:
                     **decode_record(record),
                 }
                 for trace_id, span_id, received_at, record in reader.execute(
-                    "SELECT trace_id, span_id, received_at, record FROM actions WHERE coalesce(session_id, '') = ? "
+                    f"SELECT trace_id, span_id, received_at, record FROM actions WHERE {SESSION_KEY} = ? "
                     "ORDER BY seq, id",
                     (session_id,),
                 )
@@ -397,7 +396,7 @@ class SqliteWriter:
 
     def session_records(self, session_id: str) -> Iterator[tuple[ActionRecord, Location]]:
         rows = self._db.execute(
-            "SELECT trace_id, span_id, record FROM actions WHERE coalesce(session_id, '') = ? ORDER BY id",
+            f"SELECT trace_id, span_id, record FROM actions WHERE {SESSION_KEY} = ? ORDER BY id",
             (session_id,),
         ).fetchall()
         for trace_id, span_id, record in rows:
