@@ -143,3 +143,53 @@ def test_a_broken_store_fails_the_batch_without_splitting_it(start_sidecar, tmp_
     with sqlite3.connect(store) as db:
         assert db.execute("SELECT COUNT(*) FROM actions").fetchone() == (0,)
     db.close()
+
+
+# --- the same on PostgreSQL: its errors are told apart by SQLSTATE class ------------------
+
+
+def _pg(postgres_url: str, statement: str) -> None:
+    import psycopg
+
+    dsn, _, schema = postgres_url.partition("?schema=")
+    with psycopg.connect(dsn, autocommit=True) as db:
+        db.execute(f'SET search_path TO "{schema}"')
+        db.execute(statement)
+
+
+def test_postgres_only_the_span_it_refuses_is_rejected(start_sidecar, postgres_url) -> None:  # type: ignore[no-untyped-def]
+    # A constraint violation (SQLSTATE class 23) is about the values: only that span is rejected.
+    sidecar = start_sidecar(postgres_url)
+    _pg(
+        postgres_url,
+        "ALTER TABLE actions ADD CONSTRAINT no_poison CHECK (action_id IS DISTINCT FROM 'poison')",
+    )
+    with grpc.insecure_channel(sidecar.grpc_endpoint) as channel:
+        export = channel.unary_unary(
+            EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString
+        )
+        answer = export(request("pg-mixed", "m1", "poison", "m2"), timeout=30)
+    assert answer.partial_success.rejected_spans == 1
+    assert span_id("pg-mixed", "poison").hex() in answer.partial_success.error_message
+    assert "no_poison" in answer.partial_success.error_message
+    assert sidecar.session("pg-mixed")["action_count"] == 2
+
+
+def test_postgres_a_dropped_table_fails_the_batch_without_splitting_it(start_sidecar, postgres_url) -> None:  # type: ignore[no-untyped-def]
+    # UndefinedTable is a ProgrammingError (SQLSTATE 42P01), not an OperationalError, but it
+    # is the store's state all the same: retryable as a whole, not span by span.
+    sidecar = start_sidecar(postgres_url)
+    _pg(postgres_url, "DROP TABLE violations")
+    with grpc.insecure_channel(sidecar.grpc_endpoint) as channel:
+        export = channel.unary_unary(
+            EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString
+        )
+        try:
+            export(request("pg-broken", "b1", "b2", "b3"), timeout=30)
+        except grpc.RpcError as error:
+            assert error.code() == grpc.StatusCode.UNAVAILABLE
+            assert "violations" in error.details()
+        else:
+            raise AssertionError("a write the store failed was answered OK")
+    events = [line.get("event") for line in sidecar.log.lines()]
+    assert events.count("store-write-failed") == 1 and "request-write-failed" not in events

@@ -245,7 +245,7 @@ class PostgresStore:
             except BaseException as error:
                 with contextlib.suppress(psycopg.Error):
                     transaction.__exit__(type(error), error, error.__traceback__)
-                if isinstance(error, psycopg.OperationalError):  # connection, locks, resources
+                if _about_the_store(error):
                     raise StoreError(f"store {self.name!r}: write failed: {_reason(error)}") from error
                 raise
             try:
@@ -406,6 +406,21 @@ def _parse_pg_cursor(cursor: str) -> tuple[int, int]:
     if len(parts) != 3 or parts[0] != "pg" or not parts[1].isdigit() or not parts[2].isdigit():
         raise ValueError(f"not a cursor of this store: {cursor!r}")
     return int(parts[1]), int(parts[2])
+
+
+# SQLSTATE classes of errors caused by the values written: data exception (22) and
+# integrity constraint violation (23). Every other class is about the store itself.
+RECORD_ERROR_CLASSES = frozenset({"22", "23"})
+
+
+def _about_the_store(error: BaseException) -> bool:
+    """Whether ``error`` comes from the store's state (connection, locks, resources, a
+    schema that is gone or a permission taken away), which retrying later may cure, rather
+    than from the values written, which no retry of the same records will."""
+    if isinstance(error, psycopg.OperationalError):
+        return True
+    sqlstate = error.sqlstate if isinstance(error, psycopg.Error) else None
+    return sqlstate is not None and sqlstate[:2] not in RECORD_ERROR_CLASSES
 
 
 def _reason(error: BaseException) -> str:
