@@ -163,7 +163,10 @@ class OutboxDelivery:
     def _deliver(self, alert: Alert) -> int:
         channel = self.channel
         start = time.perf_counter()
-        attempt = self.send(alert)
+        try:
+            attempt = self.send(alert)
+        except Exception as error:  # a bug in a channel still counts as an attempt: capped, not endless
+            attempt = Attempt("retry", f"{type(error).__name__}: {error}")
         self.metrics.alert_delivery_duration.labels(channel).observe(time.perf_counter() - start)
         now = time.time()
         attempts = alert.attempts + 1

@@ -69,7 +69,7 @@ def _retry_after(value: str | None) -> float | None:
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():  # "²".isdigit() is true, and float() refuses it
         return float(value)
     try:
         return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())

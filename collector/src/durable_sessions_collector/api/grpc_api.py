@@ -32,6 +32,7 @@ from google.protobuf import struct_pb2, timestamp_pb2
 from durable_sessions_collector.api.v1 import sessions_pb2 as pb
 from durable_sessions_collector.api.v1 import sessions_pb2_grpc as pb_grpc
 from durable_sessions_collector.jsonlog import JsonLog
+from durable_sessions_collector.quote import quoted
 from durable_sessions_collector.store import Store, StoreError
 from durable_sessions_collector.store.base import SessionSummary
 
@@ -76,7 +77,7 @@ class SessionApi(pb_grpc.SessionServiceServicer):
         except StoreError as error:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"the store cannot be read: {error}")
         if detail is None:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"no session {request.session_id!r}")
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no session {quoted(request.session_id)}")
         return pb.Session(
             summary=summary_message(detail.summary),
             actions=[action_message(action) for action in detail.actions],
@@ -114,7 +115,7 @@ class SessionApi(pb_grpc.SessionServiceServicer):
     ) -> Iterator[pb.Alert]:
         unknown = [v for v in request.verdicts if v not in VERDICT_NAMES]
         if unknown:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown verdict(s) {unknown}")
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown verdict(s) {sorted(set(unknown))[:5]}")
         verdicts = {VERDICT_NAMES[v] for v in request.verdicts}
         rules = set(request.rules)
         if not self._watchers.acquire(blocking=False):

@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from durable_sessions_collector.alerts.metrics import Metrics
 from durable_sessions_collector.httpserver import Request, Response, Router
+from durable_sessions_collector.quote import quoted
 from durable_sessions_collector.store import Store, StoreError
 from durable_sessions_collector.store.base import VERDICTS
 
@@ -38,12 +39,12 @@ class HttpApi:
         verdict = (request.query.get("verdict") or [None])[-1]
         if verdict is not None and verdict not in VERDICTS:
             return Response.json(
-                400, {"error": f"verdict must be one of {', '.join(VERDICTS)}, got {verdict!r}"}
+                400, {"error": f"verdict must be one of {', '.join(VERDICTS)}, got {quoted(verdict)}"}
             )
         limit_text = (request.query.get("limit") or ["100"])[-1]
-        if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_LIMIT:
+        if not (limit_text.isascii() and limit_text.isdigit()) or not 1 <= int(limit_text) <= MAX_LIMIT:
             return Response.json(
-                400, {"error": f"limit must be an integer from 1 to {MAX_LIMIT}, got {limit_text!r}"}
+                400, {"error": f"limit must be an integer from 1 to {MAX_LIMIT}, got {quoted(limit_text)}"}
             )
         sessions = self.store.list_sessions(verdict, int(limit_text))  # type: ignore[arg-type]
         return Response.json(200, {"sessions": [s.as_dict() for s in sessions]})
@@ -52,7 +53,7 @@ class HttpApi:
         session_id = request.params["rest"]
         detail = self.store.get_session(session_id)
         if detail is None:
-            return Response.json(404, {"error": f"no session {session_id!r}"})
+            return Response.json(404, {"error": f"no session {quoted(session_id)}"})
         return Response.json(200, detail.as_dict())
 
     def healthz(self, request: Request) -> Response:

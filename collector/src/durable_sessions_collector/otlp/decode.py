@@ -35,6 +35,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Status
 from durable_sessions import semconv as sc
 from durable_sessions.mapping import SpanData
 from durable_sessions.native import native_module
+from durable_sessions_collector.quote import quoted
 
 STATUS_CODE_ERROR = Status.STATUS_CODE_ERROR
 MAX_NAMED_REJECTIONS = 10
@@ -86,7 +87,8 @@ def parse_json(body: bytes) -> tuple[ExportTraceServiceRequest, dict[tuple[int, 
     problems: dict[tuple[int, int, int], str] = {}
     for position, span in _json_spans(document):
         reasons = [reason for reason in _hex_ids_to_base64(span) if reason]
-        for link in span.get("links") or ():
+        links = span.get("links")
+        for link in links if isinstance(links, list) else ():  # json_format refuses a non-list
             if isinstance(link, dict):
                 reasons.extend(reason for reason in _hex_ids_to_base64(link, "link ") if reason)
         if reasons:
@@ -123,6 +125,16 @@ def _json_spans(document: dict[str, Any]) -> Iterator[tuple[tuple[int, int, int]
                     yield (i, j, k), span
 
 
+def _hex_bytes(text: str) -> bytes | None:
+    """``text`` as hex (either case, nothing else: ``bytes.fromhex`` would skip whitespace)."""
+    if not (text.isascii() and text.isalnum()):
+        return None
+    try:
+        return bytes.fromhex(text)
+    except ValueError:
+        return None
+
+
 def _hex_ids_to_base64(node: dict[str, Any], label: str = "") -> Iterator[str | None]:
     """Rewrite hex id fields in place as base64 (what json_format expects); yield problems."""
     for camel, snake, size in _ID_FIELDS:
@@ -136,22 +148,17 @@ def _hex_ids_to_base64(node: dict[str, Any], label: str = "") -> Iterator[str | 
                 del node[name]
                 yield f"{label}{camel} must be a hex string, got {_kind(value)}"
                 continue
-            try:
-                raw = bytes.fromhex(value)
-            except ValueError:
+            raw = _hex_bytes(value)
+            if raw is None:
                 del node[name]
-                yield f"{label}{camel} {_shorten(value)!r} is not hex"
+                yield f"{label}{camel} {quoted(value, 40)} is not hex"
                 continue
             if len(raw) != size:
                 del node[name]
-                yield f"{label}{camel} {_shorten(value)!r} is {len(raw)} bytes, expected {size} ({size * 2} hex digits)"
+                yield f"{label}{camel} {quoted(value, 40)} is {len(raw)} bytes, expected {size} ({size * 2} hex digits)"
                 continue
             node[name] = base64.b64encode(raw).decode("ascii")
             yield None
-
-
-def _shorten(text: str, limit: int = 40) -> str:
-    return text if len(text) <= limit else text[:limit] + "…"
 
 
 SpanParts = tuple[str, dict[str, Any], dict[str, Any], bool, int, str, str]
@@ -196,7 +203,7 @@ def span_parts(
                 )
                 if problem:
                     rejected.append(
-                        f"resource_spans[{i}].scope_spans[{j}].spans[{k}] {_shorten(span.name)!r}: {problem}"
+                        f"resource_spans[{i}].scope_spans[{j}].spans[{k}] {quoted(span.name, 40)}: {problem}"
                     )
                     continue
                 yield (

@@ -21,13 +21,12 @@ from concurrent import futures
 from typing import Any
 
 import grpc
-from google.protobuf import any_pb2, duration_pb2
-from google.rpc import code_pb2, error_details_pb2, status_pb2
+from google.rpc import code_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from durable_sessions_collector.jsonlog import JsonLog
 from durable_sessions_collector.otlp.decode import BadData, protobuf_span_parts
-from durable_sessions_collector.otlp.receiver import TraceReceiver
+from durable_sessions_collector.otlp.receiver import TraceReceiver, retry_info, rpc_status
 from durable_sessions_collector.pipeline import Overloaded, Unavailable
 
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
@@ -45,28 +44,19 @@ class _Status(grpc.Status):
 
 def unavailable_status(message: str, retry_after_s: float) -> grpc.Status:
     """``UNAVAILABLE`` carrying ``RetryInfo`` (both where Go and Python clients look)."""
-    delay = duration_pb2.Duration(seconds=int(retry_after_s), nanos=int((retry_after_s % 1) * 1e9))
-    retry_info = error_details_pb2.RetryInfo(retry_delay=delay)
-    detail = any_pb2.Any()
-    detail.Pack(retry_info)
-    status = status_pb2.Status(code=code_pb2.UNAVAILABLE, message=message, details=[detail])
+    status = rpc_status(code_pb2.UNAVAILABLE, message, retry_after_s=retry_after_s)
     return _Status(
         grpc.StatusCode.UNAVAILABLE,
         message,
         (
             ("grpc-status-details-bin", status.SerializeToString()),
-            ("google.rpc.retryinfo-bin", retry_info.SerializeToString()),
+            ("google.rpc.retryinfo-bin", retry_info(retry_after_s).SerializeToString()),
         ),
     )
 
 
 def invalid_argument_status(message: str) -> grpc.Status:
-    bad_request = error_details_pb2.BadRequest(
-        field_violations=[error_details_pb2.BadRequest.FieldViolation(field="request", description=message)]
-    )
-    detail = any_pb2.Any()
-    detail.Pack(bad_request)
-    status = status_pb2.Status(code=code_pb2.INVALID_ARGUMENT, message=message, details=[detail])
+    status = rpc_status(code_pb2.INVALID_ARGUMENT, message, bad_request=True)
     return _Status(
         grpc.StatusCode.INVALID_ARGUMENT, message, (("grpc-status-details-bin", status.SerializeToString()),)
     )

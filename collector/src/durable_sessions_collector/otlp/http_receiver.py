@@ -18,14 +18,14 @@ from __future__ import annotations
 import time
 import zlib
 
-from google.protobuf import any_pb2, duration_pb2, json_format
+from google.protobuf import json_format
 from google.protobuf.message import Message
-from google.rpc import code_pb2, error_details_pb2, status_pb2
+from google.rpc import code_pb2
 
 from durable_sessions_collector.httpserver import BodyError, BodyTooLarge, Request, Response
 from durable_sessions_collector.jsonlog import JsonLog
 from durable_sessions_collector.otlp.decode import BadData, json_span_parts, protobuf_span_parts
-from durable_sessions_collector.otlp.receiver import TraceReceiver
+from durable_sessions_collector.otlp.receiver import TraceReceiver, rpc_status
 from durable_sessions_collector.pipeline import Overloaded, Unavailable
 
 PATH = "/v1/traces"
@@ -73,11 +73,7 @@ def status_body(status: int, message: str, json_encoding: bool, retry_after_s: i
     """A 4xx/5xx answer: a ``google.rpc.Status`` in the request's encoding."""
     code = {400: code_pb2.INVALID_ARGUMENT, 413: code_pb2.RESOURCE_EXHAUSTED, 415: code_pb2.INVALID_ARGUMENT,
             503: code_pb2.UNAVAILABLE}.get(status, code_pb2.UNKNOWN)  # fmt: skip
-    message_pb = status_pb2.Status(code=code, message=message)
-    if retry_after_s is not None:
-        detail = any_pb2.Any()
-        detail.Pack(error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=retry_after_s)))
-        message_pb.details.append(detail)
+    message_pb = rpc_status(code, message, retry_after_s=retry_after_s, bad_request=status == 400)
     headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else {}
     return _encode(status, message_pb, json_encoding, headers)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from google.protobuf import duration_pb2
+from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from durable_sessions.digest import digest_text, digest_value
@@ -36,6 +38,26 @@ class Outcome:
             response.partial_success.rejected_spans = len(self.rejected)
             response.partial_success.error_message = rejection_message(self.rejected, self.total)
         return response
+
+
+def rpc_status(
+    code: int, message: str, *, retry_after_s: float | None = None, bad_request: bool = False
+) -> status_pb2.Status:
+    """The ``google.rpc.Status`` both receivers answer an error with: ``RetryInfo`` when
+    the client should retry after a delay; a ``BadRequest`` when the request's data is
+    bad, as the OTLP specification says its details SHOULD carry."""
+    status = status_pb2.Status(code=code, message=message)
+    if retry_after_s is not None:
+        status.details.add().Pack(retry_info(retry_after_s))
+    if bad_request:
+        violation = error_details_pb2.BadRequest.FieldViolation(field="request", description=message)
+        status.details.add().Pack(error_details_pb2.BadRequest(field_violations=[violation]))
+    return status
+
+
+def retry_info(retry_after_s: float) -> error_details_pb2.RetryInfo:
+    delay = duration_pb2.Duration(seconds=int(retry_after_s), nanos=int((retry_after_s % 1) * 1e9))
+    return error_details_pb2.RetryInfo(retry_delay=delay)
 
 
 def rejection_message(rejected: list[str], total: int) -> str:

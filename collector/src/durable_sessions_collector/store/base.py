@@ -35,6 +35,7 @@ import orjson
 from durable_sessions.record import ActionRecord, Location
 from durable_sessions.report import Verdict
 from durable_sessions.violation import Violation
+from durable_sessions_collector.quote import quoted
 
 SessionState = Literal["active", "ended"]
 VERDICTS: tuple[Verdict, ...] = ("ok", "at_risk", "unrecoverable")
@@ -227,6 +228,20 @@ class Store(Protocol):
         """Raise :class:`StoreError` when the store cannot be read."""
 
     def close(self) -> None: ...
+
+
+def cursor_position(cursor: str, kind: str, numbers: int = 1) -> tuple[int, ...]:
+    """The integers of a ``KIND:N[:M…]`` violation-feed cursor of this store's ``kind``;
+    ValueError, quoting it shortened, for anything else (each must fit 64 signed bits)."""
+    parts = cursor.split(":")
+    digits = parts[1:]
+    if parts[0] != kind or len(digits) != numbers or not all(_is_position(text) for text in digits):
+        raise ValueError(f"not a cursor of this store: {quoted(cursor)}")
+    return tuple(int(text) for text in digits)
+
+
+def _is_position(text: str) -> bool:
+    return 0 < len(text) <= 19 and text.isascii() and text.isdigit() and int(text) < _INT64
 
 
 VIOLATION_COLUMNS = "key, rule, severity, message, action_id, trace_id, span_id, at_end, resolved, created_at"

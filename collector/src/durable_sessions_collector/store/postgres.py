@@ -58,10 +58,12 @@ from durable_sessions_collector.store.base import (
     SessionDetail,
     SessionSummary,
     StoreError,
+    cursor_position,
     decode_record,
     feed_item,
     violation_detail,
 )
+from durable_sessions_collector.store.pool import ReadPool
 
 SCHEMA_VERSION = 1
 CLAIM_LEASE_S = 60.0
@@ -179,9 +181,11 @@ class PostgresStore:
         self.dsn, self.schema = split_url(url)
         self.claim_lease_s = claim_lease_s
         self._write_lock = threading.Lock()
-        self._local = threading.local()
-        self._readers: list[psycopg.Connection[Any]] = []
-        self._readers_lock = threading.Lock()
+        self.readers: ReadPool[psycopg.Connection[Any]] = ReadPool(
+            self._connect_reader,
+            _close_quietly,
+            lambda connection: not (connection.closed or connection.broken),
+        )
         try:
             connection = self._connect(create_schema=True)
             with connection.transaction():
@@ -255,24 +259,18 @@ class PostgresStore:
 
     # --- reading ---------------------------------------------------------------------
 
-    def _reader(self) -> psycopg.Connection[Any]:
-        connection = getattr(self._local, "connection", None)
-        if connection is None or connection.closed or connection.broken:
-            try:
-                connection = self._connect()
-            except psycopg.Error as error:
-                raise StoreError(f"store {self.name!r} cannot be reached: {_reason(error)}") from None
-            self._local.connection = connection
-            with self._readers_lock:
-                self._readers = [c for c in self._readers if not c.closed]
-                self._readers.append(connection)
-        return connection
+    def _connect_reader(self) -> psycopg.Connection[Any]:
+        try:
+            return self._connect()
+        except psycopg.Error as error:
+            raise StoreError(f"store {self.name!r} cannot be reached: {_reason(error)}") from None
 
     @contextmanager
     def _read(self) -> Iterator[psycopg.Connection[Any]]:
-        connection = self._reader()
+        """A read connection for one read (everything fetched before it is given back)."""
         try:
-            yield connection
+            with self.readers.lend() as connection:
+                yield connection
         except psycopg.Error as error:
             raise StoreError(f"store {self.name!r} cannot be read: {_reason(error)}") from None
 
@@ -374,7 +372,7 @@ class PostgresStore:
 
     def violations_after(self, cursor: str, limit: int = 100) -> tuple[list[dict[str, Any]], str]:
         """Committed violations after ``cursor``, in feed order, and the cursor after them."""
-        xid, last_id = _parse_pg_cursor(cursor)
+        xid, last_id = cursor_position(cursor, "pg", 2)
         with self._read() as db:
             rows = db.execute(
                 "SELECT v.xid::text, v.id, v.key, v.session_id, v.rule, v.severity, v.message, v.action_id, "
@@ -392,20 +390,14 @@ class PostgresStore:
             db.execute("SELECT 1 FROM meta LIMIT 1").fetchone()
 
     def close(self) -> None:
-        with self._readers_lock:
-            for connection in self._readers:
-                with contextlib.suppress(psycopg.Error):
-                    connection.close()
-            self._readers.clear()
+        self.readers.close()
         with self._write_lock, contextlib.suppress(psycopg.Error):
             self._write.close()
 
 
-def _parse_pg_cursor(cursor: str) -> tuple[int, int]:
-    parts = cursor.split(":")
-    if len(parts) != 3 or parts[0] != "pg" or not parts[1].isdigit() or not parts[2].isdigit():
-        raise ValueError(f"not a cursor of this store: {cursor!r}")
-    return int(parts[1]), int(parts[2])
+def _close_quietly(connection: psycopg.Connection[Any]) -> None:
+    with contextlib.suppress(psycopg.Error):
+        connection.close()
 
 
 # SQLSTATE classes of errors caused by the values written: data exception (22) and

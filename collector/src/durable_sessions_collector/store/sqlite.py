@@ -28,10 +28,12 @@ from durable_sessions_collector.store.base import (
     SessionDetail,
     SessionSummary,
     StoreError,
+    cursor_position,
     decode_record,
     feed_item,
     violation_detail,
 )
+from durable_sessions_collector.store.pool import ReadPool
 
 SCHEMA_VERSION = 2
 META = """
@@ -178,9 +180,9 @@ class SqliteStore:
             raise StoreError(f"cannot open store {path!r}: {error}") from None
         self._write = connection
         self._write_lock = threading.Lock()
-        self._local = threading.local()
-        self._readers: list[sqlite3.Connection] = []
-        self._readers_lock = threading.Lock()
+        self.readers: ReadPool[sqlite3.Connection] = ReadPool(
+            lambda: _connect(path, readonly=True), _close_quietly
+        )
 
     # --- writing ---------------------------------------------------------------------
 
@@ -209,14 +211,14 @@ class SqliteStore:
 
     # --- reading ---------------------------------------------------------------------
 
-    def _reader(self) -> sqlite3.Connection:
-        connection = getattr(self._local, "connection", None)
-        if connection is None:
-            connection = _connect(self.path, readonly=True)
-            self._local.connection = connection
-            with self._readers_lock:
-                self._readers.append(connection)
-        return connection
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        """A read connection for one read (everything fetched before it is given back)."""
+        try:
+            with self.readers.lend() as connection:
+                yield connection
+        except sqlite3.Error as error:
+            raise StoreError(f"store {self.path!r} cannot be read: {error}") from None
 
     def list_sessions(
         self, verdict: Verdict | None = None, limit: int = 100, after: tuple[float, str] | None = None
@@ -231,45 +233,46 @@ class SqliteStore:
             where.append("(last_seen < ? OR (last_seen = ? AND session_id < ?))")
             params.extend([after[0], after[0], after[1]])
         clause = ("WHERE " + " AND ".join(where)) if where else ""
-        rows = self._reader().execute(
-            f"SELECT {columns} FROM sessions {clause} ORDER BY last_seen DESC, session_id DESC LIMIT ?",
-            (*params, limit),
-        )
-        return [_summary(row) for row in rows.fetchall()]
+        with self._read() as db:
+            rows = db.execute(
+                f"SELECT {columns} FROM sessions {clause} ORDER BY last_seen DESC, session_id DESC LIMIT ?",
+                (*params, limit),
+            ).fetchall()
+        return [_summary(row) for row in rows]
 
     def get_session(self, session_id: str) -> SessionDetail | None:
-        reader = self._reader()
-        reader.execute("BEGIN")
-        try:
-            row = reader.execute(
-                "SELECT session_id, verdict, open, actions, errors, warnings, first_seen, last_seen, ended_at "
-                "FROM sessions WHERE session_id = ?",
-                (session_id,),
-            ).fetchone()
-            if row is None:
-                return None
-            actions = [
-                {
-                    "trace_id": trace_id,
-                    "span_id": span_id,
-                    "received_at": received_at,
-                    **decode_record(record),
-                }
-                for trace_id, span_id, received_at, record in reader.execute(
-                    f"SELECT trace_id, span_id, received_at, record FROM actions WHERE {SESSION_KEY} = ? "
-                    "ORDER BY seq, id",
+        with self._read() as reader:
+            reader.execute("BEGIN")
+            try:
+                row = reader.execute(
+                    "SELECT session_id, verdict, open, actions, errors, warnings, first_seen, last_seen, ended_at "
+                    "FROM sessions WHERE session_id = ?",
                     (session_id,),
-                )
-            ]
-            violations = [
-                violation_detail(row)
-                for row in reader.execute(
-                    f"SELECT {VIOLATION_COLUMNS} FROM violations WHERE session_id = ? ORDER BY id",
-                    (session_id,),
-                )
-            ]
-        finally:
-            reader.execute("COMMIT")
+                ).fetchone()
+                if row is None:
+                    return None
+                actions = [
+                    {
+                        "trace_id": trace_id,
+                        "span_id": span_id,
+                        "received_at": received_at,
+                        **decode_record(record),
+                    }
+                    for trace_id, span_id, received_at, record in reader.execute(
+                        f"SELECT trace_id, span_id, received_at, record FROM actions WHERE {SESSION_KEY} = ? "
+                        "ORDER BY seq, id",
+                        (session_id,),
+                    )
+                ]
+                violations = [
+                    violation_detail(row)
+                    for row in reader.execute(
+                        f"SELECT {VIOLATION_COLUMNS} FROM violations WHERE session_id = ? ORDER BY id",
+                        (session_id,),
+                    )
+                ]
+            finally:
+                reader.execute("COMMIT")
         for action in actions:
             for name, value in list(action.items()):
                 if isinstance(value, bytes):
@@ -278,74 +281,68 @@ class SqliteStore:
 
     def verdict_counts(self) -> dict[str, int]:
         counts = dict.fromkeys(("ok", "at_risk", "unrecoverable"), 0)
-        for verdict, count in self._reader().execute(
-            "SELECT verdict, COUNT(*) FROM sessions GROUP BY verdict"
-        ):
-            counts[verdict] = count
+        with self._read() as db:
+            counts.update(db.execute("SELECT verdict, COUNT(*) FROM sessions GROUP BY verdict").fetchall())
         return counts
 
     def pending_alerts(self, channel: str, now: float, limit: int = 100) -> list[Alert]:
-        rows = self._reader().execute(
-            "SELECT id, channel, violation_key, payload, attempts FROM outbox "
-            "WHERE channel = ? AND state = 'pending' AND next_attempt_at <= ? ORDER BY id LIMIT ?",
-            (channel, now, limit),
-        )
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT id, channel, violation_key, payload, attempts FROM outbox "
+                "WHERE channel = ? AND state = 'pending' AND next_attempt_at <= ? ORDER BY id LIMIT ?",
+                (channel, now, limit),
+            ).fetchall()
         return [
             Alert(id_, ch, key, json.loads(payload), attempts) for id_, ch, key, payload, attempts in rows
         ]
 
     def alert_counts(self) -> dict[tuple[str, str], int]:
-        return {
-            (channel, state): count
-            for channel, state, count in self._reader().execute(
+        with self._read() as db:
+            rows = db.execute(
                 "SELECT channel, state, COUNT(*) FROM outbox GROUP BY channel, state"
-            )
-        }
+            ).fetchall()
+        return {(channel, state): count for channel, state, count in rows}
 
     def count_actions(self) -> int:
-        return int(self._reader().execute("SELECT COUNT(*) FROM actions").fetchone()[0])
+        with self._read() as db:
+            return int(db.execute("SELECT COUNT(*) FROM actions").fetchone()[0])
 
     # --- the violation feed (WatchAlerts) ------------------------------------------------
     # One writer commits at a time, so violation ids grow in commit order: the cursor is an id.
 
     def violation_cursor(self) -> str:
         """A cursor after every violation committed so far."""
-        last = self._reader().execute("SELECT COALESCE(MAX(id), 0) FROM violations").fetchone()[0]
+        with self._read() as db:
+            last = db.execute("SELECT COALESCE(MAX(id), 0) FROM violations").fetchone()[0]
         return f"sqlite:{last}"
 
     def violations_after(self, cursor: str, limit: int = 100) -> tuple[list[dict[str, Any]], str]:
         """Committed violations after ``cursor``, in commit order, and the cursor after them."""
-        kind, _, text = cursor.partition(":")
-        if kind != "sqlite" or not text.isdigit():
-            raise ValueError(f"not a cursor of this store: {cursor!r}")
-        rows = (
-            self._reader()
-            .execute(
+        (after,) = cursor_position(cursor, "sqlite")
+        with self._read() as db:
+            rows = db.execute(
                 "SELECT v.id, v.key, v.session_id, v.rule, v.severity, v.message, v.action_id, v.trace_id, "
                 "v.span_id, v.at_end, v.resolved, v.created_at, s.verdict "
                 "FROM violations v LEFT JOIN sessions s ON s.session_id = v.session_id "
                 "WHERE v.id > ? ORDER BY v.id LIMIT ?",
-                (int(text), limit),
-            )
-            .fetchall()
-        )
+                (after, limit),
+            ).fetchall()
         found = [{**feed_item(row[1:]), "cursor": f"sqlite:{row[0]}"} for row in rows]
         return found, (found[-1]["cursor"] if found else cursor)
 
     def check(self) -> None:
-        try:
-            self._reader().execute("SELECT 1 FROM meta LIMIT 1").fetchone()
-        except sqlite3.Error as error:
-            raise StoreError(f"store {self.path!r} cannot be read: {error}") from None
+        with self._read() as db:
+            db.execute("SELECT 1 FROM meta LIMIT 1").fetchone()
 
     def close(self) -> None:
-        with self._readers_lock:
-            for connection in self._readers:
-                with contextlib.suppress(sqlite3.Error):
-                    connection.close()
-            self._readers.clear()
+        self.readers.close()
         with self._write_lock:
             self._write.close()
+
+
+def _close_quietly(connection: sqlite3.Connection) -> None:
+    with contextlib.suppress(sqlite3.Error):
+        connection.close()
 
 
 def _summary(row: tuple[Any, ...]) -> SessionSummary:

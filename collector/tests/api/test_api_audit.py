@@ -1,0 +1,492 @@
+"""Audit of the sidecar's APIs, auth and webhook delivery (HTTP JSON API, gRPC
+SessionService, bearer token, webhook outbox).
+
+Tests that pass document behaviour checked to be right. Tests marked ``BUG:`` in their
+docstring fail on the current code and assert the documented (or, where the docs are
+silent, the expected) behaviour.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import ssl
+import threading
+import time
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import grpc
+import pytest
+from conftest import wait_for
+from durable_sessions_collector.api.grpc_api import CURSOR_METADATA
+from durable_sessions_collector.api.v1 import sessions_pb2 as pb
+from durable_sessions_collector.api.v1 import sessions_pb2_grpc as pb_grpc
+from sidecar_clients import Agent, grpc_exporter
+from tls_certs import make_cert
+
+TOKEN = "audit-token-0123456789abcdef"
+FAST = {
+    "alerts__webhook__backoff_s": 0.05,
+    "alerts__webhook__max_backoff_s": 0.2,
+    "alerts__webhook__timeout_s": 2,
+}
+
+
+# --- helpers ---------------------------------------------------------------------------
+
+
+def raw_request(
+    sidecar: Any, method: str, path: str, headers: dict[str, str] | None = None, body: bytes | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    """One request on a fresh connection, the path sent exactly as given."""
+    connection = http.client.HTTPConnection("127.0.0.1", sidecar.service.http_port, timeout=10)
+    try:
+        connection.request(method, path, body=body, headers=headers or {})
+        response = connection.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        connection.close()
+
+
+def api_stub(sidecar: Any) -> tuple[grpc.Channel, pb_grpc.SessionServiceStub]:
+    channel = grpc.insecure_channel(sidecar.grpc_endpoint)
+    return channel, pb_grpc.SessionServiceStub(channel)
+
+
+def deliveries(sidecar: Any, outcome: str) -> float:
+    return sidecar.metric("durable_sessions_alert_deliveries_total", channel="webhook", outcome=outcome)
+
+
+def outbox(sidecar: Any, state: str) -> float:
+    return sidecar.metric("durable_sessions_alert_outbox", channel="webhook", state=state)
+
+
+def unkeyed_payment(sidecar: Any, session_id: str = "pay-1") -> None:
+    """One unkeyed payment: an unkeyed-side-effect error, found at ingest."""
+    agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
+    agent.action(session_id, "charge", "payment")
+    agent.shutdown()
+
+
+class ScriptedHook:
+    """A webhook receiver answering each POST from a script of (status, headers, delay_s);
+    past the script's end it answers 200. Records each request's headers and arrival time."""
+
+    def __init__(self, script: list[tuple[int, dict[str, str], float]]) -> None:
+        self.script = list(script)
+        self.requests: list[tuple[float, dict[str, str]]] = []
+        self._lock = threading.Lock()
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                with owner._lock:
+                    index = len(owner.requests)
+                    owner.requests.append((time.monotonic(), {k.lower(): v for k, v in self.headers.items()}))
+                status, headers, delay = owner.script[index] if index < len(owner.script) else (200, {}, 0.0)
+                if delay:
+                    time.sleep(delay)
+                body = b"{}"
+                try:
+                    self.send_response(status)
+                    for name, value in headers.items():
+                        self.send_header(name, value)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                except OSError:
+                    pass
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/hook"
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def __enter__(self) -> ScriptedHook:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+# --- HTTP JSON API: session ids, query parameters, methods --------------------------------
+
+ODD_IDS = [
+    "a/b/c",
+    "50%off",
+    "%2F-literal",
+    "with space",
+    "plus+sign",
+    "q?x#y&z=1;p",
+    "ünïcødé-会话-🙂",
+    "dots..",
+    "x" * 5000,
+]
+
+
+def test_odd_session_ids_round_trip_over_http_and_grpc(sidecar) -> None:  # type: ignore[no-untyped-def]
+    agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
+    for session_id in ODD_IDS:
+        agent.action(session_id, "a1", "tool_call")
+    agent.shutdown()
+    channel, api = api_stub(sidecar)
+    for session_id in ODD_IDS:
+        # Fully percent-encoded (what the CLI's client sends).
+        status, document = sidecar.get("/api/sessions/" + quote(session_id, safe=""))
+        assert status == 200, (session_id[:40], document)
+        assert document["session_id"] == session_id and document["action_count"] == 1
+        got = api.GetSession(pb.GetSessionRequest(session_id=session_id), timeout=10)
+        assert got.summary.session_id == session_id
+    # A '/' left unencoded in the path reaches the same session.
+    status, _, _ = raw_request(sidecar, "GET", "/api/sessions/a/b/c")
+    assert status == 200
+    # Encoded and unencoded '%' are told apart: "%2F-literal" is not "/-literal".
+    assert sidecar.get("/api/sessions/" + quote("/-literal", safe=""))[0] == 404
+    listed = sidecar.get("/api/sessions?limit=1000")[1]["sessions"]
+    assert sorted(s["session_id"] for s in listed) == sorted(ODD_IDS)
+    channel.close()
+
+
+def test_unknown_sessions_and_paths_answer_404_json(sidecar) -> None:  # type: ignore[no-untyped-def]
+    status, document = sidecar.get("/api/sessions/" + quote("nope/../x", safe=""))
+    assert status == 404 and "nope/../x" in document["error"]
+    status, headers, body = raw_request(sidecar, "GET", "/api/sessions/")  # no id at all
+    assert status == 404 and headers["Content-Type"] == "application/json"
+    status, headers, body = raw_request(sidecar, "GET", "/nowhere")
+    assert status == 404 and b"/nowhere" in body
+
+
+def test_query_parameters_are_validated(sidecar) -> None:  # type: ignore[no-untyped-def]
+    unkeyed_payment(sidecar, "bad")
+    agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
+    agent.action("good", "u1", "user_prompt", result='{"x": 1}')
+    agent.shutdown()
+    for query in (
+        "verdict=bogus",
+        "verdict=OK",
+        "limit=0",
+        "limit=1001",
+        "limit=-1",
+        "limit=abc",
+        "limit=1.5",
+    ):
+        status, document = sidecar.get("/api/sessions?" + query)
+        assert status == 400, query
+        assert "verdict" in document["error"] or "limit" in document["error"]
+    status, document = sidecar.get("/api/sessions?verdict=unrecoverable")
+    assert status == 200 and [s["session_id"] for s in document["sessions"]] == ["bad"]
+    status, document = sidecar.get("/api/sessions?verdict=ok&limit=1")
+    assert [s["session_id"] for s in document["sessions"]] == ["good"]
+    # Unknown parameters are ignored; the last of repeated ones wins.
+    status, document = sidecar.get("/api/sessions?foo=bar&verdict=ok&verdict=unrecoverable")
+    assert status == 200 and [s["session_id"] for s in document["sessions"]] == ["bad"]
+    status, document = sidecar.get("/api/sessions?limit=1")
+    assert status == 200 and len(document["sessions"]) == 1
+
+
+def test_a_non_ascii_digit_limit_is_a_400_not_a_500(sidecar) -> None:  # type: ignore[no-untyped-def]
+    """BUG: api/http_api.py:44 checks ``limit_text.isdigit()``, which is true for '²' (and
+    other Unicode digits int() refuses); ``int('²')`` then raises ValueError in the
+    handler and the request is answered 500 "internal error" (logged as
+    http-handler-failed) instead of the 400 every other bad limit gets."""
+    status, document = sidecar.get("/api/sessions?limit=%C2%B2")  # limit=²
+    assert status == 400, document
+    assert "limit" in document["error"]
+
+
+def test_methods_head_and_405(sidecar) -> None:  # type: ignore[no-untyped-def]
+    status, headers, body = raw_request(sidecar, "HEAD", "/api/sessions")
+    assert status == 200 and body == b"" and int(headers["Content-Length"]) > 0
+    status, headers, body = raw_request(sidecar, "HEAD", "/healthz")
+    assert status == 200 and body == b""
+    for method in ("POST", "PUT", "DELETE", "PATCH"):
+        status, headers, body = raw_request(sidecar, method, "/api/sessions/x", body=b"{}")
+        assert status == 405, method
+        assert headers["Allow"] == "GET"
+    status, headers, _ = raw_request(sidecar, "GET", "/v1/traces")
+    assert status == 405 and headers["Allow"] == "POST"
+
+
+def test_http_reads_do_not_leak_store_connections(sidecar, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """BUG: store/sqlite.py:212-219 (``_reader``) opens one SQLite reader connection per *thread* and
+    keeps it in ``self._readers`` until the store closes. The HTTP port
+    (httpserver.py, ThreadingHTTPServer) runs every connection in a new thread, so every
+    new connection that reads the store (/healthz probes, /metrics scrapes, API calls)
+    leaves an open SQLite connection behind: two file descriptors (the database and its
+    WAL) and its page cache, forever. A liveness probe every 10 s exhausts a 1024-fd
+    limit in under 3 hours. Expected: the number of open handles on the store file stays
+    bounded however many connections were served."""
+    database = str(tmp_path / "sessions.db")
+
+    def open_handles() -> int:
+        count = 0
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                if os.readlink(f"/proc/self/fd/{fd}").startswith(database):
+                    count += 1
+            except OSError:
+                pass
+        return count
+
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("needs /proc")
+    sidecar.get("/healthz")
+    before = open_handles()
+    for _ in range(100):
+        assert sidecar.get("/healthz")[0] == 200  # a new connection each time
+    time.sleep(0.3)  # the connection threads have ended
+    after = open_handles()
+    assert after - before < 20, f"{after - before} store handles left open by 100 served connections"
+
+
+# --- gRPC SessionService ---------------------------------------------------------------
+
+
+def test_grpc_list_arguments_are_validated(sidecar) -> None:  # type: ignore[no-untyped-def]
+    channel, api = api_stub(sidecar)
+    with pytest.raises(grpc.RpcError) as caught:
+        api.ListSessions(pb.ListSessionsRequest(verdict=7), timeout=10)  # type: ignore[arg-type]
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    for token in ("not-base64!", "eyJ4IjoxfQ==", "é"):
+        with pytest.raises(grpc.RpcError) as caught:
+            api.ListSessions(pb.ListSessionsRequest(page_token=token), timeout=10)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, token
+    with pytest.raises(grpc.RpcError) as caught:
+        next(api.WatchAlerts(pb.WatchAlertsRequest(verdicts=[9]), timeout=10))  # type: ignore[list-item]
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert api.ListSessions(pb.ListSessionsRequest(page_size=5000), timeout=10).sessions == []
+    channel.close()
+
+
+def test_grpc_get_of_a_very_long_unknown_id_is_not_found(sidecar) -> None:  # type: ignore[no-untyped-def]
+    """BUG: api/grpc_api.py:79 answers NOT_FOUND with ``f"no session {session_id!r}"``,
+    the whole id echoed in the status message (the grpc-message trailer). Past the
+    client's metadata limit (16 KiB) the client cannot read that trailer and the call
+    fails RESOURCE_EXHAUSTED ("received metadata size exceeds hard limit") instead of
+    the documented NOT_FOUND — a code clients treat as throttling. Expected: NOT_FOUND
+    (the echoed id truncated)."""
+    channel, api = api_stub(sidecar)
+    with pytest.raises(grpc.RpcError) as caught:
+        api.GetSession(pb.GetSessionRequest(session_id="x" * 5_000), timeout=10)
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND  # below the limit: right
+    with pytest.raises(grpc.RpcError) as caught:
+        api.GetSession(pb.GetSessionRequest(session_id="x" * 20_000), timeout=10)
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND, caught.value.details()
+    channel.close()
+
+
+def test_grpc_watch_with_a_very_long_bad_cursor_is_invalid_argument(sidecar) -> None:  # type: ignore[no-untyped-def]
+    """BUG: same cause as above: store/sqlite.py:320 puts the whole cursor in the
+    ValueError, api/grpc_api.py:138 echoes it in the INVALID_ARGUMENT message, and the
+    client gets RESOURCE_EXHAUSTED (metadata over its hard limit) instead."""
+    channel, api = api_stub(sidecar)
+    with pytest.raises(grpc.RpcError) as caught:
+        next(api.WatchAlerts(pb.WatchAlertsRequest(cursor="y" * 20_000), timeout=10))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
+    channel.close()
+
+
+def test_a_watch_cursor_out_of_integer_range_is_invalid_argument(sidecar) -> None:  # type: ignore[no-untyped-def]
+    """BUG: store/sqlite.py:319-329 accepts any ``sqlite:<digits>`` cursor and binds
+    ``int(text)`` to SQLite, which raises OverflowError for values past 2**63-1;
+    api/grpc_api.py:133-140 catches only ValueError and StoreError, so the stream fails
+    UNKNOWN ("Exception iterating responses") instead of INVALID_ARGUMENT like every
+    other cursor that is not one of this store's."""
+    channel, api = api_stub(sidecar)
+    with pytest.raises(grpc.RpcError) as caught:
+        next(api.WatchAlerts(pb.WatchAlertsRequest(cursor="sqlite:99999999999999999999999"), timeout=10))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
+    channel.close()
+
+
+def test_cancelled_watches_free_their_slots_and_late_watchers_see_only_new_alerts(sidecar) -> None:  # type: ignore[no-untyped-def]
+    channel, api = api_stub(sidecar)
+    unkeyed_payment(sidecar, "early")  # committed before any watch
+    for _ in range(3):  # three rounds of 8 watches, each round cancelled: slots come back
+        calls = [api.WatchAlerts(pb.WatchAlertsRequest(), timeout=30) for _ in range(8)]
+        for call in calls:
+            assert call.initial_metadata()
+        for call in calls:
+            call.cancel()
+        time.sleep(0.3)
+    late = api.WatchAlerts(pb.WatchAlertsRequest(), timeout=30)
+    cursor = dict(late.initial_metadata())[CURSOR_METADATA]
+    unkeyed_payment(sidecar, "late")
+    alert = next(late)
+    assert alert.violation.session_id == "late"  # not "early", committed before the watch
+    late.cancel()
+    # From the beginning of the feed ("sqlite:0") both come back, in commit order.
+    assert cursor.startswith("sqlite:")
+    replay = api.WatchAlerts(pb.WatchAlertsRequest(cursor="sqlite:0"), timeout=30)
+    assert [next(replay).violation.session_id for _ in range(2)] == ["early", "late"]
+    replay.cancel()
+    channel.close()
+
+
+def test_a_slow_watcher_that_goes_away_frees_its_slot(sidecar) -> None:  # type: ignore[no-untyped-def]
+    channel, api = api_stub(sidecar)
+    stalled = [api.WatchAlerts(pb.WatchAlertsRequest(cursor="sqlite:0"), timeout=60) for _ in range(8)]
+    for call in stalled:
+        call.initial_metadata()
+    agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
+    for n in range(300):  # 300 alerts queued to clients that never read them
+        agent.action(f"s{n}", "charge", "payment")
+    agent.shutdown()
+    for call in stalled:
+        call.cancel()
+    time.sleep(0.5)
+    fresh = [api.WatchAlerts(pb.WatchAlertsRequest(cursor="sqlite:0"), timeout=30) for _ in range(8)]
+    for call in fresh:
+        assert next(call).violation.rule == "unkeyed-side-effect"
+        call.cancel()
+    # The port still answers unary calls.
+    assert len(api.ListSessions(pb.ListSessionsRequest(page_size=1000), timeout=10).sessions) == 300
+    channel.close()
+
+
+# --- bearer token and TLS ------------------------------------------------------------------
+
+
+def test_token_scheme_is_case_insensitive_and_required_everywhere_but_healthz(start_sidecar) -> None:  # type: ignore[no-untyped-def]
+    sidecar = start_sidecar(auth__token=TOKEN, log_level="DEBUG")
+    # RFC 7235 §2.1 / RFC 6750: the auth-scheme is case-insensitive.
+    for scheme in ("Bearer", "bearer", "BEARER"):
+        status, _, _ = raw_request(sidecar, "GET", "/api/sessions", {"Authorization": f"{scheme} {TOKEN}"})
+        assert status == 200, scheme
+    for path in ("/api/sessions", "/api/sessions/x", "/metrics", "/nowhere"):
+        for header in (None, f"Bearer {TOKEN}x", f"Basic {TOKEN}", TOKEN, f"Bearer {TOKEN[:-1]}"):
+            status, headers, _ = raw_request(
+                sidecar, "GET", path, {"Authorization": header} if header else {}
+            )
+            assert status == 401, (path, header)
+            assert headers["WWW-Authenticate"].startswith('Bearer realm="durable-sessions"')
+    assert raw_request(sidecar, "GET", "/healthz")[0] == 200
+    assert raw_request(sidecar, "HEAD", "/healthz")[0] == 200
+    assert raw_request(sidecar, "POST", "/healthz", body=b"x")[0] == 401  # only GET/HEAD are open
+    assert raw_request(sidecar, "GET", "/metrics", {"Authorization": f"Bearer {TOKEN}"})[0] == 200
+
+    channel = grpc.insecure_channel(sidecar.grpc_endpoint)
+    api = pb_grpc.SessionServiceStub(channel)
+    for scheme in ("Bearer", "bearer"):
+        api.ListSessions(
+            pb.ListSessionsRequest(), metadata=(("authorization", f"{scheme} {TOKEN}"),), timeout=5
+        )
+    with pytest.raises(grpc.RpcError) as caught:
+        api.GetSession(pb.GetSessionRequest(session_id="x"), metadata=(("authorization", TOKEN),), timeout=5)
+    assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    channel.close()
+    assert TOKEN not in "".join(str(line) for line in sidecar.log.lines())
+
+
+def test_tls_on_the_http_port_is_tls_1_2_or_later(start_sidecar, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    ca, cert, key = make_cert(tmp_path)
+    sidecar = start_sidecar(tls__cert_file=str(cert), tls__key_file=str(key), auth__token=TOKEN)
+    context = ssl.create_default_context(cafile=str(ca))
+    connection = http.client.HTTPSConnection(
+        "127.0.0.1", sidecar.service.http_port, context=context, timeout=10
+    )
+    connection.request("GET", "/metrics", headers={"Authorization": f"bearer {TOKEN}"})
+    response = connection.getresponse()
+    assert response.status == 200
+    assert connection.sock.version() in ("TLSv1.2", "TLSv1.3")  # type: ignore[union-attr]
+    connection.close()
+    credentials = grpc.ssl_channel_credentials(root_certificates=ca.read_bytes())
+    channel = grpc.secure_channel(sidecar.grpc_endpoint, credentials)
+    api = pb_grpc.SessionServiceStub(channel)
+    assert api.ListSessions(
+        pb.ListSessionsRequest(), metadata=(("authorization", f"Bearer {TOKEN}"),), timeout=10
+    )
+    channel.close()
+    with pytest.raises((urllib.error.URLError, ConnectionError, http.client.HTTPException)):
+        urllib.request.urlopen(f"http://127.0.0.1:{sidecar.service.http_port}/healthz", timeout=5)
+
+
+# --- webhook -------------------------------------------------------------------------------
+
+
+def test_webhook_honours_retry_after_on_429_and_503(start_sidecar) -> None:  # type: ignore[no-untyped-def]
+    script = [(429, {"Retry-After": "1"}, 0.0), (503, {"Retry-After": "1"}, 0.0)]
+    with ScriptedHook(script) as hook:
+        sidecar = start_sidecar(
+            alerts__webhook__url=hook.url,
+            alerts__webhook__backoff_s=0.05,
+            alerts__webhook__max_backoff_s=5,
+        )
+        unkeyed_payment(sidecar)
+        wait_for(lambda: outbox(sidecar, "delivered") == 1)
+        times = [at for at, _ in hook.requests]
+        assert len(times) == 3
+        assert times[1] - times[0] >= 0.9 and times[2] - times[1] >= 0.9  # not the 0.05 s backoff
+        assert len({headers["idempotency-key"] for _, headers in hook.requests}) == 1
+        assert deliveries(sidecar, "retry") == 2
+
+
+def test_webhook_caps_retry_after_at_max_backoff(start_sidecar) -> None:  # type: ignore[no-untyped-def]
+    with ScriptedHook([(503, {"Retry-After": "3600"}, 0.0)]) as hook:
+        sidecar = start_sidecar(alerts__webhook__url=hook.url, **FAST)
+        unkeyed_payment(sidecar)
+        wait_for(lambda: outbox(sidecar, "delivered") == 1, timeout=5)
+        assert hook.requests[1][0] - hook.requests[0][0] < 1.0
+
+
+def test_webhook_retries_a_timeout_then_delivers(start_sidecar) -> None:  # type: ignore[no-untyped-def]
+    with ScriptedHook([(200, {}, 1.5)]) as hook:  # the first answer comes too late
+        sidecar = start_sidecar(
+            alerts__webhook__url=hook.url,
+            alerts__webhook__timeout_s=0.3,
+            alerts__webhook__backoff_s=0.05,
+            alerts__webhook__max_backoff_s=0.2,
+        )
+        unkeyed_payment(sidecar)
+        wait_for(lambda: outbox(sidecar, "delivered") == 1)
+        assert deliveries(sidecar, "retry") >= 1
+        assert len({headers["idempotency-key"] for _, headers in hook.requests}) == 1
+
+
+@pytest.mark.parametrize(
+    ("status", "retried"), [(408, True), (425, True), (404, False), (401, False), (301, False)]
+)
+def test_webhook_status_classes(start_sidecar, status: int, retried: bool) -> None:  # type: ignore[no-untyped-def]
+    headers = {"Location": "http://127.0.0.1:1/elsewhere"} if status == 301 else {}
+    with ScriptedHook([(status, headers, 0.0)]) as hook:
+        sidecar = start_sidecar(alerts__webhook__url=hook.url, alerts__webhook__max_attempts=4, **FAST)
+        unkeyed_payment(sidecar)
+        if retried:
+            wait_for(lambda: outbox(sidecar, "delivered") == 1)
+            assert len(hook.requests) == 2
+        else:
+            wait_for(lambda: outbox(sidecar, "dead") == 1)
+            assert len(hook.requests) == 1 and deliveries(sidecar, "dead_letter") == 1
+            [dead] = [line for line in sidecar.log.lines() if line["event"] == "alert-dead-letter"]
+            assert dead["reason"] == "rejected by the receiver" and dead["error"] == f"HTTP {status}"
+
+
+def test_webhook_a_malformed_retry_after_still_counts_the_attempt(start_sidecar) -> None:  # type: ignore[no-untyped-def]
+    """BUG: alerts/webhook.py:72-73 takes ``value.isdigit()`` as "a number of seconds", but
+    '²' (byte 0xB2, latin-1 decoded by http.client) is a digit that ``float()`` refuses:
+    the ValueError escapes ``post()`` from inside its ``except HTTPError`` block, so the
+    attempt is never recorded (no retry metric, attempts not incremented, no backoff):
+    the outbox loop logs ``alert-delivery-failed`` and tries again every second,
+    forever, never reaching the dead letter after ``max_attempts``. Expected: a
+    malformed Retry-After is ignored (as other unparsable values are) and the 503 is an
+    ordinary retry, dead-lettered after max_attempts."""
+    with ScriptedHook([(503, {"Retry-After": "\u00b2"}, 0.0)] * 10) as hook:
+        sidecar = start_sidecar(alerts__webhook__url=hook.url, alerts__webhook__max_attempts=2, **FAST)
+        unkeyed_payment(sidecar)
+        wait_for(lambda: len(hook.requests) >= 2, timeout=5)
+        wait_for(lambda: outbox(sidecar, "dead") == 1, timeout=5)
+        assert deliveries(sidecar, "retry") == 1 and deliveries(sidecar, "dead_letter") == 1
+        assert not [line for line in sidecar.log.lines() if line["event"] == "alert-delivery-failed"]

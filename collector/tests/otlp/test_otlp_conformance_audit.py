@@ -1,0 +1,588 @@
+"""Audit: the OTLP/HTTP receiver against the OTLP specification and the Collector's exporter.
+
+Every test starts a real sidecar on free loopback ports and sends real HTTP requests, shaped
+as the OpenTelemetry Collector's ``otlphttp`` exporter sends them (``encoding: json`` or
+``proto``, ``compression: gzip``) or as the specification allows a client to send them.
+
+References quoted below:
+
+- OTLP: opentelemetry-proto ``docs/specification.md`` (same text as the specification
+  repository's ``specification/protocol/otlp.md``), sections "JSON Protobuf Encoding",
+  "OTLP/HTTP Request", "OTLP/HTTP Response" (Full Success, Partial Success, Failures,
+  Bad Data, OTLP/HTTP Throttling).
+- The Collector's ``exporter/otlphttpexporter/otlp.go``: it sets ``Content-Type:
+  application/json`` or ``application/x-protobuf``, decodes a 2xx body according to the
+  response's exact ``Content-Type``, retries only 429/502/503/504 and reads ``Retry-After``
+  with ``strconv.Atoi`` (whole seconds).
+
+Tests marked "BUG" fail on the current code and assert what the specification requires.
+"""
+
+from __future__ import annotations
+
+import gzip
+import http.client
+import json
+from typing import Any
+
+import pytest
+from durable_sessions_collector.pipeline import Overloaded
+from google.protobuf import json_format
+from google.rpc import error_details_pb2, status_pb2
+from opentelemetry.exporter.otlp.proto.http import Compression
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+from sidecar_clients import Agent, any_value, http_exporter
+
+JSON = "application/json"
+PROTOBUF = "application/x-protobuf"
+TRACE_ID = "5b8efff798038103d269b633813fc60c"
+SPAN_ID = "eee19b7ec3c1b174"
+
+
+# --- helpers ---------------------------------------------------------------------------
+
+
+def post(  # type: ignore[no-untyped-def]
+    sidecar,
+    body: bytes,
+    content_type: str | None = JSON,
+    *,
+    method: str = "POST",
+    path: str = "/v1/traces",
+    connection: http.client.HTTPConnection | None = None,
+    **headers: str,
+) -> tuple[int, http.client.HTTPMessage, bytes]:
+    """One request; ``connection`` reuses a keep-alive connection (left open)."""
+    own = connection is None
+    conn = connection or http.client.HTTPConnection("127.0.0.1", sidecar.service.http_port, timeout=30)
+    all_headers = {"Content-Type": content_type} if content_type else {}
+    all_headers.update({k.replace("_", "-"): v for k, v in headers.items()})
+    conn.request(method, path, body=body, headers=all_headers)
+    response = conn.getresponse()
+    data = response.read()
+    if own:
+        conn.close()
+    return response.status, response.headers, data
+
+
+def strict_status(headers: http.client.HTTPMessage, data: bytes) -> status_pb2.Status:
+    """The body as a ``google.rpc.Status`` in the response's encoding; unknown fields fail."""
+    status = status_pb2.Status()
+    if headers["Content-Type"] == JSON:
+        json_format.Parse(data, status)  # no ignore_unknown_fields: the shape must be a Status
+    else:
+        assert headers["Content-Type"] == PROTOBUF
+        status.ParseFromString(data)
+    return status
+
+
+def kv(key: str, value: dict[str, Any]) -> dict[str, Any]:
+    return {"key": key, "value": value}
+
+
+def action_attributes(session: str, action: str, kind: str = "tool_call") -> list[dict[str, Any]]:
+    return [
+        kv("session.id", {"stringValue": session}),
+        kv("agent.action.id", {"stringValue": action}),
+        kv("agent.action.kind", {"stringValue": kind}),
+    ]
+
+
+def json_span(
+    session: str, action: str, trace_id: str = TRACE_ID, span_id: str = SPAN_ID, **extra: Any
+) -> dict:  # type: ignore[type-arg]
+    span: dict[str, Any] = {
+        "traceId": trace_id,
+        "spanId": span_id,
+        "name": f"step {action}",
+        "kind": 1,
+        "startTimeUnixNano": "1700000000000000000",
+        "endTimeUnixNano": "1700000000000000001",
+        "attributes": action_attributes(session, action),
+    }
+    span.update(extra)
+    return span
+
+
+def json_request(*spans: dict) -> bytes:  # type: ignore[type-arg]
+    return json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": list(spans)}]}]}).encode()
+
+
+def proto_request(session: str, action: str, n: int = 1) -> bytes:
+    attributes = {"session.id": session, "agent.action.id": action, "agent.action.kind": "tool_call"}
+    span = Span(
+        trace_id=bytes([1] * 15 + [n]),
+        span_id=bytes([2] * 7 + [n]),
+        name=f"step {action}",
+        start_time_unix_nano=1_700_000_000_000_000_000 + n,
+        attributes=[KeyValue(key=k, value=any_value(v)) for k, v in attributes.items()],
+    )
+    request = ExportTraceServiceRequest(
+        resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=[span])])]
+    )
+    return request.SerializeToString()
+
+
+def actions(sidecar, session: str) -> list[dict[str, Any]]:  # type: ignore[no-untyped-def]
+    return sidecar.session(session)["actions"]
+
+
+# --- OTLP/JSON decoding: what a conforming sender may send -------------------------------
+
+
+def collector_style_document() -> dict[str, Any]:
+    """An ``ExportTraceServiceRequest`` as the Collector's pdata JSON marshaler writes one
+    (lowerCamelCase keys, lower-case hex ids, 64-bit integers as strings, integer enums),
+    with fields this sidecar's proto may not know and fields no proto has yet."""
+    return {
+        "resourceSpans": [
+            {
+                "resource": {
+                    "attributes": [
+                        kv("service.name", {"stringValue": "agent"}),
+                        kv("service.instance.id", {"stringValue": "inc-collector"}),
+                    ],
+                    "droppedAttributesCount": 0,
+                    "entityRefs": [{"type": "service", "idKeys": ["service.name"]}],
+                    "futureResourceField": {"x": [1, 2, 3]},
+                },
+                "scopeSpans": [
+                    {
+                        "scope": {
+                            "name": "lib",
+                            "version": "1.2.3",
+                            "attributes": [kv("scope.attr", {"stringValue": "v"})],
+                            "futureScopeField": True,
+                        },
+                        "spans": [
+                            {
+                                "traceId": TRACE_ID,
+                                "spanId": SPAN_ID,
+                                "parentSpanId": "eee19b7ec3c1b173",
+                                "traceState": "vendor=value",
+                                "flags": 257,
+                                "name": "tool call",
+                                "kind": 3,
+                                "startTimeUnixNano": "1700000000000000000",
+                                "endTimeUnixNano": "1700000000500000000",
+                                "attributes": [
+                                    *action_attributes("collector-json", "c1"),
+                                    {**kv("agent.action.name", {"stringValue": "search"}), "futureKv": 1},
+                                ],
+                                "droppedAttributesCount": 0,
+                                "events": [
+                                    {
+                                        "timeUnixNano": "1700000000100000000",
+                                        "name": "event",
+                                        "attributes": [],
+                                        "futureEventField": "x",
+                                    }
+                                ],
+                                "links": [
+                                    {
+                                        "traceId": "5b8efff798038103d269b633813fc60d",
+                                        "spanId": "eee19b7ec3c1b175",
+                                        "traceState": "",
+                                        "flags": 256,
+                                        "futureLinkField": [],
+                                    }
+                                ],
+                                "status": {"code": 1, "message": "", "futureStatusField": 0},
+                                "futureSpanField": {"nested": {"deeper": None}},
+                            }
+                        ],
+                        "schemaUrl": "https://opentelemetry.io/schemas/1.26.0",
+                    }
+                ],
+                "schemaUrl": "https://opentelemetry.io/schemas/1.26.0",
+                "futureResourceSpansField": 42,
+            }
+        ],
+        "futureRequestField": "ignored",
+    }
+
+
+def test_collector_json_with_unknown_fields_is_accepted_as_if_they_were_absent(sidecar) -> None:  # type: ignore[no-untyped-def]
+    # Spec, JSON Protobuf Encoding: "OTLP/JSON receivers MUST ignore message fields with
+    # unknown names and MUST unmarshal the message as if the unknown field was not present".
+    # Sent as the otlphttp exporter sends it with `compression: gzip`.
+    body = gzip.compress(json.dumps(collector_style_document()).encode())
+    status, headers, data = post(
+        sidecar, body, JSON, Content_Encoding="gzip", Accept_Encoding="gzip", User_Agent="otelcol/0.150.0"
+    )
+    assert status == 200, data
+    # "The server MUST use the same Content-Type in the response as it received"; the
+    # Collector's exporter matches the response Content-Type exactly.
+    assert headers["Content-Type"] == JSON
+    # "The server MUST leave the partial_success field unset in case of a successful response."
+    assert json.loads(data) == {}
+    [stored] = actions(sidecar, "collector-json")
+    assert (stored["trace_id"], stored["span_id"], stored["action_id"], stored["name"]) == (
+        TRACE_ID,
+        SPAN_ID,
+        "c1",
+        "search",
+    )
+    assert stored["incarnation"] == "inc-collector"
+
+
+def test_json_ids_are_case_insensitive_hex(sidecar) -> None:  # type: ignore[no-untyped-def]
+    # Spec: "The traceId and spanId byte arrays are represented as case-insensitive
+    # hex-encoded strings; they are not base64-encoded".
+    upper = json_span("hex-case", "u", TRACE_ID.upper(), SPAN_ID.upper())
+    mixed = json_span("hex-case", "m", "5B8eFfF798038103d269B633813Fc60C", "EeE19b7Ec3C1b175")
+    status, _, data = post(sidecar, json_request(upper, mixed))
+    assert status == 200 and json.loads(data) == {}
+    stored = {a["action_id"]: (a["trace_id"], a["span_id"]) for a in actions(sidecar, "hex-case")}
+    assert stored == {"u": (TRACE_ID, SPAN_ID), "m": (TRACE_ID, "eee19b7ec3c1b175")}
+    # The same span in lower case is the same (trace_id, span_id): stored once.
+    status, _, _ = post(sidecar, json_request(json_span("hex-case", "u")))
+    assert status == 200
+    assert len(actions(sidecar, "hex-case")) == 2
+
+
+def test_json_ids_in_protobufs_base64_mapping_are_rejected_span_by_span(sidecar) -> None:  # type: ignore[no-untyped-def]
+    base64_ids = json_span("b64", "x", "W47/95gDgQPSabYzgT/GDA==", "7uGbfsPBsXQ=")
+    status, _, data = post(sidecar, json_request(base64_ids, json_span("b64", "ok")))
+    assert status == 200
+    partial = json.loads(data)["partialSuccess"]
+    assert int(partial["rejectedSpans"]) == 1 and "is not hex" in partial["errorMessage"]
+    assert [a["action_id"] for a in actions(sidecar, "b64")] == ["ok"]
+
+
+def test_json_64_bit_integers_as_strings_or_numbers_and_enums_as_integers(sidecar) -> None:  # type: ignore[no-untyped-def]
+    # Spec: "64-bit integer numbers in JSON-encoded payloads are encoded as decimal strings,
+    # and either numbers or strings are accepted when decoding"; "Values of enum fields
+    # MUST be encoded as integer values".
+    as_string = json_span("ints", "s", span_id="0000000000000001", startTimeUnixNano="1700000000000000123")
+    as_number = json_span(
+        "ints", "n", span_id="0000000000000002", startTimeUnixNano=1700000000000000456, kind=2
+    )
+    error = json_span("ints", "e", span_id="0000000000000003", status={"code": 2})  # STATUS_CODE_ERROR
+    status, _, data = post(sidecar, json_request(as_string, as_number, error))
+    assert status == 200 and json.loads(data) == {}
+    stored = {a["action_id"]: a for a in actions(sidecar, "ints")}
+    assert stored["s"]["seq"] == 1700000000000000123
+    assert stored["n"]["seq"] == 1700000000000000456
+    assert stored["e"]["status"] == "error"
+    assert "status" not in stored["s"] or stored["s"]["status"] != "error"
+
+
+def test_json_any_value_kinds(sidecar) -> None:  # type: ignore[no-untyped-def]
+    # AnyValue in proto3 JSON: intValue is an int64 (string or number), bytesValue is
+    # base64 (only trace/span ids are hex), arrayValue / kvlistValue nest AnyValues.
+    attributes = [
+        *action_attributes("anyvalue", "v"),
+        kv("agent.action.max_attempts", {"intValue": "3"}),
+        kv("agent.action.custom_int_number", {"intValue": 9007199254740993}),
+        kv("agent.action.custom_double", {"doubleValue": 0.25}),
+        kv("agent.action.retryable", {"boolValue": True}),
+        kv("agent.action.custom_bytes", {"bytesValue": "AAH/"}),
+        kv(
+            "agent.action.custom_array", {"arrayValue": {"values": [{"stringValue": "a"}, {"intValue": "2"}]}}
+        ),
+        kv("agent.action.custom_kvlist", {"kvlistValue": {"values": [kv("k", {"boolValue": False})]}}),
+        kv("agent.action.custom_empty_array", {"arrayValue": {}}),
+    ]
+    status, _, data = post(sidecar, json_request(json_span("anyvalue", "v", attributes=attributes)))
+    assert status == 200 and json.loads(data) == {}
+    [stored] = actions(sidecar, "anyvalue")
+    assert stored["max_attempts"] == 3
+    assert stored["custom_int_number"] == 9007199254740993
+    assert stored["custom_double"] == 0.25
+    assert stored["retryable"] is True
+    assert stored["custom_bytes"] == {"bytes_hex": "0001ff"}
+    assert stored["custom_array"] == ["a", 2]
+    assert stored["custom_kvlist"] == {"k": False}
+    assert stored["custom_empty_array"] == []
+
+
+# --- BUG: ids with whitespace ------------------------------------------------------------
+
+
+def test_json_ids_with_whitespace_are_not_hex(sidecar) -> None:  # type: ignore[no-untyped-def]
+    """BUG (otlp/decode.py:140, ``bytes.fromhex``): Python's ``bytes.fromhex`` skips ASCII
+    whitespace, so ``"5b8efff7 98038103 ..."`` is taken as a valid 16-byte trace id.
+
+    Spec, JSON Protobuf Encoding: ids are "case-insensitive hex-encoded strings"
+    (RFC 4648 section 8, base16). RFC 4648 section 3.3: "Implementations MUST reject the
+    encoded data if it contains characters outside the base alphabet when interpreting
+    base-encoded data, unless the specification referring to this document explicitly
+    states otherwise." The Collector's own receiver (pdata ``unmarshalJSON``,
+    ``hex.Decode``) rejects such an id. The sidecar's policy for a non-hex id is to reject
+    that span (partial success), as it does for ``zz…`` or base64 ids.
+    """
+    spaced = json_span("hex-space", "sp", "5b8efff7 98038103 d269b633 813fc60c", "0000000000000011")
+    newline = json_span("hex-space", "nl", span_id=" 0000000000000012\n")
+    ok = json_span("hex-space", "ok", span_id="0000000000000013")
+    status, _, data = post(sidecar, json_request(spaced, newline, ok))
+    assert status == 200
+    answer = json.loads(data)
+    assert "partialSuccess" in answer, f"ids with whitespace were accepted as hex: {answer}"
+    assert int(answer["partialSuccess"]["rejectedSpans"]) == 2
+    assert [a["action_id"] for a in actions(sidecar, "hex-space")] == ["ok"]
+
+
+# --- OTLP/HTTP request handling ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    ["application/json; charset=utf-8", "Application/JSON", "application/json;charset=UTF-8"],
+)
+def test_json_content_type_with_parameters_or_any_case(sidecar, content_type) -> None:  # type: ignore[no-untyped-def]
+    # Media types are case-insensitive and may carry parameters (RFC 9110 section 8.3.1).
+    status, headers, data = post(sidecar, json_request(json_span("params", "p")), content_type)
+    assert status == 200
+    assert headers["Content-Type"] == JSON and json.loads(data) == {}
+
+
+def test_protobuf_content_type_with_gzip_as_the_sdk_and_collector_send_it(sidecar) -> None:  # type: ignore[no-untyped-def]
+    status, headers, data = post(
+        sidecar, gzip.compress(proto_request("proto-gzip", "g")), PROTOBUF, Content_Encoding="gzip"
+    )
+    assert status == 200 and headers["Content-Type"] == PROTOBUF
+    assert not ExportTraceServiceResponse.FromString(data).HasField("partial_success")
+    # The real SDK exporter with gzip compression, too.
+    agent = Agent(http_exporter(sidecar.http_url, compression=Compression.Gzip), "inc-sdk-gzip")
+    agent.action("proto-gzip", "sdk", "tool_call")
+    agent.shutdown()
+    assert sorted(a["action_id"] for a in actions(sidecar, "proto-gzip")) == ["g", "sdk"]
+
+
+def test_empty_requests_succeed(sidecar) -> None:  # type: ignore[no-untyped-def]
+    # Spec, Full Success: "If the server receives an empty request (a request that does not
+    # carry any telemetry data) the server SHOULD respond with success."
+    status, headers, data = post(sidecar, b"{}", JSON)
+    assert (status, headers["Content-Type"], json.loads(data)) == (200, JSON, {})
+    status, headers, data = post(sidecar, b'{"resourceSpans": []}', JSON)
+    assert (status, json.loads(data)) == (200, {})
+    status, headers, data = post(sidecar, b"", PROTOBUF)  # the empty protobuf message
+    assert (status, headers["Content-Type"]) == (200, PROTOBUF)
+    assert not ExportTraceServiceResponse.FromString(data).HasField("partial_success")
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/grpc", "application/otlp+json", None])
+def test_unsupported_content_type_is_415_with_a_status(sidecar, content_type) -> None:  # type: ignore[no-untyped-def]
+    status, headers, data = post(sidecar, json_request(json_span("ct", "x")), content_type)
+    assert status == 415
+    assert "unsupported Content-Type" in strict_status(headers, data).message
+
+
+@pytest.mark.parametrize("content_type", [JSON, PROTOBUF])
+def test_unknown_content_encoding_is_415_in_the_requests_encoding(sidecar, content_type) -> None:  # type: ignore[no-untyped-def]
+    # RFC 9110 section 15.5.16: 415 covers "the request's indicated Content-Type or
+    # Content-Encoding". The Status is in the request's encoding (OTLP/HTTP Response).
+    status, headers, data = post(sidecar, b"whatever", content_type, Content_Encoding="br")
+    assert status == 415 and headers["Content-Type"] == content_type
+    assert "unsupported Content-Encoding 'br'" in strict_status(headers, data).message
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "expected"),
+    [
+        (b"{not json", JSON, "not valid JSON"),
+        (b'{"resourceSpans": {"not": "a list"}}', JSON, "not an OTLP/JSON ExportTraceServiceRequest"),
+        (b"\xff\xff\xff\xff\xff\x0f garbage", PROTOBUF, "not a valid protobuf ExportTraceServiceRequest"),
+        (gzip.compress(b"{}")[:-6], JSON, "truncated gzip stream"),
+    ],
+    ids=["json-syntax", "json-shape", "protobuf", "truncated-gzip"],
+)
+def test_bad_data_is_400_with_a_status_message_in_the_requests_encoding(
+    sidecar, body, content_type, expected
+) -> None:  # type: ignore[no-untyped-def]
+    # Spec, Bad Data: "the server MUST respond with HTTP 400 Bad Request"; Failures: "The
+    # response body for all HTTP 4xx and HTTP 5xx responses MUST be a ... Status message";
+    # "The Status.message field SHOULD contain a developer-facing error message".
+    encoding = {"Content_Encoding": "gzip"} if expected.startswith("truncated") else {}
+    status, headers, data = post(sidecar, body, content_type, **encoding)
+    assert status == 400 and headers["Content-Type"] == content_type
+    assert expected in strict_status(headers, data).message
+
+
+# --- BUG: a JSON value of the wrong type answered 500 --------------------------------------
+
+
+@pytest.mark.parametrize("links", [5, True, 1.5], ids=["number", "boolean", "float"])
+def test_json_links_of_the_wrong_type_are_400_bad_data_not_500(sidecar, links) -> None:  # type: ignore[no-untyped-def]
+    """BUG (otlp/decode.py:89, ``for link in span.get("links") or ()``): when a span's
+    ``links`` is a JSON number or boolean, the id rewrite iterates it before
+    ``json_format`` sees the document; the ``TypeError`` escapes ``parse_json`` (which
+    only wraps errors from ``orjson.loads`` and ``ParseDict``) and the handler
+    (otlp/http_receiver.py:143-147 catches ``BadData`` only), and the router answers
+    ``500`` with ``{"error": ...}`` (httpserver.py:253-255).
+
+    Spec, Bad Data: "If the processing of the request fails because the request contains
+    data that cannot be decoded or is otherwise invalid and such failure is permanent, then
+    the server MUST respond with HTTP 400 Bad Request." Failures: "The response body for
+    all HTTP 4xx and HTTP 5xx responses MUST be a Protobuf-encoded Status message".
+    (``"links": "ab"`` or ``{}`` already get the 400 from ``json_format``.)
+    """
+    body = json_request(json_span("links", "l", links=links))
+    status, headers, data = post(sidecar, body, JSON)
+    assert status == 400, (status, data)
+    assert headers["Content-Type"] == JSON
+    assert "links" in strict_status(headers, data).message
+    assert sidecar.get("/healthz") == (200, {"status": "ok"})
+
+
+# --- BUG (SHOULD): 400 without BadRequest details -------------------------------------------
+
+
+@pytest.mark.parametrize("content_type", [JSON, PROTOBUF])
+def test_bad_data_status_details_contain_a_bad_request(sidecar, content_type) -> None:  # type: ignore[no-untyped-def]
+    """BUG, SHOULD-level (otlp/http_receiver.py:72-82, ``status_body``): a 400 carries a
+    ``Status`` with a code and message but no details.
+
+    Spec, Bad Data: "The Status.details field in the response SHOULD contain a BadRequest
+    that describes the bad data." The gRPC receiver already does this for the same
+    decoder errors (otlp/grpc_receiver.py ``invalid_argument_status``); the HTTP receiver
+    does not.
+    """
+    body = b"{not json" if content_type == JSON else b"\xff\xff\xff\xff\xff\x0f garbage"
+    status, headers, data = post(sidecar, body, content_type)
+    assert status == 400
+    answer = strict_status(headers, data)
+    bad_requests = [d for d in answer.details if d.Is(error_details_pb2.BadRequest.DESCRIPTOR)]
+    assert bad_requests, f"no google.rpc.BadRequest in Status.details: {answer}"
+    bad_request = error_details_pb2.BadRequest()
+    bad_requests[0].Unpack(bad_request)
+    assert bad_request.field_violations and bad_request.field_violations[0].description
+
+
+# --- responses: partial success, 413, 503 ----------------------------------------------------
+
+
+def test_partial_success_json_shape(sidecar) -> None:  # type: ignore[no-untyped-def]
+    # Spec, Partial Success: 200, "the server MUST initialize the partial_success field ...
+    # and it MUST set the respective rejected_spans"; "SHOULD populate the error_message".
+    # In JSON, field names are lowerCamelCase and an int64 may be a string or a number; the
+    # Collector's exporter decodes the body with pdata's UnmarshalJSON (either is fine).
+    bad = json_span("partial", "bad", span_id="00000000000000000000")  # 10 bytes
+    status, headers, data = post(sidecar, json_request(bad, json_span("partial", "good")))
+    assert status == 200 and headers["Content-Type"] == JSON
+    document = json.loads(data)
+    assert set(document) == {"partialSuccess"}
+    assert set(document["partialSuccess"]) == {"rejectedSpans", "errorMessage"}
+    response = ExportTraceServiceResponse()
+    json_format.Parse(data, response)  # strictly an ExportTraceServiceResponse
+    assert response.partial_success.rejected_spans == 1
+    assert "spans[0] 'step bad'" in response.partial_success.error_message
+    assert [a["action_id"] for a in actions(sidecar, "partial")] == ["good"]
+
+
+def test_partial_success_protobuf_shape(sidecar) -> None:  # type: ignore[no-untyped-def]
+    request = ExportTraceServiceRequest.FromString(proto_request("partial-pb", "good"))
+    bad = request.resource_spans[0].scope_spans[0].spans.add()
+    bad.CopyFrom(request.resource_spans[0].scope_spans[0].spans[0])
+    bad.trace_id = b"\x01\x02"
+    status, headers, data = post(sidecar, request.SerializeToString(), PROTOBUF)
+    assert status == 200 and headers["Content-Type"] == PROTOBUF
+    response = ExportTraceServiceResponse.FromString(data)
+    assert response.partial_success.rejected_spans == 1
+    assert "trace_id is 2 bytes" in response.partial_success.error_message
+
+
+@pytest.mark.parametrize("content_type", [JSON, PROTOBUF])
+def test_over_the_limit_is_413_with_a_status(start_sidecar, content_type) -> None:  # type: ignore[no-untyped-def]
+    # Spec, OTLP/HTTP Request: "The server MUST limit the size of the request body when
+    # parsing it, including after decompression ... the server SHOULD respond with HTTP 413".
+    sidecar = start_sidecar(receivers__max_request_bytes=4096)
+    if content_type == JSON:
+        big = json_request(json_span("big", "b", name="x" * 10_000))
+    else:
+        request = ExportTraceServiceRequest.FromString(proto_request("big", "b"))
+        request.resource_spans[0].scope_spans[0].spans[0].name = "x" * 10_000
+        big = request.SerializeToString()
+    for body, encoding in ((big, {}), (gzip.compress(big), {"Content_Encoding": "gzip"})):
+        assert len(body) > 4096 or encoding  # the gzip body is small: the limit is after decompression
+        status, headers, data = post(sidecar, body, content_type, **encoding)
+        assert status == 413 and headers["Content-Type"] == content_type
+        assert "4096-byte limit" in strict_status(headers, data).message
+
+
+@pytest.mark.parametrize("content_type", [JSON, PROTOBUF])
+def test_overload_is_503_with_whole_second_retry_after_and_retry_info(
+    sidecar, monkeypatch, content_type
+) -> None:  # type: ignore[no-untyped-def]
+    # Spec, OTLP/HTTP Throttling: "SHOULD respond with HTTP 429 Too Many Requests or HTTP
+    # 503 Service Unavailable and MAY include "Retry-After" header with a recommended time
+    # interval in seconds". The Collector's exporter parses it with strconv.Atoi.
+    def full(items, transport):  # type: ignore[no-untyped-def]
+        raise Overloaded(3, "write queue full (test); retry after 3 s")
+
+    monkeypatch.setattr(sidecar.service.pipeline, "submit", full)
+    body = json_request(json_span("busy", "b")) if content_type == JSON else proto_request("busy", "b")
+    status, headers, data = post(sidecar, body, content_type)
+    assert status == 503 and headers["Content-Type"] == content_type
+    assert headers["Retry-After"] == "3" and int(headers["Retry-After"]) == 3
+    answer = strict_status(headers, data)
+    assert "write queue full" in answer.message
+    retry_info = error_details_pb2.RetryInfo()
+    assert answer.details[0].Unpack(retry_info) and retry_info.retry_delay.seconds == 3
+
+
+# --- methods, paths, connections --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["GET", "PUT", "DELETE", "PATCH"])
+def test_methods_other_than_post_are_405_with_allow(sidecar, method) -> None:  # type: ignore[no-untyped-def]
+    # Spec, OTLP/HTTP Request: "Telemetry data is sent via HTTP POST request"; RFC 9110
+    # section 15.5.6: a 405 "MUST generate an Allow header field". (The Collector's own
+    # receiver answers 405 with a text/plain body too.)
+    status, headers, _ = post(sidecar, b"{}", JSON, method=method)
+    assert status == 405 and headers["Allow"] == "POST"
+
+
+@pytest.mark.parametrize("path", ["/v1/traces/", "/v1/logs", "/v1/metrics", "/v1/trace"])
+def test_paths_other_than_v1_traces_are_404_and_store_nothing(sidecar, path) -> None:  # type: ignore[no-untyped-def]
+    status, _, _ = post(sidecar, json_request(json_span("paths", "p")), JSON, path=path)
+    assert status == 404
+    assert sidecar.get("/api/sessions/paths")[0] == 404
+
+
+def test_keep_alive_survives_error_answers(sidecar) -> None:  # type: ignore[no-untyped-def]
+    # Spec, OTLP/HTTP Connection: "The client SHOULD keep the connection alive between
+    # requests." An error answer must leave the connection usable for the next request.
+    connection = http.client.HTTPConnection("127.0.0.1", sidecar.service.http_port, timeout=30)
+    try:
+        answers = [
+            post(sidecar, b"body", "text/plain", connection=connection)[0],
+            post(sidecar, b"{bad", JSON, connection=connection)[0],
+            post(sidecar, b"x", JSON, Content_Encoding="br", connection=connection)[0],
+            post(
+                sidecar,
+                gzip.compress(json_request(json_span("alive", "a"))),
+                JSON,
+                Content_Encoding="gzip",
+                connection=connection,
+            )[0],
+        ]
+    finally:
+        connection.close()
+    assert answers == [415, 400, 415, 200]
+    assert [a["action_id"] for a in actions(sidecar, "alive")] == ["a"]
+
+
+def test_chunked_gzip_json_body_is_accepted(sidecar) -> None:  # type: ignore[no-untyped-def]
+    # A client that does not know the compressed length up front sends it chunked.
+    body = gzip.compress(json_request(json_span("chunked", "c")))
+    connection = http.client.HTTPConnection("127.0.0.1", sidecar.service.http_port, timeout=30)
+    try:
+        connection.request(
+            "POST",
+            "/v1/traces",
+            body=iter([body[:10], body[10:]]),
+            headers={"Content-Type": JSON, "Content-Encoding": "gzip"},
+            encode_chunked=True,
+        )
+        response = connection.getresponse()
+        assert (response.status, json.loads(response.read())) == (200, {})
+    finally:
+        connection.close()
+    assert [a["action_id"] for a in actions(sidecar, "chunked")] == ["c"]
