@@ -423,3 +423,54 @@ def test_the_sidecar_logs_a_migration(tmp_path: Path) -> None:
     lines = [json.loads(line) for line in log.getvalue().splitlines()]
     migrated = [line for line in lines if line["event"] == "store-migrated"]
     assert len(migrated) == 1 and migrated[0]["from_version"] == "1"
+
+
+def test_reads_from_many_threads_keep_few_connections(store) -> None:  # type: ignore[no-untyped-def]
+    # The HTTP server reads the store from a new thread per client connection: those
+    # threads come and go, and the read connections must not pile up with them.
+    import threading
+
+    from durable_sessions_collector.store.pool import MAX_IDLE
+
+    def read() -> None:
+        assert store.verdict_counts()["ok"] == 0
+
+    for _ in range(50):  # one after another, as health probes come
+        thread = threading.Thread(target=read)
+        thread.start()
+        thread.join()
+    assert store.readers.opened == 1
+    barrier = threading.Barrier(12)
+
+    def read_together() -> None:
+        with store.readers.lend():  # hold one while the others take theirs
+            barrier.wait(timeout=10)
+        read()
+
+    threads = [threading.Thread(target=read_together) for _ in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert store.readers.opened == 12  # as many as were read with at once, no more
+    assert store.readers.idle == MAX_IDLE  # the others were closed when given back
+
+
+@pytest.mark.postgres
+def test_a_read_connection_whose_backend_died_is_replaced(postgres_url: str) -> None:
+    # A PostgreSQL restart or a killed backend breaks the idle read connections: the read
+    # that finds out fails as retryable, and the next one gets a new connection.
+    import psycopg
+
+    store = open_store(postgres_url)
+    try:
+        with store.readers.lend() as connection:
+            pid = connection.info.backend_pid
+        with psycopg.connect(postgres_url.partition("?")[0], autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        with pytest.raises(StoreError, match="cannot be read"):
+            store.count_actions()
+        assert store.count_actions() == 0
+        assert store.readers.opened == 2
+    finally:
+        store.close()
