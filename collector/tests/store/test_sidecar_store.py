@@ -474,3 +474,20 @@ def test_a_read_connection_whose_backend_died_is_replaced(postgres_url: str) -> 
         assert store.readers.opened == 2
     finally:
         store.close()
+
+
+def test_readers_beyond_max_open_wait_then_fail_retryably(tmp_path: Path) -> None:
+    from durable_sessions_collector.store.pool import ReadPool
+
+    pool = ReadPool(
+        lambda: sqlite3.connect(tmp_path / "s.db"), sqlite3.Connection.close, max_open=2, wait_s=0.2
+    )
+    with pool.lend(), pool.lend():
+        started = time.monotonic()
+        with pytest.raises(StoreError, match=r"all 2 read connections stayed busy for 0\.2 s"), pool.lend():
+            pass
+        assert time.monotonic() - started >= 0.2
+    with pool.lend() as connection:  # the slots given back are taken again
+        assert connection.execute("SELECT 1").fetchone() == (1,)
+    pool.close()
+    assert pool.opened == 2 and pool.idle == 0

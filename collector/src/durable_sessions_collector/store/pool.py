@@ -4,7 +4,8 @@ The HTTP server runs every client connection in a thread of its own (each health
 each metrics scrape), so a read connection per thread would leave one open connection
 behind per client — file descriptors for SQLite, server connections for PostgreSQL —
 until the store closes. A pool keeps at most ``max_idle`` of them open between reads,
-whatever the number of threads that came and went.
+whatever the number of threads that came and went, and at most ``max_open`` at once, so
+that a burst of clients cannot take all of a PostgreSQL server's connections.
 """
 
 from __future__ import annotations
@@ -14,16 +15,22 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Generic, TypeVar
 
+from durable_sessions_collector.store.base import StoreError
+
 Connection = TypeVar("Connection")
 
 MAX_IDLE = 8
+MAX_OPEN = 32
+WAIT_S = 10.0
 
 
 class ReadPool(Generic[Connection]):
     """Lends read connections; opens one when none is idle, closes those it cannot keep.
 
     ``usable`` tells whether an idle connection can be lent again (a PostgreSQL
-    connection may have broken since). ``close`` must not raise.
+    connection may have broken since). ``close`` must not raise. A reader that finds
+    ``max_open`` connections lent out waits up to ``wait_s`` for one, then gets a
+    :class:`StoreError` (answered as retryable).
     """
 
     def __init__(
@@ -32,11 +39,16 @@ class ReadPool(Generic[Connection]):
         close: Callable[[Connection], None],
         usable: Callable[[Connection], bool] = lambda connection: True,
         max_idle: int = MAX_IDLE,
+        max_open: int = MAX_OPEN,
+        wait_s: float = WAIT_S,
     ) -> None:
         self._connect = connect
         self._close = close
         self._usable = usable
         self.max_idle = max_idle
+        self.max_open = max_open
+        self.wait_s = wait_s
+        self._slots = threading.BoundedSemaphore(max_open)
         self._idle: list[Connection] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -50,11 +62,16 @@ class ReadPool(Generic[Connection]):
     @contextmanager
     def lend(self) -> Iterator[Connection]:
         """A connection for one read; it goes back to the pool (or is closed) afterwards."""
-        connection = self._take()
+        if not self._slots.acquire(timeout=self.wait_s):
+            raise StoreError(f"all {self.max_open} read connections stayed busy for {self.wait_s:g} s")
         try:
-            yield connection
+            connection = self._take()
+            try:
+                yield connection
+            finally:
+                self._give_back(connection)
         finally:
-            self._give_back(connection)
+            self._slots.release()
 
     def close(self) -> None:
         """Close the idle connections; those lent out are closed when given back."""
