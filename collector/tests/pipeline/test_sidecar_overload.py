@@ -1,23 +1,29 @@
 """Overload: with a tiny write queue a burst is answered 503 / UNAVAILABLE with retry
-hints (never dropped silently), and the real SDK exporters' retries deliver everything."""
+hints (never dropped silently), in the request's own encoding (OTLP/protobuf or OTLP/JSON),
+and the real SDK exporters' retries deliver everything."""
 
 from __future__ import annotations
 
 import http.client
+import json
 import sqlite3
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
-from google.rpc import error_details_pb2, status_pb2
+from conftest import wait_for
+from google.protobuf import json_format
+from google.rpc import code_pb2, error_details_pb2, status_pb2
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from sidecar_clients import grpc_exporter, http_exporter
+from sidecar_clients import grpc_exporter, http_exporter, otlp_json
 
+JSON = "application/json"
+PROTOBUF = "application/x-protobuf"
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 CLIENTS = 12
 SPANS_PER_BATCH = 300
@@ -64,13 +70,11 @@ def test_burst_gets_retry_hints_on_both_transports(start_sidecar, tmp_path) -> N
     sidecar = start_sidecar(pipeline__queue_size=1, pipeline__max_batch=1, pipeline__retry_after_s=2)
     bodies = [encode_spans(batch).SerializeToString() for batch in batches("raw")]
 
-    def post(body: bytes):  # type: ignore[no-untyped-def]
+    def post(body: bytes, content_type: str = PROTOBUF):  # type: ignore[no-untyped-def]
         connection = http.client.HTTPConnection("127.0.0.1", sidecar.service.http_port, timeout=30)
-        connection.request(
-            "POST", "/v1/traces", body=body, headers={"Content-Type": "application/x-protobuf"}
-        )
+        connection.request("POST", "/v1/traces", body=body, headers={"Content-Type": content_type})
         response = connection.getresponse()
-        answer = (response.status, response.headers.get("Retry-After"), response.read())
+        answer = (response.status, response.headers, response.read())
         connection.close()
         return answer
 
@@ -78,8 +82,8 @@ def test_burst_gets_retry_hints_on_both_transports(start_sidecar, tmp_path) -> N
     refused = [a for a in answers if a[0] == 503]
     accepted = [a for a in answers if a[0] == 200]
     assert refused and accepted and len(refused) + len(accepted) == CLIENTS
-    for _, retry_after, body in refused:
-        assert retry_after == "2"
+    for _, headers, body in refused:
+        assert headers["Content-Type"] == PROTOBUF and headers["Retry-After"] == "2"
         status = status_pb2.Status.FromString(body)
         assert "write queue full" in status.message
         retry_info = error_details_pb2.RetryInfo()
@@ -88,6 +92,41 @@ def test_burst_gets_retry_hints_on_both_transports(start_sidecar, tmp_path) -> N
         assert not ExportTraceServiceResponse.FromString(body).HasField("partial_success")
     # Nothing refused was kept, nothing accepted was lost.
     assert stored_actions(tmp_path / "sessions.db") == len(accepted) * SPANS_PER_BATCH
+
+    # OTLP/JSON in an overload that lasts: while another connection holds the database's
+    # write lock the writer cannot commit, so it holds one request and the queue one more;
+    # of three concurrent JSON requests at least one finds the queue full. Its 503 is in the
+    # request's encoding (the Collector's otlphttp exporter decodes an answer by its exact
+    # Content-Type), a JSON google.rpc.Status with RetryInfo, and a Retry-After of whole
+    # seconds (the exporter reads it with strconv.Atoi).
+    json_bodies = [otlp_json(batch) for batch in batches("raw-json", count=3)]
+    blocker = sqlite3.connect(tmp_path / "sessions.db", isolation_level=None, timeout=30)
+    blocker.execute("BEGIN IMMEDIATE")
+    with ThreadPoolExecutor(len(json_bodies)) as pool:
+        try:
+            pending = [pool.submit(post, body, JSON) for body in json_bodies]
+            # Nothing can be committed yet, so the first answer is a refusal.
+            wait_for(lambda: any(future.done() for future in pending), timeout=30)
+        finally:
+            blocker.close()  # ends the transaction: the writer commits what it holds
+        json_answers = [future.result() for future in pending]
+    json_refused = [a for a in json_answers if a[0] == 503]
+    json_accepted = [a for a in json_answers if a[0] == 200]
+    assert json_refused and len(json_refused) + len(json_accepted) == len(json_bodies)
+    for _, headers, body in json_refused:
+        assert headers["Content-Type"] == JSON
+        assert headers["Retry-After"] == "2"
+        status = json_format.Parse(body, status_pb2.Status())  # strictly a Status, no other keys
+        assert status.code == code_pb2.UNAVAILABLE and "write queue full" in status.message
+        [detail] = status.details
+        retry_info = error_details_pb2.RetryInfo()
+        assert detail.Unpack(retry_info) and retry_info.retry_delay.ToSeconds() == 2
+    for _, headers, body in json_accepted:
+        assert headers["Content-Type"] == JSON and json.loads(body) == {}
+    assert stored_actions(tmp_path / "sessions.db") == (len(accepted) + len(json_accepted)) * SPANS_PER_BATCH
+    assert sidecar.metric("durable_sessions_spans_rejected_total", transport="http", reason="overload") == (
+        (len(refused) + len(json_refused)) * SPANS_PER_BATCH
+    )
 
     channel = grpc.insecure_channel(sidecar.grpc_endpoint)
     call = channel.unary_unary(
