@@ -8,7 +8,9 @@
 
 Exit codes: 0 after a clean stop, 2 for invalid configuration or a port that cannot be
 bound (the message names the key), 1 for any other failure to start. ``sessions``: 0,
-1 when the sidecar cannot answer (unreachable, 401, no such session), 2 for bad usage.
+1 when the sidecar cannot answer (unreachable, 401, no such session), 2 for bad usage
+(an endpoint that is not an http(s) URL with a numeric port, an unreadable token or CA
+file, a bad --verdict or --limit).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from durable_sessions_collector import __version__
-from durable_sessions_collector.client import DEFAULT_ENDPOINT, ApiClient, ApiError
+from durable_sessions_collector.client import DEFAULT_ENDPOINT, ApiClient, ApiError, ApiUsageError
 from durable_sessions_collector.config import OPTIONS, ConfigError, load, reference
 from durable_sessions_collector.store import StoreError
 
@@ -60,13 +62,16 @@ def _sessions_parser(commands: Any) -> None:
         help=f"the sidecar's HTTP endpoint (or $DURABLE_SESSIONS_API_ENDPOINT; default {DEFAULT_ENDPOINT}); "
         "https://… when it serves TLS",
     )
-    sessions.add_argument(
+    # A flag beats the environment: --token or --token-file, then $DURABLE_SESSIONS_AUTH_TOKEN,
+    # then $DURABLE_SESSIONS_AUTH_TOKEN_FILE.
+    token = sessions.add_mutually_exclusive_group()
+    token.add_argument(
         "--token",
         default=None,
         help="bearer token (or $DURABLE_SESSIONS_AUTH_TOKEN; prefer the variable or --token-file, "
         "a flag is visible to other users in the process list)",
     )
-    sessions.add_argument(
+    token.add_argument(
         "--token-file",
         default=None,
         help="file holding the bearer token (or $DURABLE_SESSIONS_AUTH_TOKEN_FILE)",
@@ -86,8 +91,10 @@ def _sessions_parser(commands: Any) -> None:
 
 
 def _sessions(args: argparse.Namespace) -> int:
-    token = args.token or os.environ.get("DURABLE_SESSIONS_AUTH_TOKEN") or None
-    token_file = args.token_file or os.environ.get("DURABLE_SESSIONS_AUTH_TOKEN_FILE") or None
+    token, token_file = args.token or None, args.token_file or None
+    if token is None and token_file is None:
+        token = os.environ.get("DURABLE_SESSIONS_AUTH_TOKEN") or None
+        token_file = os.environ.get("DURABLE_SESSIONS_AUTH_TOKEN_FILE") or None
     if token is None and token_file:
         try:
             with open(token_file, encoding="utf-8") as handle:
@@ -98,6 +105,10 @@ def _sessions(args: argparse.Namespace) -> int:
             return 2
     try:
         client = ApiClient(args.endpoint, token=token, ca_file=args.ca_file)
+    except ApiUsageError as error:
+        print(f"durable-sessions-collector: {error}", file=sys.stderr)
+        return 2
+    try:
         if args.sessions_command == "list":
             if not 1 <= args.limit <= 1000:
                 print("durable-sessions-collector: --limit must be from 1 to 1000", file=sys.stderr)

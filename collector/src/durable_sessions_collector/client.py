@@ -1,11 +1,14 @@
 """A small client of the sidecar's HTTP JSON API (used by ``durable-sessions-collector sessions``).
 
 Errors are :class:`ApiError` with a message meant for a person: where it tried, what
-went wrong, and what to change (the endpoint, the token, the CA file).
+went wrong, and what to change (the endpoint, the token, the CA file). An
+:class:`ApiUsageError` is the caller's own mistake (a malformed endpoint, an unreadable
+CA file), found before any request.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import ssl
 import urllib.error
@@ -22,6 +25,10 @@ class ApiError(Exception):
     """The API could not answer; ``str()`` says why and what to do."""
 
 
+class ApiUsageError(ApiError):
+    """The client's arguments cannot work (the endpoint, the CA file); ``str()`` says which."""
+
+
 class ApiClient:
     def __init__(
         self,
@@ -34,9 +41,16 @@ class ApiClient:
         endpoint = endpoint.strip().rstrip("/")
         if "://" not in endpoint:
             endpoint = ("https://" if ca_file else "http://") + endpoint
-        parts = urlsplit(endpoint)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ApiError(f"endpoint must be an http(s) URL such as {DEFAULT_ENDPOINT}, got {endpoint!r}")
+        try:
+            parts = urlsplit(endpoint)
+            parts.port  # noqa: B018 - raises ValueError for a port that is not a number from 0 to 65535
+        except ValueError:
+            parts = None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ApiUsageError(
+                f"--endpoint must be an http(s) URL such as {DEFAULT_ENDPOINT} (host, and a port from 0 "
+                f"to 65535), got {redact_url(endpoint) if parts is not None else endpoint!r}"
+            )
         self.endpoint = endpoint
         self.token = token
         self.timeout_s = timeout_s
@@ -45,7 +59,7 @@ class ApiClient:
             try:
                 self._context = ssl.create_default_context(cafile=ca_file)
             except (OSError, ssl.SSLError) as error:
-                raise ApiError(f"cannot load the CA file {ca_file!r}: {error}") from None
+                raise ApiUsageError(f"cannot load the CA file {ca_file!r}: {error}") from None
 
     def get(self, path: str, query: dict[str, Any] | None = None) -> Any:
         url = self.endpoint + path
@@ -81,6 +95,17 @@ class ApiClient:
             raise ApiError(
                 f"cannot reach the sidecar at {shown}: {text}; is it running? "
                 f"Set the HTTP endpoint with --endpoint or $DURABLE_SESSIONS_API_ENDPOINT"
+            ) from None
+        except http.client.HTTPException as error:
+            # No HTTP/1.1 answer (BadStatusLine…): most likely the gRPC port, which speaks HTTP/2 only.
+            what = (
+                "closed the connection without answering"
+                if isinstance(error, http.client.RemoteDisconnected)
+                else f"did not answer with HTTP/1.1 ({type(error).__name__})"
+            )
+            raise ApiError(
+                f"{shown} {what}; is it the sidecar's HTTP port (not the gRPC one), with the right scheme "
+                f"(https:// for a sidecar with tls.cert_file)?"
             ) from None
         except (TimeoutError, OSError) as error:
             raise ApiError(f"no answer from the sidecar at {shown}: {error}") from None

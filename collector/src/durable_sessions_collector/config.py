@@ -16,7 +16,7 @@ An example file::
     receivers:
       grpc: {endpoint: 127.0.0.1:4319}
       http: {endpoint: 127.0.0.1:4320}
-    store: sqlite:///var/lib/durable-sessions/sessions.db
+    store: sqlite:////var/lib/durable-sessions/sessions.db
     evaluation: {idle_s: 30, key_window_s: 86400, strict: false}
     alerts:
       webhook: {url: https://alerts.example/hook, max_attempts: 8}
@@ -24,7 +24,9 @@ An example file::
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -63,16 +65,21 @@ def _positive_number(value: Any, text: bool) -> float:
 
 
 def _number(value: Any, text: bool) -> float:
+    """A finite number: ``nan`` and ``inf`` (YAML ``.nan``, ``.inf``) are refused, since every
+    number setting is a duration or a size that must compare and add up."""
     if isinstance(value, bool):
-        raise ValueError(f"expected a number, got {value!r}")
+        raise ValueError(f"expected a positive number, got {value!r}")
+    number = None
     if isinstance(value, int | float):
-        return float(value)
-    if text and isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            pass
-    raise ValueError(f"expected a positive number, got {value!r}")
+        number = float(value)
+    elif text and isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            number = float(value)
+    if number is None:
+        raise ValueError(f"expected a positive number, got {value!r}")
+    if not math.isfinite(number):
+        raise ValueError(f"expected a positive number, got {value!r} (not a finite number)")
+    return number
 
 
 def _positive_int(value: Any, text: bool) -> int:
@@ -109,36 +116,70 @@ def _store_url(value: Any, _text: bool) -> str:
             parts = urlsplit(value)
             parts.port  # noqa: B018 - raises ValueError for a port that is not a number
         except ValueError:
-            raise ValueError(f"expected postgresql://USER@HOST:PORT/DB, got {_hide_store(value)!r}") from None
+            raise ValueError(
+                f"expected postgresql://USER@HOST:PORT/DB, got {redact_store_url(value)!r}"
+            ) from None
         schemas = [v for k, v in parse_qsl(parts.query, keep_blank_values=True) if k == "schema"]
         if schemas and not all(v.isidentifier() and v.isascii() and len(v) <= 63 for v in schemas):
             raise ValueError(f"schema must be a plain identifier (letters, digits, _), got {schemas[-1]!r}")
         return value
     if not isinstance(value, str) or not value.startswith("sqlite:///") or value == "sqlite:///":
         raise ValueError(
-            "expected sqlite:///PATH (e.g. sqlite:///var/lib/durable-sessions/sessions.db) or "
-            f"postgresql://USER@HOST:PORT/DB[?schema=NAME], got {value!r}"
+            "expected sqlite:///PATH (e.g. sqlite:////var/lib/durable-sessions/sessions.db) or "
+            f"postgresql://USER@HOST:PORT/DB[?schema=NAME], got "
+            f"{redact_store_url(value) if isinstance(value, str) else value!r}"
         )
     return value
 
 
+# Query parameters of a database URL that hold a secret (libpq: the password, the client
+# key's passphrase).
+_DSN_SECRET_PARAMS = frozenset({"password", "sslpassword"})
+
+
+def redact_store_url(url: str) -> str:
+    """``url`` with its passwords replaced by ``***``: the one of the authority
+    (``user:PASSWORD@host``) and the ``?password=`` (``sslpassword``) query values.
+
+    Any scheme (an unsupported one is quoted back in errors), and never raises: the URL is
+    cut by hand (as ``urlsplit`` cuts it) so that a malformed one is redacted too. The user,
+    host, database and other parameters stay, so the message still says which store."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    authority, tail = rest[:end], rest[end:]
+    userinfo, at, hostport = authority.rpartition("@")
+    if at and ":" in userinfo:
+        authority = f"{userinfo.partition(':')[0]}:{SECRET}@{hostport}"
+    path, question, query = tail.partition("?")
+    query, hash_, fragment = query.partition("#")
+    pairs = []
+    for pair in query.split("&"):
+        name, equals, _ = pair.partition("=")
+        pairs.append(f"{name}={SECRET}" if equals and unquote(name) in _DSN_SECRET_PARAMS else pair)
+    return f"{scheme}://{authority}{path}{question}{'&'.join(pairs)}{hash_}{fragment}"
+
+
 def _store_password(url: str) -> list[str]:
-    """The password of a PostgreSQL store URL (in the authority or as ``?password=``)."""
+    """The passwords of a PostgreSQL store URL (in the authority or as ``?password=``), as
+    written and percent-decoded: strings the log must never show, whatever their length."""
     if not url.startswith(("postgresql://", "postgres://")):
         return []
     try:
         parts = urlsplit(url)
-        found = [parts.password] if parts.password else []
+        found = [parts.password, unquote(parts.password)] if parts.password else []
     except ValueError:
         return [url]
-    return found + [v for k, v in parse_qsl(parts.query) if k == "password" and v]
+    for pair in parts.query.split("&"):
+        name, equals, value = pair.partition("=")
+        if equals and value and unquote(name) in _DSN_SECRET_PARAMS:
+            found += [value, unquote(value.replace("+", " "))]
+    return list(dict.fromkeys(found))
 
 
 def _hide_store(value: Any) -> Any:
-    text = str(value)
-    for secret in _store_password(text):
-        text = text.replace(secret, SECRET)
-    return text
+    return redact_store_url(str(value))
 
 
 def _optional_url(value: Any, _text: bool) -> str | None:
@@ -206,7 +247,10 @@ def read_token_file(path: str) -> str:
 
 
 SECRET = "***"
-MIN_HEADER_SECRET_CHARS = 8
+# The log's redactor replaces every occurrence of a registered secret in every line, so a
+# short value (a tenant id, ``?v=1``) would blank out unrelated text. Shorter values are
+# still never printed: every place that prints a URL or headers redacts them structurally.
+MIN_SECRET_CHARS = 8
 
 
 def redact_url(url: str) -> str:
@@ -231,20 +275,23 @@ def redact_url(url: str) -> str:
 
 
 def url_secrets(url: str) -> list[str]:
-    """The parts of ``url`` that must never be logged: password, user, query values."""
+    """Strings of ``url`` for the log's redactor: the whole URL, and its password, user and
+    query values (as written and percent-decoded) of at least :data:`MIN_SECRET_CHARS`.
+
+    Shorter parts are not registered (``?v=1`` would turn every ``1`` of every line into
+    ``***``); they are hidden where the URL is printed, which is always through
+    :func:`redact_url`."""
     try:
         parts = urlsplit(url)
     except ValueError:
         return [url]
-    found = [url]
-    for value in (parts.password, parts.username):
-        if value:
-            found.append(value)
+    candidates = [parts.password, parts.username]
     for pair in parts.query.split("&"):
-        value = pair.split("=", 1)[-1]
-        if value:
-            found.append(value)
-    return found
+        _, equals, value = pair.partition("=")
+        if equals:
+            candidates += [value, unquote(value.replace("+", " "))]
+    found = [url] + [value for value in candidates if value and len(value) >= MIN_SECRET_CHARS]
+    return list(dict.fromkeys(found))
 
 
 def _hide(value: Any) -> Any:
@@ -325,7 +372,10 @@ def _headers(value: Any, text: bool) -> tuple[tuple[str, str], ...] | None:
                 raise ValueError(f"expected key=value pairs separated by commas, got {name.strip()!r} alone")
             pairs.append((unquote(name).strip(), unquote(raw).strip()))
     elif isinstance(value, dict):
-        pairs = [(str(name).strip(), raw) for name, raw in value.items()]
+        # Values stripped as in the string form: a value of spaces is empty, so an error.
+        pairs = [
+            (str(name).strip(), raw.strip() if isinstance(raw, str) else raw) for name, raw in value.items()
+        ]
     else:
         raise ValueError("expected a mapping of header names to values, or key=value,key=value")
     headers: dict[str, str] = {}
@@ -500,8 +550,9 @@ class Config:
         if self.alerts_webhook_url:
             found.extend(url_secrets(self.alerts_webhook_url))
         for _, value in self.alerts_otlp_headers or ():
-            # Short values (a tenant id) would blank out every occurrence in the log.
-            found.extend(part for part in {value, value.split()[-1]} if len(part) >= MIN_HEADER_SECRET_CHARS)
+            # The value, and its credentials alone ("Bearer <credentials>"). Short values (a
+            # tenant id) would blank out every occurrence in the log.
+            found.extend(part for part in {value, *value.split()[-1:]} if len(part) >= MIN_SECRET_CHARS)
         found.extend(_store_password(self.store))
         return found
 

@@ -43,6 +43,10 @@ class Request:
     handler: BaseHTTPRequestHandler
     params: dict[str, str] = field(default_factory=dict)
     body_consumed: bool = False
+    # True when the caller may be told everything: no auth gate is configured, or the gate
+    # accepted its credentials. False on a path the gate leaves open (GET /healthz) to a
+    # caller without a valid token.
+    authenticated: bool = False
 
     def header(self, name: str, default: str = "") -> str:
         return self.headers.get(name, default)
@@ -207,9 +211,14 @@ class HttpServer:
             def log_message(self, format: str, *args: Any) -> None:
                 server.log.debug("http-request", line=format % args)
 
+        host = host.strip("[]")
         server_class = ThreadingHTTPServer if tls is None else _tls_server_class(tls, log)
+        if ":" in host:  # an IPv6 address ([::1]:4320, [::]:4320): the server is AF_INET only
+            server_class = type(
+                "Ipv6" + server_class.__name__, (server_class,), {"address_family": socket.AF_INET6}
+            )
         try:
-            self.httpd = server_class((host.strip("[]"), int(port)), _Handler)
+            self.httpd = server_class((host, int(port)), _Handler)
         except OSError as error:
             raise OSError(
                 f"receivers.http.endpoint: cannot listen on {endpoint}: {error.strerror or error}"
@@ -234,6 +243,7 @@ class HttpServer:
         request = Request(handler.command, parts.path, parse_qs(parts.query), handler.headers, handler)
         methods, params = self.router.match(parts.path)
         request.params = params
+        request.authenticated = self.auth is None
         try:
             denied = self.auth(request) if self.auth is not None else None
             if denied is not None:

@@ -8,8 +8,9 @@
   as the OpenTelemetry Collector's ``bearertokenauth`` extension sends it (scheme
   ``Bearer``, one space, the token). Missing or wrong: HTTP 401 with
   ``WWW-Authenticate: Bearer``, gRPC ``UNAUTHENTICATED``. Only ``GET /healthz`` stays
-  open, so that load balancers and orchestrators can probe it; it says nothing but
-  ok/unhealthy. Tokens are compared in constant time.
+  open, so that load balancers and orchestrators can probe it; without the token it says
+  nothing but ok/unhealthy (the reason is for authenticated callers). Tokens are compared
+  in constant time.
 - **Secrets never logged**: :class:`RedactingStream` sits under the JSON log and
   replaces every configured secret (the token, the webhook URL's credentials and query
   values) by ``***`` in each line, whatever component wrote it.
@@ -20,6 +21,7 @@ from __future__ import annotations
 import hmac
 import io
 import json
+import re
 import socket
 import ssl
 import sys
@@ -65,10 +67,11 @@ class HttpAuth:
         self.open_paths = frozenset(open_paths)
 
     def check(self, request: Request) -> Response | None:
-        if request.path in self.open_paths and request.method in ("GET", "HEAD"):
-            return None
+        """Also sets ``request.authenticated``: an open path lets everyone in, but only a
+        caller with the token may be told more than ok/unhealthy."""
         header = request.header("Authorization") or None
-        if token_matches(header, self._token):
+        request.authenticated = token_matches(header, self._token)
+        if request.authenticated or (request.path in self.open_paths and request.method in ("GET", "HEAD")):
             return None
         message = _why(header)
         challenge = f'Bearer realm="{REALM}"' + ("" if header is None else ', error="invalid_token"')
@@ -166,30 +169,59 @@ def wrap_accepted(context: ssl.SSLContext, connection: socket.socket) -> ssl.SSL
 # --- secrets out of the log -------------------------------------------------------------------
 
 
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
 class RedactingStream(io.TextIOBase):
     """A text stream that writes to ``target`` (default: the current ``sys.stderr``)
     with every secret replaced by ``***``.
 
-    Each secret is also matched in its JSON-escaped form, since log lines are JSON.
+    In a JSON line (the log's), secrets are replaced inside its strings (keys and values)
+    only, each string decoded and encoded again, so the line stays one valid JSON object
+    whatever the secret (digits, ``true``, a backslash): a ``ts`` or a count is never
+    touched. Any other text has every occurrence replaced, raw or JSON-escaped.
     """
 
     def __init__(self, target: TextIO | None, secrets: Iterable[str]) -> None:
         self.target = target
+        raw: set[str] = set()
         forms: set[str] = set()
         for secret in secrets:
             if secret:
+                raw.add(secret)
                 forms.add(secret)
                 forms.add(json.dumps(secret, ensure_ascii=False)[1:-1])
                 forms.add(json.dumps(secret)[1:-1])
         # Longest first, so a secret containing another is replaced whole.
+        self._raw = sorted(raw, key=len, reverse=True)
         self._secrets = sorted(forms, key=len, reverse=True)
         self._lock = threading.Lock()
 
     def scrub(self, text: str) -> str:
-        for secret in self._secrets:
-            if secret in text:
-                text = text.replace(secret, "***")
-        return text
+        if not self._secrets or not any(secret in text for secret in self._secrets):
+            return text
+        return "".join(self._scrub_line(line) for line in text.splitlines(keepends=True))
+
+    def _scrub_line(self, line: str) -> str:
+        if line.lstrip().startswith("{"):
+            scrubbed = _JSON_STRING.sub(self._scrub_json_string, line)
+            try:
+                json.loads(scrubbed)
+            except ValueError:
+                pass  # not JSON after all: the text may hold a secret outside "…"
+            else:
+                return scrubbed  # a digit secret may remain in a number: that shows nothing
+        return _replace(line, self._secrets)
+
+    def _scrub_json_string(self, match: re.Match[str]) -> str:
+        literal = match.group()
+        if not any(secret in literal for secret in self._secrets):
+            return literal
+        try:
+            value = json.loads(literal)
+        except ValueError:
+            return _replace(literal, self._secrets)
+        return json.dumps(_replace(value, self._raw), ensure_ascii=False)
 
     def write(self, text: str) -> int:
         stream = self.target or sys.stderr
@@ -199,3 +231,10 @@ class RedactingStream(io.TextIOBase):
 
     def flush(self) -> None:
         (self.target or sys.stderr).flush()
+
+
+def _replace(text: str, secrets: Iterable[str]) -> str:
+    for secret in secrets:
+        if secret in text:
+            text = text.replace(secret, "***")
+    return text

@@ -493,3 +493,20 @@ def test_webhook_a_malformed_retry_after_still_counts_the_attempt(start_sidecar)
         assert len(hook.requests) == 2  # max_attempts, no more
         assert deliveries(sidecar, "retry") == 1 and deliveries(sidecar, "dead_letter") == 1
         assert not [line for line in sidecar.log.lines() if line["event"] == "alert-delivery-failed"]
+
+
+def test_an_unreadable_store_is_a_503_to_retry_not_a_500(start_sidecar, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # Nothing is wrong with the request: the client (or the CLI's user) should retry.
+    import sqlite3
+
+    store = tmp_path / "sessions.db"
+    sidecar = start_sidecar(store)
+    assert sidecar.get("/api/sessions")[0] == 200
+    with sqlite3.connect(store) as db:
+        db.execute("DROP TABLE sessions")
+    db.close()
+    for path in ("/api/sessions", "/api/sessions/some-session"):
+        status, headers, body = raw_request(sidecar, "GET", path)
+        assert status == 503 and headers["Retry-After"] == "1"
+        assert "no such table: sessions" in json.loads(body)["error"]
+    assert "http-handler-failed" not in [line.get("event") for line in sidecar.log.lines()]

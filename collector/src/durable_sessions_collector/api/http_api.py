@@ -4,7 +4,9 @@
   recently active first;
 - ``GET /api/sessions/{id}``: one session: its actions in order (start time, then
   arrival; digests only, never result or prompt text), its violations and its verdict;
-- ``GET /healthz``: 200 when the writer runs and the store answers, else 503;
+- ``GET /healthz``: 200 when the writer runs and the store answers, else 503; the reason
+  is given only to a caller that may see it (no token configured, or the token sent),
+  since it names the store;
 - ``GET /metrics``: Prometheus text format.
 """
 
@@ -46,12 +48,18 @@ class HttpApi:
             return Response.json(
                 400, {"error": f"limit must be an integer from 1 to {MAX_LIMIT}, got {quoted(limit_text)}"}
             )
-        sessions = self.store.list_sessions(verdict, int(limit_text))  # type: ignore[arg-type]
+        try:
+            sessions = self.store.list_sessions(verdict, int(limit_text))  # type: ignore[arg-type]
+        except StoreError as error:
+            return store_unavailable(error)
         return Response.json(200, {"sessions": [s.as_dict() for s in sessions]})
 
     def get_session(self, request: Request) -> Response:
         session_id = request.params["rest"]
-        detail = self.store.get_session(session_id)
+        try:
+            detail = self.store.get_session(session_id)
+        except StoreError as error:
+            return store_unavailable(error)
         if detail is None:
             return Response.json(404, {"error": f"no session {quoted(session_id)}"})
         return Response.json(200, detail.as_dict())
@@ -64,8 +72,17 @@ class HttpApi:
             except StoreError as error:
                 problem = str(error)
         if problem is not None:
+            if not request.authenticated:  # an open probe: the reason names the store
+                return Response.json(503, {"status": "unhealthy"})
             return Response.json(503, {"status": "unhealthy", "reason": problem})
         return Response.json(200, {"status": "ok"})
 
     def metrics_page(self, request: Request) -> Response:
         return Response(200, generate_latest(self.metrics.registry), CONTENT_TYPE_LATEST)
+
+
+def store_unavailable(error: StoreError) -> Response:
+    """The store cannot be read now: 503, retry later (not a 500: nothing is wrong with the request)."""
+    return Response.json(
+        503, {"error": f"the store cannot be read: {error}; retry later"}, **{"Retry-After": "1"}
+    )

@@ -74,8 +74,9 @@ _INT64 = 2**63
 
 def action_row(record: ActionRecord, trace_id: str, span_id: str) -> ActionRow:
     """The row ``record`` is stored as. A column holds a field only when its type is the
-    column's: a session id must be a non-empty string, and ``seq`` must fit a 64-bit
-    integer column (a span's start time is unsigned and may not)."""
+    column's: a session id must be a non-empty string. ``seq`` orders the session's actions
+    in a 64-bit integer column; a span's start time is unsigned and may not fit, so it is
+    held to the column's range (the record keeps it exact), which keeps the order."""
     session_id, status = record.get("session_id"), record.get("status")
     action_id, kind, seq = record.get("action_id"), record.get("kind"), record.get("seq")
     return ActionRow(
@@ -86,7 +87,7 @@ def action_row(record: ActionRecord, trace_id: str, span_id: str) -> ActionRow:
         record,
         action_id if type(action_id) is str else None,
         kind if type(kind) is str else None,
-        seq if type(seq) is int and -_INT64 <= seq < _INT64 else None,
+        min(max(seq, -_INT64), _INT64 - 1) if type(seq) is int else None,
         encode_record(record),
     )
 

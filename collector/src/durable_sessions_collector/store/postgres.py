@@ -51,6 +51,7 @@ from psycopg import sql
 from durable_sessions.record import ActionRecord, Location
 from durable_sessions.report import Verdict, verdict_of
 from durable_sessions.violation import Severity, Violation
+from durable_sessions_collector.config import redact_store_url
 from durable_sessions_collector.store.base import (
     VIOLATION_COLUMNS,
     ActionRow,
@@ -160,15 +161,6 @@ def split_url(url: str) -> tuple[str, str | None]:
     return urlunsplit(parts._replace(query=urlencode(rest))), schema
 
 
-def redact(url: str) -> str:
-    """The URL without its password, for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(":" + parts.password + "@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
 class PostgresStore:
     """The :class:`~durable_sessions_collector.store.base.Store` on a PostgreSQL database."""
 
@@ -176,7 +168,7 @@ class PostgresStore:
 
     def __init__(self, url: str, *, claim_lease_s: float = CLAIM_LEASE_S) -> None:
         self.url = url
-        self.name = redact(url)
+        self.name = redact_store_url(url)
         self.migrated_from: str | None = None  # another version is refused, not migrated
         self.dsn, self.schema = split_url(url)
         self.claim_lease_s = claim_lease_s

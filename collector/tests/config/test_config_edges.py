@@ -1,0 +1,916 @@
+"""The sidecar's configuration, secrets, shutdown, ``sessions`` CLI, ``/metrics`` and
+``/healthz`` checked against what ``collector/README.md`` and ``docs/deployment.md`` promise.
+
+- the README's table and examples name exactly the options the code has, and every option
+  works from the file, the environment and a flag, in that order of precedence;
+- invalid configuration (including ``nan``/``inf`` numbers and blank header values) stops
+  ``serve`` with exit code 2 and a message naming the key, never a traceback;
+- an IPv6 endpoint is served on the HTTP port as on the gRPC port;
+- secrets (token, webhook credentials and query values, OTLP headers, store passwords in
+  the authority or the query) appear neither in ``config`` output, nor in error messages,
+  nor in the log, and the redaction keeps each log line one JSON object;
+- ``serve`` stops cleanly on SIGTERM/SIGINT;
+- the ``sessions`` CLI answers every failure with one line and its documented exit code,
+  and its flags beat the environment;
+- ``/metrics`` matches the README, and an open ``/healthz`` tells a caller without the
+  token only ok/unhealthy.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import select
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import LineBuffer, wait_for
+from durable_sessions_collector import config as config_module
+from durable_sessions_collector.cli import main
+from durable_sessions_collector.config import OPTIONS, ConfigError, load, redact_store_url, url_secrets
+from durable_sessions_collector.security import RedactingStream
+from durable_sessions_collector.service import Service
+from prometheus_client.parser import text_string_to_metric_families
+from sidecar_clients import Agent, grpc_exporter
+from webhook_server import WebhookServer, free_port
+
+ROOT = Path(__file__).parents[3]
+README = (ROOT / "collector" / "README.md").read_text()
+DEPLOYMENT = (ROOT / "docs" / "deployment.md").read_text()
+TOKEN = "audit-" + uuid.uuid4().hex  # unique: finding it anywhere is meaningful
+KEYS = {option.key for option in OPTIONS}
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The test process's environment without any DURABLE_SESSIONS_* variable."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLE_SESSIONS_")}
+    env.update(extra)
+    return env
+
+
+def cli(
+    *argv: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "durable_sessions_collector", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env if env is not None else clean_env(),
+    )
+
+
+def readme_table() -> list[tuple[str, str, str, str]]:
+    """(key, variable, flag, default) of each row of README's configuration table."""
+    rows = []
+    for line in README.splitlines():
+        match = re.match(r"^\| `([a-z_.]+)` \| `(DURABLE_SESSIONS_\w+)` \| `(--[a-z-]+)` \| ([^|]+) \|", line)
+        if match:
+            rows.append((match[1], match[2], match[3], match[4].strip()))
+    return rows
+
+
+def yaml_blocks(text: str) -> list[str]:
+    return re.findall(r"```yaml\n(.*?)```", text, flags=re.S)
+
+
+def dotted_keys(node: dict[str, Any], prefix: str = "") -> set[str]:
+    found: set[str] = set()
+    for key, value in node.items():
+        dotted = f"{prefix}{key}"
+        if dotted not in KEYS and isinstance(value, dict):
+            found |= dotted_keys(value, dotted + ".")
+        else:
+            found.add(dotted)
+    return found
+
+
+def sidecar_yaml_blocks() -> list[str]:
+    """The sidecar configuration examples (not the Collector's) of both documents."""
+    blocks = yaml_blocks(README) + yaml_blocks(DEPLOYMENT)
+    return [b for b in blocks if "store:" in b or b.lstrip().startswith(("# collector.yaml", "alerts:"))]
+
+
+class Served:
+    """``durable-sessions-collector serve`` in a subprocess, its stderr read line by line."""
+
+    def __init__(self, *argv: str, env: dict[str, str] | None = None) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "durable_sessions_collector", "serve", *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env if env is not None else clean_env(),
+        )
+        self.lines: list[str] = []
+
+    def read_until(self, event: str, timeout: float = 60) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        assert self.process.stderr is not None
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self.process.stderr], [], [], 0.2)
+            if not ready:
+                if self.process.poll() is not None:
+                    break
+                continue
+            line = self.process.stderr.readline()
+            if not line:
+                break
+            self.lines.append(line)
+            try:
+                document = json.loads(line)
+            except ValueError:
+                continue
+            if document.get("event") == event:
+                return document
+        raise AssertionError(f"no {event!r} line; stderr so far: {''.join(self.lines)}")
+
+    def finish(self, timeout: float = 60) -> tuple[int, str]:
+        _, rest = self.process.communicate(timeout=timeout)
+        return self.process.returncode, "".join(self.lines) + rest
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.communicate()
+
+
+def http(
+    url: str,
+    token: str | None = None,
+    method: str = "GET",
+    data: bytes | None = None,
+    content_type: str | None = None,
+) -> tuple[int, dict[str, str], bytes]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    if content_type:
+        headers["Content-Type"] = content_type
+    request = urllib.request.Request(url, headers=headers, method=method, data=data)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, dict(error.headers), error.read()
+
+
+def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as exit_:
+        code = int(exit_.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(autouse=True)
+def no_durable_sessions_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("DURABLE_SESSIONS_"):
+            monkeypatch.delenv(name)
+
+
+# --- documentation vs. OPTIONS ----------------------------------------------------------------
+
+
+def test_readme_table_lists_exactly_the_options_with_their_names_and_defaults() -> None:
+    rows = readme_table()
+    assert [row[0] for row in rows] == [option.key for option in OPTIONS]
+    for (key, env, flag, default), option in zip(rows, OPTIONS, strict=True):
+        assert (key, env, flag) == (option.key, option.env, option.flag)
+        assert default == ("unset" if option.default is None else f"`{option.default}`"), key
+
+
+def test_every_key_in_the_documented_examples_exists() -> None:
+    blocks = sidecar_yaml_blocks()
+    assert len(blocks) >= 4  # README's example, and deployment.md's sidecar files
+    for block in blocks:
+        keys = dotted_keys(yaml.safe_load(block))
+        assert keys <= KEYS, (keys - KEYS, block)
+
+
+def test_every_documented_option_has_a_working_environment_override(tmp_path: Path) -> None:
+    (tmp_path / "cert.pem").write_text("x")
+    (tmp_path / "token").write_text("t" * 20)
+    samples = {
+        "receivers.grpc.endpoint": ("0.0.0.0:5000", "0.0.0.0:5000"),
+        "receivers.http.endpoint": ("localhost:5001", "localhost:5001"),
+        "receivers.max_request_bytes": ("1024", 1024),
+        "pipeline.queue_size": ("3", 3),
+        "pipeline.retry_after_s": ("7", 7),
+        "pipeline.max_batch": ("5", 5),
+        "pipeline.ack_timeout_s": ("2.5", 2.5),
+        "store": ("sqlite:////tmp/x.db", "sqlite:////tmp/x.db"),
+        "evaluation.idle_s": ("12.5", 12.5),
+        "evaluation.key_window_s": ("60", 60.0),
+        "evaluation.strict": ("yes", True),
+        "evaluation.max_sessions": ("9", 9),
+        "evaluation.max_actions_per_session": ("11", 11),
+        "evaluation.attribute_value_limit": ("256", 256),
+        "alerts.log.enabled": ("off", False),
+        "alerts.webhook.url": ("https://h.example/hook", "https://h.example/hook"),
+        "alerts.webhook.max_attempts": ("3", 3),
+        "alerts.webhook.timeout_s": ("0.5", 0.5),
+        "alerts.webhook.backoff_s": ("0.25", 0.25),
+        "alerts.webhook.max_backoff_s": ("60", 60.0),
+        "alerts.otlp.endpoint": ("https://otel.example:4317", "https://otel.example:4317"),
+        "alerts.otlp.insecure": ("false", False),
+        "alerts.otlp.headers": (
+            "Authorization=Bearer%20abc,x-scope-orgid=team-a",
+            (("authorization", "Bearer abc"), ("x-scope-orgid", "team-a")),
+        ),
+        "alerts.otlp.max_attempts": ("4", 4),
+        "alerts.otlp.timeout_s": ("1.5", 1.5),
+        "alerts.otlp.backoff_s": ("0.5", 0.5),
+        "alerts.otlp.max_backoff_s": ("30", 30.0),
+        "tls.cert_file": (str(tmp_path / "cert.pem"), str(tmp_path / "cert.pem")),
+        "tls.key_file": (str(tmp_path / "cert.pem"), str(tmp_path / "cert.pem")),
+        "auth.token": (TOKEN, TOKEN),
+        "auth.token_file": (str(tmp_path / "token"), str(tmp_path / "token")),
+        "log_level": ("debug", "DEBUG"),
+    }
+    assert set(samples) == KEYS
+    pairs = {"tls.cert_file": "tls.key_file", "tls.key_file": "tls.cert_file"}
+    for option in OPTIONS:
+        raw, expected = samples[option.key]
+        env = {option.env: raw}
+        if option.key in pairs:
+            env[next(o.env for o in OPTIONS if o.key == pairs[option.key])] = raw
+        config = load(None, env=env)
+        assert getattr(config, option.attr) == expected, option.key
+        assert config.sources[option.key] == option.env
+
+
+@pytest.mark.parametrize(
+    ("key", "file_value", "env_value", "flag_value", "expected"),
+    [
+        ("pipeline.queue_size", 10, "20", "30", 30),
+        ("evaluation.idle_s", 1.5, "2.5", "3.5", 3.5),
+        ("evaluation.strict", False, "true", "false", False),
+        ("receivers.http.endpoint", "127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:3"),
+        (
+            "alerts.webhook.url",
+            "https://a.example/",
+            "https://b.example/",
+            "https://c.example/",
+            "https://c.example/",
+        ),
+    ],
+)
+def test_precedence_is_flag_then_environment_then_file(
+    tmp_path: Path, key: str, file_value: Any, env_value: str, flag_value: str, expected: Any
+) -> None:
+    option = next(o for o in OPTIONS if o.key == key)
+    document: dict[str, Any] = {}
+    node = document
+    *parents, leaf = key.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = file_value
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(document))
+    assert load(path, env={}).sources[key] == str(path)
+    assert load(path, env={option.env: env_value}).sources[key] == option.env
+    config = load(path, env={option.env: env_value}, overrides={option.attr: flag_value})
+    assert getattr(config, option.attr) == expected and config.sources[key] == option.flag
+    # Through the real command line too.
+    result = cli(
+        "config", "--config", str(path), option.flag, flag_value, env=clean_env(**{option.env: env_value})
+    )
+    assert result.returncode == 0, result.stderr
+    shown = json.loads(result.stdout)
+    assert shown["sources"][key] == option.flag
+
+
+def test_the_config_flag_beats_the_config_variable(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text("evaluation: {idle_s: 11}\n")
+    (tmp_path / "b.yaml").write_text("evaluation: {idle_s: 22}\n")
+    env = {"DURABLE_SESSIONS_CONFIG": str(tmp_path / "a.yaml")}
+    assert load(None, env=env).evaluation_idle_s == 11
+    assert load(tmp_path / "b.yaml", env=env).evaluation_idle_s == 22
+
+
+@pytest.mark.parametrize("raw", ["1", "true", "TRUE", " yes ", "on"])
+def test_boolean_variables_accept_the_usual_spellings_of_true(raw: str) -> None:
+    assert load(None, env={"DURABLE_SESSIONS_STRICT": raw}).evaluation_strict is True
+
+
+@pytest.mark.parametrize("raw", ["0", "false", "No", "off"])
+def test_boolean_variables_accept_the_usual_spellings_of_false(raw: str) -> None:
+    assert load(None, env={"DURABLE_SESSIONS_ALERT_LOG": raw}).alerts_log_enabled is False
+
+
+def test_empty_variables_unset_optional_settings() -> None:
+    env = {
+        "DURABLE_SESSIONS_WEBHOOK_URL": "",
+        "DURABLE_SESSIONS_AUTH_TOKEN": "",
+        "DURABLE_SESSIONS_ATTRIBUTE_VALUE_LIMIT": "",
+        "DURABLE_SESSIONS_ALERTS_OTLP_ENDPOINT": "",
+        "DURABLE_SESSIONS_ALERTS_OTLP_INSECURE": "",
+        "DURABLE_SESSIONS_ALERTS_OTLP_HEADERS": "",
+        "DURABLE_SESSIONS_TLS_CERT_FILE": "",
+        "DURABLE_SESSIONS_TLS_KEY_FILE": "",
+        "DURABLE_SESSIONS_CONFIG": "",
+    }
+    config = load(None, env=env)
+    assert config.alerts_webhook_url is None and config.auth_token is None
+    assert config.evaluation_attribute_value_limit is None and config.alerts_otlp_endpoint is None
+    assert config.alerts_otlp_insecure is None and config.alerts_otlp_headers is None
+    assert config.tls_cert_file is None
+
+
+@pytest.mark.parametrize(
+    ("variable", "key"),
+    [
+        ("DURABLE_SESSIONS_STRICT", "evaluation.strict"),
+        ("DURABLE_SESSIONS_QUEUE_SIZE", "pipeline.queue_size"),
+        ("DURABLE_SESSIONS_IDLE_S", "evaluation.idle_s"),
+        ("DURABLE_SESSIONS_STORE", "store"),
+        ("DURABLE_SESSIONS_GRPC_ENDPOINT", "receivers.grpc.endpoint"),
+        ("DURABLE_SESSIONS_LOG_LEVEL", "log_level"),
+    ],
+)
+def test_an_empty_variable_for_a_required_setting_is_an_error_naming_it(variable: str, key: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load(None, env={variable: ""})
+    assert str(caught.value).startswith(f"{key}: ") and f"(from {variable})" in str(caught.value)
+
+
+# --- invalid configuration stops start-up, exit code 2 ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "args", "expected"),
+    [
+        ("evaluation: {idle: 3}\n", [], "evaluation.idle: unknown setting (from "),
+        (
+            "pipeline: {queue_size: many}\n",
+            [],
+            "pipeline.queue_size: expected a positive integer, got 'many'",
+        ),
+        ("evaluation: {strict: maybe}\n", [], "evaluation.strict: expected true or false"),
+        ("receivers: {grpc: {endpoint: nowhere}}\n", [], "receivers.grpc.endpoint: expected host:port"),
+        (
+            "",
+            ["--http-endpoint", "127.0.0.1:70000"],
+            "receivers.http.endpoint: expected host:port with a port from 0 to 65535, got '127.0.0.1:70000' "
+            "(from --http-endpoint)",
+        ),
+        ("store: mysql://db/x\n", [], "store: expected sqlite:///PATH"),
+        (
+            "tls: {cert_file: /nonexistent/cert.pem, key_file: /nonexistent/key.pem}\n",
+            [],
+            "tls.cert_file: no such file: '/nonexistent/cert.pem' (from ",
+        ),
+        ("evaluation: {idle_s: -5}\n", [], "evaluation.idle_s: expected a positive number, got -5"),
+        (
+            "alerts: {webhook: {max_attempts: -1}}\n",
+            [],
+            "alerts.webhook.max_attempts: expected a positive integer",
+        ),
+        ("evaluation: {idle_s: [1\n", [], "not valid YAML"),
+        (None, [], "cannot read configuration file"),
+    ],
+)
+def test_invalid_configuration_stops_serve_with_exit_code_2(
+    tmp_path: Path, yaml_text: str | None, args: list[str], expected: str
+) -> None:
+    path = tmp_path / "collector.yaml"
+    if yaml_text is not None:
+        path.write_text(yaml_text)
+    result = cli("serve", "--config", str(path), "--store", f"sqlite:///{tmp_path / 's.db'}", *args)
+    assert result.returncode == 2, result.stderr
+    assert expected in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "s.db").exists()  # stopped before opening anything
+
+
+def test_invalid_variable_stops_serve_naming_key_and_variable(tmp_path: Path) -> None:
+    result = cli("serve", env=clean_env(DURABLE_SESSIONS_MAX_BATCH="0"))
+    assert result.returncode == 2
+    assert "pipeline.max_batch: expected a positive integer, got 0 (from DURABLE_SESSIONS_MAX_BATCH)" in (
+        result.stderr
+    )
+
+
+@pytest.mark.parametrize(
+    ("variable", "raw"),
+    [
+        ("DURABLE_SESSIONS_IDLE_S", "nan"),
+        ("DURABLE_SESSIONS_ACK_TIMEOUT_S", "NaN"),
+        ("DURABLE_SESSIONS_KEY_WINDOW_S", "inf"),
+        ("DURABLE_SESSIONS_WEBHOOK_TIMEOUT_S", "Infinity"),
+    ],
+)
+def test_nan_and_infinity_are_not_positive_numbers(variable: str, raw: str) -> None:
+    """``nan`` compares false with everything (``nan <= 0`` is False), so it slipped past the
+    positivity check: an idle_s of nan means no session ever ends. Infinity is no duration
+    either. Both are errors naming the key and the variable."""
+    key = next(o.key for o in OPTIONS if o.env == variable)
+    with pytest.raises(ConfigError) as caught:
+        load(None, env={variable: raw})
+    assert str(caught.value).startswith(f"{key}: expected a positive number, got {raw!r}")
+    assert f"(from {variable})" in str(caught.value)
+
+
+def test_nan_in_the_file_stops_serve_with_exit_code_2(tmp_path: Path) -> None:
+    """YAML's ``.nan`` is a float too: ``serve`` refuses it before opening anything."""
+    path = tmp_path / "collector.yaml"
+    path.write_text("evaluation: {idle_s: .nan}\n")
+    result = cli("serve", "--config", str(path), "--store", f"sqlite:///{tmp_path / 's.db'}", timeout=30)
+    assert result.returncode == 2, result.stderr
+    assert "evaluation.idle_s: expected a positive number, got nan" in result.stderr
+    assert not (tmp_path / "s.db").exists()
+
+
+def test_a_blank_header_value_in_the_file_stops_serve_naming_the_key(tmp_path: Path) -> None:
+    """A header value of spaces is empty, in the file as in the variable's key=value form: an
+    error naming alerts.otlp.headers (exit code 2), not a crash while the log's secrets are
+    collected, and the message does not repeat the value."""
+    path = tmp_path / "collector.yaml"
+    path.write_text('alerts:\n  otlp: {endpoint: "127.0.0.1:4317", headers: {x-api-key: "   "}}\n')
+    with pytest.raises(
+        ConfigError, match=r"^alerts\.otlp\.headers: header 'x-api-key': expected a non-empty"
+    ):
+        load(path, env={})
+    result = cli(
+        "serve",
+        "--config",
+        str(path),
+        "--store",
+        f"sqlite:///{tmp_path / 's.db'}",
+        "--grpc-endpoint",
+        "127.0.0.1:0",
+        "--http-endpoint",
+        "127.0.0.1:0",
+        timeout=30,
+    )
+    assert "Traceback" not in result.stderr, result.stderr[-400:]
+    assert result.returncode == 2
+    assert "invalid configuration: alerts.otlp.headers: header 'x-api-key'" in result.stderr
+
+
+def test_an_ipv6_http_endpoint_is_served(tmp_path: Path) -> None:
+    """``[::1]:PORT`` is a valid endpoint for both ports: the HTTP port listens on ::1 (and
+    answers there) as the gRPC port does."""
+    with socket.socket(socket.AF_INET6) as probe:
+        try:
+            probe.bind(("::1", 0))
+        except OSError:
+            pytest.skip("no IPv6 loopback here")
+    served = Served(
+        "--store",
+        f"sqlite:///{tmp_path / 's.db'}",
+        "--grpc-endpoint",
+        "[::1]:0",
+        "--http-endpoint",
+        "[::1]:0",
+    )
+    try:
+        started = served.read_until("started", timeout=30)
+        assert started["http_port"] > 0
+        status, _, body = http(f"http://[::1]:{started['http_port']}/healthz")
+        assert status == 200 and json.loads(body) == {"status": "ok"}
+    finally:
+        served.kill()
+
+
+# --- secrets ----------------------------------------------------------------------------------
+
+
+def test_config_output_hides_every_secret(tmp_path: Path) -> None:
+    env = clean_env(
+        DURABLE_SESSIONS_AUTH_TOKEN=TOKEN,
+        DURABLE_SESSIONS_WEBHOOK_URL="https://hookuser:hookpass-123456@alerts.example/h?sig=hooksig-abcdef",
+        DURABLE_SESSIONS_ALERTS_OTLP_HEADERS="authorization=Bearer%20otlpsecret-987654",
+        DURABLE_SESSIONS_STORE="postgresql://ds:dbpass-424242@db.internal:5432/ds?password=qpass-777777",
+    )
+    result = cli("config", env=env)
+    assert result.returncode == 0, result.stderr
+    for secret in (
+        TOKEN,
+        "hookpass-123456",
+        "hooksig-abcdef",
+        "otlpsecret-987654",
+        "dbpass-424242",
+        "qpass-777777",
+    ):
+        assert secret not in result.stdout + result.stderr
+    settings = json.loads(result.stdout)["settings"]
+    assert settings["auth.token"] == "***"
+    assert settings["alerts.otlp.headers"] == {"authorization": "***"}
+    assert settings["alerts.webhook.url"] == "https://***@alerts.example/h?sig=***"
+
+
+def test_secrets_never_reach_the_log(tmp_path: Path) -> None:
+    """Token, webhook credentials and query value are redacted in every line (the ``started``
+    line logs the store URL; a webhook that fails logs its error)."""
+    hook_password = "hookpass-" + uuid.uuid4().hex[:8]
+    hook_sig = "hooksig-" + uuid.uuid4().hex[:8]
+    with WebhookServer(fail_first=None, fail_status=500) as hook:
+        url = hook.url.replace("http://", f"http://hookuser:{hook_password}@") + f"?sig={hook_sig}"
+        config = load(
+            None,
+            env={},
+            overrides={
+                "store": f"sqlite:///{tmp_path / 's.db'}",
+                "receivers.grpc.endpoint": "127.0.0.1:0",
+                "receivers.http.endpoint": "127.0.0.1:0",
+                "auth.token": TOKEN,
+                "alerts.webhook.url": url,
+                "alerts.webhook.max_attempts": "2",
+                "alerts.webhook.backoff_s": "0.05",
+                "log_level": "DEBUG",
+            },
+        )
+        log = LineBuffer()
+        service = Service(config, log_stream=log).start()
+        try:
+            agent = Agent(
+                grpc_exporter(f"127.0.0.1:{service.grpc_port}", headers={"authorization": f"Bearer {TOKEN}"}),
+                "inc-1",
+            )
+            agent.action("leak-1", "a1", "payment")  # unkeyed-side-effect → an alert
+            agent.shutdown()
+            wait_for(lambda: any(line["event"] == "alert-dead-letter" for line in log.lines()), timeout=30)
+            status, _, _ = http(f"http://127.0.0.1:{service.http_port}/api/sessions", token="wrong-" + TOKEN)
+            assert status == 401
+        finally:
+            service.stop()
+    text = json.dumps(log.lines())
+    for secret in (TOKEN, hook_password, hook_sig):
+        assert secret not in text
+    assert len(hook.requests) == 2 and hook.requests[0].headers["authorization"].startswith("Basic ")
+
+
+@pytest.mark.parametrize(
+    ("store", "shown"),
+    [
+        (
+            "postgresql+psycopg://ds:dbpass-424242@db.internal/ds",  # SQLAlchemy spelling
+            "postgresql+psycopg://ds:***@db.internal/ds",
+        ),
+        (
+            "mysql://ds:dbpass-424242@db.internal/ds?password=dbpass-424242",
+            "mysql://ds:***@db.internal/ds?password=***",
+        ),
+    ],
+)
+def test_an_unsupported_store_url_is_quoted_without_its_password(store: str, shown: str) -> None:
+    """The error for a store URL of another scheme quotes it back (so the user sees which
+    setting is wrong), with its password hidden, as for a postgresql:// URL: ``serve`` and
+    ``config`` print it on stderr."""
+    with pytest.raises(ConfigError) as caught:
+        load(None, env={"DURABLE_SESSIONS_STORE": store})
+    assert "store: expected sqlite:///PATH" in str(caught.value)
+    assert f"got {shown!r}" in str(caught.value)
+    assert "dbpass-424242" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("postgresql://ds@h/db?schema=s", "postgresql://ds@h/db?schema=s"),
+        ("postgresql://ds:pw@h:5432/db?schema=s", "postgresql://ds:***@h:5432/db?schema=s"),
+        (
+            "postgresql://ds@h/db?sslmode=require&password=p%26w&schema=s",
+            "postgresql://ds@h/db?sslmode=require&password=***&schema=s",
+        ),
+        ("postgresql://ds@h/db?sslpassword=keypass", "postgresql://ds@h/db?sslpassword=***"),
+        ("postgresql://ds:p@ss@h:5x/db", "postgresql://ds:***@h:5x/db"),  # malformed: still redacted
+        ("postgresql://ds:pw@[::1/db", "postgresql://ds:***@[::1/db"),
+        ("sqlite:///var/x.db", "sqlite:///var/x.db"),
+    ],
+)
+def test_store_urls_are_shown_with_every_password_hidden(url: str, shown: str) -> None:
+    """One rule for ``config`` output, configuration errors and the store's own messages:
+    the password of the authority and of ``?password=`` (which libpq reads as well) is
+    ``***``; user, host, database and the other parameters stay, to tell which store."""
+    assert redact_store_url(url) == shown
+
+
+def test_config_output_hides_a_percent_encoded_query_password() -> None:
+    """``config`` shows the store URL as written, so the password is hidden where it is
+    written, not only in its decoded form (``p%2Fw`` is ``p/w``)."""
+    config = load(None, env={"DURABLE_SESSIONS_STORE": "postgresql://ds@h/db?password=p%2Fw-secret&schema=s"})
+    assert config.display()["store"] == "postgresql://ds@h/db?password=***&schema=s"
+    assert "p%2Fw-secret" in config.secrets() and "p/w-secret" in config.secrets()
+
+
+def test_a_query_password_is_hidden_when_the_store_cannot_be_opened(tmp_path: Path) -> None:
+    """A PostgreSQL store that cannot be reached stops ``serve`` (exit 2) with an error that
+    names the store: the ``?password=`` value, which libpq reads like the authority's, is
+    ``***`` there too."""
+    pytest.importorskip("psycopg")
+    secret = "qpass-" + uuid.uuid4().hex[:8]
+    store = f"postgresql://ds@127.0.0.1:{free_port()}/ds?password={secret}&connect_timeout=2"
+    result = cli(
+        "serve",
+        "--grpc-endpoint",
+        "127.0.0.1:0",
+        "--http-endpoint",
+        "127.0.0.1:0",
+        env=clean_env(DURABLE_SESSIONS_STORE=store),
+        timeout=60,
+    )
+    assert result.returncode == 2 and "cannot open store" in result.stderr
+    assert secret not in result.stderr
+    assert "?password=***&connect_timeout=2" in result.stderr
+
+
+def test_a_short_webhook_query_value_leaves_the_log_lines_intact(tmp_path: Path) -> None:
+    """A webhook URL's query values are hidden wherever the URL is printed; only values long
+    enough to be secrets go to the log's redactor, which replaces every occurrence. With
+    ``?v=1`` registered, every '1' became '***': the ``ts`` numbers, the version and the
+    ports, and the lines were no longer JSON. Each line must be one JSON object with its
+    fields unchanged."""
+    assert "1" not in url_secrets("https://hooks.example/ingest?v=1")
+    config = load(
+        None,
+        env={},
+        overrides={
+            "store": f"sqlite:///{tmp_path / 's.db'}",
+            "receivers.grpc.endpoint": "127.0.0.1:0",
+            "receivers.http.endpoint": "127.0.0.1:0",
+            "alerts.webhook.url": "https://hooks.example/ingest?v=1",
+        },
+    )
+    log = LineBuffer()
+    service = Service(config, log_stream=log).start()
+    service.stop()
+    lines = log.lines()  # json.loads of each line: raises if one is not JSON
+    started = next(line for line in lines if line["event"] == "started")
+    assert isinstance(started["ts"], float)
+    assert started["http_port"] == service.http_port and started["store"] == config.store
+
+
+def test_the_redactor_keeps_each_json_line_valid_whatever_the_secret() -> None:
+    """A secret that must be registered whatever its length (a store password: the
+    ``started`` line logs the store URL) is replaced inside the JSON strings only: numbers and
+    literals stay, and a secret with a quote or a backslash leaves the line valid JSON.
+    Text that is not a JSON line has every occurrence replaced."""
+    out = io.StringIO()
+    stream = RedactingStream(out, ["1", "true", 'pa"ss\\wd'])
+    line = {"ts": 1.25, "ok": True, "n": 11, "store": 'postgresql://u:pa"ss\\wd@h/db', "id": "a1"}
+    stream.write(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n")
+    stream.write("plain text 1 true\n")
+    first, second = out.getvalue().splitlines()
+    assert json.loads(first) == {
+        "ts": 1.25,
+        "ok": True,
+        "n": 11,
+        "store": "postgresql://u:***@h/db",
+        "id": "a***",
+    }
+    assert second == "plain text *** ***"
+
+
+# --- shutdown ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_serve_stops_cleanly_on_a_signal(tmp_path: Path, signum: int) -> None:
+    served = Served(
+        "--store",
+        f"sqlite:///{tmp_path / 's.db'}",
+        "--grpc-endpoint",
+        "127.0.0.1:0",
+        "--http-endpoint",
+        "127.0.0.1:0",
+    )
+    try:
+        started = served.read_until("started")
+        status, _, body = http(f"http://127.0.0.1:{started['http_port']}/healthz")
+        assert status == 200 and json.loads(body) == {"status": "ok"}
+        served.process.send_signal(signum)
+        code, stderr = served.finish()
+    finally:
+        served.kill()
+    assert code == 0, stderr
+    assert "Traceback" not in stderr
+    events = [json.loads(line)["event"] for line in stderr.splitlines() if line.startswith("{")]
+    assert events[-2:] == ["signal", "stopped"]
+    with socket.socket() as probe:  # the port is released (no listener left)
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(("127.0.0.1", started["http_port"]))
+
+
+# --- the sessions CLI -------------------------------------------------------------------------
+
+
+def test_sessions_cli_errors_have_one_line_and_exit_codes(start_sidecar, capsys) -> None:  # type: ignore[no-untyped-def]
+    sidecar = start_sidecar(auth__token=TOKEN)
+    endpoint = sidecar.http_url
+    # 401: no token, wrong token.
+    code, _, err = run_main(capsys, "sessions", "--endpoint", endpoint, "list")
+    assert code == 1 and "refused the request (401" in err and len(err.strip().splitlines()) == 1
+    code, _, err = run_main(capsys, "sessions", "--endpoint", endpoint, "--token", "x" * 20, "list")
+    assert code == 1 and "401 invalid bearer token" in err
+    # 404.
+    code, _, err = run_main(capsys, "sessions", "--endpoint", endpoint, "--token", TOKEN, "show", "nope")
+    assert code == 1 and "answered 404: no session 'nope'" in err
+    # Bad verdict, bad limit: usage errors, exit 2.
+    code, _, err = run_main(capsys, "sessions", "--endpoint", endpoint, "list", "--verdict", "bad")
+    assert code == 2 and "invalid choice: 'bad'" in err
+    code, _, err = run_main(
+        capsys, "sessions", "--endpoint", endpoint, "--token", TOKEN, "list", "--limit", "0"
+    )
+    assert code == 2 and "--limit must be from 1 to 1000" in err
+    # The token never appears.
+    assert TOKEN not in err
+    # Sidecar down.
+    code, _, err = run_main(capsys, "sessions", "--endpoint", f"127.0.0.1:{free_port()}", "list")
+    assert code == 1 and "cannot reach the sidecar" in err and "is it running?" in err
+
+
+def test_sessions_cli_token_file_flag_beats_the_token_variable(
+    start_sidecar, tmp_path, capsys, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """A flag beats the environment: ``--token-file`` is used even when
+    $DURABLE_SESSIONS_AUTH_TOKEN is set (a stale one, or the sidecar's own on the same
+    host)."""
+    sidecar = start_sidecar(auth__token=TOKEN)
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    monkeypatch.setenv("DURABLE_SESSIONS_AUTH_TOKEN", "stale-token-0123456789")
+    code, out, err = run_main(
+        capsys, "sessions", "--endpoint", sidecar.http_url, "--token-file", str(tmp_path / "token"), "list"
+    )
+    assert code == 0, err
+    assert out == "no sessions\n"
+
+
+def test_sessions_cli_on_the_grpc_port_is_a_one_line_error_with_a_hint(start_sidecar) -> None:  # type: ignore[no-untyped-def]
+    """The gRPC port does not answer HTTP/1.1, the likeliest mistake: exit code 1 and one
+    line that says to use the HTTP port, not a traceback."""
+    sidecar = start_sidecar()
+    result = cli("sessions", "--endpoint", sidecar.grpc_endpoint, "list", timeout=30)
+    assert "Traceback" not in result.stderr, result.stderr[-300:]
+    assert result.returncode == 1
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "is it the sidecar's HTTP port (not the gRPC one)" in result.stderr
+
+
+@pytest.mark.parametrize("endpoint", ["127.0.0.1:43x0", "http://[::1", "http://127.0.0.1:70000"])
+def test_sessions_cli_malformed_endpoint_is_a_usage_error(endpoint: str) -> None:
+    """An endpoint that is not an http(s) URL with a numeric port is bad usage: exit code 2
+    (as documented in the README's "CLI: sessions") and one line naming --endpoint, not a
+    traceback from urllib."""
+    result = cli("sessions", "--endpoint", endpoint, "list", timeout=30)
+    assert "Traceback" not in result.stderr, result.stderr[-300:]
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert result.stderr.startswith("durable-sessions-collector: --endpoint must be an http(s) URL")
+
+
+# --- /metrics and /healthz --------------------------------------------------------------------
+
+
+def documented_metrics() -> dict[str, set[str]]:
+    section = README.split("Metrics (`GET /metrics`):", 1)[1].split("\n\n", 1)[0]
+    found = {}
+    for name, labels in re.findall(r"`(durable_sessions_[a-z_]+)(?:\{([a-z_,]+)\})?`", section):
+        found[name] = set(labels.split(",")) if labels else set()
+    return found
+
+
+def test_metrics_names_and_labels_match_the_readme(start_sidecar) -> None:  # type: ignore[no-untyped-def]
+    documented = documented_metrics()
+    assert len(documented) == 19
+    with WebhookServer() as hook:
+        sidecar = start_sidecar(alerts__webhook__url=hook.url)
+        agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
+        agent.action("m-1", "a1", "payment")  # a violation: alerts on the log and webhook channels
+        agent.action("m-1", "a1", "payment")  # the same action id again
+        agent.shutdown()
+        bad = {
+            "resourceSpans": [
+                {
+                    "scopeSpans": [
+                        {
+                            "spans": [
+                                {
+                                    "traceId": "zz" * 16,
+                                    "spanId": "eee19b7ec3c1b175",
+                                    "name": "x",
+                                    "attributes": [{"key": "session.id", "value": {"stringValue": "m-1"}}],
+                                }
+                            ]
+                        }
+                    ]
+                }
+            ]
+        }
+        status, _, _ = http(
+            sidecar.http_url + "/v1/traces",
+            method="POST",
+            data=json.dumps(bad).encode(),
+            content_type="application/json",
+        )
+        assert status == 200
+        wait_for(lambda: hook.accepted)
+        wait_for(
+            lambda: (
+                sidecar.metric(
+                    "durable_sessions_alert_deliveries_total", channel="webhook", outcome="delivered"
+                )
+                >= 1
+            )
+        )
+        status, _, text = http(sidecar.http_url + "/metrics")
+    assert status == 200
+    labels: dict[str, set[frozenset[str]]] = {}
+    for family in text_string_to_metric_families(text.decode()):
+        for sample in family.samples:
+            if sample.name.endswith("_created"):
+                continue
+            name = (
+                re.sub(r"_(bucket|count|sum)$", "", sample.name)
+                if family.type == "histogram"
+                else sample.name
+            )
+            labels.setdefault(name, set()).add(frozenset(sample.labels) - {"le"})
+    for name, expected in documented.items():
+        assert name in labels, f"{name} has no sample"
+        assert labels[name] == {frozenset(expected)}, (name, labels[name])
+    ours = {n for n in labels if n.startswith("durable_sessions_")}
+    assert ours <= set(documented), ours - set(documented)
+
+
+def test_healthz_is_open_and_metrics_need_the_token(start_sidecar) -> None:  # type: ignore[no-untyped-def]
+    sidecar = start_sidecar(auth__token=TOKEN)
+    status, _, body = http(sidecar.http_url + "/healthz")
+    assert status == 200 and json.loads(body) == {"status": "ok"}
+    status, _, _ = http(sidecar.http_url + "/healthz", method="HEAD")
+    assert status == 200
+    status, headers, _ = http(sidecar.http_url + "/metrics")
+    assert status == 401 and headers["WWW-Authenticate"].startswith('Bearer realm="durable-sessions"')
+    assert http(sidecar.http_url + "/metrics", token=TOKEN)[0] == 200
+    status, _, _ = http(sidecar.http_url + "/healthz", method="POST", data=b"")
+    assert status == 401  # only GET/HEAD /healthz is open
+
+
+def break_the_store(path: str) -> None:
+    """Make the running sidecar's store unreadable for real: its ``meta`` table is gone."""
+    with sqlite3.connect(path) as db:
+        db.execute("DROP TABLE meta")
+    db.close()
+
+
+def test_healthz_tells_the_reason_only_to_a_caller_with_the_token(start_sidecar, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """README "Security": the open ``GET /healthz`` reveals only ok/unhealthy. The reason of a
+    503 names the store (its file, or PostgreSQL's user@host/db): only a request with the
+    token gets it."""
+    sidecar = start_sidecar(auth__token=TOKEN)
+    break_the_store(str(tmp_path / "sessions.db"))
+    status, _, body = http(sidecar.http_url + "/healthz")
+    assert status == 503
+    assert json.loads(body) == {"status": "unhealthy"}
+    status, _, body = http(sidecar.http_url + "/healthz", token="wrong-" + TOKEN)
+    assert status == 503 and json.loads(body) == {"status": "unhealthy"}
+    status, _, body = http(sidecar.http_url + "/healthz", token=TOKEN)
+    assert status == 503
+    assert json.loads(body) == {
+        "status": "unhealthy",
+        "reason": f"store {str(tmp_path / 'sessions.db')!r} cannot be read: no such table: meta",
+    }
+
+
+def test_healthz_tells_the_reason_when_no_token_is_configured(start_sidecar, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Without a token nothing on the port is private: the 503 says why."""
+    sidecar = start_sidecar()
+    break_the_store(str(tmp_path / "sessions.db"))
+    status, _, body = http(sidecar.http_url + "/healthz")
+    assert status == 503 and "cannot be read: no such table: meta" in json.loads(body)["reason"]
+
+
+# --- examples in the documentation ------------------------------------------------------------
+
+
+def test_the_readme_example_store_is_an_absolute_path() -> None:
+    """By the table's own rule (``sqlite:///PATH`` relative, ``sqlite:////abs/path``
+    absolute) the README example, the module's example and the error's hint must use four
+    slashes for /var/lib, as docs/deployment.md does: three would store under the working
+    directory."""
+    example = next(b for b in yaml_blocks(README) if "store:" in b)
+    store = yaml.safe_load(example)["store"]
+    path = load(None, env={"DURABLE_SESSIONS_STORE": store}).store_path
+    assert os.path.isabs(path), f"{store} is stored at ./{path}"
+    assert "sqlite:///var/" not in (config_module.__doc__ or "")
+    with pytest.raises(ConfigError) as caught:
+        load(None, env={"DURABLE_SESSIONS_STORE": "mysql://h/db"})
+    assert "e.g. sqlite:////var/lib/durable-sessions/sessions.db" in str(caught.value)
