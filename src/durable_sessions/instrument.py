@@ -32,6 +32,7 @@ it), and a failing result store is logged the same way.
 from __future__ import annotations
 
 import base64
+import contextvars
 import functools
 import hashlib
 import inspect
@@ -98,9 +99,27 @@ def idempotency_key(session_id: str, action_id: str, *, scope: str = "") -> str:
     prefix: short enough for any provider, and free of anything that reads as a date
     or an epoch timestamp.
     """
-    material = "\x1f".join((scope, session_id, action_id)).encode("utf-8", "surrogatepass")
+    material = _identity_text(scope, session_id, action_id).encode("utf-8", "surrogatepass")
     digest = hashlib.sha256(material).digest()[:20]
     return "ds1-" + base64.b32encode(digest).decode("ascii").lower()
+
+
+_SEPARATOR = "\x1f"
+
+
+def _identity_text(*parts: str) -> str:
+    """The text hashed into an idempotency key: one encoding per identity.
+
+    Parts free of ``\x1f`` are joined with it, as they always were: those keys must not
+    change between versions (a process upgraded mid-session would otherwise charge
+    twice). A part holding ``\x1f`` would make that join ambiguous (``("a\x1fb", "c")``
+    against ``("a", "b\x1fc")``), so such identities are written after three separators
+    as length-prefixed parts instead: a plain join holds exactly two separators, so the
+    two encodings never give the same text.
+    """
+    if not any(_SEPARATOR in part for part in parts):
+        return _SEPARATOR.join(parts)
+    return _SEPARATOR * 3 + "".join(f"{len(part)}:{part}" for part in parts)
 
 
 _INCARNATION = str(uuid.uuid4())
@@ -295,20 +314,34 @@ class action:
         self.result_store = result_store
         self.tracer_provider = tracer_provider
         self.fields = fields
-        self._running: list[tuple[Any, Action]] = []
 
     # context manager -------------------------------------------------------------------
+    #
+    # One ``action`` object may be entered by several asyncio tasks or threads at once,
+    # and re-entered within one. The running span of each ``with`` block is kept in the
+    # execution context (``_RUNNING``), so each exit ends the span its own block started.
 
     def __enter__(self) -> Action:
         if callable(self.action_id):
             raise TypeError("a callable action_id is only for the decorator form; pass the id as a string")
         manager = self._start(self.action_id)
         act = manager.__enter__()
-        self._running.append((manager, act))
+        _RUNNING.set((*_RUNNING.get(), (self, manager, act)))
         return act
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        manager, act = self._running.pop()
+        running = _RUNNING.get()
+        for index in range(len(running) - 1, -1, -1):
+            if running[index][0] is self:
+                break
+        else:  # entered in another execution context: its span cannot be found here
+            logger.warning(
+                "durable_sessions: action %r exited in a context it was not entered in; its span is not ended",
+                self.action_id,
+            )
+            return
+        _, manager, act = running[index]
+        _RUNNING.set(running[:index] + running[index + 1 :])
         if exc is not None:
             _fail(act.span, exc)
         manager.__exit__(exc_type, exc, tb)
@@ -371,6 +404,13 @@ class action:
             set_status_on_exception=True,
         ) as span:
             yield Action(span, action_id, session_id, self.max_result_chars, self.result_store)
+
+
+_RUNNING: contextvars.ContextVar[tuple[tuple[action, Any, Action], ...]] = contextvars.ContextVar(
+    "durable_sessions.running_actions", default=()
+)
+"""The ``with action(...)`` blocks running in this execution context, innermost last:
+``(action object, its span's context manager, the Action handle)``."""
 
 
 def _fail(span: Span, error: BaseException) -> None:

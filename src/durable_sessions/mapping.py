@@ -43,6 +43,7 @@ from opentelemetry.trace import StatusCode
 from durable_sessions import kinds
 from durable_sessions import semconv as sc
 from durable_sessions.digest import digest_value
+from durable_sessions.json_text import Failure, parse_with_stdlib
 from durable_sessions.record import ActionRecord, Location, span_location
 from durable_sessions.rules import CATALOGUE
 from durable_sessions.violation import Violation
@@ -276,6 +277,9 @@ def _own_result(record: dict[str, Any], value: Any, limit: int | None) -> tuple[
     try:
         return orjson.loads(value), ()
     except orjson.JSONDecodeError as error:
+        parsed = parse_with_stdlib(value, error)  # JSON that orjson cannot hold: 1e999, huge integers
+        if type(parsed) is not Failure:
+            return parsed, ()
         if limit is not None and len(value) == limit:
             return value, ()  # cut by the SDK: truncated-result says so
         return value, (

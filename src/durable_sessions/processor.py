@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import operator
 import os
 import threading
 import time
@@ -95,6 +96,7 @@ DEFAULT_LOG_LIMIT_PER_MINUTE = 60
 
 logger = logging.getLogger("durable_sessions")
 _NO_ATTRIBUTES: dict[str, object] = {}
+_NO_RESOURCE = object()  # told to the native hand-over while a resource is being declared
 
 
 def _live_attributes(span: object) -> Mapping[str, object]:
@@ -216,6 +218,19 @@ def _env_int(name: str, default: int) -> int:
     return number
 
 
+def _positive_int(name: str, value: object) -> int:
+    """A constructor argument that must be an integer of at least 1, as its variable must."""
+    try:
+        number = operator.index(value)  # int and its kin (numpy integers), not float or str
+    except TypeError:
+        number = None
+    if number is None or isinstance(value, bool):
+        raise ConfigurationError(f"{name}={value!r} is not an integer")
+    if number < 1:
+        raise ConfigurationError(f"{name}={value!r} must be at least 1")
+    return number
+
+
 def _env_bool(name: str) -> bool:
     value = _env(name)
     if value is None:
@@ -276,6 +291,8 @@ class DurabilitySpanProcessor(SpanProcessor):
                 raise ConfigurationError(str(error).strip("'\"")) from None
         if max_sessions is None:
             max_sessions = _env_int("DURABLE_SESSIONS_MAX_SESSIONS", DEFAULT_MAX_SESSIONS)
+        else:
+            max_sessions = _positive_int("max_sessions", max_sessions)
         if key_window_s is None:
             key_window_s = _env_int("DURABLE_SESSIONS_KEY_WINDOW_S", DEFAULT_KEY_WINDOW_S)
         if log_limit_per_minute is None:
@@ -390,15 +407,23 @@ class DurabilitySpanProcessor(SpanProcessor):
             if not may_be_action(attributes):
                 return
             error, start_time, trace_id, span_id, resource = sdk_span_facts(span)
-            if resource is not self._resource:
-                self._use_resource(resource)
+            # Spans of several providers (resources) may end at once on different threads.
+            # The current resource is switched and used in one step, under the lock:
+            # switched outside it, a span could be checked (or, with a checker process,
+            # sent after the declaration of) another thread's resource.
             if self._offload is not None:
                 if type(attributes) is not dict:
                     attributes = dict(attributes)
-                self._offload.submit((SPAN, attributes, error, start_time, trace_id, span_id, limit))
+                message = (SPAN, attributes, error, start_time, trace_id, span_id, limit)
+                with self._lock:
+                    if resource is not self._resource:
+                        self._use_resource(resource)
+                    self._offload.submit(message)
                 return
             parts = SpanParts(attributes, error, start_time, trace_id, span_id, limit)
             with self._lock:
+                if resource is not self._resource:
+                    self._use_resource(resource)
                 violations = check_span(self.checker, parts, self._resource_attributes)  # type: ignore[arg-type]
             if violations:
                 self._report(violations)
@@ -490,10 +515,17 @@ class DurabilitySpanProcessor(SpanProcessor):
         return self._offload.dropped if self._offload is not None else 0
 
     def _use_resource(self, resource: object) -> None:
-        """Spans from here on come from ``resource``; the checker process is told first."""
+        """Spans from here on come from ``resource``; the checker process is told first.
+
+        Called with ``self._lock`` held. The native hand-over sends a span by itself only
+        when the span's resource is the one it was told about, so it is told of no
+        resource before the new declaration is queued, and of the new one after: a span
+        of the old resource never lands after the new declaration.
+        """
         self._resource_attributes = sdk_resource_attributes(resource)
         self._resource = resource
         if self._offload is not None:
+            self._offload.sent_resource(_NO_RESOURCE)
             self._offload.submit((RESOURCE, dict(self._resource_attributes)))
             self._offload.sent_resource(resource)
 

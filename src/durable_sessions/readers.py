@@ -17,7 +17,6 @@ that cannot be opened or read at all raises :class:`InputError`.
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +26,7 @@ from typing import IO, Any, Literal
 import orjson
 
 from durable_sessions import kinds, otlp_json
+from durable_sessions.json_text import Failure, parse_with_stdlib
 from durable_sessions.mapping import map_span
 from durable_sessions.record import ActionRecord, Location, line_location
 
@@ -77,40 +77,11 @@ def parse_object(line: bytes) -> dict[str, Any] | str:
     try:
         value = orjson.loads(line)
     except orjson.JSONDecodeError as error:
-        value = _parse_strictly_with_stdlib(line, error)
-        if isinstance(value, _Failure):
+        value = parse_with_stdlib(line, error)
+        if isinstance(value, Failure):
             return value.reason
     if type(value) is not dict:
         return f"line is {_json_type(value)}, not a JSON object"
-    return value
-
-
-@dataclass(frozen=True, slots=True)
-class _Failure:
-    reason: str
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _parse_strictly_with_stdlib(line: bytes, error: orjson.JSONDecodeError) -> Any:
-    """Second opinion for what orjson refuses but JSON allows (huge integers, 1e999)."""
-    try:
-        text = line.decode("utf-8")
-    except UnicodeDecodeError as bad:
-        return _Failure(f"line is not valid UTF-8 (byte 0x{line[bad.start]:02x} at column {bad.start + 1})")
-    try:
-        value = json.loads(text, parse_constant=_reject_constant)
-    except RecursionError:
-        return _Failure("line is JSON nested too deeply to read")
-    except ValueError:
-        return _Failure(f"line is not valid JSON ({error})")
-    try:
-        orjson.dumps(value)
-    except orjson.JSONEncodeError as invalid:
-        if "surrogate" in str(invalid):
-            return _Failure("line holds a lone UTF-16 surrogate escape (such as \\ud800): not valid Unicode")
     return value
 
 
@@ -178,19 +149,25 @@ def read_actions(
             yield item
 
 
-def _parse_unusual_line(raw: bytes, number: int) -> Any:
-    """What orjson refused: None for a blank or comment line, else a value or a _Failure."""
+def _content(raw: bytes, number: int) -> bytes:
+    """The line without surrounding blanks and, on the first line, without a UTF-8 BOM."""
     stripped = raw.strip()
     if number == 1 and stripped.startswith(UTF8_BOM):
         stripped = stripped[len(UTF8_BOM) :].strip()
+    return stripped
+
+
+def _parse_unusual_line(raw: bytes, number: int) -> Any:
+    """What orjson refused: None for a blank or comment line, else a value or a Failure."""
+    stripped = _content(raw, number)
     if not stripped or stripped.startswith(b"#"):
         return None
     parsed = parse_object(stripped)
-    return _Failure(parsed) if type(parsed) is str else parsed
+    return Failure(parsed) if type(parsed) is str else parsed
 
 
 def _why_unreadable(value: Any) -> str:
-    if isinstance(value, _Failure):
+    if isinstance(value, Failure):
         return value.reason
     return f"line is {_json_type(value)}, not a JSON object"
 
@@ -270,14 +247,15 @@ def sniff_format(source: IO[bytes], name: str, max_line_bytes: int) -> Format:
     request or a tracing event, else ``actions``.
 
     A seekable file is read up to its first object and rewound; a pipe can only be
-    peeked at, so there the first object must fit in the read buffer.
+    peeked at, so there the first object must fit in the read buffer. A UTF-8 BOM that
+    starts the source is ignored, as the readers ignore it.
     """
     try:
         head = _head_lines(source, max_line_bytes)
     except OSError as error:
         raise InputError(f"cannot read {name!r}: {error.strerror or error}") from None
-    for line in head:
-        stripped = line.strip()
+    for number, line in enumerate(head, 1):
+        stripped = _content(line, number)
         if not stripped or stripped.startswith(b"#"):
             continue
         parsed = parse_object(stripped)
@@ -302,7 +280,7 @@ def _head_lines(source: IO[bytes], max_line_bytes: int, limit: int = 64) -> list
     try:
         while len(lines) < limit and (line := source.readline(max_line_bytes + 1)):
             lines.append(line)
-            stripped = line.strip()
+            stripped = _content(line, len(lines))
             if stripped and not stripped.startswith(b"#"):
                 break
     finally:

@@ -341,10 +341,20 @@ _DATE_LIKE = re.compile(rf"{_ISO_DATE}|{_COMPACT_DATE_TIME}")
 _TIME_UUID_LIKE = re.compile(_TIME_UUID, re.I)
 _DIGIT_RUN = re.compile(r"(?<!\d)(\d{10}|\d{13}|\d{16}|\d{19})(?!\d)")
 _EPOCH_RANGE_S = (946_684_800, 4_102_444_800)  # 2000-01-01 .. 2100-01-01
+# What durable_sessions.instrument.idempotency_key() returns: "ds1-" and 32 base32 digits
+# of a SHA-256 of the identity. Its digits 2-7 can form a run that reads as an epoch
+# second, but the key holds no time.
+_DERIVED_KEY = re.compile(r"ds1-[a-z2-7]{32}")
 
 
 def time_component(key: str) -> str | None:
-    """The part of ``key`` that is derived from time, or None."""
+    """The part of ``key`` that is derived from time, or None.
+
+    A key in exactly the format of ``idempotency_key()`` is a hash of the action's
+    identity, whatever its digits look like: None.
+    """
+    if _DERIVED_KEY.fullmatch(key):
+        return None
     if found := _DATE_LIKE.search(key):
         return f"the date '{found.group()}'"
     if found := _TIME_UUID_LIKE.search(key):
@@ -370,6 +380,9 @@ def time_derived_key(record: ActionRecord) -> str | None:
     replay as a new request and performs the effect again: the key keys nothing.
     Detected: ISO dates and date-times, epoch numbers of 10, 13, 16 or 19 digits in a
     plausible range, and UUIDs of versions 1, 6 and 7 (which embed a timestamp).
+    Not flagged: a key in exactly the format `idempotency_key()` gives (`ds1-` and 32
+    characters of `a`-`z`, `2`-`7`), a hash of the identity whose digits may happen to
+    read as an epoch number.
 
     ## Example
     ```json

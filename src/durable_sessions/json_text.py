@@ -1,0 +1,53 @@
+"""Strict JSON text beyond what orjson reads: one fallback for the readers and the mapping.
+
+orjson refuses some valid JSON text (RFC 8259): integers beyond 64 bits and numbers
+beyond a double (``1e999``). Where orjson says no, :func:`parse_with_stdlib` asks the
+standard library, which reads those (``1e999`` as an infinite number), still refuses
+``NaN``/``Infinity`` and lone UTF-16 surrogate escapes, and never runs out of stack.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """Not JSON text, and why (phrased about a line)."""
+
+    reason: str
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_with_stdlib(text: bytes | str, error: orjson.JSONDecodeError) -> Any:
+    """Second opinion for what orjson refused (``error``) but JSON allows (huge integers,
+    ``1e999``): the value, or a :class:`Failure`."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as bad:
+            return Failure(
+                f"line is not valid UTF-8 (byte 0x{text[bad.start]:02x} at column {bad.start + 1})"
+            )
+    try:
+        value = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        return Failure("line is JSON nested too deeply to read")
+    except ValueError:
+        return Failure(f"line is not valid JSON ({error})")
+    try:
+        orjson.dumps(value)
+    except orjson.JSONEncodeError as invalid:
+        if "surrogate" in str(invalid):
+            return Failure("line holds a lone UTF-16 surrogate escape (such as \\ud800): not valid Unicode")
+    return value
+
+
+__all__ = ["Failure", "parse_with_stdlib"]
