@@ -1009,3 +1009,18 @@ def test_check_never_raises_on_garbage(
     assert code in (0, 1)
     assert "durable-sessions OK" in out or "durable-sessions FAIL" in out
     assert not math.isnan(len(out))
+
+
+def test_each_missing_field_is_its_own_violation_with_its_own_key() -> None:
+    # A store (the sidecar's) keeps one violation per key: two fields missing on one span
+    # must be two keys. The first keeps the key it always had, so a store written by an
+    # earlier version does not see it as new.
+    from durable_sessions.engine import Checker
+    from durable_sessions.record import span_location
+    from durable_sessions.rules import select_rules
+
+    where = span_location("a" * 32, "b" * 16)
+    violations = Checker(select_rules()).feed({"session_id": "s", "status": "ok"}, where)
+    assert [v.rule for v in violations] == ["missing-field", "missing-field"]
+    assert violations[0].key == f"s|missing-field|None|{'b' * 16}"
+    assert violations[1].key == violations[0].key + "#1"

@@ -270,7 +270,7 @@ class Checker:
         if not self._reports_missing:
             return []
         violations = []
-        for name in missing:
+        for occurrence, name in enumerate(missing):
             value = record.get(name)
             if value is None:
                 message = f"required field '{name}' missing"
@@ -284,6 +284,7 @@ class Checker:
                     action_id=action_id if type(action_id) is str else None,
                     location=where,
                     kind=record.get("kind") if type(record.get("kind")) is str else None,
+                    occurrence=occurrence,
                 )
             )
         return violations

@@ -352,8 +352,9 @@ def mapping_violations(mapped: Mapped) -> list[Violation]:
             action_id=action_id if type(action_id) is str else None,
             location=mapped.where,
             kind=record.get("kind") if type(record.get("kind")) is str else None,
+            occurrence=occurrence,
         )
-        for problem in mapped.problems
+        for occurrence, problem in enumerate(mapped.problems)
     ]
 
 

@@ -104,6 +104,7 @@ def violation_fields(violation: Violation) -> tuple:
         violation.trace_id,
         violation.span_id,
         violation.kind,
+        violation.occurrence,
     )
 
 

@@ -34,11 +34,16 @@ class Violation:
     trace_id: str | None = None
     span_id: str | None = None
     kind: str | None = None
+    occurrence: int = 0
+    """Which of the rule's violations at this place this is, from 0: a span missing two
+    required fields breaks ``missing-field`` twice, and each must keep its own key."""
 
     @property
     def key(self) -> str:
         where = self.span_id or (f"{self.file}:{self.line}" if self.line is not None else "")
-        return f"{self.session_id}|{self.rule}|{self.action_id}|{where}"
+        key = f"{self.session_id}|{self.rule}|{self.action_id}|{where}"
+        # The first keeps the key it always had, so stores written before stay deduplicated.
+        return f"{key}#{self.occurrence}" if self.occurrence else key
 
     def as_dict(self) -> dict[str, object]:
         return {

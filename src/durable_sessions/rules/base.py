@@ -126,8 +126,10 @@ class Rule:
         location: Location | None,
         severity: Severity | None = None,
         kind: str | None = None,
+        occurrence: int = 0,
     ) -> Violation:
-        """A violation of this rule at ``location`` by an action of ``kind``."""
+        """A violation of this rule at ``location`` by an action of ``kind`` (the
+        ``occurrence``-th of this rule there: see :attr:`Violation.occurrence`)."""
         loc = location
         return Violation(
             rule=self.id,
@@ -140,6 +142,7 @@ class Rule:
             trace_id=loc.trace_id if loc else None,
             span_id=loc.span_id if loc else None,
             kind=kind,
+            occurrence=occurrence,
         )
 
     def on(self, record: ActionRecord, where: Location, finding: Finding) -> Violation:
