@@ -53,8 +53,7 @@ from durable_sessions.readers import UTF8_BOM, parse_object, sniff_format
 from durable_sessions.rules.record_rules import time_component
 from durable_sessions.violation import Violation
 
-SEED = Path("/work/shared/seed/durable-sessions/examples")
-TRACING_LOG = Path("/work/shared/seed/observability-tracing/demo-run-001.jsonl")
+TRACING_LOG = Path(__file__).parent / "data" / "tracing-demo-run-001.jsonl"  # the seed's demo trace
 
 
 # -- helpers -----------------------------------------------------------------------------
@@ -780,33 +779,6 @@ def test_one_action_object_reentered_in_one_task_ends_the_inner_span_first() -> 
 
 
 # == offline checker CLI ======================================================================
-
-
-def test_seed_contract_thirteen_assertions(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run_replay_check(["--actions", str(SEED / "actions.good.jsonl")], capsys)
-    assert code == 0 and out.strip().startswith("replay-check OK:")
-    code, out, _ = run_replay_check(["--actions", str(SEED / "actions.bad.jsonl")], capsys)
-    assert code == 1
-    for needle in (
-        "already answered",
-        "'llm_call' has no recorded result",
-        "repeat a real-world effect",
-        "without a finite max_attempts",
-        "attempts 7 exceeds max_attempts 3",
-        "not shareable across sessions",
-        "without a positive ttl_s",
-        "duplicate action_id",
-        "required field 'action_id' missing",
-    ):
-        assert needle in out
-    plain = out.count("\nline ") + out.startswith("line ")
-    code, strict_out, _ = run_replay_check(["--actions", str(SEED / "actions.bad.jsonl"), "--strict"], capsys)
-    assert code == 1
-    assert strict_out.count("\nline ") + strict_out.startswith("line ") == plain + 1
-    code, quiet, _ = run_replay_check(["--actions", str(SEED / "actions.bad.jsonl"), "--quiet"], capsys)
-    assert code == 1 and quiet.count("\n") == 1 and quiet.startswith("replay-check FAIL:")
-    code, _, err = run_replay_check(["--actions", "/nonexistent/actions.jsonl"], capsys)
-    assert code == 2 and "cannot read" in err
 
 
 def test_replay_check_output_format(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
