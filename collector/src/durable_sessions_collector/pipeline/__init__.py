@@ -174,6 +174,11 @@ class Pipeline:
                 # write batch, rather than making Exports wait for a whole wave to end.
                 if ended < IDLE_BATCH:
                     self.last_sweep = now
+                if self.store.shared:
+                    # Alerts a replica left when it died (committed, or claimed and not
+                    # delivered) are this one's once their lease is over, new violation or not.
+                    self._backlog = True
+                    self._deliver()
         # Drain what was accepted before the stop was asked for.
         while True:
             try:
@@ -335,7 +340,13 @@ class Pipeline:
         if self.evaluator.rebuilt > self._rebuilt_reported:
             self.metrics.sessions_rebuilt.inc(self.evaluator.rebuilt - self._rebuilt_reported)
             self._rebuilt_reported = self.evaluator.rebuilt
-        if self.after_commit is not None and (fresh or self._backlog):
+        if fresh:
+            self._backlog = True
+        self._deliver()
+
+    def _deliver(self) -> None:
+        """Deliver the alerts committed and not yet delivered, if there may be any."""
+        if self.after_commit is not None and self._backlog:
             self._backlog = False
             try:
                 self.after_commit()
