@@ -996,3 +996,32 @@ def test_each_missing_field_is_its_own_violation_with_its_own_key() -> None:
     assert [v.rule for v in violations] == ["missing-field", "missing-field"]
     assert violations[0].key == f"s|missing-field|None|{'b' * 16}"
     assert violations[1].key == violations[0].key + "#1"
+
+
+@pytest.mark.parametrize(
+    ("arguments", "environment"),
+    [
+        ({"key_window_s": -1}, {}),
+        ({"key_window_s": float("nan")}, {}),
+        ({"key_window_s": "86400"}, {}),
+        ({"log_limit_per_minute": 0}, {}),
+        ({}, {"DURABLE_SESSIONS_KEY_WINDOW_S": "nan"}),
+        ({}, {"DURABLE_SESSIONS_KEY_WINDOW_S": "-5"}),
+    ],
+)
+def test_unusable_window_and_log_limit_are_configuration_errors(
+    arguments: dict[str, Any], environment: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # docs/processor.md: an unusable value raises ConfigurationError at setup, never later.
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigurationError):
+        DurabilitySpanProcessor(**arguments)
+
+
+def test_the_window_variable_takes_fractional_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    # As the CLI's --key-window-s and the sidecar's evaluation.key_window_s do.
+    monkeypatch.setenv("DURABLE_SESSIONS_KEY_WINDOW_S", "0.5")
+    processor = DurabilitySpanProcessor()
+    assert processor.checker is not None and processor.checker.key_window_s == 0.5
+    processor.shutdown()

@@ -130,3 +130,23 @@ def test_strict_does_not_mask_the_tests_own_failure(pytester: pytest.Pytester) -
     result = pytester.runpytest_subprocess("--durability=strict")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*own failure*"])
+
+
+def test_off_checks_nothing_even_for_tests_that_use_the_fixture(pytester: pytest.Pytester) -> None:
+    # docs/processor.md: "`off` disables it": a test asking for a clean run passes, and
+    # the fixture has seen no span.
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(
+        """
+        from durable_sessions.instrument import action, session
+
+        def test_assert_clean_with_a_broken_rule(durability):
+            with session("s-off"):
+                with action("a1", "llm_call"):
+                    pass
+            durability.assert_clean()
+            assert durability.violations == []
+        """
+    )
+    pytester.runpytest_subprocess("--durability=report").assert_outcomes(failed=1)
+    pytester.runpytest_subprocess("--durability=off").assert_outcomes(passed=1)

@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     check = commands.add_parser(
         "check",
         help="check action logs against every rule",
-        description="Check JSONL action logs and observability-tracing event logs.",
+        description="Check JSONL action logs, observability-tracing event logs and OTLP/JSON trace files.",
         epilog="Exit 0: no violation at or above --fail-on; 1: violations; 2: usage or unreadable input.",
     )
     check.add_argument(
@@ -127,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=None,
         metavar="N",
-        help="worker processes (default: one per core for JSONL input over 64 MiB, else 1)",
+        help="worker processes (default: one per core, at most 8, for JSONL input over 64 MiB, else 1)",
     )
     check.add_argument(
         "--max-line-bytes",

@@ -60,6 +60,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
+import numbers
 import operator
 import os
 import threading
@@ -231,6 +233,26 @@ def _positive_int(name: str, value: object) -> int:
     return number
 
 
+def _env_seconds(name: str, default: float) -> float:
+    value = _env(name)
+    if value is None:
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        raise ConfigurationError(f"{name}={value!r} is not a number") from None
+    return _positive_seconds(name, number)
+
+
+def _positive_seconds(name: str, value: object) -> float:
+    """A duration that must be a finite number of seconds above 0."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ConfigurationError(f"{name}={value!r} is not a number")
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigurationError(f"{name}={value!r} must be a positive number of seconds")
+    return float(value)
+
+
 def _env_bool(name: str) -> bool:
     value = _env(name)
     if value is None:
@@ -294,9 +316,13 @@ class DurabilitySpanProcessor(SpanProcessor):
         else:
             max_sessions = _positive_int("max_sessions", max_sessions)
         if key_window_s is None:
-            key_window_s = _env_int("DURABLE_SESSIONS_KEY_WINDOW_S", DEFAULT_KEY_WINDOW_S)
+            key_window_s = _env_seconds("DURABLE_SESSIONS_KEY_WINDOW_S", DEFAULT_KEY_WINDOW_S)
+        else:
+            key_window_s = _positive_seconds("key_window_s", key_window_s)
         if log_limit_per_minute is None:
             log_limit_per_minute = _env_int("DURABLE_SESSIONS_LOG_LIMIT", DEFAULT_LOG_LIMIT_PER_MINUTE)
+        else:
+            log_limit_per_minute = _positive_int("log_limit_per_minute", log_limit_per_minute)
         rules = tuple(rules)
         self.checker: Checker | None = None
         self._offload: CheckerProcess | None = None
