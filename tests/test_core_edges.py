@@ -1025,3 +1025,39 @@ def test_the_window_variable_takes_fractional_seconds(monkeypatch: pytest.Monkey
     processor = DurabilitySpanProcessor()
     assert processor.checker is not None and processor.checker.key_window_s == 0.5
     processor.shutdown()
+
+
+def test_an_otlp_span_delivered_again_later_is_read_once_also_in_the_next_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A retried Export can bring a span back after a later record of the same action, and
+    # the Collector's file exporter may have rotated to the next file meanwhile. Judged as
+    # a new record, the repeat would be a duplicate action id and, its status being
+    # "started", an unfinished side effect.
+    def request(span_id: str, status: str, start: int) -> str:
+        attributes = {
+            "session.id": "r",
+            "agent.action.id": "mail",
+            "agent.action.kind": "email",
+            "agent.action.status": status,
+            "agent.action.idempotency_key": "mail-r",
+        }
+        span = {
+            "traceId": "ab" * 16,
+            "spanId": span_id,
+            "name": "mail",
+            "startTimeUnixNano": str(start),
+            "attributes": [{"key": k, "value": {"stringValue": v}} for k, v in attributes.items()],
+        }
+        return json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]})
+
+    first, second = tmp_path / "traces-1.jsonl", tmp_path / "traces-2.jsonl"
+    started, done = (
+        request("01" * 8, "started", 1_700_000_000_000_000_000),
+        request("02" * 8, "ok", 1_700_000_001_000_000_000),
+    )
+    first.write_text(started + "\n" + done + "\n")
+    second.write_text(started + "\n")  # the first Export, retried
+    code, out, _ = run_cli(["check", "--format", "json", str(first), str(second)], capsys)
+    assert code == 0, out
+    assert json.loads(out)["actions"] == 2

@@ -27,6 +27,7 @@ from durable_sessions.readers import (
     Format,
     InputError,
     Item,
+    Redeliveries,
     Unreadable,
     display_name,
     numbered_lines,
@@ -188,6 +189,7 @@ def check_paths(
     """
     feed, unreadable = checker.feed, checker.unreadable
     paths = list(paths)
+    redeliveries = Redeliveries()  # a span may come back in the next file of the stream
     for path in paths:
         with open_source(path) as source:
             size = _size(source)
@@ -201,7 +203,8 @@ def check_paths(
                 reporting = report if progress is not None else None
                 yield from _check_blocks(source, name, checker, 0, 1, max_line_bytes, reporting)
                 continue
-            for count, item in enumerate(read(path, source, fmt=file_fmt, max_line_bytes=max_line_bytes)):
+            items = read(path, source, fmt=file_fmt, max_line_bytes=max_line_bytes, redeliveries=redeliveries)
+            for count, item in enumerate(items):
                 if type(item) is Unreadable:
                     yield from unreadable(item.location, item.reason)  # type: ignore[union-attr]
                 elif violations := feed(*item):  # type: ignore[misc]

@@ -291,14 +291,49 @@ def _head_lines(source: IO[bytes], max_line_bytes: int, limit: int = 64) -> list
 # -- OTLP/JSON trace files ------------------------------------------------------------
 
 
+class Redeliveries:
+    """The spans read lately, to drop a span delivered again.
+
+    OTLP delivers at least once: a retried Export brings its spans back, and not always
+    right after their first delivery (another batch may have gone through meanwhile), so
+    the engine, which recognises a repeat of an action's latest record only, would judge
+    an earlier one as a new record. The sidecar's store drops every repeat (it is unique
+    on trace, span and status); a file of OTLP requests is read the same way. A retry
+    comes back within the exporter's retry window, so only the last ``window`` spans are
+    remembered, by a 64-bit hash of (trace id, span id, status): memory stays bounded
+    however long the input.
+    """
+
+    def __init__(self, window: int = 200_000) -> None:
+        self.window = window
+        self._seen: dict[int, None] = {}
+
+    def is_repeat(self, trace_id: str, span_id: str, status: object) -> bool:
+        seen = self._seen
+        key = hash((trace_id, span_id, status))
+        if key in seen:
+            return True
+        seen[key] = None
+        if len(seen) > self.window:
+            del seen[next(iter(seen))]  # the oldest: dicts keep insertion order
+        return False
+
+
 def read_otlp_json(
-    source: IO[bytes], name: str, *, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+    source: IO[bytes],
+    name: str,
+    *,
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+    redeliveries: Redeliveries | None = None,
 ) -> Iterator[Item]:
     """Records from the spans of an OTLP/JSON file, located by line and span.
 
     Spans that describe no action are skipped; a span that cannot be read (a bad id, a
-    start time that is no integer) is reported with its place in the request.
+    start time that is no integer) is reported with its place in the request. A span
+    delivered again is skipped (``redeliveries``: share one across the files of a stream).
     """
+    if redeliveries is None:
+        redeliveries = Redeliveries()
     for item in read_actions(source, name, max_line_bytes=max_line_bytes):
         if type(item) is Unreadable:
             yield item
@@ -311,9 +346,12 @@ def read_otlp_json(
             mapped = map_span(span)  # type: ignore[arg-type]
             if mapped is None:
                 continue
+            trace_id, span_id = mapped.where[2:]
+            if redeliveries.is_repeat(trace_id, span_id, mapped.record.get("status")):
+                continue
             if mapped.problems:
                 mapped.record["mapping_problems"] = mapped.problems
-            yield mapped.record, Location(name, location.line, *mapped.where[2:])
+            yield mapped.record, Location(name, location.line, trace_id, span_id)
 
 
 def read(
@@ -322,10 +360,14 @@ def read(
     *,
     fmt: Format = "auto",
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+    redeliveries: Redeliveries | None = None,
 ) -> Iterator[Item]:
-    """Items from an opened source, in the given or sniffed format."""
+    """Items from an opened source, in the given or sniffed format (``redeliveries``: for
+    OTLP/JSON input, the spans read before in the same stream)."""
     name = display_name(path)
     if fmt == "auto":
         fmt = sniff_format(source, name, max_line_bytes)
-    readers = {"tracing": read_tracing, "otlp-json": read_otlp_json}
+    if fmt == "otlp-json":
+        return read_otlp_json(source, name, max_line_bytes=max_line_bytes, redeliveries=redeliveries)
+    readers = {"tracing": read_tracing}
     return readers.get(fmt, read_actions)(source, name, max_line_bytes=max_line_bytes)

@@ -481,11 +481,11 @@ def test_every_missing_field_of_a_span_is_stored_and_alerted(start_sidecar, tmp_
     assert len(run.alerted_keys()) == 2
 
 
-def test_the_sidecar_drops_an_earlier_span_delivered_again(start_sidecar, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_an_earlier_span_delivered_again_is_dropped_live_and_offline(start_sidecar, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """OTLP delivers at least once, and a retried Export can bring a span back after a later
-    record of the same action. The sidecar's store is unique on trace, span and status, so
-    the repeat is dropped and the session stays ok. (The offline checker drops a repeat of
-    an action's latest record only: docs/readers.md says so.)"""
+    record of the same action. The sidecar's store is unique on trace, span and status, and
+    the offline checker remembers the spans it read lately: both drop the repeat, and the
+    session stays ok."""
     run = Run(start_sidecar(), tmp_path)
     started = action_span(1, {"session.id": "r", "id": "mail", "kind": "email", "status": "started"})
     failed = action_span(2, {"session.id": "r", "id": "mail", "kind": "email", "status": "error"}, error=True)
@@ -495,6 +495,7 @@ def test_the_sidecar_drops_an_earlier_span_delivered_again(start_sidecar, tmp_pa
     found, verdicts, _ = run.sidecar_findings()
     assert verdicts == {"r": "ok"} and found == {"r": set()}
     assert len(run.sidecar.session("r")["actions"]) == 2
+    assert by_session(run.offline()) == {}
 
 
 def test_spans_are_judged_in_arrival_order_as_the_offline_checker_judges_a_file(
