@@ -225,12 +225,16 @@ class RedactingStream(io.TextIOBase):
 
     def write(self, text: str) -> int:
         stream = self.target or sys.stderr
+        if stream is None:  # started with standard error closed (2>&-): the lines go nowhere
+            return len(text)
         with self._lock:
             stream.write(self.scrub(text))
         return len(text)
 
     def flush(self) -> None:
-        (self.target or sys.stderr).flush()
+        stream = self.target or sys.stderr
+        if stream is not None:
+            stream.flush()
 
 
 def _replace(text: str, secrets: Iterable[str]) -> str:

@@ -491,3 +491,22 @@ def test_readers_beyond_max_open_wait_then_fail_retryably(tmp_path: Path) -> Non
         assert connection.execute("SELECT 1").fetchone() == (1,)
     pool.close()
     assert pool.opened == 2 and pool.idle == 0
+
+
+def test_one_sidecar_per_sqlite_file_and_the_file_must_stay(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    first = open_store(f"sqlite:///{path}")
+    with pytest.raises(StoreError, match=rf"in use by another sidecar \(pid {os.getpid()}"):
+        open_store(f"sqlite:///{path}")
+    first.close()
+    again = open_store(f"sqlite:///{path}")  # released on close (and by the kernel on a crash)
+    (tmp_path / "other.db").write_bytes(b"")
+    os.replace(tmp_path / "other.db", path)
+    with pytest.raises(StoreError, match="was replaced while the sidecar ran"), again.writer():
+        pass
+    with pytest.raises(StoreError, match="was replaced"):
+        again.check()
+    os.unlink(path)
+    with pytest.raises(StoreError, match="was deleted while the sidecar ran"), again.writer():
+        pass
+    again.close()

@@ -92,7 +92,7 @@ class Pipeline:
         self.sweep_every = min(1.0, max(0.05, idle_s / 4))
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
-        self.last_sweep = 0.0
+        self.last_sweep = -float("inf")  # time.monotonic() of the last sweep: a clock step cannot stall it
         self._rebuilt_reported = 0
         self._backlog = True  # alerts left pending by an earlier run are delivered first
         metrics.queue_capacity.set(queue_size)
@@ -163,17 +163,17 @@ class Pipeline:
                     except queue.Empty:
                         break
                 self._write(batch)
-            now = time.time()
-            if now - self.last_sweep >= self.sweep_every:
+            ticked = time.monotonic()
+            if ticked - self.last_sweep >= self.sweep_every:
                 try:
-                    ended = self.sweep(now)
+                    ended = self.sweep(time.time())
                 except Exception as error:  # keep writing; the sweep is retried next time
                     self.log.error("idle-sweep-failed", error=f"{type(error).__name__}: {error}")
                     ended = 0
                 # A full batch leaves more idle sessions: sweep again right after the next
                 # write batch, rather than making Exports wait for a whole wave to end.
                 if ended < IDLE_BATCH:
-                    self.last_sweep = now
+                    self.last_sweep = ticked
                 if self.store.shared:
                     # Alerts a replica left when it died (committed, or claimed and not
                     # delivered) are this one's once their lease is over, new violation or not.

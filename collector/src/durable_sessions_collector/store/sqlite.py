@@ -10,6 +10,7 @@ The SQL sticks to what PostgreSQL also understands (``ON CONFLICT DO NOTHING``,
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import sqlite3
@@ -163,6 +164,55 @@ def _migrate_from_1(connection: sqlite3.Connection) -> None:
     connection.execute("DROP TABLE actions_v1")
 
 
+class Ownership:
+    """This process is the one sidecar writing the store file, and the file is still there.
+
+    SQLite lets several processes write one file, but two sidecars on it would each hold
+    sessions in memory that the other changes under them, and judge them wrong. So a
+    sidecar holds an exclusive lock on ``PATH.lock`` while it runs (the kernel releases
+    it when the process ends, SIGKILL included) and refuses a store another one holds;
+    several replicas share PostgreSQL instead. A store file deleted or replaced while the
+    sidecar runs is noticed before each write: writing on into the unlinked file would
+    acknowledge spans that are gone.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.lock_path = path + ".lock"
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode("ascii", "replace").strip() or "unknown"
+            os.close(fd)
+            raise StoreError(
+                f"store {path!r} is in use by another sidecar (pid {holder}, holding "
+                f"{self.lock_path!r}): one sidecar per SQLite file; replicas share PostgreSQL"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+        self._identity: tuple[int, int] | None = None
+
+    def remember_file(self) -> None:
+        """The store file is open: from now on it must stay the file at ``path``."""
+        found = os.stat(self.path)
+        self._identity = (found.st_dev, found.st_ino)
+
+    def verify(self) -> None:
+        """Raise :class:`StoreError` if the file at ``path`` is no longer the store's."""
+        try:
+            found = os.stat(self.path)
+        except FileNotFoundError:
+            raise StoreError(f"store {self.path!r} was deleted while the sidecar ran; restart it") from None
+        if (found.st_dev, found.st_ino) != self._identity:
+            raise StoreError(f"store {self.path!r} was replaced while the sidecar ran; restart it")
+
+    def release(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+
+
 class SqliteStore:
     """The :class:`~durable_sessions_collector.store.base.Store` on one SQLite file."""
 
@@ -173,13 +223,22 @@ class SqliteStore:
         directory = os.path.dirname(os.path.abspath(path))
         try:
             os.makedirs(directory, exist_ok=True)
+            self.ownership = Ownership(path)
+        except OSError as error:
+            raise StoreError(f"cannot open store {path!r}: {error}") from None
+        try:
             connection = _connect(path)
             mode = connection.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if str(mode).lower() != "wal":
                 raise StoreError(f"store {path!r}: cannot switch the journal to WAL (got {mode!r})")
             self.migrated_from = _prepare(connection, path)
+            self.ownership.remember_file()
         except (sqlite3.Error, OSError) as error:
+            self.ownership.release()
             raise StoreError(f"cannot open store {path!r}: {error}") from None
+        except BaseException:
+            self.ownership.release()
+            raise
         self._write = connection
         self._write_lock = threading.Lock()
         self.readers: ReadPool[sqlite3.Connection] = ReadPool(
@@ -191,6 +250,7 @@ class SqliteStore:
     @contextmanager
     def writer(self) -> Iterator[SqliteWriter]:
         with self._write_lock:
+            self.ownership.verify()
             connection = self._write
             try:
                 connection.execute("BEGIN IMMEDIATE")
@@ -333,6 +393,7 @@ class SqliteStore:
         return found, (found[-1]["cursor"] if found else cursor)
 
     def check(self) -> None:
+        self.ownership.verify()
         with self._read() as db:
             db.execute("SELECT 1 FROM meta LIMIT 1").fetchone()
 
@@ -340,6 +401,7 @@ class SqliteStore:
         self.readers.close()
         with self._write_lock:
             self._write.close()
+        self.ownership.release()
 
 
 def _close_quietly(connection: sqlite3.Connection) -> None:
