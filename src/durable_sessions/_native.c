@@ -287,6 +287,7 @@ typedef struct {
     double interval_s;
     int urgent, closing, done, error, refs;
     unsigned long long dropped;
+    unsigned long long sent; /* spans written to fd */
 } Shared;
 
 static void
@@ -376,6 +377,8 @@ sender_main(void *arg)
         out = frame;
         out_cap = frame_cap;
         pthread_mutex_lock(&st->lock);
+        if (!error)
+            st->sent += spans;
         if (error) {
             st->error = error;
             st->dropped += spans + st->pending_spans;
@@ -859,6 +862,34 @@ Handoff_get_dropped(Handoff *self, void *closure)
 }
 
 static PyObject *
+Handoff_get_sent(Handoff *self, void *closure)
+{
+    if (!ready(self))
+        return NULL;
+    if (forked(self))
+        return PyLong_FromLong(0); /* nothing is sent from this process */
+    pthread_mutex_lock(&self->st->lock);
+    unsigned long long sent = self->st->sent;
+    pthread_mutex_unlock(&self->st->lock);
+    return PyLong_FromUnsignedLongLong(sent);
+}
+
+/* The sender's copy of the pipe (-1 once closed). In a forked child it is read without
+ * the lock, which no thread of the child holds or will release. */
+static PyObject *
+Handoff_get_fd(Handoff *self, void *closure)
+{
+    if (!ready(self))
+        return NULL;
+    if (forked(self))
+        return PyLong_FromLong(self->st->fd);
+    pthread_mutex_lock(&self->st->lock);
+    int fd = self->st->fd;
+    pthread_mutex_unlock(&self->st->lock);
+    return PyLong_FromLong(fd);
+}
+
+static PyObject *
 Handoff_get_error(Handoff *self, void *closure)
 {
     if (!ready(self))
@@ -926,6 +957,8 @@ static PyGetSetDef Handoff_getset[] = {
      "Called by on_end with each span put_span did not hand over (a new resource, or unsupported).", (void *)offsetof(Handoff, fallback)},
     {"dropped", (getter)Handoff_get_dropped, NULL, "Span messages not sent (queue full, unencodable, or sending stopped).", NULL},
     {"error", (getter)Handoff_get_error, NULL, "The OSError that stopped the sending, or None.", NULL},
+    {"sent", (getter)Handoff_get_sent, NULL, "Span messages written to the checker process (0 in a forked child).", NULL},
+    {"fd", (getter)Handoff_get_fd, NULL, "The sender's file descriptor for the pipe, -1 once it closed it.", NULL},
     {"resource", (getter)Handoff_get_object, (setter)Handoff_set_resource,
      "The resource the checker was last told about.", (void *)offsetof(Handoff, resource)},
     {NULL, NULL, NULL, NULL, NULL},

@@ -35,6 +35,7 @@ import struct
 import subprocess
 import sys
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import IO, Any
@@ -51,8 +52,8 @@ SPAN, RESOURCE, END_SESSION, FINISH, SYNC = 0, 1, 2, 3, 4
 """Messages to the checker process: ``(SPAN, *SpanParts)``, ``(RESOURCE, attributes)``,
 ``(END_SESSION, token, session_id)``, ``(FINISH, token)``, ``(SYNC, token)``."""
 FOUND, DONE, FAILED = 0, 1, 2
-"""Messages back: ``(FOUND, violations)``, ``(DONE, token, violations, actions checked so far)``,
-``(FAILED, error)``."""
+"""Messages back: ``(FOUND, violations, spans checked so far)``,
+``(DONE, token, violations, actions checked so far, spans checked so far)``, ``(FAILED, error)``."""
 
 DEFAULT_QUEUE_LIMIT = 65_536
 DEFAULT_BATCH_SIZE = 512
@@ -116,8 +117,27 @@ def violation_from(fields: Iterable[Any]) -> Violation:
 
 _forks = [0]
 """How many times this process is a fork's child of the process that imported this module."""
+_checkers: weakref.WeakSet[CheckerProcess] = weakref.WeakSet()
+"""The checker processes this process started and has not closed."""
+
+
+def _after_fork_in_child() -> None:
+    _forks[0] += 1
+    for checker in list(_checkers):
+        checker._let_go_of_pipe()
+
+
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _file_id(fd: int) -> tuple[int, int] | None:
+    """What ``fd`` is open on (device and inode), or None when it is not open."""
+    try:
+        status = os.fstat(fd)
+    except OSError:
+        return None
+    return status.st_dev, status.st_ino
 
 
 class _ThreadSender:
@@ -146,6 +166,8 @@ class _ThreadSender:
         self._closing = False
         self.error: OSError | ValueError | None = None
         self.dropped = 0
+        self.sent = 0
+        """Span messages written to the stream."""
         self._generation = _forks[0]
         self._writer = threading.Thread(
             target=self._write_loop, name="durable_sessions.offload.writer", daemon=True
@@ -173,11 +195,18 @@ class _ThreadSender:
     def stop(self) -> None:
         """Refuse (and count) further messages; what is queued is still sent."""
         self._closing = True
-        self._wake.set()
+        if self._generation == _forks[0]:  # a forked child leaves the parent's writer alone
+            self._wake.set()
 
     def close(self, timeout_s: float) -> bool:
-        """Send what is queued, then stop; False if still sending after ``timeout_s``."""
+        """Send what is queued, then stop; False if still sending after ``timeout_s``.
+
+        In a forked child it only stops: the writer thread, the stream and the locks they
+        hold are the parent's (a lock taken by the writer at the fork is never released here).
+        """
         self._closing = True
+        if self._generation != _forks[0]:
+            return True
         self._wake.set()
         self._writer.join(timeout_s)
         if self._writer.is_alive():
@@ -194,7 +223,9 @@ class _ThreadSender:
             while queue:
                 batch = [queue.popleft() for _ in range(min(len(queue), self._batch_size * 8))]
                 try:
-                    write_frame(self._stream, self._encode(batch))
+                    frame, spans = self._encode(batch)
+                    write_frame(self._stream, frame)
+                    self.sent += spans
                 except (OSError, ValueError) as error:
                     self.error = error
                     self.dropped += sum(message[0] == SPAN for message in (*batch, *queue))
@@ -203,16 +234,17 @@ class _ThreadSender:
             if self._closing:
                 return
 
-    def _encode(self, batch: list[tuple]) -> bytes:
-        """``batch`` as a frame, leaving out (and counting) any message marshal cannot carry."""
+    def _encode(self, batch: list[tuple]) -> tuple[bytes, int]:
+        """``batch`` as a frame and the number of spans in it, leaving out (and counting)
+        any message marshal cannot carry."""
+        spans = sum(message[0] == SPAN for message in batch)
         try:
-            return encode_frame(batch)
+            return encode_frame(batch), spans
         except ValueError:
             kept = [message for message in batch if _can_marshal(message)]
-            self.dropped += sum(message[0] == SPAN for message in batch) - sum(
-                message[0] == SPAN for message in kept
-            )
-            return encode_frame(kept)
+            kept_spans = sum(message[0] == SPAN for message in kept)
+            self.dropped += spans - kept_spans
+            return encode_frame(kept), kept_spans
 
 
 def _context_is_tuple() -> bool:
@@ -255,6 +287,10 @@ class CheckerProcess:
 
     Spans go over through the native sender's ``on_end`` (see :meth:`span_handler`)
     when it was built, otherwise as messages given to :meth:`submit`.
+
+    In a process forked from the one that started it, nothing of it runs: the child lets
+    go of its copy of the checker's input at the fork (so the parent's :meth:`close`
+    alone ends it), drops and counts its spans, and answers no request, quietly.
     """
 
     def __init__(
@@ -282,18 +318,25 @@ class CheckerProcess:
         self._answers: dict[int, list[Violation]] = {}
         self._waiting: set[int] = set()
         self._answered = threading.Condition()
+        self._generation = _forks[0]
         self.actions = 0
         """Actions the process had checked at its latest answer (``sync``, ``finish``, …)."""
+        self._checked = 0  # spans the process has said it checked
+        self._lost = False  # whether it stopped (or was stopped) before checking all it was sent
         self._process = subprocess.Popen(
             [sys.executable, "-m", "durable_sessions.offload", json.dumps(config)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         )
         stdin: IO[bytes] = self._process.stdin  # type: ignore[assignment]
+        pipe = _file_id(stdin.fileno())
         sizes = {"queue_limit": queue_limit, "batch_size": batch_size, "interval_s": interval_s}
         self._sender = _native_sender(stdin, **sizes) or _ThreadSender(stdin, self._fail, **sizes)
         self.native = not isinstance(self._sender, _ThreadSender)
         """Whether the native sender (:mod:`durable_sessions._native`) is in use."""
+        # The sender's end of the pipe, which a forked child lets go of (_let_go_of_pipe).
+        self._pipe = (self._sender.fd if self.native else stdin.fileno(), pipe)
+        _checkers.add(self)
         self._reader = threading.Thread(
             target=self._read_loop, name="durable_sessions.offload.reader", daemon=True
         )
@@ -301,9 +344,13 @@ class CheckerProcess:
 
     @property
     def dropped(self) -> int:
-        """Spans not sent: the queue was full, a value could not be sent, or the sending
-        had stopped."""
-        return self._sender.dropped
+        """Spans not checked: not sent (the queue was full, a value could not be sent, or
+        the sending had stopped), or sent to a process that ended, or was ended, before it
+        said it had checked them."""
+        dropped = self._sender.dropped
+        if self._lost and not self._forked():
+            dropped += max(0, self._sender.sent - self._checked)
+        return dropped
 
     def span_handler(self, fallback: Callable[[Any], None]) -> Callable[[Any], None] | None:
         """With the native sender, a ``SpanProcessor.on_end`` that hands an SDK span over
@@ -338,16 +385,26 @@ class CheckerProcess:
         return self._ask(lambda token: (FINISH, token), timeout_s)
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Stop sending, let the process finish what it was sent, and reap it."""
+        """Stop sending, let the process finish what it was sent, and reap it.
+
+        In a forked child it only stops: the process, the sender and the reader are the parent's.
+        """
         self._closing = True
         if self.native:
             self._sender.fallback = None  # it refers back to the span processor
+        if self._forked():
+            self._sender.close(timeout_s)  # returns at once in a forked child
+            self._alive = False
+            return
+        _checkers.discard(self)
         if not self._sender.close(timeout_s):  # stuck writing to a process that stopped reading
+            self._lost = True
             self._process.kill()
             self._sender.close(timeout_s)
         try:
             self._process.wait(timeout_s)
         except subprocess.TimeoutExpired:
+            self._lost = True
             self._process.kill()
             self._process.wait()
         self._reader.join(timeout_s)
@@ -355,8 +412,27 @@ class CheckerProcess:
 
     # -- internals -----------------------------------------------------------------
 
+    def _forked(self) -> bool:
+        """Whether this is a forked child of the process that started the checker."""
+        return self._generation != _forks[0]
+
+    def _let_go_of_pipe(self) -> None:
+        """In a forked child (just after the fork): put ``/dev/null`` in place of the
+        child's copy of the sender's end of the pipe, so that the parent's ``close`` alone
+        ends the checker's input. The descriptor stays open (on ``/dev/null``) for the
+        objects that still hold it; they never write to it in the child."""
+        fd, pipe = self._pipe
+        if fd < 0 or pipe is None or _file_id(fd) != pipe:
+            return  # already closed in the parent, or its number reused
+        with contextlib.suppress(OSError):
+            null = os.open(os.devnull, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+            try:
+                os.dup2(null, fd, inheritable=False)
+            finally:
+                os.close(null)
+
     def _ask(self, make: Callable[[int], tuple], timeout_s: float) -> list[Violation] | None:
-        if not self._alive:
+        if not self._alive or self._forked():  # a forked child's spans go unchecked, quietly
             return None
         token = next(self._tokens)
         with self._answered:
@@ -387,10 +463,12 @@ class CheckerProcess:
 
     def _receive(self, message: tuple) -> None:
         if message[0] == FOUND:
+            self._checked = message[2]
             self._report([violation_from(fields) for fields in message[1]])
         elif message[0] == DONE:
             violations = [violation_from(fields) for fields in message[2]]
             self.actions = message[3]
+            self._checked = message[4]
             self._report(violations)
             with self._answered:
                 if message[1] in self._waiting:
@@ -400,9 +478,10 @@ class CheckerProcess:
             self._on_error("the checker process", RuntimeError(message[1]))
 
     def _fail(self, where: str, error: Exception) -> None:
-        if not self._alive:
+        if not self._alive or self._forked():
             return
         self._alive = False
+        self._lost = True  # what it was sent and did not say it checked is counted dropped
         self._sender.stop()  # later spans are dropped and counted
         self._on_error(where, error)
         with self._answered:
@@ -430,6 +509,8 @@ class _Session:
             max_sessions=config["max_sessions"],
         )
         self.resource: Mapping[str, Any] = {}
+        self.spans = 0
+        """Span messages checked so far (each answer says so)."""
 
     def answer(self, messages: list[tuple]) -> list[tuple]:
         """The replies to one frame, in order: findings before the answer that follows them."""
@@ -438,6 +519,7 @@ class _Session:
         for message in messages:
             op = message[0]
             if op == SPAN:
+                self.spans += 1
                 try:
                     found.extend(
                         map(
@@ -450,12 +532,12 @@ class _Session:
                 self.resource = message[1]
             else:
                 if found:
-                    replies.append((FOUND, found))
+                    replies.append((FOUND, found, self.spans))
                     found = []
                 ended = [violation_fields(v) for v in self._ended(message)]
-                replies.append((DONE, message[1], ended, self.checker.actions))
+                replies.append((DONE, message[1], ended, self.checker.actions, self.spans))
         if found:
-            replies.append((FOUND, found))
+            replies.append((FOUND, found, self.spans))
         return replies
 
     def _ended(self, message: tuple) -> list[Violation]:

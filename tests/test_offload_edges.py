@@ -1,0 +1,540 @@
+"""Regression tests for the edges of ``checking="process"`` and its lifecycle: a checker
+process that is killed or stopped, queue overflow, very large values, forking,
+environment variables and interpreter exit.
+
+What they hold the processor to:
+
+- every span handed to a checker that dies unchecked is counted in ``spans_dropped``:
+  those still queued in the sender, and those already in the pipe or read by the
+  checker but not yet reported as checked;
+- a worker forked from a process with a checker lets go of its inherited copy of the
+  checker's input, so the parent's ``shutdown`` still ends the checker promptly and
+  cleanly while the worker lives on;
+- a forked worker's ``shutdown`` never touches the parent's stream or its locks, so it
+  cannot hang on a lock the parent's writer thread held at the fork;
+- in a forked worker, flushing and shutting down are quiet with either sender: its
+  spans go unchecked and are counted in ``spans_dropped``, with no internal error and
+  no "failing open" warning.
+
+Each test runs with both senders (the native one and ``DURABLE_SESSIONS_NATIVE=false``)
+unless it says otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import signal
+import subprocess
+import sys
+import termios
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from durable_sessions import semconv as sc
+from durable_sessions.processor import ConfigurationError, DurabilitySpanProcessor
+from durable_sessions.violation import Violation
+from tests.support.forks import exit_code_in_fork
+from tests.support.senders import use_sender
+
+ROOT = Path(__file__).resolve().parent.parent
+PAD = "x" * 200
+
+
+@pytest.fixture(params=["native", "python"])
+def sender(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    use_sender(monkeypatch, request.param)
+    return request.param
+
+
+class Run:
+    """A provider (an in-memory exporter first) with a process-mode processor."""
+
+    def __init__(self, **options: Any) -> None:
+        self.found: list[Violation] = []
+        options.setdefault("mode", "silent")
+        options.setdefault("checking", "process")
+        options.setdefault("on_violation", self.found.append)
+        self.processor = DurabilitySpanProcessor(**options)
+        self.exporter = InMemorySpanExporter()
+        self.provider = TracerProvider()
+        self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+        self.provider.add_span_processor(self.processor)
+        self.tracer = self.provider.get_tracer("edges")
+
+    @property
+    def checker(self) -> subprocess.Popen:
+        return self.processor._offload._process  # type: ignore[union-attr]
+
+    def pay(self, n: int, *, session_id: str = "s", **extra: Any) -> None:
+        attributes = {sc.SESSION_ID: session_id, sc.ACTION_ID: f"p{n}", sc.ACTION_KIND: "payment", **extra}
+        with self.tracer.start_as_current_span("pay", attributes=attributes):
+            pass
+
+
+@pytest.fixture
+def run(sender: str) -> Iterator[Run]:
+    r = Run()
+    assert r.processor.checking == "process"
+    assert r.processor.wait_checked(timeout_s=30)  # the checker is up and answering
+    yield r
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(r.checker.pid, signal.SIGCONT)  # never leave a stopped checker behind
+    r.provider.shutdown()
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def pipe_fill(pid: int) -> tuple[int, int]:
+    """(bytes waiting, capacity) of the pipe the checker process ``pid`` reads spans from."""
+    fd = os.open(f"/proc/{pid}/fd/0", os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        waiting = int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"), sys.byteorder)
+        return waiting, fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
+    finally:
+        os.close(fd)
+
+
+def blocked_writing() -> bool:
+    """Whether a thread of this process is blocked writing to a (full) pipe."""
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError):
+            if "pipe_write" in (task / "wchan").read_text():
+                return True
+    return False
+
+
+def exited(pid: int) -> bool:
+    """Whether ``pid`` is gone (or a zombie nobody reaped)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")
+
+
+# -- a checker process that dies or stops ----------------------------------------------------
+
+
+def test_sigkill_mid_run_fails_open_once_and_drops_later_spans(
+    run: Run, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Threads keep ending spans while the checker is killed: nothing raises into
+    span.end(), the death is logged and counted once, later spans are counted dropped,
+    and no restart is attempted (docs: "from then on drops spans")."""
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def end_spans(thread: int) -> None:
+        n = 0
+        try:
+            while not stop.is_set():
+                run.pay(n, session_id=f"t{thread}")
+                n += 1
+        except BaseException as error:  # pragma: no cover - the failure being tested
+            errors.append(error)
+
+    threads = [threading.Thread(target=end_spans, args=(t,)) for t in range(4)]
+    with caplog.at_level(logging.WARNING, logger="durable_sessions"):
+        for thread in threads:
+            thread.start()
+        assert wait_until(lambda: len(run.exporter.get_finished_spans()) > 2000)
+        pid = run.checker.pid
+        os.kill(pid, signal.SIGKILL)
+        assert wait_until(lambda: run.processor.internal_errors >= 1)
+        dropped_at_death = run.processor.spans_dropped
+        assert wait_until(lambda: run.processor.spans_dropped > dropped_at_death + 100)
+        stop.set()
+        for thread in threads:
+            thread.join()
+        assert wait_until(lambda: any("failing open" in r.getMessage() for r in caplog.records))
+    assert errors == []
+    assert run.processor.internal_errors == 1
+    assert sum("failing open" in r.getMessage() for r in caplog.records) == 1
+    assert run.checker.wait(timeout=5) == -signal.SIGKILL  # not restarted: the same, dead, process
+    assert run.processor.wait_checked(timeout_s=5) is False
+    started = time.monotonic()
+    assert run.processor.force_flush(timeout_millis=30_000) is False
+    run.provider.shutdown()
+    assert time.monotonic() - started < 5
+
+
+def test_spans_in_the_pipe_when_the_checker_dies_are_counted_as_dropped(run: Run) -> None:
+    """Spans already written to the checker's pipe when it dies were never checked:
+    ``spans_dropped`` counts every one of them."""
+    pid = run.checker.pid
+    os.kill(pid, signal.SIGSTOP)
+    for n in range(100):
+        run.pay(n)
+    assert wait_until(lambda: pipe_fill(pid)[0] > 0)  # the batch is in the pipe
+    if not run.processor.native:  # the pure-Python queue is empty once it was written
+        assert wait_until(lambda: not run.processor._offload._sender._queue)  # type: ignore[union-attr]
+    os.kill(pid, signal.SIGKILL)
+    assert wait_until(lambda: run.processor.internal_errors == 1)
+    assert run.processor.force_flush(timeout_millis=1000) is False
+    assert run.processor.actions_checked == 0  # none of them was checked …
+    assert run.processor.spans_dropped == 100  # … so all of them are unchecked spans
+
+
+def test_every_span_queued_or_in_the_pipe_when_the_checker_dies_is_counted(run: Run) -> None:
+    """A full pipe and a full queue behind a stopped checker that is then killed: the
+    spans in the sender's queue, in the frame being written, and in the pipe are all
+    counted, none twice."""
+    pid = run.checker.pid
+    os.kill(pid, signal.SIGSTOP)
+    for n in range(3000):
+        run.pay(n, pad=PAD)
+    assert wait_until(blocked_writing)  # the sender is stuck writing to the full pipe
+    assert pipe_fill(pid)[0] > 0
+    os.kill(pid, signal.SIGKILL)
+    assert wait_until(lambda: run.processor.internal_errors == 1)
+    assert wait_until(lambda: run.processor.spans_dropped == 3000)
+    assert run.processor.force_flush(timeout_millis=1000) is False
+    assert run.processor.actions_checked == 0
+    assert run.processor.spans_dropped == 3000
+
+
+def test_spans_checked_before_the_checker_dies_are_not_counted_as_dropped(run: Run) -> None:
+    """Only what the checker had not reported as checked is counted when it dies."""
+    for n in range(50):
+        run.pay(n)
+    assert run.processor.wait_checked(timeout_s=30)
+    assert run.processor.actions_checked == 50
+    pid = run.checker.pid
+    os.kill(pid, signal.SIGSTOP)
+    for n in range(50, 80):
+        run.pay(n)
+    assert wait_until(lambda: pipe_fill(pid)[0] > 0)
+    os.kill(pid, signal.SIGKILL)
+    assert wait_until(lambda: run.processor.internal_errors == 1)
+    assert wait_until(lambda: run.processor.spans_dropped == 30)
+    run.provider.shutdown()
+    assert run.processor.spans_dropped == 30
+
+
+def test_force_flush_returns_within_its_timeout_when_the_checker_is_stopped(run: Run) -> None:
+    pid = run.checker.pid
+    os.kill(pid, signal.SIGSTOP)
+    for n in range(500):
+        run.pay(n)
+    started = time.monotonic()
+    assert run.processor.force_flush(timeout_millis=300) is False
+    assert run.processor.wait_checked(timeout_s=0.3) is False
+    assert time.monotonic() - started < 3
+    os.kill(pid, signal.SIGCONT)
+    assert run.processor.wait_checked(timeout_s=30)  # nothing was lost by the timeouts
+    assert run.processor.actions_checked == 500
+    assert run.processor.spans_dropped == 0
+    assert run.processor.internal_errors == 0
+
+
+def test_shutdown_with_a_dead_checker_is_prompt_and_quiet(run: Run) -> None:
+    run.pay(0)
+    assert run.processor.wait_checked(timeout_s=30)
+    run.checker.kill()
+    run.checker.wait()
+    assert wait_until(lambda: run.processor.internal_errors == 1)
+    started = time.monotonic()
+    run.processor.shutdown()  # must not raise
+    assert time.monotonic() - started < 5
+    assert run.processor.internal_errors == 1
+    run.pay(1)  # after the processor's shutdown: ignored, never raised
+    assert len(run.exporter.get_finished_spans()) == 2
+
+
+# -- overflow, large values, many threads ----------------------------------------------------
+
+
+def test_overflow_from_many_threads_is_dropped_counted_and_never_blocks(run: Run) -> None:
+    """More than 65,536 spans behind a stopped checker: span.end() never waits, and every
+    span is either checked (once the checker runs again) or counted in spans_dropped."""
+    pid = run.checker.pid
+    os.kill(pid, signal.SIGSTOP)
+    per_thread, threads = 9_000, 8
+    slowest: list[float] = []
+
+    def end_spans(thread: int) -> None:
+        worst = 0.0
+        for n in range(per_thread):
+            started = time.perf_counter()
+            run.pay(n, session_id=f"t{thread}")
+            worst = max(worst, time.perf_counter() - started)
+        slowest.append(worst)
+
+    workers = [threading.Thread(target=end_spans, args=(t,)) for t in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    total = per_thread * threads
+    assert run.processor.spans_dropped > 0
+    assert max(slowest) < 2.0  # a stopped checker never blocks span.end()
+    os.kill(pid, signal.SIGCONT)
+    assert run.processor.wait_checked(timeout_s=60)
+    assert run.processor.actions_checked + run.processor.spans_dropped == total
+    assert run.processor.actions_checked >= 65_536  # the queue held its documented size
+    assert len(run.exporter.get_finished_spans()) == total
+    assert run.processor.internal_errors == 0
+
+
+def test_native_queue_is_bounded_at_16_mib(monkeypatch: pytest.MonkeyPatch) -> None:
+    use_sender(monkeypatch, "native")
+    r = Run()
+    assert r.processor.native
+    pid = r.checker.pid
+    assert r.processor.wait_checked(timeout_s=30)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        for n in range(12_000):  # about 2 KiB each: 24 MiB, far below 65,536 spans
+            r.pay(n, pad="y" * 2048)
+        assert r.processor.spans_dropped > 0
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert r.processor.wait_checked(timeout_s=60)
+    checked = r.processor.actions_checked
+    assert checked + r.processor.spans_dropped == 12_000
+    assert checked * 2048 < 18 * 2**20  # about 16 MiB (and what the pipe held) got through
+    r.provider.shutdown()
+
+
+def test_a_very_large_attribute_value_is_checked(run: Run) -> None:
+    run.pay(0, note="z" * (20 * 2**20))  # 20 MiB: larger than the native queue's limit
+    assert run.processor.wait_checked(timeout_s=60)
+    assert run.processor.actions_checked == 1
+    assert run.processor.spans_dropped == 0
+    assert [(v.rule, v.action_id) for v in run.found] == [("unkeyed-side-effect", "p0")]
+
+
+# -- fork ----------------------------------------------------------------------------------------
+
+
+def test_a_forked_child_that_lives_on_does_not_delay_the_parents_shutdown(run: Run) -> None:
+    """A worker forked after the processor started lets go of its inherited copy of the
+    checker's input: while it lives, the parent's shutdown still ends the checker's input,
+    so the checker exits by itself (0, not killed) and promptly."""
+    release_read, release_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a long-lived worker: waits until the parent lets it go
+        try:
+            os.close(release_write)
+            os.read(release_read, 1)
+        finally:
+            os._exit(0)
+    os.close(release_read)
+    try:
+        checker = run.checker
+        started = time.monotonic()
+        run.provider.shutdown()
+        took = time.monotonic() - started
+    finally:
+        os.close(release_write)
+        os.waitpid(pid, 0)
+    assert checker.returncode == 0, f"the checker was killed (exit code {checker.returncode})"
+    assert took < 3, f"shutdown took {took:.1f} s"
+    assert run.processor.internal_errors == 0
+
+
+def test_a_forked_grandchild_also_leaves_the_parents_checker_alone(run: Run) -> None:
+    """A child forks again and both live on: the parent's shutdown is still prompt and clean."""
+    release_read, release_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(release_write)
+            if os.fork() == 0:
+                os.read(release_read, 1)
+                os._exit(0)
+            os.read(release_read, 1)
+            os.wait()
+        finally:
+            os._exit(0)
+    os.close(release_read)
+    try:
+        checker = run.checker
+        started = time.monotonic()
+        run.provider.shutdown()
+        took = time.monotonic() - started
+    finally:
+        os.close(release_write)
+        os.waitpid(pid, 0)
+    assert checker.returncode == 0
+    assert took < 3
+
+
+def test_a_forked_child_can_shut_down_while_the_parent_is_mid_write(run: Run, sender: str) -> None:
+    """The child is forked while the parent's sender is blocked writing to a full pipe
+    (holding the stream's lock, with the Python sender): the child's shutdown (what the
+    SDK's atexit hook runs as a worker exits) returns at once without touching the
+    parent's stream, and the parent's spans all arrive, uncorrupted."""
+    pid = run.checker.pid
+    os.kill(pid, signal.SIGSTOP)
+    for n in range(3000):
+        run.pay(n, pad=PAD)
+    assert wait_until(blocked_writing)  # the writer is blocked mid-write
+
+    def child() -> int:
+        run.provider.shutdown()
+        return 0
+
+    assert exit_code_in_fork(child, timeout_s=5) == 0
+    os.kill(pid, signal.SIGCONT)
+    assert run.processor.wait_checked(timeout_s=30)  # the parent is unaffected
+    assert run.processor.actions_checked == 3000
+
+
+def test_a_forked_child_flushes_and_shuts_down_quietly_with_either_sender(
+    run: Run, sender: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """In a forked child, force_flush and shutdown have one consequence only: the child's
+    spans are not checked and are counted in spans_dropped. No internal error is counted
+    and nothing is logged, with either sender."""
+    read_end, write_end = os.pipe()
+
+    def child() -> int:
+        with caplog.at_level(logging.DEBUG, logger="durable_sessions"):
+            for n in range(3):
+                run.pay(n)
+            flushed = run.processor.force_flush(timeout_millis=2000)
+            checked = run.processor.wait_checked(timeout_s=2)
+            run.provider.shutdown()
+        records = len(caplog.records)
+        result = (
+            f"{flushed} {checked} {run.processor.spans_dropped} {run.processor.internal_errors} {records}"
+        )
+        os.write(write_end, result.encode())
+        return 0
+
+    started = time.monotonic()
+    assert exit_code_in_fork(child) == 0
+    assert time.monotonic() - started < 3  # nothing waited for an answer that cannot come
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as reader:
+        flushed, checked, dropped, internal_errors, records = reader.read().decode().split()
+    assert flushed == "False"  # its spans were not checked
+    assert checked == "False"
+    assert dropped == "3"
+    assert internal_errors == "0", f"{sender}: a forked child counted {internal_errors} internal error(s)"
+    assert records == "0", f"{sender}: a forked child logged {records} record(s)"
+    run.pay(99)  # the parent's checker is untouched
+    assert run.processor.wait_checked(timeout_s=30)
+    assert run.processor.actions_checked == 1
+    assert run.processor.internal_errors == 0
+
+
+# -- configuration from the environment ---------------------------------------------------------
+
+
+def test_environment_configures_process_mode(monkeypatch: pytest.MonkeyPatch, sender: str) -> None:
+    monkeypatch.setenv("DURABLE_SESSIONS_CHECKING", " process ")
+    monkeypatch.setenv("DURABLE_SESSIONS_MAX_SESSIONS", "1")
+    monkeypatch.setenv("DURABLE_SESSIONS_DISABLE", "unkeyed-side-effect")
+    found: list[Violation] = []
+    processor = DurabilitySpanProcessor(mode="silent", on_violation=found.append)
+    assert processor.checking == "process"
+    assert processor.checker is None
+    assert processor.native == (sender == "native")
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    tracer = provider.get_tracer("env")
+    for session_id in ("s-1", "s-2"):  # an unfinished email each; s-2 evicts s-1 (max 1)
+        attributes = {
+            sc.SESSION_ID: session_id,
+            sc.ACTION_ID: "e1",
+            sc.ACTION_KIND: "email",
+            sc.attribute("status"): "started",
+        }
+        with tracer.start_as_current_span("email", attributes=attributes):
+            pass
+        with tracer.start_as_current_span(  # unkeyed, but that rule is disabled
+            "pay", attributes={sc.SESSION_ID: session_id, sc.ACTION_ID: "p", sc.ACTION_KIND: "payment"}
+        ):
+            pass
+    assert processor.wait_checked(timeout_s=30)
+    assert [(v.rule, v.session_id) for v in found] == [("unresolved-side-effect", "s-1")]
+    provider.shutdown()  # ends s-2 too
+    assert [(v.rule, v.session_id) for v in found] == [
+        ("unresolved-side-effect", "s-1"),
+        ("unresolved-side-effect", "s-2"),
+    ]
+
+
+def test_environment_mode_raise_or_off_with_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DURABLE_SESSIONS_CHECKING", "process")
+    monkeypatch.setenv("DURABLE_SESSIONS_MODE", "raise")
+    with pytest.raises(ConfigurationError, match='needs checking="inline"'):
+        DurabilitySpanProcessor()
+    monkeypatch.setenv("DURABLE_SESSIONS_MODE", "off")
+    processor = DurabilitySpanProcessor()
+    assert processor._offload is None  # no process for a processor that does nothing
+    assert processor.force_flush()
+    monkeypatch.setenv("DURABLE_SESSIONS_MODE", "silent")
+    monkeypatch.setenv("DURABLE_SESSIONS_CHECKING", "elsewhere")
+    with pytest.raises(ConfigurationError, match="unknown checking"):
+        DurabilitySpanProcessor()
+
+
+# -- interpreter exit without shutdown --------------------------------------------------------
+
+_EXIT_SCRIPT = textwrap.dedent(
+    """
+    import os, sys
+    from opentelemetry.sdk.trace import TracerProvider
+    from durable_sessions import semconv as sc
+    from durable_sessions.processor import DurabilitySpanProcessor
+
+    def found(violation):
+        os.write(1, f"found {violation.rule}\\n".encode())
+
+    processor = DurabilitySpanProcessor(mode="silent", checking="process", on_violation=found)
+    provider = TracerProvider(shutdown_on_exit=sys.argv[1] == "atexit")
+    provider.add_span_processor(processor)
+    attributes = {sc.SESSION_ID: "s", sc.ACTION_ID: "e1", sc.ACTION_KIND: "email",
+                  sc.attribute("status"): "started"}
+    with provider.get_tracer("t").start_as_current_span("email", attributes=attributes):
+        pass
+    print("checker", processor._offload._process.pid, flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("exit_path", ["atexit", "no-shutdown"])
+def test_interpreter_exit_without_shutdown(sender: str, exit_path: str) -> None:
+    """The application exits without calling shutdown: it does not hang, the checker
+    process ends too, and with the SDK's atexit hook the end-of-session finding is
+    reported on the way out."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", _EXIT_SCRIPT, exit_path],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    assert time.monotonic() - started < 15
+    lines = done.stdout.splitlines()
+    checker = int(next(line for line in lines if line.startswith("checker")).split()[1])
+    assert wait_until(lambda: exited(checker), timeout_s=10), "the checker process outlived the app"
+    reported = [line for line in lines if line.startswith("found")]
+    assert reported == (["found unresolved-side-effect"] if exit_path == "atexit" else [])
+    assert "Traceback" not in done.stderr
