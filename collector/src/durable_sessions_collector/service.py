@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import os
 import signal
+import sys
 import threading
 from typing import TextIO
 
@@ -269,14 +272,21 @@ class Service:
         self.stop()
 
     def serve_forever(self) -> None:
-        """Start, run until SIGTERM or SIGINT, then stop cleanly."""
+        """Start, run until SIGTERM or SIGINT, then stop cleanly.
+
+        The stop is bounded whatever reads (or does not read) standard error: log lines
+        that cannot be written are dropped (see :mod:`.jsonlog`), and if a line's write is
+        still blocked once everything is stopped, the process exits at once (code 0),
+        as the interpreter's own exit would wait on that stream forever.
+        """
         self.start()
         tune_garbage_collector()
         done = threading.Event()
 
         def _signal(signum: int, _frame: object) -> None:
-            self.log.info("signal", signal=signal.Signals(signum).name)
             done.set()
+            # Never waits on a blocked log stream for long: the line is dropped instead.
+            self.log.info("signal", signal=signal.Signals(signum).name)
 
         signal.signal(signal.SIGTERM, _signal)
         signal.signal(signal.SIGINT, _signal)
@@ -287,3 +297,10 @@ class Service:
                     break
         finally:
             self.stop()
+        if self.log.stuck():
+            # A log line's write is blocked in standard error (nobody reads the pipe) and
+            # holds the stream: the interpreter's last flush of standard error at exit would
+            # wait for it forever. Everything is stopped and committed: exit now.
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+            os._exit(0)

@@ -12,6 +12,12 @@ is POSTed to ``alerts.webhook.url`` with:
   (a crash between a successful POST and marking it delivered sends it again);
 - ``Authorization: Basic …`` when the URL has ``user:password@`` (removed from the URL).
 
+``alerts.webhook.timeout_s`` bounds a whole attempt — connecting (and TLS), sending, the
+status, the headers and the body — not each read: at the deadline a watchdog shuts the
+connection's socket down (:class:`_Deadline`), and the attempt is a timeout to retry, so a
+receiver (or a proxy) that trickles its answer cannot hold the delivery thread. Only a
+host name's resolution, which no socket can cut short, is left to the system resolver.
+
 A 2xx answer delivers the alert. A connection error, a timeout, 5xx, 408, 409, 425 or
 429 is retried after ``backoff_s · 2^(attempt-1)`` (capped by ``max_backoff_s``, with
 ±50% jitter so that many sidecars do not retry in step; a ``Retry-After`` is honoured up
@@ -32,9 +38,13 @@ shared with the ``otlp`` channel; this module says how one POST is made and judg
 from __future__ import annotations
 
 import base64
+import contextlib
+import functools
 import http.client
 import json
 import random
+import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -63,6 +73,110 @@ __all__ = ["Attempt", "WebhookAlerts", "backoff_delay", "idempotency_key"]
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
     def redirect_request(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
         return None  # a redirect is answered as the 3xx it is: the URL is wrong
+
+
+class _Deadline:
+    """The end of one attempt: when it comes, every socket the attempt opened is shut
+    down, which ends whatever read or write is blocked on it (and any later one)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.expired = False
+        self._finished = False
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> _Deadline:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._finished = True  # an attempt that has ended is not cut off afterwards
+        self._timer.cancel()
+
+    def watch(self, sock: socket.socket) -> None:
+        """Shut ``sock`` down at the deadline (at once if it has passed)."""
+        with self._lock:
+            if not self.expired:
+                self._sockets.append(sock)
+                return
+        _shut_down(sock)
+
+    def _expire(self) -> None:
+        with self._lock:
+            if self._finished:
+                return
+            self.expired = True
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            _shut_down(sock)
+
+
+def _shut_down(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):  # already closed, or handed over to its TLS socket
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+def _connect_watched(deadline: _Deadline, *args: Any, **kwargs: Any) -> socket.socket:
+    """``socket.create_connection``, the socket then watched by ``deadline``."""
+    sock = socket.create_connection(*args, **kwargs)
+    deadline.watch(sock)
+    return sock
+
+
+class _HTTPConnection(http.client.HTTPConnection):
+    """An :class:`http.client.HTTPConnection` whose socket is watched by a :class:`_Deadline`."""
+
+    def __init__(self, deadline: _Deadline, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._create_connection = functools.partial(_connect_watched, deadline)
+
+
+class _HTTPSConnection(http.client.HTTPSConnection):
+    """:class:`http.client.HTTPSConnection` (same TLS context and checks), its TCP socket
+    and then its TLS socket, handshake included, watched by a :class:`_Deadline`."""
+
+    def __init__(self, deadline: _Deadline, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deadline = deadline
+        self._create_connection = functools.partial(_connect_watched, deadline)
+
+    def connect(self) -> None:
+        # http.client.HTTPSConnection.connect, with the handshake done after the TLS
+        # socket is watched rather than inside wrap_socket.
+        http.client.HTTPConnection.connect(self)  # TCP, and the CONNECT tunnel of a proxy
+        server_hostname = self._tunnel_host or self.host
+        sock = self._context.wrap_socket(  # type: ignore[attr-defined]
+            self.sock, server_hostname=server_hostname, do_handshake_on_connect=False
+        )
+        self.sock = sock
+        self._deadline.watch(sock)
+        sock.do_handshake()
+
+
+class _HTTPHandler(urllib.request.HTTPHandler):
+    def __init__(self, deadline: _Deadline) -> None:
+        super().__init__()
+        self._deadline = deadline
+
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(functools.partial(_HTTPConnection, self._deadline), req)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, deadline: _Deadline) -> None:
+        super().__init__()
+        self._deadline = deadline
+
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(
+            functools.partial(_HTTPSConnection, self._deadline),
+            req,
+            context=self._context,  # type: ignore[attr-defined]
+        )
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -107,7 +221,6 @@ class WebhookAlerts(OutboxDelivery):
             netloc = (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port else "")
             url = urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
         self._url = url
-        self._opener = urllib.request.build_opener(_NoRedirect())
 
     def send(self, alert: Alert) -> Attempt:
         return self.post(alert)
@@ -134,13 +247,27 @@ class WebhookAlerts(OutboxDelivery):
         }
 
     def post(self, alert: Alert) -> Attempt:
-        """One POST of ``alert``."""
+        """One POST of ``alert``, cut off ``timeout_s`` after it began."""
         data = json.dumps(self.body(alert), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         headers = dict(self._headers)
         headers["Idempotency-Key"] = idempotency_key(alert.payload)
         request = urllib.request.Request(self._url, data=data, headers=headers, method="POST")
+        with _Deadline(self.timeout_s) as deadline:
+            # The default handlers (proxies from the environment, the default TLS
+            # context), with no redirect followed and every socket watched by the deadline.
+            opener = urllib.request.build_opener(
+                _NoRedirect(), _HTTPHandler(deadline), _HTTPSHandler(deadline)
+            )
+            attempt = self._post(opener, request)
+        if deadline.expired:
+            return Attempt("retry", f"timed out: no complete answer within timeout_s = {self.timeout_s:g} s")
+        return attempt
+
+    def _post(self, opener: urllib.request.OpenerDirector, request: urllib.request.Request) -> Attempt:
         try:
-            with self._opener.open(request, timeout=self.timeout_s) as response:
+            # The socket timeout bounds each step too (and connecting, before the deadline
+            # watches a socket); the deadline bounds the whole.
+            with opener.open(request, timeout=self.timeout_s) as response:
                 response.read(64 * 1024)
                 status = response.status
         except urllib.error.HTTPError as error:

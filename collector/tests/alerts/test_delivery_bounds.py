@@ -1,0 +1,425 @@
+"""Bounds on what a slow peer can hold up: a webhook POST, and the log on standard error.
+
+- ``alerts.webhook.timeout_s`` bounds a whole POST (connect, TLS, send, status, headers,
+  body), not each read: a receiver that trickles its answer a byte at a time is cut off
+  about ``timeout_s`` after the attempt began, and the attempt is a retry, counted like
+  any other (real local HTTP and HTTPS servers).
+- A blocked log stream (nobody reads the pipe) never holds up another thread for long:
+  its line is dropped and counted; and ``serve`` still exits on SIGTERM, whether its
+  standard error is buffered or not.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import io
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import wait_for
+from durable_sessions_collector.alerts.outbox import DeliveryPolicy
+from durable_sessions_collector.alerts.webhook import WebhookAlerts
+from durable_sessions_collector.jsonlog import JsonLog
+from durable_sessions_collector.store import Alert
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+from sidecar_clients import Agent, grpc_exporter
+from tls_certs import make_cert
+from webhook_server import free_port
+
+# --- a receiver that answers as slowly as it likes ---------------------------------------------
+
+
+class SlowReceiver:
+    """A raw HTTP/1.1 receiver (optionally TLS). ``mode`` says how it answers each POST:
+
+    - ``"headers"``: ``HTTP/1.1 200 OK`` and then a header, one byte every 0.1 s, forever;
+    - ``"body"``: a complete 200 with ``Content-Length: 1000``, then the body a byte every 0.1 s;
+    - ``"ok"``: a complete 200 after ``delay_s``.
+
+    Records each request's head (request line and headers, lower-cased names).
+    """
+
+    def __init__(self, mode: str, *, delay_s: float = 0.0, tls: ssl.SSLContext | None = None) -> None:
+        self.mode = mode
+        self.delay_s = delay_s
+        self.tls = tls
+        self.requests: list[dict[str, str]] = []
+        self.stop = threading.Event()
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.sock.settimeout(0.1)
+        scheme = "https" if tls else "http"
+        self.port = self.sock.getsockname()[1]
+        self.url = f"{scheme}://127.0.0.1:{self.port}/hook"
+        self._threads = [threading.Thread(target=self._accept, daemon=True)]
+        self._threads[0].start()
+
+    def _accept(self) -> None:
+        while not self.stop.is_set():
+            try:
+                connection, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            thread = threading.Thread(target=self._serve, args=(connection,), daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def _serve(self, connection: socket.socket) -> None:
+        with contextlib.suppress(OSError), contextlib.closing(connection):
+            connection.settimeout(10)
+            if self.tls is not None:
+                connection = self.tls.wrap_socket(connection, server_side=True)
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = connection.recv(65536)
+                if not chunk:
+                    return
+                head += chunk
+            lines = head.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
+            headers = {"request-line": lines[0]}
+            headers.update(
+                (name.strip().lower(), value.strip())
+                for name, _, value in (line.partition(":") for line in lines[1:])
+            )
+            body = head.split(b"\r\n\r\n", 1)[1]
+            while len(body) < int(headers.get("content-length", "0")):
+                chunk = connection.recv(65536)
+                if not chunk:
+                    return
+                body += chunk
+            self.requests.append(headers)
+            if self.mode == "headers":
+                connection.sendall(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+                while not self.stop.wait(0.1):
+                    connection.sendall(b"a")
+            elif self.mode == "body":
+                connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
+                while not self.stop.wait(0.1):
+                    connection.sendall(b"a")
+            else:
+                self.stop.wait(self.delay_s)
+                connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+
+    def close(self) -> None:
+        self.stop.set()
+        self.sock.close()
+        for thread in self._threads:
+            thread.join(5)
+
+
+@pytest.fixture
+def receivers() -> Iterator[list[SlowReceiver]]:
+    made: list[SlowReceiver] = []
+    yield made
+    for receiver in made:
+        receiver.close()
+
+
+def channel(url: str, timeout_s: float) -> WebhookAlerts:
+    """The webhook channel alone: :meth:`WebhookAlerts.post` needs no store or metrics."""
+    return WebhookAlerts(None, JsonLog(io.StringIO()), None, url, policy=DeliveryPolicy(timeout_s=timeout_s))  # type: ignore[arg-type]
+
+
+ALERT = Alert(
+    id=1,
+    channel="webhook",
+    violation_key="k",
+    payload={"session_id": "s-1", "rule": "unkeyed-side-effect", "action_id": "a-1", "key": "k"},
+    attempts=0,
+)
+KEY = "ds-alert-" + hashlib.sha256(b"s-1\x1funkeyed-side-effect\x1fa-1").hexdigest()[:32]
+
+
+def timed_post(hook: WebhookAlerts) -> tuple[Any, float]:
+    """``hook.post(ALERT)`` and how long it took; fails (rather than hangs) if the POST is
+    not over ``timeout_s`` + 3 s after it began."""
+    result: list[Any] = []
+    begun = time.monotonic()
+    thread = threading.Thread(target=lambda: result.append(hook.post(ALERT)), daemon=True)
+    thread.start()
+    thread.join(hook.timeout_s + 3)
+    assert result, (
+        f"the POST was still going {hook.timeout_s + 3:g} s after it began (timeout_s = {hook.timeout_s:g})"
+    )
+    return result[0], time.monotonic() - begun
+
+
+# --- alerts.webhook.timeout_s bounds the whole POST ---------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["headers", "body"])
+def test_a_trickled_answer_is_cut_off_at_timeout_s_and_retried(receivers, mode: str) -> None:  # type: ignore[no-untyped-def]
+    """Each byte comes well within the socket timeout, so only a bound on the whole POST
+    ends it. Even a 200 whose body never completes is not a delivery."""
+    receiver = SlowReceiver(mode)
+    receivers.append(receiver)
+    attempt, took = timed_post(channel(receiver.url, timeout_s=0.6))
+    assert attempt.outcome == "retry", attempt
+    assert "timed out" in (attempt.error or "") and "0.6" in (attempt.error or ""), attempt
+    assert 0.5 <= took < 1.6, f"the POST took {took:.2f} s with timeout_s = 0.6"
+    assert len(receiver.requests) == 1 and receiver.requests[0]["idempotency-key"] == KEY
+
+
+def test_an_answer_within_timeout_s_is_delivered_with_the_documented_headers(receivers) -> None:  # type: ignore[no-untyped-def]
+    receiver = SlowReceiver("ok", delay_s=0.3)
+    receivers.append(receiver)
+    url = receiver.url.replace("://", "://al%40ice:p%3Ass@")
+    attempt, took = timed_post(channel(url, timeout_s=2))
+    assert attempt.outcome == "delivered", attempt
+    assert took < 1.5
+    [request] = receiver.requests
+    assert request["request-line"] == "POST /hook HTTP/1.1"
+    assert request["idempotency-key"] == KEY
+    assert request["content-type"] == "application/json"
+    assert request["authorization"] == "Basic " + base64.b64encode(b"al@ice:p:ss").decode()
+    # The watchdog of an attempt that ended does not fire afterwards.
+    wait_for(lambda: not [t for t in threading.enumerate() if isinstance(t, threading.Timer)], timeout=1)
+
+
+def test_a_refused_connection_is_still_an_ordinary_retry() -> None:
+    attempt, took = timed_post(channel(f"http://127.0.0.1:{free_port()}/hook", timeout_s=2))
+    assert attempt.outcome == "retry" and (attempt.error or "").startswith("cannot connect"), attempt
+    assert took < 1.5
+
+
+@pytest.fixture
+def tls(tmp_path: Path) -> tuple[ssl.SSLContext, Path]:
+    ca, cert, key = make_cert(tmp_path)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    return context, ca
+
+
+def test_https_keeps_the_default_certificate_checks_and_is_bounded_too(receivers, tls, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    context, ca = tls
+    # Not trusted (the test CA is not among the system's): no delivery.
+    untrusted = SlowReceiver("ok", tls=context)
+    receivers.append(untrusted)
+    attempt, _ = timed_post(channel(untrusted.url, timeout_s=2))
+    assert attempt.outcome == "retry" and "CERTIFICATE_VERIFY_FAILED" in (attempt.error or ""), attempt
+    # Trusted through SSL_CERT_FILE, as with urllib's default context.
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca))
+    attempt, _ = timed_post(channel(untrusted.url, timeout_s=2))
+    assert attempt.outcome == "delivered", attempt
+    # Over TLS, a trickled answer is cut off at timeout_s as well.
+    slow = SlowReceiver("headers", tls=context)
+    receivers.append(slow)
+    attempt, took = timed_post(channel(slow.url, timeout_s=0.6))
+    assert attempt.outcome == "retry" and "timed out" in (attempt.error or ""), attempt
+    assert 0.5 <= took < 1.6
+
+
+def unkeyed_payment(sidecar: Any, session_id: str = "pay-1") -> None:
+    agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
+    agent.action(session_id, "charge", "payment")
+    agent.shutdown()
+
+
+def test_the_sidecar_retries_a_trickling_receiver_then_delivers_with_one_key(
+    start_sidecar, receivers
+) -> None:  # type: ignore[no-untyped-def]
+    receiver = SlowReceiver("headers")
+    receivers.append(receiver)
+    sidecar = start_sidecar(
+        alerts__webhook__url=receiver.url,
+        alerts__webhook__timeout_s=0.5,
+        alerts__webhook__backoff_s=0.05,
+        alerts__webhook__max_backoff_s=0.1,
+    )
+    unkeyed_payment(sidecar)
+    wait_for(
+        lambda: (
+            sidecar.metric("durable_sessions_alert_deliveries_total", channel="webhook", outcome="retry") >= 1
+        )
+    )
+    [retry, *_] = [line for line in sidecar.log.lines() if line["event"] == "alert-delivery-retry"]
+    assert retry["attempt"] == 1 and "timed out" in retry["error"]
+    receiver.mode = "ok"  # the receiver recovers
+    wait_for(
+        lambda: sidecar.metric("durable_sessions_alert_outbox", channel="webhook", state="delivered") == 1
+    )
+    assert {request["idempotency-key"] for request in receiver.requests} == {
+        "ds-alert-" + hashlib.sha256(b"pay-1\x1funkeyed-side-effect\x1fcharge").hexdigest()[:32]
+    }
+    begun = time.monotonic()
+    sidecar.stop()
+    assert time.monotonic() - begun < 3
+
+
+# --- a blocked log stream ---------------------------------------------------------------------
+
+
+class BlockingStream(io.TextIOBase):
+    """A stream whose writes block while ``blocked`` is set and a write has begun (a full pipe)."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.blocked = threading.Event()
+        self.released = threading.Event()
+        self.writing = threading.Event()
+
+    def write(self, text: str) -> int:
+        if self.blocked.is_set():
+            self.writing.set()
+            self.released.wait()
+        self.text.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def lines(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in "".join(self.text).splitlines()]
+
+
+def test_lines_are_written_before_the_call_returns() -> None:
+    stream = BlockingStream()
+    log = JsonLog(stream)
+    log.info("one", n=1)
+    assert [line["event"] for line in stream.lines()] == ["one"]
+    assert log.dropped == 0 and not log.stuck()
+
+
+def test_a_blocked_stream_drops_other_threads_lines_after_blocked_write_s_and_counts_them() -> None:
+    stream = BlockingStream()
+    log = JsonLog(stream, blocked_write_s=0.3)
+    stream.blocked.set()
+    stuck = threading.Thread(target=log.info, args=("stuck",), daemon=True)
+    stuck.start()
+    assert stream.writing.wait(5)
+    begun = time.monotonic()
+    log.info("first")  # waits for the stream, at most until the write is blocked 0.3 s
+    first = time.monotonic() - begun
+    assert first < 0.6
+    begun = time.monotonic()
+    log.warning("second")  # the stream is known blocked: dropped at once
+    log.error("third")
+    assert time.monotonic() - begun < 0.1
+    assert log.dropped == 3 and log.stuck()
+    # The stream drains: the next line says what was lost.
+    stream.blocked.clear()
+    stream.released.set()
+    stuck.join(5)
+    assert not log.stuck()
+    log.info("after")
+    events = [line["event"] for line in stream.lines()]
+    assert events == ["stuck", "log-lines-dropped", "after"]
+    assert stream.lines()[1]["dropped"] == 3
+    log.info("later")
+    assert [line["event"] for line in stream.lines()][-1] == "later"  # announced once
+    assert log.dropped == 3
+
+
+def test_a_signal_handler_interrupting_a_log_write_of_its_own_thread_does_not_deadlock() -> None:
+    """The lock is not re-entrant: a handler logging while its thread holds it (the main
+    thread was writing a line when SIGTERM came) gives up instead of waiting on itself."""
+    stream = BlockingStream()
+    log = JsonLog(stream, blocked_write_s=0.2)
+    log._lock.acquire()  # as if this thread were inside write()
+    try:
+        begun = time.monotonic()
+        log.info("signal", signal="SIGTERM")
+        assert time.monotonic() - begun < 0.5 and log.dropped == 1
+    finally:
+        log._lock.release()
+
+
+# --- serve, SIGTERM and an unread standard error ------------------------------------------------
+
+
+def export_request(sessions: list[str]) -> bytes:
+    """One unkeyed payment per session: one violation (and one alert line) each."""
+    spans = [
+        Span(
+            trace_id=hashlib.sha256(session.encode()).digest()[:16],
+            span_id=hashlib.sha256(session.encode()).digest()[16:24],
+            name="p1",
+            start_time_unix_nano=1_700_000_000_000_000_000,
+            end_time_unix_nano=1_700_000_000_000_000_001,
+            attributes=[
+                KeyValue(key="session.id", value=AnyValue(string_value=session)),
+                KeyValue(key="agent.action.id", value=AnyValue(string_value="p1")),
+                KeyValue(key="agent.action.kind", value=AnyValue(string_value="payment")),
+            ],
+        )
+        for session in sessions
+    ]
+    return ExportTraceServiceRequest(
+        resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=spans)])]
+    ).SerializeToString()
+
+
+def healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
+            return response.status == 200
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+def test_sigterm_stops_serve_with_a_buffered_standard_error_nobody_reads(tmp_path: Path) -> None:
+    """Without PYTHONUNBUFFERED (the usual deployment), standard error is a buffered stream
+    whose lock the blocked writer thread holds: the interpreter's own exit would wait on it
+    forever, so ``serve`` exits once everything is stopped and committed."""
+    grpc_port, http_port = free_port(), free_port()
+    env = {name: value for name, value in os.environ.items() if not name.startswith("DURABLE_SESSIONS_")}
+    env.pop("PYTHONUNBUFFERED", None)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "durable_sessions_collector",
+            "serve",
+            f"--store=sqlite:///{tmp_path / 's.db'}",
+            f"--grpc-endpoint=127.0.0.1:{grpc_port}",
+            f"--http-endpoint=127.0.0.1:{http_port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    try:
+        wait_for(lambda: healthy(http_port) or process.poll() is not None, timeout=20)
+        assert process.poll() is None
+        sessions = [f"burst-{n}" for n in range(400)]  # ~200 KiB of alert lines: more than a pipe holds
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{http_port}/v1/traces",
+            data=export_request(sessions),
+            headers={"Content-Type": "application/x-protobuf"},
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert response.status == 200
+        time.sleep(0.5)  # the writer thread is now blocked writing alert lines
+        process.send_signal(signal.SIGTERM)
+        try:
+            code = process.wait(20)
+        except subprocess.TimeoutExpired:
+            code = None
+        assert code == 0, "serve did not exit within 20 s of SIGTERM with its stderr pipe full"
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+        assert process.stderr is not None
+        process.stderr.close()
