@@ -543,18 +543,23 @@ def test_serve_with_standard_error_closed_still_serves(tmp_path, served) -> None
     assert span_id_of("quiet", "q1") in stored_span_ids(tmp_path / "s.db")
 
 
-def test_sigterm_stops_serve_even_when_nobody_reads_its_standard_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("buffered", [False, True], ids=["unbuffered", "buffered"])
+def test_sigterm_stops_serve_even_when_nobody_reads_its_standard_error(tmp_path, buffered: bool) -> None:  # type: ignore[no-untyped-def]
     # When the reader of the stderr pipe stalls (a stuck log shipper), the thread writing a
     # line blocks in the write. SIGTERM must still stop the sidecar within a bound ("SIGTERM
     # commits what it accepted", docs/deployment.md): other lines wait at most a second for
-    # the stream, then are dropped and counted.
+    # the stream, then are dropped and counted. Buffered (how `serve` runs by default), the
+    # stuck thread also holds stderr's buffer, which Python flushes at exit.
     db = tmp_path / "s.db"
     grpc_port, http_port = free_port(), free_port()
+    env = clean_env()
+    if buffered:
+        del env["PYTHONUNBUFFERED"]
     process = subprocess.Popen(
         serve_argv(db, grpc_port, http_port),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-        env=clean_env(),
+        env=env,
     )
     try:
         deadline = time.monotonic() + 20
