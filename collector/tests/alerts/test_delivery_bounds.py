@@ -371,3 +371,43 @@ def healthy(port: int) -> bool:
             return response.status == 200
     except (OSError, urllib.error.URLError):
         return False
+
+
+def test_a_blocked_log_stream_does_not_hold_up_ingest(tmp_path: Path) -> None:
+    # Every channel delivers from a thread of its own: with the log stream blocked (a
+    # standard error nobody reads), the log channel's thread waits, and Exports that raise
+    # violations are still committed and answered; the lines follow once it drains.
+    import grpc
+    from durable_sessions_collector.config import load
+    from durable_sessions_collector.service import Service
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+    stream = BlockingStream()
+    config = load(
+        None,
+        env={},
+        overrides={
+            "store": f"sqlite:///{tmp_path / 's.db'}",
+            "receivers.grpc.endpoint": "127.0.0.1:0",
+            "receivers.http.endpoint": "127.0.0.1:0",
+        },
+    )
+    service = Service(config, log_stream=stream).start()
+    try:
+        stream.blocked.set()
+        with grpc.insecure_channel(f"127.0.0.1:{service.grpc_port}") as channel:
+            export = channel.unary_unary(
+                "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+                request_serializer=None,
+                response_deserializer=ExportTraceServiceResponse.FromString,
+            )
+            export(export_request(["blocked-1"]), timeout=10)
+            wait_for(stream.writing.is_set)  # the log channel's thread is stuck in a write
+            for n in range(2, 6):  # each answered within the deadline, though the log is stuck
+                export(export_request([f"blocked-{n}"]), timeout=5)
+        assert service.store.count_actions() == 5
+        stream.released.set()
+        wait_for(lambda: len([line for line in stream.lines() if line.get("event") == "violation"]) == 5)
+    finally:
+        stream.released.set()
+        service.stop()
