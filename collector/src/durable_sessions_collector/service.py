@@ -15,7 +15,7 @@ from durable_sessions_collector.alerts import LOG, OTLP, WEBHOOK
 from durable_sessions_collector.alerts.log import LogAlerts
 from durable_sessions_collector.alerts.metrics import Metrics
 from durable_sessions_collector.alerts.otlp import OtlpAlerts
-from durable_sessions_collector.alerts.outbox import DeliveryPolicy, DeliveryThread
+from durable_sessions_collector.alerts.outbox import DeliveryPolicy
 from durable_sessions_collector.alerts.webhook import WebhookAlerts
 from durable_sessions_collector.api.grpc_api import SessionApi
 from durable_sessions_collector.api.http_api import HttpApi
@@ -184,8 +184,10 @@ class Service:
                 auth=HttpAuth(token).check if token else None,
             )
             self.http_port = self.http.start()
-            for channel in self._channels():
-                channel.start()  # each delivers first what an earlier run left pending
+            if self.webhook is not None:
+                self.webhook.start()  # delivers first what an earlier run left pending
+            if self.otlp is not None:
+                self.otlp.start()
         except BaseException:
             self._teardown()
             raise
@@ -216,24 +218,22 @@ class Service:
         return self
 
     def _after_commit(self) -> None:
-        """New alerts were committed: each channel's delivery thread is woken."""
-        for channel in self._channels():
-            channel.notify()
-
-    def _channels(self) -> list[DeliveryThread]:
-        """The alert channels in use, each delivering from a thread of its own."""
-        channels: list[DeliveryThread] = []
-        if self.config.alerts_log_enabled and getattr(self, "log_alerts", None) is not None:
-            channels.append(self.log_alerts)
-        channels.extend(channel for channel in (self.webhook, self.otlp) if channel is not None)
-        return channels
+        """New alerts were committed: the log channel writes them now, the webhook and otlp
+        channels are woken."""
+        if self.webhook is not None:
+            self.webhook.notify()
+        if self.otlp is not None:
+            self.otlp.notify()
+        if self.config.alerts_log_enabled:
+            self.log_alerts.deliver_pending()
 
     def _health_problem(self) -> str | None:
         if not self.pipeline.alive:
             return "the writer thread is not running"
-        for channel in self._channels():
-            if self._started and not channel.alive:
-                return f"the {channel.channel} delivery thread is not running"
+        if self.webhook is not None and self._started and not self.webhook.alive:
+            return "the webhook delivery thread is not running"
+        if self.otlp is not None and self._started and not self.otlp.alive:
+            return "the otlp delivery thread is not running"
         return None
 
     def stop(self) -> None:
@@ -258,8 +258,10 @@ class Service:
         pipeline = getattr(self, "pipeline", None)
         if pipeline is not None:
             pipeline.stop()
-        for channel in self._channels():
-            channel.stop()
+        if self.webhook is not None:
+            self.webhook.stop()
+        if self.otlp is not None:
+            self.otlp.stop()
         if self.store is not None:
             self.store.close()
 

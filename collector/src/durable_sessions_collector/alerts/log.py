@@ -5,26 +5,19 @@ from __future__ import annotations
 import time
 
 from durable_sessions_collector.alerts import LOG
-from durable_sessions_collector.alerts.outbox import DeliveryThread
 from durable_sessions_collector.jsonlog import JsonLog
 from durable_sessions_collector.store import Store
 
 
-class LogAlerts(DeliveryThread):
-    """Delivers pending ``log`` outbox rows as JSON lines, up to 500 a transaction, then
-    marks them delivered. Writing a line cannot fail the way a POST can, so there are no
-    attempts to count: a line the log drops (its stream blocked) is dropped and counted
-    by the log."""
+class LogAlerts:
+    """Delivers pending ``log`` outbox rows as JSON lines, then marks them delivered."""
 
     channel = LOG
-    thread_name = "alerts-log"
 
     def __init__(self, store: Store, log: JsonLog, on_delivered=None) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(store, log)
+        self.store = store
+        self.log = log
         self.on_delivered = on_delivered
-
-    def deliver_due(self) -> int:
-        return self.deliver_pending()
 
     def deliver_pending(self) -> int:
         delivered = 0

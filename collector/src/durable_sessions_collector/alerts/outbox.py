@@ -64,32 +64,46 @@ class DeliveryPolicy:
 DEFAULT_POLICY = DeliveryPolicy()
 
 
-class DeliveryThread:
-    """Runs a channel's :meth:`deliver_due` in a thread of its own: at once when woken (new
-    alerts were committed), and at least once a second otherwise, for retries coming due
-    and for alerts a replica that died left behind. No channel delivers on the thread
-    that writes the store, so a slow receiver, or a standard error nobody reads, never
-    holds up ingest."""
+class OutboxDelivery:
+    """Delivers the outbox rows of :attr:`channel` from a thread of its own."""
 
     channel = ""
     thread_name = "alerts"
-    stop_wait_s = 2.0
-    """How long :meth:`stop` waits for a delivery in progress."""
 
-    def __init__(self, store: Store, log: JsonLog) -> None:
+    def __init__(
+        self,
+        store: Store,
+        log: JsonLog,
+        metrics: Metrics,
+        policy: DeliveryPolicy,
+        *,
+        rng: random.Random | None = None,
+    ) -> None:
         self.store = store
         self.log = log
+        self.metrics = metrics
+        self.max_attempts = policy.max_attempts
+        self.timeout_s = policy.timeout_s
+        self.backoff_s = policy.backoff_s
+        self.max_backoff_s = policy.max_backoff_s
+        self._rng = rng or random.Random()
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._next_due: float | None = None
 
-    def deliver_due(self) -> int:
-        """Deliver every alert of the channel that is due now; return how many."""
+    # --- what a channel provides --------------------------------------------------------
+
+    def send(self, alert: Alert) -> Attempt:
+        """One delivery attempt of ``alert``."""
         raise NotImplementedError
 
+    def target(self) -> dict[str, Any]:
+        """Where alerts go, for log lines (never a secret)."""
+        return {}
+
     def close(self) -> None:
-        """Release what the channel holds open (called after the thread stopped)."""
+        """Release what :meth:`send` holds open (called after the thread stopped)."""
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -106,7 +120,7 @@ class DeliveryThread:
         self._stopping.set()
         self._wake.set()
         if self._thread is not None:
-            self._thread.join(self.stop_wait_s)
+            self._thread.join(self.timeout_s + 2)
         self.close()
 
     @property
@@ -126,39 +140,6 @@ class DeliveryThread:
             wait = 1.0 if self._next_due is None else min(1.0, max(0.01, self._next_due - now))
             self._wake.wait(wait)
             self._wake.clear()
-
-
-class OutboxDelivery(DeliveryThread):
-    """Delivers the outbox rows of :attr:`channel` one at a time, each attempt counted,
-    retried with backoff and dead-lettered after ``max_attempts``."""
-
-    def __init__(
-        self,
-        store: Store,
-        log: JsonLog,
-        metrics: Metrics,
-        policy: DeliveryPolicy,
-        *,
-        rng: random.Random | None = None,
-    ) -> None:
-        super().__init__(store, log)
-        self.metrics = metrics
-        self.max_attempts = policy.max_attempts
-        self.timeout_s = policy.timeout_s
-        self.backoff_s = policy.backoff_s
-        self.max_backoff_s = policy.max_backoff_s
-        self.stop_wait_s = policy.timeout_s + 2  # an attempt in progress may take timeout_s
-        self._rng = rng or random.Random()
-
-    # --- what a channel provides --------------------------------------------------------
-
-    def send(self, alert: Alert) -> Attempt:
-        """One delivery attempt of ``alert``."""
-        raise NotImplementedError
-
-    def target(self) -> dict[str, Any]:
-        """Where alerts go, for log lines (never a secret)."""
-        return {}
 
     # --- delivery ----------------------------------------------------------------------
 

@@ -94,6 +94,7 @@ class Pipeline:
         self._thread: threading.Thread | None = None
         self.last_sweep = -float("inf")  # time.monotonic() of the last sweep: a clock step cannot stall it
         self._rebuilt_reported = 0
+        self._backlog = True  # alerts left pending by an earlier run are delivered first
         metrics.queue_capacity.set(queue_size)
         metrics.watch(self.queue.qsize, lambda: evaluator.held)
 
@@ -173,6 +174,11 @@ class Pipeline:
                 # write batch, rather than making Exports wait for a whole wave to end.
                 if ended < IDLE_BATCH:
                     self.last_sweep = ticked
+                if self.store.shared:
+                    # Alerts a replica left when it died (committed, or claimed and not
+                    # delivered) are this one's once their lease is over, new violation or not.
+                    self._backlog = True
+                    self._deliver()
         # Drain what was accepted before the stop was asked for.
         while True:
             try:
@@ -334,8 +340,19 @@ class Pipeline:
         if self.evaluator.rebuilt > self._rebuilt_reported:
             self.metrics.sessions_rebuilt.inc(self.evaluator.rebuilt - self._rebuilt_reported)
             self._rebuilt_reported = self.evaluator.rebuilt
-        if fresh and self.after_commit is not None:
-            self.after_commit()  # wakes the channels' delivery threads: no delivery runs here
+        if fresh:
+            self._backlog = True
+        self._deliver()
+
+    def _deliver(self) -> None:
+        """Deliver the alerts committed and not yet delivered, if there may be any."""
+        if self.after_commit is not None and self._backlog:
+            self._backlog = False
+            try:
+                self.after_commit()
+            except Exception as error:
+                self._backlog = True
+                self.log.error("alert-delivery-failed", error=f"{type(error).__name__}: {error}")
 
 
 def _unstorable(part: Job) -> str:

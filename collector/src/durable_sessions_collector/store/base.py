@@ -191,6 +191,9 @@ class Store(Protocol):
     """The schema version this store was migrated from when it was opened; None when
     it needed no migration."""
 
+    shared: bool
+    """Several sidecars may write it at once (PostgreSQL): another may leave alerts behind."""
+
     def writer(self) -> AbstractContextManager[Writer]:
         """A transaction: committed when the block ends, rolled back if it raises."""
 

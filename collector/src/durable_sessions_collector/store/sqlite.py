@@ -216,6 +216,8 @@ class Ownership:
 class SqliteStore:
     """The :class:`~durable_sessions_collector.store.base.Store` on one SQLite file."""
 
+    shared = False
+
     def __init__(self, path: str) -> None:
         self.path = path
         directory = os.path.dirname(os.path.abspath(path))
