@@ -215,9 +215,7 @@ def _env_int(name: str, default: int) -> int:
         number = int(value)
     except ValueError:
         raise ConfigurationError(f"{name}={value!r} is not an integer") from None
-    if number < 1:
-        raise ConfigurationError(f"{name}={value!r} must be at least 1")
-    return number
+    return _at_least_one(name, number, value)
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -228,8 +226,13 @@ def _positive_int(name: str, value: object) -> int:
         number = None
     if number is None or isinstance(value, bool):
         raise ConfigurationError(f"{name}={value!r} is not an integer")
+    return _at_least_one(name, number, value)
+
+
+def _at_least_one(name: str, number: int, given: object) -> int:
+    """``number`` (read from ``given``, as the message shows it) when it is at least 1."""
     if number < 1:
-        raise ConfigurationError(f"{name}={value!r} must be at least 1")
+        raise ConfigurationError(f"{name}={given!r} must be at least 1")
     return number
 
 
