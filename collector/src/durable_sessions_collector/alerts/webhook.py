@@ -15,8 +15,9 @@ is POSTed to ``alerts.webhook.url`` with:
 ``alerts.webhook.timeout_s`` bounds a whole attempt — connecting (and TLS), sending, the
 status, the headers and the body — not each read: at the deadline a watchdog shuts the
 connection's socket down (:class:`_Deadline`), and the attempt is a timeout to retry, so a
-receiver (or a proxy) that trickles its answer cannot hold the delivery thread. Only a
-host name's resolution, which no socket can cut short, is left to the system resolver.
+receiver (or a proxy) that trickles its answer cannot hold the delivery thread. A host
+name is resolved (by the system resolver) within the same deadline: a resolver that does
+not answer in time makes the attempt a timeout to retry as well (:func:`_resolve`).
 
 A 2xx answer delivers the alert. A connection error, a timeout, 5xx, 408, 409, 425 or
 429 is retried after ``backoff_s · 2^(attempt-1)`` (capped by ``max_backoff_s``, with
@@ -38,9 +39,11 @@ shared with the ``otlp`` channel; this module says how one POST is made and judg
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import contextlib
 import functools
 import http.client
+import ipaddress
 import json
 import random
 import socket
@@ -82,6 +85,8 @@ class _Deadline:
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
         self.expired = False
+        self.missed = "no complete answer"  # what the attempt lacked at the deadline, for its error
+        self._end = time.monotonic() + seconds
         self._finished = False
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -89,8 +94,19 @@ class _Deadline:
         self._timer.daemon = True
 
     def __enter__(self) -> _Deadline:
+        self._end = time.monotonic() + self.seconds
         self._timer.start()
         return self
+
+    def remaining(self) -> float:
+        """Seconds left until the deadline (0 once it has passed)."""
+        return max(0.0, self._end - time.monotonic())
+
+    def expire(self, missed: str) -> None:
+        """Reach the deadline now (if it has not come already), ``missed`` being what the
+        attempt lacked when it came."""
+        self.missed = missed
+        self._expire()
 
     def __exit__(self, *exc: object) -> None:
         with self._lock:
@@ -120,11 +136,79 @@ def _shut_down(sock: socket.socket) -> None:
         sock.shutdown(socket.SHUT_RDWR)
 
 
-def _connect_watched(deadline: _Deadline, *args: Any, **kwargs: Any) -> socket.socket:
-    """``socket.create_connection``, the socket then watched by ``deadline``."""
-    sock = socket.create_connection(*args, **kwargs)
+_AddrInfo = tuple[socket.AddressFamily, socket.SocketKind, int, str, tuple[Any, ...]]
+
+
+def _resolve(deadline: _Deadline, host: str, port: int) -> list[_AddrInfo]:
+    """``socket.getaddrinfo(host, port, type=SOCK_STREAM)``, waited for until ``deadline`` at
+    most. If the resolver has not answered by then, the deadline is reached and
+    :class:`TimeoutError` raised.
+
+    No socket can cut a system resolver short, so it runs in a daemon thread of its own,
+    left behind if it is late: it ends whenever the resolver answers, and holds nothing."""
+    answer: concurrent.futures.Future[list[_AddrInfo]] = concurrent.futures.Future()
+
+    def resolve() -> None:
+        try:
+            answer.set_result(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except Exception as error:  # handed to the attempt, which says what it was
+            answer.set_exception(error)
+
+    threading.Thread(target=resolve, name=f"resolve {host}", daemon=True).start()
+    done, _ = concurrent.futures.wait([answer], timeout=deadline.remaining())
+    if not done:
+        deadline.expire(f"host name {host!r} not resolved")
+        raise TimeoutError(f"resolving {host!r} took longer than timeout_s = {deadline.seconds:g} s")
+    return answer.result()
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)  # v4, or v6 (with a zone too) as http.client gives it, unbracketed
+    except ValueError:
+        return False
+    return True
+
+
+def _connect_watched(
+    deadline: _Deadline,
+    address: tuple[str, int],
+    timeout: Any = socket._GLOBAL_DEFAULT_TIMEOUT,  # seconds, None, or "the socket default"
+    source_address: tuple[str, int] | None = None,
+) -> socket.socket:
+    """``socket.create_connection(address, timeout, source_address)``, a host name resolved
+    within ``deadline`` (:func:`_resolve`), the socket then watched by ``deadline``.
+
+    Only the TCP connection is made here: TLS (server name, certificate check) is still
+    done by the connection class, against the host name of the URL."""
+    host, port = address
+    if _is_ip(host):  # nothing to wait for: no thread
+        sock = socket.create_connection(address, timeout, source_address)
+    else:
+        sock = _connect_first(_resolve(deadline, host, port), timeout, source_address)
     deadline.watch(sock)
     return sock
+
+
+def _connect_first(
+    addresses: list[_AddrInfo], timeout: Any, source_address: tuple[str, int] | None
+) -> socket.socket:
+    """A socket connected to the first of ``addresses`` that accepts, tried in order as
+    ``socket.create_connection`` does; if none does, the last one's error is raised."""
+    error: OSError = OSError("getaddrinfo returns an empty list")
+    for family, kind, proto, _, sockaddr in addresses:
+        sock = socket.socket(family, kind, proto)
+        try:
+            if timeout is not socket._GLOBAL_DEFAULT_TIMEOUT:
+                sock.settimeout(timeout)
+            if source_address:
+                sock.bind(source_address)
+            sock.connect(sockaddr)
+            return sock
+        except OSError as failure:
+            sock.close()
+            error = failure
+    raise error
 
 
 class _HTTPConnection(http.client.HTTPConnection):
@@ -260,7 +344,7 @@ class WebhookAlerts(OutboxDelivery):
             )
             attempt = self._post(opener, request)
         if deadline.expired:
-            return Attempt("retry", f"timed out: no complete answer within timeout_s = {self.timeout_s:g} s")
+            return Attempt("retry", f"timed out: {deadline.missed} within timeout_s = {self.timeout_s:g} s")
         return attempt
 
     def _post(self, opener: urllib.request.OpenerDirector, request: urllib.request.Request) -> Attempt:
