@@ -1,17 +1,21 @@
 """One JSON object per line on standard error: operational events and alert lines alike.
 
-A line is written synchronously, by the thread that logs it, and flushed. When the stream
-stops taking lines (the reader of a standard-error pipe stalled, a log shipper is stuck),
-the thread writing blocks in the write; every other thread gives up after
-:data:`BLOCKED_WRITE_S` and **drops** its line instead of waiting, so that nothing —
-serving requests, a SIGTERM's clean stop — waits on the log forever. Dropped lines are
-counted (:attr:`JsonLog.dropped`), and once the stream takes lines again a
-``log-lines-dropped`` line says how many were lost.
+Lines are written by one thread of the log's own, in the order they were logged, and
+flushed. A thread that logs a line waits until it is written, as long as the stream
+takes lines; once a write has been blocked for :data:`BLOCKED_WRITE_S` (the reader of a
+standard-error pipe stalled, a log shipper is stuck), nobody waits on the log any more:
+lines are queued, up to :data:`MAX_QUEUED_LINES`, and written once the stream takes
+lines again; lines beyond that bound are **dropped** and counted
+(:attr:`JsonLog.dropped`), and a ``log-lines-dropped`` line later says how many were
+lost. So nothing — serving requests, committing records, a SIGTERM's clean stop — waits
+on the log for long.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import queue
 import sys
 import threading
 import time
@@ -20,74 +24,139 @@ from typing import Any, TextIO
 LEVELS = {"DEBUG": 10, "INFO": 20, "WARNING": 30, "ERROR": 40}
 
 BLOCKED_WRITE_S = 1.0
-"""Longest a line waits for the stream while another line's write is blocked in it."""
+"""Longest a thread waits for its line to be written while the stream does not take it."""
+
+MAX_QUEUED_LINES = 10_000
+"""Lines held while the stream is blocked; more are dropped."""
+
+CHUNK_LINES = 256
+"""Most lines written (and flushed) in one write."""
 
 
 class JsonLog:
-    """Writes ``{"ts", "level", "event", ...}`` lines; thread-safe, flushed per line.
+    """Writes ``{"ts", "level", "event", ...}`` lines from a thread of its own; thread-safe.
 
-    A line that cannot be written within ``blocked_write_s`` because the stream is blocked
-    (another thread's write of a line has not returned) is dropped and counted in
-    :attr:`dropped`; see the module's docstring.
+    :meth:`write` (and :meth:`info` and the rest) returns once its line is written, or
+    after ``blocked_write_s`` if the stream does not take it, or at once if the stream is
+    already known to be blocked; with ``wait=False`` it never waits, and is safe to call
+    from a signal handler (no lock that the interrupted code may hold is needed).
+    :meth:`flush` waits for every line logged before it. See the module's docstring.
     """
 
     def __init__(
-        self, stream: TextIO | None = None, level: str = "INFO", *, blocked_write_s: float = BLOCKED_WRITE_S
+        self,
+        stream: TextIO | None = None,
+        level: str = "INFO",
+        *,
+        blocked_write_s: float = BLOCKED_WRITE_S,
+        max_queued_lines: int = MAX_QUEUED_LINES,
     ) -> None:
         self.stream = stream
         self.threshold = LEVELS.get(level.upper(), 20)
         self.blocked_write_s = blocked_write_s
+        self.max_queued_lines = max_queued_lines
         self.dropped = 0
-        """Lines dropped because the stream was blocked (since this log was made)."""
+        """Lines dropped because the stream was blocked and the queue full (since this log was made)."""
+        self._drops = itertools.count(1)  # next() is atomic: no lock a signal handler could wait on
         self._reported = 0  # dropped lines already announced by a log-lines-dropped line
-        self._lock = threading.Lock()
-        self._count_lock = threading.Lock()
+        # SimpleQueue.put is reentrant (a signal handler may log while its thread is in put).
+        self._queue: queue.SimpleQueue[str | threading.Event] = queue.SimpleQueue()
         self._writing_since: float | None = None  # monotonic start of the write in progress
+        self._thread: threading.Thread | None = None
+        self._starting = threading.Lock()
 
     def enabled(self, level: str) -> bool:
         return LEVELS[level] >= self.threshold
 
-    def write(self, level: str, event: str, *, force: bool = False, **fields: Any) -> None:
+    def write(self, level: str, event: str, *, force: bool = False, wait: bool = True, **fields: Any) -> None:
+        """Log one line; with ``wait``, return once it is written (see the class)."""
         if not force and not self.enabled(level):
             return
-        line = self._line(level, event, fields)
-        if not self._acquire():
-            with self._count_lock:
-                self.dropped += 1
+        if self._queue.qsize() >= self.max_queued_lines:
+            self.dropped = next(self._drops)
             return
-        try:
-            self._writing_since = time.monotonic()
-            stream = self.stream or sys.stderr
-            dropped = self.dropped
-            if dropped > self._reported:  # say first what the blocked stream cost
-                lost = {"dropped": dropped - self._reported, "dropped_total": dropped}
-                line = self._line("WARNING", "log-lines-dropped", lost) + "\n" + line
-                self._reported = dropped
-            try:
-                stream.write(line + "\n")
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        finally:
-            self._writing_since = None
-            self._lock.release()
+        self._queue.put(self._line(level, event, fields))
+        if wait:
+            self.flush()
+        else:
+            self._ensure_thread()
 
-    def _acquire(self) -> bool:
-        """Take the stream, waiting at most until the write in progress has been blocked
-        for ``blocked_write_s``: once it has, give up at once."""
-        if self._lock.acquire(blocking=False):
-            return True
-        since = self._writing_since
-        wait = self.blocked_write_s if since is None else since + self.blocked_write_s - time.monotonic()
-        return self._lock.acquire(timeout=max(0.0, wait))
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every line logged before this call is written; return whether it was.
+
+        Waits at most ``timeout``; without one, at most ``blocked_write_s``, and not at all
+        when the stream is already blocked.
+        """
+        self._ensure_thread()
+        if timeout is None:
+            if self.stuck():
+                return False
+            timeout = self.blocked_write_s
+        written = threading.Event()
+        self._queue.put(written)
+        return written.wait(timeout)
 
     def stuck(self) -> bool:
-        """Whether a line's write is blocked in the stream (the stream is still not free
-        after waiting as :meth:`write` would)."""
-        if self._acquire():
-            self._lock.release()
-            return False
-        return True
+        """Whether a write has been blocked in the stream for ``blocked_write_s`` or more."""
+        since = self._writing_since
+        return since is not None and time.monotonic() - since >= self.blocked_write_s
+
+    def _ensure_thread(self) -> None:
+        if self._thread is not None:
+            return
+        # A signal handler may run while its thread holds this lock: never wait for it.
+        if not self._starting.acquire(blocking=False):
+            return
+        try:
+            if self._thread is None:
+                thread = threading.Thread(target=self._run, name="durable-sessions-log", daemon=True)
+                thread.start()
+                self._thread = thread
+        finally:
+            self._starting.release()
+
+    def _run(self) -> None:
+        while True:
+            lines, written = self._take()
+            if lines:
+                self._emit(lines)
+            for event in written:
+                event.set()
+
+    def _take(self) -> tuple[list[str], list[threading.Event]]:
+        """The next lines to write (one blocking get, then what else is queued)."""
+        lines: list[str] = []
+        written: list[threading.Event] = []
+        item = self._queue.get()
+        while True:
+            if isinstance(item, threading.Event):
+                written.append(item)
+                if lines:  # a flush waits for the lines before it only
+                    return lines, written
+            else:
+                lines.append(item)
+            if len(lines) >= CHUNK_LINES:
+                return lines, written
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return lines, written
+
+    def _emit(self, lines: list[str]) -> None:
+        dropped = self.dropped
+        if dropped > self._reported:  # say first what the blocked stream cost
+            lost = {"dropped": dropped - self._reported, "dropped_total": dropped}
+            lines.insert(0, self._line("WARNING", "log-lines-dropped", lost))
+            self._reported = dropped
+        stream = self.stream or sys.stderr
+        self._writing_since = time.monotonic()
+        try:
+            stream.write("\n".join(lines) + "\n")
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass  # closed, or standard error is None: the line goes nowhere
+        finally:
+            self._writing_since = None
 
     @staticmethod
     def _line(level: str, event: str, fields: dict[str, Any]) -> str:

@@ -36,6 +36,9 @@ from durable_sessions_collector.security import (
 )
 from durable_sessions_collector.store import open_store
 
+EXIT_FLUSH_S = 5.0
+"""Longest ``serve`` waits at exit for log lines still queued to be written."""
+
 GC_THRESHOLDS = (100_000, 50, 1000)
 """CPython's cyclic collector thresholds in a sidecar process (the defaults: 700, 10, 10)."""
 
@@ -274,10 +277,11 @@ class Service:
     def serve_forever(self) -> None:
         """Start, run until SIGTERM or SIGINT, then stop cleanly.
 
-        The stop is bounded whatever reads (or does not read) standard error: log lines
-        that cannot be written are dropped (see :mod:`.jsonlog`), and if a line's write is
-        still blocked once everything is stopped, the process exits at once (code 0),
-        as the interpreter's own exit would wait on that stream forever.
+        The stop is bounded whatever reads (or does not read) standard error: no thread
+        waits on a blocked log stream (see :mod:`.jsonlog`), and if the log's lines are
+        not all written within ``EXIT_FLUSH_S`` once everything is stopped, the process
+        exits at once (code 0), as the interpreter's own exit would wait on that stream
+        forever.
         """
         self.start()
         tune_garbage_collector()
@@ -285,8 +289,8 @@ class Service:
 
         def _signal(signum: int, _frame: object) -> None:
             done.set()
-            # Never waits on a blocked log stream for long: the line is dropped instead.
-            self.log.info("signal", signal=signal.Signals(signum).name)
+            # Waiting here could wait on a lock the interrupted code holds: queue the line only.
+            self.log.write("INFO", "signal", wait=False, signal=signal.Signals(signum).name)
 
         signal.signal(signal.SIGTERM, _signal)
         signal.signal(signal.SIGINT, _signal)
@@ -297,7 +301,7 @@ class Service:
                     break
         finally:
             self.stop()
-        if self.log.stuck():
+        if not self.log.flush(EXIT_FLUSH_S):
             # A log line's write is blocked in standard error (nobody reads the pipe) and
             # holds the stream: the interpreter's last flush of standard error at exit would
             # wait for it forever. Everything is stopped and committed: exit now.

@@ -18,10 +18,11 @@ import io
 import json
 import socket
 import ssl
+import subprocess
+import sys
+import textwrap
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,9 +33,6 @@ from durable_sessions_collector.alerts.outbox import DeliveryPolicy
 from durable_sessions_collector.alerts.webhook import WebhookAlerts
 from durable_sessions_collector.jsonlog import JsonLog
 from durable_sessions_collector.store import Alert
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
-from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 from sidecar_clients import Agent, grpc_exporter
 from tls_certs import make_cert
 from webhook_server import free_port
@@ -296,78 +294,74 @@ def test_lines_are_written_before_the_call_returns() -> None:
     assert log.dropped == 0 and not log.stuck()
 
 
-def test_a_blocked_stream_drops_other_threads_lines_after_blocked_write_s_and_counts_them() -> None:
+def test_a_blocked_stream_queues_lines_without_waiting_then_writes_them_in_order() -> None:
     stream = BlockingStream()
-    log = JsonLog(stream, blocked_write_s=0.3)
+    log = JsonLog(stream, blocked_write_s=0.3, max_queued_lines=5)
     stream.blocked.set()
-    stuck = threading.Thread(target=log.info, args=("stuck",), daemon=True)
-    stuck.start()
-    assert stream.writing.wait(5)
     begun = time.monotonic()
-    log.info("first")  # waits for the stream, at most until the write is blocked 0.3 s
-    first = time.monotonic() - begun
-    assert first < 0.6
+    log.info("stuck")  # its write blocks in the log's thread: the caller waits 0.3 s, no more
+    assert 0.25 < time.monotonic() - begun < 1.0
+    assert stream.writing.wait(5) and wait_for(log.stuck, timeout=5)
     begun = time.monotonic()
-    log.warning("second")  # the stream is known blocked: dropped at once
-    log.error("third")
+    for n in range(10):
+        log.warning("queued", n=n)  # the stream is known blocked: nobody waits
     assert time.monotonic() - begun < 0.1
-    assert log.dropped == 3 and log.stuck()
-    # The stream drains: the next line says what was lost.
+    assert not log.flush()
+    kept = 10 - log.dropped
+    assert 0 < kept < 10  # the queue holds 5 items (a flush's marker among them); the rest is dropped
+    # The stream drains: what was queued is written, in order, after a line saying what was lost.
     stream.blocked.clear()
     stream.released.set()
-    stuck.join(5)
-    assert not log.stuck()
+    assert log.flush(5)
     log.info("after")
-    events = [line["event"] for line in stream.lines()]
-    assert events == ["stuck", "log-lines-dropped", "after"]
-    assert stream.lines()[1]["dropped"] == 3
+    events = [(line["event"], line.get("n")) for line in stream.lines()]
+    assert events == [
+        ("stuck", None),
+        ("log-lines-dropped", None),
+        *[("queued", n) for n in range(kept)],
+        ("after", None),
+    ]
+    assert stream.lines()[1]["dropped"] == log.dropped
     log.info("later")
     assert [line["event"] for line in stream.lines()][-1] == "later"  # announced once
-    assert log.dropped == 3
 
 
-def test_a_signal_handler_interrupting_a_log_write_of_its_own_thread_does_not_deadlock() -> None:
-    """The lock is not re-entrant: a handler logging while its thread holds it (the main
-    thread was writing a line when SIGTERM came) gives up instead of waiting on itself."""
-    stream = BlockingStream()
-    log = JsonLog(stream, blocked_write_s=0.2)
-    log._lock.acquire()  # as if this thread were inside write()
-    try:
-        begun = time.monotonic()
-        log.info("signal", signal="SIGTERM")
-        assert time.monotonic() - begun < 0.5 and log.dropped == 1
-    finally:
-        log._lock.release()
+def test_logging_from_a_signal_handler_while_the_thread_logs_does_not_deadlock(tmp_path: Path) -> None:
+    """A signal handler runs in the main thread between two bytecodes, possibly inside a
+    log call of its own: logging from it (without waiting) must not need anything that
+    call holds, and loses no line."""
+    script = tmp_path / "signals.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import io, signal, sys, time
+            from durable_sessions_collector.jsonlog import JsonLog
 
+            stream = io.StringIO()
+            log = JsonLog(stream)
+            handled = 0
 
-# --- serve, SIGTERM and an unread standard error ------------------------------------------------
+            def handler(signum, frame):
+                global handled
+                handled += 1
+                log.write("INFO", "signal", wait=False, n=handled)
 
-
-def export_request(sessions: list[str]) -> bytes:
-    """One unkeyed payment per session: one violation (and one alert line) each."""
-    spans = [
-        Span(
-            trace_id=hashlib.sha256(session.encode()).digest()[:16],
-            span_id=hashlib.sha256(session.encode()).digest()[16:24],
-            name="p1",
-            start_time_unix_nano=1_700_000_000_000_000_000,
-            end_time_unix_nano=1_700_000_000_000_000_001,
-            attributes=[
-                KeyValue(key="session.id", value=AnyValue(string_value=session)),
-                KeyValue(key="agent.action.id", value=AnyValue(string_value="p1")),
-                KeyValue(key="agent.action.kind", value=AnyValue(string_value="payment")),
-            ],
+            signal.signal(signal.SIGALRM, handler)
+            signal.setitimer(signal.ITIMER_REAL, 0.0005, 0.0005)
+            logged = 0
+            end = time.monotonic() + 1.0
+            while time.monotonic() < end:
+                log.info("main", n=logged)
+                logged += 1
+            signal.setitimer(signal.ITIMER_REAL, 0, 0)
+            assert log.flush(5)
+            events = [line.split('"event":"')[1].split('"')[0] for line in stream.getvalue().splitlines()]
+            print(logged, handled, events.count("main"), events.count("signal"), log.dropped)
+            """
         )
-        for session in sessions
-    ]
-    return ExportTraceServiceRequest(
-        resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=spans)])]
-    ).SerializeToString()
-
-
-def healthy(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
-            return response.status == 200
-    except (OSError, urllib.error.URLError):
-        return False
+    )
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    logged, handled, main_lines, signal_lines, dropped = map(int, result.stdout.split())
+    assert handled > 10 and logged > 10
+    assert (main_lines, signal_lines, dropped) == (logged, handled, 0)

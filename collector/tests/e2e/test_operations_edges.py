@@ -585,6 +585,54 @@ def test_sigterm_stops_serve_even_when_nobody_reads_its_standard_error(tmp_path,
         process.stderr.close()
 
 
+def test_exports_are_acknowledged_while_nobody_reads_standard_error_and_no_alert_line_is_lost(
+    tmp_path,
+) -> None:  # type: ignore[no-untyped-def]
+    # Alert lines are queued for the log's own thread: a full stderr pipe must not stop the
+    # writer thread committing records (before, it blocked in the write and every Export
+    # waited out pipeline.ack_timeout_s). Once the pipe is read, every queued line comes out.
+    grpc_port, http_port = free_port(), free_port()
+    process = subprocess.Popen(
+        serve_argv(tmp_path / "s.db", grpc_port, http_port),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=clean_env(),
+    )
+    read: list[bytes] = []
+    try:
+        deadline = time.monotonic() + 20
+        while not http_ok(f"http://127.0.0.1:{http_port}/healthz"):
+            assert process.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        # 400 violations: some 200 KiB of alert lines, more than a pipe holds (64 KiB).
+        sessions = [f"burst-{uuid.uuid4().hex[:8]}-{n}" for n in range(400)]
+        body = b"".join(export_request(session, "p1", kind="payment") for session in sessions)
+        assert grpc_export(f"127.0.0.1:{grpc_port}", body)[0] == grpc.StatusCode.OK
+        time.sleep(1.5)  # the log's thread is now blocked in a write into the full pipe
+        for round_ in range(5):
+            later = [f"later-{round_}-{uuid.uuid4().hex[:8]}-{n}" for n in range(20)]
+            sessions += later
+            body = b"".join(export_request(session, "p1", kind="payment") for session in later)
+            begun = time.monotonic()
+            assert grpc_export(f"127.0.0.1:{grpc_port}", body, timeout=10)[0] == grpc.StatusCode.OK
+            assert time.monotonic() - begun < 5
+        assert process.stderr is not None
+        reader = threading.Thread(target=lambda: read.append(process.stderr.read()), daemon=True)  # type: ignore[union-attr]
+        reader.start()
+        time.sleep(0.5)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(20) == 0
+        reader.join(10)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+    lines = [json.loads(line) for line in b"".join(read).decode().splitlines()]
+    alerted = [line["session_id"] for line in lines if line["event"] == "violation"]
+    assert sorted(alerted) == sorted(sessions)  # each session's one violation, once
+    assert not [line for line in lines if line["event"] == "log-lines-dropped"]
+
+
 # --- the wall clock steps backwards -----------------------------------------------------------
 
 

@@ -10,7 +10,12 @@ from durable_sessions_collector.store import Store
 
 
 class LogAlerts:
-    """Delivers pending ``log`` outbox rows as JSON lines, then marks them delivered."""
+    """Delivers pending ``log`` outbox rows as JSON lines, then marks them delivered.
+
+    Rows are marked once their lines are written, so that a crash in between writes a
+    line again rather than never. While standard error is blocked (see :mod:`..jsonlog`)
+    the lines are only queued when they are marked: delivery does not wait on the log.
+    """
 
     channel = LOG
 
@@ -27,7 +32,8 @@ class LogAlerts:
             if not pending:
                 return delivered
             for alert in pending:
-                self.log.write("WARNING", "violation", force=True, **alert.payload)
+                self.log.write("WARNING", "violation", force=True, wait=False, **alert.payload)
+            self.log.flush()
             with self.store.writer() as writer:
                 writer.mark_delivered([alert.id for alert in pending], now)
             delivered += len(pending)
