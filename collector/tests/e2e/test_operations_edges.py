@@ -543,6 +543,31 @@ def test_serve_with_standard_error_closed_still_serves(tmp_path, served) -> None
     assert span_id_of("quiet", "q1") in stored_span_ids(tmp_path / "s.db")
 
 
+def serve_with_unread_stderr(
+    db: Path, grpc_port: int, http_port: int, env: dict[str, str]
+) -> subprocess.Popen[bytes]:
+    """``serve`` with its standard error a pipe this test does not read, once it is healthy."""
+    process = subprocess.Popen(
+        serve_argv(db, grpc_port, http_port), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
+    )
+    deadline = time.monotonic() + 20
+    while not http_ok(f"http://127.0.0.1:{http_port}/healthz"):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError("serve did not come up")
+        time.sleep(0.05)
+    return process
+
+
+def fill_stderr_with_alert_lines(grpc_port: int) -> list[str]:
+    """Export 400 unkeyed payments: 400 alert lines, some 200 KiB, more than a pipe holds
+    (64 KiB). Returns the sessions."""
+    sessions = [f"burst-{uuid.uuid4().hex[:8]}-{n}" for n in range(400)]
+    body = b"".join(export_request(session, "p1", kind="payment") for session in sessions)
+    assert grpc_export(f"127.0.0.1:{grpc_port}", body)[0] == grpc.StatusCode.OK
+    return sessions
+
+
 @pytest.mark.parametrize("buffered", [False, True], ids=["unbuffered", "buffered"])
 def test_sigterm_stops_serve_even_when_nobody_reads_its_standard_error(tmp_path, buffered: bool) -> None:  # type: ignore[no-untyped-def]
     # When the reader of the stderr pipe stalls (a stuck log shipper), the thread writing a
@@ -555,22 +580,10 @@ def test_sigterm_stops_serve_even_when_nobody_reads_its_standard_error(tmp_path,
     env = clean_env()
     if buffered:
         del env["PYTHONUNBUFFERED"]
-    process = subprocess.Popen(
-        serve_argv(db, grpc_port, http_port),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env=env,
-    )
+    process = serve_with_unread_stderr(db, grpc_port, http_port, env)
     try:
-        deadline = time.monotonic() + 20
-        while not http_ok(f"http://127.0.0.1:{http_port}/healthz"):
-            assert process.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
-        # 400 violations: some 200 KiB of alert lines, more than a pipe holds (64 KiB).
-        sessions = [f"burst-{uuid.uuid4().hex[:8]}-{n}" for n in range(400)]
-        body = b"".join(export_request(session, "p1", kind="payment") for session in sessions)
-        assert grpc_export(f"127.0.0.1:{grpc_port}", body)[0] == grpc.StatusCode.OK
-        time.sleep(0.5)  # the writer thread is now writing alert lines into the full pipe
+        fill_stderr_with_alert_lines(grpc_port)
+        time.sleep(0.5)  # the log's thread is now writing alert lines into the full pipe
         process.send_signal(signal.SIGTERM)
         try:
             code = process.wait(20)
@@ -592,22 +605,10 @@ def test_exports_are_acknowledged_while_nobody_reads_standard_error_and_no_alert
     # writer thread committing records (before, it blocked in the write and every Export
     # waited out pipeline.ack_timeout_s). Once the pipe is read, every queued line comes out.
     grpc_port, http_port = free_port(), free_port()
-    process = subprocess.Popen(
-        serve_argv(tmp_path / "s.db", grpc_port, http_port),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env=clean_env(),
-    )
+    process = serve_with_unread_stderr(tmp_path / "s.db", grpc_port, http_port, clean_env())
     read: list[bytes] = []
     try:
-        deadline = time.monotonic() + 20
-        while not http_ok(f"http://127.0.0.1:{http_port}/healthz"):
-            assert process.poll() is None and time.monotonic() < deadline
-            time.sleep(0.05)
-        # 400 violations: some 200 KiB of alert lines, more than a pipe holds (64 KiB).
-        sessions = [f"burst-{uuid.uuid4().hex[:8]}-{n}" for n in range(400)]
-        body = b"".join(export_request(session, "p1", kind="payment") for session in sessions)
-        assert grpc_export(f"127.0.0.1:{grpc_port}", body)[0] == grpc.StatusCode.OK
+        sessions = fill_stderr_with_alert_lines(grpc_port)
         time.sleep(1.5)  # the log's thread is now blocked in a write into the full pipe
         for round_ in range(5):
             later = [f"later-{round_}-{uuid.uuid4().hex[:8]}-{n}" for n in range(20)]
