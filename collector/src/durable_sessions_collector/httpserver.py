@@ -4,15 +4,27 @@ Components register routes (``POST /v1/traces``, ``GET /api/sessions``, ``/healt
 ``/metrics``); each handler gets a :class:`Request` and returns a :class:`Response`.
 HTTP/1.1 keep-alive is supported; a request whose body is not fully read closes its
 connection, so a rejected upload can never be misread as the next request.
+
+A body is framed strictly (RFC 9112 section 6): one Content-Length of ASCII digits, or
+``Transfer-Encoding: chunked`` alone; anything ambiguous (both headers, differing lengths,
+other transfer codings, a malformed chunk) is refused and closes the connection, so that
+no proxy in front can be made to see a different request boundary than this server.
+Every connection is bounded in time by :data:`IDLE_TIMEOUT_S`, :data:`HEADER_TIMEOUT_S`
+and :data:`STALL_TIMEOUT_S`: a thread serves each connection, and a client that goes
+quiet must not hold one forever.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
+import re
 import socket
 import ssl
+import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -24,6 +36,26 @@ from durable_sessions_collector.jsonlog import JsonLog
 
 DRAIN_LIMIT = 256 * 1024 * 1024
 CHUNK = 1024 * 1024
+LINE_LIMIT = 65536  # a chunk-size line, and the whole trailer section (the stdlib's header line limit)
+
+IDLE_TIMEOUT_S = 60.0
+"""Longest the port waits for a request's first byte, on a new connection and between
+requests on a keep-alive one (the OpenTelemetry Collector's ``idle_timeout`` default);
+then it closes the connection without an answer."""
+
+HEADER_TIMEOUT_S = 10.0
+"""Longest the request line and headers may take from their first byte, however often
+the client sends a byte (slowloris; the Collector's ``read_header_timeout``); then the
+connection is closed without an answer."""
+
+STALL_TIMEOUT_S = 30.0
+"""Longest a request body may stall (no byte received for this long; the body as a whole
+may take longer), and the bound on writing a response to a client that does not read it
+(the Collector's ``write_timeout``). A stalled body is answered 400 and its connection
+closed; a write that times out closes the connection."""
+
+_CHUNK_SIZE_LINE = re.compile(rb"([0-9A-Fa-f]{1,16})[ \t]*(?:;[^\r\n]*)?\r?\n")
+_DIGITS = re.compile(r"[0-9]+")
 
 
 class BodyTooLarge(Exception):
@@ -31,7 +63,44 @@ class BodyTooLarge(Exception):
 
 
 class BodyError(Exception):
-    pass
+    """The body cannot be read; ``status`` is the answer (400, or 501 for a transfer coding
+    this server does not implement)."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def body_length(headers: Any) -> int | None:
+    """The request body's length from its headers, None for chunked (RFC 9112 section 6.3).
+
+    Raises BodyError when the framing is invalid or ambiguous. A lenient reading here (the
+    first of two Content-Lengths, ``int("+1_0")``, chunked and a Content-Length together)
+    is how requests are smuggled past a proxy that reads the framing differently.
+    """
+    encodings = headers.get_all("Transfer-Encoding") or []
+    lengths = headers.get_all("Content-Length") or []
+    if encodings:
+        shown = ", ".join(encodings)
+        if lengths:
+            raise BodyError("the request has both Transfer-Encoding and Content-Length; send one of them")
+        codings = [coding.strip().lower() for value in encodings for coding in value.split(",")]
+        if codings == ["chunked"]:
+            return None
+        if codings[-1] != "chunked" or codings.count("chunked") > 1:
+            raise BodyError(f"Transfer-Encoding {shown!r}: chunked must be the last coding, once")
+        raise BodyError(
+            f"Transfer-Encoding {shown!r} is not supported; send chunked or a Content-Length", 501
+        )
+    values = {value.strip() for text in lengths for value in text.split(",")}
+    if not values:
+        return 0
+    if len(values) > 1:
+        raise BodyError(f"conflicting Content-Length values {', '.join(sorted(values))}")
+    text = values.pop()
+    if not _DIGITS.fullmatch(text):
+        raise BodyError(f"Content-Length {text!r} is not a byte count")
+    return int(text)
 
 
 @dataclass
@@ -53,44 +122,46 @@ class Request:
 
     def read_body(self, limit: int) -> bytes:
         """The request body, at most ``limit`` bytes; raise BodyTooLarge or BodyError."""
-        rfile = self.handler.rfile
-        encoding = self.header("Transfer-Encoding").lower()
-        if "chunked" in encoding:
-            return self._read_chunked(limit)
-        length_text = self.header("Content-Length")
-        if not length_text:
+        length = body_length(self.headers)
+        handler = self.handler
+        if length is not None and length > limit:
+            # With "Expect: 100-continue" the client has not sent the body: answer at once.
+            if not getattr(handler, "continue_pending", False):
+                self._drain(length)
+            raise BodyTooLarge(f"request body is {length} bytes, over the {limit}-byte limit")
+        if length == 0:
             self.body_consumed = True
             return b""
         try:
-            length = int(length_text)
-            if length < 0:
-                raise ValueError
-        except ValueError:
-            raise BodyError(f"Content-Length {length_text!r} is not a byte count") from None
-        if length > limit:
-            self._drain(length)
-            raise BodyTooLarge(f"request body is {length} bytes, over the {limit}-byte limit")
-        data = rfile.read(length)
+            _send_continue(handler)
+            if length is None:
+                return self._read_chunked(limit)
+            data = handler.rfile.read(length)
+        except TimeoutError:
+            # A client that stops sending mid-body must not hold this thread: answer and close.
+            raise BodyError(
+                f"request body stalled: nothing received for {handler.stall_timeout_s:g} s"  # type: ignore[attr-defined]
+            ) from None
+        except OSError as error:  # the client went away (reset, broken pipe): not a server error
+            raise BodyError(f"request body not received: {error.strerror or error}") from None
         if len(data) != length:
             raise BodyError(f"request body ended after {len(data)} of {length} bytes")
         self.body_consumed = True
         return data
 
     def _read_chunked(self, limit: int) -> bytes:
+        # Strict chunk syntax (RFC 9112 section 7.1): int(x, 16) also takes "-1" (which read
+        # to the end of the stream), "0x10" and "1_0"; chunk data must end where its size says.
         rfile = self.handler.rfile
         parts: list[bytes] = []
         total = 0
         while True:
-            line = rfile.readline(1024)
-            try:
-                size = int(line.split(b";", 1)[0].strip(), 16)
-            except ValueError:
-                raise BodyError("malformed chunked transfer encoding") from None
+            match = _CHUNK_SIZE_LINE.fullmatch(rfile.readline(LINE_LIMIT))
+            if match is None:
+                raise BodyError("malformed chunked transfer encoding: bad chunk-size line")
+            size = int(match.group(1), 16)
             if size == 0:
-                while rfile.readline(1024) not in (b"\r\n", b"\n", b""):
-                    pass
-                self.body_consumed = True
-                return b"".join(parts)
+                break
             total += size
             if total > limit:
                 raise BodyTooLarge(f"request body is over the {limit}-byte limit")
@@ -98,7 +169,15 @@ class Request:
             if len(chunk) != size:
                 raise BodyError("request body ended inside a chunk")
             parts.append(chunk)
-            rfile.readline(16)
+            if rfile.readline(3) not in (b"\r\n", b"\n"):
+                raise BodyError("malformed chunked transfer encoding: chunk data longer than its size")
+        trailers = 0
+        while (line := rfile.readline(LINE_LIMIT)) not in (b"\r\n", b"\n"):
+            trailers += len(line)
+            if not line.endswith(b"\n") or trailers > LINE_LIMIT:
+                raise BodyError("malformed chunked transfer encoding: bad trailer section")
+        self.body_consumed = True
+        return b"".join(parts)
 
     def _drain(self, length: int) -> None:
         if length > DRAIN_LIMIT:
@@ -106,7 +185,10 @@ class Request:
         rfile = self.handler.rfile
         remaining = length
         while remaining > 0:
-            got = rfile.read(min(CHUNK, remaining))
+            try:
+                got = rfile.read(min(CHUNK, remaining))
+            except OSError:  # stalled or reset: the connection is closed after the answer
+                return
             if not got:
                 return
             remaining -= len(got)
@@ -114,8 +196,8 @@ class Request:
 
     def discard_body(self, limit: int) -> None:
         """Read and drop an unwanted body (up to ``limit``) so the connection stays usable."""
-        if self.body_consumed:
-            return
+        if self.body_consumed or getattr(self.handler, "continue_pending", False):
+            return  # the client waits for 100 Continue: it has sent no body, and gets none
         with contextlib.suppress(BodyTooLarge, BodyError):
             self.read_body(limit)
 
@@ -189,6 +271,58 @@ class HttpServer:
             protocol_version = "HTTP/1.1"
             server_version = "durable-sessions-collector"
             sys_version = ""
+            # Answers to a request line the stdlib cannot parse (garbage, "PRI * HTTP/2.0")
+            # are sent before its version is known: with the default "HTTP/0.9" they went
+            # out as a bare HTML page without a status line.
+            default_request_version = "HTTP/1.1"
+            # Read at construction, so that a test can shorten them for its sidecar.
+            idle_timeout_s = IDLE_TIMEOUT_S
+            header_timeout_s = HEADER_TIMEOUT_S
+            stall_timeout_s = STALL_TIMEOUT_S
+            continue_pending = False
+
+            def setup(self) -> None:
+                super().setup()
+                self.rfile.close()
+                self.reader = _ConnectionReader(self.connection, self.stall_timeout_s)
+                self.rfile = io.BufferedReader(self.reader)
+
+            def handle_one_request(self) -> None:
+                # The stdlib reads with no timeout at all: an idle keep-alive connection, a
+                # client trickling its headers, or one stalled mid-body held a thread forever.
+                self.continue_pending = False
+                self.reader.deadline = None
+                self.reader.timeout = self.idle_timeout_s
+                try:
+                    first = self.rfile.peek(1)[:1]
+                except OSError:  # idle too long, or the client reset the connection
+                    first = b""
+                if not first:
+                    self.close_connection = True
+                    return
+                if first == b"\x16":  # a TLS handshake record (0x16): no HTTP method starts so
+                    server.log.debug(
+                        "http-bad-request",
+                        peer=str(self.client_address[0]),
+                        error="TLS handshake on the plain-HTTP port (the client wants https://); connection closed",
+                    )
+                    self.close_connection = True
+                    return
+                self.reader.timeout = self.stall_timeout_s
+                self.reader.deadline = time.monotonic() + self.header_timeout_s
+                super().handle_one_request()
+
+            def parse_request(self) -> bool:
+                parsed = super().parse_request()
+                self.reader.deadline = None  # the headers are in; a body may take its time
+                return parsed
+
+            def handle_expect_100(self) -> bool:
+                # "Expect: 100-continue" (curl, bodies over 1 KiB): 100 Continue is sent only
+                # when the body is read, so a request refused before (401, 404, 413 by its
+                # Content-Length) is answered at once instead of after the upload.
+                self.continue_pending = True
+                return True
 
             def do_GET(self) -> None:
                 server._dispatch(self)
@@ -212,7 +346,7 @@ class HttpServer:
                 server.log.debug("http-request", line=format % args)
 
         host = host.strip("[]")
-        server_class = ThreadingHTTPServer if tls is None else _tls_server_class(tls, log)
+        server_class = _server_class(log) if tls is None else _tls_server_class(tls, log)
         if ":" in host:  # an IPv6 address ([::1]:4320, [::]:4320): the server is AF_INET only
             server_class = type(
                 "Ipv6" + server_class.__name__, (server_class,), {"address_family": socket.AF_INET6}
@@ -266,13 +400,14 @@ class HttpServer:
         if not request.body_consumed:
             request.discard_body(self.body_limit)
         if not request.body_consumed and (
-            handler.headers.get("Content-Length") or "chunked" in handler.headers.get("Transfer-Encoding", "")
+            "Content-Length" in handler.headers or "Transfer-Encoding" in handler.headers
         ):
             handler.close_connection = True
         self._send(handler, response)
 
     @staticmethod
     def _send(handler: BaseHTTPRequestHandler, response: Response) -> None:
+        handler.connection.settimeout(handler.stall_timeout_s)  # type: ignore[attr-defined]
         try:
             handler.send_response(response.status, HTTPStatus(response.status).phrase)
             handler.send_header("Content-Type", response.content_type)
@@ -288,11 +423,62 @@ class HttpServer:
             handler.close_connection = True
 
 
+def _send_continue(handler: BaseHTTPRequestHandler) -> None:
+    """Send the 100 Continue a client with ``Expect: 100-continue`` waits for, once."""
+    if getattr(handler, "continue_pending", False):
+        handler.continue_pending = False  # type: ignore[attr-defined]
+        handler.send_response_only(100)
+        handler.end_headers()
+
+
+class _ConnectionReader(io.RawIOBase):
+    """The raw stream under a connection's ``rfile``: each receive waits at most ``timeout``
+    seconds, and never past ``deadline`` (``time.monotonic()``) when one is set. A socket
+    timeout alone bounds each receive, not a request sent one byte at a time."""
+
+    def __init__(self, sock: socket.socket, timeout: float) -> None:
+        self.sock = sock
+        self.timeout = timeout
+        self.deadline: float | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        timeout = self.timeout
+        if self.deadline is not None:
+            timeout = min(timeout, self.deadline - time.monotonic())
+            if timeout <= 0:
+                raise TimeoutError("request headers not received in time")
+        self.sock.settimeout(timeout)
+        return self.sock.recv_into(buffer)
+
+
+def _server_class(log: JsonLog) -> type[ThreadingHTTPServer]:
+    class _Server(ThreadingHTTPServer):
+        # socketserver listens with a backlog of 5: a burst of connections (a Collector's
+        # exporter opens up to num_consumers, 10, at once; SDKs starting together) overflows
+        # it, and each dropped SYN costs its client a 1 s (then 3 s) retransmission.
+        request_queue_size = socket.SOMAXCONN
+
+        def handle_error(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
+            # The stdlib prints a traceback to standard error (into the JSON log stream) for
+            # anything its handler raises, a client that resets its connection included.
+            error = sys.exc_info()[1]
+            peer = str(client_address[0]) if client_address else ""
+            if isinstance(error, OSError):  # reset, broken pipe, timeout, a bad TLS record
+                log.debug("http-connection-closed", peer=peer, error=f"{type(error).__name__}: {error}")
+            else:
+                log.error("http-connection-failed", peer=peer, error=f"{type(error).__name__}: {error}")
+
+    return _Server
+
+
 def _tls_server_class(context: ssl.SSLContext, log: JsonLog) -> type[ThreadingHTTPServer]:
     """A ThreadingHTTPServer that does each TLS handshake in the connection's own thread."""
     from durable_sessions_collector.security import wrap_accepted
 
-    class _TlsServer(ThreadingHTTPServer):
+    class _TlsServer(_server_class(log)):  # type: ignore[misc,valid-type]
         def finish_request(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
             try:
                 wrapped = wrap_accepted(context, request)

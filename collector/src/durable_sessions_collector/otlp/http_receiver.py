@@ -8,6 +8,8 @@ bodies are a ``google.rpc.Status``):
 | every span accepted | 200 | ``ExportTraceServiceResponse`` with ``partial_success`` unset |
 | some spans rejected | 200 | ``partial_success.rejected_spans`` and a message naming them |
 | body not decodable (protobuf, JSON, gzip) | 400 | ``Status.message`` says what and where |
+| body framing invalid or ambiguous, body stalled | 400 | connection closed (``httpserver``) |
+| ``Transfer-Encoding`` other than chunked | 501 | connection closed |
 | body over ``max_request_bytes`` (after decompression) | 413 | decompression stops at the limit |
 | ``Content-Type`` not protobuf/JSON, unknown ``Content-Encoding`` | 415 | |
 | write queue full, store failure | 503 | ``Retry-After`` seconds, ``RetryInfo`` in the Status |
@@ -72,7 +74,7 @@ def decompress(body: bytes, encoding: str, limit: int) -> bytes:
 def status_body(status: int, message: str, json_encoding: bool, retry_after_s: int | None = None) -> Response:
     """A 4xx/5xx answer: a ``google.rpc.Status`` in the request's encoding."""
     code = {400: code_pb2.INVALID_ARGUMENT, 413: code_pb2.RESOURCE_EXHAUSTED, 415: code_pb2.INVALID_ARGUMENT,
-            503: code_pb2.UNAVAILABLE}.get(status, code_pb2.UNKNOWN)  # fmt: skip
+            501: code_pb2.UNIMPLEMENTED, 503: code_pb2.UNAVAILABLE}.get(status, code_pb2.UNKNOWN)  # fmt: skip
     message_pb = rpc_status(code, message, retry_after_s=retry_after_s, bad_request=status == 400)
     headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else {}
     return _encode(status, message_pb, json_encoding, headers)
@@ -131,7 +133,7 @@ class HttpTraceReceiver:
         except BodyError as error:
             count(TRANSPORT, "invalid").inc()
             request.handler.close_connection = True
-            return status_body(400, str(error), json_encoding)
+            return status_body(error.status, str(error), json_encoding)  # 400, or 501 (transfer coding)
         except BadData as error:
             count(TRANSPORT, "invalid").inc()
             return status_body(400, str(error), json_encoding)

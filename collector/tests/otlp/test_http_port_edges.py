@@ -1,0 +1,465 @@
+"""The HTTP port against the clients a production sidecar meets: slow and silent ones,
+clients that go away, ambiguous body framing (request smuggling), ``Expect:
+100-continue``, TLS spoken to the plain port, and request lines that are not HTTP.
+
+Raw sockets against a real sidecar (in this process, so that a test can shorten the port's
+timeouts: ``httpserver`` reads them when the sidecar starts). Cases already covered by
+``test_otlp_conformance.py``, ``test_sidecar_bad_input.py`` and ``api/test_api_edges.py``
+(keep-alive after error answers, chunked gzip bodies, HEAD, 405, 404, the token's scheme
+case) are not repeated here.
+
+References: RFC 9112 section 6.3 (message body length: a request with both
+Transfer-Encoding and Content-Length, or an invalid Content-Length, is refused and its
+connection closed) and section 7.1 (chunked coding); RFC 9110 section 10.1.1 (Expect).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+import struct
+import threading
+import time
+from typing import Any
+
+import pytest
+from conftest import wait_for
+from durable_sessions_collector import httpserver
+
+TOKEN = "edge-token-0123456789abcdef"
+
+
+def export_body(session: str, action: str = "a") -> bytes:
+    span = {
+        "traceId": "5b8efff798038103d269b633813fc60c",
+        "spanId": action.encode().hex().ljust(16, "0")[:16],
+        "name": f"step {action}",
+        "startTimeUnixNano": "1700000000000000000",
+        "endTimeUnixNano": "1700000000000000001",
+        "attributes": [
+            {"key": "session.id", "value": {"stringValue": session}},
+            {"key": "agent.action.id", "value": {"stringValue": action}},
+            {"key": "agent.action.kind", "value": {"stringValue": "tool_call"}},
+        ],
+    }
+    return json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}).encode()
+
+
+def post_head(body_length: int | str, path: str = "/v1/traces", **headers: str) -> bytes:
+    lines = [f"POST {path} HTTP/1.1", "Host: sidecar", "Content-Type: application/json"]
+    lines.append(f"Content-Length: {body_length}")
+    lines += [f"{name.replace('_', '-')}: {value}" for name, value in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def connect(sidecar) -> socket.socket:  # type: ignore[no-untyped-def]
+    return socket.create_connection(("127.0.0.1", sidecar.service.http_port), timeout=10)
+
+
+def read_until_closed(sock: socket.socket, timeout: float) -> tuple[bytes, bool]:
+    """Everything the server sends within ``timeout`` s, and whether it closed the connection."""
+    deadline = time.monotonic() + timeout
+    data = b""
+    while (left := deadline - time.monotonic()) > 0:
+        sock.settimeout(left)
+        try:
+            got = sock.recv(65536)
+        except TimeoutError:
+            break
+        except ConnectionResetError:  # closed with our unread request bytes in its buffer
+            return data, True
+        if not got:
+            return data, True
+        data += got
+    return data, False
+
+
+def responses(data: bytes) -> list[tuple[int, dict[str, str], bytes]]:
+    """The HTTP/1.1 responses in ``data``, in order (status, lower-case headers, body)."""
+    found = []
+    while data:
+        head, separator, data = data.partition(b"\r\n\r\n")
+        assert separator, f"incomplete response {head!r}"
+        status_line, *lines = head.decode("latin-1").split("\r\n")
+        assert status_line.startswith("HTTP/1.1 "), status_line
+        headers = {name.strip().lower(): value.strip() for name, value in (x.split(":", 1) for x in lines)}
+        length = int(headers.get("content-length", 0))
+        found.append((int(status_line.split()[1]), headers, data[:length]))
+        data = data[length:]
+    return found
+
+
+def reset(sock: socket.socket) -> None:
+    """Close with a TCP RST, as a client that crashes or a load balancer does."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+def assert_healthy(sidecar, session: str = "after") -> None:  # type: ignore[no-untyped-def]
+    assert sidecar.get("/healthz") == (200, {"status": "ok"})
+    with connect(sidecar) as sock:
+        body = export_body(session)
+        sock.sendall(post_head(len(body), Connection="close") + body)
+        data, closed = read_until_closed(sock, 10)
+    assert closed and responses(data)[0][0] == 200
+    assert sidecar.session(session)["action_count"] == 1
+
+
+def quiet_log(sidecar, capfd) -> None:  # type: ignore[no-untyped-def]
+    """No Python traceback on standard error, and no error or warning in the JSON log."""
+    captured = capfd.readouterr()
+    assert "Traceback" not in captured.err + captured.out, captured.err
+    loud = [line for line in sidecar.log.lines() if line["level"] in ("error", "warning")]
+    assert not loud, loud
+
+
+def server_threads() -> int:
+    return threading.active_count()
+
+
+@pytest.fixture
+def short(start_sidecar, monkeypatch):  # type: ignore[no-untyped-def]
+    """A sidecar whose HTTP port times out within seconds (the defaults are 60/10/30 s)."""
+    monkeypatch.setattr(httpserver, "IDLE_TIMEOUT_S", 1.5)
+    monkeypatch.setattr(httpserver, "HEADER_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(httpserver, "STALL_TIMEOUT_S", 1.0)
+    return start_sidecar(log_level="DEBUG")
+
+
+# --- slow and silent clients ---------------------------------------------------------------
+
+
+def test_a_client_trickling_its_headers_is_cut_off_while_others_are_served(short, capfd) -> None:  # type: ignore[no-untyped-def]
+    # Slowloris: one byte every 0.2 s never lets a per-receive timeout (1 s) expire; only the
+    # header deadline ends it. The stdlib server has neither: the thread was held forever.
+    assert_healthy(short, "before")
+    baseline = server_threads()
+    slow = connect(short)
+    request = b"GET /healthz HTTP/1.1\r\nHost: sidecar\r\nX-Slow: " + b"a" * 1000
+    started = time.monotonic()
+    closed_after = None
+    for n, byte in enumerate(request):
+        try:
+            slow.sendall(bytes([byte]))
+        except OSError:
+            closed_after = time.monotonic() - started
+            break
+        if n == 1:
+            assert_healthy(short)  # served while the slow client trickles
+        data, closed = read_until_closed(slow, 0.2)
+        if closed:
+            assert data == b""  # closed without an answer, as Go's server does
+            closed_after = time.monotonic() - started
+            break
+        if time.monotonic() - started > 6:
+            break
+    slow.close()
+    assert closed_after is not None, "a client trickling its headers was never cut off"
+    assert closed_after < 4, closed_after
+    wait_for(lambda: server_threads() <= baseline, timeout=5)
+    quiet_log(short, capfd)
+
+
+def test_a_body_that_stalls_is_answered_400_and_closed(short, capfd) -> None:  # type: ignore[no-untyped-def]
+    baseline = server_threads()
+    body = export_body("stalled")
+    with connect(short) as sock:
+        sock.sendall(post_head(len(body)) + body[:10])  # then nothing
+        data, closed = read_until_closed(sock, 5)
+    assert closed, "the connection of a stalled body was never closed"
+    [(status, headers, answer)] = responses(data)
+    assert status == 400 and headers["connection"] == "close"
+    assert "request body stalled: nothing received for 1 s" in json.loads(answer)["message"]
+    # Also a body nobody asked for (the API ignores it) stalled: the connection is closed.
+    with connect(short) as sock:
+        sock.sendall(post_head(100, path="/api/sessions/x").replace(b"POST", b"GET") + b"{")
+        data, closed = read_until_closed(sock, 5)
+    assert closed and [status for status, _, _ in responses(data)] == [404]
+    wait_for(lambda: server_threads() <= baseline, timeout=5)
+    assert short.get("/api/sessions/stalled")[0] == 404
+    assert_healthy(short)
+    quiet_log(short, capfd)
+
+
+def test_idle_keep_alive_connections_do_not_pin_threads(short) -> None:  # type: ignore[no-untyped-def]
+    # 200 connections: half never send anything, half stay open after one request.
+    baseline = server_threads()
+    idle: list[socket.socket] = []
+    for n in range(200):
+        sock = connect(short)
+        if n % 2:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: sidecar\r\n\r\n")
+        idle.append(sock)
+    wait_for(lambda: server_threads() > baseline + 50, timeout=1)  # one thread per open connection
+    try:
+        for n, sock in enumerate(idle):
+            data, closed = read_until_closed(sock, 6)
+            assert closed, f"idle connection {n} was never closed"
+            assert [status for status, _, _ in responses(data)] == ([200] if n % 2 else [])
+    finally:
+        for sock in idle:
+            sock.close()
+    wait_for(lambda: server_threads() <= baseline, timeout=5)
+    assert_healthy(short)
+
+
+def test_a_burst_of_connections_is_accepted_without_syn_retransmissions(sidecar) -> None:  # type: ignore[no-untyped-def]
+    # socketserver's listen backlog of 5 overflowed under a burst: a dropped SYN costs its
+    # client a 1 s retransmission (100 concurrent requests took up to 4 s on loopback).
+    took: list[float] = []
+
+    def one() -> None:
+        started = time.monotonic()
+        with connect(sidecar) as sock:
+            took.append(time.monotonic() - started)
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: sidecar\r\nConnection: close\r\n\r\n")
+            data, _ = read_until_closed(sock, 10)
+            assert responses(data)[0][0] == 200
+
+    clients = [threading.Thread(target=one) for _ in range(150)]
+    for client in clients:
+        client.start()
+    for client in clients:
+        client.join()
+    assert len(took) == 150 and max(took) < 0.9, sorted(took)[-5:]
+
+
+def test_clients_that_reset_their_connection_leave_no_traceback_and_no_error(sidecar, capfd) -> None:  # type: ignore[no-untyped-def]
+    # A client (or load balancer) that drops its connection mid-request is no server error:
+    # the stdlib printed a traceback to standard error, and a body cut off on /v1/traces
+    # was logged as http-handler-failed with a 500.
+    body = export_body("reset")
+    for data in (
+        b"GET /healthz HTTP/1.1\r\nHost",  # inside the headers
+        post_head(len(body)) + body[:10],  # inside an Export's body
+        post_head(100, path="/nowhere") + b"{",  # inside a body nobody reads
+    ):
+        sock = connect(sidecar)
+        sock.sendall(data)
+        time.sleep(0.2)
+        reset(sock)
+    sock = connect(sidecar)  # idle on keep-alive, after an answer
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: sidecar\r\n\r\n")
+    assert sock.recv(65536).startswith(b"HTTP/1.1 200 OK")
+    time.sleep(0.2)
+    reset(sock)
+    time.sleep(0.3)
+    assert not [line for line in sidecar.log.lines() if line["event"] == "http-handler-failed"]
+    assert sidecar.get("/api/sessions/reset")[0] == 404
+    assert_healthy(sidecar)
+    quiet_log(sidecar, capfd)
+
+
+# --- body framing (request smuggling) ----------------------------------------------------------
+
+SMUGGLED = b"GET /healthz HTTP/1.1\r\nHost: sidecar\r\n\r\n"
+BODY = export_body("smuggled")
+CHUNKED = b"%x\r\n%s\r\n0\r\n\r\n" % (len(BODY), BODY)
+TE_HEAD = (
+    b"POST /v1/traces HTTP/1.1\r\nHost: sidecar\r\nContent-Type: application/json\r\n"
+    b"Transfer-Encoding: %s\r\n\r\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status", "message"),
+    [
+        (
+            post_head(len(CHUNKED), Transfer_Encoding="chunked") + CHUNKED,
+            400,
+            "both Transfer-Encoding and Content-Length",
+        ),
+        (
+            post_head(len(BODY), Content_Length=str(len(BODY) - 40)) + BODY,
+            400,
+            "conflicting Content-Length values",
+        ),
+        (post_head(f"+{len(BODY)}") + BODY, 400, "is not a byte count"),
+        (post_head(f"0_{len(BODY)}") + BODY, 400, "is not a byte count"),
+        (TE_HEAD % b"gzip, chunked" + CHUNKED, 501, "is not supported; send chunked or a Content-Length"),
+        (TE_HEAD % b"chunked, identity" + CHUNKED, 400, "chunked must be the last coding"),
+        (TE_HEAD % b"chunked" + b"-1\r\n" + BODY + b"\r\n0\r\n\r\n", 400, "bad chunk-size line"),
+        (TE_HEAD % b"chunked" + b"0x%x\r\n%s\r\n0\r\n\r\n" % (len(BODY), BODY), 400, "bad chunk-size line"),
+        (TE_HEAD % b"chunked" + b"%x\r\n%s\r\n0\r\n\r\n" % (10, BODY), 400, "longer than its size"),
+    ],
+    ids=[
+        "chunked-and-content-length",
+        "two-content-lengths",
+        "content-length-plus",
+        "content-length-underscore",
+        "unsupported-transfer-coding",
+        "chunked-not-last",
+        "negative-chunk-size",
+        "0x-chunk-size",
+        "chunk-longer-than-its-size",
+    ],
+)
+def test_ambiguous_framing_is_refused_and_closes_the_connection(
+    sidecar, request_bytes, status, message
+) -> None:  # type: ignore[no-untyped-def]
+    # The bytes after the refused request ("GET /healthz") must never be answered: a proxy in
+    # front may frame the body differently, and the rest would be a smuggled request.
+    with connect(sidecar) as sock:
+        sock.sendall(request_bytes + SMUGGLED)
+        data, closed = read_until_closed(sock, 5)
+    assert closed
+    [(got, headers, body)] = responses(data)
+    assert (got, headers["connection"]) == (status, "close")
+    assert message in json.loads(body)["message"]
+    assert sidecar.get("/api/sessions/smuggled")[0] == 404
+
+
+def test_ambiguous_framing_closes_the_connection_on_every_path(start_sidecar) -> None:  # type: ignore[no-untyped-def]
+    # Paths that never read the body (404, 401, 405) must not trust its framing either.
+    sidecar = start_sidecar(auth__token=TOKEN)
+    for path, auth, status in (
+        ("/nowhere", f"Bearer {TOKEN}", 404),
+        ("/v1/traces", "Bearer wrong", 401),
+        ("/healthz", f"Bearer {TOKEN}", 405),
+    ):
+        head = post_head(len(CHUNKED), path=path, Transfer_Encoding="chunked", Authorization=auth)
+        with connect(sidecar) as sock:
+            sock.sendall(head + CHUNKED + SMUGGLED)
+            data, closed = read_until_closed(sock, 5)
+        assert closed, path
+        assert [got for got, _, _ in responses(data)] == [status], path
+        with connect(sidecar) as sock:
+            sock.sendall(TE_HEAD.replace(b"/v1/traces", path.encode()) % b"xchunked" + CHUNKED + SMUGGLED)
+            data, closed = read_until_closed(sock, 5)
+        assert closed and len(responses(data)) == 1, path
+
+
+def test_valid_framing_variants_are_served_in_order_on_one_connection(sidecar) -> None:  # type: ignore[no-untyped-def]
+    # Pipelined, on one keep-alive connection: a chunked body with a chunk extension and a
+    # trailer, a Content-Length repeated with the same value (RFC 9110 section 8.6 allows it),
+    # a HEAD, then a request with Connection: close.
+    first, second = export_body("framing", "c1"), export_body("framing", "c2")
+    chunked = b"10;ext=1\r\n%s\r\n%x\r\n%s\r\n0\r\nX-Trailer: yes\r\n\r\n" % (
+        first[:16],
+        len(first) - 16,
+        first[16:],
+    )
+    pipeline = (
+        TE_HEAD % b"Chunked"
+        + chunked
+        + post_head(f"{len(second)}, {len(second)}", Content_Length=str(len(second)))
+        + second
+        + b"HEAD /healthz HTTP/1.1\r\nHost: sidecar\r\n\r\n"
+        + b"GET /healthz HTTP/1.1\r\nHost: sidecar\r\nConnection: close\r\n\r\n"
+    )
+    with connect(sidecar) as sock:
+        sock.sendall(pipeline)
+        data, closed = read_until_closed(sock, 10)
+    assert closed
+    head = data.split(b"HTTP/1.1 ")
+    assert [part[:3] for part in head[1:]] == [b"200"] * 4
+    assert [a["action_id"] for a in sidecar.session("framing")["actions"]] == ["c1", "c2"]
+
+
+# --- Expect: 100-continue ------------------------------------------------------------------------
+
+
+def test_expect_100_continue_is_answered_before_the_upload_only_when_the_body_is_wanted(
+    start_sidecar,
+) -> None:  # type: ignore[no-untyped-def]
+    # curl sends "Expect: 100-continue" for large bodies and waits (1 s) for 100 Continue.
+    # A request refused anyway (bad token, too large by its Content-Length) is answered at
+    # once, so the client does not upload a body only to have it thrown away.
+    sidecar = start_sidecar(auth__token=TOKEN)
+    body = export_body("expect")
+    with connect(sidecar) as sock:
+        sock.sendall(post_head(len(body), Expect="100-continue", Authorization=f"Bearer {TOKEN}"))
+        interim, closed = read_until_closed(sock, 1)
+        assert interim == b"HTTP/1.1 100 Continue\r\n\r\n" and not closed
+        sock.sendall(body)
+        sock.settimeout(10)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200 OK")
+    with connect(sidecar) as sock:
+        sock.sendall(
+            f"GET /api/sessions/expect HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n".encode()
+        )
+        data, _ = read_until_closed(sock, 5)
+    assert json.loads(responses(data)[0][2])["action_count"] == 1
+    for auth, length, status in (
+        ("Bearer wrong", 10 * 1024 * 1024, 401),
+        (f"Bearer {TOKEN}", 100 * 1024 * 1024, 413),
+    ):
+        with connect(sidecar) as sock:
+            sock.sendall(post_head(length, Expect="100-continue", Authorization=auth))
+            data, closed = read_until_closed(sock, 5)
+        assert closed
+        [(got, headers, _)] = responses(data)  # no 100 Continue before it
+        assert (got, headers["connection"]) == (status, "close")
+    # RFC 7235: 1*SP between the scheme and the token; a tab is not a separator.
+    for header, status in ((f"Bearer   {TOKEN}", 200), (f"bEaReR {TOKEN}", 200), (f"Bearer\t{TOKEN}", 401)):
+        with connect(sidecar) as sock:
+            sock.sendall(
+                f"GET /metrics HTTP/1.1\r\nAuthorization: {header}\r\nConnection: close\r\n\r\n".encode()
+            )
+            data, _ = read_until_closed(sock, 5)
+        assert responses(data)[0][0] == status, header
+
+
+# --- not HTTP at all ---------------------------------------------------------------------------
+
+
+def test_tls_spoken_to_the_plain_port_is_closed_at_once_and_logged(start_sidecar, capfd) -> None:  # type: ignore[no-untyped-def]
+    # A client configured for https:// sends a ClientHello, which holds no line feed the
+    # stdlib could end a request line at: both sides waited, forever.
+    sidecar = start_sidecar(log_level="DEBUG")
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    started = time.monotonic()
+    with connect(sidecar) as raw, pytest.raises((ssl.SSLError, ConnectionError)):
+        raw.settimeout(5)
+        context.wrap_socket(raw, server_hostname="localhost")
+    assert time.monotonic() - started < 2
+    events = [line for line in sidecar.log.lines() if line["event"] == "http-bad-request"]
+    assert events and "TLS handshake on the plain-HTTP port" in events[0]["error"]
+    assert_healthy(sidecar)
+    quiet_log(sidecar, capfd)
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [
+        (b"\x00\x01\x02\xff garbage\r\n\r\n", 400),
+        (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 505),  # a gRPC client on the HTTP port
+        (b"GET /healthz HTTP/1.1.1\r\n\r\n", 400),
+    ],
+    ids=["garbage", "http2-preface", "bad-version"],
+)
+def test_request_lines_that_are_not_http_get_a_status_line_and_a_close(
+    sidecar, request_bytes, status
+) -> None:  # type: ignore[no-untyped-def]
+    # Answered before the version is known: the stdlib sent them HTTP/0.9-style, a bare HTML
+    # page without any status line.
+    with connect(sidecar) as sock:
+        sock.sendall(request_bytes)
+        data, closed = read_until_closed(sock, 5)
+    assert closed
+    assert data.startswith(b"HTTP/1.1 %d " % status), data[:80]
+    assert_healthy(sidecar)
+
+
+def test_other_request_forms(sidecar) -> None:  # type: ignore[no-untyped-def]
+    cases: list[tuple[bytes, int, dict[str, Any]]] = [
+        (b"GET /healthz HTTP/1.0\r\n\r\n", 200, {"connection": "close"}),
+        (b"GET http://sidecar:4320/healthz HTTP/1.1\r\nConnection: close\r\n\r\n", 200, {}),  # absolute form
+        (b"OPTIONS /v1/traces HTTP/1.1\r\nHost: sidecar\r\n\r\n", 501, {"connection": "close"}),
+        (b"BREW /v1/traces HTTP/1.1\r\nHost: sidecar\r\n\r\n", 501, {"connection": "close"}),
+        (b"GET /api/sessions/..%2F..%2Fmetrics HTTP/1.1\r\nConnection: close\r\n\r\n", 404, {}),
+        (b"GET /healthz HTTP/1.1\r\n" + b"X-H: 1\r\n" * 101 + b"\r\n", 431, {"connection": "close"}),
+        (b"GET /healthz HTTP/1.1\r\nX-H: " + b"h" * 70_000 + b"\r\n\r\n", 431, {"connection": "close"}),
+    ]
+    for request_bytes, status, expected in cases:
+        with connect(sidecar) as sock:
+            sock.sendall(request_bytes)
+            data, closed = read_until_closed(sock, 5)
+        assert closed, request_bytes[:40]
+        [(got, headers, _)] = responses(data)
+        assert got == status, (request_bytes[:40], got)
+        assert expected.items() <= headers.items()
+    assert_healthy(sidecar)
