@@ -82,6 +82,17 @@ def _number(value: Any, text: bool) -> float:
     return number
 
 
+def _non_negative_number(value: Any, text: bool) -> float:
+    """A finite number, 0 or more: a duration that 0 turns off."""
+    try:
+        number = _number(value, text)
+    except ValueError:
+        number = -1.0
+    if number < 0:
+        raise ValueError(f"expected a number of 0 or more, got {value!r}")
+    return number
+
+
 def _positive_int(value: Any, text: bool) -> int:
     if isinstance(value, bool):
         raise ValueError(f"expected a positive integer, got {value!r}")
@@ -433,6 +444,9 @@ OPTIONS: tuple[Option, ...] = (
            "where sessions are kept: sqlite:///PATH (relative path) or sqlite:////abs/path; or "
            "postgresql://USER@HOST:PORT/DB[?schema=NAME] shared by several replicas (password never logged)",
            redact=_hide_store),
+    Option("retention.sessions_s", "DURABLE_SESSIONS_RETENTION_S", _non_negative_number, 0.0,
+           "seconds an ended session is kept after its last span; older ones are deleted with their "
+           "actions, violations and delivered or dead alerts (see Retention); 0 keeps everything"),
     Option("evaluation.idle_s", "DURABLE_SESSIONS_IDLE_S", _positive_number, 30.0,
            "a session idle this long is ended: its end-of-session rules run"),
     Option("evaluation.key_window_s", "DURABLE_SESSIONS_KEY_WINDOW_S", _positive_number, 86400.0,
@@ -504,6 +518,7 @@ class Config:
     pipeline_max_batch: int = 64
     pipeline_ack_timeout_s: float = 30.0
     store: str = "sqlite:///durable-sessions.db"
+    retention_sessions_s: float = 0.0
     evaluation_idle_s: float = 30.0
     evaluation_key_window_s: float = 86400.0
     evaluation_strict: bool = False

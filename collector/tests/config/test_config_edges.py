@@ -216,6 +216,7 @@ def test_every_documented_option_has_a_working_environment_override(tmp_path: Pa
         "pipeline.max_batch": ("5", 5),
         "pipeline.ack_timeout_s": ("2.5", 2.5),
         "store": ("sqlite:////tmp/x.db", "sqlite:////tmp/x.db"),
+        "retention.sessions_s": ("604800", 604800.0),
         "evaluation.idle_s": ("12.5", 12.5),
         "evaluation.key_window_s": ("60", 60.0),
         "evaluation.strict": ("yes", True),
@@ -790,7 +791,7 @@ def documented_metrics() -> dict[str, set[str]]:
 
 def test_metrics_names_and_labels_match_the_readme(start_sidecar) -> None:  # type: ignore[no-untyped-def]
     documented = documented_metrics()
-    assert len(documented) == 19
+    assert len(documented) == 20
     with WebhookServer() as hook:
         sidecar = start_sidecar(alerts__webhook__url=hook.url)
         agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")

@@ -108,6 +108,11 @@ class Metrics:
         self.sessions_ended = Counter(
             "durable_sessions_sessions_ended", "End-of-session evaluations (idle sessions)", registry=registry
         )
+        self.sessions_pruned = Counter(
+            "durable_sessions_sessions_pruned",
+            "Ended sessions deleted from the store by retention.sessions_s, with their actions and violations",
+            registry=registry,
+        )
         self.alert_deliveries = Counter(
             "durable_sessions_alert_deliveries",
             "Alert delivery attempts by channel and outcome (delivered, retry, dead_letter)",

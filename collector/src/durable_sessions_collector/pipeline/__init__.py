@@ -8,7 +8,9 @@ stores and checks their records in one transaction, commits, and only then relea
 receivers waiting in :meth:`wait`, which acknowledge the Export: an acknowledged span is
 a committed span. New violations are raised after the commit (see :mod:`..alerts`).
 
-Between batches the writer ends the sessions that have been idle for ``idle_s``.
+Between batches the writer ends the sessions that have been idle for ``idle_s`` and,
+with a retention (``retention_s`` > 0), deletes ended sessions older than it (see
+:meth:`Pipeline.prune`).
 """
 
 from __future__ import annotations
@@ -24,9 +26,13 @@ from durable_sessions_collector.alerts import alert_payload
 from durable_sessions_collector.alerts.metrics import Metrics
 from durable_sessions_collector.evaluator import Arrival, Evaluator
 from durable_sessions_collector.jsonlog import JsonLog
-from durable_sessions_collector.store import Store, StoreError, Writer
+from durable_sessions_collector.store import Pruned, Store, StoreError, Writer
 
 IDLE_BATCH = 500
+PRUNE_BATCH = 500
+"""Most sessions one retention pass deletes (and most rows of no session, of each kind)."""
+PRUNE_EVERY_S = 60.0
+"""Seconds between two retention passes, unless the last one deleted a full batch."""
 
 
 class Overloaded(Exception):
@@ -72,6 +78,7 @@ class Pipeline:
         queue_size: int = 64,
         max_batch: int = 64,
         idle_s: float = 30.0,
+        retention_s: float = 0.0,
         ack_timeout_s: float = 30.0,
         retry_after_s: int = 1,
         channels: tuple[str, ...] = (),
@@ -85,6 +92,7 @@ class Pipeline:
         self.queue_size = queue_size
         self.max_batch = max_batch
         self.idle_s = idle_s
+        self.retention_s = retention_s  # 0: keep everything
         self.ack_timeout_s = ack_timeout_s
         self.retry_after_s = retry_after_s
         self.channels = channels
@@ -93,6 +101,7 @@ class Pipeline:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.last_sweep = -float("inf")  # time.monotonic() of the last sweep: a clock step cannot stall it
+        self.last_prune = -float("inf")  # time.monotonic() of the last retention pass
         self._rebuilt_reported = 0
         self._backlog = True  # alerts left pending by an earlier run are delivered first
         metrics.queue_capacity.set(queue_size)
@@ -179,6 +188,8 @@ class Pipeline:
                     # delivered) are this one's once their lease is over, new violation or not.
                     self._backlog = True
                     self._deliver()
+            if self.retention_s > 0 and ticked - self.last_prune >= PRUNE_EVERY_S:
+                self._prune_pass(ticked)
         # Drain what was accepted before the stop was asked for.
         while True:
             try:
@@ -320,6 +331,38 @@ class Pipeline:
         self.metrics.sessions_ended.inc(len(idle))
         self._raised(fresh)
         return len(idle)
+
+    def _prune_pass(self, ticked: float) -> None:
+        """One retention pass, from the writer loop: a failure is logged and retried at the
+        next pass, and never stops the writer."""
+        try:
+            full = self.prune(time.time()).full
+        except Exception as error:
+            self.log.error("prune-failed", error=f"{type(error).__name__}: {error}")
+            full = False
+        # A full batch leaves more to delete: prune again right after the next write
+        # batch, as the sweep does, rather than making Exports wait for the whole backlog.
+        if not full:
+            self.last_prune = ticked
+
+    def prune(self, now: float) -> Pruned:
+        """Delete, in one transaction, up to ``PRUNE_BATCH`` ended sessions last seen
+        before ``now - retention_s`` with their rows, and rows of no session as old (see
+        :meth:`Writer.prune <durable_sessions_collector.store.base.Writer.prune>`); the
+        evaluator forgets the deleted sessions. Returns what was deleted."""
+        pruned = Pruned([], 0, False)
+        try:
+            with self.store.writer() as writer:
+                pruned = writer.prune(now - self.retention_s, PRUNE_BATCH)
+        finally:
+            # Spans that arrive for a deleted session start it afresh: whatever the engine
+            # holds of it must go (also if the commit failed: a rebuild is all that costs).
+            self.evaluator.discard(pruned.sessions)
+        if pruned.sessions:
+            self.metrics.sessions_pruned.inc(len(pruned.sessions))
+        if pruned.sessions or pruned.orphans:
+            self.log.info("sessions-pruned", sessions=len(pruned.sessions), orphan_rows=pruned.orphans)
+        return pruned
 
     def _lock(self, writer: Writer, session_ids: Iterable[str | None]) -> None:
         """With a store shared by replicas: lock the sessions for this transaction and

@@ -5,6 +5,7 @@ from __future__ import annotations
 from durable_sessions_collector.store.base import (
     ActionRow,
     Alert,
+    Pruned,
     SessionDetail,
     SessionSummary,
     Store,
@@ -37,6 +38,7 @@ def open_store(url: str) -> Store:
 __all__ = [
     "ActionRow",
     "Alert",
+    "Pruned",
     "SessionDetail",
     "SessionSummary",
     "SqliteStore",

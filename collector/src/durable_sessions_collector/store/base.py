@@ -17,6 +17,9 @@ What is kept:
 - **outbox**: one row per (alert channel, violation), written in the same transaction
   as the violation, so an alert is raised once, also across restarts.
 
+Everything is kept until :meth:`Writer.prune` deletes what is older than the retention
+(``retention.sessions_s``): ended sessions with their rows, and rows of no session.
+
 Writes happen in a :class:`Writer`, one transaction: everything in it is committed
 together or not at all, and an Export is acknowledged only after its writer committed.
 """
@@ -141,6 +144,20 @@ class Alert:
     attempts: int
 
 
+@dataclass(frozen=True, slots=True)
+class Pruned:
+    """What one :meth:`Writer.prune` deleted."""
+
+    sessions: list[str]
+    """The ended sessions deleted, each with its actions, violations and their alerts
+    that were not pending."""
+    orphans: int
+    """Rows of no session deleted: actions and violations without a session id, and
+    delivered or dead alerts whose violation was gone."""
+    full: bool
+    """A kind of row reached the pass's limit: more may be left for the next pass."""
+
+
 class Writer(Protocol):
     """One write transaction. Used by one thread at a time."""
 
@@ -176,6 +193,33 @@ class Writer(Protocol):
 
     def idle_sessions(self, cutoff: float, limit: int) -> list[str]:
         """Open sessions with no activity since ``cutoff``, oldest first."""
+
+    def prune(self, cutoff: float, limit: int) -> Pruned:
+        """Delete what the retention no longer keeps, up to ``limit`` of each kind below,
+        and return what was deleted.
+
+        - Up to ``limit`` ended sessions (``open = 0``) last seen before ``cutoff``, oldest
+          first: each with its actions, its violations, the outbox rows of those violations
+          that are not pending, and the session row. A pending alert is kept: it is still
+          delivered, and deleted by a later pass once delivered or dead.
+        - Up to ``limit`` actions without a session received before ``cutoff``, and up to
+          ``limit`` violations without a session created before it.
+        - Up to ``limit`` delivered or dead outbox rows whose violation is gone and whose
+          ``next_attempt_at`` is before ``cutoff`` (the time of the last retry, or on a
+          shared store the end of the last claim; never before the row was created) —
+          only when fewer than ``limit`` sessions were found: while old sessions are left
+          over, so are old alerts of stored violations, and reading past them all on
+          every pass would be slow.
+
+        A store several replicas share deletes only sessions whose lock this transaction
+        takes and that are still ended and last seen before ``cutoff`` under the lock, so
+        that a session another replica is writing is never deleted under it. A store
+        that gives a deleted largest id to the next row (SQLite) keeps the newest
+        violation, and so its session: a violation-feed cursor is a violation id.
+
+        Every statement goes through an index. Beyond the rows it deletes, a pass reads
+        the rows of no session that are younger than ``cutoff``, and the delivered or
+        dead alerts older than ``cutoff`` of violations still stored."""
 
     def lock_sessions(self, session_ids: list[str]) -> dict[str, int] | None:
         """Before the sessions are written: None when this process is the store's only
@@ -250,6 +294,17 @@ def _is_position(text: str) -> bool:
 
 VIOLATION_COLUMNS = "key, rule, severity, message, action_id, trace_id, span_id, at_end, resolved, created_at"
 """The columns :func:`violation_detail` reads, in its order."""
+
+
+OUTBOX_CHANNELS = (
+    "WITH RECURSIVE channels (name) AS ("
+    " SELECT min(channel) FROM outbox"
+    " UNION ALL SELECT (SELECT min(channel) FROM outbox WHERE channel > name) FROM channels"
+    " WHERE name IS NOT NULL"
+    ") SELECT name FROM channels WHERE name IS NOT NULL"
+)
+"""The alert channels of the outbox's rows, one index seek each (both stores index the
+outbox by channel first): ``SELECT DISTINCT channel`` would read the whole index."""
 
 
 def violation_detail(row: tuple[Any, ...] | list[Any]) -> dict[str, Any]:

@@ -24,6 +24,9 @@ The same tables and statements as the SQLite store, plus what sharing needs:
 - **Idle sweep**: :meth:`PostgresWriter.idle_sessions` only returns sessions whose lock
   it could take (``pg_try_advisory_xact_lock``), so one replica ends a session while the
   others skip it, and no replica ends a session another is writing.
+- **Retention**: :meth:`PostgresWriter.prune` deletes only ended sessions whose lock it
+  could take and that are still ended and old under it, so a session another replica
+  is appending to is never deleted under it.
 - **Alert outbox**: :meth:`PostgresStore.pending_alerts` *claims* the rows it returns
   (``FOR UPDATE SKIP LOCKED``, then ``next_attempt_at`` moved ``claim_lease_s`` ahead),
   so each alert is delivered by one replica; ``mark_delivered`` / ``mark_failed`` end the
@@ -42,7 +45,7 @@ import re
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, LiteralString
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
@@ -53,9 +56,11 @@ from durable_sessions.report import Verdict, verdict_of
 from durable_sessions.violation import Severity, Violation
 from durable_sessions_collector.config import redact_store_url
 from durable_sessions_collector.store.base import (
+    OUTBOX_CHANNELS,
     VIOLATION_COLUMNS,
     ActionRow,
     Alert,
+    Pruned,
     SessionDetail,
     SessionSummary,
     StoreError,
@@ -588,6 +593,72 @@ class PostgresWriter:
                 (cutoff, limit),
             )
         ]
+        # Under the locks, with a new snapshot: still open and idle (not ended or resumed meanwhile)?
+        return self._try_lock(
+            candidates,
+            "SELECT session_id FROM sessions WHERE session_id = ANY(%s) AND open = 1 AND last_seen <= %s",
+            cutoff,
+        )
+
+    def prune(self, cutoff: float, limit: int) -> Pruned:
+        """See :meth:`Writer.prune <durable_sessions_collector.store.base.Writer.prune>`.
+
+        Rows of no session, and alerts, are taken ``FOR UPDATE SKIP LOCKED``: two replicas
+        pruning at once each delete other rows, and neither waits for the other."""
+        db = self._db
+        found = [
+            session_id
+            for (session_id,) in db.execute(
+                "SELECT session_id FROM sessions WHERE open = 0 AND last_seen < %s ORDER BY last_seen LIMIT %s",
+                (cutoff, limit),
+            )
+        ]
+        # Under the locks, with a new snapshot: still ended and old (no replica resumed it meanwhile)?
+        sessions = self._try_lock(
+            found,
+            "SELECT session_id FROM sessions WHERE session_id = ANY(%s) AND open = 0 AND last_seen < %s",
+            cutoff,
+        )
+        channels = [name for (name,) in db.execute(OUTBOX_CHANNELS)]
+        if sessions:
+            db.execute(
+                "DELETE FROM outbox WHERE channel = ANY(%s) AND state <> 'pending' "
+                "AND violation_key IN (SELECT key FROM violations WHERE session_id = ANY(%s))",
+                (channels, sessions),
+            )
+            for table in ("violations", "actions", "sessions"):
+                db.execute(
+                    sql.SQL("DELETE FROM {} WHERE session_id = ANY(%s)").format(sql.Identifier(table)),
+                    (sessions,),
+                )
+        counts = [
+            db.execute(
+                "DELETE FROM actions WHERE id IN (SELECT id FROM actions WHERE session_id IS NULL "
+                "AND received_at < %s LIMIT %s FOR UPDATE SKIP LOCKED)",
+                (cutoff, limit),
+            ).rowcount,
+            db.execute(
+                "DELETE FROM violations WHERE id IN (SELECT id FROM violations WHERE session_id IS NULL "
+                "AND created_at < %s LIMIT %s FOR UPDATE SKIP LOCKED)",
+                (cutoff, limit),
+            ).rowcount,
+        ]
+        if len(found) < limit:
+            counts.append(
+                db.execute(
+                    "DELETE FROM outbox WHERE id IN (SELECT o.id FROM outbox o WHERE o.channel = ANY(%s) "
+                    "AND o.state IN ('delivered', 'dead') AND o.next_attempt_at < %s "
+                    "AND NOT EXISTS (SELECT 1 FROM violations v WHERE v.key = o.violation_key) "
+                    "LIMIT %s FOR UPDATE OF o SKIP LOCKED)",
+                    (channels, cutoff, limit),
+                ).rowcount
+            )
+        return Pruned(sessions, sum(counts), len(found) == limit or limit in counts)
+
+    def _try_lock(self, candidates: list[str], still: LiteralString, cutoff: float) -> list[str]:
+        """The ``candidates`` whose session lock this transaction could take and that the
+        query ``still`` (over ``ANY(ids)`` and ``cutoff``) still returns under the lock,
+        in the candidates' order. A session another replica holds is skipped."""
         if not candidates:
             return []
         locked = [
@@ -600,12 +671,5 @@ class PostgresWriter:
         ]
         if not locked:
             return []
-        # Under the locks, with a new snapshot: still open and idle (not ended or resumed meanwhile)?
-        still = {
-            session_id
-            for (session_id,) in self._db.execute(
-                "SELECT session_id FROM sessions WHERE session_id = ANY(%s) AND open = 1 AND last_seen <= %s",
-                (locked, cutoff),
-            )
-        }
-        return [session_id for session_id in locked if session_id in still]
+        found = {session_id for (session_id,) in self._db.execute(still, (locked, cutoff))}
+        return [session_id for session_id in locked if session_id in found]

@@ -23,9 +23,11 @@ from durable_sessions.record import ActionRecord, Location
 from durable_sessions.report import Verdict, verdict_of
 from durable_sessions.violation import Severity, Violation
 from durable_sessions_collector.store.base import (
+    OUTBOX_CHANNELS,
     VIOLATION_COLUMNS,
     ActionRow,
     Alert,
+    Pruned,
     SessionDetail,
     SessionSummary,
     StoreError,
@@ -113,6 +115,36 @@ CREATE TABLE IF NOT EXISTS outbox (
 );
 CREATE INDEX IF NOT EXISTS outbox_due ON outbox (channel, state, next_attempt_at)
 """
+
+
+# --- retention: the statements of SqliteWriter.prune, each through an index ----------------
+
+NEWEST_VIOLATION = "SELECT id, session_id FROM violations WHERE id = (SELECT max(id) FROM violations)"
+PRUNABLE_SESSIONS = (
+    "SELECT session_id FROM sessions WHERE open = 0 AND last_seen < ? ORDER BY last_seen LIMIT ?"
+)
+PRUNE_SESSION_ALERTS = (
+    "DELETE FROM outbox WHERE channel = ? AND state <> 'pending' "
+    "AND violation_key IN (SELECT key FROM violations WHERE session_id = ?)"
+)
+PRUNE_SESSION_ROWS = (
+    "DELETE FROM violations WHERE session_id = ?",
+    f"DELETE FROM actions WHERE {SESSION_KEY} = ?",
+    "DELETE FROM sessions WHERE session_id = ?",
+)
+PRUNE_SESSIONLESS_ACTIONS = (
+    "DELETE FROM actions WHERE id IN "
+    f"(SELECT id FROM actions WHERE {SESSION_KEY} = '' AND received_at < ? LIMIT ?)"
+)
+PRUNE_SESSIONLESS_VIOLATIONS = (
+    "DELETE FROM violations WHERE id IN "
+    "(SELECT id FROM violations WHERE session_id IS NULL AND created_at < ? AND id < ? LIMIT ?)"
+)
+PRUNE_ORPHAN_ALERTS = (
+    "DELETE FROM outbox WHERE id IN (SELECT o.id FROM outbox o WHERE o.channel = ? "
+    "AND o.state IN ('delivered', 'dead') AND o.next_attempt_at < ? "
+    "AND NOT EXISTS (SELECT 1 FROM violations v WHERE v.key = o.violation_key) LIMIT ?)"
+)
 
 
 def _connect(path: str, *, readonly: bool = False) -> sqlite3.Connection:
@@ -556,3 +588,36 @@ class SqliteWriter:
                 (cutoff, limit),
             )
         ]
+
+    def prune(self, cutoff: float, limit: int) -> Pruned:
+        """See :meth:`Writer.prune <durable_sessions_collector.store.base.Writer.prune>`.
+
+        The newest violation is kept, and the session it belongs to: SQLite gives the
+        largest id in a table plus one to the next row, so deleting the newest violation
+        would give its id again, and a WatchAlerts cursor at that id would skip the next
+        violation."""
+        db = self._db
+        newest_id, newest_session = db.execute(NEWEST_VIOLATION).fetchone() or (0, None)
+        found = [session_id for (session_id,) in db.execute(PRUNABLE_SESSIONS, (cutoff, limit))]
+        sessions = [session_id for session_id in found if session_id != newest_session]
+        channels = [name for (name,) in db.execute(OUTBOX_CHANNELS)]
+        if sessions:
+            db.executemany(PRUNE_SESSION_ALERTS, [(c, s) for s in sessions for c in channels])
+            for statement in PRUNE_SESSION_ROWS:
+                db.executemany(statement, [(session_id,) for session_id in sessions])
+        counts = [
+            db.execute(PRUNE_SESSIONLESS_ACTIONS, (cutoff, limit)).rowcount,
+            db.execute(PRUNE_SESSIONLESS_VIOLATIONS, (cutoff, newest_id, limit)).rowcount,
+        ]
+        if len(found) < limit:
+            counts.append(self._prune_orphan_alerts(channels, cutoff, limit))
+        return Pruned(sessions, sum(counts), len(found) == limit or limit in counts)
+
+    def _prune_orphan_alerts(self, channels: list[str], cutoff: float, limit: int) -> int:
+        """Delete up to ``limit`` delivered or dead alerts of deleted violations, over all channels."""
+        left = limit
+        for channel in channels:
+            left -= self._db.execute(PRUNE_ORPHAN_ALERTS, (channel, cutoff, left)).rowcount
+            if left <= 0:
+                break
+        return limit - left
