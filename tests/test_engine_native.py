@@ -235,3 +235,15 @@ def test_a_subclass_keeps_its_own_feed(native: None) -> None:
     assert seen == ["a1", "a2"]
     plain = Checker(RULES)
     assert plain.feed != python_feed(plain), "the plain class still gets the C feed"
+
+
+def test_a_feed_made_without_init_raises_instead_of_crashing(native: None) -> None:
+    # Found under AddressSanitizer: Feed.__new__ alone left NULL objects that feed() called.
+    from durable_sessions._engine import Feed
+
+    feed = Feed.__new__(Feed)
+    record = {"session_id": "s-1", "action_id": "a1", "kind": "email", "status": "ok"}
+    with pytest.raises(RuntimeError, match="not initialised"):
+        feed.feed(record)
+    with pytest.raises(RuntimeError, match="not initialised"):
+        feed.feed_lines([(1, orjson.dumps(record), True)], "run.jsonl", lambda *line: [])

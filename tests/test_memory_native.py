@@ -134,3 +134,88 @@ def test_whole_checks_report_the_same_with_and_without_the_fold(
     python = findings(logs)
     assert native == python
     assert len(native) > 20
+
+
+# -- found under AddressSanitizer/UndefinedBehaviorSanitizer -------------------------------
+
+
+def _fold_arguments(**layout: int) -> tuple[tuple, dict[str, Any]]:
+    """The arguments state.py makes its Fold with, with ``layout`` changed."""
+    from durable_sessions.rules import state
+
+    return (state.ActionMemory, state.ActionDetails), {
+        "python_remember": SessionState.remember,
+        "side_effecting": state.kinds.SIDE_EFFECTING,
+        "redacted": state.REDACTED,
+        "no_attempts": state._NO_ATTEMPTS,
+        "dumps": state.orjson.dumps,
+        "dumps_option": state.CANONICAL,
+        "fingerprint": state.fingerprint,
+        "flag_bits": (
+            state._RETRYABLE,
+            state._RECORDED,
+            state._EFFECT_DONE,
+            state._HAS_DETAILS,
+            state._HAS_OUTCOME,
+        ),
+        "incarnation_shift": state._INCARNATION_SHIFT,
+        "outcome_shift": state._OUTCOME_SHIFT,
+        "position_shift": state._POSITION_SHIFT,
+        **layout,
+    }
+
+
+_RECORD = {"session_id": "s-1", "action_id": "a1", "kind": "payment", "status": "ok", "result": {"id": 4}}
+
+
+def _fold_twice(remember: Any) -> dict[str, Any]:
+    session = SessionState("s-1")
+    remember(session, dict(_RECORD), line_location("run.jsonl", 7), None)
+    remember(session, dict(_RECORD), line_location("run.jsonl", 9), session.recall("a1"))
+    return session_memory(session)
+
+
+def test_a_failed_reinit_leaves_the_fold_as_it_was(native_remember: Any) -> None:
+    # Fold.__init__ wrote the shifts before checking them: after the ValueError, the fold
+    # shifted words past its 256 bits (a stack-buffer-overflow).
+    from durable_sessions._memory import Fold
+
+    args, kwargs = _fold_arguments()
+    fold = Fold(*args, **kwargs)
+    expected = _fold_twice(SessionState.remember)
+    assert _fold_twice(fold.remember) == expected
+    bad_args, bad_kwargs = _fold_arguments(outcome_shift=500, position_shift=2000)
+    with pytest.raises(ValueError, match="does not fit"):
+        fold.__init__(*bad_args, **bad_kwargs)  # type: ignore[misc]
+    assert _fold_twice(fold.remember) == expected
+
+
+@pytest.mark.parametrize("layout", [{"outcome_shift": -1}, {"outcome_shift": -200, "position_shift": -100}])
+def test_a_negative_shift_is_refused(native_remember: Any, layout: dict[str, int]) -> None:
+    from durable_sessions._memory import Fold
+
+    args, kwargs = _fold_arguments(**layout)
+    with pytest.raises(ValueError, match="does not fit"):
+        Fold(*args, **kwargs)
+
+
+def test_a_fold_made_without_init_raises_instead_of_crashing(native_remember: Any) -> None:
+    from durable_sessions._memory import Fold
+
+    fold = Fold.__new__(Fold)
+    with pytest.raises(RuntimeError, match="not initialised"):
+        fold.remember(SessionState("s-1"), dict(_RECORD), line_location("run.jsonl", 7), None)
+
+
+def test_a_prior_whose_where_is_not_a_location_goes_to_the_reference(native_remember: Any) -> None:
+    # The fold cites a logged action where it first appeared (prior.where) and read that
+    # as a 4-tuple without checking it.
+    session = SessionState("s-1")
+    native_remember(session, dict(_RECORD), line_location("run.jsonl", 7), None)
+    prior = session.recall("a1")
+    assert prior is not None
+    odd = prior._replace(where=None)
+    with pytest.raises(AttributeError):
+        SessionState.remember(SessionState("s-1"), dict(_RECORD), line_location("run.jsonl", 9), odd)
+    with pytest.raises(AttributeError):
+        native_remember(session, dict(_RECORD), line_location("run.jsonl", 9), odd)

@@ -9,9 +9,11 @@ both), for generated attribute values, and check what it refuses, drops and coun
 from __future__ import annotations
 
 import marshal
+import math
 import os
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 import pytest
@@ -22,6 +24,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.trace import SpanContext, Status, StatusCode
 
 from durable_sessions import semconv as sc
+from durable_sessions.check import raw_shard_of
 from durable_sessions.mapping import sdk_attributes, sdk_span_facts
 from durable_sessions.offload import SPAN, SYNC, _context_is_tuple, read_frame
 from durable_sessions.span_check import ACTION_KIND, ACTION_PREFIX, MAYBE_ACTION_KEYS, may_be_action
@@ -458,3 +461,76 @@ def test_a_subclass_that_overrides_the_hooks_keeps_them(monkeypatch: pytest.Monk
     assert processor.wait_checked(timeout_s=30)
     assert processor.actions_checked == 1
     provider.shutdown()
+
+
+# -- found under AddressSanitizer/UndefinedBehaviorSanitizer -------------------------------
+
+
+@pytest.mark.parametrize("shards", [2**32 - 1, 2**32, 2**32 + 1, 2**40])
+def test_route_lines_with_a_shard_count_past_32_bits_routes_as_raw_shard_of(shards: int) -> None:
+    # The count was cut to 32 bits: 2**32 divided by zero (SIGFPE), 2**32 + 1 routed by 1.
+    require_native()
+    from durable_sessions._native import route_lines
+
+    line = b'{"session_id":"abc"}\n'
+    owner = raw_shard_of(line, shards)
+    assert owner is not None
+    assert route_lines(line, 0, owner, shards, 1 << 20, True) == ([(1, line, True)], len(line), 1)
+
+
+def _in_a_fork(scenario: Callable[[], None]) -> None:
+    """Run ``scenario`` in a forked child: a hang fails the test instead of stopping the run."""
+
+    def child() -> int:
+        scenario()
+        return 0
+
+    assert exit_code_in_fork(child, timeout_s=20.0) == 0
+
+
+@pytest.mark.parametrize("timeout_s", [-1.0, math.nan, math.inf, 1e300])
+def test_close_returns_for_any_timeout(timeout_s: float) -> None:
+    # A negative nanosecond count (or one cast from past 2**63) made pthread_cond_timedwait
+    # answer EINVAL, and close() spun holding the lock the sender needs: a hang.
+    require_native()
+
+    def scenario() -> None:
+        pipe = Pipe()
+        pipe.handoff.close(timeout_s)
+        pipe.close()
+
+    _in_a_fork(scenario)
+
+
+def test_a_long_interval_still_lets_messages_through() -> None:
+    # 1e10 s in nanoseconds is past 2**63: the sender's deadline came out negative and it
+    # spun holding the lock, so the next send blocked for ever.
+    require_native()
+
+    def scenario() -> None:
+        pipe = Pipe(interval_s=1e10)
+        assert pipe.handoff.send((SPAN, "queued"))
+        time.sleep(0.2)  # the sender is waiting for a fuller batch now
+        assert pipe.received() == [(SPAN, "queued")]
+        pipe.close()
+
+    _in_a_fork(scenario)
+
+
+def test_a_nan_interval_is_refused() -> None:
+    require_native()
+    from durable_sessions._native import Handoff
+
+    with pytest.raises(ValueError, match="must be positive"):
+        Handoff(
+            fd=1,
+            span_op=SPAN,
+            action_kind=ACTION_KIND,
+            markers=(),
+            prefix=ACTION_PREFIX,
+            error_code=None,
+            batch_bytes=1,
+            limit_bytes=1 << 16,
+            limit_count=1,
+            interval_s=math.nan,
+        )

@@ -222,9 +222,22 @@ done:
     return failed ? -1 : 0;
 }
 
+/* Whether __init__ has run (Feed.__new__ alone leaves every object NULL). */
+static int
+ready(Feed *self)
+{
+    if (self->checker == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Feed is not initialised");
+        return 0;
+    }
+    return 1;
+}
+
 static PyObject *
 Feed_feed(Feed *self, PyObject *const *args, Py_ssize_t nargs)
 {
+    if (!ready(self))
+        return NULL;
     if (nargs < 1 || nargs > 2) {
         PyErr_SetString(PyExc_TypeError, "feed(record, where=NOWHERE) takes 1 or 2 arguments");
         return NULL;
@@ -328,6 +341,8 @@ extend(PyObject *list, PyObject *items)
 static PyObject *
 Feed_feed_lines(Feed *self, PyObject *const *args, Py_ssize_t nargs)
 {
+    if (!ready(self))
+        return NULL;
     if (nargs != 3 || !PyList_Check(args[0])) {
         PyErr_SetString(PyExc_TypeError, "feed_lines(lines: list, file, other) takes 3 arguments");
         return NULL;

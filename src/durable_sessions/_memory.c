@@ -763,6 +763,13 @@ fold(Fold *self, Action *a)
     return failed ? -1 : 0;
 }
 
+/* A location as the fold reads it: a tuple (file, line, trace_id, span_id). */
+static int
+is_location(PyObject *where)
+{
+    return PyTuple_Check(where) && PyTuple_GET_SIZE(where) == 4;
+}
+
 static PyObject *
 Fold_remember(Fold *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -770,9 +777,15 @@ Fold_remember(Fold *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "remember(session, record, where, prior) takes 4 arguments");
         return NULL;
     }
+    if (self->python_remember == NULL) { /* made by Fold.__new__ without __init__ */
+        PyErr_SetString(PyExc_RuntimeError, "Fold is not initialised");
+        return NULL;
+    }
     Action a = {.session = args[0], .record = args[1], .where = args[2], .prior = args[3]};
-    int usual = PyDict_CheckExact(a.record) && PyTuple_Check(a.where) && PyTuple_GET_SIZE(a.where) == 4
-             && (a.prior == Py_None || (PyTuple_Check(a.prior) && PyTuple_GET_SIZE(a.prior) == 10));
+    int usual = PyDict_CheckExact(a.record) && is_location(a.where)
+             && (a.prior == Py_None
+                 || (PyTuple_Check(a.prior) && PyTuple_GET_SIZE(a.prior) == 10
+                     && is_location(PyTuple_GET_ITEM(a.prior, 1)))); /* prior.where may stand in for where */
     int status = usual ? fold(self, &a) : 1;
     action_clear(&a);
     if (status < 0)
@@ -789,16 +802,16 @@ Fold_init(Fold *self, PyObject *args, PyObject *kwargs)
                             "no_attempts", "dumps", "dumps_option", "fingerprint", "flag_bits",
                             "incarnation_shift", "outcome_shift", "position_shift", NULL};
     PyObject *flag_bits;
-    Fold given = {0};
+    Fold given = {0}; /* set in self only once all of it is checked: a failed __init__ changes nothing */
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!$OO!UO!OOOO!iii:Fold", names, &PyType_Type,
                                      &given.memory_type, &PyType_Type, &given.details_type, &given.python_remember,
                                      &PyFrozenSet_Type, &given.side_effecting, &given.redacted, &PyFrozenSet_Type,
                                      &given.no_attempts, &given.dumps, &given.dumps_option, &given.fingerprint,
-                                     &PyTuple_Type, &flag_bits, &self->incarnation_shift, &self->outcome_shift,
-                                     &self->position_shift))
+                                     &PyTuple_Type, &flag_bits, &given.incarnation_shift, &given.outcome_shift,
+                                     &given.position_shift))
         return -1;
-    unsigned long *flags[5] = {&self->retryable, &self->recorded, &self->effect_done, &self->has_details,
-                               &self->has_outcome};
+    unsigned long *flags[5] = {&given.retryable, &given.recorded, &given.effect_done, &given.has_details,
+                               &given.has_outcome};
     if (PyTuple_GET_SIZE(flag_bits) != 5) {
         PyErr_SetString(PyExc_ValueError, "flag_bits: expected (retryable, recorded, effect_done, has_details, has_outcome)");
         return -1;
@@ -808,14 +821,23 @@ Fold_init(Fold *self, PyObject *args, PyObject *kwargs)
         if (PyErr_Occurred())
             return -1;
     }
-    if (self->incarnation_shift < 0 || self->incarnation_shift > 64 || self->outcome_shift > 128
-        || self->outcome_shift + 64 > self->position_shift || self->position_shift > 64 * (WORDS - 1)) {
+    if (given.incarnation_shift < 0 || given.incarnation_shift > 64 || given.outcome_shift < 0
+        || given.outcome_shift > 128 || given.outcome_shift + 64 > given.position_shift
+        || given.position_shift > 64 * (WORDS - 1)) {
         PyErr_SetString(PyExc_ValueError, "the packed layout does not fit the native fold's 256 bits");
         return -1;
     }
 #define TAKE(name) Py_XSETREF(self->name, Py_NewRef(given.name));
     FOLD_OBJECTS(TAKE)
 #undef TAKE
+    self->retryable = given.retryable;
+    self->recorded = given.recorded;
+    self->effect_done = given.effect_done;
+    self->has_details = given.has_details;
+    self->has_outcome = given.has_outcome;
+    self->incarnation_shift = given.incarnation_shift;
+    self->outcome_shift = given.outcome_shift;
+    self->position_shift = given.position_shift;
     return 0;
 }
 

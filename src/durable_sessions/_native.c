@@ -333,6 +333,13 @@ write_all(int fd, const char *data, size_t len)
 static void
 deadline_after(struct timespec *t, double seconds)
 {
+    /* A negative or NaN wait is none, a longer one than 10**9 s is that long: the
+     * nanoseconds stay non-negative and in range (pthread_cond_timedwait refuses a
+     * negative tv_nsec with EINVAL, and its callers would spin holding the lock). */
+    if (!(seconds > 0))
+        seconds = 0;
+    else if (seconds > 1e9)
+        seconds = 1e9;
     clock_gettime(DEADLINE_CLOCK, t);
     long long ns = t->tv_nsec + (long long)(seconds * 1e9);
     t->tv_sec += (time_t)(ns / 1000000000LL);
@@ -534,7 +541,7 @@ Handoff_init(Handoff *self, PyObject *args, PyObject *kwargs)
                                      &limit_bytes, &limit_count, &interval_s, &self->context_is_tuple))
         return -1;
     if (batch_bytes <= 0 || limit_bytes <= FRAME_HEADER || limit_count <= 0 || limit_count > UINT32_MAX
-        || interval_s <= 0) {
+        || !(interval_s > 0)) {
         PyErr_SetString(PyExc_ValueError, "batch_bytes, limit_bytes, limit_count and interval_s must be positive");
         return -1;
     }
@@ -1214,8 +1221,8 @@ names_session_id(const char *line, size_t from, size_t len)
 }
 
 /* check.raw_shard_of: the owning shard when the bytes decide it, else -1. */
-static long
-raw_owner(const char *line, size_t len, long shards)
+static Py_ssize_t
+raw_owner(const char *line, size_t len, Py_ssize_t shards)
 {
     size_t lead = sizeof LEADING_SESSION_ID - 1;
     /* raw.count(b'"session_id"') == 1: the leading key is at 1, and the count goes on
@@ -1226,7 +1233,7 @@ raw_owner(const char *line, size_t len, long shards)
     const char *close = memchr(line + lead, '"', len - lead);
     if (close == NULL || close == line + lead || memchr(line + lead, '\\', (size_t)(close - line - lead)) != NULL)
         return -1;
-    return (long)(crc32_of((const unsigned char *)line + lead, (size_t)(close - line - lead)) % (uint32_t)shards);
+    return (Py_ssize_t)(crc32_of((const unsigned char *)line + lead, (size_t)(close - line - lead)) % (size_t)shards);
 }
 
 static int
@@ -1271,7 +1278,7 @@ route_lines(PyObject *module, PyObject *args)
         if (content > max_line_bytes)
             status = append_line(lines, number, NULL, 0, 0); /* too long: reported, never parsed */
         else {
-            long owner = raw_owner(p, (size_t)raw_len, (long)shards);
+            Py_ssize_t owner = raw_owner(p, (size_t)raw_len, shards);
             if (owner < 0 || owner == shard)
                 status = append_line(lines, number, p, raw_len, owner == shard);
         }

@@ -367,3 +367,13 @@ def test_a_status_code_outside_int32_is_declined() -> None:
     body = body_of_raw(one_span().SerializeToString() + b"\x7a" + _length(status))
     assert native(body) is None
     assert protobuf_span_parts(body, [])[0][3] is True
+
+
+def test_a_decoder_made_without_init_raises_instead_of_crashing() -> None:
+    # Found under AddressSanitizer: Decoder.__new__ alone left NULL name tuples that
+    # span_parts read.
+    assert decode._WIRE is not None
+    decoder_type = type(decode._WIRE)
+    decoder = decoder_type.__new__(decoder_type)
+    with pytest.raises(RuntimeError, match="not initialised"):
+        decoder.span_parts(with_attribute(b"\x0a\x01v"))

@@ -670,6 +670,10 @@ static PyObject *
 Decoder_span_parts(Decoder *self, PyObject *body)
 {
     Py_buffer view;
+    if (self->names == NULL) { /* made by Decoder.__new__ without __init__ */
+        PyErr_SetString(PyExc_RuntimeError, "Decoder is not initialised");
+        return NULL;
+    }
     if (PyObject_GetBuffer(body, &view, PyBUF_SIMPLE) < 0)
         return NULL;
     Reader r = {view.buf, (const unsigned char *)view.buf + view.len}, inner;
