@@ -13,12 +13,14 @@ on the log for long.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import queue
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 LEVELS = {"DEBUG": 10, "INFO": 20, "WARNING": 30, "ERROR": 40}
@@ -31,6 +33,9 @@ MAX_QUEUED_LINES = 10_000
 
 CHUNK_LINES = 256
 """Most lines written (and flushed) in one write."""
+
+IDLE_EXIT_S = 5.0
+"""The log's thread ends after this long without a line; the next line starts another."""
 
 
 class JsonLog:
@@ -60,7 +65,7 @@ class JsonLog:
         self._drops = itertools.count(1)  # next() is atomic: no lock a signal handler could wait on
         self._reported = 0  # dropped lines already announced by a log-lines-dropped line
         # SimpleQueue.put is reentrant (a signal handler may log while its thread is in put).
-        self._queue: queue.SimpleQueue[str | threading.Event] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[str | Callable[[], object]] = queue.SimpleQueue()
         self._writing_since: float | None = None  # monotonic start of the write in progress
         self._thread: threading.Thread | None = None
         self._starting = threading.Lock()
@@ -87,14 +92,20 @@ class JsonLog:
         Waits at most ``timeout``; without one, at most ``blocked_write_s``, and not at all
         when the stream is already blocked.
         """
-        self._ensure_thread()
         if timeout is None:
             if self.stuck():
+                self._ensure_thread()
                 return False
             timeout = self.blocked_write_s
         written = threading.Event()
-        self._queue.put(written)
+        self.then(written.set)
         return written.wait(timeout)
+
+    def then(self, callback: Callable[[], object]) -> None:
+        """Have the log's thread call ``callback`` right after the lines logged before this
+        call are written (an exception it raises is ignored)."""
+        self._queue.put(callback)
+        self._ensure_thread()
 
     def stuck(self) -> bool:
         """Whether a write has been blocked in the stream for ``blocked_write_s`` or more."""
@@ -104,43 +115,62 @@ class JsonLog:
     def _ensure_thread(self) -> None:
         if self._thread is not None:
             return
-        # A signal handler may run while its thread holds this lock: never wait for it.
+        # A signal handler may run while its thread holds this lock: never wait for it. A
+        # thread that holds it is starting a log thread, or keeping one (see _retire):
+        # either way the line just queued is written.
         if not self._starting.acquire(blocking=False):
             return
         try:
             if self._thread is None:
                 thread = threading.Thread(target=self._run, name="durable-sessions-log", daemon=True)
-                thread.start()
                 self._thread = thread
+                try:
+                    thread.start()
+                except RuntimeError:  # no thread to be had now: the next line tries again
+                    self._thread = None
         finally:
             self._starting.release()
 
     def _run(self) -> None:
         while True:
-            lines, written = self._take()
+            try:
+                lines, callback = self._take()
+            except queue.Empty:
+                if self._retire():
+                    return
+                continue
             if lines:
                 self._emit(lines)
-            for event in written:
-                event.set()
+            if callback is not None:
+                with contextlib.suppress(Exception):  # the log has nowhere better to report it
+                    callback()
 
-    def _take(self) -> tuple[list[str], list[threading.Event]]:
-        """The next lines to write (one blocking get, then what else is queued)."""
+    def _take(self) -> tuple[list[str], Callable[[], object] | None]:
+        """The next lines to write (one get, waiting up to ``IDLE_EXIT_S``, then what else
+        is queued), up to and including the first callback queued after them."""
         lines: list[str] = []
-        written: list[threading.Event] = []
-        item = self._queue.get()
-        while True:
-            if isinstance(item, threading.Event):
-                written.append(item)
-                if lines:  # a flush waits for the lines before it only
-                    return lines, written
-            else:
-                lines.append(item)
+        item = self._queue.get(timeout=IDLE_EXIT_S)
+        while isinstance(item, str):
+            lines.append(item)
             if len(lines) >= CHUNK_LINES:
-                return lines, written
+                return lines, None
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:
-                return lines, written
+                return lines, None
+        return lines, item
+
+    def _retire(self) -> bool:
+        """The log's thread has been idle: whether it ends. It ends unless a line came
+        meanwhile and no other thread was started for it."""
+        self._thread = None  # from here on, whoever queues a line starts a thread...
+        if self._queue.empty():
+            return True  # ...so no line queued after this check waits for this one
+        with self._starting:
+            if self._thread is None:
+                self._thread = threading.current_thread()
+                return False
+        return True
 
     def _emit(self, lines: list[str]) -> None:
         dropped = self.dropped

@@ -12,7 +12,7 @@ from typing import TextIO
 
 from durable_sessions_collector import __version__
 from durable_sessions_collector.alerts import LOG, OTLP, WEBHOOK
-from durable_sessions_collector.alerts.log import LogAlerts
+from durable_sessions_collector.alerts.log import LogAlerts, WrittenJournal
 from durable_sessions_collector.alerts.metrics import Metrics
 from durable_sessions_collector.alerts.otlp import OtlpAlerts
 from durable_sessions_collector.alerts.outbox import DeliveryPolicy
@@ -34,7 +34,10 @@ from durable_sessions_collector.security import (
     grpc_server_credentials,
     server_ssl_context,
 )
-from durable_sessions_collector.store import open_store
+from durable_sessions_collector.store import SqliteStore, open_store
+
+JOURNAL_SUFFIX = ".log-written"
+"""Beside a SQLite store: the keys of alert lines written and not yet marked delivered."""
 
 EXIT_FLUSH_S = 5.0
 """Longest ``serve`` waits at exit for log lines still queued to be written."""
@@ -103,10 +106,12 @@ class Service:
                 )
                 if enabled
             )
+            journal = WrittenJournal(store.path + JOURNAL_SUFFIX) if isinstance(store, SqliteStore) else None
             self.log_alerts = LogAlerts(
                 store,
                 log,
                 on_delivered=lambda channel, n: metrics.alert_deliveries.labels(channel, "delivered").inc(n),
+                journal=journal,
             )
             if config.alerts_webhook_url:
                 self.webhook = WebhookAlerts(

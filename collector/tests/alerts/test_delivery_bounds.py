@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 from conftest import wait_for
+from durable_sessions_collector import jsonlog
 from durable_sessions_collector.alerts.outbox import DeliveryPolicy
 from durable_sessions_collector.alerts.webhook import WebhookAlerts
 from durable_sessions_collector.jsonlog import JsonLog
@@ -292,6 +293,56 @@ def test_lines_are_written_before_the_call_returns() -> None:
     log.info("one", n=1)
     assert [line["event"] for line in stream.lines()] == ["one"]
     assert log.dropped == 0 and not log.stuck()
+
+
+def test_the_log_thread_ends_when_idle_and_the_next_line_starts_another(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(jsonlog, "IDLE_EXIT_S", 0.05)
+    stream = BlockingStream()
+    log = JsonLog(stream)
+    log.info("one")
+    first = log._thread
+    assert first is not None
+    first.join(5)
+    assert not first.is_alive() and log._thread is None  # no thread kept per idle log
+    log.info("two")
+    assert [line["event"] for line in stream.lines()] == ["one", "two"]
+
+
+def test_no_line_is_stranded_while_the_log_thread_ends(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # Lines queued just as the idle thread decides to end must still be written: by it, or
+    # by a thread started for them. Idle almost at once, so that it ends all the time.
+    monkeypatch.setattr(jsonlog, "IDLE_EXIT_S", 0.0005)
+    stream = BlockingStream()
+    log = JsonLog(stream)
+
+    def logger(n: int) -> None:
+        for i in range(300):
+            log.write("INFO", "line", wait=False, n=n, i=i)
+            if i % 7 == 0:
+                time.sleep(0.0005 * (n % 3))
+
+    threads = [threading.Thread(target=logger, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    # No flush, no further line: nothing may be left waiting for one.
+    wait_for(lambda: len(stream.text) and len(stream.lines()) == 1200, timeout=10)
+    lines = stream.lines()
+    assert log.dropped == 0
+    for n in range(4):  # each thread's lines in its order
+        assert [line["i"] for line in lines if line["n"] == n] == list(range(300))
+
+
+def test_an_idle_log_thread_keeps_running_for_a_line_queued_as_it_retires() -> None:
+    # The window the stress test above can hardly hit, set up by hand: a line was queued
+    # by a thread that still saw this one running, so it started none.
+    log = JsonLog(BlockingStream())
+    log._thread = threading.current_thread()  # this test plays the log's thread
+    log._queue.put("{}")
+    assert log._retire() is False and log._thread is threading.current_thread()
+    log._queue.get_nowait()
+    assert log._retire() is True and log._thread is None  # idle, and nothing queued
 
 
 def test_a_blocked_stream_queues_lines_without_waiting_then_writes_them_in_order() -> None:

@@ -2,27 +2,85 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import threading
 import time
+from collections.abc import Callable
 
 from durable_sessions_collector.alerts import LOG
 from durable_sessions_collector.jsonlog import JsonLog
-from durable_sessions_collector.store import Store
+from durable_sessions_collector.store import Alert, Store
+
+
+class WrittenJournal:
+    """The keys of alert lines written and perhaps not yet marked delivered in the store.
+
+    Marking an alert delivered is a store transaction, which takes milliseconds after its
+    line was written: a process killed in between would write the line again at its next
+    start. The log's thread appends the keys here right after it writes their lines (one
+    ``write`` to a file, which outlives the process as soon as it returns), and the next
+    start marks those alerts delivered without writing them again. A torn last line (the
+    process died inside the append) is ignored: its alert is written again.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+
+    def append(self, keys: list[str]) -> None:
+        data = "".join(json.dumps(key) + "\n" for key in keys).encode("utf-8", "surrogatepass")
+        with self._lock:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+
+    def keys(self) -> set[str]:
+        try:
+            with open(self.path, encoding="utf-8", errors="surrogatepass") as journal:
+                text = journal.read()
+        except FileNotFoundError:
+            return set()
+        keys = set()
+        for line in text.splitlines():
+            with contextlib.suppress(ValueError):  # the torn last line of an append the process died in
+                keys.add(json.loads(line))
+        return keys
+
+    def clear(self) -> None:
+        with self._lock, contextlib.suppress(FileNotFoundError):
+            os.truncate(self.path, 0)
 
 
 class LogAlerts:
     """Delivers pending ``log`` outbox rows as JSON lines, then marks them delivered.
 
     Rows are marked once their lines are written, so that a crash in between writes a
-    line again rather than never. While standard error is blocked (see :mod:`..jsonlog`)
-    the lines are only queued when they are marked: delivery does not wait on the log.
+    line again rather than never; with a :class:`WrittenJournal`, not even then. While
+    standard error is blocked (see :mod:`..jsonlog`) the lines are only queued when they
+    are marked: delivery does not wait on the log.
     """
 
     channel = LOG
 
-    def __init__(self, store: Store, log: JsonLog, on_delivered=None) -> None:  # type: ignore[no-untyped-def]
+    def __init__(
+        self,
+        store: Store,
+        log: JsonLog,
+        on_delivered: Callable[[str, int], object] | None = None,
+        *,
+        journal: WrittenJournal | None = None,
+    ) -> None:
         self.store = store
         self.log = log
         self.on_delivered = on_delivered
+        self.journal = journal
+        # Written by an earlier process that died before marking them delivered.
+        self._written_before = journal.keys() if journal is not None else set()
+        self._flushed = True  # no line queued and not yet written (nor its key appended)
 
     def deliver_pending(self) -> int:
         delivered = 0
@@ -30,12 +88,32 @@ class LogAlerts:
             now = time.time()
             pending = self.store.pending_alerts(LOG, now, limit=500)
             if not pending:
+                if self._written_before:  # each was marked by now, or was no longer pending
+                    self._written_before.clear()
+                    self._forget_marked()
                 return delivered
-            for alert in pending:
-                self.log.write("WARNING", "violation", force=True, wait=False, **alert.payload)
-            self.log.flush()
+            unwritten = [alert for alert in pending if alert.payload.get("key") not in self._written_before]
+            self._flushed = self._write(unwritten)
             with self.store.writer() as writer:
                 writer.mark_delivered([alert.id for alert in pending], now)
+            if not self._written_before:
+                self._forget_marked()
             delivered += len(pending)
             if self.on_delivered is not None:
                 self.on_delivered(LOG, len(pending))
+
+    def _forget_marked(self) -> None:
+        """Empty the journal once every key in it is marked delivered: when the lines
+        queued so far are out (their keys were appended), and none is left from before."""
+        if self.journal is not None and self._flushed:
+            self.journal.clear()
+
+    def _write(self, alerts: list[Alert]) -> bool:
+        """Write the alerts' lines; return whether they are out (not just queued)."""
+        for alert in alerts:
+            self.log.write("WARNING", "violation", force=True, wait=False, **alert.payload)
+        journal = self.journal
+        if alerts and journal is not None:
+            keys = [str(alert.payload.get("key")) for alert in alerts]
+            self.log.then(lambda: journal.append(keys))
+        return self.log.flush()

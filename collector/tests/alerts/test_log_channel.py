@@ -1,0 +1,109 @@
+"""The ``log`` alert channel and its journal of written lines.
+
+A line is marked delivered in the store only after it is written, and the store's mark
+takes a transaction: a process killed between the two would write the line again at its
+next start. The journal (one append right after the write) lets the next start mark it
+without writing it again. These tests stop "a process" between write and mark by
+delivering with one :class:`LogAlerts` and marking nothing, then starting another.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+from durable_sessions_collector.alerts import LOG
+from durable_sessions_collector.alerts.log import LogAlerts, WrittenJournal
+from durable_sessions_collector.jsonlog import JsonLog
+from durable_sessions_collector.store import SqliteStore
+
+
+def store_with_pending(path: Path, keys: list[str]) -> SqliteStore:
+    store = SqliteStore(str(path))
+    with store.writer() as writer:
+        for key in keys:
+            writer.enqueue_alert(LOG, key, {"key": key, "rule": "unkeyed-side-effect"}, 1.0)
+    return store
+
+
+def violation_lines(stream: io.StringIO) -> list[str]:
+    return [json.loads(line)["key"] for line in stream.getvalue().splitlines() if '"violation"' in line]
+
+
+def written_but_not_marked(store: SqliteStore, journal: WrittenJournal) -> list[str]:
+    """What a process killed after writing its pending alerts' lines, before marking them, left."""
+    stream = io.StringIO()
+    dying = LogAlerts(store, JsonLog(stream), journal=journal)
+    assert dying._write(store.pending_alerts(LOG, 10.0, limit=500))
+    return violation_lines(stream)
+
+
+def test_lines_written_before_a_crash_are_marked_at_the_next_start_not_written_again(tmp_path: Path) -> None:
+    store = store_with_pending(tmp_path / "s.db", ["a", "b"])
+    journal = WrittenJournal(str(tmp_path / "s.db.log-written"))
+    try:
+        assert written_but_not_marked(store, journal) == ["a", "b"]
+        with store.writer() as writer:  # a violation found after the crash
+            writer.enqueue_alert(LOG, "c", {"key": "c"}, 2.0)
+        stream = io.StringIO()
+        assert LogAlerts(store, JsonLog(stream), journal=journal).deliver_pending() == 3
+        assert violation_lines(stream) == ["c"]
+        assert store.pending_alerts(LOG, 10.0) == []
+        assert journal.keys() == set()  # every key in it is marked: it starts empty again
+    finally:
+        store.close()
+
+
+def test_without_a_journal_the_lines_are_written_again(tmp_path: Path) -> None:
+    # What the journal prevents: at least once, not exactly once.
+    store = store_with_pending(tmp_path / "s.db", ["a"])
+    try:
+        stream = io.StringIO()
+        LogAlerts(store, JsonLog(stream))._write(store.pending_alerts(LOG, 10.0))
+        LogAlerts(store, JsonLog(stream)).deliver_pending()
+        assert violation_lines(stream) == ["a", "a"]
+    finally:
+        store.close()
+
+
+def test_a_torn_last_journal_line_writes_its_alert_again(tmp_path: Path) -> None:
+    store = store_with_pending(tmp_path / "s.db", ["a", "b"])
+    journal = WrittenJournal(str(tmp_path / "s.db.log-written"))
+    try:
+        written_but_not_marked(store, journal)
+        text = Path(journal.path).read_bytes()
+        Path(journal.path).write_bytes(text[:-3])  # died inside the append of "b"
+        assert journal.keys() == {"a"}
+        stream = io.StringIO()
+        LogAlerts(store, JsonLog(stream), journal=journal).deliver_pending()
+        assert violation_lines(stream) == ["b"]  # at least once: never lost
+    finally:
+        store.close()
+
+
+def test_the_journal_is_appended_only_after_the_lines_are_written(tmp_path: Path) -> None:
+    store = store_with_pending(tmp_path / "s.db", ["a"])
+    journal = WrittenJournal(str(tmp_path / "s.db.log-written"))
+    appended_after: list[str] = []
+
+    class Watching(io.StringIO):
+        def write(self, text: str) -> int:
+            appended_after.append("journal" if journal.keys() else "lines")
+            return super().write(text)
+
+    try:
+        LogAlerts(store, JsonLog(Watching()), journal=journal)._write(store.pending_alerts(LOG, 10.0))
+        assert appended_after == ["lines"] and journal.keys() == {"a"}
+    finally:
+        store.close()
+
+
+def test_keys_of_any_text_survive_the_journal(tmp_path: Path) -> None:
+    journal = WrittenJournal(str(tmp_path / "j"))
+    keys = ["s|rule|a\nb|0", 'q"uote', "\ud800-lone", "ünï"]
+    journal.append(keys[:2])
+    journal.append(keys[2:])
+    assert journal.keys() == set(keys)
+    journal.clear()
+    assert journal.keys() == set()
