@@ -430,6 +430,35 @@ def test_rows_of_no_session_older_than_the_cutoff_are_deleted_a_batch_at_a_time(
     assert store.alert_counts() == {("log", "delivered"): 1, ("otlp", "pending"): 1}
 
 
+def ended_session(writer: Any, session_id: str, actions: int, now: float) -> None:
+    for n in range(actions):
+        row = action_row(
+            {"session_id": session_id, "action_id": f"a{n}", "kind": "tool_call", "status": "ok"},
+            "e" * 32,
+            f"{session_id}-{n}",
+        )
+        assert writer.add_action(row, now)
+    writer.touch_session(session_id, now, actions)
+    writer.end_session(session_id, now)
+
+
+def test_a_pass_deletes_sessions_up_to_an_action_budget_and_a_huge_session_alone(store: Store) -> None:
+    # One pass is one transaction that Exports wait for: it stops at max_actions actions,
+    # oldest sessions first, but deletes at least one session, however large.
+    with store.writer() as writer:
+        for n, (session_id, actions) in enumerate([("huge", 80), ("s1", 30), ("s2", 15), ("s3", 10)]):
+            ended_session(writer, session_id, actions, 1.0 + n)
+    passes = []
+    while True:
+        with store.writer() as writer:
+            pruned = writer.prune(100.0, 10, max_actions=50)
+        if not pruned.sessions:
+            break
+        passes.append((pruned.sessions, pruned.full))
+    assert passes == [(["huge"], True), (["s1", "s2"], True), (["s3"], False)]
+    assert query_counts(store)["actions"] == 0
+
+
 def query_counts(store: Store) -> dict[str, int]:
     url = f"sqlite:///{store.path}" if hasattr(store, "path") else store.url  # type: ignore[attr-defined]
     return {

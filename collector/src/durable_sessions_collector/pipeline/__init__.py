@@ -31,6 +31,9 @@ from durable_sessions_collector.store import Pruned, Store, StoreError, Writer
 IDLE_BATCH = 500
 PRUNE_BATCH = 500
 """Most sessions one retention pass deletes (and most rows of no session, of each kind)."""
+PRUNE_ACTIONS = 20_000
+"""Most actions of sessions one retention pass deletes (one session, however large, at least):
+a pass is one transaction, and Exports wait for it."""
 PRUNE_EVERY_S = 60.0
 """Seconds between two retention passes, unless the last one deleted a full batch."""
 
@@ -353,7 +356,7 @@ class Pipeline:
         pruned = Pruned([], 0, False)
         try:
             with self.store.writer() as writer:
-                pruned = writer.prune(now - self.retention_s, PRUNE_BATCH)
+                pruned = writer.prune(now - self.retention_s, PRUNE_BATCH, PRUNE_ACTIONS)
         finally:
             # Spans that arrive for a deleted session start it afresh: whatever the engine
             # holds of it must go (also if the commit failed: a rebuild is all that costs).

@@ -158,6 +158,20 @@ class Pruned:
     """A kind of row reached the pass's limit: more may be left for the next pass."""
 
 
+def within_budget(found: list[tuple[str, int]], max_actions: int | None) -> tuple[list[str], bool]:
+    """The sessions of ``found`` (id and stored action count, oldest first) that one pass
+    deletes: as many as hold ``max_actions`` actions together, and the first whatever its
+    size; and whether the budget left any of them out. None is no budget."""
+    taken: list[str] = []
+    total = 0
+    for session_id, actions in found:
+        total += actions
+        if taken and max_actions is not None and total > max_actions:
+            return taken, True
+        taken.append(session_id)
+    return taken, False
+
+
 class Writer(Protocol):
     """One write transaction. Used by one thread at a time."""
 
@@ -194,14 +208,16 @@ class Writer(Protocol):
     def idle_sessions(self, cutoff: float, limit: int) -> list[str]:
         """Open sessions with no activity since ``cutoff``, oldest first."""
 
-    def prune(self, cutoff: float, limit: int) -> Pruned:
+    def prune(self, cutoff: float, limit: int, max_actions: int | None = None) -> Pruned:
         """Delete what the retention no longer keeps, up to ``limit`` of each kind below,
         and return what was deleted.
 
         - Up to ``limit`` ended sessions (``open = 0``) last seen before ``cutoff``, oldest
-          first: each with its actions, its violations, the outbox rows of those violations
-          that are not pending, and the session row. A pending alert is kept: it is still
-          delivered, and deleted by a later pass once delivered or dead.
+          first, and no more than hold ``max_actions`` actions together (but at least one
+          session, so that a huge one is deleted too): each with its actions, its
+          violations, the outbox rows of those violations that are not pending, and the
+          session row. A pending alert is kept: it is still delivered, and deleted by a
+          later pass once delivered or dead.
         - Up to ``limit`` actions without a session received before ``cutoff``, and up to
           ``limit`` violations without a session created before it.
         - Up to ``limit`` delivered or dead outbox rows whose violation is gone and whose

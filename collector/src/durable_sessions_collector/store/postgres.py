@@ -68,6 +68,7 @@ from durable_sessions_collector.store.base import (
     decode_record,
     feed_item,
     violation_detail,
+    within_budget,
 )
 from durable_sessions_collector.store.pool import ReadPool
 
@@ -600,22 +601,21 @@ class PostgresWriter:
             cutoff,
         )
 
-    def prune(self, cutoff: float, limit: int) -> Pruned:
+    def prune(self, cutoff: float, limit: int, max_actions: int | None = None) -> Pruned:
         """See :meth:`Writer.prune <durable_sessions_collector.store.base.Writer.prune>`.
 
         Rows of no session, and alerts, are taken ``FOR UPDATE SKIP LOCKED``: two replicas
         pruning at once each delete other rows, and neither waits for the other."""
         db = self._db
-        found = [
-            session_id
-            for (session_id,) in db.execute(
-                "SELECT session_id FROM sessions WHERE open = 0 AND last_seen < %s ORDER BY last_seen LIMIT %s",
-                (cutoff, limit),
-            )
-        ]
+        found = db.execute(
+            "SELECT session_id, actions FROM sessions WHERE open = 0 AND last_seen < %s "
+            "ORDER BY last_seen LIMIT %s",
+            (cutoff, limit),
+        ).fetchall()
+        taken, cut = within_budget(found, max_actions)
         # Under the locks, with a new snapshot: still ended and old (no replica resumed it meanwhile)?
         sessions = self._try_lock(
-            found,
+            taken,
             "SELECT session_id FROM sessions WHERE session_id = ANY(%s) AND open = 0 AND last_seen < %s",
             cutoff,
         )
@@ -643,7 +643,8 @@ class PostgresWriter:
                 (cutoff, limit),
             ).rowcount,
         ]
-        if len(found) < limit:
+        more_sessions = cut or len(found) == limit
+        if not more_sessions:
             counts.append(
                 db.execute(
                     "DELETE FROM outbox WHERE id IN (SELECT o.id FROM outbox o WHERE o.channel = ANY(%s) "
@@ -653,7 +654,7 @@ class PostgresWriter:
                     (channels, cutoff, limit),
                 ).rowcount
             )
-        return Pruned(sessions, sum(counts), len(found) == limit or limit in counts)
+        return Pruned(sessions, sum(counts), more_sessions or limit in counts)
 
     def _try_lock(self, candidates: list[str], still: LiteralString, cutoff: float) -> list[str]:
         """The ``candidates`` whose session lock this transaction could take and that the

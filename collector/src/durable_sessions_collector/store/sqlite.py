@@ -35,6 +35,7 @@ from durable_sessions_collector.store.base import (
     decode_record,
     feed_item,
     violation_detail,
+    within_budget,
 )
 from durable_sessions_collector.store.pool import ReadPool
 
@@ -121,7 +122,7 @@ CREATE INDEX IF NOT EXISTS outbox_due ON outbox (channel, state, next_attempt_at
 
 NEWEST_VIOLATION = "SELECT id, session_id FROM violations WHERE id = (SELECT max(id) FROM violations)"
 PRUNABLE_SESSIONS = (
-    "SELECT session_id FROM sessions WHERE open = 0 AND last_seen < ? ORDER BY last_seen LIMIT ?"
+    "SELECT session_id, actions FROM sessions WHERE open = 0 AND last_seen < ? ORDER BY last_seen LIMIT ?"
 )
 PRUNE_SESSION_ALERTS = (
     "DELETE FROM outbox WHERE channel = ? AND state <> 'pending' "
@@ -589,7 +590,7 @@ class SqliteWriter:
             )
         ]
 
-    def prune(self, cutoff: float, limit: int) -> Pruned:
+    def prune(self, cutoff: float, limit: int, max_actions: int | None = None) -> Pruned:
         """See :meth:`Writer.prune <durable_sessions_collector.store.base.Writer.prune>`.
 
         The newest violation is kept, and the session it belongs to: SQLite gives the
@@ -598,8 +599,9 @@ class SqliteWriter:
         violation."""
         db = self._db
         newest_id, newest_session = db.execute(NEWEST_VIOLATION).fetchone() or (0, None)
-        found = [session_id for (session_id,) in db.execute(PRUNABLE_SESSIONS, (cutoff, limit))]
-        sessions = [session_id for session_id in found if session_id != newest_session]
+        found = db.execute(PRUNABLE_SESSIONS, (cutoff, limit)).fetchall()
+        taken, cut = within_budget(found, max_actions)
+        sessions = [session_id for session_id in taken if session_id != newest_session]
         channels = [name for (name,) in db.execute(OUTBOX_CHANNELS)]
         if sessions:
             db.executemany(PRUNE_SESSION_ALERTS, [(c, s) for s in sessions for c in channels])
@@ -609,9 +611,10 @@ class SqliteWriter:
             db.execute(PRUNE_SESSIONLESS_ACTIONS, (cutoff, limit)).rowcount,
             db.execute(PRUNE_SESSIONLESS_VIOLATIONS, (cutoff, newest_id, limit)).rowcount,
         ]
-        if len(found) < limit:
+        more_sessions = cut or len(found) == limit
+        if not more_sessions:
             counts.append(self._prune_orphan_alerts(channels, cutoff, limit))
-        return Pruned(sessions, sum(counts), len(found) == limit or limit in counts)
+        return Pruned(sessions, sum(counts), more_sessions or limit in counts)
 
     def _prune_orphan_alerts(self, channels: list[str], cutoff: float, limit: int) -> int:
         """Delete up to ``limit`` delivered or dead alerts of deleted violations, over all channels."""
