@@ -48,6 +48,15 @@ Run::
     .venv/bin/python benchmarks/collector_ingest.py latency [--sessions 300 --rate 20 --idle-s 2]
     .venv/bin/python benchmarks/collector_ingest.py rss [--sessions 1000000]
     .venv/bin/python benchmarks/collector_ingest.py store-floor [--rounds 5] [--baseline TREE]
+    .venv/bin/python benchmarks/collector_ingest.py scrape [--sessions 1000000] [--store postgresql://…] [--baseline TREE]
+
+``scrape``
+    How long ``GET /metrics`` takes on a store of ``--sessions`` sessions (default
+    1,000,000; 80% ok, 10% at_risk, 10% unrecoverable, one delivered ``log`` alert per
+    session that is not ok), inserted straight into a SQLite file — or, with ``--store
+    postgresql://…``, into a fresh schema there, dropped afterwards. ``--scrapes`` scrapes
+    ``--interval`` seconds apart (as Prometheus scrapes), against the sidecar and, with
+    ``--baseline TREE``, that tree's sidecar on the same store; first, median and max.
 
 It measures and prints; it asserts nothing.
 """
@@ -634,6 +643,91 @@ def _floor_line(micros: dict[str, float]) -> str:
     return line
 
 
+# --- scraping /metrics ----------------------------------------------------------------------
+
+
+def _filled_store(args: argparse.Namespace, work: str) -> tuple[str, Callable[[], None]]:
+    """A store URL holding ``args.sessions`` sessions, and how to drop it."""
+    now = time.time()
+    verdicts = ("ok",) * 8 + ("at_risk", "unrecoverable")
+    if not args.store:
+        import sqlite3
+
+        path = f"{work}/sessions.db"
+        _create_store(path)
+        with sqlite3.connect(path) as db:
+            db.executemany(
+                "INSERT INTO sessions (session_id, first_seen, last_seen, open, actions, verdict) VALUES (?, ?, ?, 0, 1, ?)",
+                ((f"s-{i:09d}", now - i, now - i, verdicts[i % 10]) for i in range(args.sessions)),
+            )
+            db.executemany(
+                "INSERT INTO outbox (channel, violation_key, payload, state, next_attempt_at, created_at) "
+                "VALUES ('log', ?, '{}', 'delivered', ?, ?)",
+                ((f"v-{i:09d}", now, now) for i in range(args.sessions) if i % 10 >= 8),
+            )
+        return f"sqlite:///{path}", lambda: None
+    import psycopg
+    from durable_sessions_collector.store.postgres import PostgresStore
+
+    schema = f"ds_bench_scrape_{os.getpid()}"
+    url = args.store + ("&" if "?" in args.store else "?") + f"schema={schema}"
+    PostgresStore(url).close()
+    with psycopg.connect(args.store, autocommit=True) as db:
+        db.execute(f"SET search_path = {schema}")
+        db.execute(
+            "INSERT INTO sessions (session_id, first_seen, last_seen, open, actions, verdict) "
+            "SELECT 's-' || lpad(i::text, 9, '0'), %s - i, %s - i, 0, 1, "
+            "(ARRAY['ok','ok','ok','ok','ok','ok','ok','ok','at_risk','unrecoverable'])[i %% 10 + 1] "
+            "FROM generate_series(0, %s - 1) i",
+            (now, now, args.sessions),
+        )
+        db.execute(
+            "INSERT INTO outbox (channel, violation_key, payload, state, next_attempt_at, created_at) "
+            "SELECT 'log', 'v-' || i, '{}', 'delivered', %s, %s FROM generate_series(0, %s - 1) i WHERE i %% 10 >= 8",
+            (now, now, args.sessions),
+        )
+        db.execute("VACUUM ANALYZE sessions")
+        db.execute("VACUUM ANALYZE outbox")
+
+    def drop() -> None:
+        with psycopg.connect(args.store, autocommit=True) as db:
+            db.execute(f"DROP SCHEMA {schema} CASCADE")
+
+    return url, drop
+
+
+def scrape(args: argparse.Namespace) -> None:
+    import urllib.request
+
+    work = tempfile.mkdtemp(prefix="ds-scrape-")
+    start = time.perf_counter()
+    url, drop = _filled_store(args, work)
+    print(f"{args.sessions:,} sessions in {'PostgreSQL' if args.store else 'SQLite'} "
+          f"({time.perf_counter() - start:.0f} s to fill); {args.scrapes} scrapes {args.interval:g} s apart")  # fmt: skip
+    trees = {
+        "sidecar": None,
+        **({"baseline": str(Path(args.baseline, "collector", "src"))} if args.baseline else {}),
+    }
+    try:
+        for name, tree in trees.items():
+            sidecar = Child(_sidecar_server, {"store": url}, tree)
+            times = []
+            for n in range(args.scrapes):
+                if n:
+                    time.sleep(args.interval)
+                begin = time.perf_counter()
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{sidecar.http_port}/metrics", timeout=60
+                ) as response:
+                    response.read()
+                times.append((time.perf_counter() - begin) * 1000)
+            sidecar.stop()
+            print(f"{name}: first {times[0]:.0f} ms, then median {statistics.median(times[1:]):.0f} ms, "
+                  f"max {max(times[1:]):.0f} ms")  # fmt: skip
+    finally:
+        drop()
+
+
 def workload_parser(modes: Any, name: str) -> argparse.ArgumentParser:
     """A mode sending ``throughput``'s requests, in rounds."""
     parser: argparse.ArgumentParser = modes.add_parser(name)
@@ -667,11 +761,26 @@ def main() -> None:
     three.add_argument("--clients", type=int, default=4)
     three.add_argument("--idle-s", type=float, default=30.0)
     workload_parser(modes, "store-floor")
+    five = modes.add_parser("scrape")
+    five.add_argument("--sessions", type=int, default=1_000_000)
+    five.add_argument(
+        "--store", metavar="DSN", help="a PostgreSQL URL (a fresh schema is made there); SQLite if unset"
+    )
+    five.add_argument("--scrapes", type=int, default=11)
+    five.add_argument("--interval", type=float, default=2.0, help="seconds between scrapes")
+    five.add_argument("--baseline", metavar="TREE", help="also scrape the sidecar of the source tree TREE")
     args = parser.parse_args()
     print(
         f"Python {platform.python_version()}, grpcio {grpc.__version__}, {os.cpu_count()} CPUs, {platform.machine()}"
     )
-    {"throughput": throughput, "latency": latency, "rss": rss, "store-floor": store_floor}[args.mode](args)
+    modes_run = {
+        "throughput": throughput,
+        "latency": latency,
+        "rss": rss,
+        "store-floor": store_floor,
+        "scrape": scrape,
+    }
+    modes_run[args.mode](args)
 
 
 if __name__ == "__main__":

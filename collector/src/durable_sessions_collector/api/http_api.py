@@ -7,14 +7,17 @@
 - ``GET /healthz``: 200 when the writer runs and the store answers, else 503; the reason
   is given only to a caller that may see it (no token configured, or the token sent),
   since it names the store;
-- ``GET /metrics``: Prometheus text format.
+- ``GET /metrics``: Prometheus text format 0.0.4, or OpenMetrics 1.0.0 when the scraper's
+  ``Accept`` asks for it (as Prometheus does), gzipped when ``Accept-Encoding`` allows —
+  negotiated as prometheus-client's own handler does (its ``name[]`` filter too).
 """
 
 from __future__ import annotations
 
+import gzip
 from collections.abc import Callable
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import choose_encoder, gzip_accepted
 
 from durable_sessions_collector.alerts.metrics import Metrics
 from durable_sessions_collector.httpserver import Request, Response, Router
@@ -78,7 +81,18 @@ class HttpApi:
         return Response.json(200, {"status": "ok"})
 
     def metrics_page(self, request: Request) -> Response:
-        return Response(200, generate_latest(self.metrics.registry), CONTENT_TYPE_LATEST)
+        # Negotiated as prometheus-client's make_wsgi_app does. Before, every scrape got the
+        # text format, even one asking for OpenMetrics, under prometheus-client's
+        # CONTENT_TYPE_LATEST (now "version=1.0.0", not the 0.0.4 its handler answers a plain
+        # Accept with), never gzipped.
+        encoder, content_type = choose_encoder(request.header("Accept"))
+        registry = self.metrics.registry
+        if "name[]" in request.query:
+            registry = registry.restricted_registry(request.query["name[]"])  # type: ignore[assignment]
+        body = encoder(registry)
+        if gzip_accepted(request.header("Accept-Encoding")):
+            return Response(200, gzip.compress(body), content_type, {"Content-Encoding": "gzip"})
+        return Response(200, body, content_type)
 
 
 def store_unavailable(error: StoreError) -> Response:
