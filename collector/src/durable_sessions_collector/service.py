@@ -17,13 +17,13 @@ from durable_sessions_collector.alerts.metrics import Metrics
 from durable_sessions_collector.alerts.otlp import OtlpAlerts
 from durable_sessions_collector.alerts.outbox import DeliveryPolicy
 from durable_sessions_collector.alerts.webhook import WebhookAlerts
-from durable_sessions_collector.api.grpc_api import SessionApi
+from durable_sessions_collector.api.grpc_api import MAX_WATCHERS, SessionApi
 from durable_sessions_collector.api.http_api import HttpApi
 from durable_sessions_collector.config import Config, is_loopback
 from durable_sessions_collector.evaluator import Evaluator
 from durable_sessions_collector.httpserver import HttpServer, Router
 from durable_sessions_collector.jsonlog import JsonLog
-from durable_sessions_collector.otlp.grpc_receiver import GrpcReceiver
+from durable_sessions_collector.otlp.grpc_receiver import GrpcReceiver, worker_count
 from durable_sessions_collector.otlp.http_receiver import PATH, HttpTraceReceiver
 from durable_sessions_collector.otlp.receiver import TraceReceiver
 from durable_sessions_collector.pipeline import Pipeline
@@ -178,6 +178,8 @@ class Service:
                 config.receivers_grpc_endpoint,
                 max_request_bytes=config.receivers_max_request_bytes,
                 log=log,
+                # A thread for every Export the write pipeline can hold, every watch, and spares.
+                workers=worker_count(config.pipeline_queue_size + config.pipeline_max_batch, MAX_WATCHERS),
                 credentials=credentials,
                 interceptors=(GrpcAuthInterceptor(token),) if token else (),
             )

@@ -28,6 +28,7 @@ from typing import Any
 
 import grpc
 from google.protobuf import struct_pb2, timestamp_pb2
+from google.protobuf.message import DecodeError
 
 from durable_sessions_collector.api.v1 import sessions_pb2 as pb
 from durable_sessions_collector.api.v1 import sessions_pb2_grpc as pb_grpc
@@ -36,7 +37,10 @@ from durable_sessions_collector.quote import quoted
 from durable_sessions_collector.store import Store, StoreError
 from durable_sessions_collector.store.base import SessionSummary
 
+SERVICE = "durable_sessions.v1.SessionService"
 CURSOR_METADATA = "x-durable-sessions-cursor"
+MAX_WATCHERS = 8
+"""``WatchAlerts`` streams open at once (each holds a worker thread of the port)."""
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
 FEED_BATCH = 200
@@ -51,7 +55,12 @@ class SessionApi(pb_grpc.SessionServiceServicer):
     """The servicer; :meth:`register` adds it to a grpcio server before it starts."""
 
     def __init__(
-        self, store: Store, *, log: JsonLog | None = None, poll_s: float = 0.1, max_watchers: int = 8
+        self,
+        store: Store,
+        *,
+        log: JsonLog | None = None,
+        poll_s: float = 0.1,
+        max_watchers: int = MAX_WATCHERS,
     ) -> None:
         self.store = store
         self.log = log
@@ -61,7 +70,19 @@ class SessionApi(pb_grpc.SessionServiceServicer):
         self._stopping = threading.Event()
 
     def register(self, server: grpc.Server) -> None:
-        pb_grpc.add_SessionServiceServicer_to_server(self, server)
+        """Add the service to ``server``. Each method parses its own request: grpcio's
+        deserializer would answer bytes that are not the request message ``INTERNAL``
+        ("Exception deserializing request!"), blaming the server for the client's error."""
+        unary, stream = grpc.unary_unary_rpc_method_handler, grpc.unary_stream_rpc_method_handler
+        handlers = {
+            "GetSession": _handler(unary, self.GetSession, pb.GetSessionRequest, pb.Session),
+            "ListSessions": _handler(
+                unary, self.ListSessions, pb.ListSessionsRequest, pb.ListSessionsResponse
+            ),
+            "WatchAlerts": _handler(stream, self.WatchAlerts, pb.WatchAlertsRequest, pb.Alert),
+        }
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+        server.add_registered_method_handlers(SERVICE, handlers)
 
     def stop(self) -> None:
         """End the open watches (call before stopping the server, so it need not wait)."""
@@ -161,6 +182,21 @@ class SessionApi(pb_grpc.SessionServiceServicer):
                 )
             if len(items) < FEED_BATCH:
                 done.wait(self.poll_s)
+
+
+def _handler(kind: Any, method: Any, request_type: Any, response_type: Any) -> grpc.RpcMethodHandler:
+    """A ``kind`` handler calling ``method`` with the request parsed from its raw bytes, or
+    answering ``INVALID_ARGUMENT`` when they are not a ``request_type`` message."""
+    name = request_type.DESCRIPTOR.full_name
+
+    def handle(body: bytes, context: grpc.ServicerContext) -> Any:
+        try:
+            request = request_type.FromString(body)
+        except DecodeError:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request is not a valid {name} message")
+        return method(request, context)
+
+    return kind(handle, response_serializer=response_type.SerializeToString)  # type: ignore[no-any-return]
 
 
 # --- conversions ------------------------------------------------------------------------

@@ -32,6 +32,49 @@ from durable_sessions_collector.pipeline import Overloaded, Unavailable
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 TRANSPORT = "grpc"
 
+SPARE_WORKERS = 8
+"""Worker threads of the port beyond those that Exports waiting for their commit and
+``WatchAlerts`` streams can hold (see :func:`worker_count`): the API's unary calls, and
+Exports answered ``UNAVAILABLE`` at once when the write queue is full, always find one."""
+
+MAX_METADATA_BYTES = 64 * 1024
+"""Largest metadata (headers) of a call, as HTTP/2 counts it; more is ``RESOURCE_EXHAUSTED``.
+grpcio's default is a soft limit of 8 KiB past which calls are refused *at random*, more
+often the closer they are to a hard limit of 16 KiB: the same Export (a large token, say)
+would be accepted or refused from one try to the next. One limit, soft = hard, refuses
+the same calls every time; 64 KiB is the HTTP port's limit for one header line."""
+
+MIN_PING_INTERVAL_MS = 5_000
+"""Shortest interval between a client's HTTP/2 keepalive pings the port accepts, with or
+without calls open (``grpc.http2.min_ping_interval_without_data_ms``, with
+``grpc.keepalive_permit_without_calls``). With grpcio's defaults (5 min with calls, 2 h
+without) a client's fourth ping within that time is answered GOAWAY ``too_many_pings``,
+which ends every call on the connection, an open ``WatchAlerts`` stream included: a client
+with the Collector's exporter keepalive (``time: 10s``) watching a quiet store lost its
+watch after ~40 s.
+gRPC clients in Go and Java cannot ping more often than every 10 s; half of that leaves
+room for timer jitter."""
+
+KEEPALIVE_TIME_MS = 60_000
+"""The port pings a connection from which it has received nothing for this long..."""
+
+KEEPALIVE_TIMEOUT_MS = 20_000
+"""...and closes it when the ping is not answered within this time. grpcio's default (a
+ping after 2 h) would let a client that vanished without closing its connection (a host
+powered off, a dropped NAT mapping) hold a ``WatchAlerts`` slot, and its worker thread,
+for two hours; now it is freed within about 80 s."""
+
+
+def worker_count(pipeline_capacity: int, max_watchers: int) -> int:
+    """Worker threads for the gRPC port: one per Export the write pipeline can hold
+    (``pipeline_capacity``: the queue and the batch being committed), one per watch, and
+    :data:`SPARE_WORKERS`. An Export holds its thread until its records are committed; with
+    fewer threads, Exports waiting on a slow store took every thread, so API calls waited
+    behind them, and further Exports queued inside grpcio until their deadline instead of
+    being answered ``UNAVAILABLE`` with ``RetryInfo`` when the write queue is full.
+    Threads are started only as calls need them."""
+    return pipeline_capacity + max_watchers + SPARE_WORKERS
+
 
 class _Status(grpc.Status):
     def __init__(
@@ -90,6 +133,15 @@ class GrpcReceiver:
                 ("grpc.max_receive_message_length", max_request_bytes),
                 ("grpc.max_send_message_length", 4 * 1024 * 1024),
                 ("grpc.so_reuseport", 0),
+                ("grpc.max_metadata_size", MAX_METADATA_BYTES),
+                ("grpc.absolute_max_metadata_size", MAX_METADATA_BYTES),
+                ("grpc.http2.min_ping_interval_without_data_ms", MIN_PING_INTERVAL_MS),
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+                ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+                # grpcio 1.85 bounds a keepalive ping's answer by the ping timeout (1 min by
+                # default), not by keepalive_timeout_ms: both say the same.
+                ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
             ],
         )
         handler = grpc.unary_unary_rpc_method_handler(
