@@ -186,6 +186,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Secrets (the token, the webhook URL's credentials and query) are shown as ***.
         print(json.dumps({"settings": config.display(), "sources": dict(config.sources)}, indent=2))
         return 0
+    # Standard error carries JSON lines only, which log shippers parse; grpcio's core
+    # writes its own format there (a failed TLS handshake, an unknown grpc-encoding).
+    # It reads this before grpc is first imported; a user's setting wins.
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     from durable_sessions_collector.service import Service
 
     try:

@@ -32,7 +32,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from sidecar_clients import Agent
 from tls_certs import make_cert
-from webhook_server import WebhookServer
+from webhook_server import WebhookServer, free_port
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 TOKEN = "tok-" + uuid.uuid4().hex  # unique, so finding it anywhere is meaningful
@@ -291,3 +291,52 @@ def test_invalid_security_settings_stop_start_up_without_echoing_the_token(
     assert result.returncode == 2
     assert message in result.stderr
     assert "short" not in result.stderr and "has a space" not in result.stderr
+
+
+def test_standard_error_stays_json_when_grpcio_has_something_to_say(tls_files, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # A plaintext client on the TLS gRPC port makes grpcio's core log a failed handshake
+    # in its own format; `serve` keeps standard error to JSON lines (log shippers parse
+    # them) by silencing grpcio unless GRPC_VERBOSITY is set.
+    ca, cert, key = tls_files
+    grpc_port, http_port = free_port(), free_port()
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith(("DURABLE_SESSIONS_", "GRPC_"))
+    }
+    process = subprocess.Popen(
+        [
+            sys.executable, "-m", "durable_sessions_collector", "serve",
+            f"--store=sqlite:///{tmp_path / 's.db'}",
+            f"--grpc-endpoint=127.0.0.1:{grpc_port}", f"--http-endpoint=127.0.0.1:{http_port}",
+            f"--tls-cert-file={cert}", f"--tls-key-file={key}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**env, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    try:
+        context = ssl.create_default_context(cafile=str(ca))
+
+        def healthy() -> bool:
+            try:
+                with urllib.request.urlopen(
+                    f"https://localhost:{http_port}/healthz", context=context, timeout=2
+                ):
+                    return True
+            except (OSError, urllib.error.URLError):
+                return False
+
+        wait_for(healthy, timeout=20)
+        for _ in range(3):
+            with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel, pytest.raises(grpc.RpcError):
+                SessionServiceStub(channel).ListSessions(pb.ListSessionsRequest(), timeout=2)
+        process.terminate()
+        _, stderr = process.communicate(timeout=20)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+    lines = stderr.decode().splitlines()
+    assert any(json.loads(line)["event"] == "stopped" for line in lines if line.startswith("{"))
+    assert [line for line in lines if not line.startswith("{")] == []
