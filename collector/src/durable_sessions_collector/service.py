@@ -106,6 +106,7 @@ class Service:
                 )
                 if enabled
             )
+            metrics.expect(channels, self.evaluator.rules)
             journal = WrittenJournal(store.path + JOURNAL_SUFFIX) if isinstance(store, SqliteStore) else None
             self.log_alerts = LogAlerts(
                 store,

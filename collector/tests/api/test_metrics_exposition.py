@@ -297,3 +297,22 @@ def test_a_slow_store_count_does_not_slow_every_scrape(sidecar: Sidecar, monkeyp
     agent.shutdown()
     assert sidecar.session(SESSION + "-2")["verdict"] == "unrecoverable"
     assert unrecoverable() == 2
+
+
+def test_alerting_series_exist_at_zero_from_the_start(start_sidecar) -> None:  # type: ignore[no-untyped-def]
+    # increase()/rate() see a series that appears at its first value as no change: the
+    # first dead letter or violation after a start must be an increase from 0.
+    sidecar = start_sidecar(alerts__webhook__url="http://127.0.0.1:9/hook")
+    samples = sidecar.metrics()
+    for outcome in ("delivered", "retry", "dead_letter"):
+        key = ("durable_sessions_alert_deliveries_total", (("channel", "webhook"), ("outcome", outcome)))
+        assert samples[key] == 0.0, outcome
+    assert (
+        samples[("durable_sessions_alert_deliveries_total", (("channel", "log"), ("outcome", "delivered")))]
+        == 0
+    )
+    assert not [key for key in samples if ("channel", "otlp") in key[1]]  # not enabled: no series
+    rules = sidecar.service.evaluator.rules
+    for rule in rules:
+        key = ("durable_sessions_violations_total", (("rule", rule.id), ("severity", rule.severity.value)))
+        assert samples[key] == 0.0, rule.id

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import (
     CollectorRegistry,
@@ -24,6 +24,8 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from durable_sessions.rules import Rule
+from durable_sessions_collector.alerts import LOG
 from durable_sessions_collector.store import Store
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -214,6 +216,17 @@ class Metrics:
         ProcessCollector(registry=registry)
         PlatformCollector(registry=registry)
         GCCollector(registry=registry)
+
+    def expect(self, channels: Iterable[str], rules: Iterable[Rule]) -> None:
+        """Create, at 0, the series that alerting rules watch: each enabled channel's
+        delivery outcomes and each selected rule's violations. A series that appears at
+        its first value is no increase to ``increase()`` or ``rate()``, so the first dead
+        letter or violation after a start would otherwise go unseen."""
+        for channel in channels:
+            for outcome in ("delivered",) if channel == LOG else ("delivered", "retry", "dead_letter"):
+                self.alert_deliveries.labels(channel, outcome)
+        for rule in rules:
+            self.violations.labels(rule.id, rule.severity.value)
 
     def watch(self, queue_depth: Callable[[], int], held: Callable[[], int]) -> None:
         self.queue_depth.set_function(queue_depth)
