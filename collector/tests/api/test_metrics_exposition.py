@@ -274,10 +274,10 @@ def test_a_slow_store_count_does_not_slow_every_scrape(sidecar: Sidecar, monkeyp
     monkeypatch.setattr(store, "verdict_counts", slow_count)
     unrecoverable = lambda: sidecar.metric("durable_sessions_sessions", verdict="unrecoverable")  # noqa: E731
     assert unrecoverable() == 0
-    delay["s"] = 0.5
+    delay["s"] = 1.5  # far from the times asserted below: a loaded machine must not matter
     started = time.perf_counter()
     assert unrecoverable() == 0  # counted while the scrape waits: it was quick so far
-    assert time.perf_counter() - started >= 0.5
+    assert time.perf_counter() - started >= 1.5
 
     agent = Agent(grpc_exporter(sidecar.grpc_endpoint), INSTANCE)
     agent.action(SESSION, "pay-1", "payment")
@@ -285,18 +285,15 @@ def test_a_slow_store_count_does_not_slow_every_scrape(sidecar: Sidecar, monkeyp
     assert sidecar.session(SESSION)["verdict"] == "unrecoverable"
     started = time.perf_counter()
     assert unrecoverable() == 0  # the last count, served at once; the next one runs meanwhile
-    assert time.perf_counter() - started < 0.3
-    wait_for(lambda: unrecoverable() == 1, 5)  # the background count arrives by a later scrape
+    assert time.perf_counter() - started < 1.0
+    wait_for(lambda: unrecoverable() == 1, 10)  # the background count arrives by a later scrape
 
-    delay["s"] = 0.0
-    time.sleep(0.6)  # the slow count still running (a scrape started it) ends
-    scrape(sidecar)  # starts a count that is quick: once it is done, scrapes count themselves again
-    time.sleep(0.1)
+    delay["s"] = 0.0  # quick again: scrapes serve fresh counts again
     agent = Agent(grpc_exporter(sidecar.grpc_endpoint), INSTANCE)
     agent.action(SESSION + "-2", "pay-1", "payment")
     agent.shutdown()
     assert sidecar.session(SESSION + "-2")["verdict"] == "unrecoverable"
-    assert unrecoverable() == 2
+    wait_for(lambda: unrecoverable() == 2, 10)
 
 
 def test_alerting_series_exist_at_zero_from_the_start(start_sidecar) -> None:  # type: ignore[no-untyped-def]
