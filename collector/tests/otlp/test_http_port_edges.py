@@ -191,7 +191,7 @@ def test_idle_keep_alive_connections_do_not_pin_threads(short) -> None:  # type:
         if n % 2:
             sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: sidecar\r\n\r\n")
         idle.append(sock)
-    wait_for(lambda: server_threads() > baseline + 50, timeout=1)  # one thread per open connection
+    wait_for(lambda: server_threads() > baseline + 50, timeout=5)  # one thread per open connection
     try:
         for n, sock in enumerate(idle):
             data, closed = read_until_closed(sock, 6)
