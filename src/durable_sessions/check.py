@@ -14,6 +14,7 @@ import gc
 import itertools
 import multiprocessing
 import os
+import signal
 import stat
 import threading
 import zlib
@@ -70,9 +71,9 @@ def cli_start_method() -> str:
 class OfflineCheck:
     """One check of ``paths``; iterate it for the violations, then read the counts.
 
-    Standard input (``-``) can be read only once, so a check that includes it runs in
-    this process whatever ``jobs`` says. Workers are started with ``start_method``
-    (:mod:`multiprocessing`'s): ``spawn`` by default, which is safe in any process;
+    Standard input (``-``), a FIFO or a pipe can be read only once, so a check that
+    includes one runs in this process whatever ``jobs`` says. Workers are started with
+    ``start_method`` (:mod:`multiprocessing`'s): ``spawn`` by default, which is safe in any process;
     ``fork`` starts them without re-importing the checker, which is safe only in a
     process with no other threads (the CLI passes it where the platform has it).
     """
@@ -101,7 +102,7 @@ class OfflineCheck:
         self.sessions = 0
 
     def __iter__(self) -> Iterator[Violation]:
-        if self.jobs > 1 and "-" not in self.paths and self._all_actions_format():
+        if self.jobs > 1 and all(map(_rereadable, self.paths)) and self._all_actions_format():
             return self._parallel()
         return self._sequential()
 
@@ -156,6 +157,7 @@ class OfflineCheck:
             workers.append((process, receiver))
         record_time: list[Violation] = []
         session_end: list[Violation] = []
+        received = False
         try:
             for _, receiver in workers:
                 found, ended, actions, sessions = _receive(receiver, self.progress)
@@ -163,9 +165,12 @@ class OfflineCheck:
                 session_end.extend(ended)
                 self.actions += actions
                 self.sessions += sessions
+            received = True
         finally:
             for process, receiver in workers:
                 receiver.close()
+                if not received:  # interrupted, or a worker failed: stop the others now
+                    process.terminate()  # rather than wait out their work
                 process.join(timeout=5)
                 if process.is_alive():
                     process.kill()
@@ -212,6 +217,19 @@ def check_paths(
                 if progress is not None and count % PROGRESS_EVERY == 0:
                     progress(path, source.tell(), size)
     yield from sorted(checker.finish(), key=_position_in(paths))
+
+
+def _rereadable(path: str) -> bool:
+    """Whether every worker of a parallel check can open ``path`` and read it all: a
+    regular file, not standard input, a FIFO or a pipe (``<(zcat log.gz)``, /dev/stdin),
+    whose lines only the first reader would get. A path that cannot be examined counts
+    as rereadable: the parallel check then reports it before starting a worker."""
+    if path == "-":
+        return False
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return True
 
 
 def _reads_in_blocks(path: str, source: Any) -> bool:
@@ -351,8 +369,13 @@ def _own_lines_by_block(
     route_lines: Callable[..., tuple[list[OwnLine], int, int]],
 ) -> Iterator[list[OwnLine]]:
     """As :func:`_own_lines_by_line`, a block at a time; a line longer than
-    ``max_line_bytes`` is never held whole (as :func:`readers.numbered_lines`)."""
-    number, carry, skipping = 0, b"", False
+    ``max_line_bytes`` is never held whole (as :func:`readers.numbered_lines`).
+
+    The start of a line that goes on past its block is held as a list of blocks until
+    its end comes, then joined once: joining and routing it again with every block cost
+    time quadratic in the line's length (seconds for a line of 50 MB).
+    """
+    number, held, held_bytes, skipping = 0, [], 0, False
     try:
         while True:
             block = source.read(ROUTE_BLOCK)
@@ -364,17 +387,22 @@ def _own_lines_by_block(
                 if newline < 0 and not final:
                     continue
                 block, skipping = block[newline + 1 :] if newline >= 0 else b"", False
-            data = carry + block if carry else block
-            lines, consumed, number = route_lines(data, number, shard, shards, max_line_bytes, final)
-            if lines:
-                yield lines
-            if final:
-                return
-            carry = data[consumed:]
-            if len(carry) > max_line_bytes:  # no end in sight: too long, skip the rest
+            if held and not final and b"\n" not in block:  # the held line goes on
+                held.append(block)
+                held_bytes += len(block)
+            else:
+                data = b"".join((*held, block)) if held else block
+                lines, consumed, number = route_lines(data, number, shard, shards, max_line_bytes, final)
+                if lines:
+                    yield lines
+                if final:
+                    return
+                carry = data[consumed:]
+                held, held_bytes = ([carry], len(carry)) if carry else ([], 0)
+            if held_bytes > max_line_bytes:  # no end in sight: too long, skip the rest
                 number += 1
                 yield [(number, None, False)]
-                carry, skipping = b"", True
+                held, held_bytes, skipping = [], 0, True
     except OSError as error:
         raise InputError(f"cannot read {name!r} after line {number}: {error.strerror or error}") from None
 
@@ -434,7 +462,14 @@ def _line_checker(
 
 
 def _check_shard(*args: Any) -> None:
-    """A worker process's entry: :func:`_check_own_lines`, with the cyclic collector paused."""
+    """A worker process's entry: :func:`_check_own_lines`, with the cyclic collector paused.
+
+    Ctrl-C reaches every process of the terminal's group: a worker ignores it and is
+    stopped by its parent (see :meth:`OfflineCheck._parallel`), so one interrupt prints no
+    traceback per worker; SIGTERM, which the parent sends, ends it quietly.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a forked worker inherits the CLI's handler
     with cyclic_gc_paused():
         _check_own_lines(*args)
 
@@ -456,6 +491,7 @@ def _check_own_lines(
     """
     checker = Checker([CATALOGUE.get(rule_id) for rule_id in rule_ids], key_window_s=key_window_s)
     found: list[Violation] = []
+    parent = os.getppid()
     try:
         for path in paths:
             name = display_name(path)
@@ -463,10 +499,12 @@ def _check_own_lines(
                 size = _size(source) if reports_progress else None
 
                 def progress(path: str = path, source: Any = source, size: int | None = size) -> None:
-                    sender.send((_PROGRESS, path, source.tell(), size))
+                    if os.getppid() != parent:  # the parent was killed (SIGKILL): no one will
+                        os._exit(1)  # read the findings, so stop rather than check on for minutes
+                    if reports_progress:
+                        sender.send((_PROGRESS, path, source.tell(), size))
 
-                report = progress if reports_progress else None
-                found.extend(_check_blocks(source, name, checker, shard, shards, max_line_bytes, report))
+                found.extend(_check_blocks(source, name, checker, shard, shards, max_line_bytes, progress))
     except InputError as error:
         sender.send(str(error))
         return

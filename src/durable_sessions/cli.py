@@ -1,17 +1,24 @@
 """Command lines: ``durable-sessions`` and the seed-compatible ``replay-check``.
 
 Exit codes, for both: 0 every action is replay-safe, 1 at least one violation (at or
-above ``--fail-on``), 2 usage error or unreadable input.
+above ``--fail-on``), 2 usage error, unreadable input or unwritable output. A run cut
+short exits as a shell reports a command killed by the signal, 128 + its number: 130
+on Ctrl-C (SIGINT), 143 on SIGTERM, 141 when the reader of the output went away
+(``| head``: SIGPIPE). These never print a traceback, and stop the worker processes.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import Sequence
-from typing import TextIO
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
 
 from durable_sessions import __version__
 from durable_sessions.check import (
@@ -39,6 +46,86 @@ from durable_sessions.rules.state import DEFAULT_KEY_WINDOW_S
 from durable_sessions.violation import Violation
 
 EXIT_OK, EXIT_VIOLATIONS, EXIT_USAGE = 0, 1, 2
+EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_TERMINATED = 128 + 13, 128 + 2, 128 + 15
+
+
+class OutputError(Exception):
+    """Standard output cannot be written (closed, a full disk, an I/O error)."""
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that the check unwinds and stops its workers."""
+
+
+class _Output:
+    """Standard output, where a failed write is an :class:`OutputError` to report in one
+    line, not a traceback; a reader gone away stays ``BrokenPipeError`` (exit 141)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as error:
+            raise OutputError(error.strerror or str(error)) from None
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as error:
+            raise OutputError(error.strerror or str(error)) from None
+
+
+def _run_command(prog: str, command: Callable[[_Output], int]) -> int:
+    """Run ``command``, which writes to the standard output it is given, and end as a tool
+    in a pipe, a CI job or cron must: the exit codes of the module's docstring, a one-line
+    message on standard error, never a traceback."""
+    if sys.stdout is None:  # started with standard output closed (``>&-``)
+        print(f"{prog}: cannot write to standard output: it is closed", file=sys.stderr)
+        return EXIT_USAGE
+    if sys.stdout.errors == "strict" and hasattr(sys.stdout, "reconfigure"):
+        # Session ids, file names and the messages' dashes are not ASCII: in a locale
+        # that cannot encode them (LANG=C without UTF-8 mode, PYTHONIOENCODING=ascii)
+        # write them as escapes rather than stop with UnicodeEncodeError.
+        sys.stdout.reconfigure(errors="backslashreplace")
+    terminate = _on_sigterm()
+    out = _Output(sys.stdout)
+    try:
+        code = command(out)
+        out.flush()  # a write error shows here, not as a traceback at exit
+        return code
+    except BrokenPipeError:
+        # The reader went away (``| head``): stop quietly, as a tool killed by SIGPIPE.
+        # Standard output now goes nowhere, so that the flush at exit cannot fail again.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    except OutputError as error:
+        print(f"{prog}: cannot write to standard output: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except _Terminated:
+        return EXIT_TERMINATED
+    finally:
+        terminate()
+
+
+def _on_sigterm() -> Callable[[], None]:
+    """Make SIGTERM raise :class:`_Terminated` until the returned function restores it."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None  # only the main thread may set handlers (a test calling main)
+
+    def raise_terminated(signum: int, frame: Any) -> None:
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    return lambda: signal.signal(signal.SIGTERM, previous)
 
 
 # -- replay-check ---------------------------------------------------------------------
@@ -55,8 +142,11 @@ def replay_check_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--strict", action="store_true", help="also demand on_failure on dead ends")
     parser.add_argument("--quiet", action="store_true", help="print the summary line only")
     args = parser.parse_args(argv)
+    return _run_command("replay-check", lambda out: _replay_check(args, out))
+
+
+def _replay_check(args: argparse.Namespace, out: _Output) -> int:
     checker = Checker(select_rules("seed", strict=args.strict))
-    out = sys.stdout
     count = 0
     try:
         with cyclic_gc_paused():
@@ -127,7 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=None,
         metavar="N",
-        help="worker processes (default: one per core, at most 8, for JSONL input over 64 MiB, else 1)",
+        help="worker processes, at most one per core (default: one per core, at most 8, "
+        "for JSONL input over 64 MiB, else 1)",
     )
     check.add_argument(
         "--max-line-bytes",
@@ -160,24 +251,28 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        return args.run(args)
-    except BrokenPipeError:
-        sys.stderr.close()
-        return EXIT_OK
+    return _run_command(f"durable-sessions {args.command}", lambda out: args.run(args, out))
 
 
-def run_check(args: argparse.Namespace) -> int:
+def run_check(args: argparse.Namespace, out: _Output) -> int:
     try:
         rules = select_rules(args.rules, strict=args.strict, disable=args.disable)
     except KeyError as error:
         print(f"durable-sessions check: --disable: {error.args[0]}", file=sys.stderr)
         return EXIT_USAGE
-    jobs = args.jobs if args.jobs is not None else default_jobs(args.files, args.input_format)
+    # Every worker reads every line: workers beyond the cores only add to the work
+    # (--jobs 1000 made a 25 MB check take minutes, and could run out of descriptors).
+    jobs = min(args.jobs, _cores()) if args.jobs is not None else default_jobs(args.files, args.input_format)
+    if args.format != "text" and hasattr(sys.stdout, "reconfigure"):
+        # JSON is UTF-8 (RFC 8259) whatever the locale; a file name that is not UTF-8
+        # comes out as a JSON escape, not as bytes that break the document.
+        sys.stdout.reconfigure(encoding="utf-8", errors="backslashreplace")
     summary = Summary(fail_on=args.fail_on)
     collected: list[Violation] = []
-    out = sys.stdout
-    progress = _TerminalProgress(sys.stderr) if sys.stderr.isatty() else None
+    stderr = sys.stderr
+    # Progress overwrites one line, with escape codes a dumb terminal would print.
+    showing = stderr is not None and stderr.isatty() and os.environ.get("TERM") != "dumb"
+    progress = _TerminalProgress(stderr) if showing else None
     run = OfflineCheck(
         args.files,
         rules,
@@ -193,6 +288,8 @@ def run_check(args: argparse.Namespace) -> int:
             for violation in run:
                 summary.add(violation)
                 if args.format == "text":
+                    if progress:  # on a terminal stdout and stderr share the line
+                        progress.clear()
                     out.write(text_line(violation) + "\n")
                 else:
                     collected.append(violation)
@@ -201,8 +298,9 @@ def run_check(args: argparse.Namespace) -> int:
             progress.clear()
         print(f"durable-sessions check: {error}", file=sys.stderr)
         return EXIT_USAGE
-    if progress:
-        progress.clear()
+    finally:
+        if progress:  # also when interrupted: the shell's prompt comes next
+            progress.clear()
     if args.format == "text":
         write_text_summary(out, summary, run.actions, run.sessions)
     elif args.format == "json":
@@ -214,9 +312,9 @@ def run_check(args: argparse.Namespace) -> int:
     return EXIT_VIOLATIONS if summary.failed else EXIT_OK
 
 
-def run_rules(args: argparse.Namespace) -> int:
+def run_rules(args: argparse.Namespace, out: _Output) -> int:
     if args.format == "markdown":
-        sys.stdout.write(rules_markdown(CATALOGUE))
+        out.write(rules_markdown(CATALOGUE))
         return EXIT_OK
     if args.format == "json":
         rows = [
@@ -232,8 +330,8 @@ def run_rules(args: argparse.Namespace) -> int:
             }
             for r in CATALOGUE
         ]
-        json.dump(rows, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        json.dump(rows, out, indent=2)  # type: ignore[arg-type]
+        out.write("\n")
         return EXIT_OK
     width = max(len(r.id) for r in CATALOGUE)
     for rule in CATALOGUE:
@@ -242,18 +340,18 @@ def run_rules(args: argparse.Namespace) -> int:
             for tag, on in (("seed", rule.seed), ("strict", rule.strict_only), ("end", rule.at_session_end))
             if on
         )
-        print(f"{rule.id:<{width}}  {rule.severity.value:<7}  {rule.summary}{tags}")
+        out.write(f"{rule.id:<{width}}  {rule.severity.value:<7}  {rule.summary}{tags}\n")
     return EXIT_OK
 
 
-def run_explain(args: argparse.Namespace) -> int:
+def run_explain(args: argparse.Namespace, out: _Output) -> int:
     if args.rule not in CATALOGUE:
         print(
             f"durable-sessions explain: unknown rule {args.rule!r}; see 'durable-sessions rules'",
             file=sys.stderr,
         )
         return EXIT_USAGE
-    sys.stdout.write(explain_markdown(CATALOGUE.get(args.rule)))
+    out.write(explain_markdown(CATALOGUE.get(args.rule)))
     return EXIT_OK
 
 
@@ -271,7 +369,7 @@ class _TerminalProgress:
             return
         self.last = now
         total = f" of {size / 1e6:.0f} MB" if size else ""
-        self.stream.write(f"\rchecking {path}: {done / 1e6:.0f} MB{total}")
+        self.stream.write(f"\r\033[Kchecking {path}: {done / 1e6:.0f} MB{total}")
         self.stream.flush()
         self.shown = True
 
@@ -279,6 +377,7 @@ class _TerminalProgress:
         if self.shown:
             self.stream.write("\r\033[K")
             self.stream.flush()
+            self.shown = False
 
 
 def _positive_number(text: str) -> float:
@@ -289,10 +388,23 @@ def _positive_number(text: str) -> float:
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    if value > sys.maxsize // 2:  # a read size must fit a C ssize_t (it was an OverflowError)
+        raise argparse.ArgumentTypeError(f"{text!r} is too large")
     return value
+
+
+def _cores() -> int:
+    """The cores this process may run on (a container's or taskset's share, where known)."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ that cannot be opened or read at all raises :class:`InputError`.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -54,8 +55,15 @@ Item = tuple[ActionRecord, Location] | Unreadable
 
 @contextmanager
 def open_source(path: str) -> Iterator[IO[bytes]]:
-    """Open ``path`` for binary reading (``-`` is standard input), or raise InputError."""
+    """Open ``path`` for binary reading (``-`` is standard input), or raise InputError.
+
+    A source that is compressed or UTF-16 text is refused here: read as lines, it would
+    give a screenful of ``unreadable-line`` errors that hide the one thing to do.
+    """
     if path == "-":
+        if sys.stdin is None:  # started with standard input closed (``<&-``)
+            raise InputError("cannot read standard input: it is closed")
+        _refuse_undecodable(sys.stdin.buffer, "standard input")
         yield sys.stdin.buffer
         return
     try:
@@ -63,9 +71,35 @@ def open_source(path: str) -> Iterator[IO[bytes]]:
     except OSError as error:
         raise InputError(f"cannot read {path!r}: {error.strerror or error}") from None
     try:
+        _refuse_undecodable(handle, repr(path))
         yield handle
     finally:
         handle.close()
+
+
+# How a log that is not UTF-8 JSON lines starts (no JSON line starts so), and what to do.
+_UNDECODABLE = tuple(
+    (re.compile(magic), what)
+    for magic, what in (
+        (rb"\x1f\x8b", "gzip-compressed; decompress it first (gzip -dc)"),
+        (rb"BZh[1-9]1AY&SY", "bzip2-compressed; decompress it first (bzip2 -dc)"),
+        (rb"\xfd7zXZ\x00", "xz-compressed; decompress it first (xz -dc)"),
+        (rb"\x28\xb5\x2f\xfd", "zstd-compressed; decompress it first (zstd -dc)"),
+        (rb"\xff\xfe|\xfe\xff", "UTF-16 text; logs must be UTF-8 (iconv -f UTF-16 -t UTF-8)"),
+    )
+)
+
+
+def _refuse_undecodable(handle: IO[bytes], name: str) -> None:
+    """Raise InputError when ``handle`` starts like a compressed file or UTF-16 text.
+    Peeks, so nothing is consumed, even from a pipe."""
+    try:
+        head = handle.peek(10)[:10] if hasattr(handle, "peek") else b""
+    except OSError as error:
+        raise InputError(f"cannot read {name}: {error.strerror or error}") from None
+    for magic, what in _UNDECODABLE:
+        if magic.match(head):
+            raise InputError(f"cannot read {name}: it is {what}")
 
 
 def display_name(path: str) -> str:

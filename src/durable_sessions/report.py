@@ -164,7 +164,7 @@ def artifact_uri(path: str) -> str:
     a ``file://`` URI for an absolute path."""
     if path.startswith("/"):
         return Path(path).as_uri()
-    return quote(path.replace(os.sep, "/"))
+    return quote(path.replace(os.sep, "/"), errors="surrogateescape")  # a name that is not UTF-8: its bytes
 
 
 def explain_markdown(rule: Rule, heading: str = "#") -> str:
@@ -235,7 +235,8 @@ def _table_cell(text: str) -> str:
 
 
 def dump_json(document: dict[str, Any], out: TextIO) -> None:
-    """``document`` as ``json.dumps(indent=2, ensure_ascii=False)`` writes it, in one write.
+    """``document`` as ``json.dumps(indent=2, ensure_ascii=False)`` writes it, in a few
+    big writes.
 
     orjson writes the same text (the documents hold strings, integers, booleans and None)
     far faster; ``json.dump`` made one write per token, which a big check felt. What
@@ -245,4 +246,12 @@ def dump_json(document: dict[str, Any], out: TextIO) -> None:
         text = orjson.dumps(document, option=orjson.OPT_INDENT_2).decode()
     except orjson.JSONEncodeError:
         text = json.dumps(document, indent=2, ensure_ascii=False)
-    out.write(text + "\n")
+    # In pieces: one write of many MB that the kernel cuts short because the reader went
+    # away (``| head``) is taken by CPython as done, the rest dropped without an error;
+    # the write of the next piece raises BrokenPipeError, as the text output does.
+    for start in range(0, len(text), _WRITE_PIECE):
+        out.write(text[start : start + _WRITE_PIECE])
+    out.write("\n")
+
+
+_WRITE_PIECE = 1 << 20
