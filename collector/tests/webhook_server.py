@@ -7,12 +7,32 @@ on a port chosen in advance (a receiver that is down, then comes up).
 
 from __future__ import annotations
 
+import io
 import json
 import socket
 import threading
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from durable_sessions_collector.alerts.outbox import DeliveryPolicy
+from durable_sessions_collector.alerts.webhook import WebhookAlerts
+from durable_sessions_collector.jsonlog import JsonLog
+from durable_sessions_collector.store import Alert
+
+ALERT = Alert(
+    id=1,
+    channel="webhook",
+    violation_key="k",
+    payload={"session_id": "s-1", "rule": "unkeyed-side-effect", "action_id": "a-1", "key": "k"},
+    attempts=0,
+)
+"""An alert to POST with :func:`webhook_channel`."""
+
+
+def webhook_channel(url: str, timeout_s: float = 2) -> WebhookAlerts:
+    """The webhook channel alone: :meth:`WebhookAlerts.post` needs no store or metrics."""
+    return WebhookAlerts(None, JsonLog(io.StringIO()), None, url, policy=DeliveryPolicy(timeout_s=timeout_s))  # type: ignore[arg-type]
 
 
 @dataclass

@@ -30,13 +30,11 @@ from typing import Any
 import pytest
 from conftest import wait_for
 from durable_sessions_collector import jsonlog
-from durable_sessions_collector.alerts.outbox import DeliveryPolicy
 from durable_sessions_collector.alerts.webhook import WebhookAlerts
 from durable_sessions_collector.jsonlog import JsonLog
-from durable_sessions_collector.store import Alert
 from sidecar_clients import Agent, grpc_exporter
 from tls_certs import make_cert
-from webhook_server import free_port
+from webhook_server import ALERT, free_port, webhook_channel
 
 # --- a receiver that answers as slowly as it likes ---------------------------------------------
 
@@ -130,18 +128,6 @@ def receivers() -> Iterator[list[SlowReceiver]]:
         receiver.close()
 
 
-def channel(url: str, timeout_s: float) -> WebhookAlerts:
-    """The webhook channel alone: :meth:`WebhookAlerts.post` needs no store or metrics."""
-    return WebhookAlerts(None, JsonLog(io.StringIO()), None, url, policy=DeliveryPolicy(timeout_s=timeout_s))  # type: ignore[arg-type]
-
-
-ALERT = Alert(
-    id=1,
-    channel="webhook",
-    violation_key="k",
-    payload={"session_id": "s-1", "rule": "unkeyed-side-effect", "action_id": "a-1", "key": "k"},
-    attempts=0,
-)
 KEY = "ds-alert-" + hashlib.sha256(b"s-1\x1funkeyed-side-effect\x1fa-1").hexdigest()[:32]
 
 
@@ -168,7 +154,7 @@ def test_a_trickled_answer_is_cut_off_at_timeout_s_and_retried(receivers, mode: 
     ends it. Even a 200 whose body never completes is not a delivery."""
     receiver = SlowReceiver(mode)
     receivers.append(receiver)
-    attempt, took = timed_post(channel(receiver.url, timeout_s=0.6))
+    attempt, took = timed_post(webhook_channel(receiver.url, timeout_s=0.6))
     assert attempt.outcome == "retry", attempt
     assert "timed out" in (attempt.error or "") and "0.6" in (attempt.error or ""), attempt
     assert 0.5 <= took < 1.6, f"the POST took {took:.2f} s with timeout_s = 0.6"
@@ -179,7 +165,7 @@ def test_an_answer_within_timeout_s_is_delivered_with_the_documented_headers(rec
     receiver = SlowReceiver("ok", delay_s=0.3)
     receivers.append(receiver)
     url = receiver.url.replace("://", "://al%40ice:p%3Ass@")
-    attempt, took = timed_post(channel(url, timeout_s=2))
+    attempt, took = timed_post(webhook_channel(url, timeout_s=2))
     assert attempt.outcome == "delivered", attempt
     assert took < 1.5
     [request] = receiver.requests
@@ -192,7 +178,7 @@ def test_an_answer_within_timeout_s_is_delivered_with_the_documented_headers(rec
 
 
 def test_a_refused_connection_is_still_an_ordinary_retry() -> None:
-    attempt, took = timed_post(channel(f"http://127.0.0.1:{free_port()}/hook", timeout_s=2))
+    attempt, took = timed_post(webhook_channel(f"http://127.0.0.1:{free_port()}/hook", timeout_s=2))
     assert attempt.outcome == "retry" and (attempt.error or "").startswith("cannot connect"), attempt
     assert took < 1.5
 
@@ -210,16 +196,16 @@ def test_https_keeps_the_default_certificate_checks_and_is_bounded_too(receivers
     # Not trusted (the test CA is not among the system's): no delivery.
     untrusted = SlowReceiver("ok", tls=context)
     receivers.append(untrusted)
-    attempt, _ = timed_post(channel(untrusted.url, timeout_s=2))
+    attempt, _ = timed_post(webhook_channel(untrusted.url, timeout_s=2))
     assert attempt.outcome == "retry" and "CERTIFICATE_VERIFY_FAILED" in (attempt.error or ""), attempt
     # Trusted through SSL_CERT_FILE, as with urllib's default context.
     monkeypatch.setenv("SSL_CERT_FILE", str(ca))
-    attempt, _ = timed_post(channel(untrusted.url, timeout_s=2))
+    attempt, _ = timed_post(webhook_channel(untrusted.url, timeout_s=2))
     assert attempt.outcome == "delivered", attempt
     # Over TLS, a trickled answer is cut off at timeout_s as well.
     slow = SlowReceiver("headers", tls=context)
     receivers.append(slow)
-    attempt, took = timed_post(channel(slow.url, timeout_s=0.6))
+    attempt, took = timed_post(webhook_channel(slow.url, timeout_s=0.6))
     assert attempt.outcome == "retry" and "timed out" in (attempt.error or ""), attempt
     assert 0.5 <= took < 1.6
 

@@ -13,7 +13,6 @@ the rest, and records who asked. Deliveries go to real local HTTP(S) servers.
 
 from __future__ import annotations
 
-import io
 import socket
 import ssl
 import threading
@@ -25,22 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from durable_sessions_collector.alerts.outbox import Attempt, DeliveryPolicy
+from durable_sessions_collector.alerts.outbox import Attempt
 from durable_sessions_collector.alerts.webhook import WebhookAlerts
-from durable_sessions_collector.jsonlog import JsonLog
-from durable_sessions_collector.store import Alert
 from tls_certs import make_cert
-from webhook_server import free_port
+from webhook_server import ALERT, free_port, webhook_channel
 
 REAL_GETADDRINFO = socket.getaddrinfo
 HUNG = "hung.invalid"
-ALERT = Alert(
-    id=1,
-    channel="webhook",
-    violation_key="k",
-    payload={"session_id": "s-1", "rule": "unkeyed-side-effect", "action_id": "a-1", "key": "k"},
-    attempts=0,
-)
 
 
 @dataclass
@@ -127,11 +117,6 @@ def receivers() -> Iterator[list[Receiver]]:
         receiver.close()
 
 
-def channel(url: str, timeout_s: float = 2) -> WebhookAlerts:
-    """The webhook channel alone: :meth:`WebhookAlerts.post` needs no store or metrics."""
-    return WebhookAlerts(None, JsonLog(io.StringIO()), None, url, policy=DeliveryPolicy(timeout_s=timeout_s))  # type: ignore[arg-type]
-
-
 def timed_post(hook: WebhookAlerts) -> tuple[Attempt, float, threading.Thread]:
     """``hook.post(ALERT)`` in a thread of its own: the attempt, how long it took, and the
     thread. Fails (rather than hangs) if the POST is not over ``timeout_s`` + 3 s after."""
@@ -159,7 +144,7 @@ def tls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ssl.SSLContext:
 
 
 def test_a_hung_resolver_is_cut_off_at_timeout_s_and_the_attempt_retried(resolver: Resolver) -> None:
-    attempt, took, _ = timed_post(channel(f"http://{HUNG}:8080/hook", timeout_s=0.6))
+    attempt, took, _ = timed_post(webhook_channel(f"http://{HUNG}:8080/hook", timeout_s=0.6))
     assert attempt.outcome == "retry", attempt
     assert attempt.error == f"timed out: host name {HUNG!r} not resolved within timeout_s = 0.6 s"
     assert 0.5 <= took < 1.1, f"the POST took {took:.2f} s with timeout_s = 0.6"
@@ -175,7 +160,7 @@ def test_a_host_name_is_resolved_off_the_delivery_thread_and_delivered(
 ) -> None:
     receiver = Receiver()
     receivers.append(receiver)
-    attempt, took, poster = timed_post(channel(receiver.url("localhost")))
+    attempt, took, poster = timed_post(webhook_channel(receiver.url("localhost")))
     assert attempt.outcome == "delivered", attempt
     assert took < 1.5 and len(receiver.keys) == 1
     [resolving] = resolver.threads("localhost")
@@ -187,12 +172,12 @@ def test_the_resolved_addresses_are_tried_in_order(resolver: Resolver, receivers
     receivers += [first, second]
     refused = stream_addresses(free_port())
     resolver.answers["two.test"] = refused + stream_addresses(first.port) + stream_addresses(second.port)
-    attempt, _, _ = timed_post(channel("http://two.test:1/hook"))
+    attempt, _, _ = timed_post(webhook_channel("http://two.test:1/hook"))
     assert attempt.outcome == "delivered", attempt
     assert (len(first.keys), len(second.keys)) == (1, 0)
     # None accepts: a retry, with the last address's error.
     resolver.answers["none.test"] = refused + stream_addresses(free_port())
-    attempt, _, _ = timed_post(channel("http://none.test:1/hook"))
+    attempt, _, _ = timed_post(webhook_channel("http://none.test:1/hook"))
     assert attempt.outcome == "retry" and "Connection refused" in (attempt.error or ""), attempt
 
 
@@ -201,14 +186,14 @@ def test_https_checks_the_certificate_and_sends_sni_for_the_urls_host_name(
 ) -> None:
     receiver = Receiver(tls=tls)
     receivers.append(receiver)
-    attempt, _, poster = timed_post(channel(receiver.url("localhost")))
+    attempt, _, poster = timed_post(webhook_channel(receiver.url("localhost")))
     assert attempt.outcome == "delivered", attempt
     assert receiver.server_names == ["localhost"]
     assert [thread is not poster for thread in resolver.threads("localhost")] == [True]
     # The certificate is for 127.0.0.1 as well, the address a name not in it resolves to
     # here: it is checked against the name, so no delivery.
     resolver.answers["other.test"] = stream_addresses(receiver.port)
-    attempt, _, _ = timed_post(channel(receiver.url("other.test")))
+    attempt, _, _ = timed_post(webhook_channel(receiver.url("other.test")))
     assert attempt.outcome == "retry" and "Hostname mismatch" in (attempt.error or ""), attempt
     assert receiver.server_names == ["localhost", "other.test"] and len(receiver.keys) == 1
 
@@ -236,7 +221,7 @@ def test_an_ip_literal_is_connected_to_without_a_resolver_thread(
 ) -> None:
     receiver = Receiver(bind)
     receivers.append(receiver)
-    attempt, _, poster = timed_post(channel(receiver.url(host)))
+    attempt, _, poster = timed_post(webhook_channel(receiver.url(host)))
     assert attempt.outcome == "delivered", attempt
     assert len(receiver.keys) == 1
     assert {thread for _, thread in resolver.calls} <= {poster}, resolver.calls
@@ -245,7 +230,7 @@ def test_an_ip_literal_is_connected_to_without_a_resolver_thread(
 def test_a_name_that_does_not_resolve_is_a_retry_with_the_resolvers_error(resolver: Resolver) -> None:
     with pytest.raises(socket.gaierror) as failed:
         REAL_GETADDRINFO("nonexistent.invalid", 80, type=socket.SOCK_STREAM)
-    attempt, took, poster = timed_post(channel("http://nonexistent.invalid/hook", timeout_s=5))
+    attempt, took, poster = timed_post(webhook_channel("http://nonexistent.invalid/hook", timeout_s=5))
     assert attempt == Attempt("retry", f"cannot connect: {failed.value}")
     assert took < 2, f"the POST took {took:.2f} s: the resolver's answer was not passed on at once"
     [resolving] = resolver.threads("nonexistent.invalid")
