@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import io
 import json
+import threading
 from pathlib import Path
 
+from conftest import wait_for
 from durable_sessions_collector.alerts import LOG
 from durable_sessions_collector.alerts.log import LogAlerts, WrittenJournal
 from durable_sessions_collector.jsonlog import JsonLog
@@ -107,3 +109,36 @@ def test_keys_of_any_text_survive_the_journal(tmp_path: Path) -> None:
     assert journal.keys() == set(keys)
     journal.clear()
     assert journal.keys() == set()
+
+
+class BlockedStream(io.StringIO):
+    """A stream whose writes block until ``released`` is set (a pipe nobody reads)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.released = threading.Event()
+
+    def write(self, text: str) -> int:
+        self.released.wait(30)
+        return super().write(text)
+
+
+def test_while_the_stream_is_blocked_nothing_is_journaled(tmp_path: Path) -> None:
+    # The rows are marked before their lines are out then: the journal would save nothing,
+    # and appends queued behind the blocked stream would only pile up.
+    store = store_with_pending(tmp_path / "s.db", ["a", "b"])
+    journal = WrittenJournal(str(tmp_path / "s.db.log-written"))
+    stream = BlockedStream()
+    log = JsonLog(stream, blocked_write_s=0.2)
+    try:
+        log.write("INFO", "stuck", wait=False)
+        wait_for(log.stuck, timeout=5)
+        assert LogAlerts(store, log, journal=journal).deliver_pending() == 2  # marked, not waited for
+        assert store.pending_alerts(LOG, 10.0) == []
+        stream.released.set()
+        assert log.flush(5)
+        assert violation_lines(stream) == ["a", "b"]  # written once the stream drained
+        assert journal.keys() == set()
+    finally:
+        stream.released.set()
+        store.close()

@@ -113,7 +113,9 @@ class LogAlerts:
         for alert in alerts:
             self.log.write("WARNING", "violation", force=True, wait=False, **alert.payload)
         journal = self.journal
-        if alerts and journal is not None:
+        # While the stream is blocked the rows are marked before their lines are out, so
+        # the journal has nothing to save; queued appends would only pile up behind it.
+        if alerts and journal is not None and not self.log.stuck():
             keys = [str(alert.payload.get("key")) for alert in alerts]
             self.log.then(lambda: journal.append(keys))
         return self.log.flush()
