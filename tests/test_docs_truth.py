@@ -501,9 +501,9 @@ def test_readers_md_jobs_default_is_one_per_core_at_most_8(monkeypatch: pytest.M
     assert "one worker process per core (at most 8)" in read(README)
     assert check.PARALLEL_MIN_BYTES == 64 * 1024 * 1024
     monkeypatch.setattr(check.os.path, "getsize", lambda path: 100 * 1024 * 1024)
-    monkeypatch.setattr(check.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(check, "usable_cores", lambda: 16)
     assert check.default_jobs(["big.jsonl"], "auto") == 8
-    monkeypatch.setattr(check.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(check, "usable_cores", lambda: 2)
     assert check.default_jobs(["big.jsonl"], "auto") == 2
 
 

@@ -48,6 +48,14 @@ PROGRESS_EVERY = 65_536
 PARALLEL_MIN_BYTES = 64 * 1024 * 1024
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (a container's or taskset's share, where known)."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def default_jobs(paths: Sequence[str], fmt: Format) -> int:
     """Worker processes worth starting: one per core for big JSONL files, else none."""
     if fmt == "tracing" or "-" in paths:
@@ -56,7 +64,7 @@ def default_jobs(paths: Sequence[str], fmt: Format) -> int:
         total = sum(os.path.getsize(path) for path in paths)
     except OSError:
         return 1
-    return min(os.cpu_count() or 1, 8) if total >= PARALLEL_MIN_BYTES else 1
+    return min(usable_cores(), 8) if total >= PARALLEL_MIN_BYTES else 1
 
 
 def cli_start_method() -> str:

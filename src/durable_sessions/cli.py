@@ -27,6 +27,7 @@ from durable_sessions.check import (
     cli_start_method,
     cyclic_gc_paused,
     default_jobs,
+    usable_cores,
 )
 from durable_sessions.engine import Checker
 from durable_sessions.readers import DEFAULT_MAX_LINE_BYTES, FORMATS, InputError
@@ -262,7 +263,11 @@ def run_check(args: argparse.Namespace, out: _Output) -> int:
         return EXIT_USAGE
     # Every worker reads every line: workers beyond the cores only add to the work
     # (--jobs 1000 made a 25 MB check take minutes, and could run out of descriptors).
-    jobs = min(args.jobs, _cores()) if args.jobs is not None else default_jobs(args.files, args.input_format)
+    jobs = (
+        min(args.jobs, usable_cores())
+        if args.jobs is not None
+        else default_jobs(args.files, args.input_format)
+    )
     if args.format != "text" and hasattr(sys.stdout, "reconfigure"):
         # JSON is UTF-8 (RFC 8259) whatever the locale; a file name that is not UTF-8
         # comes out as a JSON escape, not as bytes that break the document.
@@ -397,14 +402,6 @@ def _positive_int(text: str) -> int:
     if value > sys.maxsize // 2:  # a read size must fit a C ssize_t (it was an OverflowError)
         raise argparse.ArgumentTypeError(f"{text!r} is too large")
     return value
-
-
-def _cores() -> int:
-    """The cores this process may run on (a container's or taskset's share, where known)."""
-    try:
-        return max(len(os.sched_getaffinity(0)), 1)
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 if __name__ == "__main__":
