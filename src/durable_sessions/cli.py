@@ -17,7 +17,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TextIO
 
 from durable_sessions import __version__
@@ -66,20 +66,23 @@ class _Output:
         self.stream = stream
 
     def write(self, text: str) -> int:
-        try:
+        with _as_output_error():
             return self.stream.write(text)
-        except BrokenPipeError:
-            raise
-        except OSError as error:
-            raise OutputError(error.strerror or str(error)) from None
 
     def flush(self) -> None:
-        try:
+        with _as_output_error():
             self.stream.flush()
-        except BrokenPipeError:
-            raise
-        except OSError as error:
-            raise OutputError(error.strerror or str(error)) from None
+
+
+@contextlib.contextmanager
+def _as_output_error() -> Iterator[None]:
+    """An OSError of standard output as :class:`OutputError`, BrokenPipeError as it is."""
+    try:
+        yield
+    except BrokenPipeError:
+        raise
+    except OSError as error:
+        raise OutputError(error.strerror or str(error)) from None
 
 
 def _run_command(prog: str, command: Callable[[_Output], int]) -> int:
