@@ -430,6 +430,9 @@ OPTIONS: tuple[Option, ...] = (
            "OTLP/gRPC listen address (TraceService/Export); port 0 picks a free port"),
     Option("receivers.http.endpoint", "DURABLE_SESSIONS_HTTP_ENDPOINT", _endpoint, "127.0.0.1:4320",
            "HTTP listen address: OTLP/HTTP POST /v1/traces, /api/sessions, /healthz, /metrics"),
+    Option("receivers.http.max_connections", "DURABLE_SESSIONS_HTTP_MAX_CONNECTIONS", _positive_int, 256,
+           "connections the HTTP port serves at once (a thread each); past it new connections wait "
+           "in the listen backlog and idle keep-alive connections are closed to make room"),
     Option("receivers.max_request_bytes", "DURABLE_SESSIONS_MAX_REQUEST_BYTES", _positive_int, 64 * MIB,
            "largest accepted Export request, after decompression (both receivers)"),
     Option("pipeline.queue_size", "DURABLE_SESSIONS_QUEUE_SIZE", _positive_int, 64,
@@ -512,6 +515,7 @@ class Config:
 
     receivers_grpc_endpoint: str = "127.0.0.1:4319"
     receivers_http_endpoint: str = "127.0.0.1:4320"
+    receivers_http_max_connections: int = 256
     receivers_max_request_bytes: int = 64 * MIB
     pipeline_queue_size: int = 64
     pipeline_retry_after_s: int = 1

@@ -9,9 +9,11 @@ A body is framed strictly (RFC 9112 section 6): one Content-Length of ASCII digi
 ``Transfer-Encoding: chunked`` alone; anything ambiguous (both headers, differing lengths,
 other transfer codings, a malformed chunk) is refused and closes the connection, so that
 no proxy in front can be made to see a different request boundary than this server.
-Every connection is bounded in time by :data:`IDLE_TIMEOUT_S`, :data:`HEADER_TIMEOUT_S`
-and :data:`STALL_TIMEOUT_S`: a thread serves each connection, and a client that goes
-quiet must not hold one forever.
+Every connection is bounded in time by :data:`IDLE_TIMEOUT_S`, :data:`HEADER_TIMEOUT_S`,
+:data:`STALL_TIMEOUT_S` and :data:`BODY_TIMEOUT_S`: a thread serves each connection, and a
+client that goes quiet (or trickles) must not hold one forever. The connections served at
+once are capped (:class:`Connections`): past the cap a new connection waits in the listen
+backlog, and idle keep-alive connections are closed to make room for it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import contextlib
 import io
 import json
 import re
+import select
 import socket
 import ssl
 import sys
@@ -54,12 +57,30 @@ may take longer), and the bound on writing a response to a client that does not 
 (the Collector's ``write_timeout``). A stalled body is answered 400 and its connection
 closed; a write that times out closes the connection."""
 
+BODY_TIMEOUT_S = 60.0
+"""Longest a request body may take as a whole, from the end of its headers, however often
+bytes arrive (the Collector's ``read_timeout``; an exporter gives up on its request long
+before: 10 s by default in the SDKs, 5 s in the Collector). A body past it is answered 400
+and its connection closed."""
+
+DEFAULT_MAX_CONNECTIONS = 256
+"""Connections the port serves at once (``receivers.http.max_connections``)."""
+
+SLOT_WAIT_S = 0.05
+"""How long the accepting thread waits for a free slot before it looks again at whether
+the port is stopping (it is also ``serve_forever``'s poll interval)."""
+
 _CHUNK_SIZE_LINE = re.compile(rb"([0-9A-Fa-f]{1,16})[ \t]*(?:;[^\r\n]*)?\r?\n")
 _DIGITS = re.compile(r"[0-9]+")
 
 
 class BodyTooLarge(Exception):
     pass
+
+
+class DeadlineExceeded(TimeoutError):
+    """A request's headers or body did not arrive by their deadline (not a stall: bytes
+    may still be trickling in)."""
 
 
 class BodyError(Exception):
@@ -137,6 +158,10 @@ class Request:
             if length is None:
                 return self._read_chunked(limit)
             data = handler.rfile.read(length)
+        except DeadlineExceeded:
+            raise BodyError(
+                f"request body not received within {handler.body_timeout_s:g} s"  # type: ignore[attr-defined]
+            ) from None
         except TimeoutError:
             # A client that stops sending mid-body must not hold this thread: answer and close.
             raise BodyError(
@@ -256,9 +281,11 @@ class HttpServer:
         body_limit: int,
         tls: ssl.SSLContext | None = None,
         auth: Callable[[Request], Response | None] | None = None,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
     ) -> None:
         """``tls``: serve HTTPS with this context; ``auth``: a gate run before every handler,
-        returning None to go on or the response to send instead (e.g. 401)."""
+        returning None to go on or the response to send instead (e.g. 401);
+        ``max_connections``: connections served at once (see :class:`Connections`)."""
         host, _, port = endpoint.rpartition(":")
         self.router = router
         self.log = log
@@ -279,6 +306,7 @@ class HttpServer:
             idle_timeout_s = IDLE_TIMEOUT_S
             header_timeout_s = HEADER_TIMEOUT_S
             stall_timeout_s = STALL_TIMEOUT_S
+            body_timeout_s = BODY_TIMEOUT_S
             continue_pending = False
 
             def setup(self) -> None:
@@ -293,10 +321,13 @@ class HttpServer:
                 self.continue_pending = False
                 self.reader.deadline = None
                 self.reader.timeout = self.idle_timeout_s
+                self.reader.idle_in = server.connections  # until the next request's first byte
                 try:
                     first = self.rfile.peek(1)[:1]
                 except OSError:  # idle too long, or the client reset the connection
                     first = b""
+                finally:
+                    self.reader.idle_in = None
                 if not first:
                     self.close_connection = True
                     return
@@ -310,11 +341,14 @@ class HttpServer:
                     return
                 self.reader.timeout = self.stall_timeout_s
                 self.reader.deadline = time.monotonic() + self.header_timeout_s
+                self.reader.late = "request headers not received in time"
                 super().handle_one_request()
 
             def parse_request(self) -> bool:
                 parsed = super().parse_request()
-                self.reader.deadline = None  # the headers are in; a body may take its time
+                # The headers are in; the body, if any, has a deadline of its own.
+                self.reader.deadline = time.monotonic() + self.body_timeout_s
+                self.reader.late = "request body not received in time"
                 return parsed
 
             def handle_expect_100(self) -> bool:
@@ -346,7 +380,11 @@ class HttpServer:
                 server.log.debug("http-request", line=format % args)
 
         host = host.strip("[]")
-        server_class = _server_class(log) if tls is None else _tls_server_class(tls, log)
+        self.connections = Connections(max_connections)
+        if tls is None:
+            server_class = _server_class(log, self.connections)
+        else:
+            server_class = _tls_server_class(tls, log, self.connections)
         if ":" in host:  # an IPv6 address ([::1]:4320, [::]:4320): the server is AF_INET only
             server_class = type(
                 "Ipv6" + server_class.__name__, (server_class,), {"address_family": socket.AF_INET6}
@@ -368,9 +406,17 @@ class HttpServer:
         self._thread.start()
         return self.port
 
-    def stop(self) -> None:
+    def stop(self, grace: float = 2.0) -> None:
+        """Stop accepting, close idle keep-alive connections, and give the requests being
+        served up to ``grace`` seconds to be answered (with ``Connection: close``)."""
         self.httpd.shutdown()
         self.httpd.server_close()
+        if not self.connections.stop(grace):
+            self.log.warning(
+                "http-stop-timeout",
+                connections=self.connections.open,
+                note=f"requests still being served after {grace:g} s; their connections are dropped",
+            )
 
     def _dispatch(self, handler: BaseHTTPRequestHandler) -> None:
         parts = urlsplit(handler.path)
@@ -403,6 +449,8 @@ class HttpServer:
             "Content-Length" in handler.headers or "Transfer-Encoding" in handler.headers
         ):
             handler.close_connection = True
+        if self.connections.stopping:
+            handler.close_connection = True
         self._send(handler, response)
 
     @staticmethod
@@ -431,6 +479,106 @@ def _send_continue(handler: BaseHTTPRequestHandler) -> None:
         handler.end_headers()
 
 
+class Connections:
+    """The port's open connections: at most ``limit`` are served at once, and those idle
+    (waiting for a next request) can be closed to make room for a waiting one or to stop.
+
+    The accepting thread takes a slot before it accepts a connection (:meth:`take`); the
+    connection's thread gives it back when the connection ends (:meth:`release`). With no
+    slot free, the next connection is left in the listen backlog, where its client waits
+    (its TCP connect has completed), and the connection idle the longest is closed: an HTTP
+    client reconnects when its idle keep-alive connection is closed, as after the idle timeout.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.open = 0
+        self.stopping = False
+        self._changed = threading.Condition(threading.Lock())
+        self._idle: dict[socket.socket, None] = {}  # insertion order: the longest idle first
+
+    def take(self, wait_s: float) -> bool:
+        """Take a slot for a connection about to be accepted; False if none freed within ``wait_s``."""
+        with self._changed:
+            if self.open >= self.limit:
+                self._close_longest_idle()
+                self._changed.wait(wait_s)
+                if self.open >= self.limit:
+                    return False
+            self.open += 1
+            return True
+
+    def release(self) -> None:
+        with self._changed:
+            self.open -= 1
+            self._changed.notify_all()
+
+    def wait_for_request(self, connection: socket.socket, timeout: float) -> bool:
+        """Wait, as an idle connection, until ``connection`` has bytes to read: True then;
+        False if it was closed meanwhile to make room or because the port stops. Raises
+        TimeoutError after ``timeout`` seconds.
+
+        Nothing is read while the connection counts as idle: a connection is closed only
+        when no byte of a next request has arrived, checked under the lock that the
+        connection takes to stop being idle.
+        """
+        with self._changed:
+            if self.stopping:
+                return False
+            self._idle[connection] = None
+        try:
+            readable = _readable(connection, timeout)
+        finally:
+            with self._changed:
+                closed = connection not in self._idle
+                self._idle.pop(connection, None)
+        if closed:
+            return False
+        if not readable:
+            raise TimeoutError("no request on an idle connection")
+        return True
+
+    def stop(self, grace_s: float) -> bool:
+        """Close the idle connections, let the others finish the request they are serving
+        (their answers say ``Connection: close``) for up to ``grace_s``; whether all ended."""
+        deadline = time.monotonic() + grace_s
+        with self._changed:
+            self.stopping = True
+            for connection in list(self._idle):
+                del self._idle[connection]
+                with contextlib.suppress(OSError):
+                    socket.socket.shutdown(connection, socket.SHUT_RDWR)
+            while self.open > 0 and (left := deadline - time.monotonic()) > 0:
+                self._changed.wait(left)
+            return self.open == 0
+
+    def _close_longest_idle(self) -> None:
+        # Called with the lock held. The connection's thread, waiting in wait_for_request,
+        # wakes up to the end of the stream and ends the connection, giving its slot back.
+        for connection in list(self._idle):
+            if _readable(connection, 0):
+                continue  # its next request is arriving: it is not idle any more
+            del self._idle[connection]
+            with contextlib.suppress(OSError):
+                # socket.socket's own shutdown: SSLSocket.shutdown would drop its TLS state
+                # under the thread waiting on it.
+                socket.socket.shutdown(connection, socket.SHUT_RDWR)
+            return
+
+
+def _readable(connection: socket.socket, timeout: float) -> bool:
+    """Whether ``connection`` has bytes to read (or its end) within ``timeout`` seconds,
+    without reading them."""
+    if isinstance(connection, ssl.SSLSocket) and connection.pending():
+        return True  # decrypted and buffered already: the descriptor may show nothing
+    poller = select.poll()
+    try:
+        poller.register(connection, select.POLLIN)
+    except (OSError, ValueError):  # closed meanwhile
+        return True  # reading will tell
+    return bool(poller.poll(max(0, int(timeout * 1000))))
+
+
 class _ConnectionReader(io.RawIOBase):
     """The raw stream under a connection's ``rfile``: each receive waits at most ``timeout``
     seconds, and never past ``deadline`` (``time.monotonic()``) when one is set. A socket
@@ -440,6 +588,8 @@ class _ConnectionReader(io.RawIOBase):
         self.sock = sock
         self.timeout = timeout
         self.deadline: float | None = None
+        self.late = "deadline passed"  # what DeadlineExceeded says
+        self.idle_in: Connections | None = None  # set while waiting for a next request
 
     def readable(self) -> bool:
         return True
@@ -449,17 +599,45 @@ class _ConnectionReader(io.RawIOBase):
         if self.deadline is not None:
             timeout = min(timeout, self.deadline - time.monotonic())
             if timeout <= 0:
-                raise TimeoutError("request headers not received in time")
+                raise DeadlineExceeded(self.late)
+        if self.idle_in is not None and not self.idle_in.wait_for_request(self.sock, timeout):
+            return 0  # closed to make room or because the port stops: the end of the stream
         self.sock.settimeout(timeout)
-        return self.sock.recv_into(buffer)
+        try:
+            return self.sock.recv_into(buffer)
+        except TimeoutError:
+            if self.deadline is not None and time.monotonic() >= self.deadline:
+                raise DeadlineExceeded(self.late) from None
+            raise
 
 
-def _server_class(log: JsonLog) -> type[ThreadingHTTPServer]:
+def _server_class(log: JsonLog, connections: Connections) -> type[ThreadingHTTPServer]:
     class _Server(ThreadingHTTPServer):
         # socketserver listens with a backlog of 5: a burst of connections (a Collector's
         # exporter opens up to num_consumers, 10, at once; SDKs starting together) overflows
         # it, and each dropped SYN costs its client a 1 s (then 3 s) retransmission.
         request_queue_size = socket.SOMAXCONN
+
+        def _handle_request_noblock(self) -> None:
+            # serve_forever calls this when a connection waits to be accepted. Without a
+            # free slot it is left in the backlog, and serve_forever polls again (so a
+            # shutdown is still seen within SLOT_WAIT_S).
+            if connections.take(SLOT_WAIT_S):
+                super()._handle_request_noblock()  # type: ignore[misc]
+
+        def get_request(self) -> tuple[socket.socket, Any]:
+            try:
+                return super().get_request()
+            except BaseException:  # nothing accepted: the slot taken for it is free again
+                connections.release()
+                raise
+
+        def shutdown_request(self, request: Any) -> None:
+            # Called once for every accepted connection, however it ends.
+            try:
+                super().shutdown_request(request)
+            finally:
+                connections.release()
 
         def handle_error(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
             # The stdlib prints a traceback to standard error (into the JSON log stream) for
@@ -474,11 +652,13 @@ def _server_class(log: JsonLog) -> type[ThreadingHTTPServer]:
     return _Server
 
 
-def _tls_server_class(context: ssl.SSLContext, log: JsonLog) -> type[ThreadingHTTPServer]:
+def _tls_server_class(
+    context: ssl.SSLContext, log: JsonLog, connections: Connections
+) -> type[ThreadingHTTPServer]:
     """A ThreadingHTTPServer that does each TLS handshake in the connection's own thread."""
     from durable_sessions_collector.security import wrap_accepted
 
-    class _TlsServer(_server_class(log)):  # type: ignore[misc,valid-type]
+    class _TlsServer(_server_class(log, connections)):  # type: ignore[misc,valid-type]
         def finish_request(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
             try:
                 wrapped = wrap_accepted(context, request)

@@ -194,6 +194,7 @@ class Service:
                 body_limit=config.receivers_max_request_bytes,
                 tls=tls,
                 auth=HttpAuth(token).check if token else None,
+                max_connections=config.receivers_http_max_connections,
             )
             self.http_port = self.http.start()
             if self.webhook is not None:

@@ -210,6 +210,7 @@ def test_every_documented_option_has_a_working_environment_override(tmp_path: Pa
     samples = {
         "receivers.grpc.endpoint": ("0.0.0.0:5000", "0.0.0.0:5000"),
         "receivers.http.endpoint": ("localhost:5001", "localhost:5001"),
+        "receivers.http.max_connections": ("17", 17),
         "receivers.max_request_bytes": ("1024", 1024),
         "pipeline.queue_size": ("3", 3),
         "pipeline.retry_after_s": ("7", 7),

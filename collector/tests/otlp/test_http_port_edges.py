@@ -120,10 +120,11 @@ def server_threads() -> int:
 
 @pytest.fixture
 def short(start_sidecar, monkeypatch):  # type: ignore[no-untyped-def]
-    """A sidecar whose HTTP port times out within seconds (the defaults are 60/10/30 s)."""
+    """A sidecar whose HTTP port times out within seconds (the defaults are 60/10/30/60 s)."""
     monkeypatch.setattr(httpserver, "IDLE_TIMEOUT_S", 1.5)
     monkeypatch.setattr(httpserver, "HEADER_TIMEOUT_S", 1.0)
     monkeypatch.setattr(httpserver, "STALL_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(httpserver, "BODY_TIMEOUT_S", 1.5)
     return start_sidecar(log_level="DEBUG")
 
 
@@ -463,3 +464,163 @@ def test_other_request_forms(sidecar) -> None:  # type: ignore[no-untyped-def]
         assert got == status, (request_bytes[:40], got)
         assert expected.items() <= headers.items()
     assert_healthy(sidecar)
+
+
+# --- how many connections, a body's whole time, and stopping ------------------------------
+
+
+def connection_threads() -> int:
+    """Threads serving the HTTP port's connections (socketserver names them so)."""
+    return sum("process_request_thread" in thread.name for thread in threading.enumerate())
+
+
+def half_sent_body(sidecar, session: str) -> socket.socket:  # type: ignore[no-untyped-def]
+    """A connection in the middle of a request: headers sent, and 10 bytes of the body."""
+    body = export_body(session)
+    sock = connect(sidecar)
+    sock.sendall(post_head(len(body)) + body[:10])
+    return sock
+
+
+def test_connections_over_the_cap_wait_in_the_backlog_without_a_thread_each(start_sidecar) -> None:  # type: ignore[no-untyped-def]
+    # Before, each connection got a thread at once: 100 clients stuck mid-body were 100
+    # threads, for as long as their bodies took.
+    sidecar = start_sidecar(receivers__http__max_connections=3)
+    busy = [half_sent_body(sidecar, f"busy-{n}") for n in range(3)]
+    wait_for(lambda: connection_threads() == 3, timeout=5)
+    waiting = [half_sent_body(sidecar, f"waiting-{n}") for n in range(40)]  # connects succeed
+    time.sleep(0.5)
+    assert connection_threads() == 3
+    assert sidecar.service.http.connections.open == 3
+    # The three busy clients finish their bodies: the waiting ones are served in turn.
+    for n, sock in enumerate(busy):
+        sock.sendall(export_body(f"busy-{n}")[10:])
+        data, _ = read_until_closed(sock, 0.5)
+        assert responses(data)[0][0] == 200
+    for n, sock in enumerate(waiting):
+        sock.sendall(export_body(f"waiting-{n}")[10:] + b"")
+    for n, sock in enumerate(waiting):
+        data, _ = read_until_closed(sock, 0.3)
+        while not data.endswith(b"}"):
+            more, closed = read_until_closed(sock, 10)
+            assert more or not closed, f"waiting connection {n} got no answer"
+            data += more
+        assert responses(data)[0][0] == 200, n
+        sock.close()
+        assert connection_threads() <= 3
+    for sock in busy:
+        sock.close()
+    wait_for(lambda: sidecar.service.http.connections.open == 0, timeout=5)
+    assert all(sidecar.session(f"waiting-{n}")["action_count"] == 1 for n in range(40))
+
+
+def test_at_the_cap_the_longest_idle_keep_alive_connection_makes_room(start_sidecar) -> None:  # type: ignore[no-untyped-def]
+    # Idle keep-alive connections hold their slots for up to 60 s; a new client must not
+    # wait for that while they sit unused.
+    sidecar = start_sidecar(receivers__http__max_connections=2)
+    idle = []
+    for _ in range(2):
+        sock = connect(sidecar)
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: sidecar\r\n\r\n")
+        data, closed = read_until_closed(sock, 0.5)
+        assert not closed and responses(data)[0][0] == 200
+        idle.append(sock)
+        time.sleep(0.1)  # the first is idle the longer
+    started = time.monotonic()
+    with connect(sidecar) as newcomer:
+        newcomer.sendall(b"GET /healthz HTTP/1.1\r\nHost: sidecar\r\nConnection: close\r\n\r\n")
+        data, closed = read_until_closed(newcomer, 10)
+    assert closed and responses(data)[0][0] == 200
+    assert time.monotonic() - started < 2  # not the 60 s idle timeout
+    first, closed_first = read_until_closed(idle[0], 1)
+    assert closed_first and first == b"", "the longest idle connection was not the one closed"
+    idle[1].sendall(b"GET /healthz HTTP/1.1\r\nHost: sidecar\r\nConnection: close\r\n\r\n")
+    data, _ = read_until_closed(idle[1], 10)
+    assert responses(data)[0][0] == 200  # the other one is still served
+    for sock in idle:
+        sock.close()
+
+
+def test_a_body_trickled_past_its_deadline_is_answered_400_and_closed(short, capfd) -> None:  # type: ignore[no-untyped-def]
+    # Each pause (0.2 s) stays under the stall timeout (1 s), so only the whole body's
+    # deadline (1.5 s here) ends it. Before, a body sent a byte at a time held its thread
+    # for as long as the client liked.
+    trickled = export_body("trickled") * 4
+    started = time.monotonic()
+    with connect(short) as sock:
+        sock.sendall(post_head(len(trickled)))
+        answer, closed = b"", False
+        for byte in trickled:
+            try:
+                sock.sendall(bytes([byte]))
+            except OSError:
+                break
+            answer, closed = read_until_closed(sock, 0.2)
+            if answer or closed:
+                break
+        more, closed = read_until_closed(sock, 5)
+    took = time.monotonic() - started
+    [(status, headers, body)] = responses(answer + more)
+    assert status == 400 and headers["connection"] == "close" and closed
+    assert "request body not received within 1.5 s" in json.loads(body)["message"]
+    assert 1.4 < took < 4, took
+    assert short.get("/api/sessions/trickled")[0] == 404
+    assert_healthy(short)
+    quiet_log(short, capfd)
+
+
+def test_stopping_closes_idle_connections_at_once_and_answers_requests_in_flight(start_sidecar) -> None:  # type: ignore[no-untyped-def]
+    # Before, stop() left keep-alive connections open (for up to the 60 s idle timeout),
+    # and a request sent on one after the stop was still dispatched.
+    sidecar = start_sidecar()
+    idle = connect(sidecar)
+    idle.sendall(b"GET /healthz HTTP/1.1\r\nHost: sidecar\r\n\r\n")
+    data, closed = read_until_closed(idle, 0.5)
+    assert not closed and responses(data)[0][0] == 200
+    in_flight = half_sent_body(sidecar, "in-flight")
+    wait_for(lambda: sidecar.service.http.connections.open == 2, timeout=5)
+    stopping = threading.Thread(target=sidecar.service.stop)
+    started = time.monotonic()
+    stopping.start()
+    data, closed = read_until_closed(idle, 1.5)
+    assert closed and data == b"", "an idle keep-alive connection was left open by stop()"
+    assert time.monotonic() - started < 1.5
+    in_flight.sendall(export_body("in-flight")[10:])  # within the 2 s grace
+    data, closed = read_until_closed(in_flight, 5)
+    [(status, headers, _)] = responses(data)
+    assert status == 200 and headers["connection"] == "close" and closed
+    stopping.join(timeout=10)
+    assert not stopping.is_alive()
+    in_flight.close()
+    idle.close()
+    with pytest.raises(OSError):
+        connect(sidecar)
+
+
+def test_over_tls_an_idle_connection_makes_room_too(start_sidecar, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # The idle connection's thread waits on a TLS socket: it must wake, and give its slot
+    # back, when the port closes it under it.
+    from tls_certs import make_cert
+
+    ca, cert, key = make_cert(tmp_path)
+    sidecar = start_sidecar(
+        tls__cert_file=str(cert), tls__key_file=str(key), receivers__http__max_connections=1
+    )
+    context = ssl.create_default_context(cafile=str(ca))
+
+    def tls_connect() -> ssl.SSLSocket:
+        return context.wrap_socket(connect(sidecar), server_hostname="localhost")
+
+    idle = tls_connect()
+    idle.sendall(b"GET /healthz HTTP/1.1\r\nHost: sidecar\r\n\r\n")
+    data, closed = read_until_closed(idle, 1)
+    assert not closed and responses(data)[0][0] == 200
+    started = time.monotonic()
+    with tls_connect() as newcomer:
+        newcomer.sendall(b"GET /healthz HTTP/1.1\r\nHost: sidecar\r\nConnection: close\r\n\r\n")
+        data, _ = read_until_closed(newcomer, 10)
+    assert responses(data)[0][0] == 200
+    assert time.monotonic() - started < 3
+    data, closed = read_until_closed(idle, 2)
+    assert closed and data == b""
+    idle.close()
