@@ -28,6 +28,9 @@ from durable_sessions.rules import Rule
 from durable_sessions_collector.alerts import LOG
 from durable_sessions_collector.store import Store
 
+DELIVERED, RETRY, DEAD_LETTER = "delivered", "retry", "dead_letter"
+"""The ``outcome`` values of ``durable_sessions_alert_deliveries_total``."""
+
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 # Most Export requests are answered in under a millisecond (a small batch on a local
 # store: 85% of gRPC and 67% of HTTP ones in a 300-request run), so the export histogram
@@ -223,7 +226,7 @@ class Metrics:
         its first value is no increase to ``increase()`` or ``rate()``, so the first dead
         letter or violation after a start would otherwise go unseen."""
         for channel in channels:
-            for outcome in ("delivered",) if channel == LOG else ("delivered", "retry", "dead_letter"):
+            for outcome in (DELIVERED,) if channel == LOG else (DELIVERED, RETRY, DEAD_LETTER):
                 self.alert_deliveries.labels(channel, outcome)
         for rule in rules:
             self.violations.labels(rule.id, rule.severity.value)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from durable_sessions_collector.alerts import idempotency_key
-from durable_sessions_collector.alerts.metrics import Metrics
+from durable_sessions_collector.alerts.metrics import DEAD_LETTER, DELIVERED, RETRY, Metrics
 from durable_sessions_collector.jsonlog import JsonLog
 from durable_sessions_collector.store import Alert, Store
 
@@ -174,7 +174,7 @@ class OutboxDelivery:
         if attempt.outcome == "delivered":
             with self.store.writer() as writer:
                 writer.mark_delivered([alert.id], now)
-            self.metrics.alert_deliveries.labels(channel, "delivered").inc()
+            self.metrics.alert_deliveries.labels(channel, DELIVERED).inc()
             detected = alert.payload.get("detected_at")
             if isinstance(detected, int | float):
                 self.metrics.alert_latency.labels(channel).observe(max(0.0, now - detected))
@@ -189,7 +189,7 @@ class OutboxDelivery:
             with self.store.writer() as writer:
                 writer.mark_failed(alert.id, error, retry_at)
             self._next_due = retry_at if self._next_due is None else min(self._next_due, retry_at)
-            self.metrics.alert_deliveries.labels(channel, "retry").inc()
+            self.metrics.alert_deliveries.labels(channel, RETRY).inc()
             self.log.warning(
                 "alert-delivery-retry",
                 channel=channel,
@@ -203,7 +203,7 @@ class OutboxDelivery:
             return 0
         with self.store.writer() as writer:
             writer.mark_failed(alert.id, error, None)
-        self.metrics.alert_deliveries.labels(channel, "dead_letter").inc()
+        self.metrics.alert_deliveries.labels(channel, DEAD_LETTER).inc()
         self.log.error(
             "alert-dead-letter",
             channel=channel,
