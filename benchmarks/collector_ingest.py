@@ -1,6 +1,6 @@
 """The sidecar's ingest: throughput against a discard receiver, alert latency, memory.
 
-Three modes; each server runs in a child process of its own, the load generator in this
+Several modes; each server runs in a child process of its own, the load generator in this
 one, so the two do not share a GIL (they do share the machine's CPUs).
 
 ``throughput``
@@ -42,6 +42,13 @@ one, so the two do not share a GIL (they do share the machine's CPUs).
     grow over the rounds. The discard receiver runs in the same run: half its throughput
     is the per-span budget of the 50% target.
 
+``http-port``
+    The HTTP port's own cost per request, without the store: ``--clients`` threads send
+    ``GET`` requests for a path that is not routed (404) as fast as they are answered,
+    ``--requests`` each, on one keep-alive connection per client, then on a new connection
+    per request (``Connection: close``). With ``--baseline TREE``, that tree's sidecar in
+    alternating rounds; requests per second and the ratio per round.
+
 Run::
 
     .venv/bin/python benchmarks/collector_ingest.py throughput [--rounds 5] [--baseline TREE]
@@ -49,6 +56,7 @@ Run::
     .venv/bin/python benchmarks/collector_ingest.py rss [--sessions 1000000]
     .venv/bin/python benchmarks/collector_ingest.py store-floor [--rounds 5] [--baseline TREE]
     .venv/bin/python benchmarks/collector_ingest.py scrape [--sessions 1000000] [--store postgresql://…] [--baseline TREE]
+    .venv/bin/python benchmarks/collector_ingest.py http-port [--rounds 5] [--baseline TREE]
 
 ``scrape``
     How long ``GET /metrics`` takes on a store of ``--sessions`` sessions (default
@@ -728,6 +736,69 @@ def scrape(args: argparse.Namespace) -> None:
         drop()
 
 
+def _http_requests(port: int, clients: int, requests: int, keep_alive: bool) -> float:
+    """Requests per second: ``clients`` threads, ``requests`` unrouted GETs each."""
+    import http.client
+
+    def client() -> None:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        headers = {} if keep_alive else {"Connection": "close"}
+        for _ in range(requests):
+            connection.request("GET", "/bench-not-routed", headers=headers)
+            response = connection.getresponse()
+            response.read()
+            if response.status != 404:
+                raise SystemExit(f"unexpected answer {response.status}")
+            if not keep_alive:
+                connection.close()
+        connection.close()
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return clients * requests / (time.perf_counter() - start)
+
+
+def http_port(args: argparse.Namespace) -> None:
+    work = tempfile.mkdtemp(prefix="ds-http-")
+    trees = {
+        "sidecar": None,
+        **({"baseline": str(Path(args.baseline, "collector", "src"))} if args.baseline else {}),
+    }
+    servers = {
+        name: Child(_sidecar_server, {"store": f"sqlite:///{work}/{name}.db"}, tree)
+        for name, tree in trees.items()
+    }
+    rates: dict[tuple[str, bool], list[float]] = {(name, ka): [] for name in servers for ka in (True, False)}
+    try:
+        for n in range(args.rounds):
+            for keep_alive in (True, False):
+                for name, server in servers.items() if n % 2 == 0 else reversed(servers.items()):
+                    assert server.http_port is not None
+                    rates[name, keep_alive].append(
+                        _http_requests(server.http_port, args.clients, args.requests, keep_alive)
+                    )
+            line = ", ".join(f"{name} {'keep-alive' if ka else 'new connections'} {rate[-1]:,.0f}/s"
+                             for (name, ka), rate in rates.items())  # fmt: skip
+            print(f"round {n}: {line}")
+        for keep_alive in (True, False):
+            what = "keep-alive" if keep_alive else "new connection per request"
+            now = rates["sidecar", keep_alive]
+            line = f"{what}: sidecar median {statistics.median(now):,.0f} requests/s"
+            if args.baseline:
+                then = rates["baseline", keep_alive]
+                ratios = sorted(a / b for a, b in zip(now, then, strict=True))
+                line += (f", baseline {statistics.median(then):,.0f}; sidecar / baseline median per round "
+                         f"{statistics.median(ratios):.2f}x (rounds {ratios[0]:.2f}-{ratios[-1]:.2f}x)")  # fmt: skip
+            print(line)
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
 def workload_parser(modes: Any, name: str) -> argparse.ArgumentParser:
     """A mode sending ``throughput``'s requests, in rounds."""
     parser: argparse.ArgumentParser = modes.add_parser(name)
@@ -769,6 +840,11 @@ def main() -> None:
     five.add_argument("--scrapes", type=int, default=11)
     five.add_argument("--interval", type=float, default=2.0, help="seconds between scrapes")
     five.add_argument("--baseline", metavar="TREE", help="also scrape the sidecar of the source tree TREE")
+    six = modes.add_parser("http-port")
+    six.add_argument("--requests", type=int, default=2000, help="requests per client per round")
+    six.add_argument("--clients", type=int, default=4)
+    six.add_argument("--rounds", type=int, default=5)
+    six.add_argument("--baseline", metavar="TREE", help="also measure the sidecar of the source tree TREE")
     args = parser.parse_args()
     print(
         f"Python {platform.python_version()}, grpcio {grpc.__version__}, {os.cpu_count()} CPUs, {platform.machine()}"
@@ -779,6 +855,7 @@ def main() -> None:
         "rss": rss,
         "store-floor": store_floor,
         "scrape": scrape,
+        "http-port": http_port,
     }
     modes_run[args.mode](args)
 
