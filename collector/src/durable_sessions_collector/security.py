@@ -7,10 +7,11 @@
   ``Authorization: Bearer <token>`` — on gRPC the ``authorization`` metadata — exactly
   as the OpenTelemetry Collector's ``bearertokenauth`` extension sends it (scheme
   ``Bearer``, one space, the token). Missing or wrong: HTTP 401 with
-  ``WWW-Authenticate: Bearer``, gRPC ``UNAUTHENTICATED``. Only ``GET /healthz`` stays
-  open, so that load balancers and orchestrators can probe it; without the token it says
-  nothing but ok/unhealthy (the reason is for authenticated callers). Tokens are compared
-  in constant time.
+  ``WWW-Authenticate: Bearer``, gRPC ``UNAUTHENTICATED``. Only ``GET /healthz`` and, on
+  the gRPC port, ``grpc.health.v1.Health/Check`` stay open, so that load balancers and
+  orchestrators (a kubelet probe sends no token) can probe the sidecar; without the token
+  they say nothing but ok/unhealthy (the reason is for authenticated callers). Tokens are
+  compared in constant time.
 - **Secrets never logged**: :class:`RedactingStream` sits under the JSON log and
   replaces every configured secret (the token, the webhook URL's credentials and query
   values) by ``***`` in each line, whatever component wrote it.
@@ -36,6 +37,10 @@ from google.rpc import code_pb2, status_pb2
 from durable_sessions_collector.httpserver import Request, Response
 
 OPEN_PATHS = frozenset({"/healthz"})
+OPEN_METHODS = frozenset({"/grpc.health.v1.Health/Check"})
+"""The gRPC port's counterpart of ``GET /healthz``: one answer, the status alone (see
+:mod:`.api.health`). ``Watch`` is not open: a stream holds one of few slots, and a worker
+thread, for as long as its client likes; ``List`` answers nothing a probe needs."""
 REALM = "durable-sessions"
 HANDSHAKE_TIMEOUT_S = 10.0
 
@@ -93,10 +98,13 @@ class HttpAuth:
 
 
 class GrpcAuthInterceptor(grpc.ServerInterceptor):
-    """Requires ``authorization: Bearer <token>`` metadata on every RPC of the gRPC port."""
+    """Requires ``authorization: Bearer <token>`` metadata on every RPC of the gRPC port
+    but those of ``open_methods`` (``/package.Service/Method``), which everyone may call,
+    with a wrong token too, as anyone may ``GET /healthz``."""
 
-    def __init__(self, token: str) -> None:
+    def __init__(self, token: str, *, open_methods: Iterable[str] = OPEN_METHODS) -> None:
         self._token = token
+        self.open_methods = frozenset(open_methods)
 
     def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
         header = None
@@ -105,7 +113,8 @@ class GrpcAuthInterceptor(grpc.ServerInterceptor):
                 header = value if isinstance(value, str) else None
                 break
         handler = continuation(handler_call_details)
-        if token_matches(header, self._token) or handler is None:
+        open_method = handler_call_details.method in self.open_methods  # tells only ok/unhealthy
+        if handler is None or open_method or token_matches(header, self._token):
             return handler
         message = _why(header)
 

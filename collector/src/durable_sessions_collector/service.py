@@ -18,6 +18,7 @@ from durable_sessions_collector.alerts.otlp import OtlpAlerts
 from durable_sessions_collector.alerts.outbox import DeliveryPolicy
 from durable_sessions_collector.alerts.webhook import WebhookAlerts
 from durable_sessions_collector.api.grpc_api import MAX_WATCHERS, SessionApi
+from durable_sessions_collector.api.health import MAX_HEALTH_WATCHERS, GrpcHealth
 from durable_sessions_collector.api.http_api import HttpApi
 from durable_sessions_collector.config import Config, is_loopback
 from durable_sessions_collector.evaluator import Evaluator
@@ -180,12 +181,16 @@ class Service:
                 max_request_bytes=config.receivers_max_request_bytes,
                 log=log,
                 # A thread for every Export the write pipeline can hold, every watch, and spares.
-                workers=worker_count(config.pipeline_queue_size + config.pipeline_max_batch, MAX_WATCHERS),
+                workers=worker_count(
+                    config.pipeline_queue_size + config.pipeline_max_batch, MAX_WATCHERS, MAX_HEALTH_WATCHERS
+                ),
                 credentials=credentials,
                 interceptors=(GrpcAuthInterceptor(token),) if token else (),
             )
             self.session_api = SessionApi(store, log=log)  # durable_sessions.v1.SessionService
             self.session_api.register(self.grpc.server)
+            self.health = GrpcHealth(store, self._health_problem)  # grpc.health.v1.Health: /healthz's answer
+            self.health.register(self.grpc.server)
             self.grpc_port = self.grpc.start()
             self.http = HttpServer(
                 config.receivers_http_endpoint,
@@ -262,6 +267,9 @@ class Service:
         session_api = getattr(self, "session_api", None)
         if session_api is not None:
             session_api.stop()  # open WatchAlerts streams end now, not after the grace period
+        health = getattr(self, "health", None)
+        if health is not None:
+            health.stop()  # NOT_SERVING from now on; open health Watch streams say so and end
         for name in ("http", "grpc"):
             component = getattr(self, name, None)
             if component is not None:

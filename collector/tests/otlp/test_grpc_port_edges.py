@@ -348,17 +348,17 @@ def test_api_requests_that_are_not_their_message_are_invalid_argument(sidecar) -
     assert problems(sidecar) == []
 
 
-def test_unknown_methods_services_health_and_reflection_are_unimplemented(start_sidecar) -> None:  # type: ignore[no-untyped-def]
-    # The port serves TraceService and SessionService only, as the Collector's otlp
-    # receiver serves no grpc.health.v1.Health either: probes use GET /healthz on the
-    # HTTP port. Without the token, too: an unknown method is not a credential check.
+def test_unknown_methods_services_and_reflection_are_unimplemented(start_sidecar) -> None:  # type: ignore[no-untyped-def]
+    # The port serves TraceService, SessionService and grpc.health.v1.Health only
+    # (api/test_grpc_health.py). Without the token, too: an unknown method is not a
+    # credential check.
     sidecar = start_sidecar(auth__token=TOKEN)
     good = (("authorization", f"Bearer {TOKEN}"),)
     with grpc.insecure_channel(sidecar.grpc_endpoint) as channel:
         for method in (
             API + "DeleteSession",
             "/opentelemetry.proto.collector.logs.v1.LogsService/Export",
-            "/grpc.health.v1.Health/Check",
+            "/grpc.health.v1.Health/Unknown",
             "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
         ):
             for metadata in (good, ()):

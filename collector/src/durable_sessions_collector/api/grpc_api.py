@@ -75,11 +75,11 @@ class SessionApi(pb_grpc.SessionServiceServicer):
         ("Exception deserializing request!"), blaming the server for the client's error."""
         unary, stream = grpc.unary_unary_rpc_method_handler, grpc.unary_stream_rpc_method_handler
         handlers = {
-            "GetSession": _handler(unary, self.GetSession, pb.GetSessionRequest, pb.Session),
-            "ListSessions": _handler(
+            "GetSession": parsing_handler(unary, self.GetSession, pb.GetSessionRequest, pb.Session),
+            "ListSessions": parsing_handler(
                 unary, self.ListSessions, pb.ListSessionsRequest, pb.ListSessionsResponse
             ),
-            "WatchAlerts": _handler(stream, self.WatchAlerts, pb.WatchAlertsRequest, pb.Alert),
+            "WatchAlerts": parsing_handler(stream, self.WatchAlerts, pb.WatchAlertsRequest, pb.Alert),
         }
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
         server.add_registered_method_handlers(SERVICE, handlers)
@@ -184,7 +184,7 @@ class SessionApi(pb_grpc.SessionServiceServicer):
                 done.wait(self.poll_s)
 
 
-def _handler(kind: Any, method: Any, request_type: Any, response_type: Any) -> grpc.RpcMethodHandler:
+def parsing_handler(kind: Any, method: Any, request_type: Any, response_type: Any) -> grpc.RpcMethodHandler:
     """A ``kind`` handler calling ``method`` with the request parsed from its raw bytes, or
     answering ``INVALID_ARGUMENT`` when they are not a ``request_type`` message."""
     name = request_type.DESCRIPTOR.full_name

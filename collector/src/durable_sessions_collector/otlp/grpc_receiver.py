@@ -33,9 +33,10 @@ SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 TRANSPORT = "grpc"
 
 SPARE_WORKERS = 8
-"""Worker threads of the port beyond those that Exports waiting for their commit and
-``WatchAlerts`` streams can hold (see :func:`worker_count`): the API's unary calls, and
-Exports answered ``UNAVAILABLE`` at once when the write queue is full, always find one."""
+"""Worker threads of the port beyond those that Exports waiting for their commit,
+``WatchAlerts`` streams and health ``Watch`` streams can hold (see :func:`worker_count`):
+the API's unary calls, health ``Check`` calls, and Exports answered ``UNAVAILABLE`` at once
+when the write queue is full, always find one."""
 
 MAX_METADATA_BYTES = 64 * 1024
 """Largest metadata (headers) of a call, as HTTP/2 counts it; more is ``RESOURCE_EXHAUSTED``.
@@ -65,15 +66,17 @@ powered off, a dropped NAT mapping) hold a ``WatchAlerts`` slot, and its worker 
 for two hours; now it is freed within about 80 s."""
 
 
-def worker_count(pipeline_capacity: int, max_watchers: int) -> int:
+def worker_count(pipeline_capacity: int, max_watchers: int, max_health_watchers: int) -> int:
     """Worker threads for the gRPC port: one per Export the write pipeline can hold
-    (``pipeline_capacity``: the queue and the batch being committed), one per watch, and
-    :data:`SPARE_WORKERS`. An Export holds its thread until its records are committed; with
-    fewer threads, Exports waiting on a slow store took every thread, so API calls waited
-    behind them, and further Exports queued inside grpcio until their deadline instead of
-    being answered ``UNAVAILABLE`` with ``RetryInfo`` when the write queue is full.
+    (``pipeline_capacity``: the queue and the batch being committed), one per
+    ``WatchAlerts`` stream (``max_watchers``), one per health ``Watch`` stream
+    (``max_health_watchers``), and :data:`SPARE_WORKERS`. An Export holds its thread until
+    its records are committed, a watch for as long as it is open; with fewer threads,
+    Exports waiting on a slow store took every thread, so API calls waited behind them, and
+    further Exports queued inside grpcio until their deadline instead of being answered
+    ``UNAVAILABLE`` with ``RetryInfo`` when the write queue is full.
     Threads are started only as calls need them."""
-    return pipeline_capacity + max_watchers + SPARE_WORKERS
+    return pipeline_capacity + max_watchers + max_health_watchers + SPARE_WORKERS
 
 
 class _Status(grpc.Status):
