@@ -494,14 +494,16 @@ OPTIONS: tuple[Option, ...] = (
     Option("alerts.otlp.max_backoff_s", "DURABLE_SESSIONS_ALERTS_OTLP_MAX_BACKOFF_S", _positive_number, 300.0,
            "longest wait between two OTLP attempts (also caps a receiver's RetryInfo delay)"),
     Option("tls.cert_file", "DURABLE_SESSIONS_TLS_CERT_FILE", _optional_file, None,
-           "PEM certificate (chain) served on both ports; set with tls.key_file to require TLS"),
+           "PEM certificate (chain) served on both ports; set with tls.key_file to require TLS; "
+           "both are loaded again when they change"),
     Option("tls.key_file", "DURABLE_SESSIONS_TLS_KEY_FILE", _optional_file, None,
            "PEM private key of tls.cert_file"),
     Option("auth.token", "DURABLE_SESSIONS_AUTH_TOKEN", _optional_token, None,
            "bearer token required on both ports (Authorization: Bearer …, gRPC authorization "
            "metadata), except GET /healthz; never logged", redact=_hide),
     Option("auth.token_file", "DURABLE_SESSIONS_AUTH_TOKEN_FILE", _optional_file, None,
-           "file holding the bearer token (instead of auth.token), as bearertokenauth's filename"),
+           "file holding the bearer token (instead of auth.token), as bearertokenauth's filename; "
+           "re-read when it changes"),
     Option("log_level", "DURABLE_SESSIONS_LOG_LEVEL", _log_level, "INFO",
            "operational log level (alert lines are always written when enabled)"),
 )  # fmt: skip

@@ -279,11 +279,12 @@ class HttpServer:
         log: JsonLog,
         *,
         body_limit: int,
-        tls: ssl.SSLContext | None = None,
+        tls: Callable[[], ssl.SSLContext] | None = None,
         auth: Callable[[Request], Response | None] | None = None,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
     ) -> None:
-        """``tls``: serve HTTPS with this context; ``auth``: a gate run before every handler,
+        """``tls``: serve HTTPS, handshaking with the context it gives for each connection
+        (so that a renewed certificate is served from its next connection on); ``auth``: a gate run before every handler,
         returning None to go on or the response to send instead (e.g. 401);
         ``max_connections``: connections served at once (see :class:`Connections`)."""
         host, _, port = endpoint.rpartition(":")
@@ -657,7 +658,7 @@ def _server_class(log: JsonLog, connections: Connections) -> type[ThreadingHTTPS
 
 
 def _tls_server_class(
-    context: ssl.SSLContext, log: JsonLog, connections: Connections
+    context: Callable[[], ssl.SSLContext], log: JsonLog, connections: Connections
 ) -> type[ThreadingHTTPServer]:
     """A ThreadingHTTPServer that does each TLS handshake in the connection's own thread."""
     from durable_sessions_collector.security import wrap_accepted
@@ -665,7 +666,7 @@ def _tls_server_class(
     class _TlsServer(_server_class(log, connections)):  # type: ignore[misc,valid-type]
         def finish_request(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
             try:
-                wrapped = wrap_accepted(context, request)
+                wrapped = wrap_accepted(context(), request)
             except (ssl.SSLError, OSError) as error:
                 log.debug("tls-handshake-failed", peer=str(client_address[0]), error=str(error))
                 return

@@ -2,7 +2,8 @@
 
 - **TLS** (``tls.cert_file`` + ``tls.key_file``): the gRPC port uses grpcio's server
   credentials, the HTTP port wraps each accepted connection in its own thread (a client
-  that never finishes its handshake cannot stall the accept loop).
+  that never finishes its handshake cannot stall the accept loop). Both follow the files
+  when they change (:mod:`.credentials`).
 - **Bearer token** (``auth.token`` or ``auth.token_file``): every request must carry
   ``Authorization: Bearer <token>`` — on gRPC the ``authorization`` metadata — exactly
   as the OpenTelemetry Collector's ``bearertokenauth`` extension sends it (scheme
@@ -11,7 +12,8 @@
   the gRPC port, ``grpc.health.v1.Health/Check`` stay open, so that load balancers and
   orchestrators (a kubelet probe sends no token) can probe the sidecar; without the token
   they say nothing but ok/unhealthy (the reason is for authenticated callers). Tokens are
-  compared in constant time.
+  compared in constant time; ``auth.token_file`` is followed when it changes
+  (:mod:`.credentials`).
 - **Secrets never logged**: :class:`RedactingStream` sits under the JSON log and
   replaces every configured secret (the token, the webhook URL's credentials and query
   values) by ``***`` in each line, whatever component wrote it.
@@ -19,7 +21,6 @@
 
 from __future__ import annotations
 
-import hmac
 import io
 import json
 import re
@@ -28,13 +29,16 @@ import ssl
 import sys
 import threading
 from collections.abc import Iterable
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import grpc
 from google.protobuf import json_format
 from google.rpc import code_pb2, status_pb2
 
 from durable_sessions_collector.httpserver import Request, Response
+
+if TYPE_CHECKING:
+    from durable_sessions_collector.credentials import BearerToken
 
 OPEN_PATHS = frozenset({"/healthz"})
 OPEN_METHODS = frozenset({"/grpc.health.v1.Health/Check"})
@@ -45,14 +49,15 @@ REALM = "durable-sessions"
 HANDSHAKE_TIMEOUT_S = 10.0
 
 
-def token_matches(header: str | None, token: str) -> bool:
-    """True when ``header`` is ``Bearer <token>`` (the scheme is case-insensitive, RFC 7235)."""
+def token_matches(header: str | None, token: BearerToken) -> bool:
+    """True when ``header`` is ``Bearer <credentials>`` and ``token`` accepts the credentials
+    (the scheme is case-insensitive, RFC 7235)."""
     if not header:
         return False
     scheme, _, credentials = header.strip().partition(" ")
     if scheme.lower() != "bearer":
         return False
-    return hmac.compare_digest(credentials.strip().encode("utf-8", "surrogatepass"), token.encode("utf-8"))
+    return token.accepts(credentials.strip())
 
 
 # --- HTTP ---------------------------------------------------------------------------------
@@ -67,7 +72,7 @@ def _why(header: str | None) -> str:
 class HttpAuth:
     """The HTTP port's gate: ``check(request)`` is None to go on, else the 401 to send."""
 
-    def __init__(self, token: str, *, open_paths: Iterable[str] = OPEN_PATHS) -> None:
+    def __init__(self, token: BearerToken, *, open_paths: Iterable[str] = OPEN_PATHS) -> None:
         self._token = token
         self.open_paths = frozenset(open_paths)
 
@@ -102,7 +107,7 @@ class GrpcAuthInterceptor(grpc.ServerInterceptor):
     but those of ``open_methods`` (``/package.Service/Method``), which everyone may call,
     with a wrong token too, as anyone may ``GET /healthz``."""
 
-    def __init__(self, token: str, *, open_methods: Iterable[str] = OPEN_METHODS) -> None:
+    def __init__(self, token: BearerToken, *, open_methods: Iterable[str] = OPEN_METHODS) -> None:
         self._token = token
         self.open_methods = frozenset(open_methods)
 
@@ -160,13 +165,6 @@ def server_ssl_context(cert_file: str, key_file: str) -> ssl.SSLContext:
     return context
 
 
-def grpc_server_credentials(cert_file: str, key_file: str) -> grpc.ServerCredentials:
-    cert = read_pem(cert_file, "certificate", "tls.cert_file")
-    key = read_pem(key_file, "private key", "tls.key_file")
-    server_ssl_context(cert_file, key_file)  # fails early, naming the files, when they do not match
-    return grpc.ssl_server_credentials([(key, cert)])
-
-
 def wrap_accepted(context: ssl.SSLContext, connection: socket.socket) -> ssl.SSLSocket:
     """TLS handshake of one accepted connection (in its own thread), bounded in time."""
     connection.settimeout(HANDSHAKE_TIMEOUT_S)
@@ -198,13 +196,22 @@ class RedactingStream(io.TextIOBase):
         for secret in secrets:
             if secret:
                 raw.add(secret)
-                forms.add(secret)
-                forms.add(json.dumps(secret, ensure_ascii=False)[1:-1])
-                forms.add(json.dumps(secret)[1:-1])
+                forms.update(_forms(secret))
+        self._lock = threading.Lock()
+        self._raw: list[str] = []
+        self._secrets: list[str] = []
+        self._set(raw, forms)
+
+    def add(self, secret: str) -> None:
+        """Redact ``secret`` too from now on (a credential loaded while the sidecar runs)."""
+        if secret:
+            with self._lock:
+                self._set({*self._raw, secret}, {*self._secrets, *_forms(secret)})
+
+    def _set(self, raw: set[str], forms: set[str]) -> None:
         # Longest first, so a secret containing another is replaced whole.
         self._raw = sorted(raw, key=len, reverse=True)
         self._secrets = sorted(forms, key=len, reverse=True)
-        self._lock = threading.Lock()
 
     def scrub(self, text: str) -> str:
         if not self._secrets or not any(secret in text for secret in self._secrets):
@@ -244,6 +251,11 @@ class RedactingStream(io.TextIOBase):
         stream = self.target or sys.stderr
         if stream is not None:
             stream.flush()
+
+
+def _forms(secret: str) -> set[str]:
+    """``secret`` as it may appear in a line: raw, and escaped inside a JSON string."""
+    return {secret, json.dumps(secret, ensure_ascii=False)[1:-1], json.dumps(secret)[1:-1]}
 
 
 def _replace(text: str, secrets: Iterable[str]) -> str:

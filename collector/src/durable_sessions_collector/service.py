@@ -21,6 +21,7 @@ from durable_sessions_collector.api.grpc_api import MAX_WATCHERS, SessionApi
 from durable_sessions_collector.api.health import MAX_HEALTH_WATCHERS, GrpcHealth
 from durable_sessions_collector.api.http_api import HttpApi
 from durable_sessions_collector.config import Config, is_loopback
+from durable_sessions_collector.credentials import BearerToken, TlsFiles
 from durable_sessions_collector.evaluator import Evaluator
 from durable_sessions_collector.httpserver import HttpServer, Router
 from durable_sessions_collector.jsonlog import JsonLog
@@ -28,13 +29,7 @@ from durable_sessions_collector.otlp.grpc_receiver import GrpcReceiver, worker_c
 from durable_sessions_collector.otlp.http_receiver import PATH, HttpTraceReceiver
 from durable_sessions_collector.otlp.receiver import TraceReceiver
 from durable_sessions_collector.pipeline import Pipeline
-from durable_sessions_collector.security import (
-    GrpcAuthInterceptor,
-    HttpAuth,
-    RedactingStream,
-    grpc_server_credentials,
-    server_ssl_context,
-)
+from durable_sessions_collector.security import GrpcAuthInterceptor, HttpAuth, RedactingStream
 from durable_sessions_collector.store import SqliteStore, open_store
 
 JOURNAL_SUFFIX = ".log-written"
@@ -76,7 +71,8 @@ class Service:
     def __init__(self, config: Config, *, log_stream: TextIO | None = None) -> None:
         self.config = config
         # Every line goes through the redactor: no secret reaches the log, whoever writes it.
-        self.log = JsonLog(RedactingStream(log_stream, config.secrets()), config.log_level)
+        self.redactor = RedactingStream(log_stream, config.secrets())
+        self.log = JsonLog(self.redactor, config.log_level)
         self.webhook: WebhookAlerts | None = None
         self.otlp: OtlpAlerts | None = None
         self.store = None
@@ -163,10 +159,15 @@ class Service:
                 self.pipeline, metrics, log, attribute_value_limit=config.evaluation_attribute_value_limit
             )
             token = config.bearer_token()
+            bearer = (
+                BearerToken(token, path=config.auth_token_file, log=log, on_new_token=self.redactor.add)
+                if token
+                else None
+            )
             tls = credentials = None
             if config.tls_cert_file and config.tls_key_file:
-                tls = server_ssl_context(config.tls_cert_file, config.tls_key_file)
-                credentials = grpc_server_credentials(config.tls_cert_file, config.tls_key_file)
+                tls_files = TlsFiles(config.tls_cert_file, config.tls_key_file, log=log)
+                tls, credentials = tls_files.ssl_context, tls_files.grpc_credentials()
             router = Router()
             router.add(
                 "POST",
@@ -185,7 +186,7 @@ class Service:
                     config.pipeline_queue_size + config.pipeline_max_batch, MAX_WATCHERS, MAX_HEALTH_WATCHERS
                 ),
                 credentials=credentials,
-                interceptors=(GrpcAuthInterceptor(token),) if token else (),
+                interceptors=(GrpcAuthInterceptor(bearer),) if bearer else (),
             )
             self.session_api = SessionApi(store, log=log)  # durable_sessions.v1.SessionService
             self.session_api.register(self.grpc.server)
@@ -198,7 +199,7 @@ class Service:
                 log,
                 body_limit=config.receivers_max_request_bytes,
                 tls=tls,
-                auth=HttpAuth(token).check if token else None,
+                auth=HttpAuth(bearer).check if bearer else None,
                 max_connections=config.receivers_http_max_connections,
             )
             self.http_port = self.http.start()

@@ -1,0 +1,213 @@
+"""Credentials re-read while the sidecar runs: the bearer token file, and the TLS
+certificate and key.
+
+Credentials are rotated in place: a Kubernetes Secret volume swaps its files at once,
+cert-manager renews a certificate weeks before it expires, a vault agent rewrites a token
+file. The OpenTelemetry Collector follows such files (``bearertokenauth`` re-reads its
+``filename`` when it changes, ``configtls`` has ``reload_interval``), so a sidecar that
+read them once would, after a rotation, refuse every Export from a Collector that sends
+the new token (``UNAUTHENTICATED``, which the Collector drops without retrying), or serve
+a certificate that has expired.
+
+Each file is looked at (``stat``: device, inode, size, modification time; a symlink is
+followed, so a Secret volume's swap counts) at most once per :data:`CHECK_INTERVAL_S`,
+when a request or a handshake needs the credential; nothing polls in the background. A
+change is loaded if it is valid, and otherwise logged while the credentials in use stay,
+so a half-written file never locks clients out. No token is ever logged.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import ssl
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import grpc
+
+from durable_sessions_collector.config import read_token_file
+from durable_sessions_collector.jsonlog import JsonLog
+from durable_sessions_collector.security import read_pem, server_ssl_context
+
+CHECK_INTERVAL_S = 1.0
+"""Longest a changed credential file goes unnoticed while requests arrive."""
+
+TOKEN_OVERLAP_S = 120.0
+"""How long the token a new one replaced is still accepted. A Collector re-reads its own
+copy of the file at its own moment (a Secret reaches each pod within a minute or so of
+the other); in between, its Exports would be refused and dropped. To revoke a token at
+once, restart the sidecar with the new one."""
+
+
+class FileWatch:
+    """Tells whether any of ``paths`` changed since the last look, looking at most once
+    per ``interval_s`` (default :data:`CHECK_INTERVAL_S`; a missing file is a state too:
+    its return is a change)."""
+
+    def __init__(self, paths: Iterable[str], interval_s: float | None = None) -> None:
+        self.paths = tuple(paths)
+        self.interval_s = CHECK_INTERVAL_S if interval_s is None else interval_s
+        self._lock = threading.Lock()
+        self._seen = self._signature()
+        self._next_look = time.monotonic() + self.interval_s
+
+    def changed(self) -> bool:
+        now = time.monotonic()
+        if now < self._next_look:  # the common case, without the lock
+            return False
+        with self._lock:
+            if now < self._next_look:
+                return False
+            self._next_look = now + self.interval_s
+            signature = self._signature()
+            if signature == self._seen:
+                return False
+            self._seen = signature
+            return True
+
+    def _signature(self) -> tuple[tuple[int, int, int, int] | None, ...]:
+        found = []
+        for path in self.paths:
+            try:
+                stat = os.stat(path)
+            except OSError:
+                found.append(None)
+            else:
+                found.append((stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns))
+        return tuple(found)
+
+
+class BearerToken:
+    """The token clients must send (``auth.token``, or ``auth.token_file`` re-read when it
+    changes). ``accepts(credentials)`` compares in constant time; after a change, the
+    replaced token is accepted :data:`TOKEN_OVERLAP_S` longer.
+
+    ``on_new_token`` is called with each token loaded from the file, before it is used
+    (the log's redactor registers it).
+    """
+
+    def __init__(
+        self,
+        token: str,
+        *,
+        path: str | None = None,
+        log: JsonLog,
+        on_new_token: Callable[[str], object] | None = None,
+        overlap_s: float | None = None,
+    ) -> None:
+        self._current = token.encode("utf-8")
+        self._previous: bytes | None = None
+        self._previous_until = 0.0
+        self.path = path
+        self.log = log
+        self.on_new_token = on_new_token
+        self.overlap_s = TOKEN_OVERLAP_S if overlap_s is None else overlap_s
+        self._watch = FileWatch([path]) if path is not None else None
+
+    def accepts(self, credentials: str) -> bool:
+        if self._watch is not None and self._watch.changed():
+            self._reload()
+        given = credentials.encode("utf-8", "surrogatepass")
+        if hmac.compare_digest(given, self._current):
+            return True
+        previous = self._previous
+        return (
+            previous is not None
+            and time.monotonic() < self._previous_until
+            and hmac.compare_digest(given, previous)
+        )
+
+    def _reload(self) -> None:
+        assert self.path is not None
+        try:
+            token = read_token_file(self.path)
+        except ValueError as error:  # its text never repeats the token
+            self.log.write("ERROR", "auth-token-reload-failed", path=self.path, error=str(error),
+                      note="the token in use is kept")  # fmt: skip
+            return
+        new = token.encode("utf-8")
+        if new == self._current:
+            return
+        if self.on_new_token is not None:
+            self.on_new_token(token)
+        self._previous, self._previous_until = self._current, time.monotonic() + self.overlap_s
+        self._current = new
+        self.log.write("INFO", "auth-token-reloaded", path=self.path, previous_accepted_for_s=self.overlap_s)
+
+
+class TlsFiles:
+    """The server certificate and key (``tls.cert_file``, ``tls.key_file``), loaded again
+    when either file changes: for the HTTP port, :meth:`ssl_context` for each handshake;
+    for the gRPC port, :meth:`grpc_credentials`, which grpcio asks before each handshake.
+
+    Construction loads the pair, and raises OSError naming the files when it does not
+    load or does not match (start-up stops there).
+    """
+
+    def __init__(self, cert_file: str, key_file: str, *, log: JsonLog) -> None:
+        self.cert_file = cert_file
+        self.key_file = key_file
+        self.log = log
+        self._lock = threading.Lock()
+        self._context, self._pems = self._load()
+        self._version = 0  # loads so far, after the first
+        self._grpc_version = 0
+        self._watch = FileWatch([cert_file, key_file])
+
+    def ssl_context(self) -> ssl.SSLContext:
+        self._reload_if_changed()
+        return self._context
+
+    def grpc_credentials(self) -> grpc.ServerCredentials:
+        return grpc.dynamic_ssl_server_credentials(self._grpc_configuration(), self._next_grpc_configuration)
+
+    def _next_grpc_configuration(self) -> Any:
+        # grpcio calls this before each handshake: a new configuration, or None to keep it.
+        try:
+            self._reload_if_changed()
+            with self._lock:
+                if self._grpc_version == self._version:
+                    return None
+                self._grpc_version = self._version
+            return self._grpc_configuration()
+        except Exception:  # raising here would fail the client's handshake
+            return None
+
+    def _grpc_configuration(self) -> Any:
+        cert, key = self._pems
+        return grpc.ssl_server_certificate_configuration([(key, cert)])
+
+    def _reload_if_changed(self) -> None:
+        if not self._watch.changed():
+            return
+        try:
+            context, pems = self._load()
+        except OSError as error:
+            self.log.write(
+                "ERROR", "tls-reload-failed", error=str(error), note="the certificate in use is kept"
+            )
+            return
+        with self._lock:
+            self._context, self._pems = context, pems
+            self._version += 1
+        self.log.write("INFO", "tls-reloaded", cert_file=self.cert_file, key_file=self.key_file)
+
+    def _load(self) -> tuple[ssl.SSLContext, tuple[bytes, bytes]]:
+        pems = self._read()
+        context = server_ssl_context(self.cert_file, self.key_file)
+        # gRPC is given the bytes, the HTTP port a context loaded from the paths: both must
+        # be the pair just checked, not one a writer changed in between.
+        if self._read() != pems:
+            raise OSError(
+                "tls.cert_file/tls.key_file changed while being loaded; loading again at the next look"
+            )
+        return context, pems
+
+    def _read(self) -> tuple[bytes, bytes]:
+        return (
+            read_pem(self.cert_file, "certificate", "tls.cert_file"),
+            read_pem(self.key_file, "private key", "tls.key_file"),
+        )

@@ -1,0 +1,223 @@
+"""Credentials rotated while the sidecar runs: the bearer token file and the TLS
+certificate and key are re-read when they change (``credentials.py``), as the
+OpenTelemetry Collector's ``bearertokenauth`` and ``configtls`` follow theirs.
+
+Files are replaced by a rename, as a Kubernetes Secret volume and cert-manager do; real
+TLS handshakes with Python's ssl module and grpcio, real OTLP exporters.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import ssl
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+from conftest import wait_for
+from durable_sessions_collector import credentials
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from tls_certs import make_cert
+
+OLD_TOKEN = "old-token-0123456789abcdef"
+NEW_TOKEN = "new-token-fedcba9876543210"
+
+
+@pytest.fixture(autouse=True)
+def quick_looks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Files are looked at every 0.1 s here (1 s in production)."""
+    monkeypatch.setattr(credentials, "CHECK_INTERVAL_S", 0.1)
+
+
+def replace(path: Path, content: bytes | str) -> None:
+    """Write ``content`` beside ``path`` and rename it over ``path`` (an atomic swap)."""
+    data = content.encode() if isinstance(content, str) else content
+    staged = path.with_name(path.name + ".new")
+    staged.write_bytes(data)
+    os.replace(staged, path)
+
+
+def api_status(sidecar, token: str) -> int:  # type: ignore[no-untyped-def]
+    request = urllib.request.Request(
+        f"{sidecar.http_url}/api/sessions", headers={"Authorization": f"Bearer {token}"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def one_span(session_id: str) -> list:  # type: ignore[type-arg]
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.instance.id": "inc-1"}))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    attributes = {"session.id": session_id, "agent.action.id": "a1", "agent.action.kind": "tool_call"}
+    provider.get_tracer("t").start_span("step", attributes=attributes).end()
+    return list(memory.get_finished_spans())
+
+
+# --- the bearer token file ------------------------------------------------------------------
+
+
+def test_a_rotated_token_file_is_followed_and_the_old_token_honoured_for_the_overlap(
+    start_sidecar, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(credentials, "TOKEN_OVERLAP_S", 1.5)
+    token_file = tmp_path / "token"
+    token_file.write_text(OLD_TOKEN + "\n")
+    sidecar = start_sidecar(auth__token_file=str(token_file))
+    assert api_status(sidecar, OLD_TOKEN) == 200
+    assert api_status(sidecar, NEW_TOKEN) == 401
+
+    replace(token_file, NEW_TOKEN + "\n")
+    wait_for(lambda: api_status(sidecar, NEW_TOKEN) == 200, timeout=5)
+    rotated_at = time.monotonic()
+    # The gRPC port follows the same token, with a real exporter.
+    exporter = GrpcExporter(
+        endpoint=sidecar.grpc_endpoint, insecure=True, headers={"authorization": f"Bearer {NEW_TOKEN}"}
+    )
+    assert exporter.export(one_span("rotated")) == SpanExportResult.SUCCESS
+    exporter.shutdown()
+    # A Collector that has not yet re-read its copy still gets in, for the overlap only.
+    if time.monotonic() - rotated_at < 1.0:
+        assert api_status(sidecar, OLD_TOKEN) == 200
+    wait_for(lambda: api_status(sidecar, OLD_TOKEN) == 401, timeout=5)
+    assert time.monotonic() - rotated_at >= 1.4
+    assert api_status(sidecar, NEW_TOKEN) == 200
+
+    reloaded = [line for line in sidecar.log.lines() if line["event"] == "auth-token-reloaded"]
+    assert len(reloaded) == 1 and reloaded[0]["path"] == str(token_file)
+    text = "\n".join(map(str, sidecar.log.lines()))
+    assert OLD_TOKEN not in text and NEW_TOKEN not in text
+
+
+def test_a_bad_token_file_keeps_the_token_in_use_and_says_why(start_sidecar, tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(OLD_TOKEN)
+    sidecar = start_sidecar(auth__token_file=str(token_file))
+    for n, bad in enumerate(("", "short", "has a space in it 0123456789"), start=1):
+        replace(token_file, bad)
+        _poll_until_failed(sidecar, n)
+        assert api_status(sidecar, OLD_TOKEN) == 200  # clients are never locked out by a bad write
+    os.unlink(token_file)
+    _poll_until_failed(sidecar, 4)
+    assert api_status(sidecar, OLD_TOKEN) == 200
+    failed = [line for line in sidecar.log.lines() if line["event"] == "auth-token-reload-failed"]
+    assert failed[-1]["level"] == "error" and "cannot read" in failed[-1]["error"]
+    assert "has a space" not in "\n".join(map(str, sidecar.log.lines()))  # the bad content never shown
+    replace(token_file, NEW_TOKEN)
+    wait_for(lambda: api_status(sidecar, NEW_TOKEN) == 200, timeout=5)
+
+
+def _poll_until_failed(sidecar, count: int) -> None:  # type: ignore[no-untyped-def]
+    """Send requests (files are looked at when requests arrive) until ``count`` failures are logged."""
+
+    def failures() -> int:
+        api_status(sidecar, OLD_TOKEN)
+        return sum(line["event"] == "auth-token-reload-failed" for line in sidecar.log.lines())
+
+    wait_for(lambda: failures() >= count, timeout=5)
+
+
+def test_a_token_loaded_from_the_file_is_redacted_from_the_log(start_sidecar, tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(OLD_TOKEN)
+    sidecar = start_sidecar(auth__token_file=str(token_file))
+    replace(token_file, NEW_TOKEN)
+    wait_for(lambda: api_status(sidecar, NEW_TOKEN) == 200, timeout=5)
+    sidecar.service.log.info("probe", text=f"Authorization: Bearer {NEW_TOKEN}")
+    sidecar.service.log.flush()
+    [probe] = [line for line in sidecar.log.lines() if line["event"] == "probe"]
+    assert probe["text"] == "Authorization: Bearer ***"
+
+
+# --- the TLS certificate and key --------------------------------------------------------------
+
+
+def https_status(sidecar, ca: Path) -> int:  # type: ignore[no-untyped-def]
+    context = ssl.create_default_context(cafile=str(ca))
+    url = f"https://127.0.0.1:{sidecar.service.http_port}/healthz"
+    with urllib.request.urlopen(url, timeout=10, context=context) as response:
+        return response.status
+
+
+def grpc_export_ok(sidecar, ca: Path) -> bool:  # type: ignore[no-untyped-def]
+    exporter = GrpcExporter(
+        endpoint=sidecar.grpc_endpoint,
+        insecure=False,
+        credentials=grpc.ssl_channel_credentials(root_certificates=ca.read_bytes()),
+        timeout=5,
+    )
+    try:
+        return exporter.export(one_span("tls-rotated")) == SpanExportResult.SUCCESS
+    finally:
+        exporter.shutdown()
+
+
+def two_certificates(tmp_path: Path) -> tuple[tuple[Path, Path, Path], tuple[Path, Path, Path], Path, Path]:
+    """Two (CA, certificate, key) sets from different CAs, and the files the sidecar is
+    given, holding the first set's certificate and key."""
+    for name in ("first", "second", "live"):
+        (tmp_path / name).mkdir()
+    first, second = make_cert(tmp_path / "first"), make_cert(tmp_path / "second")
+    cert_file, key_file = tmp_path / "live" / "tls.crt", tmp_path / "live" / "tls.key"
+    shutil.copy(first[1], cert_file)
+    shutil.copy(first[2], key_file)
+    return first, second, cert_file, key_file
+
+
+def test_a_renewed_certificate_is_served_on_both_ports_without_a_restart(
+    start_sidecar, tmp_path: Path
+) -> None:
+    (first_ca, _, _), (second_ca, second_cert, second_key), cert_file, key_file = two_certificates(tmp_path)
+    sidecar = start_sidecar(tls__cert_file=str(cert_file), tls__key_file=str(key_file))
+    assert https_status(sidecar, first_ca) == 200
+    assert grpc_export_ok(sidecar, first_ca)
+
+    replace(key_file, second_key.read_bytes())
+    replace(cert_file, second_cert.read_bytes())
+
+    wait_for(lambda: _https_ok(sidecar, second_ca), timeout=5)
+    assert not _https_ok(sidecar, first_ca)  # the old certificate is no longer served
+    assert wait_for(lambda: grpc_export_ok(sidecar, second_ca), timeout=20)
+    assert not grpc_export_ok(sidecar, first_ca)
+    assert any(line["event"] == "tls-reloaded" for line in sidecar.log.lines())
+
+
+def test_a_certificate_and_key_that_do_not_match_keep_the_pair_in_use(start_sidecar, tmp_path: Path) -> None:
+    # A renewal written file by file: for a moment the new certificate sits beside the old
+    # key. The pair in use stays until the files match again.
+    (first_ca, _, _), (second_ca, second_cert, second_key), cert_file, key_file = two_certificates(tmp_path)
+    sidecar = start_sidecar(tls__cert_file=str(cert_file), tls__key_file=str(key_file))
+
+    replace(cert_file, second_cert.read_bytes())  # the key is still the first one
+
+    def failed() -> bool:
+        https_status(sidecar, first_ca)  # handshakes are when the files are looked at
+        return any(line["event"] == "tls-reload-failed" for line in sidecar.log.lines())
+
+    wait_for(failed, timeout=5)
+    assert https_status(sidecar, first_ca) == 200
+    assert grpc_export_ok(sidecar, first_ca)
+    [line] = [line for line in sidecar.log.lines() if line["event"] == "tls-reload-failed"]
+    assert line["level"] == "error" and str(cert_file) in line["error"]
+
+    replace(key_file, second_key.read_bytes())
+    wait_for(lambda: _https_ok(sidecar, second_ca), timeout=5)
+    assert wait_for(lambda: grpc_export_ok(sidecar, second_ca), timeout=20)
+
+
+def _https_ok(sidecar, ca: Path) -> bool:  # type: ignore[no-untyped-def]
+    try:
+        return https_status(sidecar, ca) == 200
+    except (ssl.SSLError, urllib.error.URLError):
+        return False
