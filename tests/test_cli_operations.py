@@ -186,10 +186,12 @@ def test_a_signal_stops_the_parallel_check_and_its_workers(
             process.send_signal(signum)
         started = time.monotonic()
         _, stderr = process.communicate(timeout=30)  # until the workers too let go of stderr
-        assert time.monotonic() - started < 1.5
+        # Well under a second when the machine is idle; 2.4 s was seen under a full test run
+        # on a loaded machine. Waiting out the workers took 5 s each.
+        assert time.monotonic() - started < 4.0
         assert process.returncode == exit_code
         assert b"Traceback" not in stderr, stderr.decode()
-        assert _wait_until(lambda: not any(map(_running, workers)), 1.5), "workers linger"
+        assert _wait_until(lambda: not any(map(_running, workers)), 4.0), "workers linger"
     finally:
         if process.poll() is None:
             process.kill()
