@@ -10,6 +10,7 @@ import zlib
 from typing import Any
 
 import pytest
+from durable_sessions_collector.otlp.content_encoding import TooLarge, decompress
 from durable_sessions_collector.otlp.decode import (
     MAPPED_KEYS,
     MAPPED_PREFIXES,
@@ -22,7 +23,6 @@ from durable_sessions_collector.otlp.decode import (
     to_otlp_json,
     value_of,
 )
-from durable_sessions_collector.otlp.http_receiver import TooLarge, decompress
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -125,6 +125,60 @@ def test_decompression_is_bounded_and_checked() -> None:
         decompress(gzip.compress(data)[:-12], "gzip", 1000)
     with pytest.raises(BadData, match="not valid gzip data"):
         decompress(b"plain", "gzip", 1000)
+    assert decompress(zlib.compress(data), "zlib", 1000) == data  # the Collector's "zlib" coding
+
+
+def test_zstd_is_decoded_bounded_and_checked() -> None:
+    import zstandard
+
+    data = b"x" * 1000 + os.urandom(3000)
+    frame = zstandard.ZstdCompressor().compress(data)
+    assert decompress(frame, "zstd", 4000) == data
+    assert decompress(frame + frame, "zstd", 8000) == data * 2  # frames one after the other
+    streamed = zstandard.ZstdCompressor().compressobj()  # no content size in the header
+    assert decompress(streamed.compress(data) + streamed.flush(), "zstd", 4000) == data
+    with pytest.raises(TooLarge, match="over the 3999-byte limit after zstd decompression"):
+        decompress(frame, "zstd", 3999)
+    with pytest.raises(BadData, match="truncated zstd stream"):
+        decompress(frame[:-5], "zstd", 4000)
+    with pytest.raises(BadData, match="not valid zstd data"):
+        decompress(b"plain text, not zstd", "zstd", 4000)
+    with pytest.raises(BadData, match="not valid zstd data"):
+        decompress(frame + b"trailing junk", "zstd", 8000)
+
+
+def test_a_zstd_bomb_stops_at_the_limit_without_inflating() -> None:
+    import resource
+
+    import zstandard
+
+    bomb = zstandard.ZstdCompressor(level=19).compress(b"\0" * (1 << 30))  # 1 GiB in ~32 KiB
+    assert len(bomb) < 100_000
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(TooLarge):
+        decompress(bomb, "zstd", 64 * 1024 * 1024)
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grown_mib < 300, f"peak memory grew {grown_mib:.0f} MiB decoding a 1 GiB bomb"
+
+
+def test_a_zstd_frame_asking_for_a_huge_window_is_refused() -> None:
+    import zstandard
+
+    params = zstandard.ZstdCompressionParameters.from_level(19, window_log=27)  # 128 MiB
+    streamed = zstandard.ZstdCompressor(compression_params=params).compressobj()
+    body = streamed.compress(os.urandom(1 << 20) * 20) + streamed.flush()
+    with pytest.raises(BadData, match="not valid zstd data"):
+        decompress(body, "zstd", 64 * 1024 * 1024)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=400), st.sampled_from(["gzip", "zstd", "deflate", "zlib"]))
+def test_any_body_in_any_coding_decodes_or_fails_cleanly(body: bytes, encoding: str) -> None:
+    try:
+        decoded = decompress(body, encoding, 10_000)
+    except (BadData, TooLarge):
+        return
+    assert len(decoded) <= 10_000
 
 
 # --- the receiver's decoder: only the attributes the mapping reads ---------------------------

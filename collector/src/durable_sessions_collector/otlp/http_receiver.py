@@ -1,4 +1,5 @@
-"""The OTLP/HTTP receiver: ``POST /v1/traces``, binary protobuf or JSON, optionally gzip.
+"""The OTLP/HTTP receiver: ``POST /v1/traces``, binary protobuf or JSON, optionally
+compressed (gzip, zstd, deflate, zlib: :mod:`.content_encoding`).
 
 Answers, per the OTLP specification (the response uses the request's encoding; error
 bodies are a ``google.rpc.Status``):
@@ -7,7 +8,7 @@ bodies are a ``google.rpc.Status``):
 |---|---|---|
 | every span accepted | 200 | ``ExportTraceServiceResponse`` with ``partial_success`` unset |
 | some spans rejected | 200 | ``partial_success.rejected_spans`` and a message naming them |
-| body not decodable (protobuf, JSON, gzip) | 400 | ``Status.message`` says what and where |
+| body not decodable (protobuf, JSON, its Content-Encoding) | 400 | ``Status.message`` says what and where |
 | body framing invalid or ambiguous, body stalled | 400 | connection closed (``httpserver``) |
 | ``Transfer-Encoding`` other than chunked | 501 | connection closed |
 | body over ``max_request_bytes`` (after decompression) | 413 | decompression stops at the limit |
@@ -18,7 +19,6 @@ bodies are a ``google.rpc.Status``):
 from __future__ import annotations
 
 import time
-import zlib
 
 from google.protobuf import json_format
 from google.protobuf.message import Message
@@ -26,6 +26,7 @@ from google.rpc import code_pb2
 
 from durable_sessions_collector.httpserver import BodyError, BodyTooLarge, Request, Response
 from durable_sessions_collector.jsonlog import JsonLog
+from durable_sessions_collector.otlp.content_encoding import DECODERS, ENCODINGS, TooLarge, decompress
 from durable_sessions_collector.otlp.decode import BadData, json_span_parts, protobuf_span_parts
 from durable_sessions_collector.otlp.receiver import TraceReceiver, rpc_status
 from durable_sessions_collector.pipeline import Overloaded, Unavailable
@@ -35,40 +36,6 @@ PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 PROTOBUF_TYPES = {"application/x-protobuf", "application/protobuf"}
 TRANSPORT = "http"
-
-
-class TooLarge(Exception):
-    pass
-
-
-def decompress(body: bytes, encoding: str, limit: int) -> bytes:
-    """``body`` decoded per ``Content-Encoding``, never more than ``limit`` bytes (gzip bombs stop there)."""
-    if encoding in ("", "identity"):
-        return body
-    if encoding in ("gzip", "x-gzip"):
-        wbits, name = 16 + zlib.MAX_WBITS, "gzip"
-    elif encoding == "deflate":
-        wbits, name = zlib.MAX_WBITS, "deflate"
-        if body[:1] and (body[0] & 0x0F) != 8:
-            wbits = -zlib.MAX_WBITS  # raw deflate, as some clients send it
-    else:
-        raise ValueError(encoding)
-    out = bytearray()
-    data = body
-    try:
-        while data:
-            decompressor = zlib.decompressobj(wbits)
-            while data:
-                out += decompressor.decompress(data, limit + 1 - len(out))
-                if len(out) > limit:
-                    raise TooLarge(f"request body is over the {limit}-byte limit after {name} decompression")
-                data = decompressor.unconsumed_tail
-            if not decompressor.eof:
-                raise BadData(f"request body is a truncated {name} stream")
-            data = decompressor.unused_data if name == "gzip" else b""
-    except zlib.error as error:
-        raise BadData(f"request body is not valid {name} data: {error}") from None
-    return bytes(out)
 
 
 def status_body(status: int, message: str, json_encoding: bool, retry_after_s: int | None = None) -> Response:
@@ -119,10 +86,10 @@ class HttpTraceReceiver:
                 415, f"unsupported Content-Type {shown!r}; send {PROTOBUF} or {JSON}", json_encoding=True
             )
         encoding = request.header("Content-Encoding").strip().lower()
-        if encoding not in ("", "identity", "gzip", "x-gzip", "deflate"):
+        if encoding not in ("", "identity", *DECODERS):
             count(TRANSPORT, "unsupported").inc()
             return status_body(
-                415, f"unsupported Content-Encoding {encoding!r}; send gzip, deflate or none", json_encoding
+                415, f"unsupported Content-Encoding {encoding!r}; send {', '.join(ENCODINGS)} or none", json_encoding
             )
         try:
             raw = request.read_body(self.limit)
