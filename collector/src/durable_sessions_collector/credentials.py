@@ -86,7 +86,8 @@ class BearerToken:
     replaced token is accepted :data:`TOKEN_OVERLAP_S` longer.
 
     ``on_new_token`` is called with each token loaded from the file, before it is used
-    (the log's redactor registers it).
+    (the log's redactor registers it); ``on_reload`` with ``"loaded"`` or ``"failed"`` for
+    each change of the file.
     """
 
     def __init__(
@@ -96,6 +97,7 @@ class BearerToken:
         path: str | None = None,
         log: JsonLog,
         on_new_token: Callable[[str], object] | None = None,
+        on_reload: Callable[[str], object] = lambda _outcome: None,
         overlap_s: float | None = None,
     ) -> None:
         self._current = token.encode("utf-8")
@@ -104,6 +106,7 @@ class BearerToken:
         self.path = path
         self.log = log
         self.on_new_token = on_new_token
+        self.on_reload = on_reload
         self.overlap_s = TOKEN_OVERLAP_S if overlap_s is None else overlap_s
         self._watch = FileWatch([path]) if path is not None else None
 
@@ -125,17 +128,19 @@ class BearerToken:
         try:
             token = read_token_file(self.path)
         except ValueError as error:  # its text never repeats the token
-            self.log.write("ERROR", "auth-token-reload-failed", path=self.path, error=str(error),
-                      note="the token in use is kept")  # fmt: skip
+            note = "the token in use is kept"
+            self.log.write("ERROR", "auth-token-reload-failed", path=self.path, error=str(error), note=note)
+            self.on_reload("failed")
             return
         new = token.encode("utf-8")
         if new == self._current:
-            return
+            return  # the file was touched, not changed
         if self.on_new_token is not None:
             self.on_new_token(token)
         self._previous, self._previous_until = self._current, time.monotonic() + self.overlap_s
         self._current = new
         self.log.write("INFO", "auth-token-reloaded", path=self.path, previous_accepted_for_s=self.overlap_s)
+        self.on_reload("loaded")
 
 
 class TlsFiles:
@@ -144,13 +149,22 @@ class TlsFiles:
     for the gRPC port, :meth:`grpc_credentials`, which grpcio asks before each handshake.
 
     Construction loads the pair, and raises OSError naming the files when it does not
-    load or does not match (start-up stops there).
+    load or does not match (start-up stops there). ``on_reload`` is called with
+    ``"loaded"`` or ``"failed"`` for each change of the files.
     """
 
-    def __init__(self, cert_file: str, key_file: str, *, log: JsonLog) -> None:
+    def __init__(
+        self,
+        cert_file: str,
+        key_file: str,
+        *,
+        log: JsonLog,
+        on_reload: Callable[[str], object] = lambda _outcome: None,
+    ) -> None:
         self.cert_file = cert_file
         self.key_file = key_file
         self.log = log
+        self.on_reload = on_reload
         self._lock = threading.Lock()
         self._context, self._pems = self._load()
         self._version = 0  # loads so far, after the first
@@ -189,11 +203,13 @@ class TlsFiles:
             self.log.write(
                 "ERROR", "tls-reload-failed", error=str(error), note="the certificate in use is kept"
             )
+            self.on_reload("failed")
             return
         with self._lock:
             self._context, self._pems = context, pems
             self._version += 1
         self.log.write("INFO", "tls-reloaded", cert_file=self.cert_file, key_file=self.key_file)
+        self.on_reload("loaded")
 
     def _load(self) -> tuple[ssl.SSLContext, tuple[bytes, bytes]]:
         pems = self._read()

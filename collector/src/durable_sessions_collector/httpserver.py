@@ -282,11 +282,13 @@ class HttpServer:
         tls: Callable[[], ssl.SSLContext] | None = None,
         auth: Callable[[Request], Response | None] | None = None,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        on_idle_closed: Callable[[], object] | None = None,
     ) -> None:
         """``tls``: serve HTTPS, handshaking with the context it gives for each connection
         (so that a renewed certificate is served from its next connection on); ``auth``: a gate run before every handler,
         returning None to go on or the response to send instead (e.g. 401);
-        ``max_connections``: connections served at once (see :class:`Connections`)."""
+        ``max_connections``: connections served at once, ``on_idle_closed`` called for each
+        idle one closed to make room (see :class:`Connections`)."""
         host, _, port = endpoint.rpartition(":")
         self.router = router
         self.log = log
@@ -385,7 +387,7 @@ class HttpServer:
                 server.log.debug("http-request", line=format % args)
 
         host = host.strip("[]")
-        self.connections = Connections(max_connections)
+        self.connections = Connections(max_connections, on_idle_closed)
         if tls is None:
             server_class = _server_class(log, self.connections)
         else:
@@ -495,10 +497,15 @@ class Connections:
     client reconnects when its idle keep-alive connection is closed, as after the idle timeout.
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, on_idle_closed: Callable[[], object] | None = None) -> None:
         self.limit = limit
+        self.on_idle_closed = on_idle_closed
         self.open = 0
         self.stopping = False
+        # Idle connections closed whose slots are not back yet: while one is on its way,
+        # a waiting connection closes no other (the accepting thread looks every
+        # SLOT_WAIT_S, and a busy machine may take longer than that to end a connection).
+        self._closing = 0
         self._changed = threading.Condition(threading.Lock())
         self._idle: dict[socket.socket, None] = {}  # insertion order: the longest idle first
 
@@ -506,7 +513,8 @@ class Connections:
         """Take a slot for a connection about to be accepted; False if none freed within ``wait_s``."""
         with self._changed:
             if self.open >= self.limit:
-                self._close_longest_idle()
+                if self._closing == 0 and self._close_longest_idle():
+                    self._closing += 1
                 self._changed.wait(wait_s)
                 if self.open >= self.limit:
                     return False
@@ -516,6 +524,7 @@ class Connections:
     def release(self) -> None:
         with self._changed:
             self.open -= 1
+            self._closing = max(0, self._closing - 1)  # whichever ended, a slot is free
             self._changed.notify_all()
 
     def wait_for_request(self, connection: socket.socket, timeout: float) -> bool:
@@ -557,7 +566,7 @@ class Connections:
                 self._changed.wait(left)
             return self.open == 0
 
-    def _close_longest_idle(self) -> None:
+    def _close_longest_idle(self) -> bool:
         # Called with the lock held. The connection's thread, waiting in wait_for_request,
         # wakes up to the end of the stream and ends the connection, giving its slot back.
         for connection in list(self._idle):
@@ -568,7 +577,10 @@ class Connections:
                 # socket.socket's own shutdown: SSLSocket.shutdown would drop its TLS state
                 # under the thread waiting on it.
                 socket.socket.shutdown(connection, socket.SHUT_RDWR)
-            return
+            if self.on_idle_closed is not None:
+                self.on_idle_closed()
+            return True
+        return False
 
 
 def _readable(connection: socket.socket, timeout: float) -> bool:

@@ -6,9 +6,13 @@ import contextlib
 import gc
 import os
 import signal
+import ssl
 import sys
 import threading
+from collections.abc import Callable
 from typing import TextIO
+
+import grpc
 
 from durable_sessions_collector import __version__
 from durable_sessions_collector.alerts import LOG, OTLP, WEBHOOK
@@ -159,15 +163,7 @@ class Service:
                 self.pipeline, metrics, log, attribute_value_limit=config.evaluation_attribute_value_limit
             )
             token = config.bearer_token()
-            bearer = (
-                BearerToken(token, path=config.auth_token_file, log=log, on_new_token=self.redactor.add)
-                if token
-                else None
-            )
-            tls = credentials = None
-            if config.tls_cert_file and config.tls_key_file:
-                tls_files = TlsFiles(config.tls_cert_file, config.tls_key_file, log=log)
-                tls, credentials = tls_files.ssl_context, tls_files.grpc_credentials()
+            bearer, tls, credentials = self._credentials(token, metrics)
             router = Router()
             router.add(
                 "POST",
@@ -201,7 +197,10 @@ class Service:
                 tls=tls,
                 auth=HttpAuth(bearer).check if bearer else None,
                 max_connections=config.receivers_http_max_connections,
+                on_idle_closed=metrics.http_idle_closed.inc,
             )
+            metrics.http_connections.set_function(lambda: self.http.connections.open)
+            metrics.http_connections_limit.set(config.receivers_http_max_connections)
             self.http_port = self.http.start()
             if self.webhook is not None:
                 self.webhook.start()  # delivers first what an earlier run left pending
@@ -236,6 +235,34 @@ class Service:
             auth="bearer" if token else "none",
         )
         return self
+
+    def _credentials(
+        self, token: str | None, metrics: Metrics
+    ) -> tuple[BearerToken | None, Callable[[], ssl.SSLContext] | None, grpc.ServerCredentials | None]:
+        """The bearer token both ports require, the HTTP port's TLS context (per handshake)
+        and the gRPC port's TLS credentials: each followed as its files change."""
+        config, reloads = self.config, metrics.credential_reloads.labels
+        bearer = None
+        if token:
+            bearer = BearerToken(
+                token,
+                path=config.auth_token_file,
+                log=self.log,
+                on_new_token=self.redactor.add,
+                on_reload=lambda outcome: reloads("token", outcome).inc(),
+            )
+            if config.auth_token_file:
+                metrics.expect_reloads("token")
+        if not (config.tls_cert_file and config.tls_key_file):
+            return bearer, None, None
+        tls_files = TlsFiles(
+            config.tls_cert_file,
+            config.tls_key_file,
+            log=self.log,
+            on_reload=lambda outcome: reloads("tls", outcome).inc(),
+        )
+        metrics.expect_reloads("tls")
+        return bearer, tls_files.ssl_context, tls_files.grpc_credentials()
 
     def _after_commit(self) -> None:
         """New alerts were committed: the log channel writes them now, the webhook and otlp

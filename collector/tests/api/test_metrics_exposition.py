@@ -49,7 +49,9 @@ LABEL_VALUES = {
     "transport": {"grpc", "http"},
     "reason": {"invalid", "unstorable", "overload"},
     "outcome": {"ok", "partial", "invalid", "too_large", "unsupported", "unavailable"}
-    | {"delivered", "retry", "dead_letter"},
+    | {"delivered", "retry", "dead_letter"}
+    | {"loaded", "failed"},
+    "credential": {"token", "tls"},
     "rule": {rule.id for rule in CATALOGUE},
     "severity": {severity.value for severity in Severity},
     "verdict": set(VERDICTS),

@@ -534,6 +534,12 @@ def test_at_the_cap_the_longest_idle_keep_alive_connection_makes_room(start_side
     assert time.monotonic() - started < 2  # not the 60 s idle timeout
     first, closed_first = read_until_closed(idle[0], 1)
     assert closed_first and first == b"", "the longest idle connection was not the one closed"
+    registry = sidecar.service.metrics.registry
+    assert registry.get_sample_value("durable_sessions_http_idle_connections_closed_total") == 1
+    assert registry.get_sample_value("durable_sessions_http_connections_limit") == 2
+    wait_for(
+        lambda: registry.get_sample_value("durable_sessions_http_connections") == 1
+    )  # the other idle one
     idle[1].sendall(b"GET /healthz HTTP/1.1\r\nHost: sidecar\r\nConnection: close\r\n\r\n")
     data, _ = read_until_closed(idle[1], 10)
     assert responses(data)[0][0] == 200  # the other one is still served
@@ -642,3 +648,31 @@ def test_requests_on_a_keep_alive_connection_are_not_held_by_delayed_acks(sideca
     took = time.monotonic() - started
     connection.close()
     assert took < 1.0, f"50 keep-alive requests took {took:.2f} s"
+
+
+def test_one_waiting_connection_closes_one_idle_connection_however_slow_its_end() -> None:
+    # The accepting thread looks for a slot every SLOT_WAIT_S; an idle connection it closed
+    # may take longer than that to give its slot back on a busy machine. Before, each look
+    # closed another idle connection.
+    closed: list[int] = []
+    connections = httpserver.Connections(2, on_idle_closed=lambda: closed.append(1))
+    pairs = [socket.socketpair() for _ in range(2)]
+    waiting = []
+    for server_side, _ in pairs:
+        assert connections.take(0)
+        thread = threading.Thread(target=connections.wait_for_request, args=(server_side, 30), daemon=True)
+        thread.start()
+        waiting.append(thread)
+    wait_for(lambda: len(connections._idle) == 2)
+    for _ in range(5):  # five looks, and no slot given back meanwhile
+        assert not connections.take(0.01)
+    assert closed == [1]
+    waiting[0].join(timeout=5)
+    assert not waiting[0].is_alive()  # the longest idle was woken (and would end its connection)
+    assert waiting[1].is_alive()  # the other is still waiting for its next request
+    connections.release()  # the closed one's slot comes back
+    assert connections.take(0)
+    connections.stop(0)
+    for server_side, client_side in pairs:
+        server_side.close()
+        client_side.close()

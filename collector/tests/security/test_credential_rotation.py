@@ -65,6 +65,17 @@ def one_span(session_id: str) -> list:  # type: ignore[type-arg]
     return list(memory.get_finished_spans())
 
 
+def reloads(sidecar, credential: str) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    """``durable_sessions_credential_reloads_total`` of ``credential``, by outcome."""
+    registry = sidecar.service.metrics.registry
+    return {
+        outcome: registry.get_sample_value(
+            "durable_sessions_credential_reloads_total", {"credential": credential, "outcome": outcome}
+        )
+        for outcome in ("loaded", "failed")
+    }
+
+
 # --- the bearer token file ------------------------------------------------------------------
 
 
@@ -96,6 +107,7 @@ def test_a_rotated_token_file_is_followed_and_the_old_token_honoured_for_the_ove
 
     reloaded = [line for line in sidecar.log.lines() if line["event"] == "auth-token-reloaded"]
     assert len(reloaded) == 1 and reloaded[0]["path"] == str(token_file)
+    assert reloads(sidecar, "token") == {"loaded": 1, "failed": 0}
     text = "\n".join(map(str, sidecar.log.lines()))
     assert OLD_TOKEN not in text and NEW_TOKEN not in text
 
@@ -113,6 +125,7 @@ def test_a_bad_token_file_keeps_the_token_in_use_and_says_why(start_sidecar, tmp
     assert api_status(sidecar, OLD_TOKEN) == 200
     failed = [line for line in sidecar.log.lines() if line["event"] == "auth-token-reload-failed"]
     assert failed[-1]["level"] == "error" and "cannot read" in failed[-1]["error"]
+    assert reloads(sidecar, "token") == {"loaded": 0, "failed": 4}
     assert "has a space" not in "\n".join(map(str, sidecar.log.lines()))  # the bad content never shown
     replace(token_file, NEW_TOKEN)
     wait_for(lambda: api_status(sidecar, NEW_TOKEN) == 200, timeout=5)
@@ -191,6 +204,7 @@ def test_a_renewed_certificate_is_served_on_both_ports_without_a_restart(
     assert wait_for(lambda: grpc_export_ok(sidecar, second_ca), timeout=20)
     assert not grpc_export_ok(sidecar, first_ca)
     assert any(line["event"] == "tls-reloaded" for line in sidecar.log.lines())
+    assert reloads(sidecar, "tls")["failed"] == 0 and reloads(sidecar, "tls")["loaded"] >= 1
 
 
 def test_a_certificate_and_key_that_do_not_match_keep_the_pair_in_use(start_sidecar, tmp_path: Path) -> None:
@@ -210,6 +224,7 @@ def test_a_certificate_and_key_that_do_not_match_keep_the_pair_in_use(start_side
     assert grpc_export_ok(sidecar, first_ca)
     [line] = [line for line in sidecar.log.lines() if line["event"] == "tls-reload-failed"]
     assert line["level"] == "error" and str(cert_file) in line["error"]
+    assert reloads(sidecar, "tls") == {"loaded": 0, "failed": 1}
 
     replace(key_file, second_key.read_bytes())
     wait_for(lambda: _https_ok(sidecar, second_ca), timeout=5)

@@ -210,6 +210,25 @@ class Metrics:
             buckets=(*LATENCY_BUCKETS, 60.0, 300.0, 900.0, 3600.0),
             registry=registry,
         )
+        self.http_connections = Gauge(
+            "durable_sessions_http_connections", "Connections the HTTP port is serving", registry=registry
+        )
+        self.http_connections_limit = Gauge(
+            "durable_sessions_http_connections_limit",
+            "Connections the HTTP port serves at once (receivers.http.max_connections); more wait",
+            registry=registry,
+        )
+        self.http_idle_closed = Counter(
+            "durable_sessions_http_idle_connections_closed",
+            "Idle keep-alive connections the HTTP port closed to make room for a waiting one",
+            registry=registry,
+        )
+        self.credential_reloads = Counter(
+            "durable_sessions_credential_reloads",
+            "Changed credential files (credential: token, tls) loaded or refused (outcome: loaded, failed)",
+            ["credential", "outcome"],
+            registry=registry,
+        )
         self.commit_failures = Counter(
             "durable_sessions_store_commit_failures", "Store transactions that failed", registry=registry
         )
@@ -230,6 +249,12 @@ class Metrics:
                 self.alert_deliveries.labels(channel, outcome)
         for rule in rules:
             self.violations.labels(rule.id, rule.severity.value)
+
+    def expect_reloads(self, credential: str) -> None:
+        """Create, at 0, the reload series of a credential read from files (as :meth:`expect`):
+        a failed reload means a certificate that will expire, or clients locked out soon."""
+        for outcome in ("loaded", "failed"):
+            self.credential_reloads.labels(credential, outcome)
 
     def watch(self, queue_depth: Callable[[], int], held: Callable[[], int]) -> None:
         self.queue_depth.set_function(queue_depth)

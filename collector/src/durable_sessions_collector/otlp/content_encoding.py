@@ -52,7 +52,9 @@ def _zlib_stream(name: str, wbits: int) -> Callable[[bytes, int], bytes]:
                 while data:
                     out += decompressor.decompress(data, limit + 1 - len(out))
                     if len(out) > limit:
-                        raise TooLarge(f"request body is over the {limit}-byte limit after {name} decompression")
+                        raise TooLarge(
+                            f"request body is over the {limit}-byte limit after {name} decompression"
+                        )
                     data = decompressor.unconsumed_tail
                 if not decompressor.eof:
                     raise BadData(f"request body is a truncated {name} stream")

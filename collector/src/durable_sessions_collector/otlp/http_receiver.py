@@ -89,7 +89,9 @@ class HttpTraceReceiver:
         if encoding not in ("", "identity", *DECODERS):
             count(TRANSPORT, "unsupported").inc()
             return status_body(
-                415, f"unsupported Content-Encoding {encoding!r}; send {', '.join(ENCODINGS)} or none", json_encoding
+                415,
+                f"unsupported Content-Encoding {encoding!r}; send {', '.join(ENCODINGS)} or none",
+                json_encoding,
             )
         try:
             raw = request.read_body(self.limit)
