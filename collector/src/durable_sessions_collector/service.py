@@ -34,7 +34,7 @@ from durable_sessions_collector.otlp.http_receiver import PATH, HttpTraceReceive
 from durable_sessions_collector.otlp.receiver import TraceReceiver
 from durable_sessions_collector.pipeline import Pipeline
 from durable_sessions_collector.security import GrpcAuthInterceptor, HttpAuth, RedactingStream
-from durable_sessions_collector.store import SqliteStore, open_store
+from durable_sessions_collector.store import SqliteStore, StoreError, open_store
 
 JOURNAL_SUFFIX = ".log-written"
 """Beside a SQLite store: the keys of alert lines written and not yet marked delivered."""
@@ -186,7 +186,7 @@ class Service:
             )
             self.session_api = SessionApi(store, log=log)  # durable_sessions.v1.SessionService
             self.session_api.register(self.grpc.server)
-            self.health = GrpcHealth(store, self._health_problem)  # grpc.health.v1.Health: /healthz's answer
+            self.health = GrpcHealth(self._health_problem)  # grpc.health.v1.Health: /healthz's answer
             self.health.register(self.grpc.server)
             self.grpc_port = self.grpc.start()
             self.http = HttpServer(
@@ -275,12 +275,18 @@ class Service:
             self.log_alerts.deliver_pending()
 
     def _health_problem(self) -> str | None:
+        """Why the sidecar is unhealthy, or None: what ``GET /healthz`` and
+        ``grpc.health.v1.Health`` answer, worked out at each call."""
         if not self.pipeline.alive:
             return "the writer thread is not running"
         if self.webhook is not None and self._started and not self.webhook.alive:
             return "the webhook delivery thread is not running"
         if self.otlp is not None and self._started and not self.otlp.alive:
             return "the otlp delivery thread is not running"
+        try:
+            self.store.check()
+        except StoreError as error:
+            return str(error)
         return None
 
     def stop(self) -> None:

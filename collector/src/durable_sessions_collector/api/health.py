@@ -4,7 +4,7 @@ What Kubernetes ``grpc:`` probes, ``grpc_health_probe``, load balancers and gRPC
 client-side health checking ask (https://github.com/grpc/grpc/blob/master/doc/health-checking.md).
 Its answer is the one ``GET /healthz`` gives, computed when asked, never a stored flag:
 ``SERVING`` when ``healthy()`` names no problem (the writer thread runs, the delivery
-threads run) and ``store.check()`` reads the store; ``NOT_SERVING`` otherwise, and from
+threads run, the store can be read); ``NOT_SERVING`` otherwise, and from
 :meth:`GrpcHealth.stop` on.
 
 - ``Check``: the status of ``""`` (the whole server),
@@ -37,7 +37,6 @@ from durable_sessions_collector.api.grpc_api import SERVICE as SESSION_SERVICE
 from durable_sessions_collector.api.grpc_api import parsing_handler
 from durable_sessions_collector.otlp.grpc_receiver import SERVICE as TRACE_SERVICE
 from durable_sessions_collector.quote import quoted
-from durable_sessions_collector.store import Store, StoreError
 
 SERVICE = "grpc.health.v1.Health"
 OVERALL = ""
@@ -50,7 +49,7 @@ call ``Check``; a watch is a gRPC client's own health checking, one per connecti
 sidecar has few clients."""
 
 WATCH_POLL_S = 1.0
-"""How often an open ``Watch`` looks at the health: one ``store.check()`` each."""
+"""How often an open ``Watch`` looks at the health (one read of the store each)."""
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -60,23 +59,20 @@ SERVICE_UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
 class GrpcHealth(health_pb2_grpc.HealthServicer):
     """``grpc.health.v1.Health`` answering what ``GET /healthz`` answers.
 
-    ``healthy()`` returns the problem of the sidecar's threads, or None (the callable the
-    HTTP API gets); ``store.check()`` raises :class:`StoreError` when the store cannot be
-    read. :meth:`register` adds the service to a grpcio server before it starts;
+    ``healthy()`` returns why the sidecar is unhealthy (its threads, its store), or None:
+    the callable the HTTP API's ``/healthz`` gets. :meth:`register` adds the service to a grpcio server before it starts;
     :meth:`stop` (before stopping that server) makes every answer ``NOT_SERVING`` and
     ends the open watches, so the server need not wait for them.
     """
 
     def __init__(
         self,
-        store: Store,
         healthy: Callable[[], str | None],
         *,
         services: Iterable[str] = SERVICES,
         poll_s: float = WATCH_POLL_S,
         max_watchers: int = MAX_HEALTH_WATCHERS,
     ) -> None:
-        self.store = store
         self.healthy = healthy
         self.services = frozenset(services)
         self.poll_s = poll_s
@@ -110,19 +106,9 @@ class GrpcHealth(health_pb2_grpc.HealthServicer):
         for wake in wakes:
             wake.set()
 
-    def problem(self) -> str | None:
-        """Why the sidecar is unhealthy, or None: exactly what ``GET /healthz`` checks."""
-        problem = self.healthy()
-        if problem is None:
-            try:
-                self.store.check()
-            except StoreError as error:
-                problem = str(error)
-        return problem
-
     def status(self) -> health_pb2.HealthCheckResponse.ServingStatus:
         """The status of every known service, now."""
-        if self._stopping.is_set() or self.problem() is not None:
+        if self._stopping.is_set() or self.healthy() is not None:
             return NOT_SERVING
         return SERVING
 
