@@ -18,7 +18,9 @@ so a half-written file never locks clients out. No token is ever logged.
 
 from __future__ import annotations
 
+import datetime
 import hmac
+import math
 import os
 import ssl
 import threading
@@ -175,6 +177,15 @@ class TlsFiles:
         self._reload_if_changed()
         return self._context
 
+    @property
+    def not_after(self) -> float:
+        """When the certificate being served expires (seconds since the epoch; NaN if its
+        expiry cannot be read)."""
+        try:
+            return certificate_not_after(self._pems[0])
+        except ValueError:
+            return math.nan
+
     def grpc_credentials(self) -> grpc.ServerCredentials:
         return grpc.dynamic_ssl_server_credentials(self._grpc_configuration(), self._next_grpc_configuration)
 
@@ -208,7 +219,13 @@ class TlsFiles:
         with self._lock:
             self._context, self._pems = context, pems
             self._version += 1
-        self.log.write("INFO", "tls-reloaded", cert_file=self.cert_file, key_file=self.key_file)
+        self.log.write(
+            "INFO",
+            "tls-reloaded",
+            cert_file=self.cert_file,
+            key_file=self.key_file,
+            not_after=_iso(self.not_after),
+        )
         self.on_reload("loaded")
 
     def _load(self) -> tuple[ssl.SSLContext, tuple[bytes, bytes]]:
@@ -227,3 +244,69 @@ class TlsFiles:
             read_pem(self.cert_file, "certificate", "tls.cert_file"),
             read_pem(self.key_file, "private key", "tls.key_file"),
         )
+
+
+# --- when a certificate expires ---------------------------------------------------------------
+# The standard library loads certificates but decodes them only through a private
+# function; a certificate that OpenSSL has just loaded is well-formed DER, and its expiry
+# is four fields into it (RFC 5280 section 4.1).
+
+_UTC_TIME, _GENERALIZED_TIME, _VERSION = 0x17, 0x18, 0xA0
+
+
+def certificate_not_after(pem: bytes) -> float:
+    """When the first certificate in ``pem`` (the served one, in a chain file) expires,
+    in seconds since the epoch. Raises ValueError if it cannot be read."""
+    text = pem.decode("ascii", "replace")
+    begin, end = "-----BEGIN CERTIFICATE-----", "-----END CERTIFICATE-----"
+    start = text.find(begin)
+    stop = text.find(end, start)
+    if start < 0 or stop < 0:
+        raise ValueError("no PEM certificate")
+    try:
+        der = ssl.PEM_cert_to_DER_cert(text[start : stop + len(end)])
+        (certificate,) = _der_items(der)
+        tbs = _der_items(certificate[1])[0][1]
+        fields = _der_items(tbs)
+        first = 1 if fields[0][0] == _VERSION else 0
+        # serialNumber, signature, issuer, validity
+        tag, value = _der_items(fields[first + 3][1])[1]
+        return _der_time(tag, value.decode("ascii"))
+    except (IndexError, ValueError) as error:  # UnicodeDecodeError and binascii.Error too
+        raise ValueError(f"cannot read the certificate's expiry: {error}") from None
+
+
+def _iso(timestamp: float) -> str | None:
+    return (
+        None
+        if math.isnan(timestamp)
+        else datetime.datetime.fromtimestamp(timestamp, datetime.UTC).isoformat()
+    )
+
+
+def _der_items(data: bytes) -> list[tuple[int, bytes]]:
+    """The (tag, contents) of each DER item in ``data``, one after the other."""
+    items = []
+    at = 0
+    while at < len(data):
+        tag, length = data[at], data[at + 1]
+        at += 2
+        if length & 0x80:  # long form: the next (length & 0x7F) bytes are the length
+            count = length & 0x7F
+            length = int.from_bytes(data[at : at + count], "big")
+            at += count
+        if at + length > len(data):
+            raise ValueError("truncated DER")
+        items.append((tag, data[at : at + length]))
+        at += length
+    return items
+
+
+def _der_time(tag: int, text: str) -> float:
+    if tag == _UTC_TIME:  # YYMMDDHHMMSSZ; 50-99 are 19xx (RFC 5280 section 4.1.2.5.1)
+        year = int(text[:2])
+        text = f"{1900 + year if year >= 50 else 2000 + year}{text[2:]}"
+    elif tag != _GENERALIZED_TIME:
+        raise ValueError(f"not a certificate time (tag {tag:#x})")
+    moment = datetime.datetime.strptime(text, "%Y%m%d%H%M%SZ").replace(tzinfo=datetime.UTC)
+    return moment.timestamp()

@@ -262,6 +262,7 @@ class Service:
             on_reload=lambda outcome: reloads("tls", outcome).inc(),
         )
         metrics.expect_reloads("tls")
+        metrics.watch_certificate(lambda: tls_files.not_after)
         return bearer, tls_files.ssl_context, tls_files.grpc_credentials()
 
     def _after_commit(self) -> None:

@@ -792,7 +792,7 @@ def documented_metrics() -> dict[str, set[str]]:
 
 def test_metrics_names_and_labels_match_the_readme(start_sidecar) -> None:  # type: ignore[no-untyped-def]
     documented = documented_metrics()
-    assert len(documented) == 24
+    assert len(documented) == 25
     with WebhookServer() as hook:
         sidecar = start_sidecar(alerts__webhook__url=hook.url)
         agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
@@ -847,8 +847,11 @@ def test_metrics_names_and_labels_match_the_readme(start_sidecar) -> None:  # ty
             )
             labels.setdefault(name, set()).add(frozenset(sample.labels) - {"le"})
     for name, expected in documented.items():
-        if name == "durable_sessions_credential_reloads_total":
-            # Series only for credentials read from files (security/test_credential_rotation.py).
+        if name in (
+            "durable_sessions_credential_reloads_total",
+            "durable_sessions_tls_certificate_expiry_timestamp_seconds",
+        ):
+            # Only with credentials read from files, or TLS (security/test_credential_rotation.py).
             assert name not in labels
             continue
         assert name in labels, f"{name} has no sample"

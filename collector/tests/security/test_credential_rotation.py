@@ -8,6 +8,7 @@ TLS handshakes with Python's ssl module and grpcio, real OTLP exporters.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import ssl
@@ -20,6 +21,8 @@ import grpc
 import pytest
 from conftest import wait_for
 from durable_sessions_collector import credentials
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -205,6 +208,12 @@ def test_a_renewed_certificate_is_served_on_both_ports_without_a_restart(
     assert not grpc_export_ok(sidecar, first_ca)
     assert any(line["event"] == "tls-reloaded" for line in sidecar.log.lines())
     assert reloads(sidecar, "tls")["failed"] == 0 and reloads(sidecar, "tls")["loaded"] >= 1
+    # The expiry served is the renewed certificate's (the test CA's certificates differ by
+    # seconds at most: compare with what cryptography reads from the new one).
+    served = sidecar.service.metrics.registry.get_sample_value(
+        "durable_sessions_tls_certificate_expiry_timestamp_seconds"
+    )
+    assert served == not_valid_after(second_cert)
 
 
 def test_a_certificate_and_key_that_do_not_match_keep_the_pair_in_use(start_sidecar, tmp_path: Path) -> None:
@@ -229,6 +238,38 @@ def test_a_certificate_and_key_that_do_not_match_keep_the_pair_in_use(start_side
     replace(key_file, second_key.read_bytes())
     wait_for(lambda: _https_ok(sidecar, second_ca), timeout=5)
     assert wait_for(lambda: grpc_export_ok(sidecar, second_ca), timeout=20)
+
+
+def not_valid_after(cert: Path) -> float:
+    from cryptography import x509
+
+    return x509.load_pem_x509_certificate(cert.read_bytes()).not_valid_after_utc.timestamp()
+
+
+def test_the_expiry_is_read_from_the_served_certificate(tmp_path: Path) -> None:
+    ca, cert, _ = make_cert(tmp_path)
+    assert credentials.certificate_not_after(cert.read_bytes()) == not_valid_after(cert)
+    chain = cert.read_bytes() + ca.read_bytes()  # a chain file: the first is the one served
+    assert credentials.certificate_not_after(chain) == not_valid_after(cert)
+    assert credentials.certificate_not_after(b"junk\n" + cert.read_bytes()) == not_valid_after(cert)
+
+
+def test_rfc_5280_times_and_a_long_form_length() -> None:
+    assert credentials._der_time(0x17, "491231235959Z") == 2524607999.0  # UTCTime 49: 2049
+    assert credentials._der_time(0x17, "500101000000Z") == -631152000.0  # UTCTime 50: 1950
+    assert credentials._der_time(0x18, "99991231235959Z") == 253402300799.0  # GeneralizedTime
+    long_form = bytes([0x04, 0x81, 200]) + b"x" * 200 + bytes([0x05, 0x00])
+    assert credentials._der_items(long_form) == [(0x04, b"x" * 200), (0x05, b"")]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300))
+def test_anything_else_is_a_value_error(body: bytes) -> None:
+    import base64
+
+    pem = b"-----BEGIN CERTIFICATE-----\n" + base64.encodebytes(body) + b"-----END CERTIFICATE-----\n"
+    with contextlib.suppress(ValueError):
+        credentials.certificate_not_after(pem)
 
 
 def _https_ok(sidecar, ca: Path) -> bool:  # type: ignore[no-untyped-def]

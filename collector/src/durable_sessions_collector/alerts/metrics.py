@@ -256,6 +256,15 @@ class Metrics:
         for outcome in ("loaded", "failed"):
             self.credential_reloads.labels(credential, outcome)
 
+    def watch_certificate(self, not_after: Callable[[], float]) -> None:
+        """Serve when the certificate in use expires. Only with TLS: a gauge at 0 would
+        say the certificate expired in 1970."""
+        Gauge(
+            "durable_sessions_tls_certificate_expiry_timestamp_seconds",
+            "When the certificate the ports serve expires (seconds since the epoch)",
+            registry=self.registry,
+        ).set_function(not_after)
+
     def watch(self, queue_depth: Callable[[], int], held: Callable[[], int]) -> None:
         self.queue_depth.set_function(queue_depth)
         self.sessions_held.set_function(held)
