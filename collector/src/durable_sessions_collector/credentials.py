@@ -98,7 +98,7 @@ class BearerToken:
         *,
         path: str | None = None,
         log: JsonLog,
-        on_new_token: Callable[[str], object] | None = None,
+        on_new_token: Callable[[str], object] = lambda _token: None,
         on_reload: Callable[[str], object] = lambda _outcome: None,
         overlap_s: float | None = None,
     ) -> None:
@@ -137,8 +137,7 @@ class BearerToken:
         new = token.encode("utf-8")
         if new == self._current:
             return  # the file was touched, not changed
-        if self.on_new_token is not None:
-            self.on_new_token(token)
+        self.on_new_token(token)
         self._previous, self._previous_until = self._current, time.monotonic() + self.overlap_s
         self._current = new
         self.log.write("INFO", "auth-token-reloaded", path=self.path, previous_accepted_for_s=self.overlap_s)
