@@ -15,15 +15,22 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
+import grpc
 from google.protobuf import json_format
 from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Status, StatusCode, Tracer
 
 ID_FIELDS = ("traceId", "spanId", "parentSpanId")
@@ -42,6 +49,40 @@ def any_value(python_value: Any) -> AnyValue:
     if isinstance(python_value, bytes):
         return AnyValue(bytes_value=python_value)
     return AnyValue(string_value=python_value)
+
+
+EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+
+
+def one_action_export(n: int, session: str, kind: str = "tool_call") -> bytes:
+    """A serialized Export request of one action span; ``n`` (< 65536) makes its ids unique."""
+    attributes = {"session.id": session, "agent.action.id": f"a{n}", "agent.action.kind": kind}
+    span = Span(
+        trace_id=bytes([3] * 14) + n.to_bytes(2, "big"),
+        span_id=bytes([4] * 6) + n.to_bytes(2, "big"),
+        name=f"action {n}",
+        start_time_unix_nano=1_700_000_000_000_000_000 + n,
+        attributes=[KeyValue(key=k, value=any_value(v)) for k, v in attributes.items()],
+    )
+    request = ExportTraceServiceRequest(
+        resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=[span])])]
+    )
+    return request.SerializeToString()
+
+
+def export_call(channel: grpc.Channel) -> Any:
+    """TraceService/Export on ``channel``, sending raw request bytes."""
+    return channel.unary_unary(EXPORT, response_deserializer=ExportTraceServiceResponse.FromString)
+
+
+def one_action_spans(session_id: str) -> list[ReadableSpan]:
+    """One finished SDK span of one action in ``session_id``, for an exporter to send."""
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.instance.id": "inc-1"}))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    attributes = {"session.id": session_id, "agent.action.id": "a1", "agent.action.kind": "tool_call"}
+    provider.get_tracer("t").start_span("step", attributes=attributes).end()
+    return list(memory.get_finished_spans())
 
 
 def otlp_json(spans: Sequence[ReadableSpan]) -> bytes:

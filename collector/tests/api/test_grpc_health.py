@@ -26,19 +26,12 @@ from durable_sessions_collector.api.v1 import sessions_pb2 as pb
 from durable_sessions_collector.api.v1 import sessions_pb2_grpc as pb_grpc
 from durable_sessions_collector.otlp import grpc_receiver
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
-from opentelemetry.proto.common.v1.common_pb2 import KeyValue
-from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
-from sidecar_clients import any_value
+from sidecar_clients import export_call, one_action_export
 from tls_certs import make_cert
 
 TRACE_SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 SESSION_SERVICE = "durable_sessions.v1.SessionService"
 SERVICES = ("", TRACE_SERVICE, SESSION_SERVICE)
-EXPORT = f"/{TRACE_SERVICE}/Export"
 TOKEN = "health-" + uuid.uuid4().hex
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -64,26 +57,6 @@ def code_of(call: Any, *args: Any, **kwargs: Any) -> grpc.StatusCode:
     except grpc.RpcError as error:
         return error.code()
     return grpc.StatusCode.OK
-
-
-def export_body(n: int, session: str) -> bytes:
-    """An Export request of one action span; ``n`` (< 65536) makes its ids unique."""
-    attributes = {"session.id": session, "agent.action.id": f"a{n}", "agent.action.kind": "tool_call"}
-    span = Span(
-        trace_id=bytes([7] * 14) + n.to_bytes(2, "big"),
-        span_id=bytes([8] * 6) + n.to_bytes(2, "big"),
-        name=f"action {n}",
-        start_time_unix_nano=1_700_000_000_000_000_000 + n,
-        attributes=[KeyValue(key=k, value=any_value(v)) for k, v in attributes.items()],
-    )
-    request = ExportTraceServiceRequest(
-        resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=[span])])]
-    )
-    return request.SerializeToString()
-
-
-def export_call(channel: grpc.Channel) -> Any:
-    return channel.unary_unary(EXPORT, response_deserializer=ExportTraceServiceResponse.FromString)
 
 
 # --- Check, List --------------------------------------------------------------------------
@@ -207,7 +180,7 @@ def test_with_a_token_check_alone_is_open_and_tells_only_the_status(start_sideca
                 (health.Watch, watch_request),
                 (health.List, list_request),
                 (api.ListSessions, pb.ListSessionsRequest()),
-                (export_call(channel), export_body(1, "denied")),
+                (export_call(channel), one_action_export(1, "denied")),
             ):
                 assert (
                     code_of(call, request, metadata=metadata, timeout=10) == grpc.StatusCode.UNAUTHENTICATED
@@ -287,12 +260,12 @@ def test_health_watches_are_bounded_and_do_not_starve_exports(start_sidecar, mon
         assert code_of(health.Watch, health_pb2.HealthCheckRequest(), timeout=20) == (
             grpc.StatusCode.RESOURCE_EXHAUSTED
         )
-        assert not export(export_body(0, "while-watched"), timeout=20).HasField("partial_success")
+        assert not export(one_action_export(0, "while-watched"), timeout=20).HasField("partial_success")
 
         lock = sqlite3.connect(sidecar.service.store.path, isolation_level=None)
         lock.execute("BEGIN IMMEDIATE")
         try:
-            calls = [export.future(export_body(n, f"locked-{n}"), timeout=90) for n in range(1, 21)]
+            calls = [export.future(one_action_export(n, f"locked-{n}"), timeout=90) for n in range(1, 21)]
             refused = wait_for(lambda: [c for c in calls if c.done()], timeout=20)
             assert check(health) == SERVING  # the store is still readable
             assert len(api.ListSessions(pb.ListSessionsRequest(), timeout=10).sessions) == 1

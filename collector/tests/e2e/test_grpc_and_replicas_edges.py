@@ -37,10 +37,9 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-from sidecar_clients import Agent, any_value, grpc_exporter
+from sidecar_clients import Agent, any_value, export_call, grpc_exporter
 from webhook_server import WebhookServer
 
-EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 MIB = 1024 * 1024
 TOKEN = "edge-token-0123456789abcdef"
 ANSWER = json.dumps({"budget_gbp": 2400})
@@ -79,7 +78,7 @@ def grpc_export(
 ) -> ExportTraceServiceResponse:
     """One raw ``TraceService/Export`` call over a fresh channel."""
     with grpc.insecure_channel(endpoint) as channel:
-        call = channel.unary_unary(EXPORT, response_deserializer=ExportTraceServiceResponse.FromString)
+        call = export_call(channel)
         return call(body, timeout=timeout, metadata=metadata, compression=compression)  # type: ignore[no-any-return]
 
 

@@ -27,41 +27,14 @@ from durable_sessions_collector.api.v1 import sessions_pb2 as pb
 from durable_sessions_collector.api.v1 import sessions_pb2_grpc as pb_grpc
 from durable_sessions_collector.otlp import grpc_receiver
 from google.rpc import error_details_pb2, status_pb2
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
-from opentelemetry.proto.common.v1.common_pb2 import KeyValue
-from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
-from sidecar_clients import any_value
+from sidecar_clients import export_call, one_action_export
 
-EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 API = "/durable_sessions.v1.SessionService/"
 TOKEN = "port-edges-token-0123456789abcdef"
 MIB = 1024 * 1024
 
 
 # --- helpers ------------------------------------------------------------------------------
-
-
-def body(n: int, session: str, kind: str = "tool_call") -> bytes:
-    """An Export request of one action span; ``n`` (< 65536) makes its ids unique."""
-    attributes = {"session.id": session, "agent.action.id": f"a{n}", "agent.action.kind": kind}
-    span = Span(
-        trace_id=bytes([3] * 14) + n.to_bytes(2, "big"),
-        span_id=bytes([4] * 6) + n.to_bytes(2, "big"),
-        name=f"action {n}",
-        start_time_unix_nano=1_700_000_000_000_000_000 + n,
-        attributes=[KeyValue(key=k, value=any_value(v)) for k, v in attributes.items()],
-    )
-    request = ExportTraceServiceRequest(
-        resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=[span])])]
-    )
-    return request.SerializeToString()
-
-
-def export_call(channel: grpc.Channel) -> Any:
-    return channel.unary_unary(EXPORT, response_deserializer=ExportTraceServiceResponse.FromString)
 
 
 def code_of(call: Any, *args: Any, **kwargs: Any) -> tuple[grpc.StatusCode, str]:
@@ -86,14 +59,16 @@ def problems(sidecar: Any) -> list[dict[str, Any]]:
 def still_healthy(sidecar: Any, n: int = 60_000) -> None:
     """The port still takes an Export, and /healthz is 200."""
     with grpc.insecure_channel(sidecar.grpc_endpoint) as channel:
-        assert not export_call(channel)(body(n, "healthy"), timeout=10).HasField("partial_success")
+        assert not export_call(channel)(one_action_export(n, "healthy"), timeout=10).HasField(
+            "partial_success"
+        )
     assert sidecar.get("/healthz") == (200, {"status": "ok"})
 
 
 def unkeyed_payment(sidecar: Any, n: int, session: str) -> None:
     """One Export whose span is an unkeyed payment: one alert."""
     with grpc.insecure_channel(sidecar.grpc_endpoint) as channel:
-        export_call(channel)(body(n, session, "payment"), timeout=10)
+        export_call(channel)(one_action_export(n, session, "payment"), timeout=10)
 
 
 class StallProxy:
@@ -150,9 +125,11 @@ def test_deflate_exports_are_stored_like_gzip_ones(sidecar) -> None:  # type: ig
     # by default; gzip from the SDK exporter is covered in e2e/). Its zstd and snappy are
     # refused by grpcio before any handler runs (README, gRPC port).
     with grpc.insecure_channel(sidecar.grpc_endpoint, compression=grpc.Compression.Deflate) as channel:
-        response = export_call(channel)(body(1, "deflate"), timeout=10)
+        response = export_call(channel)(one_action_export(1, "deflate"), timeout=10)
         assert not response.HasField("partial_success")
-        response = export_call(channel)(body(2, "deflate"), timeout=10, compression=grpc.Compression.Gzip)
+        response = export_call(channel)(
+            one_action_export(2, "deflate"), timeout=10, compression=grpc.Compression.Gzip
+        )
         assert not response.HasField("partial_success")
     assert [a["action_id"] for a in sidecar.session("deflate")["actions"]] == ["a1", "a2"]
 
@@ -179,7 +156,7 @@ def test_two_hundred_channels_exporting_at_once_are_all_answered_ok(sidecar) -> 
         for channel in channels:
             grpc.channel_ready_future(channel).result(timeout=10)
         calls = [
-            export_call(channel).future(body(n, f"many-{n}"), timeout=30)
+            export_call(channel).future(one_action_export(n, f"many-{n}"), timeout=30)
             for n, channel in enumerate(channels)
         ]
         assert Counter(call.code() for call in calls) == {grpc.StatusCode.OK: 200}
@@ -204,7 +181,9 @@ def test_exports_waiting_on_a_locked_store_neither_starve_the_api_nor_queue_unan
     lock = sqlite3.connect(sidecar.service.store.path, isolation_level=None)
     lock.execute("BEGIN IMMEDIATE")
     try:
-        calls = [export_call(channel).future(body(n, f"slow-{n}"), timeout=20) for n in range(160)]
+        calls = [
+            export_call(channel).future(one_action_export(n, f"slow-{n}"), timeout=20) for n in range(160)
+        ]
         # Those the queue (64) and the batch being committed cannot hold are answered now.
         refused = wait_for(lambda: [c for c in calls if c.done()], timeout=5)
         started = time.monotonic()
@@ -378,12 +357,14 @@ def test_metadata_up_to_64_kib_is_accepted_every_time_and_more_is_refused(sideca
         export = export_call(channel)
         for size in (15_000, 60_000):
             codes = Counter(
-                code_of(export, body(n, "metadata"), metadata=(("x-large", "v" * size),), timeout=5)[0]
+                code_of(
+                    export, one_action_export(n, "metadata"), metadata=(("x-large", "v" * size),), timeout=5
+                )[0]
                 for n in range(20)
             )
             assert codes == {grpc.StatusCode.OK: 20}, (size, codes)
         code, details = code_of(
-            export, body(99, "metadata"), metadata=(("x-large", "v" * 70_000),), timeout=5
+            export, one_action_export(99, "metadata"), metadata=(("x-large", "v" * 70_000),), timeout=5
         )
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, (code, details)
         assert "metadata size exceeds" in details
@@ -400,7 +381,10 @@ def test_odd_authorization_metadata(start_sidecar) -> None:  # type: ignore[no-u
             (("authorization", f"Bearer {TOKEN}"), ("authorization", "Bearer other-0123456789abcdef")),
         ]
         for n, metadata in enumerate(accepted):
-            assert code_of(export, body(n, "auth"), metadata=metadata, timeout=5)[0] == grpc.StatusCode.OK
+            assert (
+                code_of(export, one_action_export(n, "auth"), metadata=metadata, timeout=5)[0]
+                == grpc.StatusCode.OK
+            )
         refused = [
             ((("authorization-bin", f"Bearer {TOKEN}".encode()),), "missing Authorization header"),
             ((("x-authorization", f"Bearer {TOKEN}"),), "missing Authorization header"),
@@ -412,7 +396,7 @@ def test_odd_authorization_metadata(start_sidecar) -> None:  # type: ignore[no-u
             ((("authorization", f"Bearer {TOKEN[:-1]}"),), "invalid bearer token"),
         ]
         for metadata, why in refused:
-            code, details = code_of(export, body(9, "auth"), metadata=metadata, timeout=5)
+            code, details = code_of(export, one_action_export(9, "auth"), metadata=metadata, timeout=5)
             assert code == grpc.StatusCode.UNAUTHENTICATED and why in details, (metadata[0][0], code, details)
     assert TOKEN not in "".join(str(line) for line in sidecar.log.lines())
 
@@ -423,7 +407,9 @@ def test_deadlines_expiring_on_arrival_leave_no_error(sidecar) -> None:  # type:
     with grpc.insecure_channel(sidecar.grpc_endpoint) as channel:
         grpc.channel_ready_future(channel).result(timeout=10)
         export = export_call(channel)
-        codes = Counter(code_of(export, body(n, f"expired-{n}"), timeout=1e-6)[0] for n in range(50))
+        codes = Counter(
+            code_of(export, one_action_export(n, f"expired-{n}"), timeout=1e-6)[0] for n in range(50)
+        )
     assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.DEADLINE_EXCEEDED}, codes
     still_healthy(sidecar)
     assert problems(sidecar) == []

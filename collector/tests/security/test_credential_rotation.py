@@ -24,10 +24,8 @@ from durable_sessions_collector import credentials
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.export import SpanExportResult
+from sidecar_clients import one_action_spans
 from tls_certs import make_cert
 
 OLD_TOKEN = "old-token-0123456789abcdef"
@@ -57,15 +55,6 @@ def api_status(sidecar, token: str) -> int:  # type: ignore[no-untyped-def]
             return response.status
     except urllib.error.HTTPError as error:
         return error.code
-
-
-def one_span(session_id: str) -> list:  # type: ignore[type-arg]
-    memory = InMemorySpanExporter()
-    provider = TracerProvider(resource=Resource.create({"service.instance.id": "inc-1"}))
-    provider.add_span_processor(SimpleSpanProcessor(memory))
-    attributes = {"session.id": session_id, "agent.action.id": "a1", "agent.action.kind": "tool_call"}
-    provider.get_tracer("t").start_span("step", attributes=attributes).end()
-    return list(memory.get_finished_spans())
 
 
 def reloads(sidecar, credential: str) -> dict[str, float]:  # type: ignore[no-untyped-def]
@@ -99,7 +88,7 @@ def test_a_rotated_token_file_is_followed_and_the_old_token_honoured_for_the_ove
     exporter = GrpcExporter(
         endpoint=sidecar.grpc_endpoint, insecure=True, headers={"authorization": f"Bearer {NEW_TOKEN}"}
     )
-    assert exporter.export(one_span("rotated")) == SpanExportResult.SUCCESS
+    assert exporter.export(one_action_spans("rotated")) == SpanExportResult.SUCCESS
     exporter.shutdown()
     # A Collector that has not yet re-read its copy still gets in, for the overlap only.
     if time.monotonic() - rotated_at < 1.0:
@@ -174,7 +163,7 @@ def grpc_export_ok(sidecar, ca: Path) -> bool:  # type: ignore[no-untyped-def]
         timeout=5,
     )
     try:
-        return exporter.export(one_span("tls-rotated")) == SpanExportResult.SUCCESS
+        return exporter.export(one_action_spans("tls-rotated")) == SpanExportResult.SUCCESS
     finally:
         exporter.shutdown()
 

@@ -26,15 +26,11 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from sidecar_clients import Agent
+from opentelemetry.sdk.trace.export import SpanExportResult
+from sidecar_clients import Agent, export_call, one_action_spans
 from tls_certs import make_cert
 from webhook_server import WebhookServer, free_port
 
-EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 TOKEN = "tok-" + uuid.uuid4().hex  # unique, so finding it anywhere is meaningful
 
 
@@ -69,15 +65,6 @@ def https_get(sidecar, path: str, cert: Path, token: str | None = None) -> tuple
             return response.status, dict(response.headers), json.loads(response.read())
     except urllib.error.HTTPError as error:
         return error.code, dict(error.headers), json.loads(error.read())
-
-
-def spans(session_id: str) -> list:  # type: ignore[type-arg]
-    memory = InMemorySpanExporter()
-    provider = TracerProvider(resource=Resource.create({"service.instance.id": "inc-1"}))
-    provider.add_span_processor(SimpleSpanProcessor(memory))
-    attributes = {"session.id": session_id, "agent.action.id": "a1", "agent.action.kind": "tool_call"}
-    provider.get_tracer("t").start_span("step", attributes=attributes).end()
-    return list(memory.get_finished_spans())
 
 
 def test_real_exporters_over_tls_with_the_token_are_stored(secure, tls_files) -> None:  # type: ignore[no-untyped-def]
@@ -131,7 +118,7 @@ def test_a_missing_or_wrong_token_is_rejected_on_every_port(secure, tls_files) -
             headers=headers,
             timeout=5,
         )
-        assert exporter.export(spans("denied")) == SpanExportResult.FAILURE
+        assert exporter.export(one_action_spans("denied")) == SpanExportResult.FAILURE
         exporter.shutdown()
         http = HttpExporter(
             endpoint=f"https://127.0.0.1:{secure.service.http_port}/v1/traces",
@@ -139,13 +126,13 @@ def test_a_missing_or_wrong_token_is_rejected_on_every_port(secure, tls_files) -
             headers=None if headers is None else {"Authorization": headers["authorization"]},
             timeout=5,
         )
-        assert http.export(spans("denied")) == SpanExportResult.FAILURE
+        assert http.export(one_action_spans("denied")) == SpanExportResult.FAILURE
         http.shutdown()
 
     # The gRPC status is UNAUTHENTICATED, for a wrong scheme too.
     channel = grpc.secure_channel(secure.grpc_endpoint, grpc.ssl_channel_credentials(root_certificates=ca))
-    export = channel.unary_unary(EXPORT, response_deserializer=ExportTraceServiceResponse.FromString)
-    body = encode_spans(spans("denied")).SerializeToString()
+    export = export_call(channel)
+    body = encode_spans(one_action_spans("denied")).SerializeToString()
     for metadata in ((), (("authorization", f"Basic {TOKEN}"),), (("authorization", f"Bearer {TOKEN}x"),)):
         with pytest.raises(grpc.RpcError) as caught:
             export(body, metadata=metadata, timeout=5)
