@@ -282,7 +282,7 @@ class HttpServer:
         tls: Callable[[], ssl.SSLContext] | None = None,
         auth: Callable[[Request], Response | None] | None = None,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
-        on_idle_closed: Callable[[], object] | None = None,
+        on_idle_closed: Callable[[], object] = lambda: None,
     ) -> None:
         """``tls``: serve HTTPS, handshaking with the context it gives for each connection
         (so that a renewed certificate is served from its next connection on); ``auth``: a gate run before every handler,
@@ -497,7 +497,7 @@ class Connections:
     client reconnects when its idle keep-alive connection is closed, as after the idle timeout.
     """
 
-    def __init__(self, limit: int, on_idle_closed: Callable[[], object] | None = None) -> None:
+    def __init__(self, limit: int, on_idle_closed: Callable[[], object] = lambda: None) -> None:
         self.limit = limit
         self.on_idle_closed = on_idle_closed
         self.open = 0
@@ -560,27 +560,30 @@ class Connections:
             self.stopping = True
             for connection in list(self._idle):
                 del self._idle[connection]
-                with contextlib.suppress(OSError):
-                    socket.socket.shutdown(connection, socket.SHUT_RDWR)
+                _wake_with_end_of_stream(connection)
             while self.open > 0 and (left := deadline - time.monotonic()) > 0:
                 self._changed.wait(left)
             return self.open == 0
 
     def _close_longest_idle(self) -> bool:
         # Called with the lock held. The connection's thread, waiting in wait_for_request,
-        # wakes up to the end of the stream and ends the connection, giving its slot back.
+        # ends the connection and gives its slot back.
         for connection in list(self._idle):
             if _readable(connection, 0):
                 continue  # its next request is arriving: it is not idle any more
             del self._idle[connection]
-            with contextlib.suppress(OSError):
-                # socket.socket's own shutdown: SSLSocket.shutdown would drop its TLS state
-                # under the thread waiting on it.
-                socket.socket.shutdown(connection, socket.SHUT_RDWR)
-            if self.on_idle_closed is not None:
-                self.on_idle_closed()
+            _wake_with_end_of_stream(connection)
+            self.on_idle_closed()
             return True
         return False
+
+
+def _wake_with_end_of_stream(connection: socket.socket) -> None:
+    """Shut ``connection`` down under the thread waiting on it, which sees the end of the
+    stream and ends the connection. socket.socket's own shutdown: SSLSocket.shutdown would
+    drop its TLS state under that thread."""
+    with contextlib.suppress(OSError):
+        socket.socket.shutdown(connection, socket.SHUT_RDWR)
 
 
 def _readable(connection: socket.socket, timeout: float) -> bool:
