@@ -315,6 +315,9 @@ class Service:
         pipeline = getattr(self, "pipeline", None)
         if pipeline is not None:
             pipeline.stop()
+        log_alerts = getattr(self, "log_alerts", None)
+        if log_alerts is not None:
+            log_alerts.close()
         if self.webhook is not None:
             self.webhook.stop()
         if self.otlp is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -142,3 +143,24 @@ def test_while_the_stream_is_blocked_nothing_is_journaled(tmp_path: Path) -> Non
     finally:
         stream.released.set()
         store.close()
+
+
+def open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_the_journal_appends_through_one_descriptor_kept_open(tmp_path: Path) -> None:
+    # A process killed between its lines and their append writes the lines again: the
+    # append after the lines is one write to a descriptor already open, nothing else.
+    journal = WrittenJournal(str(tmp_path / "j"))
+    journal.append(["a"])
+    opened = open_descriptors()
+    for n in range(50):
+        journal.append_encoded(WrittenJournal.encode([f"k{n}"]))
+    assert open_descriptors() == opened
+    assert len(journal.keys()) == 51
+    journal.clear()  # truncated in place: the open descriptor appends at the new end
+    journal.append(["b"])
+    assert journal.keys() == {"b"}
+    journal.close()
+    assert open_descriptors() == opened - 1

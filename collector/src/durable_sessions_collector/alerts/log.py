@@ -28,15 +28,31 @@ class WrittenJournal:
     def __init__(self, path: str) -> None:
         self.path = path
         self._lock = threading.Lock()
+        self._fd: int | None = None
+
+    @staticmethod
+    def encode(keys: list[str]) -> bytes:
+        """The bytes :meth:`append_encoded` appends for ``keys``: computed before the
+        lines are written, so that nothing but the append itself follows them."""
+        return "".join(json.dumps(key) + "\n" for key in keys).encode("utf-8", "surrogatepass")
 
     def append(self, keys: list[str]) -> None:
-        data = "".join(json.dumps(key) + "\n" for key in keys).encode("utf-8", "surrogatepass")
+        self.append_encoded(self.encode(keys))
+
+    def append_encoded(self, data: bytes) -> None:
+        """Append what :meth:`encode` made, in one ``write`` to a descriptor kept open: a
+        process killed between its lines and this append writes them again at its next
+        start, so the time between the two is kept to the system call."""
         with self._lock:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            try:
-                os.write(fd, data)
-            finally:
-                os.close(fd)
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            os.write(self._fd, data)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
 
     def keys(self) -> set[str]:
         try:
@@ -102,6 +118,11 @@ class LogAlerts:
             if self.on_delivered is not None:
                 self.on_delivered(LOG, len(pending))
 
+    def close(self) -> None:
+        """Close the journal's descriptor (an append after this opens it again)."""
+        if self.journal is not None:
+            self.journal.close()
+
     def _forget_marked(self) -> None:
         """Empty the journal once every key in it is marked delivered: when the lines
         queued so far are out (their keys were appended), and none is left from before."""
@@ -116,6 +137,6 @@ class LogAlerts:
         # While the stream is blocked the rows are marked before their lines are out, so
         # the journal has nothing to save; queued appends would only pile up behind it.
         if alerts and journal is not None and not self.log.stuck():
-            keys = [str(alert.payload.get("key")) for alert in alerts]
-            self.log.then(lambda: journal.append(keys))
+            data = journal.encode([str(alert.payload.get("key")) for alert in alerts])
+            self.log.then(lambda: journal.append_encoded(data))
         return self.log.flush()
