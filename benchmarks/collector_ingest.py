@@ -72,6 +72,7 @@ It measures and prints; it asserts nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.server
 import json
 import multiprocessing
@@ -651,6 +652,108 @@ def _floor_line(micros: dict[str, float]) -> str:
     return line
 
 
+# --- retention passes -------------------------------------------------------------------------
+
+PRUNE_CHILD = """
+import statistics, sys, time
+sys.path[:0] = sys.argv[4:]
+from durable_sessions_collector.store import open_store
+url, rows, passes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+now = time.time()
+started = time.perf_counter()
+store = open_store(url)  # a store made by the other tree gets this tree's schema here
+opened = time.perf_counter() - started
+taken = []
+for _ in range(passes):
+    started = time.perf_counter()
+    with store.writer() as writer:
+        pruned = writer.prune(now - 3600, 500, 20_000)
+    taken.append(time.perf_counter() - started)
+    assert not pruned.sessions and not pruned.orphans, pruned
+store.close()
+print(opened, statistics.median(taken))
+"""
+
+
+def _fill_for_prune(url: str, rows: int) -> None:
+    """``rows`` actions of no session and as many of 1,000 open sessions, all younger
+    than the cutoff: what a pass reads to find that there is nothing to delete."""
+    now = time.time()
+    insert = "INSERT INTO actions (session_id, trace_id, span_id, status, received_at, record) "
+    if url.startswith("sqlite:///"):
+        import sqlite3
+
+        with contextlib.closing(sqlite3.connect(url.removeprefix("sqlite:///"))) as db:
+            db.executemany(
+                insert + "VALUES (?, ?, ?, 'ok', ?, '{}')",
+                (
+                    (None if i % 2 else f"s{i % 1000}", os.urandom(16).hex(), "span", now)
+                    for i in range(2 * rows)
+                ),
+            )
+            db.commit()
+        return
+    import psycopg
+    from durable_sessions_collector.store.postgres import split_url
+
+    dsn, schema = split_url(url)
+    with psycopg.connect(dsn, autocommit=True) as db:
+        db.execute(f"SET search_path = {schema}")
+        db.execute(
+            insert + "SELECT CASE WHEN i %% 2 = 1 THEN NULL ELSE 's' || i %% 1000 END, md5(i::text), 'span', "
+            "'ok', %s, '{}' FROM generate_series(0, %s - 1) i",
+            (now, 2 * rows),
+        )
+        db.execute("VACUUM ANALYZE actions")
+
+
+def prune(args: argparse.Namespace) -> None:
+    """Time one retention pass with nothing old to delete, in this tree and the baseline's;
+    and this tree's first start on a store the baseline made (it adds its indexes then)."""
+    this, baseline = None, str(Path(args.baseline, "collector", "src")) if args.baseline else None
+    cases = [("sidecar", this, this)]
+    if baseline:
+        cases += [("baseline", baseline, baseline), ("sidecar on the baseline's store", this, baseline)]
+    work = tempfile.mkdtemp(prefix="ds-prune-")
+    print(f"{args.rows:,} actions of no session and {args.rows:,} of sessions, all younger than the cutoff; "
+          f"median of {args.passes} passes, {'PostgreSQL' if args.store else 'SQLite'}")  # fmt: skip
+    for number, (name, tree, made_by) in enumerate(cases):
+        url, drop = _prune_store(args, work, str(number))
+        _create_prune_store(url, made_by)
+        _fill_for_prune(url, args.rows)
+        result = subprocess.run(
+            [sys.executable, "-c", PRUNE_CHILD, url, str(args.rows), str(args.passes), *([tree] if tree else [])],
+            check=True, capture_output=True, text=True,
+        )  # fmt: skip
+        opened, per_pass = map(float, result.stdout.split())
+        print(f"{name}: opened in {opened:.2f} s, a pass {per_pass * 1e3:.2f} ms")
+        drop()
+
+
+def _prune_store(args: argparse.Namespace, work: str, tag: str) -> tuple[str, Callable[[], None]]:
+    if not args.store:
+        return f"sqlite:///{work}/{tag}.db", lambda: None
+    import psycopg
+
+    schema = f"ds_bench_prune_{os.getpid()}_{tag}"
+    url = args.store + ("&" if "?" in args.store else "?") + f"schema={schema}"
+
+    def drop() -> None:
+        with psycopg.connect(args.store, autocommit=True) as db:
+            db.execute(f"DROP SCHEMA {schema} CASCADE")
+
+    return url, drop
+
+
+def _create_prune_store(url: str, collector_src: str | None) -> None:
+    code = (
+        "import sys; sys.path[:0] = sys.argv[2:]\n"
+        "from durable_sessions_collector.store import open_store\n"
+        "open_store(sys.argv[1]).close()"
+    )
+    subprocess.run([sys.executable, "-c", code, url, *([collector_src] if collector_src else [])], check=True)
+
+
 # --- scraping /metrics ----------------------------------------------------------------------
 
 
@@ -845,6 +948,17 @@ def main() -> None:
     six.add_argument("--clients", type=int, default=4)
     six.add_argument("--rounds", type=int, default=5)
     six.add_argument("--baseline", metavar="TREE", help="also measure the sidecar of the source tree TREE")
+    seven = modes.add_parser("prune")
+    seven.add_argument("--rows", type=int, default=1_000_000)
+    seven.add_argument("--passes", type=int, default=5)
+    seven.add_argument(
+        "--store", metavar="DSN", help="a PostgreSQL URL (a fresh schema is made there); SQLite if unset"
+    )
+    seven.add_argument(
+        "--baseline",
+        metavar="TREE",
+        help="also time the store of the source tree TREE, and this tree on a store it made",
+    )
     args = parser.parse_args()
     print(
         f"Python {platform.python_version()}, grpcio {grpc.__version__}, {os.cpu_count()} CPUs, {platform.machine()}"
@@ -856,6 +970,7 @@ def main() -> None:
         "store-floor": store_floor,
         "scrape": scrape,
         "http-port": http_port,
+        "prune": prune,
     }
     modes_run[args.mode](args)
 

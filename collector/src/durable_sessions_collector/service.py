@@ -24,7 +24,7 @@ from durable_sessions_collector.alerts.webhook import WebhookAlerts
 from durable_sessions_collector.api.grpc_api import MAX_WATCHERS, SessionApi
 from durable_sessions_collector.api.health import MAX_HEALTH_WATCHERS, GrpcHealth
 from durable_sessions_collector.api.http_api import HttpApi
-from durable_sessions_collector.config import Config, is_loopback
+from durable_sessions_collector.config import Config, is_loopback, redact_store_url
 from durable_sessions_collector.credentials import BearerToken, TlsFiles
 from durable_sessions_collector.evaluator import Evaluator
 from durable_sessions_collector.httpserver import HttpServer, Router
@@ -90,6 +90,10 @@ class Service:
         self.store = store = open_store(config.store)
         if store.migrated_from is not None:
             log.info("store-migrated", store=config.store, from_version=store.migrated_from)
+        for index, reason in store.index_problems.items():
+            log.warning(
+                "store-index-not-built", store=redact_store_url(config.store), index=index, error=reason
+            )
         try:
             self.metrics = metrics = Metrics(store)
             self.evaluator = Evaluator(

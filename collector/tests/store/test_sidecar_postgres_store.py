@@ -57,6 +57,17 @@ def test_replicas_create_the_schema_once_concurrently(postgres_url: str) -> None
         open_store(postgres_url)
 
 
+def test_libpq_parameters_of_the_url_reach_the_server_as_written(postgres_url: str) -> None:
+    # A space in a URI is %20; re-encoded as "+", libpq would read "+" (not a space) and
+    # the server would refuse the connection ("unrecognized configuration parameter").
+    url = postgres_url + "&options=-c%20statement_timeout%3D4321"
+    assert "options=-c%20statement_timeout%3D4321" in split_url(url)[0]
+    store = open_store(url)
+    with store.writer() as writer:
+        assert writer._db.execute("SHOW statement_timeout").fetchone() == ("4321ms",)  # type: ignore[attr-defined]
+    store.close()
+
+
 def test_a_violation_found_by_two_replicas_is_new_in_one(postgres_url: str) -> None:
     first, second = open_store(postgres_url), open_store(postgres_url)
     inserted = threading.Event()

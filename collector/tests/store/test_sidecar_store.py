@@ -339,7 +339,7 @@ def test_a_version_1_store_is_migrated_keeping_its_rows(tmp_path: Path) -> None:
             )
         }
     db.close()
-    assert indexes == {"actions_by_session_span"}
+    assert indexes == {"actions_by_session_span", "actions_sessionless_by_age"}
     again = open_store(f"sqlite:///{path}")  # and it opens again as it is
     assert again.migrated_from is None
     again.close()

@@ -251,6 +251,10 @@ class Store(Protocol):
     """The schema version this store was migrated from when it was opened; None when
     it needed no migration."""
 
+    index_problems: dict[str, str]
+    """Indexes this store should have and could not build when it was opened, by name,
+    with the reason; it works without them, only slower."""
+
     shared: bool
     """Several sidecars may write it at once (PostgreSQL): another may leave alerts behind."""
 

@@ -46,7 +46,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, LiteralString
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
@@ -143,6 +143,16 @@ CREATE TABLE IF NOT EXISTS outbox (
 CREATE INDEX IF NOT EXISTS outbox_due ON outbox (channel, state, next_attempt_at);
 """
 
+# Retention finds the old rows of no session through these (only such rows are in them).
+# Without them its queries scanned the whole actions table each minute, in the writer's
+# transaction. A new store gets them with its schema; a store of an earlier sidecar
+# gets them at start, built CONCURRENTLY so that the other replicas write on meanwhile
+# (see PostgresStore._build_missing_indexes).
+SESSIONLESS_BY_AGE = (
+    ("actions_sessionless_by_age", "actions (received_at) WHERE session_id IS NULL"),
+    ("violations_sessionless_by_age", "violations (created_at) WHERE session_id IS NULL"),
+)
+
 _SUMMARY = "session_id, verdict, open, actions, errors, warnings, first_seen, last_seen, ended_at"
 
 
@@ -151,6 +161,23 @@ def _t(value: str | None) -> str | None:
     if value is None or "\x00" not in value:
         return value
     return value.replace("\x00", "\ufffd")
+
+
+def _create_index(name: str, definition: str, *, concurrently: bool = False) -> sql.Composed:
+    how = "CREATE INDEX CONCURRENTLY" if concurrently else "CREATE INDEX"
+    return sql.SQL(how + " IF NOT EXISTS {} ON " + definition).format(sql.Identifier(name))  # type: ignore[arg-type]
+
+
+def _build_index(connection: psycopg.Connection[Any], name: str, definition: str) -> None:
+    """Build index ``name`` unless it is there and valid (see ``_build_missing_indexes``)."""
+    found = connection.execute(
+        "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)", (name,)
+    ).fetchone()
+    if found is not None and found[0]:
+        return
+    if found is not None:
+        connection.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(sql.Identifier(name)))
+    connection.execute(_create_index(name, definition, concurrently=True))
 
 
 def split_url(url: str) -> tuple[str, str | None]:
@@ -164,7 +191,8 @@ def split_url(url: str) -> tuple[str, str | None]:
         raise StoreError(
             f"store: schema must be a plain identifier (letters, digits, _; at most 63), got {schema!r}"
         )
-    return urlunsplit(parts._replace(query=urlencode(rest))), schema
+    # quote, not quote_plus: libpq reads "+" in a URI as itself, not as a space.
+    return urlunsplit(parts._replace(query=urlencode(rest, quote_via=quote))), schema
 
 
 class PostgresStore:
@@ -184,15 +212,20 @@ class PostgresStore:
             _close_quietly,
             lambda connection: not (connection.closed or connection.broken),
         )
+        self.index_problems: dict[str, str] = {}
         try:
             connection = self._connect(create_schema=True)
             with connection.transaction():
                 connection.execute("SELECT pg_advisory_xact_lock(%s)", (DDL_LOCK,))
-                connection.execute(SCHEMA)
-                connection.execute(
-                    "INSERT INTO meta (key, value) VALUES ('schema_version', %s) ON CONFLICT DO NOTHING",
-                    (str(SCHEMA_VERSION),),
-                )
+                # A store that exists is left alone here: CREATE ... IF NOT EXISTS still locks
+                # each table, and would wait on (and deadlock with) an index being built.
+                if connection.execute("SELECT to_regclass('meta')").fetchone() == (None,):
+                    connection.execute(SCHEMA)
+                    for name, definition in SESSIONLESS_BY_AGE:
+                        connection.execute(_create_index(name, definition))
+                    connection.execute(
+                        "INSERT INTO meta (key, value) VALUES ('schema_version', %s)", (str(SCHEMA_VERSION),)
+                    )
             row = connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
             scope = connection.execute("SELECT current_schema()").fetchone()
         except psycopg.Error as error:
@@ -206,7 +239,30 @@ class PostgresStore:
         self._lock_class = int(
             connection.execute("SELECT hashtext(%s)", (scope[0] if scope else "",)).fetchone()[0]  # type: ignore[index]
         )
+        self._build_missing_indexes(connection, scope[0] if scope else "")
         self._write = connection
+
+    def _build_missing_indexes(self, connection: psycopg.Connection[Any], scope: str) -> None:
+        """Build the indexes a store of an earlier sidecar lacks, CONCURRENTLY: the other
+        replicas write on meanwhile, and this one starts once they are built.
+
+        One replica builds at a time; another that finds the build in progress starts
+        without waiting (the queries are the same without the index, only slower). An
+        index left invalid by an interrupted build is dropped and built again. A build
+        that fails is reported in :attr:`index_problems` and does not stop the start."""
+        key = f"durable-sessions index build {scope}"
+        got = connection.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (key,)).fetchone()
+        if not (got and got[0]):
+            return
+        try:
+            for name, definition in SESSIONLESS_BY_AGE:
+                try:
+                    _build_index(connection, name, definition)
+                except psycopg.Error as error:
+                    self.index_problems[name] = _reason(error)
+        finally:
+            with contextlib.suppress(psycopg.Error):
+                connection.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (key,))
 
     def _connect(self, *, create_schema: bool = False) -> psycopg.Connection[Any]:
         options: dict[str, Any] = {"autocommit": True}

@@ -68,6 +68,16 @@ CREATE TABLE IF NOT EXISTS actions (
 SESSION_KEY = "coalesce(session_id, '')"
 """How the index keys a row's session: queries by session say it the same way, to use it."""
 ACTIONS_INDEX = f"CREATE UNIQUE INDEX IF NOT EXISTS actions_by_session_span ON actions ({SESSION_KEY}, trace_id, span_id, status)"
+# Retention finds the old rows of no session through these (named in its statements: left
+# to itself, SQLite reads violations by id instead, all of them): a row of no session has a
+# NULL session id (see action_row), and only those rows are in the index. Without them a
+# pass read every such row younger than the cutoff (a second for a million), each minute,
+# in the writer thread. Added in place: a store of an earlier sidecar gets them at start
+# (one scan of each table), and an earlier sidecar writes on a store that has them.
+SESSIONLESS_BY_AGE = """
+CREATE INDEX IF NOT EXISTS actions_sessionless_by_age ON actions (received_at) WHERE session_id IS NULL;
+CREATE INDEX IF NOT EXISTS violations_sessionless_by_age ON violations (created_at) WHERE session_id IS NULL
+"""
 SCHEMA = f"""
 {META};
 {ACTIONS};
@@ -114,8 +124,8 @@ CREATE TABLE IF NOT EXISTS outbox (
     delivered_at REAL,
     UNIQUE (channel, violation_key)
 );
-CREATE INDEX IF NOT EXISTS outbox_due ON outbox (channel, state, next_attempt_at)
-"""
+CREATE INDEX IF NOT EXISTS outbox_due ON outbox (channel, state, next_attempt_at);
+{SESSIONLESS_BY_AGE}"""
 
 
 # --- retention: the statements of SqliteWriter.prune, each through an index ----------------
@@ -135,11 +145,13 @@ PRUNE_SESSION_ROWS = (
 )
 PRUNE_SESSIONLESS_ACTIONS = (
     "DELETE FROM actions WHERE id IN "
-    f"(SELECT id FROM actions WHERE {SESSION_KEY} = '' AND received_at < ? LIMIT ?)"
+    "(SELECT id FROM actions INDEXED BY actions_sessionless_by_age "
+    "WHERE session_id IS NULL AND received_at < ? LIMIT ?)"
 )
 PRUNE_SESSIONLESS_VIOLATIONS = (
     "DELETE FROM violations WHERE id IN "
-    "(SELECT id FROM violations WHERE session_id IS NULL AND created_at < ? AND id < ? LIMIT ?)"
+    "(SELECT id FROM violations INDEXED BY violations_sessionless_by_age "
+    "WHERE session_id IS NULL AND created_at < ? AND id < ? LIMIT ?)"
 )
 PRUNE_ORPHAN_ALERTS = (
     "DELETE FROM outbox WHERE id IN (SELECT o.id FROM outbox o WHERE o.channel = ? "
@@ -265,6 +277,7 @@ class SqliteStore:
             if str(mode).lower() != "wal":
                 raise StoreError(f"store {path!r}: cannot switch the journal to WAL (got {mode!r})")
             self.migrated_from = _prepare(connection, path)
+            self.index_problems: dict[str, str] = {}  # built with the schema, or the start fails
             self.ownership.remember_file()
         except (sqlite3.Error, OSError) as error:
             self.ownership.release()

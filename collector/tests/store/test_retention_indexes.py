@@ -1,0 +1,225 @@
+"""Retention finds old rows of no session through partial indexes, on both stores.
+
+Without them a pass read every session-less row younger than the cutoff (SQLite) or the
+whole actions table (PostgreSQL), once a minute, in the writer's transaction. A store of
+an earlier sidecar gets them at start: SQLite in its start-up transaction, PostgreSQL
+``CONCURRENTLY``, by one replica at a time, without stopping the start if it fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from conftest import wait_for
+from durable_sessions_collector.store import open_store
+from durable_sessions_collector.store import sqlite as sqlite_store
+from durable_sessions_collector.store.postgres import split_url
+from psycopg import sql
+
+INDEXES = ("actions_sessionless_by_age", "violations_sessionless_by_age")
+
+
+def sqlite_indexes(path: Path) -> set[str]:
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        return {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+
+
+def test_sqlite_retention_reads_rows_of_no_session_through_their_age_index(tmp_path: Path) -> None:
+    open_store(f"sqlite:///{tmp_path / 's.db'}").close()
+    with contextlib.closing(sqlite3.connect(tmp_path / "s.db")) as db:
+        for statement, params, index in (
+            (sqlite_store.PRUNE_SESSIONLESS_ACTIONS, (1.0, 10), "actions_sessionless_by_age (received_at<?)"),
+            (
+                sqlite_store.PRUNE_SESSIONLESS_VIOLATIONS,
+                (1.0, 5, 10),
+                "violations_sessionless_by_age (created_at<?)",
+            ),
+        ):
+            plan = [row[3] for row in db.execute("EXPLAIN QUERY PLAN " + statement, params)]
+            assert any(step.endswith(index) for step in plan), plan
+
+
+def test_a_sqlite_store_without_the_indexes_gets_them_at_start_keeping_its_rows(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    store = open_store(f"sqlite:///{path}")
+    with store.writer() as writer:
+        writer.add_action(sessionless_row("a"), 1.0)
+    store.close()
+    with contextlib.closing(sqlite3.connect(path)) as db:  # the store as an earlier sidecar left it
+        for index in INDEXES:
+            db.execute(f"DROP INDEX {index}")
+        db.commit()
+    assert not sqlite_indexes(path) & set(INDEXES)
+    store = open_store(f"sqlite:///{path}")
+    assert store.migrated_from is None and store.index_problems == {}
+    assert set(INDEXES) <= sqlite_indexes(path)
+    with store.writer() as writer:
+        assert writer.prune(2.0, 10).orphans == 1  # the old row, found through the new index
+    store.close()
+
+
+def sessionless_row(span: str) -> Any:
+    from durable_sessions_collector.store import action_row
+
+    return action_row({"action_id": span, "kind": "tool_call", "status": "ok"}, "t" * 32, span)
+
+
+# --- PostgreSQL ----------------------------------------------------------------------------------
+
+
+def pg(url: str, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    dsn, schema = split_url(url)
+    with psycopg.connect(dsn, autocommit=True) as db:
+        db.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema or "public")))
+        cursor = db.execute(statement, params or None)  # type: ignore[arg-type]
+        return cursor.fetchall() if cursor.description else []
+
+
+def index_validity(url: str) -> dict[str, bool]:
+    return dict(
+        pg(
+            url,
+            "SELECT c.relname, i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+            "WHERE c.relnamespace = current_schema()::regnamespace AND c.relname = ANY(%s)",
+            (list(INDEXES),),
+        )
+    )
+
+
+def drop_indexes(url: str) -> None:
+    for index in INDEXES:
+        pg(url, f"DROP INDEX {index}")
+
+
+@pytest.mark.postgres
+def test_postgres_retention_reads_rows_of_no_session_through_their_age_index(postgres_url: str) -> None:
+    open_store(postgres_url).close()
+    # Enough rows that a sequential scan is not the cheaper plan: 20,000 of sessions, 200 of none.
+    pg(
+        postgres_url,
+        "INSERT INTO actions (session_id, trace_id, span_id, status, received_at, record) "
+        "SELECT CASE WHEN i % 100 = 0 THEN NULL ELSE 's' || i % 50 END, md5(i::text), 'span', 'ok', i, '{}' "
+        "FROM generate_series(1, 20000) i",
+    )
+    pg(
+        postgres_url,
+        "INSERT INTO violations (key, session_id, rule, severity, message, created_at) "
+        "SELECT 'k' || i, CASE WHEN i % 100 = 0 THEN NULL ELSE 's' || i % 50 END, 'r', 'error', 'm', i "
+        "FROM generate_series(1, 20000) i",
+    )
+    pg(postgres_url, "ANALYZE actions")
+    pg(postgres_url, "ANALYZE violations")
+    for table, column, index in (
+        ("actions", "received_at", "actions_sessionless_by_age"),
+        ("violations", "created_at", "violations_sessionless_by_age"),
+    ):
+        plan = "\n".join(
+            row[0]
+            for row in pg(
+                postgres_url,
+                f"EXPLAIN SELECT id FROM {table} WHERE session_id IS NULL AND {column} < 100 LIMIT 500",
+            )
+        )
+        assert index in plan, plan
+
+
+@pytest.mark.postgres
+def test_a_postgres_store_without_the_indexes_gets_them_built_concurrently(postgres_url: str) -> None:
+    open_store(postgres_url).close()
+    drop_indexes(postgres_url)  # the store as an earlier sidecar left it
+    dsn, schema = split_url(postgres_url)
+    opened: list[Any] = []
+    with psycopg.connect(dsn) as replica:  # another replica, inside a write transaction
+        replica.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema or "public")))
+        replica.execute(INSERT_SESSIONLESS)
+        starting = threading.Thread(target=lambda: opened.append(open_store(postgres_url)))
+        starting.start()
+        wait_for(lambda: building_concurrently(dsn), timeout=10)  # and waiting for that transaction
+        replica.commit()
+        # The build does not block the other replicas' writes: this one goes through at once.
+        replica.execute("SET statement_timeout = 2000")
+        replica.execute(INSERT_SESSIONLESS)
+        replica.commit()
+        starting.join(20)
+    store = opened[0]
+    assert store.index_problems == {}
+    assert index_validity(postgres_url) == dict.fromkeys(INDEXES, True)
+    with store.writer() as writer:
+        assert writer.prune(2.0, 10).orphans == 2  # both rows, through the new index
+    store.close()
+
+
+INSERT_SESSIONLESS = (
+    "INSERT INTO actions (trace_id, span_id, status, received_at, record) "
+    "VALUES (md5(random()::text), 's', 'ok', 1, '{}')"
+)
+
+
+def building_concurrently(dsn: str) -> bool:
+    with psycopg.connect(dsn, autocommit=True) as db:
+        return bool(
+            db.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE query LIKE 'CREATE INDEX CONCURRENTLY%%' "
+                "AND wait_event_type = 'Lock'"
+            ).fetchall()
+        )
+
+
+@pytest.mark.postgres
+def test_an_index_left_invalid_by_an_interrupted_build_is_built_again(postgres_url: str) -> None:
+    open_store(postgres_url).close()
+    pg(
+        postgres_url,
+        "UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'actions_sessionless_by_age'::regclass",
+    )
+    assert index_validity(postgres_url)["actions_sessionless_by_age"] is False
+    open_store(postgres_url).close()
+    assert index_validity(postgres_url) == dict.fromkeys(INDEXES, True)
+
+
+@pytest.mark.postgres
+def test_a_replica_finding_a_build_in_progress_starts_without_waiting(postgres_url: str) -> None:
+    open_store(postgres_url).close()
+    drop_indexes(postgres_url)
+    dsn, schema = split_url(postgres_url)
+    with psycopg.connect(
+        dsn, autocommit=True
+    ) as building:  # holds the build lock, as a building replica does
+        building.execute(
+            "SELECT pg_advisory_lock(hashtextextended(%s, 0))", (f"durable-sessions index build {schema}",)
+        )
+        store = open_store(postgres_url)
+        assert store.index_problems == {}
+        assert index_validity(postgres_url) == {}  # left to the replica building them
+        store.close()
+
+
+@pytest.mark.postgres
+def test_a_build_that_fails_is_logged_and_the_sidecar_starts(postgres_url: str, start_sidecar: Any) -> None:
+    open_store(postgres_url).close()
+    drop_indexes(postgres_url)
+    dsn, schema = split_url(postgres_url)
+    with psycopg.connect(dsn) as holder:
+        holder.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema or "public")))
+        # Conflicts with the build's own lock, not with reads or writes.
+        holder.execute("LOCK TABLE actions, violations IN SHARE UPDATE EXCLUSIVE MODE")
+        sidecar = start_sidecar(postgres_url + "&options=-c%20lock_timeout%3D200")
+        holder.rollback()
+    problems = {
+        line["index"]: line["error"]
+        for line in sidecar.log.lines()
+        if line["event"] == "store-index-not-built"
+    }
+    assert set(problems) == set(INDEXES)
+    assert all("lock" in reason for reason in problems.values()), problems
+    assert sidecar.get("/healthz")[0] == 200
+    with sidecar.service.store.writer() as writer:  # the store works without them
+        writer.add_action(sessionless_row("a"), 1.0)
+        assert writer.prune(2.0, 10).orphans == 1  # the same rows, only read without an index
+    assert index_validity(postgres_url) == {}  # refused its lock before it made anything
