@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format clean proto
+.PHONY: demo test sanitize lint format clean proto
 
 $(STAMP): pyproject.toml setup.py $(wildcard src/durable_sessions/*.c) $(wildcard collector/pyproject.toml collector/setup.py collector/src/*/*/*.c)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,10 @@ test: $(STAMP)
 	$(BIN)/python -m ruff check .
 	$(BIN)/python -m ruff format --check .
 	$(BIN)/python -m pytest -q
+
+# The tests that feed the C extensions, against copies built with ASan and UBSan (CI runs it).
+sanitize: $(STAMP)
+	scripts/sanitize
 
 lint: $(STAMP)
 	$(BIN)/python -m ruff check .
