@@ -658,39 +658,47 @@ PRUNE_CHILD = """
 import statistics, sys, time
 sys.path[:0] = sys.argv[4:]
 from durable_sessions_collector.store import open_store
-url, rows, passes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+url, huge, passes = sys.argv[1], sys.argv[2] == "huge", int(sys.argv[3])
 now = time.time()
 started = time.perf_counter()
 store = open_store(url)  # a store made by the other tree gets this tree's schema here
 opened = time.perf_counter() - started
 taken = []
-for _ in range(passes):
+while len(taken) < passes or huge:
     started = time.perf_counter()
     with store.writer() as writer:
         pruned = writer.prune(now - 3600, 500, 20_000)
     taken.append(time.perf_counter() - started)
-    assert not pruned.sessions and not pruned.orphans, pruned
+    if huge and not pruned.full:
+        break
+    assert huge or not (pruned.sessions or pruned.orphans), pruned
 store.close()
-print(opened, statistics.median(taken))
+print(opened, max(taken) if huge else statistics.median(taken), len(taken), sum(taken))
 """
 
 
-def _fill_for_prune(url: str, rows: int) -> None:
+def _fill_for_prune(url: str, rows: int, huge: bool) -> None:
     """``rows`` actions of no session and as many of 1,000 open sessions, all younger
-    than the cutoff: what a pass reads to find that there is nothing to delete."""
+    than the cutoff: what a pass reads to find that there is nothing to delete. With
+    ``huge``, instead one ended session of ``rows`` actions, older than the cutoff."""
     now = time.time()
     insert = "INSERT INTO actions (session_id, trace_id, span_id, status, received_at, record) "
+    session = (
+        "INSERT INTO sessions (session_id, first_seen, last_seen, open, actions) VALUES ('huge', 1, 1, 0, {})"
+    )
     if url.startswith("sqlite:///"):
         import sqlite3
 
         with contextlib.closing(sqlite3.connect(url.removeprefix("sqlite:///"))) as db:
-            db.executemany(
-                insert + "VALUES (?, ?, ?, 'ok', ?, '{}')",
-                (
-                    (None if i % 2 else f"s{i % 1000}", os.urandom(16).hex(), "span", now)
-                    for i in range(2 * rows)
-                ),
+            values = (
+                ("huge", os.urandom(16).hex(), "span", 1.0)
+                if huge
+                else (None if i % 2 else f"s{i % 1000}", os.urandom(16).hex(), "span", now)
+                for i in range(rows if huge else 2 * rows)
             )
+            db.executemany(insert + "VALUES (?, ?, ?, 'ok', ?, '{}')", values)
+            if huge:
+                db.execute(session.format(rows))
             db.commit()
         return
     import psycopg
@@ -699,34 +707,55 @@ def _fill_for_prune(url: str, rows: int) -> None:
     dsn, schema = split_url(url)
     with psycopg.connect(dsn, autocommit=True) as db:
         db.execute(f"SET search_path = {schema}")
-        db.execute(
-            insert + "SELECT CASE WHEN i %% 2 = 1 THEN NULL ELSE 's' || i %% 1000 END, md5(i::text), 'span', "
-            "'ok', %s, '{}' FROM generate_series(0, %s - 1) i",
-            (now, 2 * rows),
-        )
+        if huge:
+            db.execute(
+                insert
+                + "SELECT 'huge', md5(i::text), 'span', 'ok', 1, '{}' FROM generate_series(0, %s - 1) i",
+                (rows,),
+            )
+            db.execute(session.format(rows))
+        else:
+            db.execute(
+                insert + "SELECT CASE WHEN i %% 2 = 1 THEN NULL ELSE 's' || i %% 1000 END, md5(i::text), "
+                "'span', 'ok', %s, '{}' FROM generate_series(0, %s - 1) i",
+                (now, 2 * rows),
+            )
         db.execute("VACUUM ANALYZE actions")
 
 
 def prune(args: argparse.Namespace) -> None:
-    """Time one retention pass with nothing old to delete, in this tree and the baseline's;
-    and this tree's first start on a store the baseline made (it adds its indexes then)."""
+    """Time retention passes in this tree and the baseline's: with nothing old to delete
+    (and this tree's first start on a store the baseline made, which adds its indexes), or
+    with ``--huge``, deleting one session of ``--rows`` actions."""
     this, baseline = None, str(Path(args.baseline, "collector", "src")) if args.baseline else None
     cases = [("sidecar", this, this)]
     if baseline:
-        cases += [("baseline", baseline, baseline), ("sidecar on the baseline's store", this, baseline)]
+        cases += [("baseline", baseline, baseline)]
+        if not args.huge:
+            cases += [("sidecar on the baseline's store", this, baseline)]
     work = tempfile.mkdtemp(prefix="ds-prune-")
-    print(f"{args.rows:,} actions of no session and {args.rows:,} of sessions, all younger than the cutoff; "
-          f"median of {args.passes} passes, {'PostgreSQL' if args.store else 'SQLite'}")  # fmt: skip
+    if args.huge:
+        print(f"one ended session of {args.rows:,} actions, older than the cutoff: passes until it is gone, "
+              f"{'PostgreSQL' if args.store else 'SQLite'}")  # fmt: skip
+    else:
+        print(f"{args.rows:,} actions of no session and {args.rows:,} of sessions, all younger than the cutoff; "
+              f"median of {args.passes} passes, {'PostgreSQL' if args.store else 'SQLite'}")  # fmt: skip
     for number, (name, tree, made_by) in enumerate(cases):
         url, drop = _prune_store(args, work, str(number))
         _create_prune_store(url, made_by)
-        _fill_for_prune(url, args.rows)
+        _fill_for_prune(url, args.rows, args.huge)
+        mode = "huge" if args.huge else "idle"
         result = subprocess.run(
-            [sys.executable, "-c", PRUNE_CHILD, url, str(args.rows), str(args.passes), *([tree] if tree else [])],
+            [sys.executable, "-c", PRUNE_CHILD, url, mode, str(args.passes), *([tree] if tree else [])],
             check=True, capture_output=True, text=True,
         )  # fmt: skip
-        opened, per_pass = map(float, result.stdout.split())
-        print(f"{name}: opened in {opened:.2f} s, a pass {per_pass * 1e3:.2f} ms")
+        opened, per_pass, passes, total = result.stdout.split()
+        if args.huge:
+            print(
+                f"{name}: {passes} passes, the longest {float(per_pass) * 1e3:.0f} ms, {float(total):.2f} s in all"
+            )
+        else:
+            print(f"{name}: opened in {float(opened):.2f} s, a pass {float(per_pass) * 1e3:.2f} ms")
         drop()
 
 
@@ -951,6 +980,7 @@ def main() -> None:
     seven = modes.add_parser("prune")
     seven.add_argument("--rows", type=int, default=1_000_000)
     seven.add_argument("--passes", type=int, default=5)
+    seven.add_argument("--huge", action="store_true", help="time deleting one session of --rows actions")
     seven.add_argument(
         "--store", metavar="DSN", help="a PostgreSQL URL (a fresh schema is made there); SQLite if unset"
     )

@@ -442,21 +442,57 @@ def ended_session(writer: Any, session_id: str, actions: int, now: float) -> Non
     writer.end_session(session_id, now)
 
 
-def test_a_pass_deletes_sessions_up_to_an_action_budget_and_a_huge_session_alone(store: Store) -> None:
-    # One pass is one transaction that Exports wait for: it stops at max_actions actions,
-    # oldest sessions first, but deletes at least one session, however large.
+def test_a_pass_deletes_sessions_up_to_an_action_budget_and_a_huge_one_over_several(store: Store) -> None:
+    # One pass is one transaction that Exports wait for: it deletes at most max_actions
+    # actions, oldest sessions first. A session holding more is deleted at once but for
+    # its actions, which the next passes delete a budget at a time.
     with store.writer() as writer:
         for n, (session_id, actions) in enumerate([("huge", 80), ("s1", 30), ("s2", 15), ("s3", 10)]):
             ended_session(writer, session_id, actions, 1.0 + n)
     passes = []
-    while True:
+    full = True
+    while full:
+        before = query_counts(store)["actions"]
         with store.writer() as writer:
             pruned = writer.prune(100.0, 10, max_actions=50)
-        if not pruned.sessions:
-            break
-        passes.append((pruned.sessions, pruned.full))
-    assert passes == [(["huge"], True), (["s1", "s2"], True), (["s3"], False)]
+        deleted = before - query_counts(store)["actions"]
+        assert deleted <= 50
+        passes.append((pruned.sessions, deleted, pruned.full))
+        full = pruned.full
+    assert passes == [
+        (["huge"], 0, True),  # gone from the API; its 80 actions left to the next passes
+        ([], 50, True),
+        (["s1"], 30, True),  # the rest of huge; s1 alone is over the 20 left: its turn next
+        (["s2"], 45, True),  # s1's 30 and s2's 15; s3 would pass the budget
+        (["s3"], 10, False),
+    ]
     assert query_counts(store)["actions"] == 0
+    assert store.list_sessions() == []
+
+
+def test_spans_of_a_session_being_forgotten_start_it_afresh(store: Store) -> None:
+    with store.writer() as writer:
+        ended_session(writer, "huge", 30, 1.0)
+        assert writer.prune(100.0, 10, max_actions=10).sessions == ["huge"]
+        assert writer.prune(100.0, 10, max_actions=10).orphans == 10  # 20 of its actions left
+    with store.writer() as writer:  # the session's id comes back, with new spans
+        assert writer.add_action(
+            action_row(
+                {"session_id": "huge", "action_id": "new", "kind": "tool_call", "status": "ok"}, "f" * 32, "n"
+            ),
+            200.0,
+        )
+        writer.touch_session("huge", 200.0, 1)
+        assert [where.span_id for _, where in writer.session_records("huge")] == ["n"]
+    detail = store.get_session("huge")
+    assert detail is not None and [action["span_id"] for action in detail.actions] == ["n"]
+    while True:
+        with store.writer() as writer:
+            if not writer.prune(100.0, 10, max_actions=10).full:
+                break
+    assert query_counts(store)["actions"] == 1  # the old ones gone, the new one kept
+    with store.writer() as writer:
+        assert [where.span_id for _, where in writer.session_records("huge")] == ["n"]
 
 
 def query_counts(store: Store) -> dict[str, int]:

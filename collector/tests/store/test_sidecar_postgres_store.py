@@ -46,7 +46,7 @@ def test_replicas_create_the_schema_once_concurrently(postgres_url: str) -> None
                 "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (schema,)
             )
         }
-        assert tables == {"meta", "actions", "sessions", "violations", "outbox"}
+        assert tables == {"meta", "actions", "sessions", "violations", "outbox", "forgetting"}
         assert db.execute(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'").fetchone() == (
             str(SCHEMA_VERSION),
         )
@@ -55,6 +55,27 @@ def test_replicas_create_the_schema_once_concurrently(postgres_url: str) -> None
         store.close()
     with pytest.raises(StoreError, match="schema version 99"):
         open_store(postgres_url)
+
+
+def test_a_version_1_store_gets_the_forgetting_table_while_a_replica_writes(postgres_url: str) -> None:
+    replica = open_store(postgres_url)
+    dsn, schema = split_url(postgres_url)
+    with psycopg.connect(dsn) as db:  # as version 1 left it
+        db.execute(f"DROP TABLE {schema}.forgetting")
+        db.execute(f"UPDATE {schema}.meta SET value = '1' WHERE key = 'schema_version'")
+    with replica.writer() as writer:  # a replica of version 1, inside a write transaction
+        writer.add_action(action_row({"session_id": "s", "status": "ok"}, "t" * 32, "a"), 1.0)
+        upgraded = open_store(postgres_url)  # not blocked by it
+    assert upgraded.migrated_from == "1"
+    with psycopg.connect(dsn) as db:
+        assert db.execute(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'").fetchone() == (
+            str(SCHEMA_VERSION),
+        )
+    assert upgraded.count_actions() == 1  # type: ignore[attr-defined]
+    again = open_store(postgres_url)
+    assert again.migrated_from is None
+    for store in (replica, upgraded, again):
+        store.close()
 
 
 def test_libpq_parameters_of_the_url_reach_the_server_as_written(postgres_url: str) -> None:

@@ -330,7 +330,7 @@ def test_a_version_1_store_is_migrated_keeping_its_rows(tmp_path: Path) -> None:
     assert store.get_session("sess").summary.actions == 2  # type: ignore[union-attr]
     store.close()
     with sqlite3.connect(path) as db:
-        assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("2",)
+        assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("3",)
         assert db.execute("SELECT id FROM actions ORDER BY id").fetchall() == [(3,), (7,), (9,), (10,)]
         indexes = {
             name
@@ -345,13 +345,35 @@ def test_a_version_1_store_is_migrated_keeping_its_rows(tmp_path: Path) -> None:
     again.close()
 
 
+def test_a_version_2_store_gets_the_forgetting_table_keeping_its_rows(tmp_path: Path) -> None:
+    path = tmp_path / "v2.db"
+    store = open_store(f"sqlite:///{path}")
+    with store.writer() as writer:
+        assert writer.add_action(row("s1"), 1.0)
+    store.close()
+    with sqlite3.connect(path) as db:  # as version 2 left it
+        db.execute("DROP TABLE forgetting")
+        db.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+    db.close()
+    store = open_store(f"sqlite:///{path}")
+    assert store.migrated_from == "2"
+    assert store.count_actions() == 1
+    with store.writer() as writer:
+        assert writer.prune(10.0, 10, max_actions=10).full is False  # reads the new table
+    store.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("3",)
+        assert db.execute("SELECT count(*) FROM forgetting").fetchone() == (0,)
+    db.close()
+
+
 def test_a_store_of_an_unknown_version_is_refused_untouched(tmp_path: Path) -> None:
     path = tmp_path / "v99.db"
     _store_of_version_1(path)
     with sqlite3.connect(path) as db:
         db.execute("UPDATE meta SET value = '99'")
     db.close()
-    with pytest.raises(StoreError, match="schema version 99, this sidecar reads 2"):
+    with pytest.raises(StoreError, match="schema version 99, this sidecar reads 3"):
         open_store(f"sqlite:///{path}")
     with sqlite3.connect(path) as db:
         assert db.execute(

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -155,21 +155,54 @@ class Pruned:
     """Rows of no session deleted: actions and violations without a session id, and
     delivered or dead alerts whose violation was gone."""
     full: bool
-    """A kind of row reached the pass's limit: more may be left for the next pass."""
+    """A kind of row reached the pass's limit, or actions of a deleted session are left:
+    more may be left for the next pass."""
 
 
-def within_budget(found: list[tuple[str, int]], max_actions: int | None) -> tuple[list[str], bool]:
+def within_budget(
+    found: list[tuple[str, int]], max_actions: int | None
+) -> tuple[list[str], bool, str | None]:
     """The sessions of ``found`` (id and stored action count, oldest first) that one pass
     deletes: as many as hold ``max_actions`` actions together, and the first whatever its
-    size; and whether the budget left any of them out. None is no budget."""
+    size; whether the budget left any of them out; and the first, if it alone holds more
+    than the budget (its actions are then left to later passes). None is no budget."""
     taken: list[str] = []
     total = 0
     for session_id, actions in found:
         total += actions
         if taken and max_actions is not None and total > max_actions:
-            return taken, True
+            return taken, True, _oversized(found, max_actions)
         taken.append(session_id)
-    return taken, False
+    return taken, False, _oversized(found, max_actions)
+
+
+def _oversized(found: list[tuple[str, int]], max_actions: int | None) -> str | None:
+    if found and max_actions is not None and found[0][1] > max_actions:
+        return found[0][0]
+    return None
+
+
+def forget_some(
+    forgetting: list[tuple[str, int]],
+    budget: int | None,
+    delete_actions: Callable[[str, int, int | None], int],
+    forgotten: Callable[[str, int], None],
+) -> tuple[int, bool]:
+    """Delete up to ``budget`` actions (None: all) of sessions being forgotten, each given
+    as (session id, ``through_id``): ``delete_actions(session, through_id, most)`` deletes
+    up to ``most`` of its actions up to that id and returns how many; ``forgotten`` drops
+    a session none are left of. Returns the actions deleted and whether any are left."""
+    deleted = 0
+    for session_id, through_id in forgetting:
+        most = None if budget is None else budget - deleted
+        if most is not None and most <= 0:
+            return deleted, True
+        count = delete_actions(session_id, through_id, most)
+        deleted += count
+        if most is not None and count >= most:
+            return deleted, True
+        forgotten(session_id, through_id)
+    return deleted, False
 
 
 class Writer(Protocol):
@@ -212,12 +245,18 @@ class Writer(Protocol):
         """Delete what the retention no longer keeps, up to ``limit`` of each kind below,
         and return what was deleted.
 
+        - First, up to ``max_actions`` actions of sessions an earlier pass deleted but for
+          their actions (below), oldest ids first; a session none are left of is done.
         - Up to ``limit`` ended sessions (``open = 0``) last seen before ``cutoff``, oldest
-          first, and no more than hold ``max_actions`` actions together (but at least one
-          session, so that a huge one is deleted too): each with its actions, its
-          violations, the outbox rows of those violations that are not pending, and the
-          session row. A pending alert is kept: it is still delivered, and deleted by a
-          later pass once delivered or dead.
+          first, and no more than hold the rest of ``max_actions`` actions together: each
+          with its actions, its violations, the outbox rows of those violations that are
+          not pending, and the session row. A pending alert is kept: it is still
+          delivered, and deleted by a later pass once delivered or dead. A first session
+          that alone holds more actions than are left is deleted but for its actions:
+          they are marked as no session's (up to the largest action id it has), skipped
+          by every read of the session, and deleted by the next passes a budget at a time,
+          so no pass deletes more than ``max_actions`` actions. Spans that arrive for its
+          id meanwhile start it afresh.
         - Up to ``limit`` actions without a session received before ``cutoff``, and up to
           ``limit`` violations without a session created before it.
         - Up to ``limit`` delivered or dead outbox rows whose violation is gone and whose

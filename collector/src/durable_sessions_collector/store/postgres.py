@@ -8,7 +8,8 @@ The same tables and statements as the SQLite store, plus what sharing needs:
 
 - **Schema**: created idempotently (``CREATE … IF NOT EXISTS``) in one transaction
   under an advisory lock, so replicas starting together do not race; the version is in
-  ``meta.schema_version`` and a store of another version is refused.
+  ``meta.schema_version``. A store of version 1 is migrated (:func:`_migrate`), one of
+  another version is refused.
 - **Deduplication**: ``INSERT … ON CONFLICT DO NOTHING`` on ``(trace_id, span_id,
   status)`` and on the violation key. PostgreSQL makes a second inserter of the same key
   wait for the first transaction and then do nothing, so a span delivered to two
@@ -67,17 +68,29 @@ from durable_sessions_collector.store.base import (
     cursor_position,
     decode_record,
     feed_item,
+    forget_some,
     violation_detail,
     within_budget,
 )
 from durable_sessions_collector.store.pool import ReadPool
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 CLAIM_LEASE_S = 60.0
 DDL_LOCK = 0x64757261  # advisory lock held while creating the schema ("dura")
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
-SCHEMA = """
+# A session too large for one retention pass: deleted but for its actions up to
+# ``through_id``, which later passes delete a budget at a time and reads of the session
+# skip (see the SQLite store). Version 2 added it; a version 1 store gets it at start.
+FORGETTING = """
+CREATE TABLE IF NOT EXISTS forgetting (
+    session_id TEXT PRIMARY KEY,
+    through_id BIGINT NOT NULL
+)
+"""
+NOT_FORGOTTEN = "id > coalesce((SELECT through_id FROM forgetting WHERE session_id = %s), 0)"
+SCHEMA = (
+    """
 CREATE TABLE IF NOT EXISTS meta (
     key TEXT PRIMARY KEY,
     value TEXT NOT NULL
@@ -142,6 +155,8 @@ CREATE TABLE IF NOT EXISTS outbox (
 );
 CREATE INDEX IF NOT EXISTS outbox_due ON outbox (channel, state, next_attempt_at);
 """
+    + f"{FORGETTING};"
+)
 
 # Retention finds the old rows of no session through these (only such rows are in them).
 # Without them its queries scanned the whole actions table each minute, in the writer's
@@ -161,6 +176,19 @@ def _t(value: str | None) -> str | None:
     if value is None or "\x00" not in value:
         return value
     return value.replace("\x00", "\ufffd")
+
+
+def _migrate(connection: psycopg.Connection[Any]) -> str | None:
+    """Bring a store of an earlier version to this one, in the caller's transaction (under
+    the schema lock); return the version migrated from. Another version is left for the
+    caller to refuse. Version 1 → 2 adds the ``forgetting`` table: no existing table is
+    locked, so the other replicas write on."""
+    row = connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    if row is None or row[0] != "1":
+        return None
+    connection.execute(FORGETTING)
+    connection.execute("UPDATE meta SET value = %s WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
+    return "1"
 
 
 def _create_index(name: str, definition: str, *, concurrently: bool = False) -> sql.Composed:
@@ -203,7 +231,7 @@ class PostgresStore:
     def __init__(self, url: str, *, claim_lease_s: float = CLAIM_LEASE_S) -> None:
         self.url = url
         self.name = redact_store_url(url)
-        self.migrated_from: str | None = None  # another version is refused, not migrated
+        self.migrated_from: str | None = None
         self.dsn, self.schema = split_url(url)
         self.claim_lease_s = claim_lease_s
         self._write_lock = threading.Lock()
@@ -226,6 +254,8 @@ class PostgresStore:
                     connection.execute(
                         "INSERT INTO meta (key, value) VALUES ('schema_version', %s)", (str(SCHEMA_VERSION),)
                     )
+                else:
+                    self.migrated_from = _migrate(connection)
             row = connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
             scope = connection.execute("SELECT current_schema()").fetchone()
         except psycopg.Error as error:
@@ -356,8 +386,8 @@ class PostgresStore:
                 return None
             action_rows = db.execute(
                 "SELECT trace_id, span_id, received_at, record FROM actions WHERE session_id = %s "
-                "ORDER BY seq NULLS FIRST, id",
-                (_t(session_id),),
+                f"AND {NOT_FORGOTTEN} ORDER BY seq NULLS FIRST, id",
+                (_t(session_id), _t(session_id)),
             ).fetchall()
             violation_rows = db.execute(
                 f"SELECT {VIOLATION_COLUMNS} FROM violations WHERE session_id = %s ORDER BY id",
@@ -540,8 +570,8 @@ class PostgresWriter:
 
     def session_records(self, session_id: str) -> Iterator[tuple[ActionRecord, Location]]:
         rows = self._db.execute(
-            "SELECT trace_id, span_id, record FROM actions WHERE session_id = %s ORDER BY id",
-            (_t(session_id),),
+            f"SELECT trace_id, span_id, record FROM actions WHERE session_id = %s AND {NOT_FORGOTTEN} ORDER BY id",
+            (_t(session_id), _t(session_id)),
         ).fetchall()
         for trace_id, span_id, record in rows:
             yield decode_record(record), Location(None, None, trace_id, span_id)
@@ -663,12 +693,23 @@ class PostgresWriter:
         Rows of no session, and alerts, are taken ``FOR UPDATE SKIP LOCKED``: two replicas
         pruning at once each delete other rows, and neither waits for the other."""
         db = self._db
-        found = db.execute(
-            "SELECT session_id, actions FROM sessions WHERE open = 0 AND last_seen < %s "
-            "ORDER BY last_seen LIMIT %s",
-            (cutoff, limit),
+        forgetting = db.execute(
+            "SELECT session_id, through_id FROM forgetting ORDER BY session_id LIMIT %s FOR UPDATE SKIP LOCKED",
+            (limit,),
         ).fetchall()
-        taken, cut = within_budget(found, max_actions)
+        forgot, forgetting_left = forget_some(forgetting, max_actions, self._forget_actions, self._forgotten)
+        budget = None if max_actions is None else max(max_actions - forgot, 0)
+        found = (
+            db.execute(
+                "SELECT session_id, actions FROM sessions WHERE open = 0 AND last_seen < %s "
+                "ORDER BY last_seen LIMIT %s",
+                (cutoff, limit),
+            ).fetchall()
+            if budget != 0
+            else []
+        )
+        taken, cut, oversized = within_budget(found, budget)
+        cut = cut or budget == 0
         # Under the locks, with a new snapshot: still ended and old (no replica resumed it meanwhile)?
         sessions = self._try_lock(
             taken,
@@ -682,12 +723,22 @@ class PostgresWriter:
                 "AND violation_key IN (SELECT key FROM violations WHERE session_id = ANY(%s))",
                 (channels, sessions),
             )
-            for table in ("violations", "actions", "sessions"):
+            for table in ("violations", "sessions"):
                 db.execute(
                     sql.SQL("DELETE FROM {} WHERE session_id = ANY(%s)").format(sql.Identifier(table)),
                     (sessions,),
                 )
+            whole = [session_id for session_id in sessions if session_id != oversized]
+            db.execute("DELETE FROM actions WHERE session_id = ANY(%s)", (whole,))
+            if oversized in sessions:  # its actions: a budget at a time, by the next passes
+                db.execute(
+                    "INSERT INTO forgetting (session_id, through_id) SELECT %s, max(id) FROM actions "
+                    "WHERE session_id = %s HAVING max(id) IS NOT NULL "
+                    "ON CONFLICT (session_id) DO UPDATE SET through_id = excluded.through_id",
+                    (oversized, oversized),
+                )
         counts = [
+            forgot,
             db.execute(
                 "DELETE FROM actions WHERE id IN (SELECT id FROM actions WHERE session_id IS NULL "
                 "AND received_at < %s LIMIT %s FOR UPDATE SKIP LOCKED)",
@@ -710,7 +761,19 @@ class PostgresWriter:
                     (channels, cutoff, limit),
                 ).rowcount
             )
-        return Pruned(sessions, sum(counts), more_sessions or limit in counts)
+        more_forgetting = forgetting_left or len(forgetting) == limit or oversized in sessions
+        return Pruned(sessions, sum(counts), more_sessions or more_forgetting or limit in counts[1:])
+
+    def _forget_actions(self, session_id: str, through_id: int, most: int | None) -> int:
+        return self._db.execute(
+            "DELETE FROM actions WHERE id IN (SELECT id FROM actions WHERE session_id = %s AND id <= %s LIMIT %s)",
+            (session_id, through_id, most),
+        ).rowcount
+
+    def _forgotten(self, session_id: str, through_id: int) -> None:
+        self._db.execute(
+            "DELETE FROM forgetting WHERE session_id = %s AND through_id = %s", (session_id, through_id)
+        )
 
     def _try_lock(self, candidates: list[str], still: LiteralString, cutoff: float) -> list[str]:
         """The ``candidates`` whose session lock this transaction could take and that the

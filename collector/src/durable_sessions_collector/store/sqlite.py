@@ -34,12 +34,13 @@ from durable_sessions_collector.store.base import (
     cursor_position,
     decode_record,
     feed_item,
+    forget_some,
     violation_detail,
     within_budget,
 )
 from durable_sessions_collector.store.pool import ReadPool
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 META = """
 CREATE TABLE IF NOT EXISTS meta (
     key TEXT PRIMARY KEY,
@@ -78,6 +79,19 @@ SESSIONLESS_BY_AGE = """
 CREATE INDEX IF NOT EXISTS actions_sessionless_by_age ON actions (received_at) WHERE session_id IS NULL;
 CREATE INDEX IF NOT EXISTS violations_sessionless_by_age ON violations (created_at) WHERE session_id IS NULL
 """
+# A session too large for one retention pass (see SqliteWriter.prune) is deleted but for
+# its actions, which later passes delete a budget at a time: those up to ``through_id``
+# belong to no session any more, and reads of the session skip them (NOT_FORGOTTEN).
+# Version 3 added it; a version 2 store gets it at start.
+FORGETTING = """
+CREATE TABLE IF NOT EXISTS forgetting (
+    session_id TEXT PRIMARY KEY,
+    through_id INTEGER NOT NULL
+)
+"""
+NOT_FORGOTTEN = "id > coalesce((SELECT through_id FROM forgetting WHERE session_id = ?), 0)"
+"""Of a session's actions, those not left over from an earlier session of its id being
+deleted (the session id is the parameter)."""
 SCHEMA = f"""
 {META};
 {ACTIONS};
@@ -125,6 +139,7 @@ CREATE TABLE IF NOT EXISTS outbox (
     UNIQUE (channel, violation_key)
 );
 CREATE INDEX IF NOT EXISTS outbox_due ON outbox (channel, state, next_attempt_at);
+{FORGETTING};
 {SESSIONLESS_BY_AGE}"""
 
 
@@ -140,9 +155,18 @@ PRUNE_SESSION_ALERTS = (
 )
 PRUNE_SESSION_ROWS = (
     "DELETE FROM violations WHERE session_id = ?",
-    f"DELETE FROM actions WHERE {SESSION_KEY} = ?",
     "DELETE FROM sessions WHERE session_id = ?",
 )
+PRUNE_SESSION_ACTIONS = f"DELETE FROM actions WHERE {SESSION_KEY} = ?"
+FORGET_SESSION = (
+    f"INSERT INTO forgetting (session_id, through_id) SELECT ?, max(id) FROM actions WHERE {SESSION_KEY} = ? "
+    "HAVING max(id) IS NOT NULL ON CONFLICT (session_id) DO UPDATE SET through_id = excluded.through_id"
+)
+FORGETTING_SESSIONS = "SELECT session_id, through_id FROM forgetting ORDER BY session_id LIMIT ?"
+FORGET_ACTIONS = (
+    f"DELETE FROM actions WHERE id IN (SELECT id FROM actions WHERE {SESSION_KEY} = ? AND id <= ? LIMIT ?)"
+)
+FORGOTTEN = "DELETE FROM forgetting WHERE session_id = ? AND through_id = ?"
 PRUNE_SESSIONLESS_ACTIONS = (
     "DELETE FROM actions WHERE id IN "
     "(SELECT id FROM actions INDEXED BY actions_sessionless_by_age "
@@ -180,7 +204,7 @@ def _prepare(connection: sqlite3.Connection, path: str) -> str | None:
         version = str(SCHEMA_VERSION) if found is None else found[0]
         if version == "1":
             _migrate_from_1(connection)
-        elif version != str(SCHEMA_VERSION):
+        elif version not in ("2", str(SCHEMA_VERSION)):  # 2 → 3: SCHEMA adds FORGETTING
             raise StoreError(
                 f"store {path!r} has schema version {version}, this sidecar reads {SCHEMA_VERSION}"
             )
@@ -368,8 +392,8 @@ class SqliteStore:
                     }
                     for trace_id, span_id, received_at, record in reader.execute(
                         f"SELECT trace_id, span_id, received_at, record FROM actions WHERE {SESSION_KEY} = ? "
-                        "ORDER BY seq, id",
-                        (session_id,),
+                        f"AND {NOT_FORGOTTEN} ORDER BY seq, id",
+                        (session_id, session_id),
                     )
                 ]
                 violations = [
@@ -503,8 +527,8 @@ class SqliteWriter:
 
     def session_records(self, session_id: str) -> Iterator[tuple[ActionRecord, Location]]:
         rows = self._db.execute(
-            f"SELECT trace_id, span_id, record FROM actions WHERE {SESSION_KEY} = ? ORDER BY id",
-            (session_id,),
+            f"SELECT trace_id, span_id, record FROM actions WHERE {SESSION_KEY} = ? AND {NOT_FORGOTTEN} ORDER BY id",
+            (session_id, session_id),
         ).fetchall()
         for trace_id, span_id, record in rows:
             yield decode_record(record), Location(None, None, trace_id, span_id)
@@ -611,23 +635,40 @@ class SqliteWriter:
         would give its id again, and a WatchAlerts cursor at that id would skip the next
         violation."""
         db = self._db
+        forgetting = db.execute(FORGETTING_SESSIONS, (limit,)).fetchall()
+        forgot, forgetting_left = forget_some(forgetting, max_actions, self._forget_actions, self._forgotten)
+        budget = None if max_actions is None else max(max_actions - forgot, 0)
         newest_id, newest_session = db.execute(NEWEST_VIOLATION).fetchone() or (0, None)
-        found = db.execute(PRUNABLE_SESSIONS, (cutoff, limit)).fetchall()
-        taken, cut = within_budget(found, max_actions)
+        found = db.execute(PRUNABLE_SESSIONS, (cutoff, limit)).fetchall() if budget != 0 else []
+        taken, cut, oversized = within_budget(found, budget)
+        cut = cut or budget == 0
         sessions = [session_id for session_id in taken if session_id != newest_session]
         channels = [name for (name,) in db.execute(OUTBOX_CHANNELS)]
         if sessions:
             db.executemany(PRUNE_SESSION_ALERTS, [(c, s) for s in sessions for c in channels])
             for statement in PRUNE_SESSION_ROWS:
                 db.executemany(statement, [(session_id,) for session_id in sessions])
+            db.executemany(PRUNE_SESSION_ACTIONS, [(s,) for s in sessions if s != oversized])
+            if oversized in sessions:  # its actions: a budget at a time, by the next passes
+                db.execute(FORGET_SESSION, (oversized, oversized))
         counts = [
+            forgot,
             db.execute(PRUNE_SESSIONLESS_ACTIONS, (cutoff, limit)).rowcount,
             db.execute(PRUNE_SESSIONLESS_VIOLATIONS, (cutoff, newest_id, limit)).rowcount,
         ]
         more_sessions = cut or len(found) == limit
         if not more_sessions:
             counts.append(self._prune_orphan_alerts(channels, cutoff, limit))
-        return Pruned(sessions, sum(counts), more_sessions or limit in counts)
+        more_forgetting = forgetting_left or len(forgetting) == limit or oversized in sessions
+        return Pruned(sessions, sum(counts), more_sessions or more_forgetting or limit in counts[1:])
+
+    def _forget_actions(self, session_id: str, through_id: int, most: int | None) -> int:
+        return self._db.execute(
+            FORGET_ACTIONS, (session_id, through_id, -1 if most is None else most)
+        ).rowcount
+
+    def _forgotten(self, session_id: str, through_id: int) -> None:
+        self._db.execute(FORGOTTEN, (session_id, through_id))
 
     def _prune_orphan_alerts(self, channels: list[str], cutoff: float, limit: int) -> int:
         """Delete up to ``limit`` delivered or dead alerts of deleted violations, over all channels."""
