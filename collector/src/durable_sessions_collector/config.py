@@ -438,7 +438,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("pipeline.queue_size", "DURABLE_SESSIONS_QUEUE_SIZE", _positive_int, 64,
            "Export requests waiting to be written; past it receivers answer 503 / UNAVAILABLE"),
     Option("pipeline.retry_after_s", "DURABLE_SESSIONS_RETRY_AFTER_S", _positive_int, 1,
-           "seconds a client is told to wait when the queue is full (Retry-After, RetryInfo)"),
+           "least seconds a client is told to wait when the queue is full (Retry-After, RetryInfo): "
+           "each refusal gets between this and twice this, at random"),
     Option("pipeline.max_batch", "DURABLE_SESSIONS_MAX_BATCH", _positive_int, 64,
            "most Export requests committed in one store transaction"),
     Option("pipeline.ack_timeout_s", "DURABLE_SESSIONS_ACK_TIMEOUT_S", _positive_number, 30.0,

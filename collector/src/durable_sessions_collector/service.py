@@ -34,7 +34,7 @@ from durable_sessions_collector.otlp.http_receiver import PATH, HttpTraceReceive
 from durable_sessions_collector.otlp.receiver import TraceReceiver
 from durable_sessions_collector.pipeline import Pipeline
 from durable_sessions_collector.security import GrpcAuthInterceptor, HttpAuth, RedactingStream
-from durable_sessions_collector.store import SqliteStore, StoreError, open_store
+from durable_sessions_collector.store import INDEX_FAILED, SqliteStore, StoreError, open_store
 
 JOURNAL_SUFFIX = ".log-written"
 """Beside a SQLite store: the keys of alert lines written and not yet marked delivered."""
@@ -88,12 +88,9 @@ class Service:
     def start(self) -> Service:
         config, log = self.config, self.log
         self.store = store = open_store(config.store)
-        if store.migrated_from is not None:
-            log.info("store-migrated", store=config.store, from_version=store.migrated_from)
-        for index, reason in store.index_problems.items():
-            log.warning(
-                "store-index-not-built", store=redact_store_url(config.store), index=index, error=reason
-            )
+        if store.migrated_from is not None:  # a PostgreSQL URL may hold a password
+            log.info("store-migrated", store=redact_store_url(config.store), from_version=store.migrated_from)
+        store.build_indexes(self._index_built)
         try:
             self.metrics = metrics = Metrics(store)
             self.evaluator = Evaluator(
@@ -293,6 +290,14 @@ class Service:
         except StoreError as error:
             return str(error)
         return None
+
+    def _index_built(self, index: str, outcome: str, error: str | None) -> None:
+        """From the store's index-building thread (see Store.build_indexes)."""
+        store = redact_store_url(self.config.store)
+        if outcome == INDEX_FAILED:
+            self.log.warning("store-index-not-built", store=store, index=index, error=error)
+        else:
+            self.log.info("store-index", store=store, index=index, outcome=outcome)
 
     def stop(self) -> None:
         if self._stopped.is_set():

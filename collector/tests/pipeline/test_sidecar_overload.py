@@ -8,6 +8,7 @@ import http.client
 import json
 import sqlite3
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -83,11 +84,13 @@ def test_burst_gets_retry_hints_on_both_transports(start_sidecar, tmp_path) -> N
     accepted = [a for a in answers if a[0] == 200]
     assert refused and accepted and len(refused) + len(accepted) == CLIENTS
     for _, headers, body in refused:
-        assert headers["Content-Type"] == PROTOBUF and headers["Retry-After"] == "2"
+        # Spread between retry_after_s and twice that, in whole seconds (see the spread test).
+        assert headers["Content-Type"] == PROTOBUF and headers["Retry-After"] in ("2", "3", "4")
         status = status_pb2.Status.FromString(body)
         assert "write queue full" in status.message
         retry_info = error_details_pb2.RetryInfo()
-        assert status.details[0].Unpack(retry_info) and retry_info.retry_delay.seconds == 2
+        assert status.details[0].Unpack(retry_info)
+        assert retry_info.retry_delay.ToSeconds() == int(headers["Retry-After"])
     for _, _, body in accepted:
         assert not ExportTraceServiceResponse.FromString(body).HasField("partial_success")
     # Nothing refused was kept, nothing accepted was lost.
@@ -115,12 +118,12 @@ def test_burst_gets_retry_hints_on_both_transports(start_sidecar, tmp_path) -> N
     assert json_refused and len(json_refused) + len(json_accepted) == len(json_bodies)
     for _, headers, body in json_refused:
         assert headers["Content-Type"] == JSON
-        assert headers["Retry-After"] == "2"
+        assert headers["Retry-After"] in ("2", "3", "4")
         status = json_format.Parse(body, status_pb2.Status())  # strictly a Status, no other keys
         assert status.code == code_pb2.UNAVAILABLE and "write queue full" in status.message
         [detail] = status.details
         retry_info = error_details_pb2.RetryInfo()
-        assert detail.Unpack(retry_info) and retry_info.retry_delay.ToSeconds() == 2
+        assert detail.Unpack(retry_info) and retry_info.retry_delay.ToSeconds() == int(headers["Retry-After"])
     for _, headers, body in json_accepted:
         assert headers["Content-Type"] == JSON and json.loads(body) == {}
     assert stored_actions(tmp_path / "sessions.db") == (len(accepted) + len(json_accepted)) * SPANS_PER_BATCH
@@ -149,11 +152,12 @@ def test_burst_gets_retry_hints_on_both_transports(start_sidecar, tmp_path) -> N
         trailers = dict(error.trailing_metadata())
         status = status_pb2.Status.FromString(trailers["grpc-status-details-bin"])
         retry_info = error_details_pb2.RetryInfo()
-        assert status.details[0].Unpack(retry_info) and retry_info.retry_delay.seconds == 2
         assert (
-            error_details_pb2.RetryInfo.FromString(trailers["google.rpc.retryinfo-bin"]).retry_delay.seconds
-            == 2
+            status.details[0].Unpack(retry_info)
+            and 2 <= retry_info.retry_delay.ToTimedelta().total_seconds() <= 4
         )
+        # The same delay where the Python SDK reads it.
+        assert error_details_pb2.RetryInfo.FromString(trailers["google.rpc.retryinfo-bin"]) == retry_info
     assert sidecar.metric("durable_sessions_spans_rejected_total", transport="grpc", reason="overload") == (
         len(errors) * SPANS_PER_BATCH
     )
@@ -179,3 +183,51 @@ def test_sdk_exporters_retry_until_everything_is_delivered(start_sidecar, tmp_pa
     assert stored_actions(tmp_path / "sessions.db") == CLIENTS * SPANS_PER_BATCH
     for exporter in exporters:
         exporter.shutdown()
+
+
+def test_clients_refused_together_are_told_different_delays(start_sidecar, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Clients honour RetryInfo and Retry-After exactly: told one delay, a burst of them
+    # would come back at one instant, find the queue full again, and use up their attempts
+    # together (the SDK exporters give up after 6). Each refusal gets its own delay.
+    sidecar = start_sidecar(pipeline__queue_size=1, pipeline__max_batch=1, pipeline__retry_after_s=1)
+    body = encode_spans(batches("spread", count=1)[0]).SerializeToString()
+    blocker = sqlite3.connect(tmp_path / "sessions.db", isolation_level=None, timeout=30)
+    blocker.execute("BEGIN IMMEDIATE")  # nothing commits: the queue stays full
+    channel = grpc.insecure_channel(sidecar.grpc_endpoint)
+    call = channel.unary_unary(
+        EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString
+    )
+    try:
+        held = []  # the request the writer is stuck on, and those the queue holds
+        while len(held) < 5:
+            future = call.future(body, timeout=30)
+            time.sleep(0.3)
+            if future.done():  # refused: the queue is full from here on
+                assert future.code() == grpc.StatusCode.UNAVAILABLE
+                break
+            held.append(future)
+        assert 1 <= len(held) < 5
+        grpc_delays, http_delays = [], []
+        for _ in range(20):
+            try:
+                call(body, timeout=10)
+                raise AssertionError("accepted while the queue was full")
+            except grpc.RpcError as refused:
+                assert refused.code() == grpc.StatusCode.UNAVAILABLE
+                trailers = dict(refused.trailing_metadata())
+                retry = error_details_pb2.RetryInfo.FromString(trailers["google.rpc.retryinfo-bin"])
+                grpc_delays.append(retry.retry_delay.ToTimedelta().total_seconds())
+            connection = http.client.HTTPConnection("127.0.0.1", sidecar.service.http_port, timeout=10)
+            connection.request("POST", "/v1/traces", body=body, headers={"Content-Type": PROTOBUF})
+            response = connection.getresponse()
+            response.read()
+            connection.close()
+            assert response.status == 503
+            http_delays.append(response.headers["Retry-After"])
+    finally:
+        blocker.close()
+    assert all(1 <= delay <= 2 for delay in grpc_delays) and len(set(grpc_delays)) > 10
+    assert set(http_delays) == {"1", "2"}
+    for future in held:
+        future.result()
+    channel.close()

@@ -9,15 +9,16 @@ an earlier sidecar gets them at start: SQLite in its start-up transaction, Postg
 from __future__ import annotations
 
 import contextlib
+import json
 import sqlite3
-import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 from conftest import wait_for
-from durable_sessions_collector.store import open_store
+from durable_sessions_collector.store import INDEX_BUILT, INDEX_LEFT_TO_ANOTHER, open_store
 from durable_sessions_collector.store import sqlite as sqlite_store
 from durable_sessions_collector.store.postgres import split_url
 from psycopg import sql
@@ -57,7 +58,7 @@ def test_a_sqlite_store_without_the_indexes_gets_them_at_start_keeping_its_rows(
         db.commit()
     assert not sqlite_indexes(path) & set(INDEXES)
     store = open_store(f"sqlite:///{path}")
-    assert store.migrated_from is None and store.index_problems == {}
+    assert store.migrated_from is None
     assert set(INDEXES) <= sqlite_indexes(path)
     with store.writer() as writer:
         assert writer.prune(2.0, 10).orphans == 1  # the old row, found through the new index
@@ -129,29 +130,42 @@ def test_postgres_retention_reads_rows_of_no_session_through_their_age_index(pos
         assert index in plan, plan
 
 
+class Reports:
+    """What ``Store.build_indexes`` reported, from its thread."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, tuple[str, str | None]] = {}
+
+    def __call__(self, index: str, outcome: str, error: str | None) -> None:
+        self.seen[index] = (outcome, error)
+
+    def wait(self) -> dict[str, tuple[str, str | None]]:
+        wait_for(lambda: len(self.seen) == len(INDEXES), timeout=20)
+        return self.seen
+
+
 @pytest.mark.postgres
 def test_a_postgres_store_without_the_indexes_gets_them_built_concurrently(postgres_url: str) -> None:
     open_store(postgres_url).close()
     drop_indexes(postgres_url)  # the store as an earlier sidecar left it
     dsn, schema = split_url(postgres_url)
-    opened: list[Any] = []
+    reports = Reports()
     with psycopg.connect(dsn) as replica:  # another replica, inside a write transaction
         replica.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema or "public")))
         replica.execute(INSERT_SESSIONLESS)
-        starting = threading.Thread(target=lambda: opened.append(open_store(postgres_url)))
-        starting.start()
-        wait_for(lambda: building_concurrently(dsn), timeout=10)  # and waiting for that transaction
+        store = open_store(postgres_url)  # opens at once
+        store.build_indexes(reports)
+        wait_for(lambda: building_concurrently(dsn), timeout=10)  # and waits for that transaction
+        with store.writer() as writer:  # while this replica writes on,
+            assert writer.add_action(sessionless_row("mine"), 1.0)
         replica.commit()
-        # The build does not block the other replicas' writes: this one goes through at once.
-        replica.execute("SET statement_timeout = 2000")
+        replica.execute("SET statement_timeout = 2000")  # and so do the others
         replica.execute(INSERT_SESSIONLESS)
         replica.commit()
-        starting.join(20)
-    store = opened[0]
-    assert store.index_problems == {}
+        assert reports.wait() == dict.fromkeys(INDEXES, (INDEX_BUILT, None))
     assert index_validity(postgres_url) == dict.fromkeys(INDEXES, True)
     with store.writer() as writer:
-        assert writer.prune(2.0, 10).orphans == 2  # both rows, through the new index
+        assert writer.prune(2.0, 10).orphans == 3  # the rows written meanwhile, through the new index
     store.close()
 
 
@@ -172,6 +186,15 @@ def building_concurrently(dsn: str) -> bool:
 
 
 @pytest.mark.postgres
+def test_a_store_with_its_indexes_builds_nothing(postgres_url: str) -> None:
+    store = open_store(postgres_url)
+    reports = Reports()
+    store.build_indexes(reports)
+    store.close()  # waits for a build thread, if one had started
+    assert reports.seen == {}
+
+
+@pytest.mark.postgres
 def test_an_index_left_invalid_by_an_interrupted_build_is_built_again(postgres_url: str) -> None:
     open_store(postgres_url).close()
     pg(
@@ -179,47 +202,97 @@ def test_an_index_left_invalid_by_an_interrupted_build_is_built_again(postgres_u
         "UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'actions_sessionless_by_age'::regclass",
     )
     assert index_validity(postgres_url)["actions_sessionless_by_age"] is False
-    open_store(postgres_url).close()
+    store = open_store(postgres_url)
+    reports = Reports()
+    store.build_indexes(reports)
+    wait_for(lambda: "actions_sessionless_by_age" in reports.seen, timeout=20)
+    assert reports.seen == {"actions_sessionless_by_age": (INDEX_BUILT, None)}
+    store.close()
     assert index_validity(postgres_url) == dict.fromkeys(INDEXES, True)
 
 
 @pytest.mark.postgres
-def test_a_replica_finding_a_build_in_progress_starts_without_waiting(postgres_url: str) -> None:
+def test_closing_the_store_cancels_a_build_and_the_next_start_takes_it_up(postgres_url: str) -> None:
     open_store(postgres_url).close()
     drop_indexes(postgres_url)
     dsn, schema = split_url(postgres_url)
-    with psycopg.connect(
-        dsn, autocommit=True
-    ) as building:  # holds the build lock, as a building replica does
+    with psycopg.connect(dsn) as replica:  # keeps the build waiting
+        replica.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema or "public")))
+        replica.execute(INSERT_SESSIONLESS)
+        store = open_store(postgres_url)
+        reports = Reports()
+        store.build_indexes(reports)
+        wait_for(lambda: building_concurrently(dsn), timeout=10)
+        began = time.monotonic()
+        store.close()
+        assert time.monotonic() - began < 5
+        assert reports.seen == {}  # a cancel at stop is no failure to report
+        replica.commit()
+    assert index_validity(postgres_url) in ({}, {"actions_sessionless_by_age": False})
+    store = open_store(postgres_url)
+    reports = Reports()
+    store.build_indexes(reports)
+    assert reports.wait() == dict.fromkeys(INDEXES, (INDEX_BUILT, None))
+    store.close()
+    assert index_validity(postgres_url) == dict.fromkeys(INDEXES, True)
+
+
+@pytest.mark.postgres
+def test_a_replica_finding_a_build_in_progress_leaves_it_to_that_one(postgres_url: str) -> None:
+    open_store(postgres_url).close()
+    drop_indexes(postgres_url)
+    dsn, schema = split_url(postgres_url)
+    with psycopg.connect(dsn, autocommit=True) as building:  # holds the lock, as a building replica does
         building.execute(
             "SELECT pg_advisory_lock(hashtextextended(%s, 0))", (f"durable-sessions index build {schema}",)
         )
         store = open_store(postgres_url)
-        assert store.index_problems == {}
-        assert index_validity(postgres_url) == {}  # left to the replica building them
+        reports = Reports()
+        store.build_indexes(reports)
+        assert reports.wait() == dict.fromkeys(INDEXES, (INDEX_LEFT_TO_ANOTHER, None))
         store.close()
+    assert index_validity(postgres_url) == {}
 
 
 @pytest.mark.postgres
-def test_a_build_that_fails_is_logged_and_the_sidecar_starts(postgres_url: str, start_sidecar: Any) -> None:
+def test_a_build_that_fails_is_logged_and_the_sidecar_serves(postgres_url: str, start_sidecar: Any) -> None:
     open_store(postgres_url).close()
     drop_indexes(postgres_url)
     dsn, schema = split_url(postgres_url)
+
+    def problems() -> dict[str, str]:
+        lines = sidecar.log.lines()
+        return {line["index"]: line["error"] for line in lines if line["event"] == "store-index-not-built"}
+
     with psycopg.connect(dsn) as holder:
         holder.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema or "public")))
         # Conflicts with the build's own lock, not with reads or writes.
         holder.execute("LOCK TABLE actions, violations IN SHARE UPDATE EXCLUSIVE MODE")
         sidecar = start_sidecar(postgres_url + "&options=-c%20lock_timeout%3D200")
+        wait_for(lambda: len(problems()) == len(INDEXES), timeout=20)
         holder.rollback()
-    problems = {
-        line["index"]: line["error"]
-        for line in sidecar.log.lines()
-        if line["event"] == "store-index-not-built"
-    }
-    assert set(problems) == set(INDEXES)
-    assert all("lock" in reason for reason in problems.values()), problems
+    assert all("lock" in reason for reason in problems().values()), problems()
     assert sidecar.get("/healthz")[0] == 200
     with sidecar.service.store.writer() as writer:  # the store works without them
         writer.add_action(sessionless_row("a"), 1.0)
         assert writer.prune(2.0, 10).orphans == 1  # the same rows, only read without an index
     assert index_validity(postgres_url) == {}  # refused its lock before it made anything
+
+
+@pytest.mark.postgres
+def test_a_sidecar_logs_its_migration_and_the_indexes_it_built_without_the_password(
+    postgres_url: str, start_sidecar: Any
+) -> None:
+    open_store(postgres_url).close()
+    drop_indexes(postgres_url)
+    pg(postgres_url, "DROP TABLE forgetting")  # a store of version 1
+    pg(postgres_url, "UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    with_password = postgres_url.replace("://postgres@", "://postgres:s3cret-pw@")  # trust auth ignores it
+    assert with_password != postgres_url
+    sidecar = start_sidecar(with_password)
+    wait_for(lambda: len([line for line in sidecar.log.lines() if line["event"] == "store-index"]) == 2)
+    lines = sidecar.log.lines()
+    built = {line["index"]: line["outcome"] for line in lines if line["event"] == "store-index"}
+    assert built == dict.fromkeys(INDEXES, INDEX_BUILT)
+    assert [line["from_version"] for line in lines if line["event"] == "store-migrated"] == ["1"]
+    assert "s3cret-pw" not in json.dumps(lines)

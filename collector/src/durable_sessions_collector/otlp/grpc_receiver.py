@@ -26,7 +26,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from durable_sessions_collector.jsonlog import JsonLog
 from durable_sessions_collector.otlp.decode import BadData, protobuf_span_parts
-from durable_sessions_collector.otlp.receiver import TraceReceiver, retry_info, rpc_status
+from durable_sessions_collector.otlp.receiver import TraceReceiver, retry_info, rpc_status, spread_retry
 from durable_sessions_collector.pipeline import Overloaded, Unavailable
 
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
@@ -89,7 +89,9 @@ class _Status(grpc.Status):
 
 
 def unavailable_status(message: str, retry_after_s: float) -> grpc.Status:
-    """``UNAVAILABLE`` carrying ``RetryInfo`` (both where Go and Python clients look)."""
+    """``UNAVAILABLE`` carrying ``RetryInfo`` (both where Go and Python clients look), its
+    delay spread above ``retry_after_s`` (see :func:`spread_retry`)."""
+    retry_after_s = spread_retry(retry_after_s)
     status = rpc_status(code_pb2.UNAVAILABLE, message, retry_after_s=retry_after_s)
     return _Status(
         grpc.StatusCode.UNAVAILABLE,

@@ -28,7 +28,7 @@ from durable_sessions_collector.httpserver import BodyError, BodyTooLarge, Reque
 from durable_sessions_collector.jsonlog import JsonLog
 from durable_sessions_collector.otlp.content_encoding import DECODERS, ENCODINGS, TooLarge, decompress
 from durable_sessions_collector.otlp.decode import BadData, json_span_parts, protobuf_span_parts
-from durable_sessions_collector.otlp.receiver import TraceReceiver, rpc_status
+from durable_sessions_collector.otlp.receiver import TraceReceiver, rpc_status, spread_retry
 from durable_sessions_collector.pipeline import Overloaded, Unavailable
 
 PATH = "/v1/traces"
@@ -39,11 +39,14 @@ TRANSPORT = "http"
 
 
 def status_body(status: int, message: str, json_encoding: bool, retry_after_s: int | None = None) -> Response:
-    """A 4xx/5xx answer: a ``google.rpc.Status`` in the request's encoding."""
+    """A 4xx/5xx answer: a ``google.rpc.Status`` in the request's encoding. With
+    ``retry_after_s``, a delay spread above it (see :func:`spread_retry`), in whole
+    seconds as ``Retry-After`` takes it, in the header and in ``RetryInfo``."""
     code = {400: code_pb2.INVALID_ARGUMENT, 413: code_pb2.RESOURCE_EXHAUSTED, 415: code_pb2.INVALID_ARGUMENT,
             501: code_pb2.UNIMPLEMENTED, 503: code_pb2.UNAVAILABLE}.get(status, code_pb2.UNKNOWN)  # fmt: skip
-    message_pb = rpc_status(code, message, retry_after_s=retry_after_s, bad_request=status == 400)
-    headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else {}
+    delay = None if retry_after_s is None else round(spread_retry(retry_after_s))
+    message_pb = rpc_status(code, message, retry_after_s=delay, bad_request=status == 400)
+    headers = {"Retry-After": str(delay)} if delay is not None else {}
     return _encode(status, message_pb, json_encoding, headers)
 
 

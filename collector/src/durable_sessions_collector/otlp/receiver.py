@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import dataclass
 
@@ -53,6 +54,15 @@ def rpc_status(
         violation = error_details_pb2.BadRequest.FieldViolation(field="request", description=message)
         status.details.add().Pack(error_details_pb2.BadRequest(field_violations=[violation]))
     return status
+
+
+def spread_retry(retry_after_s: float) -> float:
+    """The delay a refused client is told: between ``retry_after_s`` and twice that, at
+    random. Clients refused together (a Collector's queue consumers, the SDK exporters of
+    many processes) honour the delay exactly, without jitter of their own: told the same
+    delay, they would all come back at the same instant, find the queue full again, and
+    run out of attempts in lockstep."""
+    return retry_after_s * random.uniform(1.0, 2.0)
 
 
 def retry_info(retry_after_s: float) -> error_details_pb2.RetryInfo:

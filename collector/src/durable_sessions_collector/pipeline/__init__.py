@@ -32,8 +32,8 @@ IDLE_BATCH = 500
 PRUNE_BATCH = 500
 """Most sessions one retention pass deletes (and most rows of no session, of each kind)."""
 PRUNE_ACTIONS = 20_000
-"""Most actions of sessions one retention pass deletes (one session, however large, at least):
-a pass is one transaction, and Exports wait for it."""
+"""Most actions one retention pass deletes: a pass is one transaction, and Exports wait for
+it. A session holding more is deleted but for its actions, which later passes delete."""
 PRUNE_EVERY_S = 60.0
 """Seconds between two retention passes, unless the last one deleted a full batch."""
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from durable_sessions_collector.store.base import (
+    INDEX_BUILT,
+    INDEX_FAILED,
+    INDEX_LEFT_TO_ANOTHER,
     ActionRow,
     Alert,
     Pruned,
@@ -36,6 +39,9 @@ def open_store(url: str) -> Store:
 
 
 __all__ = [
+    "INDEX_BUILT",
+    "INDEX_FAILED",
+    "INDEX_LEFT_TO_ANOTHER",
     "ActionRow",
     "Alert",
     "Pruned",

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -142,6 +143,13 @@ class Alert:
     violation_key: str
     payload: dict[str, Any]
     attempts: int
+
+
+INDEX_BUILT = "built"
+INDEX_LEFT_TO_ANOTHER = "left to another replica"
+INDEX_FAILED = "failed"
+IndexReport = Callable[[str, str, "str | None"], object]
+"""How :meth:`Store.build_indexes` reports an index: its name, the outcome, the error."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,10 +298,6 @@ class Store(Protocol):
     """The schema version this store was migrated from when it was opened; None when
     it needed no migration."""
 
-    index_problems: dict[str, str]
-    """Indexes this store should have and could not build when it was opened, by name,
-    with the reason; it works without them, only slower."""
-
     shared: bool
     """Several sidecars may write it at once (PostgreSQL): another may leave alerts behind."""
 
@@ -333,6 +337,13 @@ class Store(Protocol):
 
     def check(self) -> None:
         """Raise :class:`StoreError` when the store cannot be read."""
+
+    def build_indexes(self, report: IndexReport) -> threading.Thread | None:
+        """Build, in the background, the indexes a store made by an earlier sidecar lacks
+        (the store works without them, only slower), calling ``report`` from that thread
+        once per index with :data:`INDEX_BUILT`, :data:`INDEX_LEFT_TO_ANOTHER` (another
+        replica is building it) or :data:`INDEX_FAILED` and the reason. Returns that
+        thread (join it to wait for the builds), or None when there is nothing to build."""
 
     def close(self) -> None: ...
 

@@ -57,10 +57,14 @@ from durable_sessions.report import Verdict, verdict_of
 from durable_sessions.violation import Severity, Violation
 from durable_sessions_collector.config import redact_store_url
 from durable_sessions_collector.store.base import (
+    INDEX_BUILT,
+    INDEX_FAILED,
+    INDEX_LEFT_TO_ANOTHER,
     OUTBOX_CHANNELS,
     VIOLATION_COLUMNS,
     ActionRow,
     Alert,
+    IndexReport,
     Pruned,
     SessionDetail,
     SessionSummary,
@@ -162,7 +166,7 @@ CREATE INDEX IF NOT EXISTS outbox_due ON outbox (channel, state, next_attempt_at
 # Without them its queries scanned the whole actions table each minute, in the writer's
 # transaction. A new store gets them with its schema; a store of an earlier sidecar
 # gets them at start, built CONCURRENTLY so that the other replicas write on meanwhile
-# (see PostgresStore._build_missing_indexes).
+# (see PostgresStore.build_indexes).
 SESSIONLESS_BY_AGE = (
     ("actions_sessionless_by_age", "actions (received_at) WHERE session_id IS NULL"),
     ("violations_sessionless_by_age", "violations (created_at) WHERE session_id IS NULL"),
@@ -196,14 +200,20 @@ def _create_index(name: str, definition: str, *, concurrently: bool = False) -> 
     return sql.SQL(how + " IF NOT EXISTS {} ON " + definition).format(sql.Identifier(name))  # type: ignore[arg-type]
 
 
-def _build_index(connection: psycopg.Connection[Any], name: str, definition: str) -> None:
-    """Build index ``name`` unless it is there and valid (see ``_build_missing_indexes``)."""
+def _index_valid(connection: psycopg.Connection[Any], name: str) -> bool | None:
+    """Whether index ``name`` is valid; None when there is no such index."""
     found = connection.execute(
         "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)", (name,)
     ).fetchone()
-    if found is not None and found[0]:
+    return None if found is None else bool(found[0])
+
+
+def _build_index(connection: psycopg.Connection[Any], name: str, definition: str) -> None:
+    """Build index ``name`` unless it is there and valid (see ``PostgresStore.build_indexes``)."""
+    valid = _index_valid(connection, name)
+    if valid:
         return
-    if found is not None:
+    if valid is not None:
         connection.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(sql.Identifier(name)))
     connection.execute(_create_index(name, definition, concurrently=True))
 
@@ -240,7 +250,9 @@ class PostgresStore:
             _close_quietly,
             lambda connection: not (connection.closed or connection.broken),
         )
-        self.index_problems: dict[str, str] = {}
+        self._closing = False
+        self._index_builder: threading.Thread | None = None
+        self._index_connection: psycopg.Connection[Any] | None = None
         try:
             connection = self._connect(create_schema=True)
             with connection.transaction():
@@ -269,30 +281,66 @@ class PostgresStore:
         self._lock_class = int(
             connection.execute("SELECT hashtext(%s)", (scope[0] if scope else "",)).fetchone()[0]  # type: ignore[index]
         )
-        self._build_missing_indexes(connection, scope[0] if scope else "")
+        self._scope = scope[0] if scope else ""
         self._write = connection
 
-    def _build_missing_indexes(self, connection: psycopg.Connection[Any], scope: str) -> None:
-        """Build the indexes a store of an earlier sidecar lacks, CONCURRENTLY: the other
-        replicas write on meanwhile, and this one starts once they are built.
+    def build_indexes(self, report: IndexReport) -> None:
+        """See :meth:`Store.build_indexes <durable_sessions_collector.store.base.Store.build_indexes>`.
 
-        One replica builds at a time; another that finds the build in progress starts
-        without waiting (the queries are the same without the index, only slower). An
-        index left invalid by an interrupted build is dropped and built again. A build
-        that fails is reported in :attr:`index_problems` and does not stop the start."""
-        key = f"durable-sessions index build {scope}"
-        got = connection.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (key,)).fetchone()
-        if not (got and got[0]):
-            return
+        The indexes a store of an earlier sidecar lacks are built ``CONCURRENTLY`` by a
+        thread of their own, on a connection of its own: the other replicas write on, and
+        this one serves meanwhile (its retention queries are the same without them, only
+        slower). One replica builds at a time; another that finds a build in progress
+        leaves it to that one. An index left invalid by an interrupted build is dropped
+        and built again. :meth:`close` cancels a build in progress, which the next start
+        takes up again."""
+        with self._read() as db:
+            pending = [
+                (name, definition) for name, definition in SESSIONLESS_BY_AGE if not _index_valid(db, name)
+            ]
+        if not pending:
+            return None
+        self._index_builder = threading.Thread(
+            target=self._build_indexes,
+            args=(pending, report),
+            name="durable-sessions-index-build",
+            daemon=True,
+        )
+        self._index_builder.start()
+        return self._index_builder
+
+    def _build_indexes(self, pending: list[tuple[str, str]], report: IndexReport) -> None:
         try:
-            for name, definition in SESSIONLESS_BY_AGE:
+            connection = self._connect()
+        except psycopg.Error as error:
+            for name, _ in pending:
+                report(name, INDEX_FAILED, _reason(error))
+            return
+        self._index_connection = connection
+        if self._closing:  # closed while this connected: close() may not have seen it
+            _close_quietly(connection)
+            return
+        key = f"durable-sessions index build {self._scope}"
+        try:
+            got = connection.execute(
+                "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (key,)
+            ).fetchone()
+            for name, definition in pending:
+                if not (got and got[0]):
+                    report(name, INDEX_LEFT_TO_ANOTHER, None)
+                    continue
                 try:
                     _build_index(connection, name, definition)
+                    report(name, INDEX_BUILT, None)
                 except psycopg.Error as error:
-                    self.index_problems[name] = _reason(error)
+                    if self._closing:
+                        return
+                    report(name, INDEX_FAILED, _reason(error))
+        except psycopg.Error as error:
+            if not self._closing:
+                report(pending[0][0], INDEX_FAILED, _reason(error))
         finally:
-            with contextlib.suppress(psycopg.Error):
-                connection.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (key,))
+            _close_quietly(connection)  # the session's advisory lock goes with it
 
     def _connect(self, *, create_schema: bool = False) -> psycopg.Connection[Any]:
         options: dict[str, Any] = {"autocommit": True}
@@ -474,6 +522,13 @@ class PostgresStore:
             db.execute("SELECT 1 FROM meta LIMIT 1").fetchone()
 
     def close(self) -> None:
+        self._closing = True
+        builder, connection = self._index_builder, self._index_connection
+        if builder is not None:
+            if connection is not None:
+                with contextlib.suppress(psycopg.Error):
+                    connection.cancel_safe()
+            builder.join(10)
         self.readers.close()
         with self._write_lock, contextlib.suppress(psycopg.Error):
             self._write.close()

@@ -27,6 +27,7 @@ from durable_sessions_collector.store.base import (
     VIOLATION_COLUMNS,
     ActionRow,
     Alert,
+    IndexReport,
     Pruned,
     SessionDetail,
     SessionSummary,
@@ -301,7 +302,6 @@ class SqliteStore:
             if str(mode).lower() != "wal":
                 raise StoreError(f"store {path!r}: cannot switch the journal to WAL (got {mode!r})")
             self.migrated_from = _prepare(connection, path)
-            self.index_problems: dict[str, str] = {}  # built with the schema, or the start fails
             self.ownership.remember_file()
         except (sqlite3.Error, OSError) as error:
             self.ownership.release()
@@ -466,6 +466,10 @@ class SqliteStore:
         self.ownership.verify()
         with self._read() as db:
             db.execute("SELECT 1 FROM meta LIMIT 1").fetchone()
+
+    def build_indexes(self, report: IndexReport) -> threading.Thread | None:
+        """Nothing to build: a SQLite store gets its indexes with its schema, when opened."""
+        return None
 
     def close(self) -> None:
         self.readers.close()
