@@ -39,7 +39,8 @@ PRUNE_EVERY_S = 60.0
 
 
 class Overloaded(Exception):
-    """The write queue is full: the client should retry after ``retry_after_s``."""
+    """The write queue is full: the client should retry after ``retry_after_s`` or more
+    (the receivers spread the delay they give)."""
 
     def __init__(self, retry_after_s: int, message: str) -> None:
         super().__init__(message)
@@ -122,8 +123,8 @@ class Pipeline:
         except queue.Full:
             raise Overloaded(
                 self.retry_after_s,
-                f"write queue full ({self.queue_size} Export requests waiting); retry after "
-                f"{self.retry_after_s} s",
+                f"write queue full ({self.queue_size} Export requests waiting); retry after the "
+                "delay given (RetryInfo, Retry-After)",
             ) from None
         return job
 
