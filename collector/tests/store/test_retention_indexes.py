@@ -98,6 +98,21 @@ def drop_indexes(url: str) -> None:
         pg(url, f"DROP INDEX {index}")
 
 
+def earlier_sidecars_store(url: str) -> tuple[str, str | None]:
+    """A store as a sidecar before the indexes left it; the DSN and schema that reach it."""
+    open_store(url).close()
+    drop_indexes(url)
+    return split_url(url)
+
+
+def building(url: str) -> tuple[Any, Reports]:
+    """The store opened, and building its indexes in the background."""
+    store = open_store(url)
+    reports = Reports()
+    store.build_indexes(reports)
+    return store, reports
+
+
 @pytest.mark.postgres
 def test_postgres_retention_reads_rows_of_no_session_through_their_age_index(postgres_url: str) -> None:
     open_store(postgres_url).close()
@@ -144,17 +159,21 @@ class Reports:
         return self.seen
 
 
+def built_at_a_start(url: str, expected: int) -> dict[str, tuple[str, str | None]]:
+    """Open the store, have it build its indexes, wait for ``expected`` reports, close it."""
+    store, reports = building(url)
+    wait_for(lambda: len(reports.seen) == expected, timeout=20)
+    store.close()
+    return reports.seen
+
+
 @pytest.mark.postgres
 def test_a_postgres_store_without_the_indexes_gets_them_built_concurrently(postgres_url: str) -> None:
-    open_store(postgres_url).close()
-    drop_indexes(postgres_url)  # the store as an earlier sidecar left it
-    dsn, schema = split_url(postgres_url)
-    reports = Reports()
+    dsn, schema = earlier_sidecars_store(postgres_url)
     with psycopg.connect(dsn) as replica:  # another replica, inside a write transaction
         replica.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema or "public")))
         replica.execute(INSERT_SESSIONLESS)
-        store = open_store(postgres_url)  # opens at once
-        store.build_indexes(reports)
+        store, reports = building(postgres_url)  # opens at once
         wait_for(lambda: building_concurrently(dsn), timeout=10)  # and waits for that transaction
         with store.writer() as writer:  # while this replica writes on,
             assert writer.add_action(sessionless_row("mine"), 1.0)
@@ -187,9 +206,7 @@ def building_concurrently(dsn: str) -> bool:
 
 @pytest.mark.postgres
 def test_a_store_with_its_indexes_builds_nothing(postgres_url: str) -> None:
-    store = open_store(postgres_url)
-    reports = Reports()
-    store.build_indexes(reports)
+    store, reports = building(postgres_url)
     store.close()  # waits for a build thread, if one had started
     assert reports.seen == {}
 
@@ -202,26 +219,17 @@ def test_an_index_left_invalid_by_an_interrupted_build_is_built_again(postgres_u
         "UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'actions_sessionless_by_age'::regclass",
     )
     assert index_validity(postgres_url)["actions_sessionless_by_age"] is False
-    store = open_store(postgres_url)
-    reports = Reports()
-    store.build_indexes(reports)
-    wait_for(lambda: "actions_sessionless_by_age" in reports.seen, timeout=20)
-    assert reports.seen == {"actions_sessionless_by_age": (INDEX_BUILT, None)}
-    store.close()
+    assert built_at_a_start(postgres_url, 1) == {"actions_sessionless_by_age": (INDEX_BUILT, None)}
     assert index_validity(postgres_url) == dict.fromkeys(INDEXES, True)
 
 
 @pytest.mark.postgres
 def test_closing_the_store_cancels_a_build_and_the_next_start_takes_it_up(postgres_url: str) -> None:
-    open_store(postgres_url).close()
-    drop_indexes(postgres_url)
-    dsn, schema = split_url(postgres_url)
+    dsn, schema = earlier_sidecars_store(postgres_url)
     with psycopg.connect(dsn) as replica:  # keeps the build waiting
         replica.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema or "public")))
         replica.execute(INSERT_SESSIONLESS)
-        store = open_store(postgres_url)
-        reports = Reports()
-        store.build_indexes(reports)
+        store, reports = building(postgres_url)
         wait_for(lambda: building_concurrently(dsn), timeout=10)
         began = time.monotonic()
         store.close()
@@ -229,26 +237,18 @@ def test_closing_the_store_cancels_a_build_and_the_next_start_takes_it_up(postgr
         assert reports.seen == {}  # a cancel at stop is no failure to report
         replica.commit()
     assert index_validity(postgres_url) in ({}, {"actions_sessionless_by_age": False})
-    store = open_store(postgres_url)
-    reports = Reports()
-    store.build_indexes(reports)
-    assert reports.wait() == dict.fromkeys(INDEXES, (INDEX_BUILT, None))
-    store.close()
+    assert built_at_a_start(postgres_url, len(INDEXES)) == dict.fromkeys(INDEXES, (INDEX_BUILT, None))
     assert index_validity(postgres_url) == dict.fromkeys(INDEXES, True)
 
 
 @pytest.mark.postgres
 def test_a_replica_finding_a_build_in_progress_leaves_it_to_that_one(postgres_url: str) -> None:
-    open_store(postgres_url).close()
-    drop_indexes(postgres_url)
-    dsn, schema = split_url(postgres_url)
-    with psycopg.connect(dsn, autocommit=True) as building:  # holds the lock, as a building replica does
-        building.execute(
+    dsn, schema = earlier_sidecars_store(postgres_url)
+    with psycopg.connect(dsn, autocommit=True) as other:  # holds the lock, as a building replica does
+        other.execute(
             "SELECT pg_advisory_lock(hashtextextended(%s, 0))", (f"durable-sessions index build {schema}",)
         )
-        store = open_store(postgres_url)
-        reports = Reports()
-        store.build_indexes(reports)
+        store, reports = building(postgres_url)
         assert reports.wait() == dict.fromkeys(INDEXES, (INDEX_LEFT_TO_ANOTHER, None))
         store.close()
     assert index_validity(postgres_url) == {}
@@ -256,9 +256,7 @@ def test_a_replica_finding_a_build_in_progress_leaves_it_to_that_one(postgres_ur
 
 @pytest.mark.postgres
 def test_a_build_that_fails_is_logged_and_the_sidecar_serves(postgres_url: str, start_sidecar: Any) -> None:
-    open_store(postgres_url).close()
-    drop_indexes(postgres_url)
-    dsn, schema = split_url(postgres_url)
+    dsn, schema = earlier_sidecars_store(postgres_url)
 
     def problems() -> dict[str, str]:
         lines = sidecar.log.lines()
@@ -283,8 +281,7 @@ def test_a_build_that_fails_is_logged_and_the_sidecar_serves(postgres_url: str, 
 def test_a_sidecar_logs_its_migration_and_the_indexes_it_built_without_the_password(
     postgres_url: str, start_sidecar: Any
 ) -> None:
-    open_store(postgres_url).close()
-    drop_indexes(postgres_url)
+    earlier_sidecars_store(postgres_url)
     pg(postgres_url, "DROP TABLE forgetting")  # a store of version 1
     pg(postgres_url, "UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     with_password = postgres_url.replace("://postgres@", "://postgres:s3cret-pw@")  # trust auth ignores it
