@@ -14,6 +14,7 @@ import re
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -28,6 +29,8 @@ from durable_sessions_collector.config import ConfigError, load
 from durable_sessions_collector.store import Store, action_row, open_store
 from durable_sessions_collector.store import sqlite as sqlite_store
 from durable_sessions_collector.store.base import OUTBOX_CHANNELS
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from sidecar_clients import Agent, grpc_exporter
@@ -646,3 +649,27 @@ def test_the_config_reference_lists_retention(capsys: pytest.CaptureFixture[str]
     )
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     assert row in readme
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sizes=st.lists(st.integers(1, 40), min_size=1, max_size=6), budget=st.integers(1, 30))
+def test_passes_keep_to_the_budget_and_delete_every_session_once(sizes: list[int], budget: int) -> None:
+    with tempfile.TemporaryDirectory() as work:
+        store = open_store(f"sqlite:///{work}/s.db")
+        with store.writer() as writer:
+            for n, size in enumerate(sizes):
+                ended_session(writer, f"s{n}", size, 1.0 + n)
+        deleted: list[str] = []
+        for _ in range(sum(sizes) + len(sizes) + 2):  # more passes than can be needed
+            before = store.count_actions()  # type: ignore[attr-defined]
+            with store.writer() as writer:
+                pruned = writer.prune(100.0, 3, max_actions=budget)
+            assert before - store.count_actions() <= budget  # type: ignore[attr-defined]
+            deleted += pruned.sessions
+            if not pruned.full:
+                break
+        assert sorted(deleted) == sorted(f"s{n}" for n in range(len(sizes)))  # each once, oldest first
+        assert deleted == sorted(deleted, key=lambda session_id: int(session_id[1:]))
+        assert store.count_actions() == 0  # type: ignore[attr-defined]
+        assert query(f"sqlite:///{work}/s.db", "SELECT count(*) FROM forgetting") == [(0,)]
+        store.close()
