@@ -568,15 +568,16 @@ def test_chunked_gzip_json_body_is_accepted(sidecar) -> None:  # type: ignore[no
     assert [a["action_id"] for a in actions(sidecar, "chunked")] == ["c"]
 
 
-@pytest.mark.parametrize("coding", ["zstd", "zlib", "deflate", "gzip"])
-def test_every_coding_the_collectors_otlphttp_exporter_sends_but_snappy_and_lz4_is_accepted(
-    sidecar, coding: str
-) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("coding", ["zstd", "zlib", "deflate", "gzip", "snappy", "snappy-block", "lz4"])
+def test_every_coding_the_collectors_otlphttp_exporter_sends_is_accepted(sidecar, coding: str) -> None:  # type: ignore[no-untyped-def]
     # The Collector's otlphttp exporter offers compression gzip (its default), zstd, zlib,
-    # deflate, snappy and lz4. Before, zstd and zlib were answered 415, which the Collector
-    # does not retry: the data was dropped.
+    # deflate, snappy (framed, or a bare block behind a feature gate) and lz4. Before, all
+    # but gzip and deflate were answered 415, which the Collector does not retry: the data
+    # was dropped.
     import zlib
 
+    import cramjam
+    import lz4.frame
     import zstandard
 
     encode = {
@@ -584,20 +585,26 @@ def test_every_coding_the_collectors_otlphttp_exporter_sends_but_snappy_and_lz4_
         "zlib": zlib.compress,
         "deflate": zlib.compress,
         "gzip": gzip.compress,
+        "snappy": lambda data: bytes(cramjam.snappy.compress(data)),
+        "snappy-block": lambda data: bytes(cramjam.snappy.compress_raw(data)),
+        "lz4": lz4.frame.compress,
     }[coding]
     body = encode(json_request(json_span(f"coded-{coding}", "a")))
     connection = http.client.HTTPConnection("127.0.0.1", sidecar.service.http_port, timeout=30)
     try:
         connection.request("POST", "/v1/traces", body=body,
-                           headers={"Content-Type": JSON, "Content-Encoding": coding})  # fmt: skip
+                           headers={"Content-Type": JSON, "Content-Encoding": coding.removesuffix("-block")})  # fmt: skip
         response = connection.getresponse()
         assert (response.status, json.loads(response.read())) == (200, {})
         connection.request("POST", "/v1/traces", body=body,
-                           headers={"Content-Type": JSON, "Content-Encoding": "snappy"})  # fmt: skip
+                           headers={"Content-Type": JSON, "Content-Encoding": "br"})  # fmt: skip
         response = connection.getresponse()
         message = json.loads(response.read())["message"]
         assert response.status == 415
-        assert message == "unsupported Content-Encoding 'snappy'; send gzip, zstd, deflate, zlib or none"
+        assert (
+            message
+            == "unsupported Content-Encoding 'br'; send gzip, zstd, deflate, zlib, snappy, lz4 or none"
+        )
     finally:
         connection.close()
     assert [a["action_id"] for a in actions(sidecar, f"coded-{coding}")] == ["a"]

@@ -171,8 +171,84 @@ def test_a_zstd_frame_asking_for_a_huge_window_is_refused() -> None:
         decompress(body, "zstd", 64 * 1024 * 1024)
 
 
+def test_snappy_is_decoded_framed_or_as_a_block_bounded_and_checked() -> None:
+    import cramjam
+
+    data = os.urandom(70_000) + b"x" * 200_000  # over 64 KiB: several chunks in the framed format
+    framed = bytes(cramjam.snappy.compress(data))
+    block = bytes(cramjam.snappy.compress_raw(data))
+    assert framed.startswith(b"\xff\x06\x00\x00sNaPpY") and not block.startswith(b"\xff")
+    assert decompress(framed, "snappy", len(data)) == data
+    assert decompress(block, "snappy", len(data)) == data
+    assert decompress(framed + framed, "snappy", 2 * len(data)) == data * 2  # streams one after the other
+    for body in (framed, block):
+        with pytest.raises(TooLarge, match=f"over the {len(data) - 1}-byte limit after snappy decompression"):
+            decompress(body, "snappy", len(data) - 1)
+    with pytest.raises(BadData, match="truncated snappy stream"):
+        decompress(framed[:-5], "snappy", len(data))
+    with pytest.raises(BadData, match="not valid snappy data"):
+        decompress(block[:-5], "snappy", len(data))
+    corrupt = bytearray(framed)
+    corrupt[30] ^= 0xFF  # inside the first chunk: its CRC no longer matches
+    with pytest.raises(BadData, match="not valid snappy data"):
+        decompress(bytes(corrupt), "snappy", len(data))
+    with pytest.raises(BadData, match="chunk type 0x02"):  # reserved and unskippable
+        decompress(framed[:10] + b"\x02\x01\x00\x00z", "snappy", len(data))
+    assert (
+        decompress(framed[:10] + b"\xfe\x02\x00\x00pd" + framed[10:], "snappy", len(data)) == data
+    )  # padding
+
+
+def test_a_snappy_bomb_stops_at_the_limit_without_inflating() -> None:
+    import resource
+
+    import cramjam
+
+    # Snappy inflates about 21 times at most: 256 MiB of zeros take some 12 MiB.
+    chunk = bytes(cramjam.snappy.compress(b"\0" * 65536))[10:]  # one chunk, without the stream identifier
+    bomb = b"\xff\x06\x00\x00sNaPpY" + chunk * 4096
+    assert len(bomb) < 16_000_000
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(TooLarge):
+        decompress(bomb, "snappy", 64 * 1024 * 1024)
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grown_mib < 150, f"peak memory grew {grown_mib:.0f} MiB decoding a 256 MiB bomb"
+    block_bomb = b"\x80\x80\x80\x80\x04" + b"\0" * 16  # a block that says it decodes to 1 GiB
+    with pytest.raises(TooLarge):
+        decompress(block_bomb, "snappy", 64 * 1024 * 1024)
+
+
+def test_lz4_is_decoded_bounded_and_checked() -> None:
+    import lz4.frame
+
+    data = os.urandom(2000) + b"y" * 2000
+    frame = lz4.frame.compress(data)
+    assert decompress(frame, "lz4", 4000) == data
+    assert decompress(frame + frame, "lz4", 8000) == data * 2  # frames one after the other
+    with pytest.raises(TooLarge, match="over the 3999-byte limit after lz4 decompression"):
+        decompress(frame, "lz4", 3999)
+    with pytest.raises(BadData, match="truncated lz4 stream"):
+        decompress(frame[:-5], "lz4", 4000)
+    with pytest.raises(BadData, match="not valid lz4 data"):
+        decompress(b"plain text, not lz4 at all", "lz4", 4000)
+
+
+def test_an_lz4_bomb_stops_at_the_limit_without_inflating() -> None:
+    import resource
+
+    import lz4.frame
+
+    bomb = lz4.frame.compress(b"\0" * (1 << 30))  # 1 GiB in ~4 MiB
+    assert len(bomb) < 8_000_000
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(TooLarge):
+        decompress(bomb, "lz4", 64 * 1024 * 1024)
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grown_mib < 300, f"peak memory grew {grown_mib:.0f} MiB decoding a 1 GiB bomb"
+
+
 @settings(max_examples=300, deadline=None)
-@given(st.binary(max_size=400), st.sampled_from(["gzip", "zstd", "deflate", "zlib"]))
+@given(st.binary(max_size=400), st.sampled_from(["gzip", "zstd", "deflate", "zlib", "snappy", "lz4"]))
 def test_any_body_in_any_coding_decodes_or_fails_cleanly(body: bytes, encoding: str) -> None:
     try:
         decoded = decompress(body, encoding, 10_000)

@@ -1,6 +1,11 @@
-"""Request bodies' ``Content-Encoding`` on the OTLP/HTTP receiver: gzip, zstd, deflate and
-zlib, the codings the OpenTelemetry Collector's ``otlphttp`` exporter sends (its
-``compression`` setting) besides snappy and lz4, and the ones the SDKs send.
+"""Request bodies' ``Content-Encoding`` on the OTLP/HTTP receiver: gzip, zstd, deflate,
+zlib, snappy and lz4, every coding the OpenTelemetry Collector's ``otlphttp`` exporter
+sends (its ``compression`` setting), and the ones the SDKs send.
+
+The Collector's "snappy" has been the snappy framing format or a bare snappy block,
+depending on its version and a feature gate (collector#10584, #12911): a body that starts
+with the framing format's stream identifier is read as frames, any other as one block.
+Its "lz4" is the LZ4 frame format.
 
 Each decoder stops at ``limit`` decoded bytes, so a small body that would inflate to
 gigabytes (a "bomb") costs at most ``limit`` bytes of memory, and raises:
@@ -14,6 +19,8 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable
 
+import cramjam
+import lz4.frame
 import zstandard
 
 from durable_sessions_collector.otlp.decode import BadData
@@ -90,12 +97,87 @@ def _zstd(body: bytes, limit: int) -> bytes:
     return bytes(out)
 
 
+SNAPPY_STREAM_IDENTIFIER = b"\xff\x06\x00\x00sNaPpY"
+SNAPPY_MAX_CHUNK = 65536
+"""Most bytes one chunk of the snappy framing format decodes to (the format's own bound)."""
+
+
+def _snappy(body: bytes, limit: int) -> bytes:
+    if body.startswith(SNAPPY_STREAM_IDENTIFIER):
+        return _snappy_frames(body, limit)
+    if _snappy_length(body) > limit:  # a block says its decoded length first
+        raise TooLarge(f"request body is over the {limit}-byte limit after snappy decompression")
+    try:
+        return bytes(cramjam.snappy.decompress_raw(body))
+    except cramjam.DecompressionError as error:
+        raise BadData(f"request body is not valid snappy data: {error}") from None
+
+
+def _snappy_frames(body: bytes, limit: int) -> bytes:
+    """The framing format, a chunk at a time (each decodes to at most 64 KiB), its CRCs
+    checked; stream identifiers again (streams one after the other) and skippable chunks
+    pass."""
+    out = bytearray()
+    at = 0
+    while at < len(body):
+        kind, end = body[at], at + 4 + int.from_bytes(body[at + 1 : at + 4], "little")
+        if at + 4 > len(body) or end > len(body):
+            raise BadData("request body is a truncated snappy stream")
+        chunk = body[at:end]
+        if kind in (0x00, 0x01):  # compressed, uncompressed
+            if kind == 0x00 and _snappy_length(chunk[8:]) > SNAPPY_MAX_CHUNK:
+                raise BadData("request body is not valid snappy data: a chunk over 64 KiB")
+            try:
+                out += cramjam.snappy.decompress(SNAPPY_STREAM_IDENTIFIER + chunk)
+            except cramjam.DecompressionError as error:
+                raise BadData(f"request body is not valid snappy data: {error}") from None
+            if len(out) > limit:
+                raise TooLarge(f"request body is over the {limit}-byte limit after snappy decompression")
+        elif kind < 0x80 or (kind == 0xFF and chunk != SNAPPY_STREAM_IDENTIFIER):  # reserved, unskippable
+            raise BadData(f"request body is not valid snappy data: chunk type {kind:#04x}")
+        at = end  # 0x80-0xfe: skippable chunks and padding
+    return bytes(out)
+
+
+def _snappy_length(block: bytes) -> int:
+    """The decoded length a snappy block starts with (a little-endian base-128 varint)."""
+    length = 0
+    for shift, byte in zip(range(0, 35, 7), block, strict=False):
+        length |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return length
+    raise BadData("request body is not valid snappy data: no length")
+
+
+def _lz4(body: bytes, limit: int) -> bytes:
+    out = bytearray()
+    data = body
+    try:
+        while data:
+            frame = lz4.frame.LZ4FrameDecompressor()
+            out += frame.decompress(data, max_length=limit + 1 - len(out))
+            while not frame.eof and not frame.needs_input:  # output held back by max_length
+                out += frame.decompress(b"", max_length=limit + 1 - len(out))
+                if len(out) > limit:
+                    break
+            if len(out) > limit:
+                raise TooLarge(f"request body is over the {limit}-byte limit after lz4 decompression")
+            if not frame.eof:
+                raise BadData("request body is a truncated lz4 stream")
+            data = frame.unused_data
+    except RuntimeError as error:  # what lz4.frame raises for data that is not a frame
+        raise BadData(f"request body is not valid lz4 data: {error}") from None
+    return bytes(out)
+
+
 DECODERS: dict[str, Callable[[bytes, int], bytes]] = {
     "gzip": _zlib_stream("gzip", 16 + zlib.MAX_WBITS),
     "x-gzip": _zlib_stream("gzip", 16 + zlib.MAX_WBITS),
     "zstd": _zstd,
     "deflate": _zlib_stream("deflate", zlib.MAX_WBITS),
     "zlib": _zlib_stream("zlib", zlib.MAX_WBITS),
+    "snappy": _snappy,
+    "lz4": _lz4,
 }
-ENCODINGS = ("gzip", "zstd", "deflate", "zlib")
+ENCODINGS = ("gzip", "zstd", "deflate", "zlib", "snappy", "lz4")
 """The codings to name to a client (``x-gzip`` is gzip's old name)."""
