@@ -254,7 +254,7 @@ class Writer(Protocol):
         and return what was deleted.
 
         - First, up to ``max_actions`` actions of sessions an earlier pass deleted but for
-          their actions (below), oldest ids first; a session none are left of is done.
+          their actions (below); a session none are left of is done.
         - Up to ``limit`` ended sessions (``open = 0``) last seen before ``cutoff``, oldest
           first, and no more than hold the rest of ``max_actions`` actions together: each
           with its actions, its violations, the outbox rows of those violations that are

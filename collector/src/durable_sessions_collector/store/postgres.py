@@ -284,7 +284,7 @@ class PostgresStore:
         self._scope = scope[0] if scope else ""
         self._write = connection
 
-    def build_indexes(self, report: IndexReport) -> None:
+    def build_indexes(self, report: IndexReport) -> threading.Thread | None:
         """See :meth:`Store.build_indexes <durable_sessions_collector.store.base.Store.build_indexes>`.
 
         The indexes a store of an earlier sidecar lacks are built ``CONCURRENTLY`` by a
@@ -317,30 +317,37 @@ class PostgresStore:
                 report(name, INDEX_FAILED, _reason(error))
             return
         self._index_connection = connection
-        if self._closing:  # closed while this connected: close() may not have seen it
-            _close_quietly(connection)
-            return
+        try:
+            if not self._closing:  # else closed while this connected: close() may not have seen it
+                self._build_on(connection, pending, report)
+        finally:
+            _close_quietly(connection)  # the session's advisory lock goes with it
+
+    def _build_on(
+        self, connection: psycopg.Connection[Any], pending: list[tuple[str, str]], report: IndexReport
+    ) -> None:
         key = f"durable-sessions index build {self._scope}"
         try:
             got = connection.execute(
                 "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (key,)
             ).fetchone()
-            for name, definition in pending:
-                if not (got and got[0]):
-                    report(name, INDEX_LEFT_TO_ANOTHER, None)
-                    continue
-                try:
-                    _build_index(connection, name, definition)
-                    report(name, INDEX_BUILT, None)
-                except psycopg.Error as error:
-                    if self._closing:
-                        return
-                    report(name, INDEX_FAILED, _reason(error))
         except psycopg.Error as error:
-            if not self._closing:
-                report(pending[0][0], INDEX_FAILED, _reason(error))
-        finally:
-            _close_quietly(connection)  # the session's advisory lock goes with it
+            for name, _ in pending:
+                report(name, INDEX_FAILED, _reason(error))
+            return
+        if not (got and got[0]):  # another replica is building them
+            for name, _ in pending:
+                report(name, INDEX_LEFT_TO_ANOTHER, None)
+            return
+        for name, definition in pending:
+            try:
+                _build_index(connection, name, definition)
+            except psycopg.Error as error:
+                if self._closing:  # cancelled by close(): the next start builds it
+                    return
+                report(name, INDEX_FAILED, _reason(error))
+            else:
+                report(name, INDEX_BUILT, None)
 
     def _connect(self, *, create_schema: bool = False) -> psycopg.Connection[Any]:
         options: dict[str, Any] = {"autocommit": True}

@@ -74,8 +74,8 @@ ACTIONS_INDEX = f"CREATE UNIQUE INDEX IF NOT EXISTS actions_by_session_span ON a
 # to itself, SQLite reads violations by id instead, all of them): a row of no session has a
 # NULL session id (see action_row), and only those rows are in the index. Without them a
 # pass read every such row younger than the cutoff (a second for a million), each minute,
-# in the writer thread. Added in place: a store of an earlier sidecar gets them at start
-# (one scan of each table), and an earlier sidecar writes on a store that has them.
+# in the writer thread. A store of an earlier sidecar gets them at start (one scan of each
+# table).
 SESSIONLESS_BY_AGE = """
 CREATE INDEX IF NOT EXISTS actions_sessionless_by_age ON actions (received_at) WHERE session_id IS NULL;
 CREATE INDEX IF NOT EXISTS violations_sessionless_by_age ON violations (created_at) WHERE session_id IS NULL
