@@ -90,8 +90,8 @@ class Service:
         self.store = store = open_store(config.store)
         if store.migrated_from is not None:  # a PostgreSQL URL may hold a password
             log.info("store-migrated", store=redact_store_url(config.store), from_version=store.migrated_from)
-        store.build_indexes(self._index_built)
         try:
+            store.build_indexes(self._index_built)
             self.metrics = metrics = Metrics(store)
             self.evaluator = Evaluator(
                 strict=config.evaluation_strict,
