@@ -8,7 +8,6 @@ import http.client
 import json
 import sqlite3
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -199,14 +198,16 @@ def test_clients_refused_together_are_told_different_delays(start_sidecar, tmp_p
     )
     try:
         held = []  # the request the writer is stuck on, and those the queue holds
-        while len(held) < 5:
+        while len(held) < 10:
             future = call.future(body, timeout=30)
-            time.sleep(0.3)
-            if future.done():  # refused: the queue is full from here on
-                assert future.code() == grpc.StatusCode.UNAVAILABLE
-                break
-            held.append(future)
-        assert 1 <= len(held) < 5
+            try:
+                future.exception(timeout=2)  # answered while nothing commits: refused
+            except grpc.FutureTimeoutError:
+                held.append(future)
+                continue
+            assert future.code() == grpc.StatusCode.UNAVAILABLE  # the queue is full from here on
+            break
+        assert 1 <= len(held) < 10
         grpc_delays, http_delays = [], []
         for _ in range(20):
             try:
