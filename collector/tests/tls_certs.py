@@ -1,4 +1,5 @@
-"""Test certificates made with ``cryptography``: a CA and a server certificate it signed."""
+"""Test certificates made with ``cryptography``: a CA, a server certificate it signed, and
+client certificates for mutual TLS."""
 
 from __future__ import annotations
 
@@ -61,9 +62,38 @@ def make_cert(directory: Path) -> tuple[Path, Path, Path]:
     ca_path, cert_path, key_path = directory / "ca.pem", directory / "cert.pem", directory / "key.pem"
     ca_path.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
+    key_path.write_bytes(_pem(key))
+    (directory / "ca-key.pem").write_bytes(_pem(ca_key))  # for make_client_cert
     return ca_path, cert_path, key_path
+
+
+def make_client_cert(ca_directory: Path, directory: Path) -> tuple[Path, Path]:
+    """A client certificate (and its key) signed by the CA that ``make_cert`` made in
+    ``ca_directory``, for mutual TLS."""
+    ca = x509.load_pem_x509_certificate((ca_directory / "ca.pem").read_bytes())
+    ca_key = serialization.load_pem_private_key((ca_directory / "ca-key.pem").read_bytes(), password=None)
+    now = datetime.datetime.now(datetime.UTC)
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "otel-collector")]))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([x509.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    cert_path, key_path = directory / "client.pem", directory / "client-key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(_pem(key))
+    return cert_path, key_path
+
+
+def _pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )

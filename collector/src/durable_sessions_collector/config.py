@@ -499,6 +499,10 @@ OPTIONS: tuple[Option, ...] = (
            "both are loaded again when they change"),
     Option("tls.key_file", "DURABLE_SESSIONS_TLS_KEY_FILE", _optional_file, None,
            "PEM private key of tls.cert_file"),
+    Option("tls.client_ca_file", "DURABLE_SESSIONS_TLS_CLIENT_CA_FILE", _optional_file, None,
+           "PEM CA certificate(s): clients must present a certificate they signed (mutual TLS, "
+           "as configtls's client_ca_file), on both ports, /healthz included; loaded again when it "
+           "changes; needs tls.cert_file"),
     Option("auth.token", "DURABLE_SESSIONS_AUTH_TOKEN", _optional_token, None,
            "bearer token required on both ports (Authorization: Bearer …, gRPC authorization "
            "metadata), except GET /healthz; never logged", redact=_hide),
@@ -547,6 +551,7 @@ class Config:
     alerts_otlp_max_backoff_s: float = 300.0
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
+    tls_client_ca_file: str | None = None
     auth_token: str | None = field(default=None, repr=False)
     auth_token_file: str | None = None
     log_level: str = "INFO"
@@ -636,6 +641,10 @@ def _check_together(values: dict[str, Any], sources: dict[str, str]) -> None:
             ("tls.key_file", "tls.cert_file") if key is None else ("tls.cert_file", "tls.key_file")
         )
         raise ConfigError(f"{missing}: required when {given} is set (from {sources[given]})")
+    if values.get("tls.client_ca_file") is not None and cert is None:
+        raise ConfigError(
+            f"tls.cert_file: required when tls.client_ca_file is set (from {sources['tls.client_ca_file']})"
+        )
     if values.get("auth.token") is not None and values.get("auth.token_file") is not None:
         raise ConfigError(
             f"auth.token_file: set either auth.token or auth.token_file, not both "

@@ -145,9 +145,11 @@ class BearerToken:
 
 
 class TlsFiles:
-    """The server certificate and key (``tls.cert_file``, ``tls.key_file``), loaded again
-    when either file changes: for the HTTP port, :meth:`ssl_context` for each handshake;
-    for the gRPC port, :meth:`grpc_credentials`, which grpcio asks before each handshake.
+    """The server certificate and key (``tls.cert_file``, ``tls.key_file``), and with
+    ``client_ca_file`` the CA that client certificates must be signed by (mutual TLS),
+    loaded again when any of the files changes: for the HTTP port, :meth:`ssl_context` for
+    each handshake; for the gRPC port, :meth:`grpc_credentials`, which grpcio asks before
+    each handshake.
 
     Construction loads the pair, and raises OSError naming the files when it does not
     load or does not match (start-up stops there). ``on_reload`` is called with
@@ -161,16 +163,18 @@ class TlsFiles:
         *,
         log: JsonLog,
         on_reload: Callable[[str], object] = lambda _outcome: None,
+        client_ca_file: str | None = None,
     ) -> None:
         self.cert_file = cert_file
         self.key_file = key_file
+        self.client_ca_file = client_ca_file
         self.log = log
         self.on_reload = on_reload
         self._lock = threading.Lock()
         self._context, self._pems = self._load()
         self._version = 0  # loads so far, after the first
         self._grpc_version = 0
-        self._watch = FileWatch([cert_file, key_file])
+        self._watch = FileWatch([cert_file, key_file, *([client_ca_file] if client_ca_file else [])])
 
     def ssl_context(self) -> ssl.SSLContext:
         self._reload_if_changed()
@@ -186,7 +190,11 @@ class TlsFiles:
             return math.nan
 
     def grpc_credentials(self) -> grpc.ServerCredentials:
-        return grpc.dynamic_ssl_server_credentials(self._grpc_configuration(), self._next_grpc_configuration)
+        return grpc.dynamic_ssl_server_credentials(
+            self._grpc_configuration(),
+            self._next_grpc_configuration,
+            require_client_authentication=self.client_ca_file is not None,
+        )
 
     def _next_grpc_configuration(self) -> Any:
         # grpcio calls this before each handshake: a new configuration, or None to keep it.
@@ -201,8 +209,8 @@ class TlsFiles:
             return None
 
     def _grpc_configuration(self) -> Any:
-        cert, key = self._pems
-        return grpc.ssl_server_certificate_configuration([(key, cert)])
+        cert, key, client_ca = self._pems
+        return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=client_ca)
 
     def _reload_if_changed(self) -> None:
         if not self._watch.changed():
@@ -227,9 +235,9 @@ class TlsFiles:
         )
         self.on_reload("loaded")
 
-    def _load(self) -> tuple[ssl.SSLContext, tuple[bytes, bytes]]:
+    def _load(self) -> tuple[ssl.SSLContext, tuple[bytes, bytes, bytes | None]]:
         pems = self._read()
-        context = server_ssl_context(self.cert_file, self.key_file)
+        context = server_ssl_context(self.cert_file, self.key_file, pems[2])
         # gRPC is given the bytes, the HTTP port a context loaded from the paths: both must
         # be the pair just checked, not one a writer changed in between.
         if self._read() != pems:
@@ -238,10 +246,13 @@ class TlsFiles:
             )
         return context, pems
 
-    def _read(self) -> tuple[bytes, bytes]:
+    def _read(self) -> tuple[bytes, bytes, bytes | None]:
         return (
             read_pem(self.cert_file, "certificate", "tls.cert_file"),
             read_pem(self.key_file, "private key", "tls.key_file"),
+            read_pem(self.client_ca_file, "certificate", "tls.client_ca_file")
+            if self.client_ca_file
+            else None,
         )
 
 

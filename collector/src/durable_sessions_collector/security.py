@@ -150,8 +150,9 @@ def read_pem(path: str, what: str, key: str) -> bytes:
         raise OSError(f"{key}: cannot read the {what} {path!r}: {error.strerror or error}") from None
 
 
-def server_ssl_context(cert_file: str, key_file: str) -> ssl.SSLContext:
-    """A TLS 1.2+ server context for the HTTP port."""
+def server_ssl_context(cert_file: str, key_file: str, client_ca: bytes | None = None) -> ssl.SSLContext:
+    """A TLS 1.2+ server context for the HTTP port; with ``client_ca`` (PEM), one that
+    requires a client certificate signed by it."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
@@ -161,6 +162,14 @@ def server_ssl_context(cert_file: str, key_file: str) -> ssl.SSLContext:
             f"tls.cert_file/tls.key_file: cannot load the certificate {cert_file!r} with key {key_file!r}: "
             f"{getattr(error, 'reason', None) or error}"
         ) from None
+    if client_ca is not None:
+        try:
+            context.load_verify_locations(cadata=client_ca.decode("ascii", "replace"))
+        except (ssl.SSLError, ValueError) as error:
+            raise OSError(
+                f"tls.client_ca_file: cannot load its CA certificates: {getattr(error, 'reason', None) or error}"
+            ) from None
+        context.verify_mode = ssl.CERT_REQUIRED
     context.set_alpn_protocols(["http/1.1"])
     return context
 

@@ -261,6 +261,7 @@ class Service:
             config.tls_key_file,
             log=self.log,
             on_reload=lambda outcome: reloads("tls", outcome).inc(),
+            client_ca_file=config.tls_client_ca_file,
         )
         metrics.expect_reloads("tls")
         metrics.watch_certificate(lambda: tls_files.not_after)

@@ -242,17 +242,22 @@ def test_every_documented_option_has_a_working_environment_override(tmp_path: Pa
         "alerts.otlp.max_backoff_s": ("30", 30.0),
         "tls.cert_file": (str(tmp_path / "cert.pem"), str(tmp_path / "cert.pem")),
         "tls.key_file": (str(tmp_path / "cert.pem"), str(tmp_path / "cert.pem")),
+        "tls.client_ca_file": (str(tmp_path / "cert.pem"), str(tmp_path / "cert.pem")),
         "auth.token": (TOKEN, TOKEN),
         "auth.token_file": (str(tmp_path / "token"), str(tmp_path / "token")),
         "log_level": ("debug", "DEBUG"),
     }
     assert set(samples) == KEYS
-    pairs = {"tls.cert_file": "tls.key_file", "tls.key_file": "tls.cert_file"}
+    needs = {
+        "tls.cert_file": ["tls.key_file"],
+        "tls.key_file": ["tls.cert_file"],
+        "tls.client_ca_file": ["tls.cert_file", "tls.key_file"],
+    }
     for option in OPTIONS:
         raw, expected = samples[option.key]
         env = {option.env: raw}
-        if option.key in pairs:
-            env[next(o.env for o in OPTIONS if o.key == pairs[option.key])] = raw
+        for needed in needs.get(option.key, []):
+            env[next(o.env for o in OPTIONS if o.key == needed)] = raw
         config = load(None, env=env)
         assert getattr(config, option.attr) == expected, option.key
         assert config.sources[option.key] == option.env

@@ -1,0 +1,111 @@
+"""Mutual TLS (``tls.client_ca_file``): on both ports, only clients presenting a
+certificate signed by that CA get past the handshake; real SDK exporters with client
+certificates, real TLS clients without one or with another CA's."""
+
+from __future__ import annotations
+
+import json
+import ssl
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+from durable_sessions_collector.config import ConfigError, load
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+from opentelemetry.sdk.trace.export import SpanExportResult
+from sidecar_clients import Agent, one_action_spans
+from tls_certs import make_cert, make_client_cert
+
+
+@pytest.fixture(autouse=True)
+def _no_ca_bundle_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("REQUESTS_CA_BUNDLE", raising=False)
+    monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> dict[str, Path]:
+    (tmp_path / "ours").mkdir()
+    (tmp_path / "theirs").mkdir()
+    ca, cert, key = make_cert(tmp_path / "ours")
+    client_cert, client_key = make_client_cert(tmp_path / "ours", tmp_path / "client")
+    make_cert(tmp_path / "theirs")
+    stranger_cert, stranger_key = make_client_cert(tmp_path / "theirs", tmp_path / "stranger")
+    return {
+        "ca": ca, "cert": cert, "key": key, "client_cert": client_cert, "client_key": client_key,
+        "stranger_cert": stranger_cert, "stranger_key": stranger_key,
+    }  # fmt: skip
+
+
+@pytest.fixture
+def mutual(start_sidecar, pki):  # type: ignore[no-untyped-def]
+    return start_sidecar(
+        tls__cert_file=str(pki["cert"]), tls__key_file=str(pki["key"]), tls__client_ca_file=str(pki["ca"])
+    )
+
+
+def https_get(sidecar, path: str, pki: dict[str, Path], client: str | None) -> int:  # type: ignore[no-untyped-def]
+    context = ssl.create_default_context(cafile=str(pki["ca"]))
+    if client is not None:
+        context.load_cert_chain(pki[f"{client}_cert"], pki[f"{client}_key"])
+    request = urllib.request.Request(f"https://127.0.0.1:{sidecar.service.http_port}{path}")
+    with urllib.request.urlopen(request, timeout=10, context=context) as response:
+        return response.status
+
+
+def grpc_exporter(sidecar, pki: dict[str, Path], client: str | None) -> GrpcExporter:  # type: ignore[no-untyped-def]
+    pair = {} if client is None else {
+        "private_key": pki[f"{client}_key"].read_bytes(), "certificate_chain": pki[f"{client}_cert"].read_bytes()
+    }  # fmt: skip
+    credentials = grpc.ssl_channel_credentials(root_certificates=pki["ca"].read_bytes(), **pair)
+    return GrpcExporter(endpoint=sidecar.grpc_endpoint, insecure=False, credentials=credentials, timeout=5)
+
+
+def test_exporters_with_a_client_certificate_are_served_on_both_ports(mutual, pki) -> None:  # type: ignore[no-untyped-def]
+    grpc_agent = Agent(grpc_exporter(mutual, pki, "client"), "inc-grpc")
+    grpc_agent.action("mtls-1", "a1", "tool_call")
+    http_agent = Agent(
+        HttpExporter(
+            endpoint=f"https://127.0.0.1:{mutual.service.http_port}/v1/traces",
+            certificate_file=str(pki["ca"]),
+            client_certificate_file=str(pki["client_cert"]),
+            client_key_file=str(pki["client_key"]),
+        ),
+        "inc-http",
+    )
+    http_agent.action("mtls-1", "a2", "tool_call")
+    context = ssl.create_default_context(cafile=str(pki["ca"]))
+    context.load_cert_chain(pki["client_cert"], pki["client_key"])
+    url = f"https://127.0.0.1:{mutual.service.http_port}/api/sessions/mtls-1"
+    with urllib.request.urlopen(url, timeout=10, context=context) as response:
+        detail = json.loads(response.read())
+    assert [a["action_id"] for a in detail["actions"]] == ["a1", "a2"]
+    assert https_get(mutual, "/healthz", pki, "client") == 200
+    grpc_agent.shutdown()
+    http_agent.shutdown()
+
+
+@pytest.mark.parametrize("client", [None, "stranger"], ids=["no-certificate", "another-ca"])
+def test_a_client_without_a_certificate_of_the_ca_gets_no_further_than_the_handshake(
+    mutual, pki, client
+) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
+        https_get(mutual, "/healthz", pki, client)  # the probe endpoint too
+    exporter = grpc_exporter(mutual, pki, client)
+    assert exporter.export(one_action_spans("mtls-refused")) is SpanExportResult.FAILURE
+    exporter.shutdown()
+    assert https_get(mutual, "/api/sessions", pki, "client") == 200  # and nothing was stored
+    context = ssl.create_default_context(cafile=str(pki["ca"]))
+    context.load_cert_chain(pki["client_cert"], pki["client_key"])
+    url = f"https://127.0.0.1:{mutual.service.http_port}/api/sessions"
+    with urllib.request.urlopen(url, timeout=10, context=context) as response:
+        assert json.loads(response.read())["sessions"] == []
+
+
+def test_a_client_ca_without_a_server_certificate_is_refused_naming_the_key(tmp_path: Path) -> None:
+    ca, _, _ = make_cert(tmp_path)
+    with pytest.raises(ConfigError, match=r"tls.cert_file: required when tls.client_ca_file is set"):
+        load(None, env={"DURABLE_SESSIONS_TLS_CLIENT_CA_FILE": str(ca)}, overrides={})
