@@ -211,14 +211,26 @@ class Service:
             self._teardown()
             raise
         self._started = True
+        # Who may connect: bearer token, client certificate (mutual TLS), both, or anyone.
+        auth = (
+            "+".join(
+                name
+                for name, on in (("bearer", token), ("client-certificate", config.tls_client_ca_file))
+                if on
+            )
+            or "none"
+        )
         for name, endpoint in (
             ("receivers.grpc.endpoint", config.receivers_grpc_endpoint),
             ("receivers.http.endpoint", config.receivers_http_endpoint),
         ):
-            if not is_loopback(endpoint) and not (token and tls):
+            if not is_loopback(endpoint) and not (auth != "none" and tls):
                 missing = " and ".join(
                     what
-                    for what, absent in (("auth.token", not token), ("tls.cert_file", tls is None))
+                    for what, absent in (
+                        ("auth.token or tls.client_ca_file", auth == "none"),
+                        ("tls.cert_file", tls is None),
+                    )
                     if absent
                 )
                 log.warning("not-loopback", key=name, endpoint=endpoint,
@@ -233,7 +245,7 @@ class Service:
             retention_s=config.retention_sessions_s,
             alert_channels=list(channels),
             tls=tls is not None,
-            auth="bearer" if token else "none",
+            auth=auth,
         )
         return self
 

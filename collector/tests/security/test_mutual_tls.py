@@ -84,6 +84,8 @@ def test_exporters_with_a_client_certificate_are_served_on_both_ports(mutual, pk
         detail = json.loads(response.read())
     assert [a["action_id"] for a in detail["actions"]] == ["a1", "a2"]
     assert https_get(mutual, "/healthz", pki, "client") == 200
+    started = next(line for line in mutual.log.lines() if line["event"] == "started")
+    assert started["tls"] is True and started["auth"] == "client-certificate"
     grpc_agent.shutdown()
     http_agent.shutdown()
 
@@ -109,3 +111,20 @@ def test_a_client_ca_without_a_server_certificate_is_refused_naming_the_key(tmp_
     ca, _, _ = make_cert(tmp_path)
     with pytest.raises(ConfigError, match=r"tls.cert_file: required when tls.client_ca_file is set"):
         load(None, env={"DURABLE_SESSIONS_TLS_CLIENT_CA_FILE": str(ca)}, overrides={})
+
+
+def test_a_port_open_to_other_hosts_is_warned_about_unless_tls_and_some_authentication(
+    start_sidecar, pki
+) -> None:  # type: ignore[no-untyped-def]
+    def warnings(**settings: str) -> list[str]:
+        sidecar = start_sidecar(receivers__http__endpoint="0.0.0.0:0", **settings)
+        notes = [line["note"] for line in sidecar.log.lines() if line["event"] == "not-loopback"]
+        sidecar.stop()
+        return notes
+
+    assert warnings() == [
+        "the port is reachable from other hosts; set auth.token or tls.client_ca_file and tls.cert_file"
+    ]
+    tls = {"tls__cert_file": str(pki["cert"]), "tls__key_file": str(pki["key"])}
+    assert warnings(**tls) == ["the port is reachable from other hosts; set auth.token or tls.client_ca_file"]
+    assert warnings(**tls, tls__client_ca_file=str(pki["ca"])) == []
