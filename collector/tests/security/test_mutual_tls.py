@@ -5,6 +5,7 @@ certificates, real TLS clients without one or with another CA's."""
 from __future__ import annotations
 
 import json
+import os
 import ssl
 import urllib.error
 import urllib.request
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from conftest import wait_for
 from durable_sessions_collector.config import ConfigError, load
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
@@ -128,3 +130,32 @@ def test_a_port_open_to_other_hosts_is_warned_about_unless_tls_and_some_authenti
     tls = {"tls__cert_file": str(pki["cert"]), "tls__key_file": str(pki["key"])}
     assert warnings(**tls) == ["the port is reachable from other hosts; set auth.token or tls.client_ca_file"]
     assert warnings(**tls, tls__client_ca_file=str(pki["ca"])) == []
+
+
+def test_a_replaced_client_ca_is_required_from_the_next_handshake(start_sidecar, pki, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    served_ca = tmp_path / "served-ca.pem"
+    served_ca.write_bytes(pki["ca"].read_bytes())
+    sidecar = start_sidecar(
+        tls__cert_file=str(pki["cert"]), tls__key_file=str(pki["key"]), tls__client_ca_file=str(served_ca)
+    )
+    assert https_get(sidecar, "/healthz", pki, "client") == 200
+    with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
+        https_get(sidecar, "/healthz", pki, "stranger")
+    # The other CA replaces ours, by rename, as a Kubernetes Secret volume swaps its files.
+    replacement = tmp_path / "next-ca.pem"
+    replacement.write_bytes((tmp_path / "theirs" / "ca.pem").read_bytes())
+    os.replace(replacement, served_ca)
+
+    def stranger_admitted() -> bool:
+        try:
+            return https_get(sidecar, "/healthz", pki, "stranger") == 200
+        except (ssl.SSLError, urllib.error.URLError, ConnectionError):
+            return False
+
+    wait_for(stranger_admitted, timeout=10)
+    with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
+        https_get(sidecar, "/healthz", pki, "client")
+    exporter = grpc_exporter(sidecar, pki, "client")  # the gRPC port follows too
+    assert exporter.export(one_action_spans("after-rotation")) is SpanExportResult.FAILURE
+    exporter.shutdown()
+    assert any(line["event"] == "tls-reloaded" for line in sidecar.log.lines())
