@@ -586,17 +586,30 @@ def action_rows(requests: list[bytes], received_at: float) -> list[tuple[Any, ..
     return rows
 
 
-def _create_store(path: str, collector_src: str | None = None) -> None:
-    """An empty store of the sidecar of ``collector_src`` (this tree's when None), in a child
-    process so that another tree's ``durable_sessions_collector`` can be imported."""
+def _create_store(url: str, collector_src: str | None = None) -> None:
+    """An empty store at ``url`` (its schema: a SQLite file's, or a PostgreSQL schema's) of
+    the sidecar of ``collector_src`` (this tree's when None), in a child process so that
+    another tree's ``durable_sessions_collector`` can be imported."""
     code = (
         "import sys; sys.path[:0] = sys.argv[2:]\n"
-        "from durable_sessions_collector.store.sqlite import SqliteStore\n"
-        "SqliteStore(sys.argv[1]).close()"
+        "from durable_sessions_collector.store import open_store\n"
+        "open_store(sys.argv[1]).close()"
     )
-    subprocess.run(
-        [sys.executable, "-c", code, path, *([collector_src] if collector_src else [])], check=True
-    )
+    subprocess.run([sys.executable, "-c", code, url, *([collector_src] if collector_src else [])], check=True)
+
+
+def _postgres_schema(dsn: str, name: str) -> tuple[str, Callable[[], None]]:
+    """A store URL on the PostgreSQL server ``dsn`` with a schema of its own, and how to
+    drop that schema."""
+    import psycopg
+
+    schema = f"{name}_{os.getpid()}"
+
+    def drop() -> None:
+        with psycopg.connect(dsn, autocommit=True) as db:
+            db.execute(f"DROP SCHEMA {schema} CASCADE")
+
+    return dsn + ("&" if "?" in dsn else "?") + f"schema={schema}", drop
 
 
 def store_floor(args: argparse.Namespace) -> None:
@@ -604,10 +617,10 @@ def store_floor(args: argparse.Namespace) -> None:
 
     work = tempfile.mkdtemp(prefix="ds-floor-")
     stores = {"actions": f"{work}/sessions.db"}
-    _create_store(stores["actions"])
+    _create_store(f"sqlite:///{stores['actions']}")
     if args.baseline:
         stores["baseline"] = f"{work}/baseline.db"
-        _create_store(stores["baseline"], str(Path(args.baseline, "collector", "src")))
+        _create_store(f"sqlite:///{stores['baseline']}", str(Path(args.baseline, "collector", "src")))
     connections = {name: sqlite3.connect(path, isolation_level=None) for name, path in stores.items()}
     plain = connections["actions"]
     plain.execute("CREATE TABLE plain_actions AS SELECT * FROM actions WHERE 0")  # no constraints
@@ -745,7 +758,7 @@ def prune(args: argparse.Namespace) -> None:
               f"median of {args.passes} passes, {'PostgreSQL' if args.store else 'SQLite'}")  # fmt: skip
     for number, (name, tree, made_by) in enumerate(cases):
         url, drop = _prune_store(args, work, str(number))
-        _create_prune_store(url, made_by)
+        _create_store(url, made_by)
         _fill_for_prune(url, args.rows, args.huge)
         mode = "huge" if args.huge else "idle"
         result = subprocess.run(
@@ -765,25 +778,7 @@ def prune(args: argparse.Namespace) -> None:
 def _prune_store(args: argparse.Namespace, work: str, tag: str) -> tuple[str, Callable[[], None]]:
     if not args.store:
         return f"sqlite:///{work}/{tag}.db", lambda: None
-    import psycopg
-
-    schema = f"ds_bench_prune_{os.getpid()}_{tag}"
-    url = args.store + ("&" if "?" in args.store else "?") + f"schema={schema}"
-
-    def drop() -> None:
-        with psycopg.connect(args.store, autocommit=True) as db:
-            db.execute(f"DROP SCHEMA {schema} CASCADE")
-
-    return url, drop
-
-
-def _create_prune_store(url: str, collector_src: str | None) -> None:
-    code = (
-        "import sys; sys.path[:0] = sys.argv[2:]\n"
-        "from durable_sessions_collector.store import open_store\n"
-        "open_store(sys.argv[1]).close()"
-    )
-    subprocess.run([sys.executable, "-c", code, url, *([collector_src] if collector_src else [])], check=True)
+    return _postgres_schema(args.store, f"ds_bench_prune_{tag}")
 
 
 # --- scraping /metrics ----------------------------------------------------------------------
@@ -797,7 +792,7 @@ def _filled_store(args: argparse.Namespace, work: str) -> tuple[str, Callable[[]
         import sqlite3
 
         path = f"{work}/sessions.db"
-        _create_store(path)
+        _create_store(f"sqlite:///{path}")
         with sqlite3.connect(path) as db:
             db.executemany(
                 "INSERT INTO sessions (session_id, first_seen, last_seen, open, actions, verdict) VALUES (?, ?, ?, 0, 1, ?)",
@@ -810,13 +805,12 @@ def _filled_store(args: argparse.Namespace, work: str) -> tuple[str, Callable[[]
             )
         return f"sqlite:///{path}", lambda: None
     import psycopg
-    from durable_sessions_collector.store.postgres import PostgresStore
+    from durable_sessions_collector.store.postgres import split_url
 
-    schema = f"ds_bench_scrape_{os.getpid()}"
-    url = args.store + ("&" if "?" in args.store else "?") + f"schema={schema}"
-    PostgresStore(url).close()
+    url, drop = _postgres_schema(args.store, "ds_bench_scrape")
+    _create_store(url)
     with psycopg.connect(args.store, autocommit=True) as db:
-        db.execute(f"SET search_path = {schema}")
+        db.execute(f"SET search_path = {split_url(url)[1]}")
         db.execute(
             "INSERT INTO sessions (session_id, first_seen, last_seen, open, actions, verdict) "
             "SELECT 's-' || lpad(i::text, 9, '0'), %s - i, %s - i, 0, 1, "
@@ -831,11 +825,6 @@ def _filled_store(args: argparse.Namespace, work: str) -> tuple[str, Callable[[]
         )
         db.execute("VACUUM ANALYZE sessions")
         db.execute("VACUUM ANALYZE outbox")
-
-    def drop() -> None:
-        with psycopg.connect(args.store, autocommit=True) as db:
-            db.execute(f"DROP SCHEMA {schema} CASCADE")
-
     return url, drop
 
 
