@@ -38,6 +38,10 @@ class TooLarge(Exception):
     pass
 
 
+def _too_large(limit: int, coding: str) -> TooLarge:
+    return TooLarge(f"request body is over the {limit}-byte limit after {coding} decompression")
+
+
 def decompress(body: bytes, encoding: str, limit: int) -> bytes:
     """``body`` decoded per ``encoding`` (a lower-case ``Content-Encoding`` value, one of
     :data:`ENCODINGS` or ``""``/``identity``), never more than ``limit`` bytes."""
@@ -59,9 +63,7 @@ def _zlib_stream(name: str, wbits: int) -> Callable[[bytes, int], bytes]:
                 while data:
                     out += decompressor.decompress(data, limit + 1 - len(out))
                     if len(out) > limit:
-                        raise TooLarge(
-                            f"request body is over the {limit}-byte limit after {name} decompression"
-                        )
+                        raise _too_large(limit, name)
                     data = decompressor.unconsumed_tail
                 if not decompressor.eof:
                     raise BadData(f"request body is a truncated {name} stream")
@@ -88,7 +90,7 @@ def _zstd(body: bytes, limit: int) -> bytes:
                 out += frame.decompress(data[fed : fed + step])
                 fed += step
                 if len(out) > limit:
-                    raise TooLarge(f"request body is over the {limit}-byte limit after zstd decompression")
+                    raise _too_large(limit, "zstd")
             if not frame.eof:
                 raise BadData("request body is a truncated zstd stream")
             data = memoryview(frame.unused_data + bytes(data[fed:]))
@@ -106,7 +108,7 @@ def _snappy(body: bytes, limit: int) -> bytes:
     if body.startswith(SNAPPY_STREAM_IDENTIFIER):
         return _snappy_frames(body, limit)
     if _snappy_length(body) > limit:  # a block says its decoded length first
-        raise TooLarge(f"request body is over the {limit}-byte limit after snappy decompression")
+        raise _too_large(limit, "snappy")
     try:
         return bytes(cramjam.snappy.decompress_raw(body))
     except cramjam.DecompressionError as error:
@@ -132,7 +134,7 @@ def _snappy_frames(body: bytes, limit: int) -> bytes:
             except cramjam.DecompressionError as error:
                 raise BadData(f"request body is not valid snappy data: {error}") from None
             if len(out) > limit:
-                raise TooLarge(f"request body is over the {limit}-byte limit after snappy decompression")
+                raise _too_large(limit, "snappy")
         elif kind < 0x80 or (kind == 0xFF and chunk != SNAPPY_STREAM_IDENTIFIER):  # reserved, unskippable
             raise BadData(f"request body is not valid snappy data: chunk type {kind:#04x}")
         at = end  # 0x80-0xfe: skippable chunks and padding
@@ -156,12 +158,11 @@ def _lz4(body: bytes, limit: int) -> bytes:
         while data:
             frame = lz4.frame.LZ4FrameDecompressor()
             out += frame.decompress(data, max_length=limit + 1 - len(out))
-            while not frame.eof and not frame.needs_input:  # output held back by max_length
+            # Output held back by max_length: take it, up to the limit.
+            while len(out) <= limit and not frame.eof and not frame.needs_input:
                 out += frame.decompress(b"", max_length=limit + 1 - len(out))
-                if len(out) > limit:
-                    break
             if len(out) > limit:
-                raise TooLarge(f"request body is over the {limit}-byte limit after lz4 decompression")
+                raise _too_large(limit, "lz4")
             if not frame.eof:
                 raise BadData("request body is a truncated lz4 stream")
             data = frame.unused_data
