@@ -1,5 +1,5 @@
 """Credentials re-read while the sidecar runs: the bearer token file, and the TLS
-certificate and key.
+certificate, key and client CA.
 
 Credentials are rotated in place: a Kubernetes Secret volume swaps its files at once,
 cert-manager renews a certificate weeks before it expires, a vault agent rewrites a token

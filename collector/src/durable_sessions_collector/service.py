@@ -64,6 +64,14 @@ def tune_garbage_collector() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
+def who_may_connect(token: str | None, client_ca_file: str | None) -> str:
+    """``bearer``, ``client-certificate`` (mutual TLS), both joined by ``+``, or ``none``."""
+    return (
+        "+".join(name for name, on in (("bearer", token), ("client-certificate", client_ca_file)) if on)
+        or "none"
+    )
+
+
 class Service:
     """The running sidecar: store, evaluator, pipeline, receivers, API.
 
@@ -211,15 +219,7 @@ class Service:
             self._teardown()
             raise
         self._started = True
-        # Who may connect: bearer token, client certificate (mutual TLS), both, or anyone.
-        auth = (
-            "+".join(
-                name
-                for name, on in (("bearer", token), ("client-certificate", config.tls_client_ca_file))
-                if on
-            )
-            or "none"
-        )
+        auth = who_may_connect(token, config.tls_client_ca_file)
         for name, endpoint in (
             ("receivers.grpc.endpoint", config.receivers_grpc_endpoint),
             ("receivers.http.endpoint", config.receivers_http_endpoint),

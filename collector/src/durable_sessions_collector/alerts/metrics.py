@@ -187,7 +187,8 @@ class Metrics:
         )
         self.sessions_pruned = Counter(
             "durable_sessions_sessions_pruned",
-            "Ended sessions deleted from the store by retention.sessions_s, with their actions and violations",
+            "Ended sessions deleted from the store by retention.sessions_s, with their violations and "
+            "actions (those of a session over a pass's budget in later passes)",
             registry=registry,
         )
         self.alert_deliveries = Counter(

@@ -1,5 +1,5 @@
 """The OTLP/HTTP receiver: ``POST /v1/traces``, binary protobuf or JSON, optionally
-compressed (gzip, zstd, deflate, zlib: :mod:`.content_encoding`).
+compressed (every coding of the Collector's ``otlphttp`` exporter: :mod:`.content_encoding`).
 
 Answers, per the OTLP specification (the response uses the request's encoding; error
 bodies are a ``google.rpc.Status``):
