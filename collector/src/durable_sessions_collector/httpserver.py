@@ -285,10 +285,11 @@ class HttpServer:
         on_idle_closed: Callable[[], object] = lambda: None,
     ) -> None:
         """``tls``: serve HTTPS, handshaking with the context it gives for each connection
-        (so that a renewed certificate is served from its next connection on); ``auth``: a gate run before every handler,
-        returning None to go on or the response to send instead (e.g. 401);
-        ``max_connections``: connections served at once, ``on_idle_closed`` called for each
-        idle one closed to make room (see :class:`Connections`)."""
+        (so that a renewed certificate is served from its next connection on); ``auth``: a
+        gate run before every handler, returning None to go on or the response to send
+        instead (e.g. 401); ``max_connections``: connections served at once,
+        ``on_idle_closed`` called for each idle one closed to make room (see
+        :class:`Connections`)."""
         host, _, port = endpoint.rpartition(":")
         self.router = router
         self.log = log
