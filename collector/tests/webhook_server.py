@@ -43,6 +43,23 @@ class Received:
     raw: bytes
 
 
+class ClosedPort:
+    """A loopback port where connections are refused, as to a receiver that is down, held
+    (bound, not listening) so that no other socket takes it meanwhile: a port that
+    :func:`free_port` names is free again at once, and a sidecar binding port 0 could be
+    given it, its alerts then going to its own HTTP port. :meth:`release` it right before
+    the receiver starts on it."""
+
+    def __init__(self) -> None:
+        self._socket = socket.socket()
+        self._socket.bind(("127.0.0.1", 0))
+        self.port = int(self._socket.getsockname()[1])
+
+    def release(self) -> int:
+        self._socket.close()
+        return self.port
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

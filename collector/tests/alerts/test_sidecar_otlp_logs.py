@@ -21,7 +21,7 @@ from opentelemetry.proto.logs.v1 import logs_pb2
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from otlp_log_server import OtlpLogServer
 from sidecar_clients import Agent, grpc_exporter
-from webhook_server import free_port
+from webhook_server import ClosedPort
 
 SECRET = "card 4242 4242 4242 4242"
 TOKEN = "Bearer otlp-header-secret-0123456789"
@@ -150,7 +150,8 @@ def test_each_violation_arrives_once_as_a_log_record_linked_to_its_span(start_si
 def test_a_receiver_that_is_down_gets_the_record_once_after_retries_and_a_restart(
     start_sidecar, tmp_path
 ) -> None:  # type: ignore[no-untyped-def]
-    port = free_port()
+    down = ClosedPort()  # the receiver is down
+    port = down.port
     store = tmp_path / "sessions.db"
     # A bare loopback host:port: plaintext, like http://.
     settings = {"alerts__otlp__endpoint": f"127.0.0.1:{port}", "alerts__otlp__max_attempts": 1000, **FAST}
@@ -167,7 +168,7 @@ def test_a_receiver_that_is_down_gets_the_record_once_after_retries_and_a_restar
 
     second = start_sidecar(store, **settings)
     assert outbox(second, "pending") == 1
-    with OtlpLogServer(port) as logs:  # the receiver comes up
+    with OtlpLogServer(down.release()) as logs:  # the receiver comes up
         wait_for(lambda: outbox(second, "delivered") == 1)
         assert len(logs.requests) == 1
         [record] = records(logs)

@@ -14,7 +14,7 @@ import time
 from conftest import wait_for
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from sidecar_clients import Agent, grpc_exporter
-from webhook_server import WebhookServer, free_port
+from webhook_server import ClosedPort, WebhookServer
 
 SECRET = "card 4242 4242 4242 4242"
 FAST = {
@@ -104,7 +104,8 @@ def test_a_failing_receiver_gets_the_alert_after_retries_with_one_idempotency_ke
 
 
 def test_a_receiver_that_is_down_gets_the_alert_once_after_restarts(start_sidecar, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    port = free_port()
+    down = ClosedPort()  # the receiver is down
+    port = down.port
     url = f"http://127.0.0.1:{port}/hook"
     store = tmp_path / "sessions.db"
     settings = {"alerts__webhook__url": url, "alerts__webhook__max_attempts": 1000, **FAST}
@@ -119,7 +120,7 @@ def test_a_receiver_that_is_down_gets_the_alert_once_after_restarts(start_sideca
 
     second = start_sidecar(store, **settings)
     assert outbox(second, "pending") == 1
-    with WebhookServer(port) as hook:  # the receiver comes up
+    with WebhookServer(down.release()) as hook:  # the receiver comes up
         wait_for(lambda: outbox(second, "delivered") == 1)
         assert [r.headers["idempotency-key"] for r in hook.requests] == [
             expected_key("pay-1", "unkeyed-side-effect", "charge")

@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from sidecar_clients import Agent, grpc_exporter
-from webhook_server import WebhookServer, free_port
+from webhook_server import ClosedPort, WebhookServer
 
 from durable_sessions.violation import Severity, Violation
 
@@ -228,7 +228,8 @@ def test_no_retention_prunes_nothing(start_sidecar, monkeypatch) -> None:  # typ
 
 
 def test_a_pending_alert_of_a_pruned_session_is_kept_and_still_delivered(start_sidecar, store_url) -> None:  # type: ignore[no-untyped-def]
-    port = free_port()  # nobody listens yet: the webhook alerts stay pending
+    down = ClosedPort()  # nobody listens yet: the webhook alerts stay pending
+    port = down.port
     sidecar = start_sidecar(
         store_url,
         retention__sessions_s=HOUR,
@@ -251,7 +252,7 @@ def test_a_pending_alert_of_a_pruned_session_is_kept_and_still_delivered(start_s
     assert sidecar.get("/api/sessions/pay-1")[0] == 404
     assert stored(store_url, "pay-1") == {"sessions": 0, "actions": 0, "violations": 0, "outbox": 1}
     assert alert_states(store_url, "pay-1") == [("webhook", "pending")]  # the delivered log row is gone
-    with WebhookServer(port) as hook:  # the receiver comes up: the kept alert is delivered
+    with WebhookServer(down.release()) as hook:  # the receiver comes up: the kept alert is delivered
         wait_for(lambda: "pay-1" in {received.body["session_id"] for received in hook.accepted})
         wait_for(lambda: alert_states(store_url, "pay-1") == [("webhook", "delivered")])
     # Delivered now, its violation gone: a pass deletes it once its next_attempt_at (on a
