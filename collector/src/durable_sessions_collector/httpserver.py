@@ -35,6 +35,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from durable_sessions_collector import __version__
 from durable_sessions_collector.jsonlog import JsonLog
 
 DRAIN_LIMIT = 256 * 1024 * 1024
@@ -300,8 +301,7 @@ class HttpServer:
 
         class _Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
-            server_version = "durable-sessions-collector"
-            sys_version = ""
+            server_version = f"durable-sessions-collector/{__version__}"
             # Answers to a request line the stdlib cannot parse (garbage, "PRI * HTTP/2.0")
             # are sent before its version is known: with the default "HTTP/0.9" they went
             # out as a bare HTML page without a status line.
@@ -316,6 +316,11 @@ class HttpServer:
             stall_timeout_s = STALL_TIMEOUT_S
             body_timeout_s = BODY_TIMEOUT_S
             continue_pending = False
+
+            def version_string(self) -> str:
+                # product/version (RFC 9110); the stdlib appends " Python/3.x", or with an
+                # empty sys_version a trailing space
+                return self.server_version
 
             def setup(self) -> None:
                 super().setup()

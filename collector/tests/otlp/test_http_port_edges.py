@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 from conftest import wait_for
-from durable_sessions_collector import httpserver
+from durable_sessions_collector import __version__, httpserver
 
 TOKEN = "edge-token-0123456789abcdef"
 
@@ -464,6 +464,13 @@ def test_other_request_forms(sidecar) -> None:  # type: ignore[no-untyped-def]
         assert got == status, (request_bytes[:40], got)
         assert expected.items() <= headers.items()
     assert_healthy(sidecar)
+
+
+def test_the_server_header_names_the_product_and_its_version(sidecar) -> None:  # type: ignore[no-untyped-def]
+    with connect(sidecar) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n")
+        data, _ = read_until_closed(sock, 5)
+    assert f"\r\nServer: durable-sessions-collector/{__version__}\r\n".encode() in data, data[:200]
 
 
 # --- how many connections, a body's whole time, and stopping ------------------------------
