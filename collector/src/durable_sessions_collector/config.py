@@ -10,6 +10,10 @@ Invalid configuration stops start-up with :class:`ConfigError`, whose message na
 key and where the bad value came from, e.g.::
 
     evaluation.idle_s: expected a positive number, got 'soon' (from DURABLE_SESSIONS_IDLE_S)
+    evaluation.idle_s: expected a positive number, got 'soon' (from collector.yaml:4)
+
+A key given twice in one mapping of the file is an error too: YAML parsers keep the last
+one, so a second ``evaluation:`` block would quietly drop the first one's settings.
 
 An example file::
 
@@ -28,7 +32,7 @@ import contextlib
 import ipaddress
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -614,9 +618,9 @@ def load(
     if path is None and env.get(ENV_PREFIX + "CONFIG"):
         path = env[ENV_PREFIX + "CONFIG"]
     if path is not None:
-        for key, value in _read_file(Path(path)).items():
-            values[key] = _parse(_BY_KEY[key], value, text=False, source=str(path))
-            sources[key] = str(path)
+        for key, (value, where) in _read_file(Path(path)).items():
+            values[key] = _parse(_BY_KEY[key], value, text=False, source=where)
+            sources[key] = where
     for option in OPTIONS:
         if option.env in env:
             values[option.key] = _parse(option, env[option.env], text=True, source=option.env)
@@ -671,15 +675,23 @@ def _parse(option: Option, value: Any, *, text: bool, source: str) -> Any:
         raise ConfigError(f"{option.key}: {error} (from {source})") from None
 
 
-def _read_file(path: Path) -> dict[str, Any]:
+def _read_file(path: Path) -> dict[str, tuple[Any, str]]:
+    """The file's settings: dotted key -> (value, ``path:line`` of its key)."""
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError as error:
         raise ConfigError(
             f"cannot read configuration file {str(path)!r}: {error.strerror or error}"
         ) from None
     try:
-        document = yaml.safe_load(text)
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        raise ConfigError(
+            f"{path}:{line}: not UTF-8 text (byte 0x{data[error.start]:02x}); save the file as UTF-8"
+        ) from None
+    try:
+        document, lines = _ConfigLoader.load(text)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -689,23 +701,83 @@ def _read_file(path: Path) -> dict[str, Any]:
         return {}
     if not isinstance(document, dict):
         raise ConfigError(f"{path}: expected a mapping of settings at the top level")
-    flat: dict[str, Any] = {}
-    _flatten(document, "", flat, path)
+    flat: dict[str, tuple[Any, str]] = {}
+    _flatten(document, "", flat, _Lines(path, lines))
     return flat
 
 
-def _flatten(node: dict[Any, Any], prefix: str, out: dict[str, Any], path: Path) -> None:
+class _ConfigLoader(yaml.SafeLoader):
+    """``yaml.safe_load``, but a key given twice in one mapping is an error rather than
+    the last one winning, and the line of every key is kept (``lines``: a mapping's id ->
+    its keys' lines) so that errors about a value can say where it is."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.lines: dict[int, dict[Any, int]] = {}
+
+    @classmethod
+    def load(cls, text: str) -> tuple[Any, dict[int, dict[Any, int]]]:
+        """The document in ``text`` and its keys' lines; raises :class:`yaml.YAMLError`."""
+        loader = cls(text)
+        try:
+            return loader.get_single_data(), loader.lines
+        finally:
+            loader.dispose()
+
+    def construct_lined_mapping(self, node: yaml.MappingNode) -> Iterator[dict[Any, Any]]:
+        mapping: dict[Any, Any] = {}
+        yield mapping
+        lines = self.lines[id(mapping)] = {}
+        merged_at = None
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                # merged keys (<<: *anchor) may be given again: that is what they are for
+                merged_at = key_node.start_mark.line + 1
+                continue
+            key = self.construct_object(key_node)
+            with contextlib.suppress(TypeError):  # an unhashable key: construct_mapping says so
+                if key in lines:
+                    raise yaml.constructor.ConstructorError(
+                        "while reading a mapping",
+                        node.start_mark,
+                        f"{key!r} is given twice (first at line {lines[key]}); merge the two",
+                        key_node.start_mark,
+                    )
+                lines[key] = key_node.start_mark.line + 1
+        mapping.update(self.construct_mapping(node))
+        if merged_at is not None:
+            for key in mapping.keys() - lines.keys():
+                lines[key] = merged_at
+
+
+_ConfigLoader.add_constructor("tag:yaml.org,2002:map", _ConfigLoader.construct_lined_mapping)
+
+
+@dataclass(frozen=True)
+class _Lines:
+    """Where the keys of the file's mappings are: ``path:line``."""
+
+    path: Path
+    lines: dict[int, dict[Any, int]]
+
+    def of(self, mapping: dict[Any, Any], key: Any) -> str:
+        line = self.lines.get(id(mapping), {}).get(key)
+        return f"{self.path}:{line}" if line is not None else str(self.path)
+
+
+def _flatten(node: dict[Any, Any], prefix: str, out: dict[str, tuple[Any, str]], lines: _Lines) -> None:
     for raw_key, value in node.items():
         key = f"{prefix}{raw_key}"
+        where = lines.of(node, raw_key)
         if key in _BY_KEY:
-            out[key] = value
+            out[key] = (value, where)
         elif isinstance(value, dict) and any(k.startswith(key + ".") for k in _BY_KEY):
-            _flatten(value, key + ".", out, path)
+            _flatten(value, key + ".", out, lines)
         elif any(k.startswith(key + ".") for k in _BY_KEY):
-            raise ConfigError(f"{key}: expected a mapping of settings, got {value!r} (from {path})")
+            raise ConfigError(f"{key}: expected a mapping of settings, got {value!r} (from {where})")
         else:
             known = sorted(k for k in _BY_KEY if k.startswith(prefix)) if prefix else sorted(_BY_KEY)
-            raise ConfigError(f"{key}: unknown setting (from {path}); known: {', '.join(known)}")
+            raise ConfigError(f"{key}: unknown setting (from {where}); known: {', '.join(known)}")
 
 
 def is_loopback(endpoint: str) -> bool:

@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -43,6 +44,8 @@ from durable_sessions_collector.cli import main
 from durable_sessions_collector.config import OPTIONS, ConfigError, load, redact_store_url, url_secrets
 from durable_sessions_collector.security import RedactingStream
 from durable_sessions_collector.service import Service
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from sidecar_clients import Agent, grpc_exporter
 from webhook_server import WebhookServer, free_port
@@ -291,7 +294,7 @@ def test_precedence_is_flag_then_environment_then_file(
     node[leaf] = file_value
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(document))
-    assert load(path, env={}).sources[key] == str(path)
+    assert load(path, env={}).sources[key] == f"{path}:{len(parents) + 1}"  # one key a line
     assert load(path, env={option.env: env_value}).sources[key] == option.env
     config = load(path, env={option.env: env_value}, overrides={option.attr: flag_value})
     assert getattr(config, option.attr) == expected and config.sources[key] == option.flag
@@ -356,6 +359,122 @@ def test_an_empty_variable_for_a_required_setting_is_an_error_naming_it(variable
     with pytest.raises(ConfigError) as caught:
         load(None, env={variable: ""})
     assert str(caught.value).startswith(f"{key}: ") and f"(from {variable})" in str(caught.value)
+
+
+# --- the file: keys given twice, lines, fuzzing ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "column", "problem"),
+    [
+        # a second block would quietly drop the first one's idle_s
+        (
+            "evaluation:\n  idle_s: 5\nevaluation:\n  strict: true\n",
+            3,
+            1,
+            "'evaluation' is given twice (first at line 1)",
+        ),
+        ("evaluation:\n  idle_s: 5\n  idle_s: 7\n", 3, 3, "'idle_s' is given twice (first at line 2)"),
+        ("evaluation: {idle_s: 5, idle_s: 7}\n", 1, 25, "'idle_s' is given twice (first at line 1)"),
+    ],
+)
+def test_a_key_given_twice_in_the_file_is_an_error_naming_both_lines(
+    tmp_path: Path, text: str, line: int, column: int, problem: str
+) -> None:
+    path = tmp_path / "collector.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load(path, env={})
+    assert (
+        str(caught.value)
+        == f"{path} at line {line}, column {column}: not valid YAML: {problem}; merge the two"
+    )
+
+
+def test_errors_and_sources_name_the_line_of_the_key_in_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "collector.yaml"
+    path.write_text(
+        "# the sidecar\nreceivers:\n  grpc: {endpoint: 127.0.0.1:4319}\nevaluation:\n  idle_s: soon\n"
+    )
+    with pytest.raises(ConfigError, match=re.escape(f"got 'soon' (from {path}:5)")):
+        load(path, env={})
+    path.write_text("evaluation:\n  strict: true\n  idel_s: 3\n")
+    with pytest.raises(ConfigError, match=re.escape(f"evaluation.idel_s: unknown setting (from {path}:3)")):
+        load(path, env={})
+    path.write_text("receivers:\n  grpc: {endpoint: 127.0.0.1:4319}\nevaluation:\n\n  strict: true\n")
+    sources = load(path, env={}).sources
+    assert (sources["receivers.grpc.endpoint"], sources["evaluation.strict"]) == (f"{path}:2", f"{path}:5")
+    assert sources["evaluation.idle_s"] == "default"
+
+
+def test_a_file_that_is_not_utf8_is_a_config_error_naming_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "collector.yaml"
+    path.write_bytes("evaluation:\n  strict: true\nstore: sqlite:///café.db\n".encode("latin-1"))
+    with pytest.raises(ConfigError) as caught:
+        load(path, env={})
+    assert str(caught.value) == f"{path}:3: not UTF-8 text (byte 0xe9); save the file as UTF-8"
+    path.write_bytes("evaluation: {idle_s: 4}\n".encode("utf-16"))  # with its byte order mark
+    with pytest.raises(ConfigError, match="not UTF-8 text"):
+        load(path, env={})
+    path.write_bytes(b"\xef\xbb\xbfevaluation: {idle_s: 4}\n")  # UTF-8 with a byte order mark is UTF-8
+    assert load(path, env={}).evaluation_idle_s == 4
+
+
+def test_merge_keys_may_be_overridden_and_keep_their_line(tmp_path: Path) -> None:
+    path = tmp_path / "collector.yaml"
+    path.write_text("evaluation:\n  <<: {idle_s: 5, strict: true}\n  idle_s: 9\n")
+    config = load(path, env={})
+    assert (config.evaluation_idle_s, config.evaluation_strict) == (9, True)
+    assert (config.sources["evaluation.idle_s"], config.sources["evaluation.strict"]) == (
+        f"{path}:3",
+        f"{path}:2",
+    )
+
+
+_ANY_VALUE = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20) | st.binary(max_size=4),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+def _nested(flat: dict[str, Any]) -> dict[str, Any]:
+    document: dict[str, Any] = {}
+    for key, value in flat.items():
+        *parents, leaf = key.split(".")
+        node = document
+        for part in parents:
+            node = node.setdefault(part, {})
+        if isinstance(node, dict):
+            node[leaf] = value
+    return document
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(flat=st.dictionaries(st.sampled_from(sorted(KEYS)), _ANY_VALUE, max_size=4))
+def test_fuzz_any_value_of_any_setting_loads_or_is_a_config_error(
+    tmp_path: Path, flat: dict[str, Any]
+) -> None:
+    path = tmp_path / "fuzz.yaml"
+    path.write_text(yaml.safe_dump(_nested(flat)))
+    with contextlib.suppress(ConfigError):
+        load(path, env={})
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(max_size=200))
+def test_fuzz_any_file_text_loads_or_is_a_config_error(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "fuzz.yaml"
+    path.write_text(text, encoding="utf-8", errors="surrogatepass")
+    with contextlib.suppress(ConfigError):
+        load(path, env={})
+
+
+@settings(max_examples=300, deadline=None)
+@given(option=st.sampled_from(OPTIONS), text=st.text(max_size=40))
+def test_fuzz_any_environment_value_loads_or_is_a_config_error(option: Any, text: str) -> None:
+    with contextlib.suppress(ConfigError):
+        load(None, env={option.env: text})
 
 
 # --- invalid configuration stops start-up, exit code 2 ----------------------------------------

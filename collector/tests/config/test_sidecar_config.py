@@ -45,7 +45,7 @@ def test_the_issue_example_file_loads(tmp_path: Path) -> None:
         True,
     )
     assert config.alerts_webhook_url == "https://alerts.example/hook"
-    assert config.sources["evaluation.idle_s"] == str(tmp_path / "collector.yaml")
+    assert config.sources["evaluation.idle_s"] == f"{tmp_path / 'collector.yaml'}:6"  # the key's line
 
 
 def test_environment_overrides_the_file_and_flags_override_both(tmp_path: Path) -> None:
