@@ -58,7 +58,7 @@ class _Terminated(BaseException):
     """SIGTERM, raised in the main thread so that the check unwinds and stops its workers."""
 
 
-class _Output:
+class Output:
     """Standard output, where a failed write is an :class:`OutputError` to report in one
     line, not a traceback; a reader gone away stays ``BrokenPipeError`` (exit 141)."""
 
@@ -85,10 +85,11 @@ def _as_output_error() -> Iterator[None]:
         raise OutputError(error.strerror or str(error)) from None
 
 
-def _run_command(prog: str, command: Callable[[_Output], int]) -> int:
+def run_command(prog: str, command: Callable[[Output], int]) -> int:
     """Run ``command``, which writes to the standard output it is given, and end as a tool
     in a pipe, a CI job or cron must: the exit codes of the module's docstring, a one-line
-    message on standard error, never a traceback."""
+    message on standard error, never a traceback. ``durable-sessions-collector``'s commands
+    that print run through it too."""
     if sys.stdout is None:  # started with standard output closed (``>&-``)
         print(f"{prog}: cannot write to standard output: it is closed", file=sys.stderr)
         return EXIT_USAGE
@@ -98,7 +99,7 @@ def _run_command(prog: str, command: Callable[[_Output], int]) -> int:
         # write them as escapes rather than stop with UnicodeEncodeError.
         sys.stdout.reconfigure(errors="backslashreplace")
     terminate = _on_sigterm()
-    out = _Output(sys.stdout)
+    out = Output(sys.stdout)
     try:
         code = command(out)
         out.flush()  # a write error shows here, not as a traceback at exit
@@ -146,10 +147,10 @@ def replay_check_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--strict", action="store_true", help="also demand on_failure on dead ends")
     parser.add_argument("--quiet", action="store_true", help="print the summary line only")
     args = parser.parse_args(argv)
-    return _run_command("replay-check", lambda out: _replay_check(args, out))
+    return run_command("replay-check", lambda out: _replay_check(args, out))
 
 
-def _replay_check(args: argparse.Namespace, out: _Output) -> int:
+def _replay_check(args: argparse.Namespace, out: Output) -> int:
     checker = Checker(select_rules("seed", strict=args.strict))
     count = 0
     try:
@@ -255,10 +256,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    return _run_command(f"durable-sessions {args.command}", lambda out: args.run(args, out))
+    return run_command(f"durable-sessions {args.command}", lambda out: args.run(args, out))
 
 
-def run_check(args: argparse.Namespace, out: _Output) -> int:
+def run_check(args: argparse.Namespace, out: Output) -> int:
     try:
         rules = select_rules(args.rules, strict=args.strict, disable=args.disable)
     except KeyError as error:
@@ -320,7 +321,7 @@ def run_check(args: argparse.Namespace, out: _Output) -> int:
     return EXIT_VIOLATIONS if summary.failed else EXIT_OK
 
 
-def run_rules(args: argparse.Namespace, out: _Output) -> int:
+def run_rules(args: argparse.Namespace, out: Output) -> int:
     if args.format == "markdown":
         out.write(rules_markdown(CATALOGUE))
         return EXIT_OK
@@ -352,7 +353,7 @@ def run_rules(args: argparse.Namespace, out: _Output) -> int:
     return EXIT_OK
 
 
-def run_explain(args: argparse.Namespace, out: _Output) -> int:
+def run_explain(args: argparse.Namespace, out: Output) -> int:
     if args.rule not in CATALOGUE:
         print(
             f"durable-sessions explain: unknown rule {args.rule!r}; see 'durable-sessions rules'",

@@ -10,7 +10,10 @@ Exit codes: 0 after a clean stop, 2 for invalid configuration or a port that can
 bound (the message names the key), 1 for any other failure to start. ``sessions``: 0,
 1 when the sidecar cannot answer (unreachable, 401, no such session), 2 for bad usage
 (an endpoint that is not an http(s) URL with a numeric port, an unreadable token or CA
-file, a bad --verdict or --limit).
+file, a bad --verdict or --limit). The commands that print (``config``,
+``config-reference``, ``sessions``) end as ``durable-sessions`` does: 141 quietly when
+the reader of their output goes away (``| head``), 130 on Ctrl-C, 143 on SIGTERM, 2 when
+standard output cannot be written.
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from durable_sessions.cli import Output, run_command
 from durable_sessions_collector import __version__
 from durable_sessions_collector.client import DEFAULT_ENDPOINT, ApiClient, ApiError, ApiUsageError
 from durable_sessions_collector.config import OPTIONS, ConfigError, load, reference
@@ -90,7 +94,7 @@ def _sessions_parser(commands: Any) -> None:
     show.add_argument("session_id", metavar="SESSION_ID")
 
 
-def _sessions(args: argparse.Namespace) -> int:
+def _sessions(args: argparse.Namespace, out: Output) -> int:
     token, token_file = args.token or None, args.token_file or None
     if token is None and token_file is None:
         token = os.environ.get("DURABLE_SESSIONS_AUTH_TOKEN") or None
@@ -115,19 +119,29 @@ def _sessions(args: argparse.Namespace) -> int:
                 return 2
             sessions = client.list_sessions(args.verdict, args.limit)
             if args.json:
-                print(json.dumps({"sessions": sessions}, indent=2))
+                print(json.dumps({"sessions": sessions}, indent=2), file=out)
             else:
-                _print_sessions(sessions)
+                _print_sessions(sessions, out)
             return 0
         detail = client.session(args.session_id)
     except ApiError as error:
         print(f"durable-sessions-collector: {error}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps(detail, indent=2))
+        print(json.dumps(detail, indent=2), file=out)
     else:
-        _print_session(detail)
+        _print_session(detail, out)
     return 0
+
+
+def _printing(text: str) -> Callable[[Output], int]:
+    """The command that prints ``text``."""
+
+    def command(out: Output) -> int:
+        out.write(text)
+        return 0
+
+    return command
 
 
 def _when(ts: Any) -> str:
@@ -136,9 +150,9 @@ def _when(ts: Any) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
-def _print_sessions(sessions: list[dict[str, Any]]) -> None:
+def _print_sessions(sessions: list[dict[str, Any]], out: Output) -> None:
     if not sessions:
-        print("no sessions")
+        print("no sessions", file=out)
         return
     rows = [("SESSION", "VERDICT", "STATE", "ACTIONS", "ERRORS", "WARNINGS", "LAST SEEN")]
     for s in sessions:
@@ -146,14 +160,16 @@ def _print_sessions(sessions: list[dict[str, Any]]) -> None:
                      str(s["warnings"]), _when(s.get("last_seen"))))  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip(), file=out
+        )
 
 
-def _print_session(detail: dict[str, Any]) -> None:
-    print(f"session {detail['session_id']}: {detail['verdict']} ({detail['state']})")
+def _print_session(detail: dict[str, Any], out: Output) -> None:
+    print(f"session {detail['session_id']}: {detail['verdict']} ({detail['state']})", file=out)
     print(f"  {detail['action_count']} action(s), {detail['errors']} error(s), {detail['warnings']} warning(s); "
-          f"first seen {_when(detail.get('first_seen'))}, last seen {_when(detail.get('last_seen'))}")  # fmt: skip
-    print("actions:")
+          f"first seen {_when(detail.get('first_seen'))}, last seen {_when(detail.get('last_seen'))}", file=out)  # fmt: skip
+    print("actions:", file=out)
     for action in detail["actions"]:
         extras = [f"incarnation {action['incarnation']}"] if action.get("incarnation") else []
         for flag in ("replayed", "retryable"):
@@ -162,20 +178,20 @@ def _print_session(detail: dict[str, Any]) -> None:
         if action.get("idempotency_key"):
             extras.append("keyed")
         suffix = f" ({', '.join(extras)})" if extras else ""
-        print(f"  {action.get('action_id')}  {action.get('kind')}  {action.get('status')}{suffix}")
+        print(f"  {action.get('action_id')}  {action.get('kind')}  {action.get('status')}{suffix}", file=out)
     live = [v for v in detail["violations"] if not v.get("resolved")]
-    print("violations:" if live else "violations: none")
+    print("violations:" if live else "violations: none", file=out)
     for v in live:
-        print(f"  {v['severity']}  {v['rule']}  action {v['action_id']}: {v['message']}")
+        print(f"  {v['severity']}  {v['rule']}  action {v['action_id']}: {v['message']}", file=out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    prog = f"durable-sessions-collector {args.command}"
     if args.command == "config-reference":
-        sys.stdout.write(reference())
-        return 0
+        return run_command(prog, _printing(reference()))
     if args.command == "sessions":
-        return _sessions(args)
+        return run_command(prog, lambda out: _sessions(args, out))
     overrides = {option.attr: getattr(args, option.attr) for option in OPTIONS}
     try:
         config = load(args.config, overrides=overrides)
@@ -184,8 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.command == "config":
         # Secrets (the token, the webhook URL's credentials and query) are shown as ***.
-        print(json.dumps({"settings": config.display(), "sources": dict(config.sources)}, indent=2))
-        return 0
+        document = json.dumps({"settings": config.display(), "sources": dict(config.sources)}, indent=2)
+        return run_command(prog, _printing(document + "\n"))
     # Standard error carries JSON lines only, which log shippers parse; grpcio's core
     # writes its own format there (a failed TLS handshake, an unknown grpc-encoding).
     # It reads this before grpc is first imported; a user's setting wins.

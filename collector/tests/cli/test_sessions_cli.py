@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import uuid
@@ -114,3 +115,48 @@ def test_an_unreachable_sidecar_is_a_clear_error() -> None:
         result.stderr
     )
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "command", [("sessions", "list"), ("sessions", "--json", "show", "bad-1"), ("config",)]
+)
+def test_a_reader_gone_away_ends_the_command_quietly_with_141(sidecar, command) -> None:  # type: ignore[no-untyped-def]
+    populate(sidecar)
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # as `| head` does once it has its lines
+    args = (
+        (*command[:1], "--endpoint", sidecar.http_url, *command[1:]) if command[0] == "sessions" else command
+    )
+    with os.fdopen(write_end, "wb") as stdout:
+        result = subprocess.run(
+            [sys.executable, "-m", "durable_sessions_collector", *args],
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=30,
+        )
+    assert (result.returncode, result.stderr) == (141, "")
+
+
+def test_an_unwritable_output_is_one_line_and_exit_code_2(sidecar) -> None:  # type: ignore[no-untyped-def]
+    populate(sidecar)
+    with open("/dev/full", "wb") as full:
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "durable_sessions_collector",
+                "sessions",
+                "--endpoint",
+                sidecar.http_url,
+                "list",
+            ],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=30,
+        )
+    assert result.returncode == 2
+    assert result.stderr == (
+        "durable-sessions-collector sessions: cannot write to standard output: No space left on device\n"
+    )
