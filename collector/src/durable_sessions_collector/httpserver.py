@@ -565,23 +565,29 @@ class Connections:
         with self._changed:
             self.stopping = True
             for connection in list(self._idle):
-                del self._idle[connection]
-                _wake_with_end_of_stream(connection)
+                self._close_if_idle(connection)
             while self.open > 0 and (left := deadline - time.monotonic()) > 0:
                 self._changed.wait(left)
             return self.open == 0
 
     def _close_longest_idle(self) -> bool:
-        # Called with the lock held. The connection's thread, waiting in wait_for_request,
-        # ends the connection and gives its slot back.
+        # Called with the lock held.
         for connection in list(self._idle):
-            if _readable(connection, 0):
-                continue  # its next request is arriving: it is not idle any more
-            del self._idle[connection]
-            _wake_with_end_of_stream(connection)
-            self.on_idle_closed()
-            return True
+            if self._close_if_idle(connection):
+                self.on_idle_closed()
+                return True
         return False
+
+    def _close_if_idle(self, connection: socket.socket) -> bool:
+        """Close ``connection`` unless a byte of its next request has arrived: then it is
+        not idle any more, though its thread may not have seen it yet, and its request is
+        served (while stopping, with ``Connection: close``). Called with the lock held; the
+        connection's thread, waiting in wait_for_request, ends it and gives its slot back."""
+        if _readable(connection, 0):
+            return False
+        del self._idle[connection]
+        _wake_with_end_of_stream(connection)
+        return True
 
 
 def _wake_with_end_of_stream(connection: socket.socket) -> None:
