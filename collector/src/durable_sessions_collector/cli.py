@@ -3,7 +3,7 @@
     durable-sessions-collector serve [--config FILE] [--grpc-endpoint HOST:PORT] ...
     durable-sessions-collector config [--config FILE] [...]   # print the resolved configuration
     durable-sessions-collector config-reference                # every key, variable and flag
-    durable-sessions-collector sessions list [--verdict V]     # over the HTTP API
+    durable-sessions-collector sessions list [--verdict V] [--all]   # over the HTTP API
     durable-sessions-collector sessions show SESSION_ID
 
 Exit codes: 0 after a clean stop, 2 for invalid configuration or a port that cannot be
@@ -89,7 +89,13 @@ def _sessions_parser(commands: Any) -> None:
     which = sessions.add_subparsers(dest="sessions_command", required=True)
     listing = which.add_parser("list", help="sessions, most recently active first")
     listing.add_argument("--verdict", choices=("ok", "at_risk", "unrecoverable"), help="only this verdict")
-    listing.add_argument("--limit", type=int, default=100, help="at most this many (1-1000, default 100)")
+    listing.add_argument(
+        "--limit",
+        type=int,
+        default=100,
+        help="at most this many (1-1000, default 100); with --all, a page's size",
+    )
+    listing.add_argument("--all", action="store_true", help="every session, asked page by page")
     show = which.add_parser("show", help="one session: its actions, violations and verdict")
     show.add_argument("session_id", metavar="SESSION_ID")
 
@@ -117,7 +123,7 @@ def _sessions(args: argparse.Namespace, out: Output) -> int:
             if not 1 <= args.limit <= 1000:
                 print("durable-sessions-collector: --limit must be from 1 to 1000", file=sys.stderr)
                 return 2
-            sessions = client.list_sessions(args.verdict, args.limit)
+            sessions = client.list_sessions(args.verdict, args.limit, every_page=args.all)
             if args.json:
                 print(json.dumps({"sessions": sessions}, indent=2), file=out)
             else:

@@ -116,8 +116,19 @@ class ApiClient:
                 f"{shown} did not answer with JSON; is it the sidecar's HTTP port (not the gRPC one)?"
             ) from None
 
-    def list_sessions(self, verdict: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
-        return list(self.get("/api/sessions", {"verdict": verdict, "limit": limit})["sessions"])
+    def list_sessions(
+        self, verdict: str | None = None, limit: int | None = None, *, every_page: bool = False
+    ) -> list[dict[str, Any]]:
+        """The first page of at most ``limit`` sessions, or with ``every_page`` all of them,
+        asked ``limit`` at a time."""
+        sessions: list[dict[str, Any]] = []
+        token = None
+        while True:
+            page = self.get("/api/sessions", {"verdict": verdict, "limit": limit, "page_token": token})
+            sessions.extend(page["sessions"])
+            token = page.get("next_page_token")
+            if not (every_page and token):
+                return sessions
 
     def session(self, session_id: str) -> dict[str, Any]:
         return dict(self.get("/api/sessions/" + quote(session_id, safe="")))

@@ -265,6 +265,48 @@ def test_http_reads_keep_store_handles_bounded(sidecar, tmp_path: Path) -> None:
     assert after - before < 20, f"{after - before} store handles left open by 100 served connections"
 
 
+def test_http_list_pages_through_every_session_with_the_grpc_apis_tokens(sidecar) -> None:  # type: ignore[no-untyped-def]
+    # Before, the HTTP list stopped at 1,000 sessions, with no way to the rest.
+    agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
+    for n in range(5):
+        agent.action(f"ok-{n}", "u1", "user_prompt", result='{"x": 1}')
+    agent.action("bad", "t1", "tool_call", retryable=True)  # unbounded-retry
+    agent.shutdown()
+    seen: list[str] = []
+    token, pages = "", 0
+    while True:
+        status, page = sidecar.get(f"/api/sessions?verdict=ok&limit=2&page_token={quote(token)}")
+        assert status == 200 and len(page["sessions"]) <= 2
+        seen += [s["session_id"] for s in page["sessions"]]
+        pages += 1
+        token = page["next_page_token"]
+        if not token:
+            break
+    assert pages == 3 and sorted(seen) == [f"ok-{n}" for n in range(5)] and len(set(seen)) == 5
+    status, everything = sidecar.get("/api/sessions")
+    assert [s["session_id"] for s in everything["sessions"] if s["verdict"] == "ok"] == seen  # the same order
+    assert everything["next_page_token"] == ""
+    # One scheme: a token of the HTTP API is one of the gRPC API.
+    _, first = sidecar.get("/api/sessions?verdict=ok&limit=2")
+    channel, api = api_stub(sidecar)
+    rest = api.ListSessions(
+        pb.ListSessionsRequest(verdict=pb.VERDICT_OK, page_size=10, page_token=first["next_page_token"]),
+        timeout=10,
+    )
+    channel.close()
+    assert [s.session_id for s in rest.sessions] == seen[2:]
+    # A token of another listing, or none of this API's, is refused with the reason.
+    status, refused = sidecar.get(
+        f"/api/sessions?verdict=unrecoverable&page_token={first['next_page_token']}"
+    )
+    assert (status, refused["error"]) == (
+        400,
+        "page_token: the token belongs to a listing with another verdict, or is damaged",
+    )
+    status, refused = sidecar.get("/api/sessions?page_token=not-a-token")
+    assert (status, refused["error"]) == (400, "page_token: not a page token of this API")
+
+
 # --- gRPC SessionService ---------------------------------------------------------------
 
 

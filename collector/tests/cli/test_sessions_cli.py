@@ -67,6 +67,22 @@ def test_list_and_show(sidecar, capsys) -> None:  # type: ignore[no-untyped-def]
     assert code == 1 and "answered 404: no session 'nope'" in err
 
 
+def test_list_all_follows_the_pages(sidecar, capsys) -> None:  # type: ignore[no-untyped-def]
+    agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
+    for n in range(5):
+        agent.action(f"s-{n}", "u1", "user_prompt", result='{"x": 1}')
+    agent.shutdown()
+    endpoint = ("--endpoint", sidecar.http_url)
+    code, out, _ = run(capsys, "sessions", *endpoint, "list", "--limit", "2")
+    assert code == 0 and len(out.splitlines()) == 1 + 2  # the first page
+    code, out, _ = run(capsys, "sessions", *endpoint, "list", "--limit", "2", "--all")
+    assert code == 0 and sorted(line.split()[0] for line in out.splitlines()[1:]) == [
+        f"s-{n}" for n in range(5)
+    ]
+    code, out, _ = run(capsys, "sessions", *endpoint, "--json", "list", "--limit", "2", "--all")
+    assert code == 0 and len(json.loads(out)["sessions"]) == 5
+
+
 def test_token_and_tls_ca_options(start_sidecar, tmp_path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     ca, cert, key = make_cert(tmp_path)
     sidecar = start_sidecar(tls__cert_file=str(cert), tls__key_file=str(key), auth__token=TOKEN)

@@ -5,8 +5,7 @@ Served on the gRPC port beside the OTLP ``TraceService``:
 - ``GetSession``: one session (``NOT_FOUND`` when unknown, ``INVALID_ARGUMENT`` for an
   empty id);
 - ``ListSessions``: most recently active first, an optional verdict, keyset paging with
-  an opaque ``page_token`` (a session that becomes active again between two pages moves
-  to the front: it may be missed by, or appear twice across, one walk through the pages);
+  an opaque ``page_token`` (see :mod:`.paging`, shared with the HTTP API);
 - ``WatchAlerts``: a server stream of violations as they are committed, read from the
   store's violation feed (so a replica also sees what the others commit), polled every
   ``poll_s``. The initial metadata ``x-durable-sessions-cursor`` is the starting point;
@@ -18,9 +17,6 @@ Store failures are answered ``UNAVAILABLE`` (retryable).
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import math
 import threading
 from collections.abc import Iterator
@@ -30,6 +26,7 @@ import grpc
 from google.protobuf import struct_pb2, timestamp_pb2
 from google.protobuf.message import DecodeError
 
+from durable_sessions_collector.api.paging import DEFAULT_PAGE, MAX_PAGE, list_page
 from durable_sessions_collector.api.v1 import sessions_pb2 as pb
 from durable_sessions_collector.api.v1 import sessions_pb2_grpc as pb_grpc
 from durable_sessions_collector.jsonlog import JsonLog
@@ -41,8 +38,6 @@ SERVICE = "durable_sessions.v1.SessionService"
 CURSOR_METADATA = "x-durable-sessions-cursor"
 MAX_WATCHERS = 8
 """``WatchAlerts`` streams open at once (each holds a worker thread of the port)."""
-DEFAULT_PAGE = 100
-MAX_PAGE = 1000
 FEED_BATCH = 200
 
 VERDICTS = {"ok": pb.VERDICT_OK, "at_risk": pb.VERDICT_AT_RISK, "unrecoverable": pb.VERDICT_UNRECOVERABLE}
@@ -112,21 +107,12 @@ class SessionApi(pb_grpc.SessionServiceServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown verdict {request.verdict}")
         verdict = VERDICT_NAMES.get(request.verdict)
         size = min(request.page_size or DEFAULT_PAGE, MAX_PAGE)
-        after = None
-        if request.page_token:
-            try:
-                after = decode_page_token(request.page_token, verdict)
-            except ValueError as error:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"page_token: {error}")
         try:
-            # One more than asked tells whether there is a next page.
-            sessions = self.store.list_sessions(verdict, size + 1, after)  # type: ignore[arg-type,call-arg]
+            sessions, token = list_page(self.store, verdict, size, request.page_token)
+        except ValueError as error:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"page_token: {error}")
         except StoreError as error:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"the store cannot be read: {error}")
-        token = ""
-        if len(sessions) > size:
-            sessions = sessions[:size]
-            token = encode_page_token(sessions[-1], verdict)
         return pb.ListSessionsResponse(sessions=[summary_message(s) for s in sessions], next_page_token=token)
 
     # --- the stream -----------------------------------------------------------------------
@@ -271,19 +257,3 @@ def _plain(value: Any) -> Any:
     if isinstance(value, bytes | bytearray):
         return {"bytes_hex": bytes(value).hex()}
     return repr(value)
-
-
-def encode_page_token(last: SessionSummary, verdict: str | None) -> str:
-    document = {"t": last.last_seen, "s": last.session_id, "v": verdict or ""}
-    return base64.urlsafe_b64encode(json.dumps(document, separators=(",", ":")).encode()).decode()
-
-
-def decode_page_token(token: str, verdict: str | None) -> tuple[float, str]:
-    try:
-        document = json.loads(base64.urlsafe_b64decode(token.encode("ascii")))
-        last_seen, session_id, asked = document["t"], document["s"], document["v"]
-    except (ValueError, UnicodeError, binascii.Error, KeyError, TypeError):
-        raise ValueError("not a page token of this API") from None
-    if not isinstance(last_seen, int | float) or not isinstance(session_id, str) or asked != (verdict or ""):
-        raise ValueError("the token belongs to a listing with another verdict, or is damaged")
-    return float(last_seen), session_id

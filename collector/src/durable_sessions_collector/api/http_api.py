@@ -1,7 +1,9 @@
 """The HTTP JSON API on the HTTP port.
 
-- ``GET /api/sessions?verdict=ok|at_risk|unrecoverable&limit=N``: sessions, most
-  recently active first;
+- ``GET /api/sessions?verdict=ok|at_risk|unrecoverable&limit=N&page_token=T``: sessions,
+  most recently active first, a page of at most ``limit`` (default 100, at most 1,000);
+  ``next_page_token`` asks for the next page, and is empty on the last one (keyset
+  paging shared with the gRPC API: :mod:`.paging`);
 - ``GET /api/sessions/{id}``: one session: its actions in order (start time, then
   arrival; digests only, never result or prompt text), its violations and its verdict;
 - ``GET /healthz``: 200 when the writer runs and the store answers, else 503; the reason
@@ -20,12 +22,11 @@ from collections.abc import Callable
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 
 from durable_sessions_collector.alerts.metrics import Metrics
+from durable_sessions_collector.api.paging import DEFAULT_PAGE, MAX_PAGE, list_page
 from durable_sessions_collector.httpserver import Request, Response, Router
 from durable_sessions_collector.quote import quoted
 from durable_sessions_collector.store import Store, StoreError
 from durable_sessions_collector.store.base import VERDICTS
-
-MAX_LIMIT = 1000
 
 
 class HttpApi:
@@ -46,16 +47,20 @@ class HttpApi:
             return Response.json(
                 400, {"error": f"verdict must be one of {', '.join(VERDICTS)}, got {quoted(verdict)}"}
             )
-        limit_text = (request.query.get("limit") or ["100"])[-1]
-        if not (limit_text.isascii() and limit_text.isdigit()) or not 1 <= int(limit_text) <= MAX_LIMIT:
+        limit_text = (request.query.get("limit") or [str(DEFAULT_PAGE)])[-1]
+        if not (limit_text.isascii() and limit_text.isdigit()) or not 1 <= int(limit_text) <= MAX_PAGE:
             return Response.json(
-                400, {"error": f"limit must be an integer from 1 to {MAX_LIMIT}, got {quoted(limit_text)}"}
+                400, {"error": f"limit must be an integer from 1 to {MAX_PAGE}, got {quoted(limit_text)}"}
             )
         try:
-            sessions = self.store.list_sessions(verdict, int(limit_text))  # type: ignore[arg-type]
+            sessions, token = list_page(
+                self.store, verdict, int(limit_text), (request.query.get("page_token") or [""])[-1]
+            )
+        except ValueError as error:
+            return Response.json(400, {"error": f"page_token: {error}"})
         except StoreError as error:
             return store_unavailable(error)
-        return Response.json(200, {"sessions": [s.as_dict() for s in sessions]})
+        return Response.json(200, {"sessions": [s.as_dict() for s in sessions], "next_page_token": token})
 
     def get_session(self, request: Request) -> Response:
         session_id = request.params["rest"]
