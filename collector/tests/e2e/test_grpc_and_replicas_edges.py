@@ -342,8 +342,14 @@ def test_a_replica_that_dies_holding_claimed_webhook_alerts_leaves_them_to_the_o
         [posted] = hook.accepted
         assert posted.body["violation_key"] == claimed[0]
         assert posted.headers["idempotency-key"] == idempotency_key(posted.body)
-        assert survivor.metric(
-            "durable_sessions_alert_deliveries_total", channel="webhook", outcome="delivered"
+        # The receiver has the POST before the survivor has its answer and counts it.
+        wait_for(
+            lambda: (
+                survivor.metric(
+                    "durable_sessions_alert_deliveries_total", channel="webhook", outcome="delivered"
+                )
+                == 1
+            )
         )
     finally:
         gone.set()
