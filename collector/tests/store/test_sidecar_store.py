@@ -532,3 +532,35 @@ def test_one_sidecar_per_sqlite_file_and_the_file_must_stay(tmp_path: Path) -> N
     with pytest.raises(StoreError, match="was deleted while the sidecar ran"), again.writer():
         pass
     again.close()
+
+
+def test_pages_walk_every_session_once_in_order_across_ties(store) -> None:  # type: ignore[no-untyped-def]
+    ids = [f"s-{n:02d}" for n in range(60)]
+    with store.writer() as writer:
+        for n, session_id in enumerate(ids):
+            writer.touch_session(session_id, 1000.0 + n % 7, 1)  # 7 distinct times: many ties
+    everything = [s.session_id for s in store.list_sessions(None, 1000)]
+    assert everything == sorted(ids, key=lambda i: (1000.0 + int(i[2:]) % 7, i), reverse=True)
+    for size in (1, 4, 7, 59, 60):
+        walked: list[str] = []
+        after = None
+        while page := store.list_sessions(None, size, after):
+            walked += [s.session_id for s in page]
+            after = (page[-1].last_seen, page[-1].session_id)
+        assert walked == everything, size
+
+
+def test_sqlite_pages_are_ranges_of_the_last_seen_indexes(tmp_path: Path) -> None:
+    # The keyset was spelled with OR: SQLite scanned and sorted every older session for
+    # each page (43 to 160 ms a page over 1,000,000 sessions, against 0.2 ms now).
+    from durable_sessions_collector.store.sqlite import list_sessions_query
+
+    open_store(f"sqlite:///{tmp_path / 's.db'}").close()
+    with sqlite3.connect(tmp_path / "s.db") as db:
+        for verdict, index in ((None, "sessions_by_activity"), ("unrecoverable", "sessions_by_verdict")):
+            statement, params = list_sessions_query(verdict, 100, (1000.0, "s-1"))  # type: ignore[arg-type]
+            plan = [row[3] for row in db.execute("EXPLAIN QUERY PLAN " + statement, params)]
+            assert (
+                plan[0].startswith(f"SEARCH sessions USING INDEX {index} (") and "last_seen<?" in plan[0]
+            ), plan
+            assert not any("MULTI-INDEX OR" in step or step.startswith("SCAN") for step in plan), plan

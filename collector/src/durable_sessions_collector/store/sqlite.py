@@ -283,6 +283,26 @@ class Ownership:
             os.close(self._fd)
 
 
+def list_sessions_query(
+    verdict: Verdict | None, limit: int, after: tuple[float, str] | None
+) -> tuple[str, tuple[Any, ...]]:
+    """The statement of :meth:`SqliteStore.list_sessions` and its parameters."""
+    where: list[str] = []
+    params: list[Any] = []
+    if verdict is not None:
+        where.append("verdict = ?")
+        params.append(verdict)
+    if after is not None:  # keyset paging: the sessions after (last_seen, session_id) of a page
+        # A row value, which SQLite reads as a range of the last_seen indexes; the same
+        # comparison spelled with OR was a scan and a sort of every older session.
+        where.append("(last_seen, session_id) < (?, ?)")
+        params.extend(after)
+    clause = ("WHERE " + " AND ".join(where)) if where else ""
+    columns = "session_id, verdict, open, actions, errors, warnings, first_seen, last_seen, ended_at"
+    statement = f"SELECT {columns} FROM sessions {clause} ORDER BY last_seen DESC, session_id DESC LIMIT ?"
+    return statement, (*params, limit)
+
+
 class SqliteStore:
     """The :class:`~durable_sessions_collector.store.base.Store` on one SQLite file."""
 
@@ -355,21 +375,9 @@ class SqliteStore:
     def list_sessions(
         self, verdict: Verdict | None = None, limit: int = 100, after: tuple[float, str] | None = None
     ) -> list[SessionSummary]:
-        columns = "session_id, verdict, open, actions, errors, warnings, first_seen, last_seen, ended_at"
-        where: list[str] = []
-        params: list[Any] = []
-        if verdict is not None:
-            where.append("verdict = ?")
-            params.append(verdict)
-        if after is not None:  # keyset paging: the sessions after (last_seen, session_id) of a page
-            where.append("(last_seen < ? OR (last_seen = ? AND session_id < ?))")
-            params.extend([after[0], after[0], after[1]])
-        clause = ("WHERE " + " AND ".join(where)) if where else ""
+        statement, params = list_sessions_query(verdict, limit, after)
         with self._read() as db:
-            rows = db.execute(
-                f"SELECT {columns} FROM sessions {clause} ORDER BY last_seen DESC, session_id DESC LIMIT ?",
-                (*params, limit),
-            ).fetchall()
+            rows = db.execute(statement, params).fetchall()
         return [_summary(row) for row in rows]
 
     def get_session(self, session_id: str) -> SessionDetail | None:
