@@ -57,6 +57,7 @@ Run::
     .venv/bin/python benchmarks/collector_ingest.py store-floor [--rounds 5] [--baseline TREE]
     .venv/bin/python benchmarks/collector_ingest.py scrape [--sessions 1000000] [--store postgresql://…] [--baseline TREE]
     .venv/bin/python benchmarks/collector_ingest.py http-port [--rounds 5] [--baseline TREE]
+    .venv/bin/python benchmarks/collector_ingest.py pages [--sessions 1000000] [--store postgresql://…] [--baseline TREE]
 
 ``scrape``
     How long ``GET /metrics`` takes on a store of ``--sessions`` sessions (default
@@ -65,6 +66,13 @@ Run::
     postgresql://…``, into a fresh schema there, dropped afterwards. ``--scrapes`` scrapes
     ``--interval`` seconds apart (as Prometheus scrapes), against the sidecar and, with
     ``--baseline TREE``, that tree's sidecar on the same store; first, median and max.
+
+``pages``
+    How long a page of the session list takes, walking ``--pages`` pages of ``--page-size``
+    through the gRPC API's ``ListSessions`` (every session, then only ``unrecoverable``
+    ones) on the store of ``scrape`` (``--sessions``, SQLite or ``--store``), against the
+    sidecar and, with ``--baseline TREE``, that tree's sidecar on the same store; first
+    page, median and max.
 
 It measures and prints; it asserts nothing.
 """
@@ -860,6 +868,43 @@ def scrape(args: argparse.Namespace) -> None:
         drop()
 
 
+def pages(args: argparse.Namespace) -> None:
+    from durable_sessions_collector.api.v1 import sessions_pb2 as pb
+    from durable_sessions_collector.api.v1 import sessions_pb2_grpc as pb_grpc
+
+    work = tempfile.mkdtemp(prefix="ds-pages-")
+    url, drop = _filled_store(args, work)
+    print(f"{args.sessions:,} sessions in {'PostgreSQL' if args.store else 'SQLite'}; "
+          f"{args.pages} pages of {args.page_size}")  # fmt: skip
+    trees = {
+        "sidecar": None,
+        **({"baseline": str(Path(args.baseline, "collector", "src"))} if args.baseline else {}),
+    }
+    try:
+        for name, tree in trees.items():
+            sidecar = Child(_sidecar_server, {"store": url}, tree)
+            channel = grpc.insecure_channel(f"127.0.0.1:{sidecar.port}")
+            api = pb_grpc.SessionServiceStub(channel)
+            for verdict in (pb.VERDICT_UNSPECIFIED, pb.VERDICT_UNRECOVERABLE):
+                times, token = [], ""
+                for _ in range(args.pages):
+                    begin = time.perf_counter()
+                    page = api.ListSessions(
+                        pb.ListSessionsRequest(verdict=verdict, page_size=args.page_size, page_token=token),
+                        timeout=120,
+                    )
+                    times.append((time.perf_counter() - begin) * 1000)
+                    token = page.next_page_token
+                    if not token:
+                        break
+                print(f"{name}, {pb.Verdict.Name(verdict)}: first page {times[0]:.1f} ms, then median "
+                      f"{statistics.median(times[1:]):.1f} ms, max {max(times[1:]):.1f} ms ({len(times)} pages)")  # fmt: skip
+            channel.close()
+            sidecar.stop()
+    finally:
+        drop()
+
+
 def _http_requests(port: int, clients: int, requests: int, keep_alive: bool) -> float:
     """Requests per second: ``clients`` threads, ``requests`` unrouted GETs each."""
     import http.client
@@ -981,6 +1026,16 @@ def main() -> None:
         metavar="TREE",
         help="also time the store of the source tree TREE, and this tree on a store it made",
     )
+    eight = modes.add_parser("pages")
+    eight.add_argument("--sessions", type=int, default=1_000_000)
+    eight.add_argument(
+        "--store", metavar="DSN", help="a PostgreSQL URL (a fresh schema is made there); SQLite if unset"
+    )
+    eight.add_argument("--pages", type=int, default=100)
+    eight.add_argument("--page-size", type=int, default=1000)
+    eight.add_argument(
+        "--baseline", metavar="TREE", help="also walk the pages of the sidecar of the source tree TREE"
+    )
     args = parser.parse_args()
     print(
         f"Python {platform.python_version()}, grpcio {grpc.__version__}, {os.cpu_count()} CPUs, {platform.machine()}"
@@ -993,6 +1048,7 @@ def main() -> None:
         "scrape": scrape,
         "http-port": http_port,
         "prune": prune,
+        "pages": pages,
     }
     modes_run[args.mode](args)
 
