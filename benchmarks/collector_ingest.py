@@ -93,7 +93,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
 from typing import Any, ClassVar
@@ -836,14 +836,15 @@ def _filled_store(args: argparse.Namespace, work: str) -> tuple[str, Callable[[]
     return url, drop
 
 
-def scrape(args: argparse.Namespace) -> None:
-    import urllib.request
-
-    work = tempfile.mkdtemp(prefix="ds-scrape-")
+def _sidecars_on_a_filled_store(args: argparse.Namespace, what: str) -> Iterator[tuple[str, Child]]:
+    """The store of ``args.sessions`` sessions (:func:`_filled_store`), and on it this
+    tree's sidecar, then with ``args.baseline`` that tree's, each stopped after its turn;
+    the store is dropped at the end."""
+    work = tempfile.mkdtemp(prefix="ds-filled-")
     start = time.perf_counter()
     url, drop = _filled_store(args, work)
     print(f"{args.sessions:,} sessions in {'PostgreSQL' if args.store else 'SQLite'} "
-          f"({time.perf_counter() - start:.0f} s to fill); {args.scrapes} scrapes {args.interval:g} s apart")  # fmt: skip
+          f"({time.perf_counter() - start:.0f} s to fill); {what}")  # fmt: skip
     trees = {
         "sidecar": None,
         **({"baseline": str(Path(args.baseline, "collector", "src"))} if args.baseline else {}),
@@ -851,58 +852,55 @@ def scrape(args: argparse.Namespace) -> None:
     try:
         for name, tree in trees.items():
             sidecar = Child(_sidecar_server, {"store": url}, tree)
-            times = []
-            for n in range(args.scrapes):
-                if n:
-                    time.sleep(args.interval)
-                begin = time.perf_counter()
-                with urllib.request.urlopen(
-                    f"http://127.0.0.1:{sidecar.http_port}/metrics", timeout=60
-                ) as response:
-                    response.read()
-                times.append((time.perf_counter() - begin) * 1000)
-            sidecar.stop()
-            print(f"{name}: first {times[0]:.0f} ms, then median {statistics.median(times[1:]):.0f} ms, "
-                  f"max {max(times[1:]):.0f} ms")  # fmt: skip
+            try:
+                yield name, sidecar
+            finally:
+                sidecar.stop()
     finally:
         drop()
+
+
+def scrape(args: argparse.Namespace) -> None:
+    import urllib.request
+
+    what = f"{args.scrapes} scrapes {args.interval:g} s apart"
+    for name, sidecar in _sidecars_on_a_filled_store(args, what):
+        times = []
+        for n in range(args.scrapes):
+            if n:
+                time.sleep(args.interval)
+            begin = time.perf_counter()
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{sidecar.http_port}/metrics", timeout=60
+            ) as response:
+                response.read()
+            times.append((time.perf_counter() - begin) * 1000)
+        print(f"{name}: first {times[0]:.0f} ms, then median {statistics.median(times[1:]):.0f} ms, "
+              f"max {max(times[1:]):.0f} ms")  # fmt: skip
 
 
 def pages(args: argparse.Namespace) -> None:
     from durable_sessions_collector.api.v1 import sessions_pb2 as pb
     from durable_sessions_collector.api.v1 import sessions_pb2_grpc as pb_grpc
 
-    work = tempfile.mkdtemp(prefix="ds-pages-")
-    url, drop = _filled_store(args, work)
-    print(f"{args.sessions:,} sessions in {'PostgreSQL' if args.store else 'SQLite'}; "
-          f"{args.pages} pages of {args.page_size}")  # fmt: skip
-    trees = {
-        "sidecar": None,
-        **({"baseline": str(Path(args.baseline, "collector", "src"))} if args.baseline else {}),
-    }
-    try:
-        for name, tree in trees.items():
-            sidecar = Child(_sidecar_server, {"store": url}, tree)
-            channel = grpc.insecure_channel(f"127.0.0.1:{sidecar.port}")
-            api = pb_grpc.SessionServiceStub(channel)
-            for verdict in (pb.VERDICT_UNSPECIFIED, pb.VERDICT_UNRECOVERABLE):
-                times, token = [], ""
-                for _ in range(args.pages):
-                    begin = time.perf_counter()
-                    page = api.ListSessions(
-                        pb.ListSessionsRequest(verdict=verdict, page_size=args.page_size, page_token=token),
-                        timeout=120,
-                    )
-                    times.append((time.perf_counter() - begin) * 1000)
-                    token = page.next_page_token
-                    if not token:
-                        break
-                print(f"{name}, {pb.Verdict.Name(verdict)}: first page {times[0]:.1f} ms, then median "
-                      f"{statistics.median(times[1:]):.1f} ms, max {max(times[1:]):.1f} ms ({len(times)} pages)")  # fmt: skip
-            channel.close()
-            sidecar.stop()
-    finally:
-        drop()
+    for name, sidecar in _sidecars_on_a_filled_store(args, f"{args.pages} pages of {args.page_size}"):
+        channel = grpc.insecure_channel(f"127.0.0.1:{sidecar.port}")
+        api = pb_grpc.SessionServiceStub(channel)
+        for verdict in (pb.VERDICT_UNSPECIFIED, pb.VERDICT_UNRECOVERABLE):
+            times, token = [], ""
+            for _ in range(args.pages):
+                begin = time.perf_counter()
+                page = api.ListSessions(
+                    pb.ListSessionsRequest(verdict=verdict, page_size=args.page_size, page_token=token),
+                    timeout=120,
+                )
+                times.append((time.perf_counter() - begin) * 1000)
+                token = page.next_page_token
+                if not token:
+                    break
+            print(f"{name}, {pb.Verdict.Name(verdict)}: first page {times[0]:.1f} ms, then median "
+                  f"{statistics.median(times[1:]):.1f} ms, max {max(times[1:]):.1f} ms ({len(times)} pages)")  # fmt: skip
+        channel.close()
 
 
 def _http_requests(port: int, clients: int, requests: int, keep_alive: bool) -> float:

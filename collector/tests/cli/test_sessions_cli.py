@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import uuid
+from typing import Any
 
 import pytest
 from durable_sessions_collector.cli import main
@@ -32,6 +33,17 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:  # type: ignore[no-untyped-
     code = main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def run_process(*argv: str, stdout: Any = subprocess.PIPE) -> subprocess.CompletedProcess[str]:
+    """The command in a process of its own (standard output and error as pipes unless told)."""
+    return subprocess.run(
+        [sys.executable, "-m", "durable_sessions_collector", *argv],
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=30,
+    )
 
 
 def populate(sidecar) -> None:  # type: ignore[no-untyped-def]
@@ -112,20 +124,7 @@ def test_token_and_tls_ca_options(start_sidecar, tmp_path, capsys, monkeypatch) 
 
 def test_an_unreachable_sidecar_is_a_clear_error() -> None:
     port = free_port()  # nothing listens there
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "durable_sessions_collector",
-            "sessions",
-            "--endpoint",
-            f"127.0.0.1:{port}",
-            "list",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    result = run_process("sessions", "--endpoint", f"127.0.0.1:{port}", "list")
     assert result.returncode == 1
     assert f"cannot reach the sidecar at http://127.0.0.1:{port}: Connection refused; is it running?" in (
         result.stderr
@@ -144,34 +143,14 @@ def test_a_reader_gone_away_ends_the_command_quietly_with_141(sidecar, command) 
         (*command[:1], "--endpoint", sidecar.http_url, *command[1:]) if command[0] == "sessions" else command
     )
     with os.fdopen(write_end, "wb") as stdout:
-        result = subprocess.run(
-            [sys.executable, "-m", "durable_sessions_collector", *args],
-            stdout=stdout,
-            stderr=subprocess.PIPE,
-            text=True,
-            timeout=30,
-        )
+        result = run_process(*args, stdout=stdout)
     assert (result.returncode, result.stderr) == (141, "")
 
 
 def test_an_unwritable_output_is_one_line_and_exit_code_2(sidecar) -> None:  # type: ignore[no-untyped-def]
     populate(sidecar)
     with open("/dev/full", "wb") as full:
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "durable_sessions_collector",
-                "sessions",
-                "--endpoint",
-                sidecar.http_url,
-                "list",
-            ],
-            stdout=full,
-            stderr=subprocess.PIPE,
-            text=True,
-            timeout=30,
-        )
+        result = run_process("sessions", "--endpoint", sidecar.http_url, "list", stdout=full)
     assert result.returncode == 2
     assert result.stderr == (
         "durable-sessions-collector sessions: cannot write to standard output: No space left on device\n"
