@@ -21,6 +21,10 @@ from durable_sessions_collector.config import redact_url
 DEFAULT_ENDPOINT = "http://127.0.0.1:4320"
 
 
+ACTIONS_PAGE = 10_000
+"""Actions asked for in one request of ``sessions show`` (the API's largest page)."""
+
+
 class ApiError(Exception):
     """The API could not answer; ``str()`` says why and what to do."""
 
@@ -131,7 +135,15 @@ class ApiClient:
                 return sessions
 
     def session(self, session_id: str) -> dict[str, Any]:
-        return dict(self.get("/api/sessions/" + quote(session_id, safe="")))
+        """The session with all of its actions, asked a page at a time."""
+        path = "/api/sessions/" + quote(session_id, safe="")
+        detail = dict(self.get(path, {"actions_limit": ACTIONS_PAGE}))
+        token = detail.pop("next_actions_page_token", "")
+        while token:
+            page = self.get(path, {"actions_limit": ACTIONS_PAGE, "actions_page_token": token})
+            detail["actions"].extend(page["actions"])
+            token = page.get("next_actions_page_token")
+        return detail
 
 
 def _error_text(body: bytes) -> str:

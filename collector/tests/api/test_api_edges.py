@@ -307,6 +307,52 @@ def test_http_list_pages_through_every_session_with_the_grpc_apis_tokens(sidecar
     assert (status, refused["error"]) == (400, "page_token: not a page token of this API")
 
 
+def test_a_sessions_actions_page_through_both_apis_with_one_token(sidecar) -> None:  # type: ignore[no-untyped-def]
+    agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
+    for n in range(7):
+        agent.action("long", f"a{n}", "llm_call", result='{"text": "ok"}')
+    agent.shutdown()
+    _, whole = sidecar.get("/api/sessions/long")
+    order = [a["action_id"] for a in whole["actions"]]
+    assert order == [f"a{n}" for n in range(7)] and whole["next_actions_page_token"] == ""
+    walked, token = [], ""
+    while True:
+        status, page = sidecar.get(f"/api/sessions/long?actions_limit=3&actions_page_token={quote(token)}")
+        assert status == 200 and len(page["actions"]) <= 3 and page["action_count"] == 7
+        walked += [a["action_id"] for a in page["actions"]]
+        token = page["next_actions_page_token"]
+        if not token:
+            break
+    assert walked == order
+    # The HTTP API's token goes on through the gRPC API, and the other way round.
+    _, first = sidecar.get("/api/sessions/long?actions_limit=2")
+    channel, api = api_stub(sidecar)
+    second = api.GetSession(
+        pb.GetSessionRequest(
+            session_id="long", actions_page_size=2, actions_page_token=first["next_actions_page_token"]
+        ),
+        timeout=10,
+    )
+    assert [a.action_id for a in second.actions] == order[2:4]
+    _, third = sidecar.get(f"/api/sessions/long?actions_page_token={quote(second.next_actions_page_token)}")
+    assert [a["action_id"] for a in third["actions"]] == order[4:]
+    with pytest.raises(grpc.RpcError) as caught:  # a token of another session
+        api.GetSession(
+            pb.GetSessionRequest(session_id="other", actions_page_token=first["next_actions_page_token"]),
+            timeout=10,
+        )
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "another session's actions" in (caught.value.details() or "")
+    channel.close()
+    for query, error in (
+        ("actions_limit=0", "actions_limit must be an integer from 1 to 10000, got '0'"),
+        ("actions_limit=10001", "actions_limit must be an integer from 1 to 10000, got '10001'"),
+        ("actions_page_token=zz", "actions_page_token: not a page token of this API"),
+    ):
+        status, refused = sidecar.get(f"/api/sessions/long?{query}")
+        assert (status, refused["error"]) == (400, error), query
+
+
 # --- gRPC SessionService ---------------------------------------------------------------
 
 

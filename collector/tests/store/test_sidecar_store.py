@@ -564,3 +564,34 @@ def test_sqlite_pages_are_ranges_of_the_last_seen_indexes(tmp_path: Path) -> Non
                 plan[0].startswith(f"SEARCH sessions USING INDEX {index} (") and "last_seen<?" in plan[0]
             ), plan
             assert not any("MULTI-INDEX OR" in step or step.startswith("SCAN") for step in plan), plan
+
+
+def test_a_sessions_actions_come_in_pages_in_its_order(store) -> None:  # type: ignore[no-untyped-def]
+    # Read whole, a session of a million actions took gigabytes of the sidecar's memory.
+    seqs = [5, None, 3, 5, 2**63 + 7, 3, None, 1, 5, 4] * 3  # ties, none, and one past 64 bits
+    with store.writer() as writer:
+        for n, seq in enumerate(seqs):
+            record = {"action_id": f"a{n:02d}"} | ({} if seq is None else {"seq": seq})
+            if seq is None:
+                body = {"session_id": "sess", "kind": "tool_call", "status": "ok", **record}
+                assert writer.add_action(action_row(body, "t" * 32, f"span{n:02d}"), 1.0)  # type: ignore[arg-type]
+            else:
+                assert writer.add_action(row(f"span{n:02d}", **record), 1.0)
+        writer.touch_session("sess", 1.0, len(seqs))
+    whole = store.get_session("sess", 1000)
+    assert whole is not None and whole.next_actions is None
+    order = [a["action_id"] for a in whole.actions]
+    key = {f"a{n:02d}": (-(2**63) if seq is None else min(seq, 2**63 - 1), n) for n, seq in enumerate(seqs)}
+    assert order == sorted(order, key=key.__getitem__)  # no start time first, then start time, then arrival
+    for size in (1, 4, 29, 30):
+        walked: list[str] = []
+        after = None
+        while True:
+            page = store.get_session("sess", size, after)
+            assert page is not None and len(page.actions) <= size and page.summary.actions == 30
+            walked += [a["action_id"] for a in page.actions]
+            if page.next_actions is None:
+                break
+            after = page.next_actions
+        assert walked == order, size
+    assert store.get_session("nope", 1) is None

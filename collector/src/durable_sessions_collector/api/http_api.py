@@ -4,8 +4,10 @@
   most recently active first, a page of at most ``limit`` (default 100, at most 1,000);
   ``next_page_token`` asks for the next page, and is empty on the last one (keyset
   paging shared with the gRPC API: :mod:`.paging`);
-- ``GET /api/sessions/{id}``: one session: its actions in order (start time, then
-  arrival; digests only, never result or prompt text), its violations and its verdict;
+- ``GET /api/sessions/{id}?actions_limit=N&actions_page_token=T``: one session: its
+  verdict, its violations and a page of its actions in order (start time, then arrival;
+  digests only, never result or prompt text), at most ``actions_limit`` (default 1,000,
+  at most 10,000); ``next_actions_page_token`` asks for the next page, empty on the last;
 - ``GET /healthz``: 200 when the writer runs and the store answers, else 503; the reason
   is given only to a caller that may see it (no token configured, or the token sent),
   since it names the store;
@@ -22,11 +24,11 @@ from collections.abc import Callable
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 
 from durable_sessions_collector.alerts.metrics import Metrics
-from durable_sessions_collector.api.paging import DEFAULT_PAGE, MAX_PAGE, list_page
+from durable_sessions_collector.api.paging import DEFAULT_PAGE, MAX_PAGE, list_page, session_page
 from durable_sessions_collector.httpserver import Request, Response, Router
 from durable_sessions_collector.quote import quoted
 from durable_sessions_collector.store import Store, StoreError
-from durable_sessions_collector.store.base import VERDICTS
+from durable_sessions_collector.store.base import DEFAULT_ACTIONS_PAGE, MAX_ACTIONS_PAGE, VERDICTS
 
 
 class HttpApi:
@@ -64,13 +66,27 @@ class HttpApi:
 
     def get_session(self, request: Request) -> Response:
         session_id = request.params["rest"]
+        limit_text = (request.query.get("actions_limit") or [str(DEFAULT_ACTIONS_PAGE)])[-1]
+        if (
+            not (limit_text.isascii() and limit_text.isdigit())
+            or not 1 <= int(limit_text) <= MAX_ACTIONS_PAGE
+        ):
+            return Response.json(
+                400,
+                {
+                    "error": f"actions_limit must be an integer from 1 to {MAX_ACTIONS_PAGE}, got {quoted(limit_text)}"
+                },
+            )
+        token = (request.query.get("actions_page_token") or [""])[-1]
         try:
-            detail = self.store.get_session(session_id)
+            detail, next_token = session_page(self.store, session_id, int(limit_text), token)
+        except ValueError as error:
+            return Response.json(400, {"error": f"actions_page_token: {error}"})
         except StoreError as error:
             return store_unavailable(error)
         if detail is None:
             return Response.json(404, {"error": f"no session {quoted(session_id)}"})
-        return Response.json(200, detail.as_dict())
+        return Response.json(200, {**detail.as_dict(), "next_actions_page_token": next_token})
 
     def healthz(self, request: Request) -> Response:
         problem = self.healthy()

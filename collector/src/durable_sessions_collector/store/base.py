@@ -124,14 +124,54 @@ class SessionSummary:
 
 @dataclass(frozen=True, slots=True)
 class SessionDetail:
+    """A session with one page of its actions (all of its violations)."""
+
     summary: SessionSummary
     actions: list[dict[str, Any]] = field(default_factory=list)
     violations: list[dict[str, Any]] = field(default_factory=list)
+    next_actions: ActionPosition | None = None
+    """Where the next page of actions starts; None on the last page."""
 
     def as_dict(self) -> dict[str, Any]:
         head = self.summary.as_dict()
         head["action_count"] = head.pop("actions")
         return {**head, "actions": self.actions, "violations": self.violations}
+
+
+ActionPosition = tuple[int, int]
+"""An action's place in its session's order: its order key (:data:`ACTION_ORDER`), its id."""
+
+DEFAULT_ACTIONS_PAGE = 1000
+MAX_ACTIONS_PAGE = 10_000
+"""Actions in one page of a session's detail: a session of a million actions read whole
+took gigabytes of the sidecar's memory, and its gRPC message passed the clients' limit."""
+
+FIRST_SEQ = -(2**63)
+ACTION_ORDER = "coalesce(seq, ?)"
+"""A session's actions in order: start time (a record without one first, as both stores
+sorted them), then arrival; its one parameter is :data:`FIRST_SEQ`."""
+
+
+def detail_page(
+    rows: list[tuple[Any, ...]], limit: int
+) -> tuple[list[dict[str, Any]], ActionPosition | None]:
+    """A page of actions from ``rows`` — ``(order key, id, trace_id, span_id, received_at,
+    record)``, one more than ``limit`` when there are more — and where the next page starts."""
+    more = len(rows) > limit
+    rows = rows[:limit]
+    actions = []
+    for _key, _id, trace_id, span_id, received_at, record in rows:
+        action = {
+            "trace_id": trace_id,
+            "span_id": span_id,
+            "received_at": received_at,
+            **decode_record(record),
+        }
+        for name, value in list(action.items()):
+            if isinstance(value, bytes):
+                action[name] = {"bytes_hex": value.hex()}
+        actions.append(action)
+    return actions, ((rows[-1][0], rows[-1][1]) if more and rows else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,8 +351,15 @@ class Store(Protocol):
         those with ``verdict``; ``after`` = (last_seen, session_id) of the last session of
         the previous page."""
 
-    def get_session(self, session_id: str) -> SessionDetail | None:
-        """One session: its actions in order (start time, then arrival), violations, verdict."""
+    def get_session(
+        self,
+        session_id: str,
+        actions_limit: int = DEFAULT_ACTIONS_PAGE,
+        actions_after: ActionPosition | None = None,
+    ) -> SessionDetail | None:
+        """One session: its verdict, its violations, and a page of at most ``actions_limit``
+        of its actions in order (start time, then arrival), from ``actions_after`` (the
+        last page's :attr:`SessionDetail.next_actions`) on."""
 
     def verdict_counts(self) -> dict[str, int]:
         """How many sessions have each verdict."""

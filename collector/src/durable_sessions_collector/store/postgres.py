@@ -57,11 +57,15 @@ from durable_sessions.report import Verdict, verdict_of
 from durable_sessions.violation import Severity, Violation
 from durable_sessions_collector.config import redact_store_url
 from durable_sessions_collector.store.base import (
+    ACTION_ORDER,
+    DEFAULT_ACTIONS_PAGE,
+    FIRST_SEQ,
     INDEX_BUILT,
     INDEX_FAILED,
     INDEX_LEFT_TO_ANOTHER,
     OUTBOX_CHANNELS,
     VIOLATION_COLUMNS,
+    ActionPosition,
     ActionRow,
     Alert,
     IndexReport,
@@ -71,6 +75,7 @@ from durable_sessions_collector.store.base import (
     StoreError,
     cursor_position,
     decode_record,
+    detail_page,
     feed_item,
     forget_some,
     violation_detail,
@@ -431,7 +436,14 @@ class PostgresStore:
             ).fetchall()
         return [_summary(row) for row in rows]
 
-    def get_session(self, session_id: str) -> SessionDetail | None:
+    def get_session(
+        self,
+        session_id: str,
+        actions_limit: int = DEFAULT_ACTIONS_PAGE,
+        actions_after: ActionPosition | None = None,
+    ) -> SessionDetail | None:
+        order = ACTION_ORDER.replace("?", "%s")
+        after = f"AND ({order}, id) > (%s, %s) " if actions_after is not None else ""
         with self._read() as db, db.transaction():
             db.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
             row = db.execute(
@@ -440,24 +452,18 @@ class PostgresStore:
             if row is None:
                 return None
             action_rows = db.execute(
-                "SELECT trace_id, span_id, received_at, record FROM actions WHERE session_id = %s "
-                f"AND {NOT_FORGOTTEN} ORDER BY seq NULLS FIRST, id",
-                (_t(session_id), _t(session_id)),
-            ).fetchall()
+                f"SELECT {order}, id, trace_id, span_id, received_at, record FROM actions WHERE session_id = %s "
+                f"AND {NOT_FORGOTTEN} {after}ORDER BY {order}, id LIMIT %s",
+                (FIRST_SEQ, _t(session_id), _t(session_id), *((FIRST_SEQ, *actions_after) if actions_after else ()),
+                 FIRST_SEQ, actions_limit + 1),
+            ).fetchall()  # fmt: skip
             violation_rows = db.execute(
                 f"SELECT {VIOLATION_COLUMNS} FROM violations WHERE session_id = %s ORDER BY id",
                 (_t(session_id),),
             ).fetchall()
-        actions = [
-            {"trace_id": trace_id, "span_id": span_id, "received_at": received_at, **decode_record(record)}
-            for trace_id, span_id, received_at, record in action_rows
-        ]
-        for action in actions:
-            for name, value in list(action.items()):
-                if isinstance(value, bytes):
-                    action[name] = {"bytes_hex": value.hex()}
+        actions, next_actions = detail_page(action_rows, actions_limit)
         violations = [violation_detail(row) for row in violation_rows]
-        return SessionDetail(_summary(row), actions, violations)
+        return SessionDetail(_summary(row), actions, violations, next_actions)
 
     def verdict_counts(self) -> dict[str, int]:
         counts = dict.fromkeys(("ok", "at_risk", "unrecoverable"), 0)

@@ -23,8 +23,12 @@ from durable_sessions.record import ActionRecord, Location
 from durable_sessions.report import Verdict, verdict_of
 from durable_sessions.violation import Severity, Violation
 from durable_sessions_collector.store.base import (
+    ACTION_ORDER,
+    DEFAULT_ACTIONS_PAGE,
+    FIRST_SEQ,
     OUTBOX_CHANNELS,
     VIOLATION_COLUMNS,
+    ActionPosition,
     ActionRow,
     Alert,
     IndexReport,
@@ -34,6 +38,7 @@ from durable_sessions_collector.store.base import (
     StoreError,
     cursor_position,
     decode_record,
+    detail_page,
     feed_item,
     forget_some,
     violation_detail,
@@ -380,7 +385,13 @@ class SqliteStore:
             rows = db.execute(statement, params).fetchall()
         return [_summary(row) for row in rows]
 
-    def get_session(self, session_id: str) -> SessionDetail | None:
+    def get_session(
+        self,
+        session_id: str,
+        actions_limit: int = DEFAULT_ACTIONS_PAGE,
+        actions_after: ActionPosition | None = None,
+    ) -> SessionDetail | None:
+        after = f"AND ({ACTION_ORDER}, id) > (?, ?) " if actions_after is not None else ""
         with self._read() as reader:
             reader.execute("BEGIN")
             try:
@@ -391,19 +402,12 @@ class SqliteStore:
                 ).fetchone()
                 if row is None:
                     return None
-                actions = [
-                    {
-                        "trace_id": trace_id,
-                        "span_id": span_id,
-                        "received_at": received_at,
-                        **decode_record(record),
-                    }
-                    for trace_id, span_id, received_at, record in reader.execute(
-                        f"SELECT trace_id, span_id, received_at, record FROM actions WHERE {SESSION_KEY} = ? "
-                        f"AND {NOT_FORGOTTEN} ORDER BY seq, id",
-                        (session_id, session_id),
-                    )
-                ]
+                action_rows = reader.execute(
+                    f"SELECT {ACTION_ORDER}, id, trace_id, span_id, received_at, record FROM actions "
+                    f"WHERE {SESSION_KEY} = ? AND {NOT_FORGOTTEN} {after}ORDER BY {ACTION_ORDER}, id LIMIT ?",
+                    (FIRST_SEQ, session_id, session_id, *((FIRST_SEQ, *actions_after) if actions_after else ()),
+                     FIRST_SEQ, actions_limit + 1),
+                ).fetchall()  # fmt: skip
                 violations = [
                     violation_detail(row)
                     for row in reader.execute(
@@ -413,11 +417,8 @@ class SqliteStore:
                 ]
             finally:
                 reader.execute("COMMIT")
-        for action in actions:
-            for name, value in list(action.items()):
-                if isinstance(value, bytes):
-                    action[name] = {"bytes_hex": value.hex()}
-        return SessionDetail(_summary(row), actions, violations)
+        actions, next_actions = detail_page(action_rows, actions_limit)
+        return SessionDetail(_summary(row), actions, violations, next_actions)
 
     def verdict_counts(self) -> dict[str, int]:
         counts = dict.fromkeys(("ok", "at_risk", "unrecoverable"), 0)
