@@ -21,8 +21,9 @@ from durable_sessions_collector.config import redact_url
 DEFAULT_ENDPOINT = "http://127.0.0.1:4320"
 
 
-ACTIONS_PAGE = 10_000
-"""Actions asked for in one request of ``sessions show`` (the API's largest page)."""
+DETAIL_PAGE = 10_000
+"""Actions, and violations, asked for in one request of ``sessions show`` (the API's
+largest page)."""
 
 
 class ApiError(Exception):
@@ -135,14 +136,20 @@ class ApiClient:
                 return sessions
 
     def session(self, session_id: str) -> dict[str, Any]:
-        """The session with all of its actions, asked a page at a time."""
+        """The session with all of its actions and violations, asked a page at a time."""
         path = "/api/sessions/" + quote(session_id, safe="")
-        detail = dict(self.get(path, {"actions_limit": ACTIONS_PAGE}))
-        token = detail.pop("next_actions_page_token", "")
-        while token:
-            page = self.get(path, {"actions_limit": ACTIONS_PAGE, "actions_page_token": token})
-            detail["actions"].extend(page["actions"])
-            token = page.get("next_actions_page_token")
+        detail = dict(self.get(path, {"actions_limit": DETAIL_PAGE, "violations_limit": DETAIL_PAGE}))
+        tokens = {name: detail.pop(f"next_{name}_page_token", "") for name in ("actions", "violations")}
+        while any(tokens.values()):
+            query = {}
+            for name, token in tokens.items():
+                # A list walked to its end is asked for one item (its first page again).
+                query |= {f"{name}_limit": DETAIL_PAGE if token else 1, f"{name}_page_token": token or None}
+            page = self.get(path, query)
+            for name, token in tokens.items():
+                if token:
+                    detail[name].extend(page[name])
+                    tokens[name] = page.get(f"next_{name}_page_token", "")
         return detail
 
 

@@ -342,15 +342,53 @@ def test_a_sessions_actions_page_through_both_apis_with_one_token(sidecar) -> No
             timeout=10,
         )
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "another session's actions" in (caught.value.details() or "")
+    assert caught.value.details() == "actions_page_token: the token belongs to another session, or is damaged"
     channel.close()
     for query, error in (
         ("actions_limit=0", "actions_limit must be an integer from 1 to 10000, got '0'"),
         ("actions_limit=10001", "actions_limit must be an integer from 1 to 10000, got '10001'"),
         ("actions_page_token=zz", "actions_page_token: not a page token of this API"),
+        ("violations_limit=0", "violations_limit must be an integer from 1 to 10000, got '0'"),
+        ("violations_page_token=zz", "violations_page_token: not a page token of this API"),
     ):
         status, refused = sidecar.get(f"/api/sessions/long?{query}")
         assert (status, refused["error"]) == (400, error), query
+
+
+def test_a_sessions_violations_page_through_both_apis_beside_its_actions(sidecar) -> None:  # type: ignore[no-untyped-def]
+    agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
+    for n in range(5):
+        agent.action("runaway", f"t{n}", "tool_call", retryable=True)  # unbounded-retry, each
+    agent.shutdown()
+    _, whole = sidecar.get("/api/sessions/runaway")
+    keys = [v["key"] for v in whole["violations"]]
+    assert len(keys) == 5 and whole["next_violations_page_token"] == ""
+    walked, token = [], ""
+    while True:
+        status, page = sidecar.get(
+            f"/api/sessions/runaway?violations_limit=2&actions_limit=1&violations_page_token={quote(token)}"
+        )
+        assert status == 200 and len(page["violations"]) <= 2 and len(page["actions"]) == 1
+        walked += [v["key"] for v in page["violations"]]
+        token = page["next_violations_page_token"]
+        if not token:
+            break
+    assert walked == keys
+    _, first = sidecar.get("/api/sessions/runaway?violations_limit=3")
+    channel, api = api_stub(sidecar)
+    rest = api.GetSession(
+        pb.GetSessionRequest(session_id="runaway", violations_page_token=first["next_violations_page_token"]),
+        timeout=10,
+    )
+    channel.close()
+    assert [v.key for v in rest.violations] == keys[3:] and rest.next_violations_page_token == ""
+    status, refused = sidecar.get(
+        f"/api/sessions/other?violations_page_token={first['next_violations_page_token']}"
+    )
+    assert (status, refused["error"]) == (
+        400,
+        "violations_page_token: the token belongs to another session, or is damaged",
+    )
 
 
 # --- gRPC SessionService ---------------------------------------------------------------

@@ -95,20 +95,21 @@ def test_list_all_follows_the_pages(sidecar, capsys) -> None:  # type: ignore[no
     assert code == 0 and len(json.loads(out)["sessions"]) == 5
 
 
-def test_show_asks_for_every_page_of_actions(sidecar, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_show_asks_for_every_page_of_actions_and_violations(sidecar, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from durable_sessions_collector import client
 
-    monkeypatch.setattr(client, "ACTIONS_PAGE", 2)  # three pages of a session of five actions
+    monkeypatch.setattr(client, "DETAIL_PAGE", 2)  # three pages of five actions, two of three violations
     agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
     for n in range(5):
-        agent.action("long", f"a{n}", "llm_call", result='{"text": "ok"}')
+        agent.action("long", f"a{n}", "tool_call", retryable=n < 3)  # unbounded-retry for a0-a2
     agent.shutdown()
     code, out, _ = run(capsys, "sessions", "--endpoint", sidecar.http_url, "show", "long")
     assert code == 0 and [line.split()[0] for line in out.splitlines()[3:8]] == [f"a{n}" for n in range(5)]
     code, out, _ = run(capsys, "sessions", "--endpoint", sidecar.http_url, "--json", "show", "long")
     document = json.loads(out)
     assert [a["action_id"] for a in document["actions"]] == [f"a{n}" for n in range(5)]
-    assert "next_actions_page_token" not in document
+    assert [v["action_id"] for v in document["violations"]] == ["a0", "a1", "a2"]
+    assert "next_actions_page_token" not in document and "next_violations_page_token" not in document
 
 
 def test_token_and_tls_ca_options(start_sidecar, tmp_path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]

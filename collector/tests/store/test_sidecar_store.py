@@ -21,7 +21,7 @@ import pytest
 from durable_sessions_collector.config import load
 from durable_sessions_collector.service import Service
 from durable_sessions_collector.store import ActionRow, Store, StoreError, action_row, open_store
-from durable_sessions_collector.store.base import decode_record, encode_record
+from durable_sessions_collector.store.base import DetailPages, decode_record, encode_record
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -578,7 +578,7 @@ def test_a_sessions_actions_come_in_pages_in_its_order(store) -> None:  # type: 
             else:
                 assert writer.add_action(row(f"span{n:02d}", **record), 1.0)
         writer.touch_session("sess", 1.0, len(seqs))
-    whole = store.get_session("sess", 1000)
+    whole = store.get_session("sess", DetailPages(actions_limit=1000))
     assert whole is not None and whole.next_actions is None
     order = [a["action_id"] for a in whole.actions]
     key = {f"a{n:02d}": (-(2**63) if seq is None else min(seq, 2**63 - 1), n) for n, seq in enumerate(seqs)}
@@ -587,11 +587,32 @@ def test_a_sessions_actions_come_in_pages_in_its_order(store) -> None:  # type: 
         walked: list[str] = []
         after = None
         while True:
-            page = store.get_session("sess", size, after)
+            page = store.get_session("sess", DetailPages(actions_limit=size, actions_after=after))
             assert page is not None and len(page.actions) <= size and page.summary.actions == 30
             walked += [a["action_id"] for a in page.actions]
             if page.next_actions is None:
                 break
             after = page.next_actions
         assert walked == order, size
-    assert store.get_session("nope", 1) is None
+    assert store.get_session("nope") is None
+
+
+def test_a_sessions_violations_come_in_pages_in_the_order_found(store) -> None:  # type: ignore[no-untyped-def]
+    rules = [f"rule-{n:02d}" for n in range(23)]
+    with store.writer() as writer:
+        assert writer.add_action(row("s1"), 1.0)
+        writer.touch_session("sess", 1.0, 1)
+        for rule in rules:
+            assert writer.add_violation(violation(rule), at_end=False, now=1.0)
+        assert writer.refresh_verdict("sess") == "unrecoverable"
+    for size in (1, 5, 22, 23):
+        walked: list[str] = []
+        after = None
+        while True:
+            page = store.get_session("sess", DetailPages(violations_limit=size, violations_after=after))
+            assert page is not None and len(page.violations) <= size and len(page.actions) == 1
+            walked += [v["rule"] for v in page.violations]
+            if page.next_violations is None:
+                break
+            after = page.next_violations
+        assert walked == rules, size

@@ -2,8 +2,9 @@
 
 Served on the gRPC port beside the OTLP ``TraceService``:
 
-- ``GetSession``: one session with a page of its actions (``actions_page_token``, see
-  :mod:`.paging`; ``NOT_FOUND`` when unknown, ``INVALID_ARGUMENT`` for an empty id);
+- ``GetSession``: one session with a page of its actions and one of its violations
+  (``actions_page_token``, ``violations_page_token``, see :mod:`.paging`; ``NOT_FOUND``
+  when unknown, ``INVALID_ARGUMENT`` for an empty id);
 - ``ListSessions``: most recently active first, an optional verdict, keyset paging with
   an opaque ``page_token`` (see :mod:`.paging`, shared with the HTTP API);
 - ``WatchAlerts``: a server stream of violations as they are committed, read from the
@@ -32,7 +33,7 @@ from durable_sessions_collector.api.v1 import sessions_pb2_grpc as pb_grpc
 from durable_sessions_collector.jsonlog import JsonLog
 from durable_sessions_collector.quote import quoted
 from durable_sessions_collector.store import Store, StoreError
-from durable_sessions_collector.store.base import DEFAULT_ACTIONS_PAGE, SessionSummary
+from durable_sessions_collector.store.base import DEFAULT_DETAIL_PAGE, SessionSummary
 
 SERVICE = "durable_sessions.v1.SessionService"
 CURSOR_METADATA = "x-durable-sessions-cursor"
@@ -88,11 +89,17 @@ class SessionApi(pb_grpc.SessionServiceServicer):
     def GetSession(self, request: pb.GetSessionRequest, context: grpc.ServicerContext) -> pb.Session:
         if not request.session_id:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "session_id is required")
-        size = request.actions_page_size or DEFAULT_ACTIONS_PAGE
         try:
-            detail, token = session_page(self.store, request.session_id, size, request.actions_page_token)
+            detail, actions_token, violations_token = session_page(
+                self.store,
+                request.session_id,
+                actions_size=request.actions_page_size or DEFAULT_DETAIL_PAGE,
+                actions_token=request.actions_page_token,
+                violations_size=request.violations_page_size or DEFAULT_DETAIL_PAGE,
+                violations_token=request.violations_page_token,
+            )
         except ValueError as error:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"actions_page_token: {error}")
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         except StoreError as error:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"the store cannot be read: {error}")
         if detail is None:
@@ -101,7 +108,8 @@ class SessionApi(pb_grpc.SessionServiceServicer):
             summary=summary_message(detail.summary),
             actions=[action_message(action) for action in detail.actions],
             violations=[violation_message(violation) for violation in detail.violations],
-            next_actions_page_token=token,
+            next_actions_page_token=actions_token,
+            next_violations_page_token=violations_token,
         )
 
     def ListSessions(

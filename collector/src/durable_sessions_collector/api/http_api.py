@@ -4,10 +4,12 @@
   most recently active first, a page of at most ``limit`` (default 100, at most 1,000);
   ``next_page_token`` asks for the next page, and is empty on the last one (keyset
   paging shared with the gRPC API: :mod:`.paging`);
-- ``GET /api/sessions/{id}?actions_limit=N&actions_page_token=T``: one session: its
-  verdict, its violations and a page of its actions in order (start time, then arrival;
-  digests only, never result or prompt text), at most ``actions_limit`` (default 1,000,
-  at most 10,000); ``next_actions_page_token`` asks for the next page, empty on the last;
+- ``GET /api/sessions/{id}``: one session: its verdict, a page of its actions in order
+  (start time, then arrival; digests only, never result or prompt text) and a page of
+  its violations, at most ``actions_limit`` and ``violations_limit`` (default 1,000, at
+  most 10,000); ``next_actions_page_token`` and ``next_violations_page_token``, passed
+  back as ``actions_page_token`` and ``violations_page_token``, ask for the next pages,
+  and are empty on the last;
 - ``GET /healthz``: 200 when the writer runs and the store answers, else 503; the reason
   is given only to a caller that may see it (no token configured, or the token sent),
   since it names the store;
@@ -28,7 +30,7 @@ from durable_sessions_collector.api.paging import DEFAULT_PAGE, MAX_PAGE, list_p
 from durable_sessions_collector.httpserver import Request, Response, Router
 from durable_sessions_collector.quote import quoted
 from durable_sessions_collector.store import Store, StoreError
-from durable_sessions_collector.store.base import DEFAULT_ACTIONS_PAGE, MAX_ACTIONS_PAGE, VERDICTS
+from durable_sessions_collector.store.base import DEFAULT_DETAIL_PAGE, MAX_DETAIL_PAGE, VERDICTS
 
 
 class HttpApi:
@@ -66,27 +68,32 @@ class HttpApi:
 
     def get_session(self, request: Request) -> Response:
         session_id = request.params["rest"]
-        limit_text = (request.query.get("actions_limit") or [str(DEFAULT_ACTIONS_PAGE)])[-1]
-        if (
-            not (limit_text.isascii() and limit_text.isdigit())
-            or not 1 <= int(limit_text) <= MAX_ACTIONS_PAGE
-        ):
-            return Response.json(
-                400,
-                {
-                    "error": f"actions_limit must be an integer from 1 to {MAX_ACTIONS_PAGE}, got {quoted(limit_text)}"
-                },
-            )
-        token = (request.query.get("actions_page_token") or [""])[-1]
+        sizes = {}
+        for name in ("actions_limit", "violations_limit"):
+            text = (request.query.get(name) or [str(DEFAULT_DETAIL_PAGE)])[-1]
+            if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_DETAIL_PAGE:
+                return Response.json(
+                    400,
+                    {"error": f"{name} must be an integer from 1 to {MAX_DETAIL_PAGE}, got {quoted(text)}"},
+                )
+            sizes[name] = int(text)
         try:
-            detail, next_token = session_page(self.store, session_id, int(limit_text), token)
+            detail, actions_token, violations_token = session_page(
+                self.store,
+                session_id,
+                actions_size=sizes["actions_limit"],
+                actions_token=(request.query.get("actions_page_token") or [""])[-1],
+                violations_size=sizes["violations_limit"],
+                violations_token=(request.query.get("violations_page_token") or [""])[-1],
+            )
         except ValueError as error:
-            return Response.json(400, {"error": f"actions_page_token: {error}"})
+            return Response.json(400, {"error": str(error)})
         except StoreError as error:
             return store_unavailable(error)
         if detail is None:
             return Response.json(404, {"error": f"no session {quoted(session_id)}"})
-        return Response.json(200, {**detail.as_dict(), "next_actions_page_token": next_token})
+        tokens = {"next_actions_page_token": actions_token, "next_violations_page_token": violations_token}
+        return Response.json(200, {**detail.as_dict(), **tokens})
 
     def healthz(self, request: Request) -> Response:
         problem = self.healthy()

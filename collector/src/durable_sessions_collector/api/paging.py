@@ -1,11 +1,17 @@
 """Keyset paging, one scheme for the HTTP and the gRPC API: of the session list, and of a
-session's actions.
+session's actions and violations.
 
-A page of the list is the sessions most recently active first; its ``next_page_token`` (empty on the
-last page) is opaque to clients and holds the position after the page's last session
-(its ``last_seen`` and id) and the verdict asked, so that a token is refused with another
-verdict. A session that becomes active again between two pages moves to the front: one
-walk through the pages may miss it, or list it twice.
+A page of the list is the sessions most recently active first; its ``next_page_token``
+(empty on the last page) is opaque to clients and holds the position after the page's
+last session (its ``last_seen`` and id) and the verdict asked, so that a token is
+refused with another verdict. A session that becomes active again between two pages
+moves to the front: one walk through the pages may miss it, or list it twice.
+
+A session's detail has a page of its actions, in the session's order, and a page of its
+violations, in the order they were found, each of at most ``MAX_DETAIL_PAGE``; each is
+walked with its own token (``next_actions_page_token``, ``next_violations_page_token``),
+which holds the position after the page's last item and the session's id. Actions that
+arrive meanwhile with an earlier start time are not shown to a walk already past them.
 """
 
 from __future__ import annotations
@@ -13,13 +19,15 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Callable
 from typing import Any
 
 from durable_sessions_collector.store import Store
 from durable_sessions_collector.store.base import (
-    DEFAULT_ACTIONS_PAGE,
-    MAX_ACTIONS_PAGE,
+    DEFAULT_DETAIL_PAGE,
+    MAX_DETAIL_PAGE,
     ActionPosition,
+    DetailPages,
     SessionDetail,
     SessionSummary,
 )
@@ -58,29 +66,66 @@ def decode_page_token(token: str, verdict: str | None) -> tuple[float, str]:
 
 
 def session_page(
-    store: Store, session_id: str, size: int = DEFAULT_ACTIONS_PAGE, page_token: str = ""
-) -> tuple[SessionDetail | None, str]:
-    """The session with a page of at most ``size`` of its actions (None: no such session),
-    and the token of the next page (empty: none). Raises ValueError for a ``page_token``
-    this API did not give for this session, and StoreError."""
-    after = decode_actions_token(page_token, session_id) if page_token else None
-    detail = store.get_session(session_id, min(size, MAX_ACTIONS_PAGE), after)
-    if detail is None or detail.next_actions is None:
-        return detail, ""
-    return detail, _encode({"s": session_id, "p": list(detail.next_actions)})
+    store: Store,
+    session_id: str,
+    *,
+    actions_size: int = DEFAULT_DETAIL_PAGE,
+    actions_token: str = "",
+    violations_size: int = DEFAULT_DETAIL_PAGE,
+    violations_token: str = "",
+) -> tuple[SessionDetail | None, str, str]:
+    """The session (None: no such session) with a page of at most ``actions_size`` of its
+    actions and one of at most ``violations_size`` of its violations, each from its token
+    on (empty: the first page), and the tokens of the next pages (empty: none).
+
+    Raises ValueError, naming the token, for one this API did not give for this session;
+    StoreError when the store cannot be read.
+    """
+    pages = DetailPages(
+        min(actions_size, MAX_DETAIL_PAGE),
+        _position(actions_token, session_id, "actions_page_token", _action_position),
+        min(violations_size, MAX_DETAIL_PAGE),
+        _position(violations_token, session_id, "violations_page_token", _violation_position),
+    )
+    detail = store.get_session(session_id, pages)
+    if detail is None:
+        return None, "", ""
+    actions = (
+        "" if detail.next_actions is None else _encode({"s": session_id, "a": list(detail.next_actions)})
+    )
+    violations = (
+        "" if detail.next_violations is None else _encode({"s": session_id, "v": detail.next_violations})
+    )
+    return detail, actions, violations
 
 
-def decode_actions_token(token: str, session_id: str) -> ActionPosition:
-    document = _decode(token)
-    position = document.get("p")
-    if (
-        document.get("s") != session_id
-        or not isinstance(position, list)
-        or len(position) != 2
-        or not all(type(number) is int and -(2**63) <= number < 2**63 for number in position)
-    ):
-        raise ValueError("the token belongs to another session's actions, or is damaged")
-    return position[0], position[1]
+def _position(token: str, session_id: str, name: str, read: Callable[[dict[str, Any]], Any]) -> Any:
+    if not token:
+        return None
+    try:
+        document = _decode(token)
+        position = read(document)
+        if document.get("s") != session_id or position is None:
+            raise ValueError("the token belongs to another session, or is damaged")
+    except ValueError as error:
+        raise ValueError(f"{name}: {error}") from None
+    return position
+
+
+def _action_position(document: dict[str, Any]) -> ActionPosition | None:
+    position = document.get("a")
+    if isinstance(position, list) and len(position) == 2 and all(_int64(n) for n in position):
+        return position[0], position[1]
+    return None
+
+
+def _violation_position(document: dict[str, Any]) -> int | None:
+    position = document.get("v")
+    return position if _int64(position) else None
+
+
+def _int64(value: Any) -> bool:
+    return type(value) is int and -(2**63) <= value < 2**63
 
 
 def _encode(document: dict[str, Any]) -> str:

@@ -124,13 +124,15 @@ class SessionSummary:
 
 @dataclass(frozen=True, slots=True)
 class SessionDetail:
-    """A session with one page of its actions (all of its violations)."""
+    """A session with a page of its actions and a page of its violations."""
 
     summary: SessionSummary
     actions: list[dict[str, Any]] = field(default_factory=list)
     violations: list[dict[str, Any]] = field(default_factory=list)
     next_actions: ActionPosition | None = None
     """Where the next page of actions starts; None on the last page."""
+    next_violations: int | None = None
+    """Where the next page of violations starts (after this id); None on the last page."""
 
     def as_dict(self) -> dict[str, Any]:
         head = self.summary.as_dict()
@@ -141,10 +143,26 @@ class SessionDetail:
 ActionPosition = tuple[int, int]
 """An action's place in its session's order: its order key (:data:`ACTION_ORDER`), its id."""
 
-DEFAULT_ACTIONS_PAGE = 1000
-MAX_ACTIONS_PAGE = 10_000
-"""Actions in one page of a session's detail: a session of a million actions read whole
-took gigabytes of the sidecar's memory, and its gRPC message passed the clients' limit."""
+DEFAULT_DETAIL_PAGE = 1000
+MAX_DETAIL_PAGE = 10_000
+"""Actions, and violations, in one page of a session's detail: a session of a million
+actions read whole took gigabytes of the sidecar's memory, and its gRPC message passed
+the clients' limit."""
+
+
+@dataclass(frozen=True, slots=True)
+class DetailPages:
+    """Which page of a session's actions, and which of its violations, to read: at most
+    ``*_limit`` of them, after ``*_after`` (a :class:`SessionDetail`'s ``next_*``)."""
+
+    actions_limit: int = DEFAULT_DETAIL_PAGE
+    actions_after: ActionPosition | None = None
+    violations_limit: int = DEFAULT_DETAIL_PAGE
+    violations_after: int | None = None
+
+
+FIRST_PAGES = DetailPages()
+"""The first page of a session's actions and of its violations, of the default size."""
 
 FIRST_SEQ = -(2**63)
 ACTION_ORDER = "coalesce(seq, ?)"
@@ -152,7 +170,7 @@ ACTION_ORDER = "coalesce(seq, ?)"
 sorted them), then arrival; its one parameter is :data:`FIRST_SEQ`."""
 
 
-def detail_page(
+def action_page(
     rows: list[tuple[Any, ...]], limit: int
 ) -> tuple[list[dict[str, Any]], ActionPosition | None]:
     """A page of actions from ``rows`` — ``(order key, id, trace_id, span_id, received_at,
@@ -172,6 +190,14 @@ def detail_page(
                 action[name] = {"bytes_hex": value.hex()}
         actions.append(action)
     return actions, ((rows[-1][0], rows[-1][1]) if more and rows else None)
+
+
+def violation_page(rows: list[tuple[Any, ...]], limit: int) -> tuple[list[dict[str, Any]], int | None]:
+    """A page of violations from ``rows`` — ``(id, *VIOLATION_COLUMNS)``, one more than
+    ``limit`` when there are more — and the id after which the next page starts."""
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return [violation_detail(row[1:]) for row in rows], (rows[-1][0] if more and rows else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,15 +377,9 @@ class Store(Protocol):
         those with ``verdict``; ``after`` = (last_seen, session_id) of the last session of
         the previous page."""
 
-    def get_session(
-        self,
-        session_id: str,
-        actions_limit: int = DEFAULT_ACTIONS_PAGE,
-        actions_after: ActionPosition | None = None,
-    ) -> SessionDetail | None:
-        """One session: its verdict, its violations, and a page of at most ``actions_limit``
-        of its actions in order (start time, then arrival), from ``actions_after`` (the
-        last page's :attr:`SessionDetail.next_actions`) on."""
+    def get_session(self, session_id: str, pages: DetailPages = FIRST_PAGES) -> SessionDetail | None:
+        """One session: its verdict, a page of its actions in order (start time, then
+        arrival) and a page of its violations in the order they were found."""
 
     def verdict_counts(self) -> dict[str, int]:
         """How many sessions have each verdict."""

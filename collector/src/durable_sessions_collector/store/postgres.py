@@ -58,27 +58,27 @@ from durable_sessions.violation import Severity, Violation
 from durable_sessions_collector.config import redact_store_url
 from durable_sessions_collector.store.base import (
     ACTION_ORDER,
-    DEFAULT_ACTIONS_PAGE,
+    FIRST_PAGES,
     FIRST_SEQ,
     INDEX_BUILT,
     INDEX_FAILED,
     INDEX_LEFT_TO_ANOTHER,
     OUTBOX_CHANNELS,
     VIOLATION_COLUMNS,
-    ActionPosition,
     ActionRow,
     Alert,
+    DetailPages,
     IndexReport,
     Pruned,
     SessionDetail,
     SessionSummary,
     StoreError,
+    action_page,
     cursor_position,
     decode_record,
-    detail_page,
     feed_item,
     forget_some,
-    violation_detail,
+    violation_page,
     within_budget,
 )
 from durable_sessions_collector.store.pool import ReadPool
@@ -436,12 +436,8 @@ class PostgresStore:
             ).fetchall()
         return [_summary(row) for row in rows]
 
-    def get_session(
-        self,
-        session_id: str,
-        actions_limit: int = DEFAULT_ACTIONS_PAGE,
-        actions_after: ActionPosition | None = None,
-    ) -> SessionDetail | None:
+    def get_session(self, session_id: str, pages: DetailPages = FIRST_PAGES) -> SessionDetail | None:
+        actions_after = pages.actions_after
         order = ACTION_ORDER.replace("?", "%s")
         after = f"AND ({order}, id) > (%s, %s) " if actions_after is not None else ""
         with self._read() as db, db.transaction():
@@ -455,15 +451,15 @@ class PostgresStore:
                 f"SELECT {order}, id, trace_id, span_id, received_at, record FROM actions WHERE session_id = %s "
                 f"AND {NOT_FORGOTTEN} {after}ORDER BY {order}, id LIMIT %s",
                 (FIRST_SEQ, _t(session_id), _t(session_id), *((FIRST_SEQ, *actions_after) if actions_after else ()),
-                 FIRST_SEQ, actions_limit + 1),
+                 FIRST_SEQ, pages.actions_limit + 1),
             ).fetchall()  # fmt: skip
             violation_rows = db.execute(
-                f"SELECT {VIOLATION_COLUMNS} FROM violations WHERE session_id = %s ORDER BY id",
-                (_t(session_id),),
+                f"SELECT id, {VIOLATION_COLUMNS} FROM violations WHERE session_id = %s AND id > %s ORDER BY id LIMIT %s",
+                (_t(session_id), pages.violations_after or 0, pages.violations_limit + 1),
             ).fetchall()
-        actions, next_actions = detail_page(action_rows, actions_limit)
-        violations = [violation_detail(row) for row in violation_rows]
-        return SessionDetail(_summary(row), actions, violations, next_actions)
+        actions, next_actions = action_page(action_rows, pages.actions_limit)
+        violations, next_violations = violation_page(violation_rows, pages.violations_limit)
+        return SessionDetail(_summary(row), actions, violations, next_actions, next_violations)
 
     def verdict_counts(self) -> dict[str, int]:
         counts = dict.fromkeys(("ok", "at_risk", "unrecoverable"), 0)

@@ -24,24 +24,24 @@ from durable_sessions.report import Verdict, verdict_of
 from durable_sessions.violation import Severity, Violation
 from durable_sessions_collector.store.base import (
     ACTION_ORDER,
-    DEFAULT_ACTIONS_PAGE,
+    FIRST_PAGES,
     FIRST_SEQ,
     OUTBOX_CHANNELS,
     VIOLATION_COLUMNS,
-    ActionPosition,
     ActionRow,
     Alert,
+    DetailPages,
     IndexReport,
     Pruned,
     SessionDetail,
     SessionSummary,
     StoreError,
+    action_page,
     cursor_position,
     decode_record,
-    detail_page,
     feed_item,
     forget_some,
-    violation_detail,
+    violation_page,
     within_budget,
 )
 from durable_sessions_collector.store.pool import ReadPool
@@ -385,12 +385,8 @@ class SqliteStore:
             rows = db.execute(statement, params).fetchall()
         return [_summary(row) for row in rows]
 
-    def get_session(
-        self,
-        session_id: str,
-        actions_limit: int = DEFAULT_ACTIONS_PAGE,
-        actions_after: ActionPosition | None = None,
-    ) -> SessionDetail | None:
+    def get_session(self, session_id: str, pages: DetailPages = FIRST_PAGES) -> SessionDetail | None:
+        actions_after = pages.actions_after
         after = f"AND ({ACTION_ORDER}, id) > (?, ?) " if actions_after is not None else ""
         with self._read() as reader:
             reader.execute("BEGIN")
@@ -406,19 +402,17 @@ class SqliteStore:
                     f"SELECT {ACTION_ORDER}, id, trace_id, span_id, received_at, record FROM actions "
                     f"WHERE {SESSION_KEY} = ? AND {NOT_FORGOTTEN} {after}ORDER BY {ACTION_ORDER}, id LIMIT ?",
                     (FIRST_SEQ, session_id, session_id, *((FIRST_SEQ, *actions_after) if actions_after else ()),
-                     FIRST_SEQ, actions_limit + 1),
+                     FIRST_SEQ, pages.actions_limit + 1),
                 ).fetchall()  # fmt: skip
-                violations = [
-                    violation_detail(row)
-                    for row in reader.execute(
-                        f"SELECT {VIOLATION_COLUMNS} FROM violations WHERE session_id = ? ORDER BY id",
-                        (session_id,),
-                    )
-                ]
+                violation_rows = reader.execute(
+                    f"SELECT id, {VIOLATION_COLUMNS} FROM violations WHERE session_id = ? AND id > ? ORDER BY id LIMIT ?",
+                    (session_id, pages.violations_after or 0, pages.violations_limit + 1),
+                ).fetchall()
             finally:
                 reader.execute("COMMIT")
-        actions, next_actions = detail_page(action_rows, actions_limit)
-        return SessionDetail(_summary(row), actions, violations, next_actions)
+        actions, next_actions = action_page(action_rows, pages.actions_limit)
+        violations, next_violations = violation_page(violation_rows, pages.violations_limit)
+        return SessionDetail(_summary(row), actions, violations, next_actions, next_violations)
 
     def verdict_counts(self) -> dict[str, int]:
         counts = dict.fromkeys(("ok", "at_risk", "unrecoverable"), 0)
