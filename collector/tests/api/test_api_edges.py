@@ -307,6 +307,20 @@ def test_http_list_pages_through_every_session_with_the_grpc_apis_tokens(sidecar
     assert (status, refused["error"]) == (400, "page_token: not a page token of this API")
 
 
+def walk_detail(sidecar: Any, session_id: str, name: str, size: int, query: str = "") -> list[dict[str, Any]]:
+    """Every page of a session's ``name`` list (actions, violations), ``size`` a page."""
+    pages, token = [], ""
+    while True:
+        status, page = sidecar.get(
+            f"/api/sessions/{session_id}?{name}_limit={size}&{name}_page_token={quote(token)}{query}"
+        )
+        assert status == 200 and len(page[name]) <= size
+        pages.append(page)
+        token = page[f"next_{name}_page_token"]
+        if not token:
+            return pages
+
+
 def test_a_sessions_actions_page_through_both_apis_with_one_token(sidecar) -> None:  # type: ignore[no-untyped-def]
     agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
     for n in range(7):
@@ -315,15 +329,9 @@ def test_a_sessions_actions_page_through_both_apis_with_one_token(sidecar) -> No
     _, whole = sidecar.get("/api/sessions/long")
     order = [a["action_id"] for a in whole["actions"]]
     assert order == [f"a{n}" for n in range(7)] and whole["next_actions_page_token"] == ""
-    walked, token = [], ""
-    while True:
-        status, page = sidecar.get(f"/api/sessions/long?actions_limit=3&actions_page_token={quote(token)}")
-        assert status == 200 and len(page["actions"]) <= 3 and page["action_count"] == 7
-        walked += [a["action_id"] for a in page["actions"]]
-        token = page["next_actions_page_token"]
-        if not token:
-            break
-    assert walked == order
+    pages = walk_detail(sidecar, "long", "actions", 3)
+    assert [a["action_id"] for page in pages for a in page["actions"]] == order
+    assert len(pages) == 3 and all(page["action_count"] == 7 for page in pages)
     # The HTTP API's token goes on through the gRPC API, and the other way round.
     _, first = sidecar.get("/api/sessions/long?actions_limit=2")
     channel, api = api_stub(sidecar)
@@ -363,17 +371,9 @@ def test_a_sessions_violations_page_through_both_apis_beside_its_actions(sidecar
     _, whole = sidecar.get("/api/sessions/runaway")
     keys = [v["key"] for v in whole["violations"]]
     assert len(keys) == 5 and whole["next_violations_page_token"] == ""
-    walked, token = [], ""
-    while True:
-        status, page = sidecar.get(
-            f"/api/sessions/runaway?violations_limit=2&actions_limit=1&violations_page_token={quote(token)}"
-        )
-        assert status == 200 and len(page["violations"]) <= 2 and len(page["actions"]) == 1
-        walked += [v["key"] for v in page["violations"]]
-        token = page["next_violations_page_token"]
-        if not token:
-            break
-    assert walked == keys
+    pages = walk_detail(sidecar, "runaway", "violations", 2, "&actions_limit=1")
+    assert [v["key"] for page in pages for v in page["violations"]] == keys
+    assert len(pages) == 3 and all(len(page["actions"]) == 1 for page in pages)
     _, first = sidecar.get("/api/sessions/runaway?violations_limit=3")
     channel, api = api_stub(sidecar)
     rest = api.GetSession(
