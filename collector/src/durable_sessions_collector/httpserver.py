@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import re
 import select
 import socket
@@ -35,7 +34,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from durable_sessions_collector import __version__
+from durable_sessions_collector import __version__, jsontext
 from durable_sessions_collector.jsonlog import JsonLog
 
 DRAIN_LIMIT = 256 * 1024 * 1024
@@ -237,7 +236,7 @@ class Response:
 
     @classmethod
     def json(cls, status: int, document: Any, **headers: str) -> Response:
-        body = json.dumps(document, default=str, ensure_ascii=False, indent=None).encode("utf-8")
+        body = jsontext.dumps(document, default=str, ensure_ascii=False).encode("utf-8")
         return cls(status, body, "application/json", dict(headers))
 
 

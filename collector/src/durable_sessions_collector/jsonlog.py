@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import queue
 import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, TextIO
+
+from durable_sessions_collector import jsontext
 
 LEVELS = {"DEBUG": 10, "INFO": 20, "WARNING": 30, "ERROR": 40}
 
@@ -190,7 +191,7 @@ class JsonLog:
 
     @staticmethod
     def _line(level: str, event: str, fields: dict[str, Any]) -> str:
-        return json.dumps(
+        return jsontext.dumps(
             {"ts": round(time.time(), 6), "level": level.lower(), "event": event, **fields},
             default=str,
             ensure_ascii=False,

@@ -391,6 +391,60 @@ def test_a_sessions_violations_page_through_both_apis_beside_its_actions(sidecar
     )
 
 
+def strict_json(body: bytes) -> Any:
+    """``body`` read as JavaScript's JSON.parse reads it: NaN and Infinity are not JSON."""
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(body, parse_constant=refuse)
+
+
+def test_non_finite_numbers_in_a_record_are_served_as_json_any_parser_reads(sidecar) -> None:  # type: ignore[no-untyped-def]
+    # Before, the detail held NaN and Infinity as Python's json writes them: not JSON.
+    def attribute(key: str, value: str) -> dict[str, Any]:
+        return {"key": key, "value": {"doubleValue": value}}
+
+    span = {
+        "traceId": "5b8efff798038103d269b633813fc6aa",
+        "spanId": "eee19b7ec3c1b1aa",
+        "name": "tool",
+        "startTimeUnixNano": "1700000000000000000",
+        "endTimeUnixNano": "1700000000000000001",
+        "attributes": [
+            {"key": "session.id", "value": {"stringValue": "odd-numbers"}},
+            {"key": "agent.action.id", "value": {"stringValue": "t1"}},
+            {"key": "agent.action.kind", "value": {"stringValue": "tool_call"}},
+            {"key": "agent.action.retryable", "value": {"boolValue": True}},
+            attribute("agent.action.max_attempts", "NaN"),
+            attribute("agent.action.result_length", "-Infinity"),
+        ],
+    }
+    body = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}).encode()
+    request = urllib.request.Request(
+        sidecar.http_url + "/v1/traces", data=body, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 200
+    with urllib.request.urlopen(sidecar.http_url + "/api/sessions/odd-numbers", timeout=10) as response:
+        detail = strict_json(response.read())
+    [action] = detail["actions"]
+    assert (action["max_attempts"], action["result_length"]) == ("NaN", "-Infinity")
+    assert [v["rule"] for v in detail["violations"]] == ["unbounded-retry"]  # a NaN bound is no bound
+
+
+def test_jsontext_writes_non_finite_floats_as_protobuf_json_strings() -> None:
+    from durable_sessions_collector import jsontext
+
+    document = {"a": [1.5, float("nan"), {"b": float("inf"), "c": (float("-inf"), 2)}], "d": "NaN", "e": True}
+    assert strict_json(jsontext.dumps(document).encode()) == {
+        "a": [1.5, "NaN", {"b": "Infinity", "c": ["-Infinity", 2]}],
+        "d": "NaN",
+        "e": True,
+    }
+    assert jsontext.dumps({"x": 1.0}, separators=(",", ":")) == '{"x":1.0}'
+
+
 # --- gRPC SessionService ---------------------------------------------------------------
 
 
