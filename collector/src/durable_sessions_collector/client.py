@@ -17,11 +17,12 @@ from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
 from durable_sessions_collector.config import redact_url
+from durable_sessions_collector.store.base import MAX_DETAIL_PAGE
 
 DEFAULT_ENDPOINT = "http://127.0.0.1:4320"
 
 
-DETAIL_PAGE = 10_000
+DETAIL_PAGE = MAX_DETAIL_PAGE
 """Actions, and violations, asked for in one request of ``sessions show`` (the API's
 largest page)."""
 

@@ -353,10 +353,10 @@ def test_a_sessions_actions_page_through_both_apis_with_one_token(sidecar) -> No
     assert caught.value.details() == "actions_page_token: the token belongs to another session, or is damaged"
     channel.close()
     for query, error in (
-        ("actions_limit=0", "actions_limit must be an integer from 1 to 10000, got '0'"),
-        ("actions_limit=10001", "actions_limit must be an integer from 1 to 10000, got '10001'"),
+        ("actions_limit=0", "actions_limit must be an integer from 1 to 5000, got '0'"),
+        ("actions_limit=5001", "actions_limit must be an integer from 1 to 5000, got '5001'"),
         ("actions_page_token=zz", "actions_page_token: not a page token of this API"),
-        ("violations_limit=0", "violations_limit must be an integer from 1 to 10000, got '0'"),
+        ("violations_limit=0", "violations_limit must be an integer from 1 to 5000, got '0'"),
         ("violations_page_token=zz", "violations_page_token: not a page token of this API"),
     ):
         status, refused = sidecar.get(f"/api/sessions/long?{query}")
@@ -389,6 +389,32 @@ def test_a_sessions_violations_page_through_both_apis_beside_its_actions(sidecar
         400,
         "violations_page_token: the token belongs to another session, or is damaged",
     )
+
+
+def test_a_full_page_of_typical_actions_fits_a_grpc_clients_default_limit() -> None:
+    from durable_sessions_collector.api.grpc_api import action_message
+    from durable_sessions_collector.store.base import MAX_DETAIL_PAGE
+
+    action = {
+        "trace_id": "5b8efff798038103d269b633813fc60c",
+        "span_id": "eee19b7ec3c1b174",
+        "received_at": 1796055284.85,
+        "action_id": "a1234",
+        "kind": "tool_call",
+        "name": "search_flights",
+        "status": "ok",
+        "session_id": "session-" + "0" * 28,
+        "incarnation": "inc-7f3a9c1e-0b2d-4e5f-8a6b",
+        "seq": 1796055284851999463,
+        "ts": 1796055284.85,
+        "result_digest": "sha256:" + "ab" * 32,
+        "result_length": 1234,
+        "idempotency_key": "booking-" + "k" * 32,
+        "retryable": True,
+        "max_attempts": 3,
+    }
+    page = pb.Session(actions=[action_message(action)] * MAX_DETAIL_PAGE)
+    assert page.ByteSize() < 4 * 1024 * 1024 * 0.8  # grpcio's default receive limit, with room
 
 
 def strict_json(body: bytes) -> Any:
