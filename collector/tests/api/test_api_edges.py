@@ -9,6 +9,8 @@ Retry-After, timeouts and every class of status.
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import http.client
 import json
 import os
@@ -28,6 +30,8 @@ from conftest import wait_for
 from durable_sessions_collector.api.grpc_api import CURSOR_METADATA
 from durable_sessions_collector.api.v1 import sessions_pb2 as pb
 from durable_sessions_collector.api.v1 import sessions_pb2_grpc as pb_grpc
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sidecar_clients import Agent, grpc_exporter
 from tls_certs import make_cert
 
@@ -389,6 +393,33 @@ def test_a_sessions_violations_page_through_both_apis_beside_its_actions(sidecar
         400,
         "violations_page_token: the token belongs to another session, or is damaged",
     )
+
+
+def test_a_crafted_page_token_is_a_400_not_an_internal_error(sidecar) -> None:  # type: ignore[no-untyped-def]
+    # A token of nested arrays made json.loads raise RecursionError: a 500 and an error
+    # logged for each request.
+    deep = base64.urlsafe_b64encode(b"[" * 5000).decode()
+    for path in (f"/api/sessions?page_token={deep}", f"/api/sessions/s?violations_page_token={deep}"):
+        status, refused = sidecar.get(path)
+        assert (status, refused["error"].split(": ", 1)[-1]) == (400, "not a page token of this API"), path
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    token=st.text(max_size=1200)
+    | st.binary(max_size=300).map(lambda b: base64.urlsafe_b64encode(b).decode())
+    | st.integers(1, 3000).map(lambda n: base64.urlsafe_b64encode(b"[" * n).decode())
+)
+def test_fuzz_any_page_token_is_a_position_or_a_value_error(token: str) -> None:
+    from durable_sessions_collector.api import paging
+
+    for decode in (
+        lambda: paging.decode_page_token(token, None),
+        lambda: paging._position(token, "s", "actions_page_token", paging._action_position),
+        lambda: paging._position(token, "s", "violations_page_token", paging._violation_position),
+    ):
+        with contextlib.suppress(ValueError):
+            decode()
 
 
 def test_a_full_page_of_typical_actions_fits_a_grpc_clients_default_limit() -> None:

@@ -132,10 +132,16 @@ def _encode(document: dict[str, Any]) -> str:
     return base64.urlsafe_b64encode(json.dumps(document, separators=(",", ":")).encode()).decode()
 
 
+MAX_TOKEN_CHARS = 1024
+"""Far more than a token this API gives (under 200 characters)."""
+
+
 def _decode(token: str) -> dict[str, Any]:
+    if len(token) > MAX_TOKEN_CHARS:
+        raise ValueError("not a page token of this API")
     try:
         document = json.loads(base64.urlsafe_b64decode(token.encode("ascii")))
-    except (ValueError, UnicodeError, binascii.Error):
+    except (ValueError, UnicodeError, binascii.Error, RecursionError):  # RecursionError: "[[[[…"
         raise ValueError("not a page token of this API") from None
     if not isinstance(document, dict):
         raise ValueError("not a page token of this API")
