@@ -72,6 +72,9 @@ def who_may_connect(token: str | None, client_ca_file: str | None) -> str:
     )
 
 
+HANGUP_ACTION = "kept running: TLS and token files are read again when they change; other settings apply at the next start"
+
+
 class Service:
     """The running sidecar: store, evaluator, pipeline, receivers, API.
 
@@ -354,7 +357,8 @@ class Service:
         self.stop()
 
     def serve_forever(self) -> None:
-        """Start, run until SIGTERM or SIGINT, then stop cleanly.
+        """Start, run until SIGTERM or SIGINT, then stop cleanly. SIGHUP is logged and
+        changes nothing (:data:`HANGUP_ACTION`).
 
         The stop is bounded whatever reads (or does not read) standard error: no thread
         waits on a blocked log stream (see :mod:`.jsonlog`), and if the log's lines are
@@ -371,8 +375,15 @@ class Service:
             # Waiting here could wait on a lock the interrupted code holds: queue the line only.
             self.log.write("INFO", "signal", wait=False, signal=signal.Signals(signum).name)
 
+        def _hangup(signum: int, _frame: object) -> None:
+            # By default SIGHUP ended the process at once, without a line or a clean stop.
+            # Daemons, and the Collector, take it as "reload"; here the TLS and token files
+            # are read again whenever they change, and nothing else can change while running.
+            self.log.write("INFO", "signal", wait=False, signal="SIGHUP", action=HANGUP_ACTION)
+
         signal.signal(signal.SIGTERM, _signal)
         signal.signal(signal.SIGINT, _signal)
+        signal.signal(signal.SIGHUP, _hangup)
         try:
             while not done.wait(1.0):
                 if not self.pipeline.alive:

@@ -43,7 +43,7 @@ from durable_sessions_collector import config as config_module
 from durable_sessions_collector.cli import main
 from durable_sessions_collector.config import OPTIONS, ConfigError, load, redact_store_url, url_secrets
 from durable_sessions_collector.security import RedactingStream
-from durable_sessions_collector.service import Service
+from durable_sessions_collector.service import HANGUP_ACTION, Service
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
@@ -834,6 +834,35 @@ def test_serve_stops_cleanly_on_a_signal(tmp_path: Path, signum: int) -> None:
     with socket.socket() as probe:  # the port is released (no listener left)
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         probe.bind(("127.0.0.1", started["http_port"]))
+
+
+def test_serve_keeps_running_on_sighup_and_says_so(tmp_path: Path) -> None:
+    # Before, SIGHUP (a closed terminal, or `kill -HUP` meant as "reload") ended the
+    # process at once: no line, no clean stop.
+    served = Served(
+        "--store",
+        f"sqlite:///{tmp_path / 's.db'}",
+        "--grpc-endpoint",
+        "127.0.0.1:0",
+        "--http-endpoint",
+        "127.0.0.1:0",
+    )
+    try:
+        started = served.read_until("started")
+        served.process.send_signal(signal.SIGHUP)
+        line = served.read_until("signal")
+        assert (line["signal"], line["action"]) == ("SIGHUP", HANGUP_ACTION)
+        status, _, body = http(f"http://127.0.0.1:{started['http_port']}/healthz")
+        assert status == 200 and json.loads(body) == {"status": "ok"} and served.process.poll() is None
+        served.process.send_signal(signal.SIGTERM)
+        code, stderr = served.finish()
+    finally:
+        served.kill()
+    assert code == 0, stderr
+    assert [json.loads(line)["event"] for line in stderr.splitlines() if line.startswith("{")][-2:] == [
+        "signal",
+        "stopped",
+    ]
 
 
 # --- the sessions CLI -------------------------------------------------------------------------
