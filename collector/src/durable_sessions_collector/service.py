@@ -357,8 +357,9 @@ class Service:
         self.stop()
 
     def serve_forever(self) -> None:
-        """Start, run until SIGTERM or SIGINT, then stop cleanly. SIGHUP is logged and
-        changes nothing (:data:`HANGUP_ACTION`).
+        """Start, run until SIGTERM or SIGINT, then stop cleanly (a second one while still
+        starting ends the process at once). SIGHUP is logged and changes nothing
+        (:data:`HANGUP_ACTION`).
 
         The stop is bounded whatever reads (or does not read) standard error: no thread
         waits on a blocked log stream (see :mod:`.jsonlog`), and if the log's lines are
@@ -366,11 +367,12 @@ class Service:
         exits at once (code 0), as the interpreter's own exit would wait on that stream
         forever.
         """
-        self.start()
-        tune_garbage_collector()
         done = threading.Event()
+        started = threading.Event()
 
         def _signal(signum: int, _frame: object) -> None:
+            if done.is_set() and not started.is_set():
+                os._exit(128 + signum)  # asked twice while still starting: do not wait for the start
             done.set()
             # Waiting here could wait on a lock the interrupted code holds: queue the line only.
             self.log.write("INFO", "signal", wait=False, signal=signal.Signals(signum).name)
@@ -381,9 +383,16 @@ class Service:
             # are read again whenever they change, and nothing else can change while running.
             self.log.write("INFO", "signal", wait=False, signal="SIGHUP", action=HANGUP_ACTION)
 
+        # In place before the start, whose "started" line a supervisor may answer with a
+        # signal at once: Python's defaults ended the process, or raised KeyboardInterrupt
+        # inside the start. A signal during the start stops the sidecar once it has started;
+        # a second one ends the process at once (a store that does not answer).
         signal.signal(signal.SIGTERM, _signal)
         signal.signal(signal.SIGINT, _signal)
         signal.signal(signal.SIGHUP, _hangup)
+        self.start()
+        started.set()
+        tune_garbage_collector()
         try:
             while not done.wait(1.0):
                 if not self.pipeline.alive:

@@ -865,6 +865,35 @@ def test_serve_keeps_running_on_sighup_and_says_so(tmp_path: Path) -> None:
     ]
 
 
+def test_a_signal_while_the_store_does_not_answer_waits_and_a_second_ends_at_once() -> None:
+    # The handlers are in place before the start (a signal right after the "started" line
+    # found Python's defaults); a start that hangs must still be ended by asking again.
+    with socket.socket() as silent:  # accepts the connection, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        served = Served(
+            "--store",
+            f"postgresql://postgres@127.0.0.1:{silent.getsockname()[1]}/test",
+            "--grpc-endpoint",
+            "127.0.0.1:0",
+            "--http-endpoint",
+            "127.0.0.1:0",
+        )
+        try:
+            silent.settimeout(60)
+            connection, _ = silent.accept()  # the start is connecting to the store
+            served.process.send_signal(signal.SIGTERM)
+            assert served.read_until("signal")["signal"] == "SIGTERM"
+            time.sleep(0.5)
+            assert served.process.poll() is None  # still starting: it stops once started
+            served.process.send_signal(signal.SIGTERM)
+            code, _ = served.finish(timeout=10)
+            connection.close()
+        finally:
+            served.kill()
+    assert code == 128 + signal.SIGTERM
+
+
 # --- the sessions CLI -------------------------------------------------------------------------
 
 
