@@ -123,6 +123,11 @@ class Served:
         )
         self.lines: list[str] = []
 
+    @classmethod
+    def on_free_ports(cls, store: str) -> Served:
+        """``serve`` on ``store``, its ports picked by the system."""
+        return cls("--store", store, "--grpc-endpoint", "127.0.0.1:0", "--http-endpoint", "127.0.0.1:0")
+
     def read_until(self, event: str, timeout: float = 60) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         assert self.process.stderr is not None
@@ -811,14 +816,7 @@ def test_the_redactor_keeps_each_json_line_valid_whatever_the_secret() -> None:
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_serve_stops_cleanly_on_a_signal(tmp_path: Path, signum: int) -> None:
-    served = Served(
-        "--store",
-        f"sqlite:///{tmp_path / 's.db'}",
-        "--grpc-endpoint",
-        "127.0.0.1:0",
-        "--http-endpoint",
-        "127.0.0.1:0",
-    )
+    served = Served.on_free_ports(f"sqlite:///{tmp_path / 's.db'}")
     try:
         started = served.read_until("started")
         status, _, body = http(f"http://127.0.0.1:{started['http_port']}/healthz")
@@ -839,14 +837,7 @@ def test_serve_stops_cleanly_on_a_signal(tmp_path: Path, signum: int) -> None:
 def test_serve_keeps_running_on_sighup_and_says_so(tmp_path: Path) -> None:
     # Before, SIGHUP (a closed terminal, or `kill -HUP` meant as "reload") ended the
     # process at once: no line, no clean stop.
-    served = Served(
-        "--store",
-        f"sqlite:///{tmp_path / 's.db'}",
-        "--grpc-endpoint",
-        "127.0.0.1:0",
-        "--http-endpoint",
-        "127.0.0.1:0",
-    )
+    served = Served.on_free_ports(f"sqlite:///{tmp_path / 's.db'}")
     try:
         started = served.read_until("started")
         served.process.send_signal(signal.SIGHUP)
@@ -871,14 +862,7 @@ def test_a_signal_while_the_store_does_not_answer_waits_and_a_second_ends_at_onc
     with socket.socket() as silent:  # accepts the connection, never answers
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)
-        served = Served(
-            "--store",
-            f"postgresql://postgres@127.0.0.1:{silent.getsockname()[1]}/test",
-            "--grpc-endpoint",
-            "127.0.0.1:0",
-            "--http-endpoint",
-            "127.0.0.1:0",
-        )
+        served = Served.on_free_ports(f"postgresql://postgres@127.0.0.1:{silent.getsockname()[1]}/test")
         try:
             silent.settimeout(60)
             connection, _ = silent.accept()  # the start is connecting to the store
