@@ -51,14 +51,12 @@ class HttpApi:
             return Response.json(
                 400, {"error": f"verdict must be one of {', '.join(VERDICTS)}, got {quoted(verdict)}"}
             )
-        limit_text = (request.query.get("limit") or [str(DEFAULT_PAGE)])[-1]
-        if not (limit_text.isascii() and limit_text.isdigit()) or not 1 <= int(limit_text) <= MAX_PAGE:
-            return Response.json(
-                400, {"error": f"limit must be an integer from 1 to {MAX_PAGE}, got {quoted(limit_text)}"}
-            )
+        limit = page_size(request, "limit", DEFAULT_PAGE, MAX_PAGE)
+        if isinstance(limit, Response):
+            return limit
         try:
             sessions, token = list_page(
-                self.store, verdict, int(limit_text), (request.query.get("page_token") or [""])[-1]
+                self.store, verdict, limit, (request.query.get("page_token") or [""])[-1]
             )
         except ValueError as error:
             return Response.json(400, {"error": f"page_token: {error}"})
@@ -68,22 +66,19 @@ class HttpApi:
 
     def get_session(self, request: Request) -> Response:
         session_id = request.params["rest"]
-        sizes = {}
-        for name in ("actions_limit", "violations_limit"):
-            text = (request.query.get(name) or [str(DEFAULT_DETAIL_PAGE)])[-1]
-            if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_DETAIL_PAGE:
-                return Response.json(
-                    400,
-                    {"error": f"{name} must be an integer from 1 to {MAX_DETAIL_PAGE}, got {quoted(text)}"},
-                )
-            sizes[name] = int(text)
+        actions_size = page_size(request, "actions_limit", DEFAULT_DETAIL_PAGE, MAX_DETAIL_PAGE)
+        if isinstance(actions_size, Response):
+            return actions_size
+        violations_size = page_size(request, "violations_limit", DEFAULT_DETAIL_PAGE, MAX_DETAIL_PAGE)
+        if isinstance(violations_size, Response):
+            return violations_size
         try:
             detail, actions_token, violations_token = session_page(
                 self.store,
                 session_id,
-                actions_size=sizes["actions_limit"],
+                actions_size=actions_size,
                 actions_token=(request.query.get("actions_page_token") or [""])[-1],
-                violations_size=sizes["violations_limit"],
+                violations_size=violations_size,
                 violations_token=(request.query.get("violations_page_token") or [""])[-1],
             )
         except ValueError as error:
@@ -116,6 +111,17 @@ class HttpApi:
         if gzip_accepted(request.header("Accept-Encoding")):
             return Response(200, gzip.compress(body), content_type, {"Content-Encoding": "gzip"})
         return Response(200, body, content_type)
+
+
+def page_size(request: Request, name: str, default: int, maximum: int) -> int | Response:
+    """The query parameter ``name`` as a page size from 1 to ``maximum`` (``default`` when
+    absent), or the 400 answer naming it."""
+    text = (request.query.get(name) or [str(default)])[-1]
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= maximum:
+        return Response.json(
+            400, {"error": f"{name} must be an integer from 1 to {maximum}, got {quoted(text)}"}
+        )
+    return int(text)
 
 
 def store_unavailable(error: StoreError) -> Response:

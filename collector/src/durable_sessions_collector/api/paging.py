@@ -30,6 +30,7 @@ from durable_sessions_collector.store.base import (
     DetailPages,
     SessionDetail,
     SessionSummary,
+    split_page,
 )
 
 DEFAULT_PAGE = 100
@@ -46,11 +47,8 @@ def list_page(
     """
     after = decode_page_token(page_token, verdict) if page_token else None
     # One more than asked tells whether there is a next page.
-    sessions = store.list_sessions(verdict, size + 1, after)  # type: ignore[arg-type]
-    if len(sessions) <= size:
-        return sessions, ""
-    sessions = sessions[:size]
-    return sessions, encode_page_token(sessions[-1], verdict)
+    sessions, more = split_page(store.list_sessions(verdict, size + 1, after), size)  # type: ignore[arg-type]
+    return sessions, (encode_page_token(sessions[-1], verdict) if more else "")
 
 
 def encode_page_token(last: SessionSummary, verdict: str | None) -> str:

@@ -165,10 +165,15 @@ class DetailPages:
 FIRST_PAGES = DetailPages()
 """The first page of a session's actions and of its violations, of the default size."""
 
-FIRST_SEQ = -(2**63)
-ACTION_ORDER = "coalesce(seq, ?)"
+ACTION_ORDER = "coalesce(seq, -9223372036854775807 - 1)"
 """A session's actions in order: start time (a record without one first, as both stores
-sorted them), then arrival; its one parameter is :data:`FIRST_SEQ`."""
+sorted them), then arrival. The smallest 64-bit integer is written as a sum: the literal
+-9223372036854775808 is a numeric, not a bigint, to PostgreSQL."""
+
+
+def split_page(rows: list[Any], limit: int) -> tuple[list[Any], bool]:
+    """``rows`` read one more than ``limit`` of: the page, and whether there are more."""
+    return rows[:limit], len(rows) > limit
 
 
 def action_page(
@@ -176,8 +181,7 @@ def action_page(
 ) -> tuple[list[dict[str, Any]], ActionPosition | None]:
     """A page of actions from ``rows`` — ``(order key, id, trace_id, span_id, received_at,
     record)``, one more than ``limit`` when there are more — and where the next page starts."""
-    more = len(rows) > limit
-    rows = rows[:limit]
+    rows, more = split_page(rows, limit)
     actions = []
     for _key, _id, trace_id, span_id, received_at, record in rows:
         action = {
@@ -196,8 +200,7 @@ def action_page(
 def violation_page(rows: list[tuple[Any, ...]], limit: int) -> tuple[list[dict[str, Any]], int | None]:
     """A page of violations from ``rows`` — ``(id, *VIOLATION_COLUMNS)``, one more than
     ``limit`` when there are more — and the id after which the next page starts."""
-    more = len(rows) > limit
-    rows = rows[:limit]
+    rows, more = split_page(rows, limit)
     return [violation_detail(row[1:]) for row in rows], (rows[-1][0] if more and rows else None)
 
 

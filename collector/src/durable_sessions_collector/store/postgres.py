@@ -59,7 +59,6 @@ from durable_sessions_collector.config import redact_store_url
 from durable_sessions_collector.store.base import (
     ACTION_ORDER,
     FIRST_PAGES,
-    FIRST_SEQ,
     INDEX_BUILT,
     INDEX_FAILED,
     INDEX_LEFT_TO_ANOTHER,
@@ -438,8 +437,7 @@ class PostgresStore:
 
     def get_session(self, session_id: str, pages: DetailPages = FIRST_PAGES) -> SessionDetail | None:
         actions_after = pages.actions_after
-        order = ACTION_ORDER.replace("?", "%s")
-        after = f"AND ({order}, id) > (%s, %s) " if actions_after is not None else ""
+        after = f"AND ({ACTION_ORDER}, id) > (%s, %s) " if actions_after is not None else ""
         with self._read() as db, db.transaction():
             db.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
             row = db.execute(
@@ -448,11 +446,10 @@ class PostgresStore:
             if row is None:
                 return None
             action_rows = db.execute(
-                f"SELECT {order}, id, trace_id, span_id, received_at, record FROM actions WHERE session_id = %s "
-                f"AND {NOT_FORGOTTEN} {after}ORDER BY {order}, id LIMIT %s",
-                (FIRST_SEQ, _t(session_id), _t(session_id), *((FIRST_SEQ, *actions_after) if actions_after else ()),
-                 FIRST_SEQ, pages.actions_limit + 1),
-            ).fetchall()  # fmt: skip
+                f"SELECT {ACTION_ORDER}, id, trace_id, span_id, received_at, record FROM actions "
+                f"WHERE session_id = %s AND {NOT_FORGOTTEN} {after}ORDER BY {ACTION_ORDER}, id LIMIT %s",
+                (_t(session_id), _t(session_id), *(actions_after or ()), pages.actions_limit + 1),
+            ).fetchall()
             violation_rows = db.execute(
                 f"SELECT id, {VIOLATION_COLUMNS} FROM violations WHERE session_id = %s AND id > %s ORDER BY id LIMIT %s",
                 (_t(session_id), pages.violations_after or 0, pages.violations_limit + 1),

@@ -25,7 +25,6 @@ from durable_sessions.violation import Severity, Violation
 from durable_sessions_collector.store.base import (
     ACTION_ORDER,
     FIRST_PAGES,
-    FIRST_SEQ,
     OUTBOX_CHANNELS,
     VIOLATION_COLUMNS,
     ActionRow,
@@ -401,9 +400,8 @@ class SqliteStore:
                 action_rows = reader.execute(
                     f"SELECT {ACTION_ORDER}, id, trace_id, span_id, received_at, record FROM actions "
                     f"WHERE {SESSION_KEY} = ? AND {NOT_FORGOTTEN} {after}ORDER BY {ACTION_ORDER}, id LIMIT ?",
-                    (FIRST_SEQ, session_id, session_id, *((FIRST_SEQ, *actions_after) if actions_after else ()),
-                     FIRST_SEQ, pages.actions_limit + 1),
-                ).fetchall()  # fmt: skip
+                    (session_id, session_id, *(actions_after or ()), pages.actions_limit + 1),
+                ).fetchall()
                 violation_rows = reader.execute(
                     f"SELECT id, {VIOLATION_COLUMNS} FROM violations WHERE session_id = ? AND id > ? ORDER BY id LIMIT ?",
                     (session_id, pages.violations_after or 0, pages.violations_limit + 1),
