@@ -388,6 +388,17 @@ class HttpServer:
             def do_HEAD(self) -> None:
                 server._dispatch(self)
 
+            def do_OPTIONS(self) -> None:
+                server._dispatch(self)
+
+            def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+                # The stdlib's own answers (a request line or headers it cannot parse, a
+                # method no handler has) were HTML pages; every other answer here is JSON.
+                reason = message or HTTPStatus(code).phrase
+                self.log_error("code %d, message %s", code, reason)
+                self.close_connection = True
+                server._send(self, Response.json(code, {"error": reason}))
+
             def log_message(self, format: str, *args: Any) -> None:
                 server.log.debug("http-request", line=format % args)
 
@@ -443,8 +454,10 @@ class HttpServer:
                 handler.close_connection = True
             elif methods is None:
                 response = Response.json(404, {"error": f"no such path: {parts.path}"})
+            elif handler.command == "OPTIONS":
+                response = Response(200, b"", headers={"Allow": _allowed(methods)})
             elif handler.command not in methods and not (handler.command == "HEAD" and "GET" in methods):
-                allowed = ", ".join(sorted(methods))
+                allowed = _allowed(methods)
                 response = Response.json(
                     405,
                     {"error": f"{handler.command} is not allowed on {parts.path}; use {allowed}"},
@@ -481,6 +494,12 @@ class HttpServer:
                 handler.wfile.write(response.body)
         except (BrokenPipeError, ConnectionResetError):
             handler.close_connection = True
+
+
+def _allowed(methods: dict[str, Handler]) -> str:
+    """The ``Allow`` header of a path: its routed methods, HEAD where GET is, and OPTIONS."""
+    allowed = set(methods) | {"OPTIONS"} | ({"HEAD"} if "GET" in methods else set())
+    return ", ".join(sorted(allowed))
 
 
 def _send_continue(handler: BaseHTTPRequestHandler) -> None:

@@ -235,9 +235,9 @@ def test_methods_head_and_405(sidecar) -> None:  # type: ignore[no-untyped-def]
     for method in ("POST", "PUT", "DELETE", "PATCH"):
         status, headers, body = raw_request(sidecar, method, "/api/sessions/x", body=b"{}")
         assert status == 405, method
-        assert headers["Allow"] == "GET"
+        assert headers["Allow"] == "GET, HEAD, OPTIONS"
     status, headers, _ = raw_request(sidecar, "GET", "/v1/traces")
-    assert status == 405 and headers["Allow"] == "POST"
+    assert status == 405 and headers["Allow"] == "OPTIONS, POST"
 
 
 def test_http_reads_keep_store_handles_bounded(sidecar, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

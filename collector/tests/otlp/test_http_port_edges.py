@@ -442,6 +442,10 @@ def test_request_lines_that_are_not_http_get_a_status_line_and_a_close(
         data, closed = read_until_closed(sock, 5)
     assert closed
     assert data.startswith(b"HTTP/1.1 %d " % status), data[:80]
+    [(_, headers, body)] = responses(data)
+    # The stdlib's own error page was HTML; every answer of this port is JSON.
+    assert headers["content-type"] == "application/json"
+    assert json.loads(body)["error"]
     assert_healthy(sidecar)
 
 
@@ -449,7 +453,6 @@ def test_other_request_forms(sidecar) -> None:  # type: ignore[no-untyped-def]
     cases: list[tuple[bytes, int, dict[str, Any]]] = [
         (b"GET /healthz HTTP/1.0\r\n\r\n", 200, {"connection": "close"}),
         (b"GET http://sidecar:4320/healthz HTTP/1.1\r\nConnection: close\r\n\r\n", 200, {}),  # absolute form
-        (b"OPTIONS /v1/traces HTTP/1.1\r\nHost: sidecar\r\n\r\n", 501, {"connection": "close"}),
         (b"BREW /v1/traces HTTP/1.1\r\nHost: sidecar\r\n\r\n", 501, {"connection": "close"}),
         (b"GET /api/sessions/..%2F..%2Fmetrics HTTP/1.1\r\nConnection: close\r\n\r\n", 404, {}),
         (b"GET /healthz HTTP/1.1\r\n" + b"X-H: 1\r\n" * 101 + b"\r\n", 431, {"connection": "close"}),
@@ -464,6 +467,45 @@ def test_other_request_forms(sidecar) -> None:  # type: ignore[no-untyped-def]
         assert got == status, (request_bytes[:40], got)
         assert expected.items() <= headers.items()
     assert_healthy(sidecar)
+
+
+def test_an_unknown_method_is_answered_in_json(sidecar) -> None:  # type: ignore[no-untyped-def]
+    with connect(sidecar) as sock:
+        sock.sendall(b'BREW" /v1/traces HTTP/1.1\r\nHost: sidecar\r\n\r\n')
+        data, closed = read_until_closed(sock, 5)
+    [(status, headers, body)] = responses(data)
+    assert (status, headers["content-type"], closed) == (501, "application/json", True)
+    assert json.loads(body) == {"error": "Unsupported method ('BREW\"')"}
+
+
+@pytest.mark.parametrize(
+    ("path", "allowed"),
+    [
+        ("/v1/traces", "OPTIONS, POST"),
+        ("/api/sessions", "GET, HEAD, OPTIONS"),
+        ("/api/sessions/s-1", "GET, HEAD, OPTIONS"),
+    ],
+)
+def test_options_names_the_methods_of_a_path(sidecar, path, allowed) -> None:  # type: ignore[no-untyped-def]
+    # Was 501 with an HTML page: OPTIONS had no handler.
+    with connect(sidecar) as sock:
+        sock.sendall(b"OPTIONS %s HTTP/1.1\r\nHost: sidecar\r\n\r\n" % path.encode())
+        data, closed = read_until_closed(sock, 1)
+    [(status, headers, body)] = responses(data)
+    assert (status, headers["allow"], body, closed) == (200, allowed, b"", False)
+    with connect(sidecar) as sock:  # the Allow of a 405 is the same list
+        sock.sendall(b"DELETE %s HTTP/1.1\r\nHost: sidecar\r\nConnection: close\r\n\r\n" % path.encode())
+        data, _ = read_until_closed(sock, 5)
+    [(status, headers, _)] = responses(data)
+    assert (status, headers["allow"]) == (405, allowed)
+
+
+def test_options_of_an_unknown_path_is_not_found(sidecar) -> None:  # type: ignore[no-untyped-def]
+    with connect(sidecar) as sock:
+        sock.sendall(b"OPTIONS /nowhere HTTP/1.1\r\nHost: sidecar\r\nConnection: close\r\n\r\n")
+        data, _ = read_until_closed(sock, 5)
+    [(status, _, _)] = responses(data)
+    assert status == 404
 
 
 def test_the_server_header_names_the_product_and_its_version(sidecar) -> None:  # type: ignore[no-untyped-def]

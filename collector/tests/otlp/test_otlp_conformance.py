@@ -516,7 +516,7 @@ def test_methods_other_than_post_are_405_with_allow(sidecar, method) -> None:  #
     # section 15.5.6: a 405 "MUST generate an Allow header field". (The Collector's own
     # receiver answers 405 with a text/plain body too.)
     status, headers, _ = post(sidecar, b"{}", JSON, method=method)
-    assert status == 405 and headers["Allow"] == "POST"
+    assert status == 405 and headers["Allow"] == "OPTIONS, POST"
 
 
 @pytest.mark.parametrize("path", ["/v1/traces/", "/v1/logs", "/v1/metrics", "/v1/trace"])

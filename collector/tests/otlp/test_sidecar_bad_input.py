@@ -141,7 +141,7 @@ def test_wrong_content_type_encoding_and_method(sidecar) -> None:  # type: ignor
     status, headers, data = post(sidecar, b"not gzip at all", Content_Encoding="gzip")
     assert status == 400 and "not valid gzip data" in status_of(headers, data).message
     status, headers, data = post(sidecar, b"", method="GET")
-    assert status == 405 and headers["Allow"] == "POST"
+    assert status == 405 and headers["Allow"] == "OPTIONS, POST"
     assert_healthy(sidecar)
 
 
