@@ -175,6 +175,32 @@ def test_postgres_only_the_span_it_refuses_is_rejected(start_sidecar, postgres_u
     assert sidecar.session("pg-mixed")["action_count"] == 2
 
 
+def test_postgres_a_value_past_its_index_limit_is_rejected_not_retried(start_sidecar, postgres_url) -> None:  # type: ignore[no-untyped-def]
+    # PostgreSQL refuses an index entry over 2,704 bytes (SQLSTATE 54000, which psycopg
+    # raises as an OperationalError). It was answered UNAVAILABLE, every time: a Collector
+    # retried the span forever, failing the requests batched with it each time.
+    sidecar = start_sidecar(postgres_url)
+    # (incompressible: PostgreSQL compresses an index entry before it measures it)
+    long_session = "".join(hashlib.sha256(bytes([n])).hexdigest() for n in range(64))
+    with grpc.insecure_channel(sidecar.grpc_endpoint) as channel:
+        export = channel.unary_unary(
+            EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString
+        )
+        alone = export(request(long_session, "a1"), timeout=30)
+        mixed = export(request("pg-fine", "f1") + request(long_session, "a2"), timeout=30)
+    assert alone.partial_success.rejected_spans == 1
+    message = alone.partial_success.error_message
+    assert "PostgreSQL refuses the record" in message and "index row size" in message
+    assert span_id(long_session, "a1").hex() in message
+    assert mixed.partial_success.rejected_spans == 1
+    assert span_id(long_session, "a2").hex() in mixed.partial_success.error_message
+    assert sidecar.session("pg-fine")["action_count"] == 1
+    assert sidecar.metric("durable_sessions_spans_rejected_total", transport="grpc", reason="unstorable") == 2
+    assert sidecar.metric("durable_sessions_actions_stored_total") == 1
+    assert "store-write-failed" not in [line.get("event") for line in sidecar.log.lines()]
+    assert sidecar.get("/healthz")[0] == 200
+
+
 def test_postgres_a_dropped_table_fails_the_batch_without_splitting_it(start_sidecar, postgres_url) -> None:  # type: ignore[no-untyped-def]
     # UndefinedTable is a ProgrammingError (SQLSTATE 42P01), not an OperationalError, but it
     # is the store's state all the same: retryable as a whole, not span by span.

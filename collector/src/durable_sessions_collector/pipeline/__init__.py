@@ -26,7 +26,7 @@ from durable_sessions_collector.alerts import alert_payload
 from durable_sessions_collector.alerts.metrics import Metrics
 from durable_sessions_collector.evaluator import Arrival, Evaluator
 from durable_sessions_collector.jsonlog import JsonLog
-from durable_sessions_collector.store import Pruned, Store, StoreError, Writer
+from durable_sessions_collector.store import Pruned, RecordRefused, Store, StoreError, Writer
 
 IDLE_BATCH = 500
 PRUNE_BATCH = 500
@@ -283,7 +283,13 @@ class Pipeline:
             return
         job = batch[0]
         if len(job.items) == 1:
-            self._fail(batch, error)
+            if isinstance(error, RecordRefused):  # no retry will store it: reject it
+                self.log.error("span-refused", error=str(error), span_id=job.items[0].row.span_id)
+                job.stored = job.duplicates = 0  # counted before the write failed
+                job.unstorable = [_unstorable(job.items[0], error)]
+                job.done.set()
+            else:
+                self._fail(batch, error)
             return
         self.log.error(
             "request-write-failed",
@@ -291,19 +297,22 @@ class Pipeline:
             spans=len(job.items),
             note="writing its spans one at a time",
         )
-        failed: list[Job] = []
+        unstorable: list[str] = []
+        retryable: list[BaseException] = []
         for arrived in job.items:
             part = Job([arrived], job.transport)
             self._write([part])
-            if part.error is None:
+            unstorable += part.unstorable
+            if part.error is not None:
+                retryable.append(part.error)
+                unstorable.append(_unstorable(arrived, part.error))
+            elif not part.unstorable:
                 job.stored += part.stored
                 job.duplicates += part.duplicates
-            else:
-                failed.append(part)
-        if len(failed) == len(job.items):
-            job.error = failed[-1].error  # nothing could be stored: retryable, as a store failure is
+        if len(unstorable) == len(job.items) and retryable:
+            job.error = retryable[-1]  # nothing could be stored: retryable, as a store failure is
         else:
-            job.unstorable = [_unstorable(part) for part in failed]
+            job.unstorable = unstorable
         job.done.set()
 
     def sweep(self, now: float) -> int:
@@ -402,9 +411,6 @@ class Pipeline:
                 self.log.error("alert-delivery-failed", error=f"{type(error).__name__}: {error}")
 
 
-def _unstorable(part: Job) -> str:
-    row = part.items[0].row
-    return (
-        f"span {row.span_id} (trace {row.trace_id}): cannot be stored "
-        f"({type(part.error).__name__}: {part.error})"
-    )
+def _unstorable(arrived: Arrival, error: BaseException) -> str:
+    row = arrived.row
+    return f"span {row.span_id} (trace {row.trace_id}): cannot be stored ({type(error).__name__}: {error})"

@@ -53,6 +53,15 @@ class StoreError(RuntimeError):
     error inside a write comes from the records written."""
 
 
+class RecordRefused(ValueError):
+    """The store refuses a record's values, now and on every retry (a value past a limit of
+    the store's, text it cannot hold): the span is rejected, not retried.
+
+    Other errors from the records written may also come from the store's state (a
+    constraint of a schema being upgraded), so a request none of whose spans could be
+    written with those is still answered as retryable."""
+
+
 @dataclass(slots=True)  # not frozen: built for every ingested span, and a frozen init costs 5x
 class ActionRow:
     """One action record to store, with where it came from, in the store's columns.

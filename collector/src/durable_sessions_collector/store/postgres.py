@@ -69,6 +69,7 @@ from durable_sessions_collector.store.base import (
     DetailPages,
     IndexReport,
     Pruned,
+    RecordRefused,
     SessionDetail,
     SessionSummary,
     StoreError,
@@ -394,6 +395,8 @@ class PostgresStore:
                     transaction.__exit__(type(error), error, error.__traceback__)
                 if _about_the_store(error):
                     raise StoreError(f"store {self.name!r}: write failed: {_reason(error)}") from error
+                if _sqlstate_class(error) in REFUSED_VALUE_CLASSES:
+                    raise RecordRefused(f"PostgreSQL refuses the record: {_reason(error)}") from error
                 raise
             try:
                 transaction.__exit__(None, None, None)
@@ -547,17 +550,26 @@ def _close_quietly(connection: psycopg.Connection[Any]) -> None:
 
 # SQLSTATE classes of errors caused by the values written: data exception (22) and
 # integrity constraint violation (23). Every other class is about the store itself.
-RECORD_ERROR_CLASSES = frozenset({"22", "23"})
+RECORD_ERROR_CLASSES = frozenset({"22", "23", "54"})
+"""SQLSTATE classes of errors from the values written: data exception, integrity
+constraint violation, program limit exceeded (an index entry over PostgreSQL's 2,704 bytes)."""
+REFUSED_VALUE_CLASSES = frozenset({"22", "54"})
+"""Those that no state of the store can cure (:class:`RecordRefused`)."""
+
+
+def _sqlstate_class(error: BaseException) -> str | None:
+    sqlstate = error.sqlstate if isinstance(error, psycopg.Error) else None
+    return sqlstate[:2] if sqlstate else None
 
 
 def _about_the_store(error: BaseException) -> bool:
     """Whether ``error`` comes from the store's state (connection, locks, resources, a
     schema that is gone or a permission taken away), which retrying later may cure, rather
     than from the values written, which no retry of the same records will."""
-    if isinstance(error, psycopg.OperationalError):
-        return True
-    sqlstate = error.sqlstate if isinstance(error, psycopg.Error) else None
-    return sqlstate is not None and sqlstate[:2] not in RECORD_ERROR_CLASSES
+    sqlstate_class = _sqlstate_class(error)
+    if sqlstate_class is not None:  # before the class: program limits are OperationalErrors
+        return sqlstate_class not in RECORD_ERROR_CLASSES
+    return isinstance(error, psycopg.OperationalError)
 
 
 def _reason(error: BaseException) -> str:
