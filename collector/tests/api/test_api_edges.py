@@ -395,6 +395,37 @@ def test_a_sessions_violations_page_through_both_apis_beside_its_actions(sidecar
     )
 
 
+def test_sessions_with_long_ids_page_through_the_list_and_their_detail(sidecar) -> None:  # type: ignore[no-untyped-def]
+    # The tokens held the session id, and one over 1,024 characters was refused: a
+    # 750-character id, or 130 CJK ones (six characters each in JSON), ended a walk.
+    ids = ["a" * 3000, "会話" * 300, "short"]
+    agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
+    for session in ids:
+        for n in range(3):
+            agent.action(session, f"a{n}", "tool_call")
+    agent.shutdown()
+    listed, token = [], ""
+    while True:
+        status, page = sidecar.get(f"/api/sessions?limit=1&page_token={quote(token)}")
+        assert status == 200, page
+        listed += [s["session_id"] for s in page["sessions"]]
+        if not (token := page["next_page_token"]):
+            break
+    assert sorted(listed) == sorted(ids)
+    for session in ids:
+        seen, token = [], ""
+        while True:
+            status, page = sidecar.get(
+                f"/api/sessions/{quote(session, safe='')}?actions_limit=1&actions_page_token={quote(token)}"
+            )
+            assert status == 200, page
+            assert len(page["next_actions_page_token"]) < 200  # a digest of the id, not the id
+            seen += [a["action_id"] for a in page["actions"]]
+            if not (token := page["next_actions_page_token"]):
+                break
+        assert seen == ["a0", "a1", "a2"], session[:10]
+
+
 def test_a_crafted_page_token_is_a_400_not_an_internal_error(sidecar) -> None:  # type: ignore[no-untyped-def]
     # A token of nested arrays made json.loads raise RecursionError: a 500 and an error
     # logged for each request.

@@ -10,7 +10,8 @@ moves to the front: one walk through the pages may miss it, or list it twice.
 A session's detail has a page of its actions, in the session's order, and a page of its
 violations, in the order they were found, each of at most ``MAX_DETAIL_PAGE``; each is
 walked with its own token (``next_actions_page_token``, ``next_violations_page_token``),
-which holds the position after the page's last item and the session's id. Actions that
+which holds the position after the page's last item and a digest of the session's id
+(the id itself may be kilobytes long, and is in the request already). Actions that
 arrive meanwhile with an earlier start time are not shown to a walk already past them.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
 from collections.abc import Callable
 from typing import Any
@@ -88,13 +90,16 @@ def session_page(
     detail = store.get_session(session_id, pages)
     if detail is None:
         return None, "", ""
-    actions = (
-        "" if detail.next_actions is None else _encode({"s": session_id, "a": list(detail.next_actions)})
-    )
+    session = _session_digest(session_id)
+    actions = "" if detail.next_actions is None else _encode({"s": session, "a": list(detail.next_actions)})
     violations = (
-        "" if detail.next_violations is None else _encode({"s": session_id, "v": detail.next_violations})
+        "" if detail.next_violations is None else _encode({"s": session, "v": detail.next_violations})
     )
     return detail, actions, violations
+
+
+def _session_digest(session_id: str) -> str:
+    return hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 def _position(token: str, session_id: str, name: str, read: Callable[[dict[str, Any]], Any]) -> Any:
@@ -103,7 +108,7 @@ def _position(token: str, session_id: str, name: str, read: Callable[[dict[str, 
     try:
         document = _decode(token)
         position = read(document)
-        if document.get("s") != session_id or position is None:
+        if document.get("s") != _session_digest(session_id) or position is None:
             raise ValueError("the token belongs to another session, or is damaged")
     except ValueError as error:
         raise ValueError(f"{name}: {error}") from None
@@ -130,8 +135,9 @@ def _encode(document: dict[str, Any]) -> str:
     return base64.urlsafe_b64encode(json.dumps(document, separators=(",", ":")).encode()).decode()
 
 
-MAX_TOKEN_CHARS = 1024
-"""Far more than a token this API gives (under 200 characters)."""
+MAX_TOKEN_CHARS = 65_536
+"""The longest token read: the HTTP port's longest request line. A detail token is under
+200 characters; a list token holds the last session's id, which may be long."""
 
 
 def _decode(token: str) -> dict[str, Any]:
