@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Status, StatusCode
 
 from durable_sessions import semconv as sc
-from durable_sessions.digest import digest_value
+from durable_sessions.digest import digest_text, digest_value
 from durable_sessions.engine import Checker
 from durable_sessions.mapping import (
     Mapped,
@@ -20,8 +20,8 @@ from durable_sessions.mapping import (
     from_readable_span,
     is_error,
     map_span,
-    mapping_violations,
     sdk_span_facts,
+    with_problems,
 )
 from durable_sessions.record import Location, is_recorded, is_redacted
 
@@ -59,7 +59,7 @@ def mapped(attributes: dict[str, Any], **options: Any) -> Mapped:
 
 def rules_fired(result: Mapped) -> set[str]:
     checker = Checker()
-    violations = mapping_violations(result) + checker.feed(result.record, result.where) + checker.finish()
+    violations = checker.feed(with_problems(result.record, result.problems), result.where) + checker.finish()
     return {v.rule for v in violations}
 
 
@@ -157,16 +157,44 @@ def test_non_json_result_is_kept_and_reported_as_a_problem() -> None:
     assert result.record["result"] == "not {json"
     assert len(result.problems) == 1
     assert "agent.action.result is not JSON text" in result.problems[0]
-    violations = mapping_violations(result)
+    violations = Checker().feed(with_problems(result.record, result.problems), result.where)
     assert [v.rule for v in violations] == ["invalid-field"]
     assert violations[0].span_id == SPAN
     assert violations[0].action_id == "a"
 
 
+def test_the_mappings_problems_and_the_records_own_are_one_violation() -> None:
+    # Two invalid-field violations of one span share a key: the sidecar kept the first,
+    # and lost "retryable is the string 'yes'".
+    result = mapped(
+        {
+            sc.ACTION_KIND: "tool_call",
+            sc.ACTION_ID: "a",
+            sc.ACTION_RESULT: "not {json",
+            sc.ACTION_RETRYABLE: "yes",
+        }
+    )
+    [violation] = Checker().feed(with_problems(result.record, result.problems), result.where)
+    assert violation.rule == "invalid-field"
+    assert "retryable is the string 'yes'" in violation.message
+    assert "agent.action.result is not JSON text" in violation.message
+
+
 def test_non_string_result_is_reported() -> None:
     result = mapped({sc.ACTION_KIND: "tool_call", sc.ACTION_ID: "a", sc.ACTION_RESULT: 5})
     assert result.record["result"] == 5
-    assert "is the number 5, expected JSON text" in result.problems[0]
+    assert "is a number, expected JSON text" in result.problems[0]
+
+
+@pytest.mark.parametrize("value", [4111111111111111, 41111.11, True, ("4111", "1111")])
+def test_a_result_that_is_not_text_is_described_by_its_type_only(value: Any) -> None:
+    # The value was quoted in the message ("the number 4111111111111111"), which the
+    # sidecar logs, alerts and stores: it keeps only digests of results.
+    result = mapped(
+        {sc.ACTION_KIND: "tool_call", sc.ACTION_ID: "a", sc.ACTION_RESULT: value}, keep_result=False
+    )
+    [problem] = result.problems
+    assert "4111" not in problem and "true" not in problem.lower(), problem
 
 
 def test_unknown_kind_is_a_neutral_action() -> None:
@@ -235,9 +263,12 @@ def test_given_digest_is_kept() -> None:
 
 
 @pytest.mark.parametrize("keep", [True, False])
-def test_redacted_result_is_not_recorded(keep: bool) -> None:
+# action() writes the placeholder as JSON text, quoted: the sidecar (keep_result=False)
+# took that for a recorded result and the offline checker did not.
+@pytest.mark.parametrize("placeholder", [sc.REDACTED, f'"{sc.REDACTED}"'])
+def test_redacted_result_is_not_recorded(keep: bool, placeholder: str) -> None:
     result = mapped(
-        {sc.ACTION_KIND: "llm_call", sc.ACTION_ID: "a", sc.ACTION_RESULT: sc.REDACTED}, keep_result=keep
+        {sc.ACTION_KIND: "llm_call", sc.ACTION_ID: "a", sc.ACTION_RESULT: placeholder}, keep_result=keep
     )
     assert result.record["redacted"] is True  # type: ignore[typeddict-item]
     assert "result_digest" not in result.record
@@ -245,6 +276,19 @@ def test_redacted_result_is_not_recorded(keep: bool) -> None:
     assert is_redacted(result.record)
     assert not is_recorded(result.record)
     assert rules_fired(result) == {"unrecorded-result"}
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_a_prompt_has_its_digest_in_every_front_end(keep: bool) -> None:
+    # re-asked compares prompt digests; only the sidecar computed them, so it alone found a
+    # question asked again under a new id.
+    result = mapped(
+        {sc.ACTION_KIND: "user_prompt", sc.ACTION_ID: "a", "agent.action.prompt": "Budget?"}, keep_result=keep
+    )
+    assert result.record["prompt_digest"] == digest_text("Budget?")  # type: ignore[typeddict-item]
+    given = mapped({sc.ACTION_KIND: "user_prompt", sc.ACTION_ID: "a", "agent.action.prompt": "Budget?",
+                    sc.ACTION_PROMPT_DIGEST: "sha256:" + "b" * 64})  # fmt: skip
+    assert given.record["prompt_digest"] == "sha256:" + "b" * 64  # type: ignore[typeddict-item]
 
 
 # -- truncation ------------------------------------------------------------------------

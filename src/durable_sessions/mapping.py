@@ -20,8 +20,8 @@ spans. The mapping follows ``docs/semconv.md``:
 Values are never coerced: ``agent.action.max_attempts = "3"`` stays a string so that the
 rules report it. Sequence values become lists (as JSON would give them). The few things
 that no field can carry (a result that is not JSON text) are returned as
-:attr:`Mapped.problems`, and :func:`mapping_violations` reports them under the
-``invalid-field`` rule.
+:attr:`Mapped.problems`, and :func:`with_problems` hands them to the engine, whose
+``invalid-field`` rule reports them.
 
 A span describes **no action** (``map_span`` returns ``None``) when it has no
 ``agent.action.*`` attribute and no recognised convention identifies it, or when a
@@ -42,11 +42,9 @@ from opentelemetry.trace import StatusCode
 
 from durable_sessions import kinds
 from durable_sessions import semconv as sc
-from durable_sessions.digest import digest_value
+from durable_sessions.digest import digest_text, digest_value
 from durable_sessions.json_text import Failure, parse_with_stdlib
 from durable_sessions.record import ActionRecord, Location, span_location
-from durable_sessions.rules import CATALOGUE
-from durable_sessions.violation import Violation
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan
@@ -230,6 +228,8 @@ def map_attributes(
                     record["result_ref"] = ref
     if "status" not in record:
         record["status"] = sc.STATUS_ERROR if status_error else sc.STATUS_OK
+    if "prompt" in record and "prompt_digest" not in record:
+        record["prompt_digest"] = prompt_digest(record["prompt"])
     if result is not _EMPTY:
         if keep_result:
             record["result"] = result
@@ -256,6 +256,12 @@ def map_attributes(
     return record, problems  # type: ignore[return-value]
 
 
+def prompt_digest(prompt: Any) -> str:
+    """The digest of an ``agent.action.prompt``: what ``re-asked`` compares when a resumed
+    process gives the question a new id, and all of it a store keeps."""
+    return digest_text(prompt) if type(prompt) is str else digest_value(prompt)
+
+
 def _hex(span_or_trace_id: str | int, width: int) -> str:
     if type(span_or_trace_id) is str:
         return span_or_trace_id
@@ -275,7 +281,7 @@ def _own_result(record: dict[str, Any], value: Any, limit: int | None) -> tuple[
         record["redacted"] = True
         return value, ()
     try:
-        return orjson.loads(value), ()
+        parsed = orjson.loads(value)
     except orjson.JSONDecodeError as error:
         parsed = parse_with_stdlib(value, error)  # JSON that orjson cannot hold: 1e999, huge integers
         if type(parsed) is not Failure:
@@ -286,6 +292,9 @@ def _own_result(record: dict[str, Any], value: Any, limit: int | None) -> tuple[
             f"attribute {sc.ACTION_RESULT} is not JSON text ({error}) — "
             "the result cannot be replayed as it was recorded",
         )
+    if type(parsed) is str and parsed == sc.REDACTED:  # the placeholder as JSON text, as action() writes it
+        record["redacted"] = True
+    return parsed, ()
 
 
 def _third_party_result(
@@ -329,33 +338,25 @@ def _first(attributes: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
 
 
 def _describe(value: Any) -> str:
+    """The type of a result, never its value: a message reaches logs, alerts and stores,
+    which keep digests of results, not results (a card number is a number)."""
     if type(value) is bool:
-        return f"the boolean {'true' if value else 'false'}"
+        return "a boolean"
     if type(value) in (int, float):
-        return f"the number {value!r}"
+        return "a number"
     if isinstance(value, list):
         return "a list"
     return f"a {type(value).__name__}"
 
 
-_INVALID_FIELD = CATALOGUE.get("invalid-field")
-
-
-def mapping_violations(mapped: Mapped) -> list[Violation]:
-    """The ``invalid-field`` violations for what the mapping could not carry."""
-    record = mapped.record
-    session_id, action_id = record.get("session_id"), record.get("action_id")
-    return [
-        _INVALID_FIELD.violation(
-            problem,
-            session_id=session_id if type(session_id) is str else None,
-            action_id=action_id if type(action_id) is str else None,
-            location=mapped.where,
-            kind=record.get("kind") if type(record.get("kind")) is str else None,
-            occurrence=occurrence,
-        )
-        for occurrence, problem in enumerate(mapped.problems)
-    ]
+def with_problems(record: ActionRecord, problems: tuple[str, ...]) -> ActionRecord:
+    """``record`` as the engine checks it: the mapping's problems go along as
+    ``mapping_problems``, which the ``invalid-field`` rule reports in the one violation it
+    gives the record, beside the record's own bad fields. (Two violations of one rule for
+    one span share a key: a store keeps one of them.) Every front end checks spans so."""
+    if problems:
+        record["mapping_problems"] = problems  # type: ignore[typeddict-unknown-key]
+    return record
 
 
 def from_readable_span(span: ReadableSpan, *, attribute_value_limit: int | None = None) -> SpanData:
@@ -443,7 +444,7 @@ __all__ = [
     "is_error",
     "map_attributes",
     "map_span",
-    "mapping_violations",
     "sdk_attributes",
     "sdk_resource_attributes",
+    "with_problems",
 ]

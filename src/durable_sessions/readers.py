@@ -28,7 +28,7 @@ import orjson
 
 from durable_sessions import kinds, otlp_json
 from durable_sessions.json_text import Failure, parse_with_stdlib
-from durable_sessions.mapping import map_span
+from durable_sessions.mapping import map_span, with_problems
 from durable_sessions.record import ActionRecord, Location, line_location
 
 DEFAULT_MAX_LINE_BYTES = 64 * 1024 * 1024
@@ -383,9 +383,10 @@ def read_otlp_json(
             trace_id, span_id = mapped.where[2:]
             if redeliveries.is_repeat(trace_id, span_id, mapped.record.get("status")):
                 continue
-            if mapped.problems:
-                mapped.record["mapping_problems"] = mapped.problems
-            yield mapped.record, Location(name, location.line, trace_id, span_id)
+            yield (
+                with_problems(mapped.record, mapped.problems),
+                Location(name, location.line, trace_id, span_id),
+            )
 
 
 def read(

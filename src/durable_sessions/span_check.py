@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 from durable_sessions import semconv as sc
 from durable_sessions.engine import Checker
-from durable_sessions.mapping import Mapped, map_attributes, mapping_violations
+from durable_sessions.mapping import map_attributes, with_problems
 from durable_sessions.record import span_location
 from durable_sessions.violation import Violation
 
@@ -57,7 +57,7 @@ def may_be_action(attributes: Mapping[str, Any]) -> bool:
 
 
 def check_span(checker: Checker, parts: SpanParts, resource: Mapping[str, Any]) -> list[Violation]:
-    """The violations of one span: the mapping's own (``invalid-field``), then the engine's."""
+    """The violations of one span (the mapping's problems among them: :func:`with_problems`)."""
     attributes, is_error, start_time_ns, trace_id, span_id, value_limit = parts
     mapped = map_attributes(
         attributes, resource, is_error, start_time_ns, trace_id, span_id, value_limit, False
@@ -66,7 +66,4 @@ def check_span(checker: Checker, parts: SpanParts, resource: Mapping[str, Any]) 
         return []
     record, problems = mapped
     where = span_location(format(trace_id, "032x"), format(span_id, "016x"))
-    violations = checker.feed(record, where)
-    if problems:
-        violations = mapping_violations(Mapped(record, where, problems)) + violations
-    return violations
+    return checker.feed(with_problems(record, problems), where)

@@ -434,6 +434,18 @@ def test_rows_of_no_session_older_than_the_cutoff_are_deleted_a_batch_at_a_time(
     assert store.alert_counts() == {("log", "delivered"): 1, ("otlp", "pending"): 1}
 
 
+def test_a_violation_of_an_empty_session_id_is_one_of_no_session(store: Store) -> None:
+    # A span with session.id "" is stored with no session, but its missing-field violation
+    # was stored with session "": no session row, and never a row of no session to prune.
+    with store.writer() as writer:
+        writer.add_action(sessionless_action("blank"), 1.0)
+        writer.add_violation(violation("", "blank"), at_end=False, now=1.0)
+        writer.add_violation(violation(None, "keep"), at_end=False, now=200.0)  # the newest is kept
+    with store.writer() as writer:
+        assert writer.prune(100.0, 10).orphans == 2
+    assert query_counts(store) == {"actions": 0, "violations": 1, "outbox": 0}
+
+
 def ended_session(writer: Any, session_id: str, actions: int, now: float) -> None:
     for n in range(actions):
         row = action_row(

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 from durable_sessions.engine import Checker
-from durable_sessions.mapping import Mapped, mapping_violations
+from durable_sessions.mapping import Mapped, with_problems
 from durable_sessions.rules import select_rules
 from durable_sessions.violation import Violation
 from durable_sessions_collector.store import ActionRow, Writer, action_row
@@ -85,8 +85,9 @@ class Evaluator:
             return False, rebuilt
         if session_id is not None:
             self._held[session_id] += 1
-        violations = mapping_violations(mapped) if mapped.problems else []
-        violations.extend(self.checker.feed(mapped.record, mapped.where))
+        # The row is encoded already: the problems are checked, not stored (a rebuilt
+        # session's records come without them, and its violations are stored already).
+        violations = self.checker.feed(with_problems(mapped.record, mapped.problems), mapped.where)
         return True, rebuilt + violations
 
     def end(self, writer: Writer, session_id: str) -> tuple[list[Violation], list[Violation]]:

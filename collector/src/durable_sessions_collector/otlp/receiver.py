@@ -10,7 +10,7 @@ from google.protobuf import duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from durable_sessions.digest import digest_text, digest_value
+from durable_sessions.digest import digest_value
 from durable_sessions.mapping import Mapped, map_attributes
 from durable_sessions.record import span_location
 from durable_sessions_collector.alerts.metrics import Metrics
@@ -150,19 +150,17 @@ class TraceReceiver:
 
 
 def scrub(record: dict) -> None:  # type: ignore[type-arg]
-    """Keep digests, never text: drop ``result`` and turn a ``prompt`` into ``prompt_digest``.
+    """Keep digests, never text: drop ``result`` and ``prompt``.
 
-    ``map_attributes(..., keep_result=False)`` already leaves ``result`` out; a ``prompt`` (the
-    seed's field, from an ``agent.action.prompt`` attribute) is the question put to a
-    person and may be personal data, so only its digest is kept.
+    ``map_attributes(..., keep_result=False)`` already leaves ``result`` out, and gives a
+    ``prompt`` (the seed's field, from an ``agent.action.prompt`` attribute) its
+    ``prompt_digest``; the prompt is the question put to a person and may be personal
+    data, so only its digest is kept.
     """
     if "result" in record:
         value = record.pop("result")
         record.setdefault("result_digest", digest_value(value))
-    if "prompt" in record:
-        prompt = record.pop("prompt")
-        if "prompt_digest" not in record:
-            record["prompt_digest"] = digest_text(prompt) if type(prompt) is str else digest_value(prompt)
+    record.pop("prompt", None)
 
 
 def elapsed_since(start: float) -> float:

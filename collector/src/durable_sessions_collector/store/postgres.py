@@ -655,7 +655,7 @@ class PostgresWriter:
             "at_end, created_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
             (
                 _t(violation.key),
-                _t(violation.session_id),
+                _t(violation.session_id or None),  # "" is no session, as for its action (action_row)
                 _t(violation.rule),
                 violation.severity.value,
                 _t(violation.message),

@@ -544,7 +544,7 @@ class SqliteWriter:
             "at_end, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
             (
                 violation.key,
-                violation.session_id,
+                violation.session_id or None,  # "" is no session, as for its action (action_row)
                 violation.rule,
                 violation.severity.value,
                 violation.message,
