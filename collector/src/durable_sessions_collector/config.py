@@ -268,8 +268,10 @@ SECRET = "***"
 MIN_SECRET_CHARS = 8
 
 
-def redact_url(url: str) -> str:
-    """``url`` without its secrets: the password (or user) and every query value."""
+def redact_url(url: str, *, hide_path: bool = False) -> str:
+    """``url`` without its secrets: the password (or user) and every query value; with
+    ``hide_path``, its path too (``/***``), where webhook services put theirs
+    (``https://hooks.example/services/T0/B0/Xy…``)."""
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -286,12 +288,14 @@ def redact_url(url: str) -> str:
         for pair in parts.query.split("&")
         if pair
     )
-    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+    path = "/" + SECRET if hide_path and parts.path not in ("", "/") else parts.path
+    return urlunsplit((parts.scheme, netloc, path, query, ""))
 
 
 def url_secrets(url: str) -> list[str]:
-    """Strings of ``url`` for the log's redactor: the whole URL, and its password, user and
-    query values (as written and percent-decoded) of at least :data:`MIN_SECRET_CHARS`.
+    """Strings of a webhook ``url`` for the log's redactor: its path, password, user and
+    query values (as written and percent-decoded) of at least :data:`MIN_SECRET_CHARS`,
+    and the whole URL if it has any of them (else it shows where alerts go, and stays).
 
     Shorter parts are not registered (``?v=1`` would turn every ``1`` of every line into
     ``***``); they are hidden where the URL is printed, which is always through
@@ -300,12 +304,14 @@ def url_secrets(url: str) -> list[str]:
         parts = urlsplit(url)
     except ValueError:
         return [url]
-    candidates = [parts.password, parts.username]
+    candidates = [parts.path, unquote(parts.path), parts.password, parts.username]
     for pair in parts.query.split("&"):
         _, equals, value = pair.partition("=")
         if equals:
             candidates += [value, unquote(value.replace("+", " "))]
-    found = [url] + [value for value in candidates if value and len(value) >= MIN_SECRET_CHARS]
+    found = [value for value in candidates if value and len(value) >= MIN_SECRET_CHARS]
+    if redact_url(url, hide_path=True) != url:
+        found.insert(0, url)
     return list(dict.fromkeys(found))
 
 
@@ -313,8 +319,8 @@ def _hide(value: Any) -> Any:
     return None if value is None else SECRET
 
 
-def _hide_url(value: Any) -> Any:
-    return None if value is None else redact_url(str(value))
+def _hide_webhook_url(value: Any) -> Any:
+    return None if value is None else redact_url(str(value), hide_path=True)
 
 
 def _hide_headers(value: Any) -> Any:
@@ -472,7 +478,7 @@ OPTIONS: tuple[Option, ...] = (
            "write one JSON line per new violation to standard error"),
     Option("alerts.webhook.url", "DURABLE_SESSIONS_WEBHOOK_URL", _optional_url, None,
            "POST each new violation as JSON to this URL; user:password@ is sent as Basic auth; "
-           "credentials and query values are never logged", redact=_hide_url),
+           "its credentials, path and query values are never logged", redact=_hide_webhook_url),
     Option("alerts.webhook.max_attempts", "DURABLE_SESSIONS_WEBHOOK_MAX_ATTEMPTS", _positive_int, 8,
            "webhook delivery attempts before an alert goes to the dead letter"),
     Option("alerts.webhook.timeout_s", "DURABLE_SESSIONS_WEBHOOK_TIMEOUT_S", _positive_number, 5.0,

@@ -41,7 +41,14 @@ import yaml
 from conftest import LineBuffer, wait_for
 from durable_sessions_collector import config as config_module
 from durable_sessions_collector.cli import main
-from durable_sessions_collector.config import OPTIONS, ConfigError, load, redact_store_url, url_secrets
+from durable_sessions_collector.config import (
+    OPTIONS,
+    ConfigError,
+    load,
+    redact_store_url,
+    redact_url,
+    url_secrets,
+)
 from durable_sessions_collector.security import RedactingStream
 from durable_sessions_collector.service import HANGUP_ACTION, Service
 from hypothesis import HealthCheck, given, settings
@@ -645,7 +652,7 @@ def test_config_output_hides_every_secret(tmp_path: Path) -> None:
     settings = json.loads(result.stdout)["settings"]
     assert settings["auth.token"] == "***"
     assert settings["alerts.otlp.headers"] == {"authorization": "***"}
-    assert settings["alerts.webhook.url"] == "https://***@alerts.example/h?sig=***"
+    assert settings["alerts.webhook.url"] == "https://***@alerts.example/***?sig=***"
 
 
 def test_secrets_never_reach_the_log(tmp_path: Path) -> None:
@@ -788,6 +795,22 @@ def test_a_short_webhook_query_value_leaves_the_log_lines_intact(tmp_path: Path)
     started = next(line for line in lines if line["event"] == "started")
     assert isinstance(started["ts"], float)
     assert started["http_port"] == service.http_port and started["store"] == config.store
+
+
+def test_a_webhook_url_shows_where_alerts_go_and_hides_a_secret_path() -> None:
+    # The whole URL was registered with the log's redactor, secret or not: every delivery
+    # line said "url": "***", whichever receiver failed. Webhook services put their secret
+    # in the path (hooks.slack.com/services/T0/B0/X…), which config and the log showed.
+    plain = "http://127.0.0.1:9/"
+    assert url_secrets(plain) == [] and redact_url(plain, hide_path=True) == plain
+    capability = "https://hooks.example/services/T0AAAA/B0BBBB/XyzSecret123"
+    assert redact_url(capability, hide_path=True) == "https://hooks.example/***"
+    assert url_secrets(capability) == [capability, "/services/T0AAAA/B0BBBB/XyzSecret123"]
+    stream = io.StringIO()
+    RedactingStream(stream, url_secrets(capability)).write(
+        json.dumps({"url": redact_url(capability, hide_path=True), "raw": capability}) + "\n"
+    )
+    assert json.loads(stream.getvalue()) == {"url": "https://hooks.example/***", "raw": "***"}
 
 
 def test_the_redactor_keeps_each_json_line_valid_whatever_the_secret() -> None:

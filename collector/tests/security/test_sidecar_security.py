@@ -214,7 +214,7 @@ def test_the_token_and_webhook_credentials_never_reach_the_log(start_sidecar, tl
     events = {line["event"] for line in sidecar.log.lines()}
     assert {"started", "alert-delivery-retry", "violation", "stopped", "http-request"} <= events
     retry = next(line for line in sidecar.log.lines() if line["event"] == "alert-delivery-retry")
-    assert retry["url"] == f"http://***@127.0.0.1:{hook.port}/hooks/durable-sessions?sig=***"
+    assert retry["url"] == f"http://***@127.0.0.1:{hook.port}/***?sig=***"
     for secret in (TOKEN, password, signature):
         assert secret not in text
 
@@ -236,7 +236,7 @@ def test_config_output_redacts_the_secrets(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     settings = json.loads(result.stdout)["settings"]
     assert settings["auth.token"] == "***"
-    assert settings["alerts.webhook.url"] == "https://***@alerts.example/hook?key=***"
+    assert settings["alerts.webhook.url"] == "https://***@alerts.example/***?key=***"
     for secret in (TOKEN, password, "abc123secret"):
         assert secret not in result.stdout + result.stderr
 

@@ -292,7 +292,7 @@ class WebhookAlerts(OutboxDelivery):
         rng: random.Random | None = None,
     ) -> None:
         super().__init__(store, log, metrics, policy, rng=rng)
-        self.shown_url = redact_url(url)
+        self.shown_url = redact_url(url, hide_path=True)
         parts = urlsplit(url)
         self._headers = {
             "Content-Type": "application/json",
