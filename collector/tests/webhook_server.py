@@ -1,7 +1,8 @@
 """A real webhook receiver for the tests: a local HTTP server that records each POST.
 
-``fail_first`` answers that many requests with ``fail_status`` before it starts
-accepting; ``fail_status`` with ``fail_first=None`` fails forever. It can be started
+``fail_first`` answers that many requests with ``fail_status`` (and ``retry_after`` as
+its ``Retry-After``) before it starts accepting; ``fail_status`` with
+``fail_first=None`` fails forever. It can be started
 on a port chosen in advance (a receiver that is down, then comes up).
 """
 
@@ -11,7 +12,8 @@ import io
 import json
 import socket
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -41,6 +43,7 @@ class Received:
     headers: dict[str, str]
     body: dict[str, Any]
     raw: bytes
+    at: float = field(default_factory=time.monotonic)
 
 
 class ClosedPort:
@@ -67,11 +70,19 @@ def free_port() -> int:
 
 
 class WebhookServer:
-    def __init__(self, port: int = 0, *, fail_first: int | None = 0, fail_status: int = 503) -> None:
+    def __init__(
+        self,
+        port: int = 0,
+        *,
+        fail_first: int | None = 0,
+        fail_status: int = 503,
+        retry_after: str | None = None,
+    ) -> None:
         self.requests: list[Received] = []
         self.accepted: list[Received] = []
         self.fail_first = fail_first
         self.fail_status = fail_status
+        self.retry_after = retry_after
         self._lock = threading.Lock()
         owner = self
 
@@ -93,6 +104,8 @@ class WebhookServer:
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
+                if failing and owner.retry_after is not None:
+                    self.send_header("Retry-After", owner.retry_after)
                 self.end_headers()
                 self.wfile.write(body)
 

@@ -166,3 +166,42 @@ def test_a_receiver_that_rejects_the_alert_dead_letters_it_at_once(start_sidecar
         assert len(hook.requests) == 1
         assert deliveries(sidecar, "retry") == 0 and deliveries(sidecar, "dead_letter") == 1
         agent.shutdown()
+
+
+def unkeyed_payments(sidecar, count: int) -> None:  # type: ignore[no-untyped-def]
+    """``count`` alerts committed in one transaction, so that all are due at once."""
+    agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
+    for n in range(count):
+        agent.action("burst", f"charge-{n}", "payment")
+    agent.shutdown()
+
+
+def test_a_rate_limited_receiver_pauses_the_channel_for_every_alert(start_sidecar) -> None:  # type: ignore[no-untyped-def]
+    # The 429's Retry-After was honoured for that one alert: the others due were POSTed at
+    # once, each losing an attempt, and against a receiver allowing one POST a second a
+    # burst was dead-lettered. Now nothing else is sent before the retry.
+    with WebhookServer(fail_first=1, fail_status=429, retry_after="1") as hook:
+        sidecar = start_sidecar(
+            alerts__webhook__url=hook.url,
+            alerts__webhook__max_attempts=2,
+            alerts__webhook__backoff_s=0.05,
+            alerts__webhook__max_backoff_s=5,
+        )
+        unkeyed_payments(sidecar, 4)
+        wait_for(lambda: len(hook.accepted) == 4, timeout=15)
+        assert len(hook.requests) == 5
+        first, second = hook.requests[:2]
+        assert second.at - first.at >= 0.95  # the Retry-After, for the next alert too
+    assert deliveries(sidecar, "dead_letter") == 0
+    retry = next(line for line in sidecar.log.lines() if line["event"] == "alert-delivery-retry")
+    assert retry["channel_paused"] is True
+
+
+def test_a_failure_of_one_alert_does_not_hold_the_others(start_sidecar) -> None:  # type: ignore[no-untyped-def]
+    with WebhookServer(fail_first=1, fail_status=500) as hook:
+        sidecar = start_sidecar(
+            alerts__webhook__url=hook.url, alerts__webhook__backoff_s=5, alerts__webhook__max_backoff_s=5
+        )
+        unkeyed_payments(sidecar, 3)
+        wait_for(lambda: len(hook.accepted) == 2, timeout=10)
+        assert hook.accepted[-1].at - hook.requests[0].at < 4  # not after the failed one's 2.5-7.5 s

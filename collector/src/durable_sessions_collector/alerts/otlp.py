@@ -38,7 +38,9 @@ What an answer means (OTLP specification, "Failures" for gRPC): ``OK`` delivers,
 the receiver would reject it again). ``CANCELLED``, ``DEADLINE_EXCEEDED``, ``ABORTED``,
 ``OUT_OF_RANGE``, ``UNAVAILABLE``, ``DATA_LOSS`` — and ``RESOURCE_EXHAUSTED`` when the
 receiver sends ``RetryInfo`` — are retried (a ``RetryInfo`` delay is honoured up to
-``max_backoff_s``); any other status dead-letters the alert at once. Retries, backoff,
+``max_backoff_s``); any other status dead-letters the alert at once. ``UNAVAILABLE``,
+``DEADLINE_EXCEEDED`` and ``RESOURCE_EXHAUSTED`` are the receiver's, not the alert's:
+the channel pauses until that retry (:mod:`.outbox`). Retries, backoff,
 dead letter and metrics are :class:`.outbox.OutboxDelivery`'s, as for the webhook.
 
 TLS follows the SDK's ``OTLPLogExporter``: ``https://`` is always TLS; otherwise
@@ -88,6 +90,10 @@ RETRYABLE_CODES = frozenset(
         grpc.StatusCode.DATA_LOSS,
     }
 )
+UNAVAILABLE_CODES = frozenset(
+    {grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED}
+)
+"""Answers about the receiver, not the alert: the channel pauses (see :mod:`.outbox`)."""
 ATTRIBUTES = (  # log record attribute <- alert payload field
     ("session.id", "session_id"),
     ("durable_sessions.rule", "rule"),
@@ -263,7 +269,7 @@ class OtlpAlerts(OutboxDelivery):
                 self.close()  # connect afresh next time, without waiting out gRPC's reconnect backoff
             delay = _retry_delay(error)
             if code in RETRYABLE_CODES or (code is grpc.StatusCode.RESOURCE_EXHAUSTED and delay is not None):
-                return Attempt("retry", text, delay)
+                return Attempt("retry", text, delay, code in UNAVAILABLE_CODES)
             return Attempt("rejected", text)
         except ValueError as error:  # e.g. metadata gRPC refuses to send
             return Attempt("rejected", f"{type(error).__name__}: {error}")

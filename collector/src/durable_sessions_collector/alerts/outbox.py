@@ -12,6 +12,12 @@ receiver asks for is honoured up to the cap); a rejection, or the ``max_attempts
 failure, moves the alert to the dead letter: it stays in the outbox with state ``dead``
 and its last error, and is never sent again.
 
+A failure of the receiver as a whole (unreachable, a timeout, overloaded or rate-limited:
+:attr:`Attempt.receiver_unavailable`) pauses the channel until that alert's retry: the
+other alerts due are not sent meanwhile, so they keep their attempts, and a receiver that
+asks for a delay (``Retry-After``, ``RetryInfo``) gets it for every alert, not one. A
+failure of one alert (a 500 for its body, say) leaves the others to go on at once.
+
 Metrics (labelled with the channel): ``durable_sessions_alert_deliveries_total{channel,outcome}``
 (``delivered``, ``retry``, ``dead_letter``), ``durable_sessions_alert_outbox{channel,state}``
 (from the store), ``durable_sessions_alert_delivery_duration_seconds{channel}`` (one attempt)
@@ -42,6 +48,8 @@ class Attempt:
     outcome: str  # "delivered", "retry" or "rejected"
     error: str | None = None
     retry_after_s: float | None = None
+    receiver_unavailable: bool = False
+    """The receiver cannot take any alert now, not this one alone: the channel pauses."""
 
 
 def backoff_delay(attempts: int, base_s: float, max_s: float, rng: random.Random) -> float:
@@ -91,6 +99,7 @@ class OutboxDelivery:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._next_due: float | None = None
+        self._paused_until = 0.0
 
     # --- what a channel provides --------------------------------------------------------
 
@@ -147,18 +156,24 @@ class OutboxDelivery:
         """Send every alert that is due now; return how many were delivered."""
         delivered = 0
         self._next_due = None
-        while not self._stopping.is_set():
+        while not self._stopping.is_set() and not self._paused():
             now = time.time()
             due = self.store.pending_alerts(self.channel, now, limit=BATCH)
             if not due:
                 break
             for alert in due:
-                if self._stopping.is_set():
+                if self._stopping.is_set() or self._paused():
                     break
                 delivered += self._deliver(alert)
             if len(due) < BATCH:
                 break
         return delivered
+
+    def _paused(self) -> bool:
+        if time.time() < self._paused_until:
+            self._next_due = self._paused_until
+            return True
+        return False
 
     def _deliver(self, alert: Alert) -> int:
         channel = self.channel
@@ -181,10 +196,12 @@ class OutboxDelivery:
             self.log.debug("alert-delivered", channel=channel, idempotency_key=key, attempts=attempts)
             return 1
         error = (attempt.error or "failed")[:MAX_ERROR_CHARS]
+        delay = backoff_delay(attempts, self.backoff_s, self.max_backoff_s, self._rng)
+        if attempt.retry_after_s is not None:
+            delay = min(self.max_backoff_s, max(delay, attempt.retry_after_s))
+        if attempt.receiver_unavailable:  # also when this alert's attempts are exhausted
+            self._paused_until = now + delay
         if attempt.outcome == "retry" and attempts < self.max_attempts:
-            delay = backoff_delay(attempts, self.backoff_s, self.max_backoff_s, self._rng)
-            if attempt.retry_after_s is not None:
-                delay = min(self.max_backoff_s, max(delay, attempt.retry_after_s))
             retry_at = now + delay
             with self.store.writer() as writer:
                 writer.mark_failed(alert.id, error, retry_at)
@@ -199,6 +216,7 @@ class OutboxDelivery:
                 max_attempts=self.max_attempts,
                 retry_in_s=round(delay, 3),
                 error=error,
+                channel_paused=attempt.receiver_unavailable,
             )
             return 0
         with self.store.writer() as writer:

@@ -22,7 +22,9 @@ not answer in time makes the attempt a timeout to retry as well (:func:`_resolve
 A 2xx answer delivers the alert. A connection error, a timeout, 5xx, 408, 409, 425 or
 429 is retried after ``backoff_s · 2^(attempt-1)`` (capped by ``max_backoff_s``, with
 ±50% jitter so that many sidecars do not retry in step; a ``Retry-After`` is honoured up
-to the cap). Any other answer (a 4xx the receiver will give again, or a redirect) and
+to the cap). A connection error, a timeout, 429, 502, 503 and 504 are the receiver's, not
+the alert's: no other alert is sent before that retry (the channel pauses, see
+:mod:`.outbox`). Any other answer (a 4xx the receiver will give again, or a redirect) and
 the ``max_attempts``-th failure move the alert to the dead letter: it stays in the
 outbox with state ``dead`` and its last error, and is never sent again.
 
@@ -70,6 +72,8 @@ from durable_sessions_collector.jsonlog import JsonLog
 from durable_sessions_collector.store import Alert, Store
 
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429})
+UNAVAILABLE_STATUS = frozenset({429, 502, 503, 504})
+"""Answers about the receiver, not the alert: rate-limited, or down behind a proxy."""
 __all__ = ["Attempt", "WebhookAlerts", "backoff_delay", "idempotency_key"]
 
 
@@ -344,7 +348,11 @@ class WebhookAlerts(OutboxDelivery):
             )
             attempt = self._post(opener, request)
         if deadline.expired:
-            return Attempt("retry", f"timed out: {deadline.missed} within timeout_s = {self.timeout_s:g} s")
+            return Attempt(
+                "retry",
+                f"timed out: {deadline.missed} within timeout_s = {self.timeout_s:g} s",
+                receiver_unavailable=True,
+            )
         return attempt
 
     def _post(self, opener: urllib.request.OpenerDirector, request: urllib.request.Request) -> Attempt:
@@ -359,13 +367,15 @@ class WebhookAlerts(OutboxDelivery):
             retry_after = _retry_after(error.headers.get("Retry-After") if error.headers else None)
             error.close()
             if status >= 500 or status in RETRYABLE_STATUS:
-                return Attempt("retry", f"HTTP {status}", retry_after)
+                return Attempt("retry", f"HTTP {status}", retry_after, status in UNAVAILABLE_STATUS)
             return Attempt("rejected", f"HTTP {status}")
         except urllib.error.URLError as error:
-            return Attempt("retry", f"cannot connect: {error.reason}")
+            return Attempt("retry", f"cannot connect: {error.reason}", receiver_unavailable=True)
         except (OSError, http.client.HTTPException) as error:
             return Attempt(
-                "retry", f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+                "retry",
+                f"{type(error).__name__}: {error}" if str(error) else type(error).__name__,
+                receiver_unavailable=True,
             )
         if 200 <= status < 300:
             return Attempt("delivered")
