@@ -343,10 +343,11 @@ class Service:
         log_alerts = getattr(self, "log_alerts", None)
         if log_alerts is not None:
             log_alerts.close()
-        if self.webhook is not None:
-            self.webhook.stop()
-        if self.otlp is not None:
-            self.otlp.stop()
+        channels = [channel for channel in (self.webhook, self.otlp) if channel is not None]
+        for channel in channels:  # each may be waiting out an attempt's timeout: together
+            channel.request_stop()
+        for channel in channels:
+            channel.stop()
         if self.store is not None:
             self.store.close()
 

@@ -125,9 +125,15 @@ class OutboxDelivery:
         """New alerts were committed: deliver them now."""
         self._wake.set()
 
-    def stop(self) -> None:
+    def request_stop(self) -> None:
+        """Stop at the end of the attempt in flight, without waiting (see :meth:`stop`)."""
         self._stopping.set()
         self._wake.set()
+
+    def stop(self) -> None:
+        """Stop and wait for the thread: at most ``timeout_s`` (one attempt) and 2 s. Call
+        :meth:`request_stop` of every channel first, so that their attempts end together."""
+        self.request_stop()
         if self._thread is not None:
             self._thread.join(self.timeout_s + 2)
         self.close()
