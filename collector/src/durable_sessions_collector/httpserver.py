@@ -443,7 +443,8 @@ class HttpServer:
 
     def _dispatch(self, handler: BaseHTTPRequestHandler) -> None:
         parts = urlsplit(handler.path)
-        request = Request(handler.command, parts.path, parse_qs(parts.query), handler.headers, handler)
+        query = parse_qs(parts.query, keep_blank_values=True)  # "verdict=" is a bad verdict, not none
+        request = Request(handler.command, parts.path, query, handler.headers, handler)
         methods, params = self.router.match(parts.path)
         request.params = params
         request.authenticated = self.auth is None

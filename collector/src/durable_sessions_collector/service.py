@@ -196,7 +196,7 @@ class Service:
                 credentials=credentials,
                 interceptors=(GrpcAuthInterceptor(bearer),) if bearer else (),
             )
-            self.session_api = SessionApi(store, log=log)  # durable_sessions.v1.SessionService
+            self.session_api = SessionApi(store, log=log, token=bearer)  # durable_sessions.v1.SessionService
             self.session_api.register(self.grpc.server)
             self.health = GrpcHealth(self._health_problem)  # grpc.health.v1.Health: /healthz's answer
             self.health.register(self.grpc.server)

@@ -14,6 +14,7 @@ import contextlib
 import http.client
 import json
 import os
+import sqlite3
 import ssl
 import threading
 import time
@@ -210,9 +211,24 @@ def test_query_parameters_are_validated(sidecar) -> None:  # type: ignore[no-unt
     assert status == 200 and [s["session_id"] for s in document["sessions"]] == ["bad"]
     status, document = sidecar.get("/api/sessions?verdict=ok&limit=1")
     assert status == 200 and [s["session_id"] for s in document["sessions"]] == ["good"]
-    # Unknown parameters are ignored; the last of repeated ones wins.
-    status, document = sidecar.get("/api/sessions?foo=bar&verdict=ok&verdict=unrecoverable")
+    # The last of repeated parameters wins.
+    status, document = sidecar.get("/api/sessions?verdict=ok&verdict=unrecoverable")
     assert status == 200 and [s["session_id"] for s in document["sessions"]] == ["bad"]
+    # An unknown or blank one is refused: a misspelt verdit=ok, or verdict=, listed every session.
+    for path, error in (
+        ("/api/sessions?verdit=ok", "unknown argument 'verdit'; this path takes verdict, limit, page_token"),
+        ("/api/sessions?verdict=", "verdict must be one of ok, at_risk, unrecoverable, got ''"),
+        ("/api/sessions/bad?limit=1", "unknown argument 'limit'; this path takes actions_limit, "
+         "actions_page_token, violations_limit, violations_page_token"),
+    ):  # fmt: skip
+        status, document = sidecar.get(path)
+        assert (status, document["error"]) == (400, error), path
+    # A limit of 5,000 digits (int() refuses past 4,300: a 500), and one with leading zeros.
+    status, document = sidecar.get("/api/sessions?limit=" + "9" * 5000)
+    assert status == 400 and "limit must be an integer from 1 to 1000" in document["error"]
+    status, document = sidecar.get("/api/sessions?limit=" + "0" * 5000 + "1")
+    assert status == 200 and len(document["sessions"]) == 1
+    assert not [line for line in sidecar.log.lines() if line.get("event") == "http-handler-failed"]
     status, document = sidecar.get("/api/sessions?limit=1")
     assert status == 200 and len(document["sessions"]) == 1
 
@@ -435,6 +451,17 @@ def test_a_crafted_page_token_is_a_400_not_an_internal_error(sidecar) -> None:  
         assert (status, refused["error"].split(": ", 1)[-1]) == (400, "not a page token of this API"), path
 
 
+@pytest.mark.parametrize("last_seen", ["1e400", "NaN", "Infinity", "-Infinity", "true", "10" + "0" * 400])
+def test_a_page_token_whose_position_is_not_a_finite_number_is_refused(last_seen: str) -> None:
+    # 10**400 raised OverflowError (a 500, UNKNOWN on gRPC); NaN gave an empty page and
+    # Infinity the first one, as if the token were good.
+    from durable_sessions_collector.api import paging
+
+    token = base64.urlsafe_b64encode(f'{{"t":{last_seen},"s":"x","v":""}}'.encode()).decode()
+    with pytest.raises(ValueError, match="damaged"):
+        paging.decode_page_token(token, None)
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     token=st.text(max_size=1200)
@@ -589,6 +616,45 @@ def test_a_watch_cursor_out_of_integer_range_is_invalid_argument(sidecar) -> Non
         next(api.WatchAlerts(pb.WatchAlertsRequest(cursor="sqlite:99999999999999999999999"), timeout=10))
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
     channel.close()
+
+
+def test_a_watch_of_a_rule_the_catalogue_lacks_is_invalid_argument(sidecar) -> None:  # type: ignore[no-untyped-def]
+    # A misspelt rule was accepted, and the stream then matched nothing, for ever.
+    channel, api = api_stub(sidecar)
+    with pytest.raises(grpc.RpcError) as caught:
+        next(api.WatchAlerts(pb.WatchAlertsRequest(rules=["unkeyed-side-efect"]), timeout=10))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details() == "unknown rule(s) ['unkeyed-side-efect']"
+    call = api.WatchAlerts(pb.WatchAlertsRequest(rules=["unkeyed-side-effect"]), timeout=10)
+    call.initial_metadata()  # a rule of the catalogue opens the stream
+    call.cancel()
+    channel.close()
+
+
+def test_a_watch_logs_a_store_that_fails_once_and_reads_less_often(start_sidecar, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Each open stream logged watch-read-failed at every poll, ten lines a second, for as
+    # long as the store failed.
+    db = tmp_path / "sessions.db"
+    sidecar = start_sidecar(db)
+    channel, api = api_stub(sidecar)
+    call = api.WatchAlerts(pb.WatchAlertsRequest(), timeout=30)
+    call.initial_metadata()
+    with sqlite3.connect(db, isolation_level=None) as other:  # reads of the feed fail meanwhile
+        other.execute("ALTER TABLE violations RENAME TO violations_away")
+        wait_for(lambda: events(sidecar, "watch-read-failed") == 1)
+        time.sleep(2)
+        other.execute("ALTER TABLE violations_away RENAME TO violations")
+    other.close()
+    wait_for(lambda: events(sidecar, "watch-read-recovered") == 1, timeout=10)
+    assert events(sidecar, "watch-read-failed") == 1
+    unkeyed_payment(sidecar, "after")  # the stream goes on
+    assert next(call).violation.session_id == "after"
+    call.cancel()
+    channel.close()
+
+
+def events(sidecar: Any, name: str) -> int:
+    return sum(line.get("event") == name for line in sidecar.log.lines())
 
 
 def test_cancelled_watches_free_their_slots_and_late_watchers_see_only_new_alerts(sidecar) -> None:  # type: ignore[no-untyped-def]

@@ -266,3 +266,32 @@ def _https_ok(sidecar, ca: Path) -> bool:  # type: ignore[no-untyped-def]
         return https_status(sidecar, ca) == 200
     except (ssl.SSLError, urllib.error.URLError):
         return False
+
+
+def test_an_open_watch_ends_once_its_token_is_no_longer_accepted(
+    start_sidecar, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The token was checked when the stream opened, only: a WatchAlerts opened with a
+    # token rotated out (a leaked one, say) went on receiving every alert.
+    from durable_sessions_collector.api.v1 import sessions_pb2 as pb
+    from durable_sessions_collector.api.v1 import sessions_pb2_grpc as pb_grpc
+
+    monkeypatch.setattr(credentials, "TOKEN_OVERLAP_S", 1.0)
+    token_file = tmp_path / "token"
+    token_file.write_text(OLD_TOKEN)
+    sidecar = start_sidecar(auth__token_file=str(token_file))
+    with grpc.insecure_channel(sidecar.grpc_endpoint) as channel:
+        stream = pb_grpc.SessionServiceStub(channel).WatchAlerts(
+            pb.WatchAlertsRequest(), metadata=(("authorization", f"Bearer {OLD_TOKEN}"),), timeout=30
+        )
+        stream.initial_metadata()  # open
+        time.sleep(1.5)
+        assert stream.is_active()  # still accepted: nothing has changed
+        replace(token_file, NEW_TOKEN)
+        wait_for(lambda: api_status(sidecar, NEW_TOKEN) == 200, timeout=5)
+        rotated_at = time.monotonic()
+        with pytest.raises(grpc.RpcError) as ended:
+            next(stream)
+    assert ended.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert "no longer accepted" in ended.value.details()
+    assert 0.5 <= time.monotonic() - rotated_at <= 10  # after the overlap, within about a second

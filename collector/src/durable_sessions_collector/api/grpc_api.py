@@ -12,14 +12,20 @@ Served on the gRPC port beside the OTLP ``TraceService``:
   ``poll_s``. The initial metadata ``x-durable-sessions-cursor`` is the starting point;
   each Alert carries the cursor to resume after it. At most ``max_watchers`` streams at
   once (each holds a worker thread of the port); more are answered ``RESOURCE_EXHAUSTED``.
+  A rule name the catalogue lacks is ``INVALID_ARGUMENT`` (a misspelt one matched
+  nothing, for ever). With a bearer token, an open stream is ended ``UNAUTHENTICATED``
+  within a second once its token is no longer accepted (replaced, and past the overlap):
+  the check at the call's start alone let a rotated-out token go on watching.
 
-Store failures are answered ``UNAVAILABLE`` (retryable).
+Store failures are answered ``UNAVAILABLE`` (retryable); a stream whose reads fail logs
+it once and polls less often until the store answers again.
 """
 
 from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,11 +33,14 @@ import grpc
 from google.protobuf import struct_pb2, timestamp_pb2
 from google.protobuf.message import DecodeError
 
+from durable_sessions.rules import CATALOGUE
 from durable_sessions_collector.api.paging import DEFAULT_PAGE, MAX_PAGE, list_page, session_page
 from durable_sessions_collector.api.v1 import sessions_pb2 as pb
 from durable_sessions_collector.api.v1 import sessions_pb2_grpc as pb_grpc
+from durable_sessions_collector.credentials import BearerToken
 from durable_sessions_collector.jsonlog import JsonLog
 from durable_sessions_collector.quote import quoted
+from durable_sessions_collector.security import token_matches
 from durable_sessions_collector.store import Store, StoreError
 from durable_sessions_collector.store.base import DEFAULT_DETAIL_PAGE, SessionSummary
 
@@ -40,6 +49,10 @@ CURSOR_METADATA = "x-durable-sessions-cursor"
 MAX_WATCHERS = 8
 """``WatchAlerts`` streams open at once (each holds a worker thread of the port)."""
 FEED_BATCH = 200
+TOKEN_RECHECK_S = 1.0
+"""How often an open stream checks that its token is still accepted."""
+FAILING_POLL_S = 5.0
+"""The longest wait between a watch's reads while the store fails."""
 
 VERDICTS = {"ok": pb.VERDICT_OK, "at_risk": pb.VERDICT_AT_RISK, "unrecoverable": pb.VERDICT_UNRECOVERABLE}
 VERDICT_NAMES = {number: name for name, number in VERDICTS.items()}
@@ -55,11 +68,13 @@ class SessionApi(pb_grpc.SessionServiceServicer):
         store: Store,
         *,
         log: JsonLog | None = None,
+        token: BearerToken | None = None,
         poll_s: float = 0.1,
         max_watchers: int = MAX_WATCHERS,
     ) -> None:
         self.store = store
         self.log = log
+        self.token = token
         self.poll_s = poll_s
         self.max_watchers = max_watchers
         self._watchers = threading.BoundedSemaphore(max_watchers)
@@ -137,6 +152,9 @@ class SessionApi(pb_grpc.SessionServiceServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown verdict(s) {sorted(set(unknown))[:5]}")
         verdicts = {VERDICT_NAMES[v] for v in request.verdicts}
         rules = set(request.rules)
+        unknown_rules = sorted(rule for rule in rules if rule not in CATALOGUE)
+        if unknown_rules:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown rule(s) {unknown_rules[:5]}")
         if not self._watchers.acquire(blocking=False):
             context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -161,13 +179,22 @@ class SessionApi(pb_grpc.SessionServiceServicer):
         context.send_initial_metadata(((CURSOR_METADATA, cursor),))
         done = threading.Event()
         context.add_callback(done.set)  # the client went away
+        authorized = self._authorization(context)
+        wait, failing = self.poll_s, False
         while context.is_active() and not self._stopping.is_set() and not done.is_set():
+            authorized(context)
             try:
                 items, cursor = self.store.violations_after(cursor, FEED_BATCH)  # type: ignore[attr-defined]
             except StoreError as error:
-                if self.log is not None:
-                    self.log.error("watch-read-failed", error=str(error))
-                items = []
+                if not failing and self.log is not None:
+                    self.log.error(
+                        "watch-read-failed", error=str(error), note="logged once until it reads again"
+                    )
+                wait, failing, items = min(FAILING_POLL_S, wait * 2), True, []
+            else:
+                if failing and self.log is not None:
+                    self.log.info("watch-read-recovered")
+                wait, failing = self.poll_s, False
             for item in items:
                 if rules and item["rule"] not in rules:
                     continue
@@ -179,7 +206,30 @@ class SessionApi(pb_grpc.SessionServiceServicer):
                     cursor=item["cursor"],
                 )
             if len(items) < FEED_BATCH:
-                done.wait(self.poll_s)
+                done.wait(wait)
+
+    def _authorization(self, context: grpc.ServicerContext) -> Any:
+        """A check to call as the stream goes on: it ends the stream ``UNAUTHENTICATED``
+        once the token it was opened with is no longer accepted (looked at once a second)."""
+        if self.token is None:
+            return lambda _context: None
+        token = self.token
+        header = next((value for key, value in context.invocation_metadata() if key == "authorization"), None)
+        next_check = time.monotonic() + TOKEN_RECHECK_S
+
+        def check(context: grpc.ServicerContext) -> None:
+            nonlocal next_check
+            if time.monotonic() < next_check:
+                return
+            next_check = time.monotonic() + TOKEN_RECHECK_S
+            if not token_matches(header if isinstance(header, str) else None, token):
+                context.abort(
+                    grpc.StatusCode.UNAUTHENTICATED,
+                    "the token this stream was opened with is no longer accepted; "
+                    "open it again with the current one",
+                )
+
+        return check
 
 
 def parsing_handler(kind: Any, method: Any, request_type: Any, response_type: Any) -> grpc.RpcMethodHandler:

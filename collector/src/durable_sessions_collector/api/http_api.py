@@ -46,6 +46,8 @@ class HttpApi:
         router.add("GET", "/metrics", self.metrics_page)
 
     def list_sessions(self, request: Request) -> Response:
+        if (unknown := unknown_arguments(request, LIST_ARGUMENTS)) is not None:
+            return unknown
         verdict = (request.query.get("verdict") or [None])[-1]
         if verdict is not None and verdict not in VERDICTS:
             return Response.json(
@@ -66,6 +68,8 @@ class HttpApi:
 
     def get_session(self, request: Request) -> Response:
         session_id = request.params["rest"]
+        if (unknown := unknown_arguments(request, DETAIL_ARGUMENTS)) is not None:
+            return unknown
         actions_size = page_size(request, "actions_limit", DEFAULT_DETAIL_PAGE, MAX_DETAIL_PAGE)
         if isinstance(actions_size, Response):
             return actions_size
@@ -113,15 +117,35 @@ class HttpApi:
         return Response(200, body, content_type)
 
 
+LIST_ARGUMENTS = ("verdict", "limit", "page_token")
+DETAIL_ARGUMENTS = ("actions_limit", "actions_page_token", "violations_limit", "violations_page_token")
+
+
+def unknown_arguments(request: Request, known: tuple[str, ...]) -> Response | None:
+    """The 400 answer naming a query parameter that ``known`` lacks, if there is one: a
+    misspelt ``verdit=ok`` was ignored, and every session listed."""
+    unknown = sorted(set(request.query) - set(known))
+    if not unknown:
+        return None
+    return Response.json(
+        400, {"error": f"unknown argument {quoted(unknown[0])}; this path takes {', '.join(known)}"}
+    )
+
+
 def page_size(request: Request, name: str, default: int, maximum: int) -> int | Response:
     """The query parameter ``name`` as a page size from 1 to ``maximum`` (``default`` when
     absent), or the 400 answer naming it."""
     text = (request.query.get(name) or [str(default)])[-1]
-    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= maximum:
+    digits = text.lstrip("0")  # int() refuses over 4,300 digits: a 500 for "limit=0…05"
+    if (
+        not (text.isascii() and text.isdigit())
+        or len(digits) > len(str(maximum))
+        or not 1 <= int(digits or "0") <= maximum
+    ):
         return Response.json(
             400, {"error": f"{name} must be an integer from 1 to {maximum}, got {quoted(text)}"}
         )
-    return int(text)
+    return int(digits)
 
 
 def store_unavailable(error: StoreError) -> Response:

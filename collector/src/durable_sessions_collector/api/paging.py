@@ -21,6 +21,7 @@ import base64
 import binascii
 import hashlib
 import json
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -59,10 +60,21 @@ def encode_page_token(last: SessionSummary, verdict: str | None) -> str:
 
 def decode_page_token(token: str, verdict: str | None) -> tuple[float, str]:
     document = _decode(token)
-    last_seen, session_id, asked = document.get("t"), document.get("s"), document.get("v")
-    if not isinstance(last_seen, int | float) or not isinstance(session_id, str) or asked != (verdict or ""):
+    last_seen, session_id, asked = _finite(document.get("t")), document.get("s"), document.get("v")
+    if last_seen is None or not isinstance(session_id, str) or asked != (verdict or ""):
         raise ValueError("the token belongs to a listing with another verdict, or is damaged")
-    return float(last_seen), session_id
+    return last_seen, session_id
+
+
+def _finite(value: Any) -> float | None:
+    """``value`` as a finite float, or None (a bool, NaN, or an integer past a float's range)."""
+    if type(value) not in (int, float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def session_page(
