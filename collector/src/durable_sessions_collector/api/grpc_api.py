@@ -15,7 +15,9 @@ Served on the gRPC port beside the OTLP ``TraceService``:
   A rule name the catalogue lacks is ``INVALID_ARGUMENT`` (a misspelt one matched
   nothing, for ever). With a bearer token, an open stream is ended ``UNAUTHENTICATED``
   within a second once its token is no longer accepted (replaced, and past the overlap):
-  the check at the call's start alone let a rotated-out token go on watching.
+  the check at the call's start alone let a rotated-out token go on watching. When the
+  sidecar stops, open streams end ``UNAVAILABLE`` (retryable: watch again from the last
+  cursor), not ``OK``, which a client's loop would take for the end of the watch.
 
 Store failures are answered ``UNAVAILABLE`` (retryable); a stream whose reads fail logs
 it once and polls less often until the store answers again.
@@ -207,6 +209,12 @@ class SessionApi(pb_grpc.SessionServiceServicer):
                 )
             if len(items) < FEED_BATCH:
                 done.wait(wait)
+        if self._stopping.is_set() and not done.is_set():
+            # Not OK: a client's loop over the stream would end as if the watch were over.
+            context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                "the sidecar is stopping; watch again from the last alert's cursor",
+            )
 
     def _authorization(self, context: grpc.ServicerContext) -> Any:
         """A check to call as the stream goes on: it ends the stream ``UNAUTHENTICATED``

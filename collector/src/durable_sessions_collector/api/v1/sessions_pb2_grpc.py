@@ -75,7 +75,8 @@ class SessionServiceServicer:
         watch starts from: every violation committed after the client has received it is
         sent. Each Alert carries the cursor to resume from after it (delivery is at least
         once around a resume point; the violation key identifies duplicates). The stream
-        runs until the client cancels it or the sidecar stops.
+        runs until the client cancels it, or until the sidecar stops: then it ends
+        UNAVAILABLE, and the client watches again from the last cursor it received.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
