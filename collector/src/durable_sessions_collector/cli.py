@@ -29,7 +29,7 @@ from typing import Any
 from durable_sessions.cli import Output, run_command
 from durable_sessions_collector import __version__
 from durable_sessions_collector.client import DEFAULT_ENDPOINT, ApiClient, ApiError, ApiUsageError
-from durable_sessions_collector.config import OPTIONS, ConfigError, load, reference
+from durable_sessions_collector.config import OPTIONS, ConfigError, check_token, load, reference
 from durable_sessions_collector.store import StoreError
 
 
@@ -100,21 +100,40 @@ def _sessions_parser(commands: Any) -> None:
     show.add_argument("session_id", metavar="SESSION_ID")
 
 
-def _sessions(args: argparse.Namespace, out: Output) -> int:
+def _token(args: argparse.Namespace) -> str | None:
+    """The bearer token to send, stripped as the sidecar strips its own (a Kubernetes Secret
+    read from a file ends in a newline) and checked, since http.client refuses a bad header
+    value in a message that repeats it. :class:`ApiUsageError` never repeats the token."""
     token, token_file = args.token or None, args.token_file or None
+    source = "--token"
     if token is None and token_file is None:
         token = os.environ.get("DURABLE_SESSIONS_AUTH_TOKEN") or None
         token_file = os.environ.get("DURABLE_SESSIONS_AUTH_TOKEN_FILE") or None
+        source = "$DURABLE_SESSIONS_AUTH_TOKEN"
     if token is None and token_file:
-        try:
-            with open(token_file, encoding="utf-8") as handle:
-                token = handle.read().strip()
-        except OSError as error:
-            print(f"durable-sessions-collector: cannot read the token file {token_file!r}: "
-                  f"{error.strerror or error}", file=sys.stderr)  # fmt: skip
-            return 2
+        source = f"the token file {token_file!r}"
+        token = _read_token_file(source, token_file)
+    if token is None:
+        return None
     try:
-        client = ApiClient(args.endpoint, token=token, ca_file=args.ca_file)
+        return check_token(token.strip())
+    except ValueError as error:
+        raise ApiUsageError(f"{source}: {error}") from None
+
+
+def _read_token_file(source: str, path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except OSError as error:
+        raise ApiUsageError(f"cannot read {source}: {error.strerror or error}") from None
+    except UnicodeDecodeError:  # its message shows a byte of the file
+        raise ApiUsageError(f"{source} is not UTF-8 text (value not shown)") from None
+
+
+def _sessions(args: argparse.Namespace, out: Output) -> int:
+    try:
+        client = ApiClient(args.endpoint, token=_token(args), ca_file=args.ca_file)
     except ApiUsageError as error:
         print(f"durable-sessions-collector: {error}", file=sys.stderr)
         return 2
@@ -132,7 +151,7 @@ def _sessions(args: argparse.Namespace, out: Output) -> int:
         detail = client.session(args.session_id)
     except ApiError as error:
         print(f"durable-sessions-collector: {error}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(error, ApiUsageError) else 1
     if args.json:
         print(json.dumps(detail, indent=2), file=out)
     else:
@@ -153,7 +172,15 @@ def _printing(text: str) -> Callable[[Output], int]:
 def _when(ts: Any) -> str:
     if not isinstance(ts, int | float):
         return "-"
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+    try:
+        return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+    except (OverflowError, OSError, ValueError):  # out of datetime's range, or NaN
+        return "-"
+
+
+def _cell(value: Any) -> str:
+    """A value of the API's JSON as text; the client checked only the keys it needs."""
+    return "-" if value is None else str(value)
 
 
 def _print_sessions(sessions: list[dict[str, Any]], out: Output) -> None:
@@ -162,8 +189,10 @@ def _print_sessions(sessions: list[dict[str, Any]], out: Output) -> None:
         return
     rows = [("SESSION", "VERDICT", "STATE", "ACTIONS", "ERRORS", "WARNINGS", "LAST SEEN")]
     for s in sessions:
-        rows.append((str(s["session_id"]), s["verdict"], s["state"], str(s["actions"]), str(s["errors"]),
-                     str(s["warnings"]), _when(s.get("last_seen"))))  # fmt: skip
+        cells = (
+            _cell(s.get(key)) for key in ("session_id", "verdict", "state", "actions", "errors", "warnings")
+        )
+        rows.append((*cells, _when(s.get("last_seen"))))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print(
@@ -172,8 +201,12 @@ def _print_sessions(sessions: list[dict[str, Any]], out: Output) -> None:
 
 
 def _print_session(detail: dict[str, Any], out: Output) -> None:
-    print(f"session {detail['session_id']}: {detail['verdict']} ({detail['state']})", file=out)
-    print(f"  {detail['action_count']} action(s), {detail['errors']} error(s), {detail['warnings']} warning(s); "
+    d = {
+        key: _cell(detail.get(key))
+        for key in ("session_id", "verdict", "state", "action_count", "errors", "warnings")
+    }
+    print(f"session {d['session_id']}: {d['verdict']} ({d['state']})", file=out)
+    print(f"  {d['action_count']} action(s), {d['errors']} error(s), {d['warnings']} warning(s); "
           f"first seen {_when(detail.get('first_seen'))}, last seen {_when(detail.get('last_seen'))}", file=out)  # fmt: skip
     print("actions:", file=out)
     for action in detail["actions"]:
@@ -188,7 +221,10 @@ def _print_session(detail: dict[str, Any], out: Output) -> None:
     live = [v for v in detail["violations"] if not v.get("resolved")]
     print("violations:" if live else "violations: none", file=out)
     for v in live:
-        print(f"  {v['severity']}  {v['rule']}  action {v['action_id']}: {v['message']}", file=out)
+        print(
+            f"  {v.get('severity')}  {v.get('rule')}  action {v.get('action_id')}: {v.get('message')}",
+            file=out,
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

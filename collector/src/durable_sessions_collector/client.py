@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import ssl
 import urllib.error
 import urllib.request
@@ -20,6 +21,7 @@ from durable_sessions_collector.config import redact_url
 from durable_sessions_collector.store.base import MAX_DETAIL_PAGE
 
 DEFAULT_ENDPOINT = "http://127.0.0.1:4320"
+_UNSENDABLE = re.compile(r"[\x00-\x20\x7f]")
 
 
 DETAIL_PAGE = MAX_DETAIL_PAGE
@@ -52,10 +54,16 @@ class ApiClient:
             parts.port  # noqa: B018 - raises ValueError for a port that is not a number from 0 to 65535
         except ValueError:
             parts = None
-        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        # http.client refuses a space or control character in a URL only once it sends it.
+        if (
+            parts is None
+            or parts.scheme not in ("http", "https")
+            or not parts.hostname
+            or _UNSENDABLE.search(endpoint)
+        ):
             raise ApiUsageError(
                 f"--endpoint must be an http(s) URL such as {DEFAULT_ENDPOINT} (host, and a port from 0 "
-                f"to 65535), got {redact_url(endpoint) if parts is not None else endpoint!r}"
+                f"to 65535, no spaces), got {redact_url(endpoint) if parts is not None else endpoint!r}"
             )
         self.endpoint = endpoint
         self.token = token
@@ -71,56 +79,92 @@ class ApiClient:
         url = self.endpoint + path
         if query:
             url += "?" + urlencode({k: v for k, v in query.items() if v is not None})
-        headers = {"Accept": "application/json"}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        request = urllib.request.Request(url, headers=headers)
-        shown = redact_url(self.endpoint)
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s, context=self._context) as response:
-                body = response.read()
-        except urllib.error.HTTPError as error:
-            detail = _error_text(error.read())
-            if error.code == 401:
-                hint = "pass the sidecar's token with --token, --token-file or $DURABLE_SESSIONS_AUTH_TOKEN"
-                raise ApiError(f"{shown} refused the request (401 {detail}); {hint}") from None
-            raise ApiError(f"{shown} answered {error.code}: {detail}") from None
-        except urllib.error.URLError as error:
-            reason = error.reason
-            if isinstance(reason, ssl.SSLCertVerificationError):
-                raise ApiError(
-                    f"cannot verify the TLS certificate of {shown}: {reason.verify_message}; "
-                    f"pass the CA that signed it with --ca-file"
-                ) from None
-            if isinstance(reason, ssl.SSLError):
-                raise ApiError(
-                    f"TLS failed with {shown}: {reason.reason or reason}; is the endpoint's scheme right "
-                    f"(https:// for a sidecar with tls.cert_file, http:// otherwise)?"
-                ) from None
-            text = getattr(reason, "strerror", None) or str(reason)
-            raise ApiError(
-                f"cannot reach the sidecar at {shown}: {text}; is it running? "
-                f"Set the HTTP endpoint with --endpoint or $DURABLE_SESSIONS_API_ENDPOINT"
-            ) from None
-        except http.client.HTTPException as error:
-            # No HTTP/1.1 answer (BadStatusLine…): most likely the gRPC port, which speaks HTTP/2 only.
-            what = (
-                "closed the connection without answering"
-                if isinstance(error, http.client.RemoteDisconnected)
-                else f"did not answer with HTTP/1.1 ({type(error).__name__})"
-            )
-            raise ApiError(
-                f"{shown} {what}; is it the sidecar's HTTP port (not the gRPC one), with the right scheme "
-                f"(https:// for a sidecar with tls.cert_file)?"
-            ) from None
-        except (TimeoutError, OSError) as error:
-            raise ApiError(f"no answer from the sidecar at {shown}: {error}") from None
+        body = self._fetch(url)
         try:
             return json.loads(body)
         except ValueError:
             raise ApiError(
-                f"{shown} did not answer with JSON; is it the sidecar's HTTP port (not the gRPC one)?"
+                f"{redact_url(self.endpoint)} did not answer with JSON; is it the sidecar's HTTP port "
+                f"(not the gRPC one)?"
             ) from None
+
+    def _fetch(self, url: str) -> bytes:
+        headers = {"Accept": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        request = urllib.request.Request(url, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s, context=self._context) as response:
+                return bytes(response.read())
+        # ValueError: http.client refuses a header value with a line break in a message that
+        # repeats the value, here the token.
+        except (OSError, http.client.HTTPException, ValueError) as error:
+            raise self._failure(error) from None
+
+    def _failure(self, error: Exception) -> ApiError:
+        """The :class:`ApiError` that says what a failed request means and what to change."""
+        shown = redact_url(self.endpoint)
+        if isinstance(error, urllib.error.HTTPError):
+            return _refusal(shown, error)
+        # urllib wraps in a URLError what failed before the request was sent: connecting, TLS.
+        reason = error.reason if isinstance(error, urllib.error.URLError) else error
+        if isinstance(reason, ssl.SSLCertVerificationError):
+            return ApiError(
+                f"cannot verify the TLS certificate of {shown}: {reason.verify_message}; "
+                f"pass the CA that signed it with --ca-file"
+            )
+        if isinstance(reason, ssl.SSLError):
+            return ApiError(
+                f"TLS failed with {shown}: {reason.reason or reason}; is the endpoint's scheme right "
+                f"(https:// for a sidecar with tls.cert_file, http:// otherwise)?"
+            )
+        if isinstance(reason, ValueError):
+            return ApiUsageError(
+                f"cannot send a request to {shown}: the token holds a character that HTTP does not "
+                f"allow in a header (value not shown)"
+            )
+        # A TLS port resets a plain-HTTP connection (or closes it) rather than answering.
+        plain = urlsplit(self.endpoint).scheme == "http"
+        if isinstance(reason, http.client.HTTPException) or (
+            plain and isinstance(reason, ConnectionResetError)
+        ):
+            return _not_http(shown, reason)
+        if isinstance(error, urllib.error.URLError):
+            text = getattr(reason, "strerror", None) or str(reason)
+            return ApiError(
+                f"cannot reach the sidecar at {shown}: {text}; is it running? "
+                f"Set the HTTP endpoint with --endpoint or $DURABLE_SESSIONS_API_ENDPOINT"
+            )
+        return ApiError(f"no answer from the sidecar at {shown}: {error}")
+
+    def _document(
+        self, path: str, query: dict[str, Any], lists: tuple[str, ...], tokens: tuple[str, ...]
+    ) -> dict[str, Any]:
+        """The JSON object at ``path`` with ``lists`` of objects and ``tokens`` (strings, null or
+        absent): another shape is not the sidecar's API, and would end in a traceback."""
+        document = self.get(path, query)
+        if not isinstance(document, dict):
+            raise self._wrong_shape("not a JSON object")
+        for name in lists:
+            items = document.get(name)
+            if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
+                raise self._wrong_shape(f"no list of objects {name!r}")
+        for name in tokens:
+            if not isinstance(document.get(name), str | None):
+                raise self._wrong_shape(f"{name!r} is not a string")
+        return document
+
+    def _session_head(self, session: dict[str, Any]) -> None:
+        """Raise :class:`ApiError` unless ``session`` has what every session has in the API."""
+        for name in ("session_id", "verdict"):
+            if not isinstance(session.get(name), str):
+                raise self._wrong_shape(f"a session without a string {name!r}")
+
+    def _wrong_shape(self, problem: str) -> ApiError:
+        return ApiError(
+            f"{redact_url(self.endpoint)} did not answer like the sidecar's API ({problem}); "
+            f"is it the sidecar's HTTP port?"
+        )
 
     def list_sessions(
         self, verdict: str | None = None, limit: int | None = None, *, every_page: bool = False
@@ -129,29 +173,70 @@ class ApiClient:
         asked ``limit`` at a time."""
         sessions: list[dict[str, Any]] = []
         token = None
+        seen: set[str] = set()
         while True:
-            page = self.get("/api/sessions", {"verdict": verdict, "limit": limit, "page_token": token})
+            query = {"verdict": verdict, "limit": limit, "page_token": token}
+            page = self._document("/api/sessions", query, ("sessions",), ("next_page_token",))
+            for session in page["sessions"]:
+                self._session_head(session)
             sessions.extend(page["sessions"])
-            token = page.get("next_page_token")
+            token = self._next(page.get("next_page_token"), seen)
             if not (every_page and token):
                 return sessions
 
     def session(self, session_id: str) -> dict[str, Any]:
         """The session with all of its actions and violations, asked a page at a time."""
         path = "/api/sessions/" + quote(session_id, safe="")
-        detail = dict(self.get(path, {"actions_limit": DETAIL_PAGE, "violations_limit": DETAIL_PAGE}))
-        tokens = {name: detail.pop(f"next_{name}_page_token", "") for name in ("actions", "violations")}
+        names = ("actions", "violations")
+        next_names = tuple(f"next_{name}_page_token" for name in names)
+        query = {"actions_limit": DETAIL_PAGE, "violations_limit": DETAIL_PAGE}
+        detail = self._document(path, query, names, next_names)
+        self._session_head(detail)
+        tokens = {name: detail.pop(f"next_{name}_page_token", None) or "" for name in names}
+        seen: set[str] = set()
         while any(tokens.values()):
             query = {}
             for name, token in tokens.items():
                 # A list walked to its end is asked for one item (its first page again).
                 query |= {f"{name}_limit": DETAIL_PAGE if token else 1, f"{name}_page_token": token or None}
-            page = self.get(path, query)
+            page = self._document(path, query, names, next_names)
             for name, token in tokens.items():
                 if token:
                     detail[name].extend(page[name])
-                    tokens[name] = page.get(f"next_{name}_page_token", "")
+                    tokens[name] = self._next(page.get(f"next_{name}_page_token"), seen)
         return detail
+
+    def _next(self, token: str | None, seen: set[str]) -> str:
+        """``token``, the next page's, unless the walk had it already: an endpoint that gives
+        one token again would be walked for ever."""
+        if token and token in seen:
+            raise self._wrong_shape("the same page token twice")
+        if token:
+            seen.add(token)
+        return token or ""
+
+
+def _refusal(shown: str, error: urllib.error.HTTPError) -> ApiError:
+    detail = _error_text(error.read())
+    if error.code == 401:
+        hint = "pass the sidecar's token with --token, --token-file or $DURABLE_SESSIONS_AUTH_TOKEN"
+        return ApiError(f"{shown} refused the request (401 {detail}); {hint}")
+    return ApiError(f"{shown} answered {error.code}: {detail}")
+
+
+def _not_http(shown: str, reason: Exception) -> ApiError:
+    """No HTTP/1.1 answer: most likely the gRPC port (HTTP/2 only), or a TLS port asked
+    without TLS, which resets or closes the connection."""
+    if isinstance(reason, http.client.RemoteDisconnected):
+        what = "closed the connection without answering"
+    elif isinstance(reason, ConnectionResetError):
+        what = "reset the connection without answering"
+    else:
+        what = f"did not answer with HTTP/1.1 ({type(reason).__name__})"
+    return ApiError(
+        f"{shown} {what}; is it the sidecar's HTTP port (not the gRPC one), with the right scheme "
+        f"(https:// for a sidecar with tls.cert_file)?"
+    )
 
 
 def _error_text(body: bytes) -> str:

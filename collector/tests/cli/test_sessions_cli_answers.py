@@ -1,0 +1,272 @@
+"""``durable-sessions-collector sessions`` with a token as a Kubernetes Secret leaves it, an
+endpoint that answers JSON unlike the sidecar's API, and a plain-HTTP endpoint on a TLS port:
+one line and the documented exit code, never a traceback (which showed the token)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import urllib.error
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from durable_sessions_collector.cli import main
+from durable_sessions_collector.client import ApiClient, ApiUsageError
+from tls_certs import make_cert
+
+TOKEN = "cli-" + uuid.uuid4().hex
+ENV_NAMES = (
+    "DURABLE_SESSIONS_API_ENDPOINT",
+    "DURABLE_SESSIONS_AUTH_TOKEN",
+    "DURABLE_SESSIONS_AUTH_TOKEN_FILE",
+    "DURABLE_SESSIONS_CA_FILE",
+)
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ENV_NAMES:
+        monkeypatch.delenv(name, raising=False)
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_process(*argv: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
+    """The command in a process of its own, with $DURABLE_SESSIONS_AUTH_TOKEN set to ``token``:
+    what a traceback would print is in its standard error."""
+    env = {k: v for k, v in os.environ.items() if k not in ENV_NAMES}
+    if token is not None:
+        env["DURABLE_SESSIONS_AUTH_TOKEN"] = token
+    return subprocess.run(
+        [sys.executable, "-m", "durable_sessions_collector", *argv],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
+
+
+# --- the token ----------------------------------------------------------------------------------
+
+
+def test_a_token_ending_in_a_newline_works_as_it_does_for_the_sidecar(start_sidecar) -> None:  # type: ignore[no-untyped-def]
+    """A Secret created --from-file keeps the file's newline; the sidecar strips it, and so
+    must the CLI, from the variable and from --token (http.client refused the header in a
+    traceback that printed the token)."""
+    sidecar = start_sidecar(auth__token=TOKEN)
+    result = run_process("sessions", "--endpoint", sidecar.http_url, "list", token=TOKEN + "\n")
+    assert (result.returncode, result.stdout, result.stderr) == (0, "no sessions\n", "")
+    result = run_process("sessions", "--endpoint", sidecar.http_url, "--token", f" {TOKEN}\r\n", "list")
+    assert (result.returncode, result.stdout, result.stderr) == (0, "no sessions\n", "")
+
+
+@pytest.mark.parametrize(
+    ("flag", "bad"),
+    [
+        (False, f"{TOKEN}\n{TOKEN}"),  # two lines: a header cannot hold it
+        (False, f"{TOKEN} {TOKEN}"),
+        (True, f"{TOKEN}\r{TOKEN}"),
+        (True, "short\n"),
+    ],
+)
+def test_a_token_that_cannot_be_sent_is_a_usage_error_that_does_not_show_it(
+    start_sidecar, flag: bool, bad: str
+) -> None:  # type: ignore[no-untyped-def]
+    sidecar = start_sidecar(auth__token=TOKEN)
+    if flag:
+        result = run_process("sessions", "--endpoint", sidecar.http_url, "--token", bad, "list")
+        source = "--token"
+    else:
+        result = run_process("sessions", "--endpoint", sidecar.http_url, "list", token=bad)
+        source = "$DURABLE_SESSIONS_AUTH_TOKEN"
+    assert result.returncode == 2, result.stderr[-300:]
+    assert result.stderr.startswith(f"durable-sessions-collector: {source}: expected a bearer token")
+    assert result.stderr.endswith("(value not shown)\n") and len(result.stderr.splitlines()) == 1
+    assert TOKEN not in result.stderr and "short" not in result.stderr
+
+
+def test_a_token_file_with_a_token_that_cannot_be_sent_is_a_usage_error(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "token").write_text(f"{TOKEN}\n{TOKEN}\n")
+    code, _, err = run(capsys, "sessions", "--token-file", str(tmp_path / "token"), "list")
+    assert code == 2 and err.startswith(
+        f"durable-sessions-collector: the token file {str(tmp_path / 'token')!r}: "
+    )
+    assert TOKEN not in err
+    (tmp_path / "token").write_bytes(b"\xff" + TOKEN.encode())
+    code, _, err = run(capsys, "sessions", "--token-file", str(tmp_path / "token"), "list")
+    assert code == 2 and err.endswith("is not UTF-8 text (value not shown)\n")
+
+
+def test_the_client_never_shows_a_header_that_http_refuses(sidecar) -> None:  # type: ignore[no-untyped-def]
+    """For the client's other callers, who may not check the token: http.client's ValueError
+    repeats the header's value."""
+    client = ApiClient(sidecar.http_url, token=f"{TOKEN}\n")
+    with pytest.raises(ApiUsageError) as raised:
+        client.list_sessions()
+    assert "(value not shown)" in str(raised.value) and TOKEN not in str(raised.value)
+    assert raised.value.__suppress_context__  # a traceback of it does not show the ValueError
+
+
+@pytest.mark.parametrize("endpoint", ["http://127.0.0.1:9/a b", "http://127.0.0.1:9/a\x01b"])
+def test_an_endpoint_with_a_space_is_a_usage_error(endpoint: str, capsys) -> None:  # type: ignore[no-untyped-def]
+    """http.client refused it only when sending, as if the sidecar had not answered HTTP."""
+    code, _, err = run(capsys, "sessions", "--endpoint", endpoint, "list")
+    assert code == 2 and err.startswith("durable-sessions-collector: --endpoint must be an http(s) URL")
+
+
+# --- answers unlike the sidecar's API -------------------------------------------------------------
+
+
+class JsonServer:
+    """A real HTTP server that answers every GET with 200 and ``body`` as JSON."""
+
+    def __init__(self, body: bytes) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05})
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self._thread.join()
+
+
+@contextmanager
+def serving(body: bytes) -> Iterator[str]:
+    server = JsonServer(body)
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+WRONG_SHAPES = [
+    b'{"hello": 1}',
+    b"[]",
+    b'"hello"',
+    b"null",
+    b'{"sessions": null}',
+    b'{"sessions": [1]}',
+    b'{"sessions": [{"id": "x"}], "next_page_token": ""}',
+    b'{"sessions": [{"session_id": "x", "verdict": 1}]}',
+    b'{"session_id": "x"}',
+    b'{"session_id": "x", "verdict": "ok", "actions": null, "violations": []}',
+    b'{"session_id": "x", "verdict": "ok", "actions": [], "violations": [1]}',
+]
+
+
+@pytest.mark.parametrize("body", WRONG_SHAPES)
+@pytest.mark.parametrize("command", [("list",), ("show", "x")])
+def test_json_unlike_the_api_is_a_one_line_error(body: bytes, command: tuple[str, ...], capsys) -> None:  # type: ignore[no-untyped-def]
+    with serving(body) as url:
+        code, out, err = run(capsys, "sessions", "--endpoint", url, *command)
+        assert (code, out) == (1, "")
+        assert err.startswith(f"durable-sessions-collector: {url} did not answer like the sidecar's API (")
+        assert err.endswith("is it the sidecar's HTTP port?\n") and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "command"),
+    [
+        (b'{"sessions": [], "next_page_token": "same"}', ("list", "--all")),
+        (b'{"session_id": "x", "verdict": "ok", "actions": [], "violations": [], '
+         b'"next_actions_page_token": "same"}', ("show", "x")),
+    ],
+)  # fmt: skip
+def test_a_page_token_given_again_ends_the_walk(body: bytes, command: tuple[str, ...], capsys) -> None:  # type: ignore[no-untyped-def]
+    # The walk followed it for ever.
+    with serving(body) as url:
+        code, _, err = run(capsys, "sessions", "--endpoint", url, *command)
+    assert code == 1 and "did not answer like the sidecar's API (the same page token twice)" in err
+
+
+def test_fields_past_the_id_and_verdict_may_be_missing_or_odd(capsys) -> None:  # type: ignore[no-untyped-def]
+    """Another version of the API may lack a column, or have a time out of range: a dash."""
+    with serving(b'{"sessions": [{"session_id": "x", "verdict": "ok", "last_seen": 1e300}]}') as url:
+        code, out, _ = run(capsys, "sessions", "--endpoint", url, "list")
+        assert code == 0 and out.splitlines()[1].split() == ["x", "ok", "-", "-", "-", "-", "-"]
+    detail = b'{"session_id": "x", "verdict": "ok", "actions": [{}], "violations": [{}], "first_seen": 1e300}'
+    with serving(detail) as url:
+        code, out, _ = run(capsys, "sessions", "--endpoint", url, "show", "x")
+        assert code == 0 and out.splitlines()[:2] == [
+            "session x: ok (-)",
+            "  - action(s), - error(s), - warning(s); first seen -, last seen -",
+        ]
+
+
+# --- http:// to a TLS port ----------------------------------------------------------------------
+
+SCHEME_HINT = "with the right scheme (https:// for a sidecar with tls.cert_file)?"
+
+
+def test_plain_http_to_a_tls_sidecar_hints_at_the_scheme(start_sidecar, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    _, cert, key = make_cert(tmp_path)
+    sidecar = start_sidecar(tls__cert_file=str(cert), tls__key_file=str(key))
+    for _ in range(3):  # the TLS port resets the connection, or closes it
+        code, _, err = run(capsys, "sessions", "--endpoint", sidecar.http_url, "list")
+        assert code == 1 and err.endswith(SCHEME_HINT + "\n"), err
+
+
+def test_a_reset_connection_hints_at_the_scheme(capsys) -> None:  # type: ignore[no-untyped-def]
+    """A server that resets every connection once it has the request (linger 0: a RST)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def reset_each() -> None:
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:  # the listener closed: the test is over
+                return
+            connection.recv(65536)
+            connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            connection.close()
+
+    thread = threading.Thread(target=reset_each)
+    thread.start()
+    try:
+        code, _, err = run(capsys, "sessions", "--endpoint", f"http://127.0.0.1:{port}", "list")
+    finally:
+        listener.shutdown(socket.SHUT_RDWR)
+        listener.close()
+        thread.join()
+    assert code == 1
+    assert err == (
+        f"durable-sessions-collector: http://127.0.0.1:{port} reset the connection without answering; "
+        f"is it the sidecar's HTTP port (not the gRPC one), {SCHEME_HINT}\n"
+    )
+
+
+def test_a_reset_while_sending_hints_at_the_scheme_too() -> None:
+    """urllib wraps a reset met while sending the request in a URLError."""
+    client = ApiClient("http://127.0.0.1:9")
+    reset = urllib.error.URLError(ConnectionResetError(104, "Connection reset by peer"))
+    assert str(client._failure(reset)).endswith(SCHEME_HINT)
+    # Over https:// the scheme is not the likely mistake.
+    client = ApiClient("https://127.0.0.1:9")
+    assert "cannot reach the sidecar" in str(client._failure(reset))
