@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import enum
 import logging
+import os
+import signal
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -472,3 +476,129 @@ def test_an_earlier_span_is_cited_without_an_unknown_trace(setup: Setup) -> None
     first = setup.exporter.get_finished_spans()[0]
     assert f"first at span {first.context.span_id:016x})" in violation.message
     assert "None" not in violation.message
+
+
+# -- found by a helper's run (each test fails on the code before its fix) -------------------
+
+
+class Kind(enum.StrEnum):
+    PAYMENT = "payment"
+
+
+class Cap(enum.IntEnum):
+    THREE = 3
+
+
+def test_enum_attribute_values_are_judged_as_their_plain_values(setup: Setup) -> None:
+    # The SDK keeps an enum member as given and an OTLP exporter sends its value. Inline,
+    # Kind.PAYMENT was "a kind that is no string" (missing-field, the unkeyed payment
+    # missed); with a checker process, the span was dropped (marshal takes no enum).
+    with session("s-1"):
+        setup.action("pay-1", Kind.PAYMENT)  # type: ignore[arg-type]
+        setup.action("t-1", "tool_call", retryable=True, max_attempts=Cap.THREE, attempts=Cap.THREE)
+    assert setup.rules() == ["unkeyed-side-effect"]
+
+
+@pytest.mark.parametrize("checking", ["inline", "process"])
+def test_an_enum_value_in_the_resource_keeps_its_session_and_incarnation(checking: str) -> None:
+    # With a checker process the resource's declaration was lost whole: the trace stood in
+    # for the resource's session.id, and the incarnation was gone.
+    found: list[Violation] = []
+    provider = TracerProvider(
+        resource=Resource.create({"session.id": "res-session", "deployment.environment": Kind.PAYMENT})
+    )
+    processor = DurabilitySpanProcessor(mode="silent", checking=checking, on_violation=found.append)  # type: ignore[arg-type]
+    provider.add_span_processor(processor)
+    with provider.get_tracer("t").start_as_current_span(
+        "pay", attributes={sc.ACTION_ID: "p", sc.ACTION_KIND: "payment"}
+    ):
+        pass
+    assert processor.wait_checked(30) and processor.spans_dropped == 0
+    provider.shutdown()
+    assert [(v.rule, v.session_id) for v in found] == [("unkeyed-side-effect", "res-session")]
+
+
+def test_force_flush_logs_the_summary_of_suppressed_lines(caplog: pytest.LogCaptureFixture) -> None:
+    # The docs promise it at force_flush; it came at shutdown only.
+    s = Setup(mode="log", log_limit_per_minute=1)
+    with caplog.at_level(logging.WARNING, logger="durable_sessions"), session("s-1"):
+        for i in range(3):
+            s.action(f"a{i}", "payment")
+        assert s.provider.force_flush()
+    assert "suppressed 2 violation log line(s)" in caplog.records[-1].getMessage()
+    s.provider.shutdown()
+
+
+def test_disable_takes_a_comma_separated_string_as_the_variable_does() -> None:
+    # A string was taken as its characters: "unknown rule 'd'".
+    processor = DurabilitySpanProcessor(mode="silent", disable="dead-end, unkeyed-side-effect", strict=True)
+    ids = {rule.id for rule in processor.checker.rules}  # type: ignore[union-attr]
+    assert "dead-end" not in ids and "unkeyed-side-effect" not in ids and "unbounded-retry" in ids
+
+
+def test_a_key_window_past_a_floats_range_is_a_configuration_error() -> None:
+    with pytest.raises(ConfigurationError, match="must be a positive number of seconds"):  # was OverflowError
+        DurabilitySpanProcessor(key_window_s=10**400)
+
+
+def test_an_on_violation_callback_may_flush_with_a_checker_process() -> None:
+    # The callback runs on the thread that reads the checker's findings; a flush waited on
+    # that thread for its whole timeout, and every report stalled meanwhile.
+    provider = TracerProvider()
+    took: list[float] = []
+
+    def flush_on_violation(_violation: Violation) -> None:
+        start = time.monotonic()
+        provider.force_flush(timeout_millis=10_000)
+        took.append(time.monotonic() - start)
+
+    processor = DurabilitySpanProcessor(mode="silent", checking="process", on_violation=flush_on_violation)
+    provider.add_span_processor(processor)
+    with (
+        session("s-1"),
+        provider.get_tracer("t").start_as_current_span(
+            "pay", attributes={sc.ACTION_ID: "p", sc.ACTION_KIND: "payment"}
+        ),
+    ):
+        pass
+    assert processor.wait_checked(30)
+    provider.shutdown()
+    assert len(took) == 1 and took[0] < 5
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_child_forked_while_another_thread_holds_the_lock_can_end_spans() -> None:
+    # A forked child has only the forking thread: the lock another thread held at the fork
+    # stayed held, and the child's first action span hung (8 forks of 20).
+    s = Setup(mode="silent")
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with s.processor._lock:
+            holding.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    holding.wait(5)
+    pid = os.fork()
+    if pid == 0:  # the child: end an action span, then report by the exit code
+        try:
+            with session("child"):
+                s.action("pay-child", "payment")
+        finally:
+            os._exit(0)
+    release.set()
+    holder.join()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise AssertionError("the forked child hung ending a span")
+    s.provider.shutdown()

@@ -144,6 +144,34 @@ def _convention(attributes: Mapping[str, Any]) -> _Convention | None:
     return None
 
 
+_BUILT_IN = frozenset({str, int, float, bool})
+
+
+def exact(value: Any) -> Any:
+    """An attribute value as the built-in type it stands for. The SDK keeps a subclass
+    (an ``enum.StrEnum`` kind, an ``IntEnum`` cap) as given, and an OTLP exporter sends
+    its plain value, which the sidecar then judges; the rules check exact types, so the
+    processor judged ``Kind.PAYMENT`` a kind that is no string."""
+    kind = type(value)
+    if kind in _BUILT_IN or value is None:
+        return value
+    if kind is tuple:
+        return tuple(exact(item) for item in value) if any(type(i) not in _BUILT_IN for i in value) else value
+    for built_in in (bool, str, int, float):  # bool before int: a bool is an int
+        if isinstance(value, built_in):
+            return built_in(value) if built_in is not str else str.__str__(value)
+    if isinstance(value, tuple | list):
+        return tuple(exact(item) for item in value)
+    return value
+
+
+def exact_attributes(attributes: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``attributes`` with :func:`exact` values: the same mapping when they are already."""
+    if all(type(value) in _BUILT_IN for value in attributes.values()):
+        return attributes
+    return {key: exact(value) for key, value in attributes.items()}
+
+
 def _plain(value: Any) -> Any:
     """An attribute value as JSON would hold it: sequences become lists."""
     if type(value) is tuple:
@@ -200,6 +228,8 @@ def map_attributes(
     result: Any = _EMPTY
     for key, value in attributes.items():
         if key.startswith(sc.ACTION_PREFIX):
+            if type(value) not in _BUILT_IN:
+                value = exact(value)
             field = _FIELDS.get(key) or key[_PREFIX_LEN:]
             if field == "result":
                 result = value
@@ -238,13 +268,13 @@ def map_attributes(
     if "session_id" not in record:
         session_id = _first(attributes, sc.SESSION_ATTRIBUTES)
         if session_id is None:
-            session_id = resource.get(sc.RESOURCE_SESSION_ID)
+            session_id = exact(resource.get(sc.RESOURCE_SESSION_ID))
         if session_id is not None:
             record["session_id"] = session_id
         else:
             record["session_id"] = _hex(trace_id, 32)
             record["session_source"] = sc.SESSION_SOURCE_TRACE
-    incarnation = resource.get(sc.SERVICE_INSTANCE_ID)
+    incarnation = exact(resource.get(sc.SERVICE_INSTANCE_ID))
     if incarnation is not None:
         record["incarnation"] = incarnation
     if "name" not in record:
@@ -333,7 +363,7 @@ def _first(attributes: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
     for key in keys:
         value = attributes.get(key)
         if value is not None:
-            return value
+            return value if type(value) in _BUILT_IN else exact(value)
     return None
 
 
@@ -440,6 +470,8 @@ __all__ = [
     "AttributeValue",
     "Mapped",
     "SpanData",
+    "exact",
+    "exact_attributes",
     "from_readable_span",
     "is_error",
     "map_attributes",

@@ -441,6 +441,13 @@ class CheckerProcess:
             if self._sender.error is not None:
                 self._fail("sending spans to the checker process", self._sender.error)
             return None
+        if threading.current_thread() is self._reader:
+            # Asked from an on_violation callback, which runs on the reader thread: the
+            # answer can only be read once the callback returns (waiting here stalled every
+            # report for the whole timeout). What it finds is reported as it arrives.
+            with self._answered:
+                self._waiting.discard(token)
+            return None
         with self._answered:
             self._answered.wait_for(lambda: token in self._answers or not self._alive, timeout_s)
             self._waiting.discard(token)  # an answer arriving after the timeout is not kept

@@ -66,6 +66,7 @@ import operator
 import os
 import threading
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
@@ -81,7 +82,7 @@ from durable_sessions import __version__
 from durable_sessions import semconv as sc
 from durable_sessions.engine import Checker
 from durable_sessions.instrument import SESSION_CONTEXT_KEY
-from durable_sessions.mapping import sdk_attributes, sdk_resource_attributes, sdk_span_facts
+from durable_sessions.mapping import exact_attributes, sdk_attributes, sdk_resource_attributes, sdk_span_facts
 from durable_sessions.native import native_module
 from durable_sessions.offload import RESOURCE, SPAN, CheckerProcess
 from durable_sessions.rules import Rule, select_rules
@@ -251,6 +252,10 @@ def _positive_seconds(name: str, value: object) -> float:
     """A duration that must be a finite number of seconds above 0."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ConfigurationError(f"{name}={value!r} is not a number")
+    try:
+        value = float(value)
+    except OverflowError:  # an integer past a float's range
+        raise ConfigurationError(f"{name}={value!r} must be a positive number of seconds") from None
     if not (math.isfinite(value) and value > 0):
         raise ConfigurationError(f"{name}={value!r} must be a positive number of seconds")
     return float(value)
@@ -265,6 +270,22 @@ def _env_bool(name: str) -> bool:
     if value.lower() in ("0", "false", "no", "off"):
         return False
     raise ConfigurationError(f"{name}={value!r} is not a boolean (true or false)")
+
+
+_PROCESSORS: weakref.WeakSet[DurabilitySpanProcessor] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has only the thread that forked: a lock another thread held at the
+    fork stays held for ever, and the child's first action span would wait on it (8 forks
+    in 20 hung, with a thread ending spans). New locks, as the SDK's processors take."""
+    for processor in list(_PROCESSORS):
+        processor._lock = threading.Lock()
+        processor._log._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class DurabilitySpanProcessor(SpanProcessor):
@@ -305,7 +326,9 @@ class DurabilitySpanProcessor(SpanProcessor):
             )
         self.checking: Checking = checking  # type: ignore[assignment]
         if rules is None:
-            disabled = disable if disable is not None else (_env("DURABLE_SESSIONS_DISABLE") or "").split(",")
+            disabled = disable if disable is not None else _env("DURABLE_SESSIONS_DISABLE") or ""
+            if isinstance(disabled, str):  # "a,b", as in the variable: not its characters
+                disabled = disabled.split(",")
             try:
                 rules = select_rules(
                     preset or _env("DURABLE_SESSIONS_PRESET") or "all",  # type: ignore[arg-type]
@@ -335,6 +358,7 @@ class DurabilitySpanProcessor(SpanProcessor):
         self.violations_reported = 0
         self._lock = threading.Lock()
         self._log = _RateLimitedLog(logger, log_limit_per_minute)
+        _PROCESSORS.add(self)
         self._error_logged = False
         self._shut_down = False
         meter = (meter_provider or metrics.get_meter_provider()).get_meter("durable_sessions", __version__)
@@ -441,6 +465,7 @@ class DurabilitySpanProcessor(SpanProcessor):
             # switched outside it, a span could be checked (or, with a checker process,
             # sent after the declaration of) another thread's resource.
             if self._offload is not None:
+                attributes = exact_attributes(attributes)  # marshal takes no enum member
                 if type(attributes) is not dict:
                     attributes = dict(attributes)
                 message = (SPAN, attributes, error, start_time, trace_id, span_id, limit)
@@ -473,6 +498,8 @@ class DurabilitySpanProcessor(SpanProcessor):
             raise
         except Exception as error:  # fail open
             self._internal_error("force_flush", error)
+        finally:
+            self._log.flush()  # the summary of lines over the limit, as the docs say
         return True
 
     def shutdown(self) -> None:
@@ -551,7 +578,7 @@ class DurabilitySpanProcessor(SpanProcessor):
         resource before the new declaration is queued, and of the new one after: a span
         of the old resource never lands after the new declaration.
         """
-        self._resource_attributes = sdk_resource_attributes(resource)
+        self._resource_attributes = exact_attributes(sdk_resource_attributes(resource))
         self._resource = resource
         if self._offload is not None:
             self._offload.sent_resource(_NO_RESOURCE)
