@@ -28,6 +28,7 @@ import socket
 import ssl
 import sys
 import threading
+import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -45,6 +46,8 @@ OPEN_METHODS = frozenset({"/grpc.health.v1.Health/Check"})
 """The gRPC port's counterpart of ``GET /healthz``: one answer, the status alone (see
 :mod:`.api.health`). ``Watch`` is not open: a stream holds one of few slots, and a worker
 thread, for as long as its client likes; ``List`` answers nothing a probe needs."""
+STREAM_RECHECK_S = 1.0
+"""How often an open stream looks again at the token it was opened with (:class:`StreamToken`)."""
 REALM = "durable-sessions"
 HANDSHAKE_TIMEOUT_S = 10.0
 
@@ -112,11 +115,7 @@ class GrpcAuthInterceptor(grpc.ServerInterceptor):
         self.open_methods = frozenset(open_methods)
 
     def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
-        header = None
-        for key, value in handler_call_details.invocation_metadata or ():
-            if key == "authorization":
-                header = value if isinstance(value, str) else None
-                break
+        header = authorization(handler_call_details.invocation_metadata)
         handler = continuation(handler_call_details)
         open_method = handler_call_details.method in self.open_methods  # tells only ok/unhealthy
         if handler is None or open_method or token_matches(header, self._token):
@@ -137,6 +136,41 @@ class GrpcAuthInterceptor(grpc.ServerInterceptor):
         if handler.stream_unary is not None:
             return grpc.stream_unary_rpc_method_handler(deny, **options)
         return grpc.stream_stream_rpc_method_handler(deny, **options)
+
+
+def authorization(metadata: Iterable[tuple[str, Any]] | None) -> str | None:
+    """The first ``authorization`` value of a call's metadata (None if none, or binary)."""
+    for key, value in metadata or ():
+        if key == "authorization":
+            return value if isinstance(value, str) else None
+    return None
+
+
+class StreamToken:
+    """The token a server stream was opened with, looked at again as the stream goes on:
+    the interceptor checks a call once, at its start, and a stream opened with a token
+    later rotated out (a leaked one, say) went on being served. :meth:`check`, called
+    from the stream's loop, ends it ``UNAUTHENTICATED`` once the token is no longer
+    accepted, looking at most every ``recheck_s``. Without a configured token it does
+    nothing."""
+
+    def __init__(
+        self, token: BearerToken | None, context: grpc.ServicerContext, recheck_s: float = STREAM_RECHECK_S
+    ) -> None:
+        self._token = token
+        self._header = authorization(context.invocation_metadata()) if token is not None else None
+        self._recheck_s = recheck_s
+        self._next = time.monotonic() + recheck_s
+
+    def check(self, context: grpc.ServicerContext) -> None:
+        if self._token is None or time.monotonic() < self._next:
+            return
+        self._next = time.monotonic() + self._recheck_s
+        if not token_matches(self._header, self._token):
+            context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "the token this stream was opened with is no longer accepted; open it again with the current one",
+            )
 
 
 # --- TLS ----------------------------------------------------------------------------------

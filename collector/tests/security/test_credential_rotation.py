@@ -295,3 +295,26 @@ def test_an_open_watch_ends_once_its_token_is_no_longer_accepted(
     assert ended.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert "no longer accepted" in ended.value.details()
     assert 0.5 <= time.monotonic() - rotated_at <= 10  # after the overlap, within about a second
+
+
+def test_an_open_health_watch_ends_once_its_token_is_no_longer_accepted(
+    start_sidecar, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    monkeypatch.setattr(credentials, "TOKEN_OVERLAP_S", 0.5)
+    token_file = tmp_path / "token"
+    token_file.write_text(OLD_TOKEN)
+    sidecar = start_sidecar(auth__token_file=str(token_file))
+    with grpc.insecure_channel(sidecar.grpc_endpoint) as channel:
+        stream = health_pb2_grpc.HealthStub(channel).Watch(
+            health_pb2.HealthCheckRequest(service=""),
+            metadata=(("authorization", f"Bearer {OLD_TOKEN}"),),
+            timeout=30,
+        )
+        assert next(stream).status == health_pb2.HealthCheckResponse.SERVING
+        replace(token_file, NEW_TOKEN)
+        wait_for(lambda: api_status(sidecar, NEW_TOKEN) == 200, timeout=5)
+        with pytest.raises(grpc.RpcError) as ended:
+            next(stream)
+    assert ended.value.code() == grpc.StatusCode.UNAUTHENTICATED

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -42,7 +41,7 @@ from durable_sessions_collector.api.v1 import sessions_pb2_grpc as pb_grpc
 from durable_sessions_collector.credentials import BearerToken
 from durable_sessions_collector.jsonlog import JsonLog
 from durable_sessions_collector.quote import quoted
-from durable_sessions_collector.security import token_matches
+from durable_sessions_collector.security import StreamToken
 from durable_sessions_collector.store import Store, StoreError
 from durable_sessions_collector.store.base import DEFAULT_DETAIL_PAGE, SessionSummary
 
@@ -51,8 +50,6 @@ CURSOR_METADATA = "x-durable-sessions-cursor"
 MAX_WATCHERS = 8
 """``WatchAlerts`` streams open at once (each holds a worker thread of the port)."""
 FEED_BATCH = 200
-TOKEN_RECHECK_S = 1.0
-"""How often an open stream checks that its token is still accepted."""
 FAILING_POLL_S = 5.0
 """The longest wait between a watch's reads while the store fails."""
 
@@ -181,22 +178,11 @@ class SessionApi(pb_grpc.SessionServiceServicer):
         context.send_initial_metadata(((CURSOR_METADATA, cursor),))
         done = threading.Event()
         context.add_callback(done.set)  # the client went away
-        authorized = self._authorization(context)
-        wait, failing = self.poll_s, False
+        token = StreamToken(self.token, context)
+        feed = _FeedReads(self.store, self.log, self.poll_s)
         while context.is_active() and not self._stopping.is_set() and not done.is_set():
-            authorized(context)
-            try:
-                items, cursor = self.store.violations_after(cursor, FEED_BATCH)  # type: ignore[attr-defined]
-            except StoreError as error:
-                if not failing and self.log is not None:
-                    self.log.error(
-                        "watch-read-failed", error=str(error), note="logged once until it reads again"
-                    )
-                wait, failing, items = min(FAILING_POLL_S, wait * 2), True, []
-            else:
-                if failing and self.log is not None:
-                    self.log.info("watch-read-recovered")
-                wait, failing = self.poll_s, False
+            token.check(context)
+            items, cursor = feed.read(cursor)
             for item in items:
                 if rules and item["rule"] not in rules:
                     continue
@@ -208,7 +194,7 @@ class SessionApi(pb_grpc.SessionServiceServicer):
                     cursor=item["cursor"],
                 )
             if len(items) < FEED_BATCH:
-                done.wait(wait)
+                done.wait(feed.wait_s)
         if self._stopping.is_set() and not done.is_set():
             # Not OK: a client's loop over the stream would end as if the watch were over.
             context.abort(
@@ -216,28 +202,31 @@ class SessionApi(pb_grpc.SessionServiceServicer):
                 "the sidecar is stopping; watch again from the last alert's cursor",
             )
 
-    def _authorization(self, context: grpc.ServicerContext) -> Any:
-        """A check to call as the stream goes on: it ends the stream ``UNAUTHENTICATED``
-        once the token it was opened with is no longer accepted (looked at once a second)."""
-        if self.token is None:
-            return lambda _context: None
-        token = self.token
-        header = next((value for key, value in context.invocation_metadata() if key == "authorization"), None)
-        next_check = time.monotonic() + TOKEN_RECHECK_S
 
-        def check(context: grpc.ServicerContext) -> None:
-            nonlocal next_check
-            if time.monotonic() < next_check:
-                return
-            next_check = time.monotonic() + TOKEN_RECHECK_S
-            if not token_matches(header if isinstance(header, str) else None, token):
-                context.abort(
-                    grpc.StatusCode.UNAUTHENTICATED,
-                    "the token this stream was opened with is no longer accepted; "
-                    "open it again with the current one",
-                )
+class _FeedReads:
+    """One stream's reads of the store's violation feed. A store that fails is logged once
+    (and again once it answers), not at every poll, and read less often meanwhile."""
 
-        return check
+    def __init__(self, store: Store, log: JsonLog | None, poll_s: float) -> None:
+        self.store = store
+        self.log = log
+        self.poll_s = poll_s
+        self.wait_s = poll_s
+        self.failing = False
+
+    def read(self, cursor: str) -> tuple[list[dict[str, Any]], str]:
+        """The violations after ``cursor`` (none while the store fails) and the new cursor."""
+        try:
+            items, cursor = self.store.violations_after(cursor, FEED_BATCH)  # type: ignore[attr-defined]
+        except StoreError as error:
+            if not self.failing and self.log is not None:
+                self.log.error("watch-read-failed", error=str(error), note="logged once until it reads again")
+            self.failing, self.wait_s = True, min(FAILING_POLL_S, self.wait_s * 2)
+            return [], cursor
+        if self.failing and self.log is not None:
+            self.log.info("watch-read-recovered")
+        self.failing, self.wait_s = False, self.poll_s
+        return items, cursor
 
 
 def parsing_handler(kind: Any, method: Any, request_type: Any, response_type: Any) -> grpc.RpcMethodHandler:

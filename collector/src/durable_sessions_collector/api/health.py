@@ -22,7 +22,8 @@ threads run, the store can be read); ``NOT_SERVING`` otherwise, and from
 
 With a bearer token configured, ``Check`` alone is open, like ``GET /healthz`` (see
 :data:`..security.OPEN_METHODS`): it tells nothing but the status, never the reason.
-``Watch`` and ``List`` need the token.
+``Watch`` and ``List`` need the token; an open ``Watch`` ends ``UNAUTHENTICATED`` once its
+token is no longer accepted (:class:`..security.StreamToken`).
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from durable_sessions_collector.api.grpc_api import SERVICE as SESSION_SERVICE
 from durable_sessions_collector.api.grpc_api import parsing_handler
+from durable_sessions_collector.credentials import BearerToken
 from durable_sessions_collector.otlp.grpc_receiver import SERVICE as TRACE_SERVICE
 from durable_sessions_collector.quote import quoted
+from durable_sessions_collector.security import StreamToken
 
 SERVICE = "grpc.health.v1.Health"
 OVERALL = ""
@@ -72,8 +75,10 @@ class GrpcHealth(health_pb2_grpc.HealthServicer):
         services: Iterable[str] = SERVICES,
         poll_s: float = WATCH_POLL_S,
         max_watchers: int = MAX_HEALTH_WATCHERS,
+        token: BearerToken | None = None,
     ) -> None:
         self.healthy = healthy
+        self.token = token
         self.services = frozenset(services)
         self.poll_s = poll_s
         self.max_watchers = max_watchers
@@ -149,7 +154,9 @@ class GrpcHealth(health_pb2_grpc.HealthServicer):
             self._wakes.add(wake)
         try:
             last = None
+            token = StreamToken(self.token, context)
             while context.is_active():
+                token.check(context)
                 # Read before the status: a stop after this read wakes the wait below, and
                 # the next round sends the last NOT_SERVING; read after, a stop between the
                 # two ended the stream without it.
