@@ -10,6 +10,7 @@ Either way, the findings come out in input order, the end-of-session ones last.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import itertools
 import multiprocessing
@@ -163,13 +164,15 @@ class OfflineCheck:
             process.start()
             sender.close()
             workers.append((process, receiver))
-        record_time: list[Violation] = []
+        # Per occurrence of a path, not per name: a file given twice is read twice.
+        record_time: list[list[Violation]] = [[] for _ in self.paths]
         session_end: list[Violation] = []
         received = False
         try:
             for _, receiver in workers:
                 found, ended, actions, sessions = _receive(receiver, self.progress)
-                record_time.extend(found)
+                for mine, theirs in zip(record_time, found, strict=True):
+                    mine.extend(theirs)
                 session_end.extend(ended)
                 self.actions += actions
                 self.sessions += sessions
@@ -182,9 +185,9 @@ class OfflineCheck:
                 process.join(timeout=5)
                 if process.is_alive():
                     process.kill()
-        position = _position_in(self.paths)
-        yield from sorted(record_time, key=position)
-        yield from sorted(session_end, key=position)
+        for found in record_time:  # as one process finds them: file by file, line by line
+            yield from sorted(found, key=_line_of)
+        yield from sorted(session_end, key=_position_in(self.paths))
 
 
 def check_paths(
@@ -200,31 +203,61 @@ def check_paths(
     Sessions may span files (one file per process run, say). Raises
     :class:`~durable_sessions.readers.InputError` for a source that cannot be read.
     """
-    feed, unreadable = checker.feed, checker.unreadable
+    feed = checker.feed
     paths = list(paths)
-    redeliveries = Redeliveries()  # a span may come back in the next file of the stream
+    # The state a stream carries from file to file: a span may come back in the next
+    # file (OTLP/JSON), a tool call completed in one file may get its result in the next
+    # (tracing).
+    redeliveries, completed = Redeliveries(), set()  # type: ignore[var-annotated]
     for path in paths:
         with open_source(path) as source:
             size = _size(source)
             name = display_name(path)
             file_fmt = sniff_format(source, name, max_line_bytes) if fmt == "auto" else fmt
+            # A pipe or FIFO cannot tell how far it has been read: no progress for it.
+            reports = progress is not None and _can_tell(source)
             if file_fmt == "actions" and _reads_in_blocks(path, source):
 
                 def report(path: str = path, source: Any = source, size: int | None = size) -> None:
                     progress(path, source.tell(), size)  # type: ignore[misc]
 
-                reporting = report if progress is not None else None
+                reporting = report if reports else None
                 yield from _check_blocks(source, name, checker, 0, 1, max_line_bytes, reporting)
                 continue
-            items = read(path, source, fmt=file_fmt, max_line_bytes=max_line_bytes, redeliveries=redeliveries)
+            items = read(
+                path,
+                source,
+                fmt=file_fmt,
+                max_line_bytes=max_line_bytes,
+                redeliveries=redeliveries,
+                completed=completed,
+            )
             for count, item in enumerate(items):
                 if type(item) is Unreadable:
-                    yield from unreadable(item.location, item.reason)  # type: ignore[union-attr]
+                    yield from _unreadable(checker, item)  # type: ignore[arg-type]
                 elif violations := feed(*item):  # type: ignore[misc]
                     yield from violations
-                if progress is not None and count % PROGRESS_EVERY == 0:
-                    progress(path, source.tell(), size)
+                if reports and count % PROGRESS_EVERY == 0:
+                    progress(path, source.tell(), size)  # type: ignore[misc]
     yield from sorted(checker.finish(), key=_position_in(paths))
+
+
+def _can_tell(source: Any) -> bool:
+    """Whether ``source`` can tell its position: a regular file can; standard input from
+    a pipe, a FIFO or ``<(zcat log.gz)`` cannot (``tell()`` raises "Illegal seek")."""
+    try:
+        return bool(source.seekable())
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _unreadable(checker: Checker, item: Unreadable) -> list[Violation]:
+    """What ``checker`` reports for ``item``, each violation keyed by ``item``'s occurrence
+    (the bad spans of one OTLP/JSON line share its location, not their keys)."""
+    found = checker.unreadable(item.location, item.reason)
+    if item.occurrence:
+        return [dataclasses.replace(violation, occurrence=item.occurrence) for violation in found]
+    return found
 
 
 def _rereadable(path: str) -> bool:
@@ -270,8 +303,14 @@ def _check_blocks(
             yield from violations
 
 
+def _line_of(violation: Violation) -> int:
+    return violation.line or 0
+
+
 def _position_in(paths: Sequence[str]) -> Callable[[Violation], tuple[int, int]]:
-    """A sort key putting violations in input order: by file, then line."""
+    """A sort key putting violations in input order: by file, then line. A violation
+    names its file only, so a file given twice sorts at its last place (in one process
+    and in several alike)."""
     order = {display_name(path): index for index, path in enumerate(paths)}
     return lambda violation: (order.get(violation.file, -1), violation.line or 0)  # type: ignore[arg-type]
 
@@ -415,7 +454,9 @@ def _own_lines_by_block(
         raise InputError(f"cannot read {name!r} after line {number}: {error.strerror or error}") from None
 
 
-def _receive(receiver: Any, progress: Progress | None) -> tuple[list[Violation], list[Violation], int, int]:
+def _receive(
+    receiver: Any, progress: Progress | None
+) -> tuple[list[list[Violation]], list[Violation], int, int]:
     """A worker's findings; on the way, the progress it reports (worker 0 only)."""
     while True:
         try:
@@ -498,7 +539,7 @@ def _check_own_lines(
     less than a parent process parsing once and shipping records to the workers.
     """
     checker = Checker([CATALOGUE.get(rule_id) for rule_id in rule_ids], key_window_s=key_window_s)
-    found: list[Violation] = []
+    found: list[list[Violation]] = []  # per path, in the order given
     parent = os.getppid()
     try:
         for path in paths:
@@ -512,7 +553,8 @@ def _check_own_lines(
                     if reports_progress:
                         sender.send((_PROGRESS, path, source.tell(), size))
 
-                found.extend(_check_blocks(source, name, checker, shard, shards, max_line_bytes, progress))
+                checked = _check_blocks(source, name, checker, shard, shards, max_line_bytes, progress)
+                found.append(list(checked))
     except InputError as error:
         sender.send(str(error))
         return

@@ -37,6 +37,7 @@ from durable_sessions.report import (
     dump_json,
     explain_markdown,
     json_document,
+    printable,
     rules_markdown,
     sarif_document,
     text_line,
@@ -158,7 +159,8 @@ def _replay_check(args: argparse.Namespace, out: Output) -> int:
             for violation in check_paths([args.actions], checker, fmt="actions"):
                 count += 1
                 if not args.quiet:
-                    out.write(f"line {violation.line} [{violation.action_id or '?'}]: {violation.message}\n")
+                    line = f"line {violation.line} [{violation.action_id or '?'}]: {violation.message}"
+                    out.write(printable(line) + "\n")
     except InputError as error:
         print(f"replay-check: {error}", file=sys.stderr)
         return EXIT_USAGE
@@ -390,8 +392,11 @@ class _TerminalProgress:
 
 
 def _positive_number(text: str) -> float:
-    value = float(text)
-    if not value > 0:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0  # argparse would say "invalid _positive_number value"
+    if not value > 0:  # also NaN
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
     return value
 

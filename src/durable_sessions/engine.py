@@ -267,16 +267,21 @@ class Checker:
     def _missing_fields(
         self, record: ActionRecord, where: Location, missing: tuple[str, ...]
     ) -> list[Violation]:
+        violations: list[Violation] = []
+        session_id = record.get("session_id")
+        if type(session_id) is str and session_id:
+            # The record names its session, which its violations are reported under:
+            # the session counts as seen, as it does for a complete record.
+            self._session(session_id, violations)
         if not self._reports_missing:
-            return []
-        violations = []
+            return violations
         for occurrence, name in enumerate(missing):
             value = record.get(name)
             if value is None:
                 message = f"required field '{name}' missing"
             else:
                 message = f"required field '{name}' is {describe(value)}, expected a non-empty string"
-            session_id, action_id = record.get("session_id"), record.get("action_id")
+            action_id = record.get("action_id")
             violations.append(
                 MISSING_FIELD.violation(
                     f"{message} — the action cannot be matched on replay",

@@ -10,6 +10,7 @@ span as the :class:`~durable_sessions.mapping.SpanData` that the mapping reads.
 from __future__ import annotations
 
 import base64
+import math
 import re
 from collections.abc import Iterator
 from typing import Any, NamedTuple
@@ -94,8 +95,10 @@ def any_value(value: Any) -> Any:
     if not isinstance(value, dict) or not value:
         return None
     kind, inner = next(iter(value.items()))
-    if kind == "stringValue" or kind == "boolValue" or kind == "doubleValue":
+    if kind == "stringValue" or kind == "boolValue":
         return inner
+    if kind == "doubleValue":
+        return _double(inner)
     if kind == "intValue":
         try:
             return int(inner)
@@ -113,3 +116,31 @@ def any_value(value: Any) -> Any:
         except ValueError:
             return inner
     return None
+
+
+# Protobuf's JSON mapping writes a double that is not finite as one of these strings.
+_SPECIAL_DOUBLES = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
+_JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+
+
+def _double(inner: Any) -> Any:
+    """A ``doubleValue`` as a float, as the span processor and the sidecar read it.
+
+    Go's protojson (so the Collector's ``file`` exporter) writes the double 3.0 as ``3``,
+    which JSON reads as an integer: left so, ``max_attempts`` 3.0 would pass for an integer
+    cap here while the sidecar reports it. The mapping also allows a number as a string.
+    Anything else is left as it is, for the rules to report.
+    """
+    if type(inner) is float:
+        return inner
+    if type(inner) is int:
+        try:
+            return float(inner)
+        except OverflowError:  # beyond a double's range: infinite, as the literal 1e999 reads
+            return math.inf if inner > 0 else -math.inf
+    if type(inner) is str:
+        if inner in _SPECIAL_DOUBLES:
+            return _SPECIAL_DOUBLES[inner]
+        if _JSON_NUMBER.fullmatch(inner):
+            return float(inner)
+    return inner

@@ -47,6 +47,9 @@ class Unreadable:
 
     location: Location
     reason: str
+    occurrence: int = 0
+    """Which unreadable part of the line this is, from 0: an OTLP/JSON line may hold
+    several spans that cannot be read, and each must keep its own violation key."""
 
 
 Item = tuple[ActionRecord, Location] | Unreadable
@@ -226,8 +229,16 @@ def is_tracing_event(obj: dict[str, Any]) -> bool:
     return all(marker in obj for marker in TRACING_MARKERS) and "action_id" not in obj
 
 
+CompletedSpans = set[tuple[Any, Any]]
+"""The (trace id, span) of every tracing span that has completed so far in a stream."""
+
+
 def read_tracing(
-    source: IO[bytes], name: str, *, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+    source: IO[bytes],
+    name: str,
+    *,
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+    completed: CompletedSpans | None = None,
 ) -> Iterator[Item]:
     """Records from an observability-tracing event log.
 
@@ -236,9 +247,12 @@ def read_tracing(
     span as the action id. Durability fields the event carries in ``meta`` under their
     record names (``idempotency_key``, ``result_ref``, …) are taken; ``meta.action_kind``
     overrides the kind. Other events (``trace_start``, ``step_start``, ``error``, …)
-    describe no action and are skipped.
+    describe no action and are skipped. ``completed``: the spans completed in the files
+    read before in the same stream (share one set across them), so that a ``tool_result``
+    in this file whose ``tool_call`` completed in an earlier one is dropped there too.
     """
-    completed: set[tuple[Any, Any]] = set()
+    if completed is None:
+        completed = set()
     for item in read_actions(source, name, max_line_bytes=max_line_bytes):
         if type(item) is Unreadable:
             yield item
@@ -249,7 +263,7 @@ def read_tracing(
             yield record, location
 
 
-def tracing_event_to_record(event: dict[str, Any], completed: set[tuple[Any, Any]]) -> ActionRecord | None:
+def tracing_event_to_record(event: dict[str, Any], completed: CompletedSpans) -> ActionRecord | None:
     """The record one tracing event describes, or None when it describes no action."""
     event_kind, event_status = event.get("kind"), event.get("status")
     if type(event_kind) is not str or type(event_status) is not str:
@@ -373,9 +387,11 @@ def read_otlp_json(
             yield item
             continue
         request, location = item  # type: ignore[misc]
+        bad = 0  # the bad spans of a line share its location: each gets its own occurrence
         for span in otlp_json.spans_of(request):
             if type(span) is otlp_json.BadSpan:
-                yield Unreadable(location, f"{span.where} {span.reason}")  # type: ignore[union-attr]
+                yield Unreadable(location, f"{span.where} {span.reason}", bad)  # type: ignore[union-attr]
+                bad += 1
                 continue
             mapped = map_span(span)  # type: ignore[arg-type]
             if mapped is None:
@@ -396,13 +412,16 @@ def read(
     fmt: Format = "auto",
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
     redeliveries: Redeliveries | None = None,
+    completed: CompletedSpans | None = None,
 ) -> Iterator[Item]:
-    """Items from an opened source, in the given or sniffed format (``redeliveries``: for
-    OTLP/JSON input, the spans read before in the same stream)."""
+    """Items from an opened source, in the given or sniffed format. The state a stream
+    carries from file to file, to share across its files: ``redeliveries``, the OTLP/JSON
+    spans read before; ``completed``, the tracing spans completed before."""
     name = display_name(path)
     if fmt == "auto":
         fmt = sniff_format(source, name, max_line_bytes)
     if fmt == "otlp-json":
         return read_otlp_json(source, name, max_line_bytes=max_line_bytes, redeliveries=redeliveries)
-    readers = {"tracing": read_tracing}
-    return readers.get(fmt, read_actions)(source, name, max_line_bytes=max_line_bytes)
+    if fmt == "tracing":
+        return read_tracing(source, name, max_line_bytes=max_line_bytes, completed=completed)
+    return read_actions(source, name, max_line_bytes=max_line_bytes)

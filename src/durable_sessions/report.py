@@ -51,7 +51,7 @@ class Summary:
             self.errors += 1
         else:
             self.warnings += 1
-        if violation.session_id is not None:
+        if violation.session_id:  # "" names no session (shown as '?'), nor is it counted as one
             self.by_session.setdefault(violation.session_id, []).append(violation)
 
     @property
@@ -70,15 +70,30 @@ class Summary:
         }
 
 
+def printable(text: str) -> str:
+    """``text`` with every character a terminal would not show as itself escaped, as
+    ``repr`` escapes it (``\\n``, ``\\x1b``, ``\\u2028``).
+
+    Ids and messages come from the input: raw, a newline in a session id would forge an
+    output line of its own and an escape sequence would drive the reader's terminal.
+    Lone surrogates (a file name that is not UTF-8) are left to the stream's error handler.
+    """
+    if text.isprintable():
+        return text
+    return "".join(
+        char if char.isprintable() or "\ud800" <= char <= "\udfff" else repr(char)[1:-1] for char in text
+    )
+
+
 def text_line(violation: Violation) -> str:
-    """``file:line: severity[rule] session/action: message``."""
+    """``file:line: severity[rule] session/action: message``, on one line (see :func:`printable`)."""
     where = violation.file or "-"
     if violation.line is not None:
         where = f"{where}:{violation.line}"
     elif violation.span_id is not None:
         where = f"{where} span {violation.span_id}"
     who = f"{violation.session_id or '?'}/{violation.action_id or '?'}"
-    return f"{where}: {violation.severity}[{violation.rule}] {who}: {violation.message}"
+    return printable(f"{where}: {violation.severity}[{violation.rule}] {who}: {violation.message}")
 
 
 def write_text_summary(out: TextIO, summary: Summary, actions: int, sessions: int) -> None:
@@ -93,7 +108,7 @@ def write_text_summary(out: TextIO, summary: Summary, actions: int, sessions: in
     for label, ids in (("unrecoverable", unrecoverable), ("at risk", at_risk)):
         for session_id in ids:
             rules = sorted({v.rule for v in summary.by_session[session_id]})
-            out.write(f"  {label}: {session_id} ({', '.join(rules)})\n")
+            out.write(f"  {label}: {printable(session_id)} ({', '.join(rules)})\n")
 
 
 def json_document(

@@ -404,10 +404,21 @@ def key_outlived_window(
     age = ts - first.ts
     if age <= session.key_window_s:
         return None
+    unit, seconds = _duration_unit(session.key_window_s)
     return (
-        f"idempotency_key {key!r} re-sent {age / 3600:.1f} h after its first use, beyond the "
-        f"{session.key_window_s / 3600:g} h key window — the far side may have forgotten it"
+        f"idempotency_key {key!r} re-sent {age / seconds:.1f} {unit} after its first use, beyond the "
+        f"{session.key_window_s / seconds:g} {unit} key window — the far side may have forgotten it"
     )
+
+
+def _duration_unit(window_s: float) -> tuple[str, float]:
+    """The unit to state a key window and an age beyond it in: hours, as providers state
+    their windows, unless the window is shorter (a 10 s window was "0.00277778 h")."""
+    if window_s >= 3600:
+        return "h", 3600
+    if window_s >= 60:
+        return "min", 60
+    return "s", 1
 
 
 def _exhausted(record: ActionRecord) -> bool:
