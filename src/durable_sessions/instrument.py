@@ -11,10 +11,14 @@
             act.record(charge(card, 2400))
 
 - :class:`action` starts a span carrying the ``agent.action.*`` attributes. It is a
-  context manager and a decorator. ``act.record(result)`` stores the result as JSON
-  text with its digest, or, when the JSON is longer than ``max_result_chars``, writes
-  it to a :class:`ResultStore` and records the reference. An exception sets the span
-  status to ERROR and ``agent.action.status`` to ``error``, and propagates unchanged.
+  context manager and a decorator (of functions, coroutine functions, generator and
+  async generator functions). ``act.record(result)`` stores the result as JSON text
+  with its digest, or, when the JSON is longer than ``max_result_chars`` or would not
+  fit under the span's attribute length limit, writes it to a :class:`ResultStore` and
+  records the reference. An ``Exception`` sets the span status to ERROR and
+  ``agent.action.status`` to ``error``; ``GeneratorExit`` is a normal end; any other
+  ``BaseException`` (``KeyboardInterrupt``, ``SystemExit``, cancellation) leaves an
+  action without a recorded outcome ``started``. Every exception propagates unchanged.
 - :func:`session` makes every span started inside it carry ``session.id``: nested
   blocks, asyncio tasks (which copy the context) and threads that run in a copied
   context (``contextvars.copy_context().run``, or OpenTelemetry's threading
@@ -23,6 +27,11 @@
   is the same after a restart.
 - :func:`resource` builds a ``Resource`` with a ``service.instance.id`` fixed once per
   process start: the incarnation that tells a resumed process from the one that died.
+
+Identities given to :func:`session` and :func:`idempotency_key` must be ``str``:
+anything else is a ``TypeError`` when the block is entered or the key derived. They are
+not converted with ``str()``, whose text for an arbitrary object may differ in the next
+process: a session or key that changes across a restart is what durability forbids.
 
 Nothing here raises into the caller's code because of the instrumentation itself: a
 result that cannot be serialised is logged and left unrecorded (so the rules report
@@ -33,15 +42,20 @@ from __future__ import annotations
 
 import base64
 import contextvars
+import dataclasses
+import enum
 import functools
 import hashlib
 import inspect
+import json
 import logging
+import math
 import os
+import sys
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -53,7 +67,7 @@ from opentelemetry.trace import Span, Status, StatusCode, Tracer
 
 from durable_sessions import __version__
 from durable_sessions import semconv as sc
-from durable_sessions.digest import PREFIX, digest_bytes
+from durable_sessions.digest import PREFIX, canonical_json, digest_bytes
 
 logger = logging.getLogger("durable_sessions")
 
@@ -64,6 +78,7 @@ DEFAULT_MAX_RESULT_CHARS = 32 * 1024
 attribute length limit is unlimited, but backends and collectors commonly cut values)."""
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 # -- sessions --------------------------------------------------------------------------
 
@@ -73,8 +88,10 @@ def session(session_id: str) -> Iterator[str]:
     """Within the block, every span started carries ``session.id = session_id``.
 
     Blocks nest (the innermost wins) and the value travels with the OpenTelemetry
-    context, so asyncio tasks created inside inherit it.
+    context, so asyncio tasks created inside inherit it. ``session_id`` must be a ``str``
+    (``str(uuid)`` for a UUID): anything else is a ``TypeError`` when the block is entered.
     """
+    session_id = _identity("session", "session_id", session_id)
     token = context_api.attach(context_api.set_value(SESSION_CONTEXT_KEY, session_id))
     try:
         yield session_id
@@ -97,11 +114,31 @@ def idempotency_key(session_id: str, action_id: str, *, scope: str = "") -> str:
     The same ``(session_id, action_id, scope)`` gives the same key in every process and
     after every restart. It is ``ds1-`` and a 32-character base32 (lowercase) SHA-256
     prefix: short enough for any provider, and free of anything that reads as a date
-    or an epoch timestamp.
+    or an epoch timestamp. Each part must be a ``str`` (a ``TypeError`` names the one that
+    is not).
     """
+    session_id = _identity("idempotency_key", "session_id", session_id)
+    action_id = _identity("idempotency_key", "action_id", action_id)
+    scope = _identity("idempotency_key", "scope", scope)
     material = _identity_text(scope, session_id, action_id).encode("utf-8", "surrogatepass")
     digest = hashlib.sha256(material).digest()[:20]
     return "ds1-" + base64.b32encode(digest).decode("ascii").lower()
+
+
+def _identity(function: str, argument: str, value: object) -> str:
+    """``value`` as a plain ``str``, or a ``TypeError`` naming the argument.
+
+    Never ``str(value)``: the text of an arbitrary object (a default ``repr`` holding an
+    address, say) may differ in the next process, and an identity that changes across a
+    restart is the failure durability exists to prevent. A ``str`` subclass is read as
+    its text, which is what the span and the hash see.
+    """
+    if isinstance(value, str):
+        return str.__str__(value)
+    raise TypeError(
+        f"{function}(): {argument} must be a str, not {type(value).__name__} "
+        "(pass str(...) of a value that is the same in every process, e.g. str(uuid))"
+    )
 
 
 _SEPARATOR = "\x1f"
@@ -199,6 +236,53 @@ def default_result_store() -> ResultStore:
     return _default_store
 
 
+# -- result JSON -----------------------------------------------------------------------
+
+
+def _json_bytes(value: Any) -> bytes:
+    """The canonical JSON of ``value`` (sorted keys, compact, UTF-8).
+
+    orjson writes it when it can. Valid JSON it refuses (integers beyond 64 bits, nesting
+    deeper than its limit) comes from the standard library, with sorted keys, compact
+    separators and UTF-8 as well. NaN and ±Infinity raise ``ValueError``: orjson would
+    write ``null``, which a replay would serve instead of the number.
+    """
+    try:
+        data = canonical_json(value)
+    except orjson.JSONEncodeError:
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        return text.encode("utf-8")
+    # orjson writes a non-finite float as null: only output holding null can hide one.
+    if b"null" in data and _has_non_finite(value):
+        raise ValueError("NaN and Infinity are not JSON: orjson would write them as null")
+    return data
+
+
+def _has_non_finite(value: Any) -> bool:
+    """Whether a NaN or ±Infinity is anywhere orjson reads one from in ``value``."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_has_non_finite(key) or _has_non_finite(item) for key, item in value.items())
+    if isinstance(value, list | tuple):
+        return any(_has_non_finite(item) for item in value)
+    if isinstance(value, enum.Enum):
+        return _has_non_finite(value.value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return any(_has_non_finite(getattr(value, field.name, None)) for field in dataclasses.fields(value))
+    return False
+
+
+def _value_limit(span: Span) -> int | None:
+    """The length the SDK cuts this span's attribute values at; None when unlimited or unknown.
+
+    Read where the SDK keeps it (as :func:`durable_sessions.mapping.sdk_attributes` does),
+    so a limit from ``SpanLimits`` and one from ``OTEL_*_VALUE_LENGTH_LIMIT`` both count.
+    """
+    limit = getattr(getattr(span, "_attributes", None), "max_value_len", None)
+    return limit if type(limit) is int else None
+
+
 # -- actions ---------------------------------------------------------------------------
 
 
@@ -231,12 +315,14 @@ class Action:
 
         Sets ``agent.action.result`` (JSON text) and ``agent.action.result_digest``, or
         ``agent.action.result_ref`` and the digest when the JSON is longer than
-        ``max_result_chars``. A value that cannot be serialised is logged and left
-        unrecorded, so the rules report the action instead of your code failing.
+        ``max_result_chars`` or not shorter than the span's attribute length limit. A
+        value that cannot be serialised (NaN and ±Infinity included: JSON has no such
+        numbers) is logged and left unrecorded, so the rules report the action instead of
+        your code failing.
         """
         try:
-            data = orjson.dumps(result, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
-        except (TypeError, orjson.JSONEncodeError) as error:
+            data = _json_bytes(result)
+        except Exception as error:  # fail open: whatever the value's types raise, the agent goes on
             logger.warning(
                 "durable_sessions: result of action %r is not JSON-serialisable (%s); it is not recorded",
                 self.action_id,
@@ -245,12 +331,13 @@ class Action:
             return result
         digest = digest_bytes(data)
         try:
-            if len(data) > self._max_result_chars:
+            text = self._inline_text(data)
+            if text is None:
                 store = self._store or default_result_store()
                 ref = store.put(self.session_id, self.action_id, data)
                 self.span.set_attribute(sc.ACTION_RESULT_REF, ref)
             else:
-                self.span.set_attribute(sc.ACTION_RESULT, data.decode("utf-8"))
+                self.span.set_attribute(sc.ACTION_RESULT, text)
         except Exception as error:  # fail open: a broken store must not break the agent
             logger.warning(
                 "durable_sessions: could not record the result of action %r (%s); it is not recorded",
@@ -261,6 +348,21 @@ class Action:
         self.span.set_attribute(sc.ACTION_RESULT_DIGEST, digest)
         self.recorded = True
         return result
+
+    def _inline_text(self, data: bytes) -> str | None:
+        """The JSON text to set on the span, or None when it belongs in the result store.
+
+        The SDK cuts a value longer than the span's attribute length limit into invalid
+        JSON, and the rules read a value exactly at the limit as cut, so the text must be
+        shorter than the limit as well as within ``max_result_chars``.
+        """
+        if len(data) > self._max_result_chars:
+            return None
+        text = data.decode("utf-8")
+        limit = _value_limit(self.span)
+        if limit is not None and len(text) >= limit:
+            return None
+        return text
 
     def record_ref(self, ref: str, *, digest: str | None = None) -> None:
         """Record the outcome by reference (a URI you stored it under), with its digest if known."""
@@ -292,6 +394,20 @@ class action:
 
         @action(lambda order: f"charge-{order.id}", "payment", side_effects=True)
         def charge(order): ...
+
+    On a generator or async generator function (a streaming model call) the span is
+    started when iteration starts and ends when the generator finishes, fails or is
+    closed; it is the current span inside the body throughout, and never in the
+    consumer's code between items. Nothing is recorded automatically: the items go to
+    the consumer, and a generator's return value is not the outcome. To record a
+    streamed outcome, run the consumption in ``with action(...) as act:`` and
+    ``act.record(...)`` the assembled output instead of decorating the generator.
+
+    An ``Exception`` marks the action failed (span status ERROR, ``status=error``, an
+    ``exception`` event). ``GeneratorExit`` (a consumer that stopped early) ends it
+    normally. Any other ``BaseException`` (``KeyboardInterrupt``, ``SystemExit``, a
+    cancelled task) interrupts it: the span status stays UNSET and, unless an outcome
+    was recorded or a status set, ``agent.action.status`` is ``started``.
     """
 
     def __init__(
@@ -340,25 +456,26 @@ class action:
                 self.action_id,
             )
             return
-        _, manager, act = running[index]
+        manager = running[index][1]
         _RUNNING.set(running[:index] + running[index + 1 :])
-        if exc is not None:
-            _fail(act.span, exc)
         manager.__exit__(exc_type, exc, tb)
 
     # decorator ---------------------------------------------------------------------------
+    #
+    # Each form of function gets a wrapper of the same form, so that inspect (and the
+    # frameworks that dispatch on it) still see a coroutine or generator function.
 
     def __call__(self, func: F) -> F:
+        if inspect.isasyncgenfunction(func):
+            return self._wrap_async_generator(func)  # type: ignore[return-value]
+        if inspect.isgeneratorfunction(func):
+            return self._wrap_generator(func)  # type: ignore[return-value]
         if inspect.iscoroutinefunction(func):
 
             @functools.wraps(func)
             async def run_async(*args: Any, **kwargs: Any) -> Any:
                 with self._start(self._id_for(args, kwargs)) as act:
-                    try:
-                        value = await func(*args, **kwargs)
-                    except BaseException as error:
-                        _fail(act.span, error)
-                        raise
+                    value = await func(*args, **kwargs)
                     if self.record_return:
                         act.record(value)
                     return value
@@ -368,16 +485,51 @@ class action:
         @functools.wraps(func)
         def run(*args: Any, **kwargs: Any) -> Any:
             with self._start(self._id_for(args, kwargs)) as act:
-                try:
-                    value = func(*args, **kwargs)
-                except BaseException as error:
-                    _fail(act.span, error)
-                    raise
+                value = func(*args, **kwargs)
                 if self.record_return:
                     act.record(value)
                 return value
 
         return run  # type: ignore[return-value]
+
+    # A generator's body runs in steps, in between which the consumer's code runs. Each
+    # step runs in a context of the generator's own (as each asyncio task has), entered
+    # and left around the step: the span is current in the body across yields, never
+    # leaks into the consumer between them, and is detached in the context that attached
+    # it, whichever thread or task resumes or closes the generator.
+
+    def _wrap_generator(self, func: Callable[..., Generator[Any, Any, Any]]) -> Callable[..., Any]:
+        @functools.wraps(func)
+        def run_generator(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
+            context = contextvars.copy_context()
+            with _entered(context, self._start(self._id_for(args, kwargs))):
+                return (yield from _stepped(context, func(*args, **kwargs)))
+
+        return run_generator
+
+    def _wrap_async_generator(self, func: Callable[..., AsyncGenerator[Any, Any]]) -> Callable[..., Any]:
+        @functools.wraps(func)
+        async def run_async_generator(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, Any]:
+            context = contextvars.copy_context()
+            with _entered(context, self._start(self._id_for(args, kwargs))):
+                steps = func(*args, **kwargs)
+                step: Awaitable[Any] = _first_step_unregistered(steps)
+                while True:  # ``yield from`` for an async generator, which Python lacks
+                    try:
+                        item = await _InContext(context, step)
+                    except StopAsyncIteration:
+                        return
+                    try:
+                        sent = yield item
+                    except GeneratorExit:
+                        await _InContext(context, steps.aclose())
+                        raise
+                    except BaseException as error:  # thrown in by the consumer: the body's to handle
+                        step = steps.athrow(error)
+                    else:
+                        step = steps.asend(sent)
+
+        return run_async_generator
 
     # internals ---------------------------------------------------------------------------
 
@@ -397,13 +549,26 @@ class action:
         for field, value in self.fields.items():
             attributes[sc.attribute(field)] = value
         tracer = _tracer(self.tracer_provider)
+        # Exceptions are marked here, not by the API's use_span: opentelemetry-api 1.31.0
+        # marked GeneratorExit, KeyboardInterrupt and the like as errors too
+        # (open-telemetry/opentelemetry-python#4484), which this package allows.
         with tracer.start_as_current_span(
             self.name or f"{self.kind} {action_id}",
             attributes=attributes,
-            record_exception=True,
-            set_status_on_exception=True,
+            record_exception=False,
+            set_status_on_exception=False,
         ) as span:
-            yield Action(span, action_id, session_id, self.max_result_chars, self.result_store)
+            act = Action(span, action_id, session_id, self.max_result_chars, self.result_store)
+            try:
+                yield act
+            except Exception as error:
+                _fail(span, error)
+                raise
+            except GeneratorExit:  # the consumer of a generator stopped early: a normal end
+                raise
+            except BaseException:
+                _interrupted(act)
+                raise
 
 
 _RUNNING: contextvars.ContextVar[tuple[tuple[action, Any, Action], ...]] = contextvars.ContextVar(
@@ -413,13 +578,101 @@ _RUNNING: contextvars.ContextVar[tuple[tuple[action, Any, Action], ...]] = conte
 ``(action object, its span's context manager, the Action handle)``."""
 
 
-def _fail(span: Span, error: BaseException) -> None:
-    """Mark the span's action failed (the SDK records the exception itself)."""
+def _fail(span: Span, error: Exception) -> None:
+    """Mark the span's action failed, with the exception as an event."""
     try:
+        span.record_exception(error)
         span.set_attribute(sc.ACTION_STATUS, sc.STATUS_ERROR)
         span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
     except Exception:  # fail open
         logger.debug("durable_sessions: could not mark the span failed", exc_info=True)
+
+
+def _interrupted(act: Action) -> None:
+    """Leave an action cut short by ``KeyboardInterrupt``, ``SystemExit`` or cancellation ``started``.
+
+    These are not errors of the action (OpenTelemetry does not mark them either), but
+    the action did not finish: its side effect may or may not have happened. ``ok``
+    would claim an outcome nothing backs; ``started`` says exactly that much, so the
+    rules ask for an idempotency key or ``replay: skip`` on a side effect, and a later
+    attempt under the same action id completes it. A recorded outcome, or a status the
+    caller set, stands.
+    """
+    try:
+        attributes = getattr(act.span, "attributes", None) or {}
+        if not act.recorded and sc.ACTION_STATUS not in attributes:
+            act.span.set_attribute(sc.ACTION_STATUS, sc.STATUS_STARTED)
+    except Exception:  # fail open
+        logger.debug("durable_sessions: could not mark the span interrupted", exc_info=True)
+
+
+@contextmanager
+def _entered(context: contextvars.Context, manager: AbstractContextManager[T]) -> Iterator[T]:
+    """``with manager``, entered and left inside ``context`` (its attach and detach pair there)."""
+    value = context.run(manager.__enter__)
+    try:
+        yield value
+    except BaseException as error:
+        if not context.run(manager.__exit__, type(error), error, error.__traceback__):
+            raise
+    else:
+        context.run(manager.__exit__, None, None, None)
+
+
+def _stepped(context: contextvars.Context, steps: Generator[Any, Any, T]) -> Generator[Any, Any, T]:
+    """``yield from steps``, each step of ``steps`` run inside ``context``.
+
+    Sent values, thrown exceptions and ``close()`` are passed on as ``yield from`` does.
+    Also drives an awaitable's ``__await__`` iterator (see :class:`_InContext`).
+    """
+    advance: Callable[[], Any] = functools.partial(steps.send, None)
+    while True:
+        try:
+            item = context.run(advance)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        try:
+            sent = yield item
+        except GeneratorExit:
+            context.run(steps.close)
+            raise
+        except BaseException as error:
+            advance = functools.partial(steps.throw, error)
+        else:
+            advance = functools.partial(steps.send, sent)
+
+
+def _first_step_unregistered(steps: AsyncGenerator[Any, Any]) -> Awaitable[Any]:
+    """``steps.asend(None)``, without handing ``steps`` to the event loop to finalise.
+
+    The wrapper closes ``steps`` itself, in the generator's context; a loop that closed
+    it too at shutdown would close it twice at once ("aclose(): asynchronous generator is
+    already running"). An async generator takes the hooks current at its first ``asend``
+    (and runs no code then), so none are current for that call.
+    """
+    hooks = sys.get_asyncgen_hooks()
+    sys.set_asyncgen_hooks(firstiter=None, finalizer=None)
+    try:
+        return steps.asend(None)
+    finally:
+        sys.set_asyncgen_hooks(firstiter=hooks.firstiter, finalizer=hooks.finalizer)
+
+
+class _InContext:
+    """An awaitable that awaits ``awaitable`` with each of its steps run inside ``context``.
+
+    The event loop sees the same futures it would see awaiting ``awaitable`` itself, so
+    any loop (asyncio or another) drives it, and cancellation reaches the body.
+    """
+
+    __slots__ = ("awaitable", "context")
+
+    def __init__(self, context: contextvars.Context, awaitable: Awaitable[Any]) -> None:
+        self.context = context
+        self.awaitable = awaitable
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        return (yield from _stepped(self.context, self.awaitable.__await__()))  # type: ignore[arg-type]
 
 
 __all__ = [
