@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -583,3 +586,43 @@ def test_span_facts_read_from_fields_equal_the_public_properties(error: bool) ->
     assert public[0] is error
     assert sdk_span_facts(span) == public
     assert sdk_span_facts(PublicOnlySpan(span)) == public  # type: ignore[arg-type]
+
+
+def test_a_result_past_64_bits_has_one_digest_recorded_and_read() -> None:
+    # action().record writes such a result with the standard library's JSON (orjson refuses
+    # it); a reader digesting the parsed result fell back to its repr: another digest, so
+    # a replay of the same outcome looked like a different one.
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from durable_sessions.digest import fingerprint
+    from durable_sessions.instrument import action
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with action("a", "llm_call", tracer_provider=provider) as act:
+        act.record({"wei": 10**20, "deep": [[[1]]]})
+    [span] = exporter.get_finished_spans()
+    text, digest = span.attributes[sc.ACTION_RESULT], span.attributes[sc.ACTION_RESULT_DIGEST]
+    assert digest_value(json.loads(text)) == digest
+    assert fingerprint(json.loads(text)) == int(digest[7:23], 16)
+    read = mapped({sc.ACTION_KIND: "llm_call", sc.ACTION_ID: "a", sc.ACTION_RESULT: text}, keep_result=False)
+    assert read.record["result_digest"] == digest
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    value=st.recursive(
+        st.integers() | st.text(max_size=5) | st.booleans() | st.none(),
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+        max_leaves=8,
+    )
+)
+def test_any_json_result_is_read_exactly_as_written(value: Any) -> None:
+    # orjson reads an integer beyond 64 bits as a float: the mapping must not.
+    text = json.dumps(value)
+    result = mapped({sc.ACTION_KIND: "llm_call", sc.ACTION_ID: "a", sc.ACTION_RESULT: text})
+    assert result.record["result"] == value and result.problems == ()
+    assert repr(result.record["result"]) == repr(value)  # 10**20, not 1e+20

@@ -8,6 +8,7 @@ JSON: keys sorted, no insignificant whitespace, UTF-8.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from typing import Any
 
@@ -19,8 +20,19 @@ CANONICAL = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
 
 
 def canonical_json(value: Any) -> bytes:
-    """The canonical JSON bytes of ``value`` (sorted keys, compact, UTF-8)."""
-    return orjson.dumps(value, option=CANONICAL)
+    """The canonical JSON bytes of ``value`` (sorted keys, compact, UTF-8).
+
+    orjson writes them when it can. Valid JSON it refuses (integers beyond 64 bits,
+    nesting deeper than its limit) comes from the standard library, sorted, compact and
+    UTF-8 too, so that a result recorded by ``instrument.action`` and the same result
+    digested by a reader have one digest. Raises ``TypeError`` or ``ValueError`` for a
+    value neither can write (``ValueError`` for NaN and ±Infinity there).
+    """
+    try:
+        return orjson.dumps(value, option=CANONICAL)
+    except orjson.JSONEncodeError:
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        return text.encode("utf-8", "surrogatepass")
 
 
 def digest_bytes(data: bytes) -> str:
@@ -31,12 +43,12 @@ def digest_bytes(data: bytes) -> str:
 def digest_value(value: Any) -> str:
     """``sha256:<hex>`` of the canonical JSON of ``value``.
 
-    Values orjson cannot serialise (integers beyond 64 bits, say) fall back to their
-    ``repr``, so a digest is always produced and equal values still digest equally.
+    Values that are not JSON (a set, NaN) fall back to their ``repr``, so a digest is
+    always produced and equal values still digest equally.
     """
     try:
         return digest_bytes(canonical_json(value))
-    except (TypeError, orjson.JSONEncodeError):
+    except (TypeError, ValueError, RecursionError):
         return digest_bytes(repr(value).encode("utf-8", "surrogatepass"))
 
 
@@ -57,7 +69,7 @@ def fingerprint(value: Any) -> int:
     """The first 64 bits of :func:`digest_value` of ``value``."""
     try:
         canonical = canonical_json(value)
-    except (TypeError, orjson.JSONEncodeError):
+    except (TypeError, ValueError, RecursionError):
         canonical = repr(value).encode("utf-8", "surrogatepass")
     return int.from_bytes(hashlib.sha256(canonical).digest()[:8], "big")
 

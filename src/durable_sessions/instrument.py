@@ -47,7 +47,6 @@ import enum
 import functools
 import hashlib
 import inspect
-import json
 import logging
 import math
 import os
@@ -59,7 +58,6 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-import orjson
 from opentelemetry import context as context_api
 from opentelemetry import trace as trace_api
 from opentelemetry.sdk.resources import Resource
@@ -240,18 +238,12 @@ def default_result_store() -> ResultStore:
 
 
 def _json_bytes(value: Any) -> bytes:
-    """The canonical JSON of ``value`` (sorted keys, compact, UTF-8).
+    """The canonical JSON of ``value`` (:func:`~durable_sessions.digest.canonical_json`).
 
-    orjson writes it when it can. Valid JSON it refuses (integers beyond 64 bits, nesting
-    deeper than its limit) comes from the standard library, with sorted keys, compact
-    separators and UTF-8 as well. NaN and ±Infinity raise ``ValueError``: orjson would
-    write ``null``, which a replay would serve instead of the number.
+    NaN and ±Infinity raise ``ValueError``: orjson would write ``null``, which a replay
+    would serve instead of the number.
     """
-    try:
-        data = canonical_json(value)
-    except orjson.JSONEncodeError:
-        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-        return text.encode("utf-8")
+    data = canonical_json(value)
     # orjson writes a non-finite float as null: only output holding null can hide one.
     if b"null" in data and _has_non_finite(value):
         raise ValueError("NaN and Infinity are not JSON: orjson would write them as null")

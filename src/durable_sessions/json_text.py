@@ -1,14 +1,17 @@
 """Strict JSON text beyond what orjson reads: one fallback for the readers and the mapping.
 
-orjson refuses some valid JSON text (RFC 8259): integers beyond 64 bits and numbers
-beyond a double (``1e999``). Where orjson says no, :func:`parse_with_stdlib` asks the
-standard library, which reads those (``1e999`` as an infinite number), still refuses
-``NaN``/``Infinity`` and lone UTF-16 surrogate escapes, and never runs out of stack.
+orjson refuses some valid JSON text (RFC 8259): numbers beyond a double (``1e999``), and
+integers beyond 64 bits whose nearest double is infinite. Where orjson says no,
+:func:`parse_with_stdlib` asks the standard library, which reads those (``1e999`` as an
+infinite number), still refuses ``NaN``/``Infinity`` and lone UTF-16 surrogate escapes,
+and never runs out of stack. An integer beyond 64 bits that a double can hold, orjson
+reads as that double, losing its last digits: :func:`exact_integers` reads it again.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,4 +53,20 @@ def parse_with_stdlib(text: bytes | str, error: orjson.JSONDecodeError) -> Any:
     return value
 
 
-__all__ = ["Failure", "parse_with_stdlib"]
+_LONG_DIGITS = re.compile(r"[0-9]{19}")
+"""Where an integer beyond 64 bits may be: -2^63 - 1 has 19 digits."""
+
+
+def exact_integers(text: str, value: Any) -> Any:
+    """``value``, orjson's reading of ``text``, read again by the standard library when
+    ``text`` may hold an integer beyond 64 bits, which orjson turns into a float
+    (100000000000000000000 became 1e+20: another digest than the recorded one)."""
+    if _LONG_DIGITS.search(text) is None:
+        return value
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError):
+        return value
+
+
+__all__ = ["Failure", "exact_integers", "parse_with_stdlib"]

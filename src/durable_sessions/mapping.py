@@ -43,7 +43,7 @@ from opentelemetry.trace import StatusCode
 from durable_sessions import kinds
 from durable_sessions import semconv as sc
 from durable_sessions.digest import digest_text, digest_value
-from durable_sessions.json_text import Failure, parse_with_stdlib
+from durable_sessions.json_text import Failure, exact_integers, parse_with_stdlib
 from durable_sessions.record import ActionRecord, Location, span_location
 
 if TYPE_CHECKING:
@@ -324,7 +324,7 @@ def _own_result(record: dict[str, Any], value: Any, limit: int | None) -> tuple[
         )
     if type(parsed) is str and parsed == sc.REDACTED:  # the placeholder as JSON text, as action() writes it
         record["redacted"] = True
-    return parsed, ()
+    return exact_integers(value, parsed), ()
 
 
 def _third_party_result(
