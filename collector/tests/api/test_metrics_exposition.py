@@ -47,7 +47,7 @@ INSTANCE = "instance-" + uuid.uuid4().hex
 # Every label of a durable_sessions_* metric, and the values it may take.
 LABEL_VALUES = {
     "transport": {"grpc", "http"},
-    "reason": {"invalid", "unstorable", "overload"},
+    "reason": {"invalid", "unstorable", "overload", "unavailable"},
     "outcome": {"ok", "partial", "invalid", "too_large", "unsupported", "unavailable"}
     | {"delivered", "retry", "dead_letter"}
     | {"loaded", "failed"},

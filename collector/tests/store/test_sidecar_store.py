@@ -77,6 +77,9 @@ def test_dedup_and_rollback(store) -> None:  # type: ignore[no-untyped-def]
         raise RuntimeError("boom")
     with store.writer() as writer:
         assert [where.span_id for _, where in writer.session_records("sess")] == ["s1", "s1"]
+        # is_stored says what add_action would: the evaluator asks before rebuilding a session
+        assert writer.is_stored(row("s1")) and writer.is_stored(row("s1", "started"))
+        assert not writer.is_stored(row("s1", "error")) and not writer.is_stored(row("s2"))
     assert store.count_actions() == 2
 
 
@@ -86,6 +89,7 @@ def test_a_span_without_a_session_is_stored_once(store) -> None:  # type: ignore
         assert writer.add_action(sessionless, 1.0) is True
         assert writer.add_action(row("s9"), 1.0) is True  # the same ids in a session: another trace
     with store.writer() as writer:
+        assert writer.is_stored(sessionless)
         assert writer.add_action(sessionless, 2.0) is False  # redelivered
     assert store.count_actions() == 2
 

@@ -136,7 +136,7 @@ class Metrics:
         self.spans_rejected = Counter(
             "durable_sessions_spans_rejected",
             "Spans not accepted: invalid or unstorable (answered as rejected, never retried), or overload "
-            "(retried by the client)",
+            "and unavailable (write queue full; store failure or stopping: retried by the client)",
             ["transport", "reason"],
             registry=registry,
         )
@@ -231,7 +231,9 @@ class Metrics:
             registry=registry,
         )
         self.commit_failures = Counter(
-            "durable_sessions_store_commit_failures", "Store transactions that failed", registry=registry
+            "durable_sessions_store_commit_failures",
+            "Store transactions that failed: Export write batches, idle sweeps, retention passes",
+            registry=registry,
         )
         registry.register(_StoreCollector(store))
         # process_* and python_* (python_gc_*, python_info), as prometheus-client's default

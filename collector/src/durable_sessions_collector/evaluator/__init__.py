@@ -80,6 +80,10 @@ class Evaluator:
         session_id = row.session_id
         rebuilt: list[Violation] = []
         if session_id is not None:
+            if session_id not in self._held and writer.is_stored(row):
+                # A redelivered span of a session not in memory (ended, say): rebuilding it
+                # would cost a replay of its records and hold it for nothing.
+                return False, []
             rebuilt = self._hold(writer, session_id)
         if not writer.add_action(row, now):
             return False, rebuilt

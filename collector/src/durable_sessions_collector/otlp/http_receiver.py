@@ -103,7 +103,7 @@ class HttpTraceReceiver:
             count(TRANSPORT, "too_large").inc()
             return status_body(413, str(error), json_encoding)
         except BodyError as error:
-            count(TRANSPORT, "invalid").inc()
+            count(TRANSPORT, "unsupported" if error.status == 501 else "invalid").inc()
             request.handler.close_connection = True
             return status_body(error.status, str(error), json_encoding)  # 400, or 501 (transfer coding)
         except BadData as error:

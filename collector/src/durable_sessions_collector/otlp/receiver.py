@@ -17,7 +17,7 @@ from durable_sessions_collector.alerts.metrics import Metrics
 from durable_sessions_collector.evaluator import Arrival, arrival
 from durable_sessions_collector.jsonlog import JsonLog
 from durable_sessions_collector.otlp.decode import MAX_NAMED_REJECTIONS, SpanParts
-from durable_sessions_collector.pipeline import Overloaded, Pipeline
+from durable_sessions_collector.pipeline import Job, Overloaded, Pipeline, Unavailable
 
 MAX_MESSAGE_CHARS = 4000
 
@@ -132,21 +132,35 @@ class TraceReceiver:
         self.metrics.spans_received.labels(transport).inc(outcome.total)
         if outcome.not_actions:
             self.metrics.spans_not_action.inc(outcome.not_actions)
-        invalid = len(outcome.rejected)
+        if outcome.rejected:
+            self.metrics.spans_rejected.labels(transport, "invalid").inc(len(outcome.rejected))
         if items:
-            try:
-                job = self.pipeline.submit(items, transport)
-            except Overloaded:
-                self.metrics.spans_rejected.labels(transport, "overload").inc(outcome.total)
-                raise
-            self.pipeline.wait(job)
+            job = self._stored(items, transport)
             outcome.stored, outcome.duplicates = job.stored, job.duplicates
             if job.unstorable:
                 self.metrics.spans_rejected.labels(transport, "unstorable").inc(len(job.unstorable))
                 outcome.rejected += job.unstorable
-        if invalid:
-            self.metrics.spans_rejected.labels(transport, "invalid").inc(invalid)
         return outcome
+
+    def _stored(self, items: list[Arrival], transport: str) -> Job:
+        """The committed job of ``items``. Every span of a request is counted once: the
+        actions refused for now as ``overload`` (queue full) or ``unavailable`` (store
+        failure, stopping), the invalid and not-action spans as such before."""
+        rejected = self.metrics.spans_rejected.labels
+        try:
+            job = self.pipeline.submit(items, transport)
+        except Overloaded:
+            rejected(transport, "overload").inc(len(items))
+            raise
+        except Unavailable:
+            rejected(transport, "unavailable").inc(len(items))
+            raise
+        try:
+            return self.pipeline.wait(job)
+        except Unavailable:
+            if job.error is not None:  # not committed (after a timeout it still may be, and counts then)
+                rejected(transport, "unavailable").inc(len(items))
+            raise
 
 
 def scrub(record: dict) -> None:  # type: ignore[type-arg]

@@ -181,6 +181,7 @@ class Pipeline:
                 try:
                     ended = self.sweep(time.time())
                 except Exception as error:  # keep writing; the sweep is retried next time
+                    self.metrics.commit_failures.inc()
                     self.log.error("idle-sweep-failed", error=f"{type(error).__name__}: {error}")
                     ended = 0
                 # A full batch leaves more idle sessions: sweep again right after the next
@@ -351,6 +352,7 @@ class Pipeline:
         try:
             full = self.prune(time.time()).full
         except Exception as error:
+            self.metrics.commit_failures.inc()
             self.log.error("prune-failed", error=f"{type(error).__name__}: {error}")
             full = False
         # A full batch leaves more to delete: prune again right after the next write

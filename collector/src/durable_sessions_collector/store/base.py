@@ -298,6 +298,9 @@ class Writer(Protocol):
     def add_action(self, row: ActionRow, received_at: float) -> bool:
         """Store ``row``; False when the same (trace, span, status) is already stored."""
 
+    def is_stored(self, row: ActionRow) -> bool:
+        """Whether :meth:`add_action` would find ``row`` stored already (a redelivery)."""
+
     def session_records(self, session_id: str) -> Iterator[tuple[ActionRecord, Location]]:
         """The stored records of ``session_id`` in arrival order (this transaction's included)."""
 

@@ -641,6 +641,13 @@ class PostgresWriter:
         )
         return cursor.rowcount == 1
 
+    def is_stored(self, row: ActionRow) -> bool:
+        found = self._db.execute(
+            "SELECT 1 FROM actions WHERE trace_id = %s AND span_id = %s AND status = %s",
+            (_t(row.trace_id), _t(row.span_id), _t(row.status)),
+        ).fetchone()
+        return found is not None
+
     def session_records(self, session_id: str) -> Iterator[tuple[ActionRecord, Location]]:
         rows = self._db.execute(
             f"SELECT trace_id, span_id, record FROM actions WHERE session_id = %s AND {NOT_FORGOTTEN} ORDER BY id",

@@ -530,6 +530,13 @@ class SqliteWriter:
         )
         return cursor.rowcount == 1
 
+    def is_stored(self, row: ActionRow) -> bool:
+        found = self._db.execute(
+            f"SELECT 1 FROM actions WHERE {SESSION_KEY} = ? AND trace_id = ? AND span_id = ? AND status = ?",
+            (row.session_id or "", row.trace_id, row.span_id, row.status),
+        ).fetchone()
+        return found is not None
+
     def session_records(self, session_id: str) -> Iterator[tuple[ActionRecord, Location]]:
         rows = self._db.execute(
             f"SELECT trace_id, span_id, record FROM actions WHERE {SESSION_KEY} = ? AND {NOT_FORGOTTEN} ORDER BY id",
