@@ -942,3 +942,11 @@ def test_sidecar_default_ports_match_the_docs() -> None:
     assert defaults.receivers_grpc_endpoint == "127.0.0.1:4319"
     assert defaults.receivers_http_endpoint == "127.0.0.1:4320"
     assert "OTLP gRPC 127.0.0.1:4319, HTTP 127.0.0.1:4320" in read(README)
+
+
+def test_the_collector_readme_table_is_what_config_reference_prints() -> None:
+    # "config-reference   # the table below": the table had drifted (the auth.token row, and
+    # three boolean flags shown without the value they need).
+    from durable_sessions_collector.config import reference
+
+    assert reference() in read(COLLECTOR_README)

@@ -515,7 +515,7 @@ OPTIONS: tuple[Option, ...] = (
            "changes; needs tls.cert_file"),
     Option("auth.token", "DURABLE_SESSIONS_AUTH_TOKEN", _optional_token, None,
            "bearer token required on both ports (Authorization: Bearer …, gRPC authorization "
-           "metadata), except GET /healthz; never logged", redact=_hide),
+           "metadata), except GET /healthz and gRPC grpc.health.v1.Health/Check; never logged", redact=_hide),
     Option("auth.token_file", "DURABLE_SESSIONS_AUTH_TOKEN_FILE", _optional_file, None,
            "file holding the bearer token (instead of auth.token), as bearertokenauth's filename; "
            "re-read when it changes"),
@@ -804,5 +804,6 @@ def reference() -> str:
     ]
     for option in OPTIONS:
         default = "unset" if option.default is None else f"`{option.default}`"
-        lines.append(f"| `{option.key}` | `{option.env}` | `{option.flag}` | {default} | {option.doc} |")
+        flag = option.flag + (" {true,false}" if option.parse in (_boolean, _optional_boolean) else "")
+        lines.append(f"| `{option.key}` | `{option.env}` | `{flag}` | {default} | {option.doc} |")
     return "\n".join(lines) + "\n"

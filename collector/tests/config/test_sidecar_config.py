@@ -98,7 +98,7 @@ def test_every_option_has_a_distinct_variable_and_flag_and_is_documented() -> No
     table = reference()
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     for option in OPTIONS:
-        assert f"`{option.env}`" in table and f"`{option.flag}`" in table
+        assert f"`{option.env}`" in table and f"`{option.flag}" in table
         assert f"`{option.env}`" in readme, f"{option.env} is not documented in collector/README.md"
 
 
