@@ -90,7 +90,10 @@ def readme_table() -> list[tuple[str, str, str, str]]:
     """(key, variable, flag, default) of each row of README's configuration table."""
     rows = []
     for line in README.splitlines():
-        match = re.match(r"^\| `([a-z_.]+)` \| `(DURABLE_SESSIONS_\w+)` \| `(--[a-z-]+)(?: \{true,false\})?` \| ([^|]+) \|", line)
+        match = re.match(
+            r"^\| `([a-z_.]+)` \| `(DURABLE_SESSIONS_\w+)` \| `(--[a-z-]+)(?: \{true,false\})?` \| ([^|]+) \|",
+            line,
+        )
         if match:
             rows.append((match[1], match[2], match[3], match[4].strip()))
     return rows
