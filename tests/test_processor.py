@@ -448,13 +448,7 @@ def test_uses_the_global_meter_provider_by_default() -> None:
     processor = DurabilitySpanProcessor(mode="silent")
     provider = TracerProvider()
     provider.add_span_processor(processor)
-    with (
-        session("s"),
-        provider.get_tracer("t").start_as_current_span(
-            "x", attributes={sc.ACTION_KIND: "payment", sc.ACTION_ID: "a"}
-        ),
-    ):
-        pass
+    unkeyed_payment(provider, "s")
     assert processor.violations_reported == 1
     provider.shutdown()
 
@@ -479,6 +473,17 @@ def test_an_earlier_span_is_cited_without_an_unknown_trace(setup: Setup) -> None
 
 
 # -- found by a helper's run (each test fails on the code before its fix) -------------------
+
+
+def unkeyed_payment(provider: TracerProvider, session_id: str) -> None:
+    """One span of an unkeyed payment (unkeyed-side-effect) in ``session_id``."""
+    with (
+        session(session_id),
+        provider.get_tracer("t").start_as_current_span(
+            "pay", attributes={sc.ACTION_ID: "p", sc.ACTION_KIND: "payment"}
+        ),
+    ):
+        pass
 
 
 class Kind(enum.StrEnum):
@@ -554,13 +559,7 @@ def test_an_on_violation_callback_may_flush_with_a_checker_process() -> None:
 
     processor = DurabilitySpanProcessor(mode="silent", checking="process", on_violation=flush_on_violation)
     provider.add_span_processor(processor)
-    with (
-        session("s-1"),
-        provider.get_tracer("t").start_as_current_span(
-            "pay", attributes={sc.ACTION_ID: "p", sc.ACTION_KIND: "payment"}
-        ),
-    ):
-        pass
+    unkeyed_payment(provider, "s-1")
     assert processor.wait_checked(30)
     provider.shutdown()
     assert len(took) == 1 and took[0] < 5

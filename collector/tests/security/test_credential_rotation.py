@@ -268,6 +268,14 @@ def _https_ok(sidecar, ca: Path) -> bool:  # type: ignore[no-untyped-def]
         return False
 
 
+def rotating_sidecar(start_sidecar, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, overlap_s: float):  # type: ignore[no-untyped-def]
+    """A sidecar whose token, OLD_TOKEN, is read from a file that a test then rotates."""
+    monkeypatch.setattr(credentials, "TOKEN_OVERLAP_S", overlap_s)
+    token_file = tmp_path / "token"
+    token_file.write_text(OLD_TOKEN)
+    return start_sidecar(auth__token_file=str(token_file)), token_file
+
+
 def test_an_open_watch_ends_once_its_token_is_no_longer_accepted(
     start_sidecar, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -276,10 +284,7 @@ def test_an_open_watch_ends_once_its_token_is_no_longer_accepted(
     from durable_sessions_collector.api.v1 import sessions_pb2 as pb
     from durable_sessions_collector.api.v1 import sessions_pb2_grpc as pb_grpc
 
-    monkeypatch.setattr(credentials, "TOKEN_OVERLAP_S", 1.0)
-    token_file = tmp_path / "token"
-    token_file.write_text(OLD_TOKEN)
-    sidecar = start_sidecar(auth__token_file=str(token_file))
+    sidecar, token_file = rotating_sidecar(start_sidecar, tmp_path, monkeypatch, overlap_s=1.0)
     with grpc.insecure_channel(sidecar.grpc_endpoint) as channel:
         stream = pb_grpc.SessionServiceStub(channel).WatchAlerts(
             pb.WatchAlertsRequest(), metadata=(("authorization", f"Bearer {OLD_TOKEN}"),), timeout=30
@@ -302,10 +307,7 @@ def test_an_open_health_watch_ends_once_its_token_is_no_longer_accepted(
 ) -> None:
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    monkeypatch.setattr(credentials, "TOKEN_OVERLAP_S", 0.5)
-    token_file = tmp_path / "token"
-    token_file.write_text(OLD_TOKEN)
-    sidecar = start_sidecar(auth__token_file=str(token_file))
+    sidecar, token_file = rotating_sidecar(start_sidecar, tmp_path, monkeypatch, overlap_s=0.5)
     with grpc.insecure_channel(sidecar.grpc_endpoint) as channel:
         stream = health_pb2_grpc.HealthStub(channel).Watch(
             health_pb2.HealthCheckRequest(service=""),
