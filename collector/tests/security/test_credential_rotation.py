@@ -16,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -276,20 +277,35 @@ def rotating_sidecar(start_sidecar, tmp_path: Path, monkeypatch: pytest.MonkeyPa
     return start_sidecar(auth__token_file=str(token_file)), token_file
 
 
-def test_an_open_watch_ends_once_its_token_is_no_longer_accepted(
-    start_sidecar, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The token was checked when the stream opened, only: a WatchAlerts opened with a
-    # token rotated out (a leaked one, say) went on receiving every alert.
+def _watch_alerts(channel: grpc.Channel, metadata: tuple[tuple[str, str], ...]) -> Any:
     from durable_sessions_collector.api.v1 import sessions_pb2 as pb
     from durable_sessions_collector.api.v1 import sessions_pb2_grpc as pb_grpc
 
+    stream = pb_grpc.SessionServiceStub(channel).WatchAlerts(
+        pb.WatchAlertsRequest(), metadata=metadata, timeout=30
+    )
+    stream.initial_metadata()  # open
+    return stream
+
+
+def _health_watch(channel: grpc.Channel, metadata: tuple[tuple[str, str], ...]) -> Any:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    request = health_pb2.HealthCheckRequest(service="")
+    stream = health_pb2_grpc.HealthStub(channel).Watch(request, metadata=metadata, timeout=30)
+    assert next(stream).status == health_pb2.HealthCheckResponse.SERVING
+    return stream
+
+
+@pytest.mark.parametrize("open_stream", [_watch_alerts, _health_watch], ids=["WatchAlerts", "health-Watch"])
+def test_an_open_stream_ends_once_its_token_is_no_longer_accepted(
+    start_sidecar, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, open_stream: Any
+) -> None:
+    # The token was checked when a stream opened, only: a WatchAlerts opened with a token
+    # rotated out (a leaked one, say) went on receiving every alert.
     sidecar, token_file = rotating_sidecar(start_sidecar, tmp_path, monkeypatch, overlap_s=1.0)
     with grpc.insecure_channel(sidecar.grpc_endpoint) as channel:
-        stream = pb_grpc.SessionServiceStub(channel).WatchAlerts(
-            pb.WatchAlertsRequest(), metadata=(("authorization", f"Bearer {OLD_TOKEN}"),), timeout=30
-        )
-        stream.initial_metadata()  # open
+        stream = open_stream(channel, (("authorization", f"Bearer {OLD_TOKEN}"),))
         time.sleep(1.5)
         assert stream.is_active()  # still accepted: nothing has changed
         replace(token_file, NEW_TOKEN)
@@ -300,23 +316,3 @@ def test_an_open_watch_ends_once_its_token_is_no_longer_accepted(
     assert ended.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert "no longer accepted" in ended.value.details()
     assert 0.5 <= time.monotonic() - rotated_at <= 10  # after the overlap, within about a second
-
-
-def test_an_open_health_watch_ends_once_its_token_is_no_longer_accepted(
-    start_sidecar, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    sidecar, token_file = rotating_sidecar(start_sidecar, tmp_path, monkeypatch, overlap_s=0.5)
-    with grpc.insecure_channel(sidecar.grpc_endpoint) as channel:
-        stream = health_pb2_grpc.HealthStub(channel).Watch(
-            health_pb2.HealthCheckRequest(service=""),
-            metadata=(("authorization", f"Bearer {OLD_TOKEN}"),),
-            timeout=30,
-        )
-        assert next(stream).status == health_pb2.HealthCheckResponse.SERVING
-        replace(token_file, NEW_TOKEN)
-        wait_for(lambda: api_status(sidecar, NEW_TOKEN) == 200, timeout=5)
-        with pytest.raises(grpc.RpcError) as ended:
-            next(stream)
-    assert ended.value.code() == grpc.StatusCode.UNAUTHENTICATED
