@@ -17,7 +17,7 @@ import grpc
 from durable_sessions_collector import __version__
 from durable_sessions_collector.alerts import LOG, OTLP, WEBHOOK
 from durable_sessions_collector.alerts.log import LogAlerts, WrittenJournal
-from durable_sessions_collector.alerts.metrics import DELIVERED, Metrics
+from durable_sessions_collector.alerts.metrics import Metrics
 from durable_sessions_collector.alerts.otlp import OtlpAlerts
 from durable_sessions_collector.alerts.outbox import DeliveryPolicy
 from durable_sessions_collector.alerts.webhook import WebhookAlerts
@@ -124,7 +124,7 @@ class Service:
             self.log_alerts = LogAlerts(
                 store,
                 log,
-                on_delivered=lambda channel, n: metrics.alert_deliveries.labels(channel, DELIVERED).inc(n),
+                on_delivered=metrics.delivered,
                 journal=journal,
             )
             if config.alerts_webhook_url:

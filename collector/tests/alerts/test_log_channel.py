@@ -164,3 +164,21 @@ def test_the_journal_appends_through_one_descriptor_kept_open(tmp_path: Path) ->
     assert journal.keys() == {"b"}
     journal.close()
     assert open_descriptors() == opened - 1
+
+
+def test_log_deliveries_have_a_latency_like_the_other_channels(start_sidecar) -> None:  # type: ignore[no-untyped-def]
+    # durable_sessions_alert_latency_seconds{channel} had no log series: only the webhook
+    # and OTLP channels observed it.
+    from sidecar_clients import Agent, grpc_exporter
+
+    sidecar = start_sidecar()
+    agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
+    agent.action("log-latency", "charge", "payment")  # unkeyed-side-effect: one alert
+    agent.shutdown()
+    wait_for(
+        lambda: (
+            sidecar.metric("durable_sessions_alert_deliveries_total", channel=LOG, outcome="delivered") == 1
+        )
+    )
+    assert sidecar.metric("durable_sessions_alert_latency_seconds_count", channel=LOG) == 1
+    assert 0 <= sidecar.metric("durable_sessions_alert_latency_seconds_sum", channel=LOG) < 30

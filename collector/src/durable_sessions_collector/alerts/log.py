@@ -86,7 +86,7 @@ class LogAlerts:
         self,
         store: Store,
         log: JsonLog,
-        on_delivered: Callable[[str, int], object] | None = None,
+        on_delivered: Callable[[str, list[Alert], float], object] | None = None,
         *,
         journal: WrittenJournal | None = None,
     ) -> None:
@@ -116,7 +116,7 @@ class LogAlerts:
                 self._forget_marked()
             delivered += len(pending)
             if self.on_delivered is not None:
-                self.on_delivered(LOG, len(pending))
+                self.on_delivered(LOG, pending, now)
 
     def close(self) -> None:
         """Close the journal's descriptor (an append after this opens it again)."""

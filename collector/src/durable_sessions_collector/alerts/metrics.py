@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from prometheus_client import (
     CollectorRegistry,
@@ -26,7 +26,7 @@ from prometheus_client.registry import Collector
 
 from durable_sessions.rules import Rule
 from durable_sessions_collector.alerts import LOG
-from durable_sessions_collector.store import Store
+from durable_sessions_collector.store import Alert, Store
 
 DELIVERED, RETRY, DEAD_LETTER = "delivered", "retry", "dead_letter"
 """The ``outcome`` values of ``durable_sessions_alert_deliveries_total``."""
@@ -252,6 +252,16 @@ class Metrics:
                 self.alert_deliveries.labels(channel, outcome)
         for rule in rules:
             self.violations.labels(rule.id, rule.severity.value)
+
+    def delivered(self, channel: str, alerts: Sequence[Alert], now: float) -> None:
+        """Count ``alerts`` delivered on ``channel`` at ``now``, each with its latency from
+        detection (every channel: the log's deliveries had no latency series)."""
+        self.alert_deliveries.labels(channel, DELIVERED).inc(len(alerts))
+        latency = self.alert_latency.labels(channel)
+        for alert in alerts:
+            detected = alert.payload.get("detected_at")
+            if isinstance(detected, int | float) and not isinstance(detected, bool):
+                latency.observe(max(0.0, now - detected))
 
     def expect_reloads(self, credential: str) -> None:
         """Create, at 0, the reload series of a credential read from files (as :meth:`expect`):

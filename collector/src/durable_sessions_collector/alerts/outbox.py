@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from durable_sessions_collector.alerts import idempotency_key
-from durable_sessions_collector.alerts.metrics import DEAD_LETTER, DELIVERED, RETRY, Metrics
+from durable_sessions_collector.alerts.metrics import DEAD_LETTER, RETRY, Metrics
 from durable_sessions_collector.jsonlog import JsonLog
 from durable_sessions_collector.store import Alert, Store
 
@@ -195,10 +195,7 @@ class OutboxDelivery:
         if attempt.outcome == "delivered":
             with self.store.writer() as writer:
                 writer.mark_delivered([alert.id], now)
-            self.metrics.alert_deliveries.labels(channel, DELIVERED).inc()
-            detected = alert.payload.get("detected_at")
-            if isinstance(detected, int | float):
-                self.metrics.alert_latency.labels(channel).observe(max(0.0, now - detected))
+            self.metrics.delivered(channel, [alert], now)
             self.log.debug("alert-delivered", channel=channel, idempotency_key=key, attempts=attempts)
             return 1
         error = (attempt.error or "failed")[:MAX_ERROR_CHARS]
