@@ -166,8 +166,9 @@ def exact(value: Any) -> Any:
 
 
 def exact_attributes(attributes: Mapping[str, Any]) -> Mapping[str, Any]:
-    """``attributes`` with :func:`exact` values: the same mapping when they are already."""
-    if all(type(value) in _BUILT_IN for value in attributes.values()):
+    """``attributes`` with :func:`exact` values: the same mapping when they are already
+    (a tuple of plain values included, which :func:`exact` returns as it is)."""
+    if all(type(value) in _BUILT_IN or exact(value) is value for value in attributes.values()):
         return attributes
     return {key: exact(value) for key, value in attributes.items()}
 

@@ -198,9 +198,8 @@ class Service:
             )
             self.session_api = SessionApi(store, log=log, token=bearer)  # durable_sessions.v1.SessionService
             self.session_api.register(self.grpc.server)
-            self.health = GrpcHealth(
-                self._health_problem, token=bearer
-            )  # grpc.health.v1.Health: /healthz's answer
+            # grpc.health.v1.Health: /healthz's answer
+            self.health = GrpcHealth(self._health_problem, token=bearer)
             self.health.register(self.grpc.server)
             self.grpc_port = self.grpc.start()
             self.http = HttpServer(
