@@ -15,12 +15,13 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TextIO
 
-from durable_sessions import __version__
+from durable_sessions import __version__, crash
 from durable_sessions.check import (
     OfflineCheck,
     check_paths,
@@ -30,6 +31,13 @@ from durable_sessions.check import (
     usable_cores,
 )
 from durable_sessions.engine import Checker
+from durable_sessions.harness import (
+    DEFAULT_MAX_BOUNDARIES,
+    DEFAULT_TIMEOUT_S,
+    describe,
+    proof_document,
+    prove,
+)
 from durable_sessions.readers import DEFAULT_MAX_LINE_BYTES, FORMATS, InputError
 from durable_sessions.report import (
     OUTPUT_FORMATS,
@@ -249,6 +257,51 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rules.set_defaults(run=run_rules)
 
+    prove = commands.add_parser(
+        "prove",
+        help="kill an agent at every action boundary, resume it, and check it came back",
+        description="Run COMMAND to the end once, then kill it (SIGKILL) at each action boundary, run it "
+        "again to resume, and check the spans of both runs with every rule. In COMMAND's arguments "
+        "{journal}, {traces} and {dir} stand for the trial's journal file, OTLP/JSON trace file and "
+        "directory (also in its environment as DURABLE_SESSIONS_JOURNAL, DURABLE_SESSIONS_TRACES, "
+        "DURABLE_SESSIONS_DIR).",
+        epilog="Exit 0: every crash point resumed cleanly; 1: at least one did not; 2: usage error, or "
+        "the reference run failed.",
+    )
+    prove.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG ...]")
+    prove.add_argument(
+        "--dir",
+        default=None,
+        metavar="DIR",
+        help="where trials keep their state (default: a new temporary one)",
+    )
+    prove.add_argument(
+        "--points",
+        type=_crash_points,
+        default=crash.POINTS,
+        metavar="P[,P]",
+        help="crash points: before (journaled, not run), after (run, not journaled) (default: both)",
+    )
+    prove.add_argument(
+        "--timeout-s",
+        type=_positive_number,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="N",
+        help="per run (default: 120)",
+    )
+    prove.add_argument(
+        "--max-actions",
+        type=_positive_int,
+        default=DEFAULT_MAX_BOUNDARIES,
+        metavar="N",
+        help="kill at most at the first N action boundaries (default: 200)",
+    )
+    prove.add_argument("--strict", action="store_true", help="also run strict-only rules (dead-end)")
+    prove.add_argument(
+        "--format", choices=("text", "json"), default="text", help="output format (default: text)"
+    )
+    prove.set_defaults(run=run_prove)
+
     explain = commands.add_parser("explain", help="explain one rule")
     explain.add_argument("rule", metavar="RULE", help="a rule id, e.g. unkeyed-side-effect")
     explain.set_defaults(run=run_explain)
@@ -353,6 +406,50 @@ def run_rules(args: argparse.Namespace, out: Output) -> int:
         )
         out.write(f"{rule.id:<{width}}  {rule.severity.value:<7}  {rule.summary}{tags}\n")
     return EXIT_OK
+
+
+def run_prove(args: argparse.Namespace, out: Output) -> int:
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        print("durable-sessions prove: give the agent's command after --", file=sys.stderr)
+        return EXIT_USAGE
+    with contextlib.ExitStack() as stack:
+        directory = args.dir or stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="durable-sessions-prove-")
+        )
+        try:
+            proof = prove(
+                command,
+                directory,
+                points=args.points,
+                rules=select_rules(strict=args.strict),
+                timeout_s=args.timeout_s,
+                max_boundaries=args.max_actions,
+            )
+        except FileExistsError as error:
+            print(
+                f"durable-sessions prove: --dir {args.dir}: {error.filename} exists already", file=sys.stderr
+            )
+            return EXIT_USAGE
+        except OSError as error:
+            print(f"durable-sessions prove: {command[0]}: {error.strerror or error}", file=sys.stderr)
+            return EXIT_USAGE
+        if args.format == "json":
+            dump_json(proof_document(proof), out)  # type: ignore[arg-type]
+        else:
+            for line in describe(proof):
+                out.write(line + "\n")
+    if proof.reference.problems:
+        return EXIT_USAGE
+    return EXIT_OK if proof.passed else EXIT_VIOLATIONS
+
+
+def _crash_points(text: str) -> tuple[str, ...]:
+    points = tuple(part.strip() for part in text.split(","))
+    for point in points:
+        if point not in crash.POINTS:
+            raise argparse.ArgumentTypeError(f"{point!r} is not a crash point ({', '.join(crash.POINTS)})")
+    return points
 
 
 def run_explain(args: argparse.Namespace, out: Output) -> int:

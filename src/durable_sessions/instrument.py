@@ -63,14 +63,17 @@ from opentelemetry import trace as trace_api
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.trace import Span, Status, StatusCode, Tracer
 
-from durable_sessions import __version__
+from durable_sessions import __version__, crash
 from durable_sessions import semconv as sc
 from durable_sessions.digest import PREFIX, canonical_json, digest_bytes
+from durable_sessions.journal import ActionInDoubt, Entry, Journal, Plan, plan
 
 logger = logging.getLogger("durable_sessions")
 
 SESSION_CONTEXT_KEY = context_api.create_key("durable_sessions.session_id")
 """The context key :func:`session` sets (a ``Context`` is a dict, so readers may ``get`` it)."""
+JOURNAL_CONTEXT_KEY = context_api.create_key("durable_sessions.journal")
+"""The context key of the :class:`~durable_sessions.journal.Journal` given to :func:`session`."""
 DEFAULT_MAX_RESULT_CHARS = 32 * 1024
 """Results whose JSON text is longer go to the result store (the SDK's default
 attribute length limit is unlimited, but backends and collectors commonly cut values)."""
@@ -82,15 +85,22 @@ T = TypeVar("T")
 
 
 @contextmanager
-def session(session_id: str) -> Iterator[str]:
+def session(session_id: str, *, journal: Journal | None = None) -> Iterator[str]:
     """Within the block, every span started carries ``session.id = session_id``.
 
     Blocks nest (the innermost wins) and the value travels with the OpenTelemetry
     context, so asyncio tasks created inside inherit it. ``session_id`` must be a ``str``
     (``str(uuid)`` for a UUID): anything else is a ``TypeError`` when the block is entered.
+
+    With a ``journal`` (:mod:`durable_sessions.journal`), the actions inside record their
+    outcomes in it and, in a process that resumes the session, replay them instead of
+    running again. An inner block without a journal keeps the outer block's.
     """
     session_id = _identity("session", "session_id", session_id)
-    token = context_api.attach(context_api.set_value(SESSION_CONTEXT_KEY, session_id))
+    values = context_api.set_value(SESSION_CONTEXT_KEY, session_id)
+    if journal is not None:
+        values = context_api.set_value(JOURNAL_CONTEXT_KEY, journal, values)
+    token = context_api.attach(values)
     try:
         yield session_id
     finally:
@@ -101,6 +111,11 @@ def current_session(context: context_api.Context | None = None) -> str | None:
     """The session id of the innermost :func:`session` block in ``context`` (default: current)."""
     value = context_api.get_value(SESSION_CONTEXT_KEY, context)
     return value if type(value) is str else None
+
+
+def current_journal(context: context_api.Context | None = None) -> Journal | None:
+    """The journal of the innermost :func:`session` block given one (default context: current)."""
+    return context_api.get_value(JOURNAL_CONTEXT_KEY, context)  # type: ignore[return-value]
 
 
 # -- identity ----------------------------------------------------------------------------
@@ -283,9 +298,33 @@ def _tracer(provider: trace_api.TracerProvider | None) -> Tracer:
 
 
 class Action:
-    """The handle of one running action: record its outcome on it."""
+    """The handle of one running action: record its outcome on it.
 
-    __slots__ = ("_max_result_chars", "_store", "action_id", "recorded", "session_id", "span")
+    With a journal, ``replayed`` says that an earlier process completed the action and
+    ``result`` holds its recorded outcome: the block should use it instead of running the
+    action again (the decorator form does that itself)::
+
+        with action("a01", "user_prompt") as act:
+            budget = act.result if act.replayed else act.record(ask("Budget?"))
+
+    ``skipped`` says the same of an in-doubt ``replay="skip"`` side effect, which
+    recovery steps over (``result`` is ``None``). ``attempt`` counts this action's
+    attempts across processes, this one included.
+    """
+
+    __slots__ = (
+        "_max_result_chars",
+        "_recorded_as",
+        "_store",
+        "action_id",
+        "attempt",
+        "recorded",
+        "replayed",
+        "result",
+        "session_id",
+        "skipped",
+        "span",
+    )
 
     def __init__(
         self,
@@ -299,8 +338,14 @@ class Action:
         self.action_id = action_id
         self.session_id = session_id
         self.recorded = False
+        self.replayed = False
+        self.skipped = False
+        self.result: Any = None
+        self.attempt = 1
         self._max_result_chars = max_result_chars
         self._store = store
+        self._recorded_as: tuple[bytes | None, str | None, str | None] = (None, None, None)
+        """(JSON, digest, reference) of the recorded outcome, for the journal."""
 
     def record(self, result: Any) -> Any:
         """Record ``result`` (any JSON-serialisable value, ``None`` included); return it.
@@ -323,13 +368,7 @@ class Action:
             return result
         digest = digest_bytes(data)
         try:
-            text = self._inline_text(data)
-            if text is None:
-                store = self._store or default_result_store()
-                ref = store.put(self.session_id, self.action_id, data)
-                self.span.set_attribute(sc.ACTION_RESULT_REF, ref)
-            else:
-                self.span.set_attribute(sc.ACTION_RESULT, text)
+            ref = self._set_outcome(data, None)
         except Exception as error:  # fail open: a broken store must not break the agent
             logger.warning(
                 "durable_sessions: could not record the result of action %r (%s); it is not recorded",
@@ -338,8 +377,41 @@ class Action:
             )
             return result
         self.span.set_attribute(sc.ACTION_RESULT_DIGEST, digest)
+        self._recorded_as = (data, digest, ref)
         self.recorded = True
+        if self.replayed:  # the block ran the action again after all: the span must not say replayed
+            self.replayed = False
+            self.span.set_attribute(sc.ACTION_REPLAYED, False)
         return result
+
+    def _replay(self, entry: Entry) -> None:
+        """Serve the journal's recorded outcome: the span says replayed, with the same result."""
+        self.replayed = True
+        self.span.set_attribute(sc.ACTION_REPLAYED, True)
+        try:
+            self.result = entry.outcome
+            if entry.result is not None:
+                self._set_outcome(entry.result, entry.result_ref)
+            if entry.result_digest is not None:
+                self.span.set_attribute(sc.ACTION_RESULT_DIGEST, entry.result_digest)
+        except Exception:  # fail open: a journal row that does not read is replayed as None
+            logger.warning(
+                "durable_sessions: the journal's outcome of action %r does not read",
+                self.action_id,
+                exc_info=True,
+            )
+
+    def _set_outcome(self, data: bytes, ref: str | None) -> str | None:
+        """Put the outcome on the span, by value or by reference (stored now unless ``ref``
+        is given); return the reference, if any."""
+        if ref is None:
+            text = self._inline_text(data)
+            if text is not None:
+                self.span.set_attribute(sc.ACTION_RESULT, text)
+                return None
+            ref = (self._store or default_result_store()).put(self.session_id, self.action_id, data)
+        self.span.set_attribute(sc.ACTION_RESULT_REF, ref)
+        return ref
 
     def _inline_text(self, data: bytes) -> str | None:
         """The JSON text to set on the span, or None when it belongs in the result store.
@@ -412,6 +484,7 @@ class action:
         max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
         result_store: ResultStore | None = None,
         tracer_provider: trace_api.TracerProvider | None = None,
+        journal: Journal | None = None,
         **fields: Any,
     ) -> None:
         self.action_id = action_id
@@ -421,6 +494,7 @@ class action:
         self.max_result_chars = max_result_chars
         self.result_store = result_store
         self.tracer_provider = tracer_provider
+        self.journal = journal
         self.fields = fields
 
     # context manager -------------------------------------------------------------------
@@ -467,6 +541,8 @@ class action:
             @functools.wraps(func)
             async def run_async(*args: Any, **kwargs: Any) -> Any:
                 with self._start(self._id_for(args, kwargs)) as act:
+                    if act.replayed or act.skipped:
+                        return act.result
                     value = await func(*args, **kwargs)
                     if self.record_return:
                         act.record(value)
@@ -477,6 +553,8 @@ class action:
         @functools.wraps(func)
         def run(*args: Any, **kwargs: Any) -> Any:
             with self._start(self._id_for(args, kwargs)) as act:
+                if act.replayed or act.skipped:
+                    return act.result
                 value = func(*args, **kwargs)
                 if self.record_return:
                     act.record(value)
@@ -494,7 +572,7 @@ class action:
         @functools.wraps(func)
         def run_generator(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
             context = contextvars.copy_context()
-            with _entered(context, self._start(self._id_for(args, kwargs))):
+            with _entered(context, self._start(self._id_for(args, kwargs), journaled=False)):
                 return (yield from _stepped(context, func(*args, **kwargs)))
 
         return run_generator
@@ -503,7 +581,7 @@ class action:
         @functools.wraps(func)
         async def run_async_generator(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, Any]:
             context = contextvars.copy_context()
-            with _entered(context, self._start(self._id_for(args, kwargs))):
+            with _entered(context, self._start(self._id_for(args, kwargs), journaled=False)):
                 steps = func(*args, **kwargs)
                 step: Awaitable[Any] = _first_step_unregistered(steps)
                 while True:  # ``yield from`` for an async generator, which Python lacks
@@ -531,15 +609,20 @@ class action:
         return self.action_id
 
     @contextmanager
-    def _start(self, action_id: str) -> Iterator[Action]:
-        attributes: dict[str, Any] = {sc.ACTION_ID: action_id, sc.ACTION_KIND: self.kind}
+    def _start(self, action_id: str, *, journaled: bool = True) -> Iterator[Action]:
+        """The span of one run of the action, with the journal's say on what the run does.
+
+        Generator actions are not journaled (``journaled=False``): their items go to the
+        consumer, so there is no outcome to replay.
+        """
         session_id = current_session()
-        if session_id is not None:
-            attributes[sc.SESSION_ID] = session_id
-        if self.name is not None:
-            attributes[sc.ACTION_NAME] = self.name
-        for field, value in self.fields.items():
-            attributes[sc.attribute(field)] = value
+        journal = (self.journal or current_journal()) if journaled and session_id is not None else None
+        in_doubt: ActionInDoubt | None = None
+        try:
+            step = _plan(journal, session_id, action_id, self.kind, self.fields)
+        except ActionInDoubt as error:
+            step, in_doubt = Plan("skip"), error
+        attributes = self._attributes(action_id, session_id, step)
         tracer = _tracer(self.tracer_provider)
         # Exceptions are marked here, not by the API's use_span: opentelemetry-api 1.31.0
         # marked GeneratorExit, KeyboardInterrupt and the like as errors too
@@ -551,16 +634,126 @@ class action:
             set_status_on_exception=False,
         ) as span:
             act = Action(span, action_id, session_id, self.max_result_chars, self.result_store)
+            act.attempt = step.attempts
+            if in_doubt is not None:  # the span records the unresolved intent, then the caller hears of it
+                raise in_doubt
+            runs = step.decision == "run"
+            journal_entry = None
+            if runs:
+                journal_entry = _journal_entry(
+                    journal, session_id, action_id, self.kind, self.fields, step.attempts
+                )
+                # Write-ahead, for every action: durable before it runs, so that a side
+                # effect cut short is known to be in doubt, and a crash loop is counted.
+                _journal_put(journal, journal_entry)
+                crash.reached("before")
+            else:
+                _served(act, step)
             try:
                 yield act
             except Exception as error:
                 _fail(span, error)
+                _journal_put(journal, journal_entry, status=sc.STATUS_ERROR)
                 raise
             except GeneratorExit:  # the consumer of a generator stopped early: a normal end
                 raise
             except BaseException:
                 _interrupted(act)
                 raise
+            if runs:
+                crash.reached("after")
+                _journal_put(journal, journal_entry, act)
+
+    def _attributes(self, action_id: str, session_id: str | None, step: Plan) -> dict[str, Any]:
+        attributes: dict[str, Any] = {sc.ACTION_ID: action_id, sc.ACTION_KIND: self.kind}
+        if session_id is not None:
+            attributes[sc.SESSION_ID] = session_id
+        if self.name is not None:
+            attributes[sc.ACTION_NAME] = self.name
+        for field, value in self.fields.items():
+            attributes[sc.attribute(field)] = value
+        if step.attempts > 1 and "attempts" not in self.fields:
+            attributes[sc.ACTION_ATTEMPTS] = step.attempts
+        if step.decision == "skip":
+            attributes[sc.ACTION_STATUS] = sc.STATUS_STARTED
+        return attributes
+
+
+def _plan(
+    journal: Journal | None, session_id: str | None, action_id: str, kind: str, fields: dict[str, Any]
+) -> Plan:
+    """The journal's plan for the action; a journal that cannot be read is logged and
+    the action runs (fail open), unless it is in doubt (:class:`ActionInDoubt` propagates)."""
+    if journal is None or session_id is None:
+        return Plan("run")
+    try:
+        entry = journal.get(session_id, action_id)
+    except Exception as error:
+        logger.error(
+            "durable_sessions: could not read action %r from the journal (%s); it runs", action_id, error
+        )
+        return Plan("run")
+    return plan(entry, kind, fields)
+
+
+def _served(act: Action, step: Plan) -> None:
+    """Make ``act`` a replay of the journal's outcome, or a skipped in-doubt side effect."""
+    if step.decision == "replay" and step.entry is not None:
+        act._replay(step.entry)
+    else:
+        act.skipped = True
+
+
+def _journal_entry(
+    journal: Journal | None,
+    session_id: str | None,
+    action_id: str,
+    kind: str,
+    fields: dict[str, Any],
+    attempts: int,
+) -> Entry | None:
+    """The write-ahead entry of a run (``started``), or None without a journal."""
+    if journal is None or session_id is None:
+        return None
+    key = fields.get("idempotency_key")
+    return Entry(
+        session_id,
+        action_id,
+        kind,
+        sc.STATUS_STARTED,
+        attempts,
+        idempotency_key=key if type(key) is str else None,
+        incarnation=incarnation(),
+    )
+
+
+def _journal_put(
+    journal: Journal | None, entry: Entry | None, act: Action | None = None, *, status: str | None = None
+) -> None:
+    """Write ``entry`` as it is, completed ``ok`` with ``act``'s outcome, or with ``status``;
+    failing open.
+
+    A journal that cannot be written is logged: the agent goes on, and a process that
+    resumes the session later runs the action again.
+    """
+    if journal is None or entry is None:
+        return
+    if act is not None:
+        data, digest, ref = act._recorded_as
+        entry = dataclasses.replace(
+            entry, status=sc.STATUS_OK, result=data, result_digest=digest, result_ref=ref
+        )
+    elif status is not None:
+        entry = dataclasses.replace(entry, status=status)
+    try:
+        journal.put(entry)
+    except Exception as error:
+        logger.error(
+            "durable_sessions: could not write action %r (%s) to the journal (%s)",
+            entry.action_id,
+            entry.status,
+            error,
+        )
 
 
 _RUNNING: contextvars.ContextVar[tuple[tuple[action, Any, Action], ...]] = contextvars.ContextVar(
@@ -673,6 +866,7 @@ __all__ = [
     "FileResultStore",
     "ResultStore",
     "action",
+    "current_journal",
     "current_session",
     "default_result_store",
     "idempotency_key",

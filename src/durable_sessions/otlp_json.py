@@ -5,15 +5,24 @@ hex strings, 64-bit integers may be written as strings, enums as integers (or th
 names), attribute values as ``{"stringValue": …}`` and the like. This module walks such
 a request as plain JSON — no protobuf needed on the application side — and yields every
 span as the :class:`~durable_sessions.mapping.SpanData` that the mapping reads.
+
+:class:`FileSpanExporter` writes such a file from the SDK: the kill-and-resume harness
+reads what an agent's processes exported, and ``durable-sessions check`` reads it too.
 """
 
 from __future__ import annotations
 
 import base64
 import math
+import os
 import re
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
+
+import orjson
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from durable_sessions.mapping import SpanData
 
@@ -120,6 +129,7 @@ def any_value(value: Any) -> Any:
 
 # Protobuf's JSON mapping writes a double that is not finite as one of these strings.
 _SPECIAL_DOUBLES = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
+_SPECIAL_DOUBLE_NAMES = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 _JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 
 
@@ -144,3 +154,103 @@ def _double(inner: Any) -> Any:
         if _JSON_NUMBER.fullmatch(inner):
             return float(inner)
     return inner
+
+
+# -- writing -----------------------------------------------------------------------------
+
+
+class FileSpanExporter(SpanExporter):
+    """Append each export to a file as one line of OTLP/JSON, as the Collector's ``file``
+    exporter writes it.
+
+    Each line is written with one ``write`` call and flushed before ``export`` returns,
+    so a process killed after an export loses none of it. Meant for
+    ``SimpleSpanProcessor`` in tests and in the kill-and-resume harness, where every
+    ended span should be on disk at once; under ``BatchSpanProcessor`` it works as any
+    exporter does.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self._lock = threading.Lock()
+        self._file = open(self.path, "ab")  # noqa: SIM115 - held open until shutdown
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        line = orjson.dumps(encode_spans(spans)) + b"\n"
+        with self._lock:
+            if self._file.closed:
+                return SpanExportResult.FAILURE
+            self._file.write(line)
+            self._file.flush()
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._file.close()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+def encode_spans(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
+    """An ``ExportTraceServiceRequest`` in OTLP/JSON, spans grouped by resource and scope."""
+    groups: dict[int, tuple[Any, dict[tuple[str, str], list[dict[str, Any]]]]] = {}
+    for span in spans:
+        scopes = groups.setdefault(id(span.resource), (span.resource, {}))[1]
+        scope = span.instrumentation_scope
+        name = (scope.name, scope.version or "") if scope is not None else ("", "")
+        scopes.setdefault(name, []).append(_encode_span(span))
+    return {
+        "resourceSpans": [
+            {
+                "resource": {"attributes": _key_values(resource.attributes)},
+                "scopeSpans": [
+                    {"scope": _scope(*name), "spans": encoded} for name, encoded in scopes.items()
+                ],
+            }
+            for resource, scopes in groups.values()
+        ]
+    }
+
+
+def _scope(name: str, version: str) -> dict[str, Any]:
+    return {"name": name, **({"version": version} if version else {})}
+
+
+def _encode_span(span: ReadableSpan) -> dict[str, Any]:
+    context = span.get_span_context()
+    encoded: dict[str, Any] = {
+        "traceId": f"{context.trace_id:032x}",
+        "spanId": f"{context.span_id:016x}",
+        "name": span.name,
+        "kind": span.kind.value + 1,  # the SDK counts from INTERNAL = 0, OTLP from UNSPECIFIED = 0
+        "startTimeUnixNano": str(span.start_time or 0),
+        "endTimeUnixNano": str(span.end_time or 0),
+        "attributes": _key_values(span.attributes or {}),
+        "status": {"code": span.status.status_code.value},
+    }
+    if span.parent is not None:
+        encoded["parentSpanId"] = f"{span.parent.span_id:016x}"
+    if span.status.description:
+        encoded["status"]["message"] = span.status.description
+    return encoded
+
+
+def _key_values(attributes: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return [{"key": key, "value": _any_value(value)} for key, value in attributes.items()]
+
+
+def _any_value(value: Any) -> dict[str, Any]:
+    if isinstance(value, bool):
+        return {"boolValue": value}
+    if isinstance(value, int):
+        return {"intValue": str(value)}
+    if isinstance(value, float):
+        return {"doubleValue": value if math.isfinite(value) else _SPECIAL_DOUBLE_NAMES[str(value)]}
+    if isinstance(value, bytes):
+        return {"bytesValue": base64.b64encode(value).decode("ascii")}
+    if isinstance(value, str):
+        return {"stringValue": value}
+    if isinstance(value, Sequence):
+        return {"arrayValue": {"values": [_any_value(item) for item in value]}}
+    return {"stringValue": str(value)}

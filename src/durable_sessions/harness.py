@@ -1,0 +1,337 @@
+"""The kill-and-resume harness: prove that an agent comes back where it was.
+
+:func:`prove` runs an agent command once to the end (the reference), then, for every
+action boundary ``n`` and crash point (:mod:`durable_sessions.crash`), in a fresh
+directory:
+
+1. runs the command with ``DURABLE_SESSIONS_KILL_AT=<point>:<n>``, so the process kills
+   itself with ``SIGKILL`` at that boundary;
+2. runs the command again, which must resume the session and finish (exit 0);
+3. checks the spans both processes exported with every rule (the same engine as
+   ``durable-sessions check``): nothing re-asked, nothing re-charged, no outcome that
+   diverged from its record;
+4. checks that every action the reference completed was completed here too.
+
+Boundaries are enumerated until a run is no longer killed (the agent ran fewer
+actions). The command finds where to keep its state through placeholders in its
+arguments, or the same values in its environment:
+
+============  ===========================  =====================================
+placeholder   environment variable         value
+============  ===========================  =====================================
+``{journal}`` ``DURABLE_SESSIONS_JOURNAL`` the trial's journal file (SQLite)
+``{traces}``  ``DURABLE_SESSIONS_TRACES``  the OTLP/JSON file its spans go to
+``{dir}``     ``DURABLE_SESSIONS_DIR``     the trial's directory, for other state
+============  ===========================  =====================================
+
+The agent writes its spans with :class:`~durable_sessions.otlp_json.FileSpanExporter`
+under a ``SimpleSpanProcessor`` (every ended span on disk at once), and keeps its
+session id the same across runs, as a resumed agent must.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+from durable_sessions import crash
+from durable_sessions.check import check_paths
+from durable_sessions.engine import Checker
+from durable_sessions.readers import Item, Unreadable, open_source, read
+from durable_sessions.report import printable, text_line
+from durable_sessions.rules import Rule
+from durable_sessions.violation import Severity, Violation
+
+JOURNAL_ENV = "DURABLE_SESSIONS_JOURNAL"
+TRACES_ENV = "DURABLE_SESSIONS_TRACES"
+DIR_ENV = "DURABLE_SESSIONS_DIR"
+DEFAULT_TIMEOUT_S = 120.0
+DEFAULT_MAX_BOUNDARIES = 200
+_OUTPUT_TAIL_CHARS = 2000
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One process of a trial."""
+
+    returncode: int | None
+    """``None`` when it ran past the timeout and was killed."""
+    seconds: float
+    output: str
+    """The end of what it printed (standard output and error), for a failure message."""
+
+    @property
+    def killed_at_crash_point(self) -> bool:
+        return self.returncode == -signal.SIGKILL
+
+
+@dataclasses.dataclass
+class Trial:
+    """The reference run, or one crash at one boundary and the resume after it."""
+
+    name: str
+    directory: Path
+    runs: list[Run] = dataclasses.field(default_factory=list)
+    violations: list[Violation] = dataclasses.field(default_factory=list)
+    problems: list[str] = dataclasses.field(default_factory=list)
+    completed: set[tuple[str, str]] = dataclasses.field(default_factory=set)
+    """``(session id, action id)`` of every action with a recorded ``ok``."""
+    reached: bool = True
+    """False when the crash point was never reached (the agent ran fewer actions)."""
+
+    @property
+    def errors(self) -> list[Violation]:
+        return [v for v in self.violations if v.severity is Severity.ERROR]
+
+    @property
+    def passed(self) -> bool:
+        """No problem and no error; a crash point never reached passes (nothing to prove)."""
+        return not self.problems and not self.errors
+
+
+@dataclasses.dataclass
+class Proof:
+    """Everything :func:`prove` found."""
+
+    reference: Trial
+    trials: list[Trial] = dataclasses.field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return self.reference.passed and all(t.passed for t in self.trials)
+
+
+def prove(
+    command: Sequence[str],
+    directory: str | os.PathLike[str],
+    *,
+    points: Sequence[str] = crash.POINTS,
+    rules: Sequence[Rule] | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    max_boundaries: int = DEFAULT_MAX_BOUNDARIES,
+    env: Mapping[str, str] | None = None,
+) -> Proof:
+    """Kill ``command`` at every action boundary, resume it, and check what it did.
+
+    ``directory`` receives one folder per trial (``reference``, ``before-1``,
+    ``after-1``, …) with its journal, traces and whatever else the agent keeps there;
+    it must not hold an earlier proof's folders. A failing reference run ends the proof
+    early: its problems say why.
+    """
+    unknown = sorted(set(points) - set(crash.POINTS))
+    if not points or unknown:
+        raise ValueError(f"unknown crash point {', '.join(unknown)}; expected {', '.join(crash.POINTS)}")
+    base = Path(directory)
+    environment = dict(os.environ if env is None else env)
+    environment.pop(crash.ENV, None)
+    reference = _Runner(command, base / "reference", environment, timeout_s)
+    proof = Proof(reference.trial)
+    reference.run_to_end("the reference run")
+    reference.check(rules, expected=None)
+    if reference.trial.problems:
+        return proof
+    for boundary in range(1, max_boundaries + 1):
+        first = _crash_trial(command, base, environment, timeout_s, points[0], boundary)
+        if not first.trial.reached:  # past the agent's last action: the proof is complete
+            break
+        others = [
+            _crash_trial(command, base, environment, timeout_s, point, boundary) for point in points[1:]
+        ]
+        runners = [first, *others]
+        for runner in runners:
+            if runner.trial.reached:
+                runner.check(rules, expected=reference.trial.completed)
+            proof.trials.append(runner.trial)
+    return proof
+
+
+def _crash_trial(
+    command: Sequence[str],
+    base: Path,
+    environment: dict[str, str],
+    timeout_s: float,
+    point: str,
+    boundary: int,
+) -> _Runner:
+    runner = _Runner(command, base / f"{point}-{boundary}", environment, timeout_s)
+    killed = runner.run({crash.ENV: f"{point}:{boundary}"})
+    if killed.killed_at_crash_point:
+        runner.run_to_end("the resumed run")
+    elif killed.returncode == 0:
+        runner.trial.reached = False
+    else:
+        runner.trial.problems.append(_failed("the run to be killed", killed))
+    return runner
+
+
+class _Runner:
+    """Runs a trial's processes in its directory and checks what they exported."""
+
+    def __init__(
+        self, command: Sequence[str], directory: Path, environment: dict[str, str], timeout_s: float
+    ):
+        directory.mkdir(parents=True, exist_ok=False)
+        self.trial = Trial(directory.name, directory)
+        self.paths = {
+            "journal": str(directory / "journal.db"),
+            "traces": str(directory / "traces.jsonl"),
+            "dir": str(directory),
+        }
+        self.argv = [_substituted(arg, self.paths) for arg in command]
+        self.environment = {
+            **environment,
+            JOURNAL_ENV: self.paths["journal"],
+            TRACES_ENV: self.paths["traces"],
+            DIR_ENV: self.paths["dir"],
+        }
+        self.timeout_s = timeout_s
+
+    def run(self, extra_env: Mapping[str, str] | None = None) -> Run:
+        started = time.monotonic()
+        try:
+            done = subprocess.run(
+                self.argv,
+                env={**self.environment, **(extra_env or {})},
+                cwd=self.trial.directory,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                timeout=self.timeout_s,
+                check=False,
+            )
+            returncode, output = done.returncode, done.stdout
+        except subprocess.TimeoutExpired as timeout:
+            returncode, output = None, timeout.output or b""
+        run = Run(
+            returncode, time.monotonic() - started, output.decode("utf-8", "replace")[-_OUTPUT_TAIL_CHARS:]
+        )
+        self.trial.runs.append(run)
+        return run
+
+    def run_to_end(self, what: str) -> None:
+        run = self.run()
+        if run.returncode != 0:
+            self.trial.problems.append(_failed(what, run))
+
+    def check(self, rules: Sequence[Rule] | None, expected: set[tuple[str, str]] | None) -> None:
+        traces = self.paths["traces"]
+        if not os.path.exists(traces):
+            self.trial.problems.append(
+                f"no spans were written to {traces}: export them with FileSpanExporter"
+            )
+            return
+        self.trial.violations = list(check_paths([traces], Checker(rules)))
+        self.trial.completed = set(_completed(traces))
+        if expected is not None:
+            missing = sorted(expected - self.trial.completed)
+            if missing:
+                listed = ", ".join(f"{action} (session {session})" for session, action in missing[:10])
+                more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
+                self.trial.problems.append(
+                    f"did not come back where it was: the reference completed {listed}{more}, this trial never did"
+                )
+
+
+# -- reporting ------------------------------------------------------------------------------
+
+
+def describe(proof: Proof) -> Iterator[str]:
+    """The proof as text lines: each trial's verdict, then what failed and why."""
+    reference = proof.reference
+    yield (
+        f"reference run: {len(reference.completed)} actions completed"
+        if not reference.problems
+        else "reference run: FAILED"
+    )
+    yield from _details(reference)
+    for trial in proof.trials:
+        point, _, boundary = trial.name.partition("-")
+        what = f"kill {point} action {boundary}"
+        if not trial.reached:
+            yield f"{what}: not reached (the action did not return normally)"
+            continue
+        yield f"{what}: {'resumed' if trial.passed else 'FAILED'}"
+        yield from _details(trial)
+    reached = [t for t in proof.trials if t.reached]
+    failed = sum(not t.passed for t in reached)
+    yield (
+        f"{len(reached)} crash points: {len(reached) - failed} resumed, {failed} failed"
+        + ("" if reference.passed else "; the reference run failed")
+    )
+
+
+def _details(trial: Trial) -> Iterator[str]:
+    for problem in trial.problems:
+        first, *rest = problem.splitlines()
+        yield f"    {printable(first)}"
+        yield from (f"      | {printable(line)}" for line in rest)
+    for violation in trial.violations:
+        yield f"    {text_line(violation)}"
+
+
+def proof_document(proof: Proof) -> dict[str, object]:
+    """The proof as a JSON document."""
+    return {
+        "ok": proof.passed,
+        "reference": _trial_document(proof.reference),
+        "trials": [_trial_document(trial) for trial in proof.trials],
+    }
+
+
+def _trial_document(trial: Trial) -> dict[str, object]:
+    return {
+        "name": trial.name,
+        "directory": str(trial.directory),
+        "reached": trial.reached,
+        "passed": trial.passed,
+        "problems": trial.problems,
+        "violations": [violation.as_dict() for violation in trial.violations],
+        "returncodes": [run.returncode for run in trial.runs],
+        "completed": len(trial.completed),
+    }
+
+
+def _completed(traces: str) -> Iterator[tuple[str, str]]:
+    with open_source(traces) as source:
+        items: Iterator[Item] = read(traces, source, fmt="otlp-json")
+        for item in items:
+            if type(item) is Unreadable:
+                continue
+            record = item[0]  # type: ignore[index]
+            if record.get("status") == "ok" and type(record.get("session_id")) is str:
+                yield record["session_id"], record["action_id"]
+
+
+def _substituted(arg: str, paths: Mapping[str, str]) -> str:
+    for name, value in paths.items():
+        arg = arg.replace("{" + name + "}", value)
+    return arg
+
+
+def _failed(what: str, run: Run) -> str:
+    if run.returncode is None:
+        outcome = f"did not finish within {run.seconds:.0f} s"
+    elif run.returncode < 0:
+        outcome = f"was killed by signal {-run.returncode}"
+    else:
+        outcome = f"exited {run.returncode}"
+    tail = run.output.strip()
+    return f"{what} {outcome}" + (f"; it printed:\n{tail}" if tail else "")
+
+
+__all__ = [
+    "DIR_ENV",
+    "JOURNAL_ENV",
+    "TRACES_ENV",
+    "Proof",
+    "Run",
+    "Trial",
+    "describe",
+    "proof_document",
+    "prove",
+]

@@ -1,0 +1,290 @@
+"""The record/replay journal: what lets a restarted agent resume instead of re-run.
+
+A journal keeps, per session and action id, what became of each action the agent ran:
+a write-ahead ``started`` entry before the action runs, then ``ok`` with the recorded
+outcome or ``error``. :func:`durable_sessions.instrument.action` consults it when a
+journal is given to :func:`~durable_sessions.instrument.session` (or to the action)::
+
+    journal = SqliteJournal("state/journal.db")
+    with session("trip-42", journal=journal):
+        budget = ask_budget()   # an @action("a01", "user_prompt") function
+
+After a crash, the same code in a new process replays instead of re-running:
+
+- an action completed before (``ok``) is **replayed**: the decorated function is not
+  called, its recorded outcome is returned, and the span says ``replayed: true``;
+- an action that failed (``error``), or whose process died while it ran, runs again as
+  the next attempt: ``attempts`` counts across processes, and an action that already
+  had its ``max_attempts`` raises :class:`AttemptsExhausted` (a crash loop is a retry
+  loop too);
+- a side effect that was started but never completed is **in doubt**: it may or may not
+  have happened. With an ``idempotency_key`` it runs again under the same key (the far
+  side collapses the repeat); with ``replay="skip"`` it is stepped over; with neither,
+  :class:`ActionInDoubt` is raised instead of repeating the effect, and
+  :meth:`SqliteJournal.resolve` or :meth:`SqliteJournal.discard` settles it.
+
+The journal holds results in full, since replay must return them: it is the agent's own
+state, kept beside the agent, not the sidecar's (which keeps digests only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import sqlite3
+import threading
+import weakref
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from durable_sessions import kinds
+from durable_sessions import semconv as sc
+from durable_sessions.digest import canonical_json, digest_bytes
+
+logger = logging.getLogger("durable_sessions")
+
+Status = Literal["started", "ok", "error"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """What the journal knows of one action of one session."""
+
+    session_id: str
+    action_id: str
+    kind: str
+    status: Status
+    attempts: int = 1
+    result: bytes | None = None
+    """The outcome as canonical JSON, when one was recorded."""
+    result_digest: str | None = None
+    result_ref: str | None = None
+    """Where the span pointed for the outcome, when it was too long to carry."""
+    idempotency_key: str | None = None
+    incarnation: str | None = None
+
+    @property
+    def outcome(self) -> Any:
+        """The recorded outcome as a value (``None`` when none was recorded)."""
+        # The standard library, not orjson: an integer beyond 64 bits comes back exact.
+        return None if self.result is None else json.loads(self.result)
+
+
+class Journal(Protocol):
+    """Where entries are kept. ``put`` returns only once the entry is durable."""
+
+    def get(self, session_id: str, action_id: str) -> Entry | None: ...
+
+    def put(self, entry: Entry) -> None: ...
+
+
+class ActionInDoubt(Exception):
+    """A side effect was started by an earlier process and never completed.
+
+    Running it again might repeat it (a second charge, a second email); not running it
+    might lose it. Nothing makes a repeat safe: the action has no idempotency key and
+    is not ``replay="skip"``. Find out at the far side whether it happened, then call
+    ``journal.resolve(session_id, action_id, outcome)`` (it happened) or
+    ``journal.discard(session_id, action_id)`` (it did not; it will run again).
+    """
+
+    def __init__(self, entry: Entry) -> None:
+        self.entry = entry
+        super().__init__(
+            f"{entry.kind} {entry.action_id!r} of session {entry.session_id!r} was started by an "
+            "earlier process and never completed, and it has no idempotency key: it may already "
+            "have happened. Resolve it with journal.resolve(session_id, action_id, outcome) or "
+            "journal.discard(session_id, action_id)"
+        )
+
+
+class AttemptsExhausted(Exception):
+    """An action has failed (or its process died) ``max_attempts`` times, across processes.
+
+    A crash loop (an action that kills its process, every time it is resumed) is a retry
+    loop too; the journal counts its attempts and stops it at the cap, where the next
+    move is a question to a person, not another attempt. ``journal.discard`` resets it.
+    """
+
+    def __init__(self, entry: Entry, max_attempts: int) -> None:
+        self.entry = entry
+        self.max_attempts = max_attempts
+        super().__init__(
+            f"{entry.kind} {entry.action_id!r} of session {entry.session_id!r} has used its "
+            f"{max_attempts} attempts (the last {'failed' if entry.status == sc.STATUS_ERROR else 'never finished'}); "
+            "escalate instead of trying again, or journal.discard(session_id, action_id) to start over"
+        )
+
+
+# -- deciding what to do with an action --------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What the journal says to do with an action in this process."""
+
+    decision: Literal["run", "replay", "skip"]
+    attempts: int = 1
+    entry: Entry | None = None
+
+
+RUN_FIRST = Plan("run")
+
+
+def is_side_effect(kind: str, fields: dict[str, Any]) -> bool:
+    """Whether the action touches the world, so a write-ahead entry must precede it."""
+    return kind in kinds.SIDE_EFFECTING or fields.get("side_effects") is True
+
+
+def plan(entry: Entry | None, kind: str, fields: dict[str, Any]) -> Plan:
+    """Decide from the journal's entry (``None``: never seen) what to do with an action.
+
+    Raises :class:`ActionInDoubt` for an unkeyed, unskippable side effect that an earlier
+    process started and never completed, and :class:`AttemptsExhausted` for an action
+    that already had its ``max_attempts``.
+    """
+    if entry is None:
+        return RUN_FIRST
+    if entry.status == sc.STATUS_OK:
+        return Plan("replay", entry.attempts, entry)
+    if entry.status == sc.STATUS_STARTED and is_side_effect(kind, fields):
+        if fields.get("replay") == sc.REPLAY_SKIP:
+            return Plan("skip", entry.attempts, entry)
+        if not (fields.get("idempotency_key") or entry.idempotency_key):
+            raise ActionInDoubt(entry)
+    cap = fields.get("max_attempts")
+    if type(cap) is int and entry.attempts >= cap:
+        raise AttemptsExhausted(entry, cap)
+    return Plan("run", entry.attempts + 1, entry)
+
+
+# -- the SQLite journal -------------------------------------------------------------------
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS journal (
+    session_id TEXT NOT NULL,
+    action_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    status TEXT NOT NULL,
+    attempts INTEGER NOT NULL,
+    result BLOB,
+    result_digest TEXT,
+    result_ref TEXT,
+    idempotency_key TEXT,
+    incarnation TEXT,
+    PRIMARY KEY (session_id, action_id)
+)
+"""
+_COLUMNS = [field.name for field in dataclasses.fields(Entry)]
+_SELECT = f"SELECT {', '.join(_COLUMNS)} FROM journal"
+_UPSERT = f"INSERT OR REPLACE INTO journal ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
+
+
+_JOURNALS: weakref.WeakSet[SqliteJournal] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has only the forking thread: a lock another thread held stays held,
+    and the parent's SQLite connection must not be used by two processes."""
+    for journal in list(_JOURNALS):
+        journal._lock = threading.Lock()
+        journal._connection = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class SqliteJournal:
+    """A journal in one SQLite file, which several processes and threads may share.
+
+    Every ``put`` is its own transaction, committed with ``synchronous = FULL`` before
+    it returns: a write-ahead ``started`` entry is on disk before the side effect runs.
+    A forked child opens its own connection on first use.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, timeout_s: float = 30.0) -> None:
+        self.path = Path(path)
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._connection: sqlite3.Connection | None = None
+        _JOURNALS.add(self)
+
+    def get(self, session_id: str, action_id: str) -> Entry | None:
+        rows = self._query(f"{_SELECT} WHERE session_id = ? AND action_id = ?", (session_id, action_id))
+        return rows[0] if rows else None
+
+    def put(self, entry: Entry) -> None:
+        self._execute(_UPSERT, dataclasses.astuple(entry))
+
+    def entries(self, session_id: str) -> list[Entry]:
+        """Every entry of a session, in the order the actions were first journaled."""
+        return self._query(f"{_SELECT} WHERE session_id = ? ORDER BY rowid", (session_id,))
+
+    def resolve(self, session_id: str, action_id: str, outcome: Any) -> Entry:
+        """Record that an in-doubt action did happen, with ``outcome``: it is replayed from now on."""
+        entry = self._existing(session_id, action_id)
+        data = canonical_json(outcome)
+        resolved = dataclasses.replace(
+            entry, status=sc.STATUS_OK, result=data, result_digest=digest_bytes(data), result_ref=None
+        )
+        self.put(resolved)
+        return resolved
+
+    def discard(self, session_id: str, action_id: str) -> None:
+        """Forget an action: the next process runs it as if for the first time."""
+        self._existing(session_id, action_id)
+        self._execute("DELETE FROM journal WHERE session_id = ? AND action_id = ?", (session_id, action_id))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._connection is not None:
+                self._connection.close()
+            self._connection = None
+
+    def __repr__(self) -> str:
+        return f"SqliteJournal({str(self.path)!r})"
+
+    # internals ---------------------------------------------------------------------------
+
+    def _existing(self, session_id: str, action_id: str) -> Entry:
+        entry = self.get(session_id, action_id)
+        if entry is None:
+            raise KeyError(f"the journal {self.path} has no action {action_id!r} of session {session_id!r}")
+        return entry
+
+    def _query(self, sql: str, parameters: tuple[Any, ...]) -> list[Entry]:
+        with self._lock:
+            rows = self._connected().execute(sql, parameters).fetchall()
+        return [Entry(*row) for row in rows]
+
+    def _execute(self, sql: str, parameters: tuple[Any, ...]) -> None:
+        with self._lock:
+            self._connected().execute(sql, parameters)
+
+    def _connected(self) -> sqlite3.Connection:
+        if self._connection is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # Autocommit (isolation_level None): each statement is a durable transaction.
+            connection = sqlite3.connect(
+                self.path, timeout=self.timeout_s, isolation_level=None, check_same_thread=False
+            )
+            connection.execute("PRAGMA journal_mode = WAL")
+            connection.execute("PRAGMA synchronous = FULL")
+            connection.execute(_SCHEMA)
+            self._connection = connection
+        return self._connection
+
+
+__all__ = [
+    "ActionInDoubt",
+    "AttemptsExhausted",
+    "Entry",
+    "Journal",
+    "Plan",
+    "SqliteJournal",
+    "is_side_effect",
+    "plan",
+]
