@@ -125,3 +125,77 @@ def test_the_same_span_twice_is_not_a_duplicate(tmp_path: Path) -> None:
     _, report = check(str(path))
     assert "duplicate-action-id" not in {v["rule"] for v in report["violations"]}
     assert report["actions"] == 4
+
+
+def _as_protobuf(document: dict[str, Any]) -> Any:
+    """An OTLP/JSON document with hex ids as the protobuf message (whose JSON ids are base64)."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    document = json.loads(json.dumps(document))
+    for group in document["resourceSpans"]:
+        for scope in group["scopeSpans"]:
+            for span in scope["spans"]:
+                for holder in (span, *span.get("links", ())):
+                    for name in ("traceId", "spanId", "parentSpanId"):
+                        if name in holder:
+                            holder[name] = base64.b64encode(bytes.fromhex(holder[name])).decode()
+    return json_format.ParseDict(document, ExportTraceServiceRequest())
+
+
+def test_the_file_exporter_writes_what_the_sdk_s_protobuf_encoding_says(tmp_path: Path) -> None:
+    """``FileSpanExporter`` against the SDK's own OTLP encoder, field for field, on spans with
+    every attribute type, a status, a parent, an event, a link, two scopes and two resources
+    in one export."""
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from durable_sessions.otlp_json import FileSpanExporter
+
+    memory, path = InMemorySpanExporter(), tmp_path / "traces.jsonl"
+    exported = []
+    for incarnation in ("run-1", "run-2"):
+        provider = TracerProvider(resource=Resource.create({"service.instance.id": incarnation, "n": 7}))
+        provider.add_span_processor(SimpleSpanProcessor(memory))
+        for scope in ("one", "two"):
+            tracer = provider.get_tracer(scope, "1.0" if scope == "one" else None)
+            with tracer.start_as_current_span("parent"), tracer.start_as_current_span("child") as span:
+                span.set_attributes(
+                    {
+                        "s": "naïve ✓",
+                        "b": True,
+                        "i": -(2**62),
+                        "f": 0.1,
+                        "nan": float("nan"),
+                        "inf": float("-inf"),
+                        "strings": ("a", "b"),
+                        "ints": (1, 2),
+                        "bools": (False,),
+                    }
+                )
+                span.set_status(Status(StatusCode.ERROR, "it broke"))
+                span.add_event("exception", {"exception.type": "ValueError"})
+                span.add_link(span.get_span_context(), {"why": "retry of"})
+        exported = list(memory.get_finished_spans())
+    exporter = FileSpanExporter(path)
+    assert exporter.export(exported).name == "SUCCESS"
+    exporter.shutdown()
+    assert exporter.export(exported).name == "FAILURE"  # after shutdown
+    (line,) = path.read_text().splitlines()
+    ours = _as_protobuf(json.loads(line))
+    theirs = encode_spans(exported)
+
+    def spans_by_id(request: Any) -> dict[bytes, Any]:
+        return {
+            span.span_id: (group.resource, scope.scope, span)
+            for group in request.resource_spans
+            for scope in group.scope_spans
+            for span in scope.spans
+        }
+
+    assert spans_by_id(ours).keys() == spans_by_id(theirs).keys() and len(spans_by_id(ours)) == 8
+    for span_id, (resource, scope, span) in spans_by_id(theirs).items():
+        our_resource, our_scope, our_span = spans_by_id(ours)[span_id]
+        assert (
+            our_resource == resource and our_scope.name == scope.name and our_scope.version == scope.version
+        )
+        # NaN is not equal to itself, so compare the attributes' wire bytes.
+        assert our_span.SerializeToString(deterministic=True) == span.SerializeToString(deterministic=True)

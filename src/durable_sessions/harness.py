@@ -132,6 +132,8 @@ def prove(
     reference = _Runner(command, base / "reference", environment, timeout_s)
     proof = Proof(reference.trial)
     reference.run_to_end("the reference run")
+    if reference.trial.problems:
+        return proof
     reference.check(rules, expected=None)
     if reference.trial.problems:
         return proof

@@ -233,7 +233,48 @@ def _encode_span(span: ReadableSpan) -> dict[str, Any]:
         encoded["parentSpanId"] = f"{span.parent.span_id:016x}"
     if span.status.description:
         encoded["status"]["message"] = span.status.description
+    if context.trace_state:
+        encoded["traceState"] = context.trace_state.to_header()
+    if span.events:
+        encoded["events"] = [_encode_event(event) for event in span.events]
+    if span.links:
+        encoded["links"] = [_encode_link(link) for link in span.links]
+    for name, count in (
+        ("droppedAttributesCount", span.dropped_attributes),
+        ("droppedEventsCount", span.dropped_events),
+        ("droppedLinksCount", span.dropped_links),
+    ):
+        if count:
+            encoded[name] = count
+    encoded["flags"] = _flags(span.parent)
     return encoded
+
+
+def _encode_event(event: Any) -> dict[str, Any]:
+    return {
+        "timeUnixNano": str(event.timestamp),
+        "name": event.name,
+        "attributes": _key_values(event.attributes or {}),
+    }
+
+
+def _encode_link(link: Any) -> dict[str, Any]:
+    encoded = {
+        "traceId": f"{link.context.trace_id:032x}",
+        "spanId": f"{link.context.span_id:016x}",
+        "attributes": _key_values(link.attributes or {}),
+        "flags": _flags(link.context),
+    }
+    if link.context.trace_state:
+        encoded["traceState"] = link.context.trace_state.to_header()
+    return encoded
+
+
+_HAS_IS_REMOTE, _IS_REMOTE = 0x100, 0x200  # SpanFlags: whether the parent (or linked) context is remote
+
+
+def _flags(context: Any) -> int:
+    return _HAS_IS_REMOTE | (_IS_REMOTE if context is not None and context.is_remote else 0)
 
 
 def _key_values(attributes: Mapping[str, Any]) -> list[dict[str, Any]]:

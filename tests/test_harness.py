@@ -1,0 +1,152 @@
+"""The kill-and-resume harness and its crash points, on real processes killed with SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from durable_sessions import crash
+from durable_sessions.cli import main
+from durable_sessions.harness import describe, prove
+from durable_sessions.journal import SqliteJournal
+
+ROOT = Path(__file__).resolve().parents[1]
+TRIP = [sys.executable, str(ROOT / "examples" / "agents" / "resumable_trip.py")]
+
+
+def world(trial: Path) -> list[dict]:
+    path = trial / "world.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_the_resumable_agent_comes_back_at_every_crash_point(tmp_path: Path) -> None:
+    proof = prove(TRIP, tmp_path)
+    assert proof.passed, "\n".join(describe(proof))
+    assert len(proof.reference.completed) == 5
+    assert [t.name for t in proof.trials] == [f"{p}-{n}" for n in range(1, 6) for p in ("before", "after")]
+    for trial in proof.trials:
+        assert [run.returncode for run in trial.runs] == [-signal.SIGKILL, 0]
+        events = world(trial.directory)
+        assert sum(e["event"] == "charge" for e in events) == 1, (
+            trial.name
+        )  # charged once, whatever the crash
+        assert sum(e["event"] == "email" for e in events) >= 1
+    # Killed after asking, before the answer was journaled, the person is asked again:
+    # the answer existed only in the dead process. Killed later, never.
+    asks = {t.name: sum(e["event"] == "asked" for e in world(t.directory)) for t in proof.trials}
+    assert asks.pop("after-1") == 2 and set(asks.values()) == {1}
+
+
+def test_an_agent_without_a_journal_is_caught_asking_again(tmp_path: Path) -> None:
+    proof = prove([*TRIP, "--no-journal"], tmp_path, points=("before",))
+    assert not proof.passed
+    failed = {t.name: {v.rule for v in t.errors} for t in proof.trials if not t.passed}
+    assert failed["before-2"] == {"re-asked"}
+    assert {"re-asked", "diverged-result"} <= failed["before-4"]
+    assert "before-1" not in failed  # killed before anything was recorded: nothing to replay
+
+
+def test_an_unkeyed_payment_in_doubt_stops_the_resumed_run(tmp_path: Path) -> None:
+    proof = prove([*TRIP, "--unkeyed"], tmp_path, points=("after",))
+    after_payment = next(t for t in proof.trials if t.name == "after-4")
+    assert after_payment.runs[-1].returncode == 1
+    assert "ActionInDoubt" in after_payment.problems[0]
+    assert "unresolved-side-effect" in {v.rule for v in after_payment.errors}
+    assert sum(e["event"] == "charge" for e in world(after_payment.directory)) == 1  # not charged twice
+    assert any("did not come back where it was" in p and "a04" in p for p in after_payment.problems)
+
+
+def _script(tmp_path: Path, body: str) -> list[str]:
+    path = tmp_path / "agent.py"
+    path.write_text(textwrap.dedent(body))
+    return [sys.executable, str(path)]
+
+
+def test_a_failing_reference_run_ends_the_proof(tmp_path: Path) -> None:
+    proof = prove(_script(tmp_path, "import sys; print('no config'); sys.exit(3)"), tmp_path / "p")
+    assert proof.trials == []
+    assert proof.reference.problems == ["the reference run exited 3; it printed:\nno config"]
+
+
+def test_an_agent_that_writes_no_spans_is_told_how(tmp_path: Path) -> None:
+    proof = prove(_script(tmp_path, "pass"), tmp_path / "p")
+    assert "no spans were written to" in proof.reference.problems[0]
+    assert "FileSpanExporter" in proof.reference.problems[0]
+
+
+def test_a_hanging_run_is_stopped_at_the_timeout(tmp_path: Path) -> None:
+    proof = prove(_script(tmp_path, "import time; time.sleep(60)"), tmp_path / "p", timeout_s=0.5)
+    assert proof.reference.runs[0].returncode is None
+    assert "did not finish within" in proof.reference.problems[0]
+
+
+def test_placeholders_and_environment_name_the_trial_state(tmp_path: Path) -> None:
+    agent = _script(
+        tmp_path,
+        """
+        import json, os, sys
+        json.dump({"argv": sys.argv[1:], "env": {k: v for k, v in os.environ.items()
+                   if k.startswith("DURABLE_SESSIONS_")}}, open("seen.json", "w"))
+        """,
+    )
+    prove([*agent, "{journal}", "{traces}", "{dir}"], tmp_path / "p")
+    seen = json.loads((tmp_path / "p" / "reference" / "seen.json").read_text())
+    reference = tmp_path / "p" / "reference"
+    expected = [str(reference / "journal.db"), str(reference / "traces.jsonl"), str(reference)]
+    assert seen["argv"] == expected
+    assert [seen["env"][f"DURABLE_SESSIONS_{k}"] for k in ("JOURNAL", "TRACES", "DIR")] == expected
+    assert crash.ENV not in seen["env"]
+
+
+def test_the_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["prove", "--dir", str(tmp_path / "ok"), "--points", "after", "--", *TRIP]) == 0
+    assert "5 crash points: 5 resumed, 0 failed" in capsys.readouterr().out
+    assert (
+        main(["prove", "--dir", str(tmp_path / "bad"), "--format", "json", "--", *TRIP, "--no-journal"]) == 1
+    )
+    document = json.loads(capsys.readouterr().out)
+    assert document["ok"] is False and document["reference"]["passed"] is True
+    assert main(["prove", "--dir", str(tmp_path / "ok"), "--", *TRIP]) == 2
+    assert "exists already" in capsys.readouterr().err
+    assert main(["prove"]) == 2
+    assert "give the agent's command after --" in capsys.readouterr().err
+    assert main(["prove", "--dir", str(tmp_path / "none"), "--", str(tmp_path / "no-such-agent")]) == 2
+    assert "no-such-agent" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["prove", "--points", "middle", "--", "true"])
+    assert exit_info.value.code == 2
+    assert "'middle' is not a crash point" in capsys.readouterr().err
+
+
+def test_a_crash_point_kills_the_process_and_leaves_the_intent(tmp_path: Path) -> None:
+    agent = _script(
+        tmp_path,
+        f"""
+        import sys
+        sys.path.insert(0, {str(ROOT / "src")!r})
+        from durable_sessions.instrument import action, session
+        from durable_sessions.journal import SqliteJournal
+        with session("s-1", journal=SqliteJournal("journal.db")):
+            for n in range(3):
+                action(f"p{{n}}", "payment", idempotency_key=f"k{{n}}")(lambda: print("paid", flush=True))()
+        """,
+    )
+    env = {**os.environ, crash.ENV: "after:2"}
+    done = subprocess.run(agent, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == -signal.SIGKILL
+    assert done.stdout.count("paid") == 2  # the second payment ran, then the process died
+    journal = SqliteJournal(tmp_path / "journal.db")
+    assert [(e.action_id, e.status) for e in journal.entries("s-1")] == [("p0", "ok"), ("p1", "started")]
+
+
+@pytest.mark.parametrize("value", ["after", "during:1", "before:0", "before:x"])
+def test_a_bad_crash_point_setting_is_refused_by_name(value: str) -> None:
+    with pytest.raises(ValueError, match=crash.ENV):
+        crash.parse(value)

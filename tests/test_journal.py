@@ -1,0 +1,313 @@
+"""``durable_sessions.journal`` with ``instrument.action``: record, replay, intents, doubt."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import multiprocessing
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from durable_sessions import semconv as sc
+from durable_sessions.digest import digest_value
+from durable_sessions.instrument import FileResultStore, action, resource, session
+from durable_sessions.journal import ActionInDoubt, AttemptsExhausted, Entry, SqliteJournal, plan
+
+
+class Agent:
+    """One process of an agent, as far as the instrumentation can tell: its own provider."""
+
+    def __init__(self, journal: SqliteJournal) -> None:
+        self.journal = journal
+        self.exporter = InMemorySpanExporter()
+        self.provider = TracerProvider(resource=resource())
+        self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+        self.calls: list[str] = []
+
+    def spans(self) -> list[ReadableSpan]:
+        return list(self.exporter.get_finished_spans())
+
+    def attributes(self, action_id: str) -> dict[str, Any]:
+        (span,) = [s for s in self.spans() if s.attributes[sc.ACTION_ID] == action_id]
+        return dict(span.attributes)
+
+    def action(self, action_id: str, kind: str, **fields: Any) -> action:
+        return action(action_id, kind, tracer_provider=self.provider, **fields)
+
+
+@pytest.fixture
+def journal(tmp_path: Path) -> SqliteJournal:
+    return SqliteJournal(tmp_path / "state" / "journal.db")
+
+
+def test_a_completed_action_is_replayed_not_run_again(journal: SqliteJournal) -> None:
+    answers = iter([{"budget": 2400}, {"budget": 1800}])
+    first, second = Agent(journal), Agent(journal)
+    for agent in (first, second):
+
+        @agent.action("a01", "user_prompt")
+        def ask(calls: list[str] = agent.calls) -> Any:
+            calls.append("asked")
+            return next(answers)
+
+        with session("s-1", journal=journal):
+            assert ask() == {"budget": 2400}
+    assert first.calls == ["asked"] and second.calls == []
+    replayed = second.attributes("a01")
+    assert replayed[sc.ACTION_REPLAYED] is True
+    assert replayed[sc.ACTION_RESULT_DIGEST] == first.attributes("a01")[sc.ACTION_RESULT_DIGEST]
+    assert json.loads(replayed[sc.ACTION_RESULT]) == {"budget": 2400}
+    assert sc.ACTION_REPLAYED not in first.attributes("a01")
+
+
+def test_values_come_back_exactly_as_recorded(journal: SqliteJournal) -> None:
+    value = {"big": 2**80, "float": 0.1, "text": "naïve ✓", "nested": [None, True, {"x": -1}]}
+    for _ in range(2):
+        with session("s-1", journal=journal):
+            got = action("a01", "llm_call")(lambda: value)()
+    assert got == value and type(got["big"]) is int
+
+
+def test_the_context_manager_form_says_replayed_and_holds_the_result(journal: SqliteJournal) -> None:
+    asked = []
+    for _ in range(2):
+        with session("s-1", journal=journal), action("a01", "user_prompt") as act:
+            answer = act.result if act.replayed else act.record(asked.append(1) or "aisle")
+    assert answer == "aisle" and asked == [1]
+
+
+def test_recording_again_in_a_replayed_block_is_no_replay(journal: SqliteJournal) -> None:
+    """A block that ignores ``act.replayed`` ran the action again: its span must not say replayed."""
+    agent = Agent(journal)
+    for answer in ("aisle", "window"):
+        with session("s-1", journal=journal), agent.action("a01", "user_prompt") as act:
+            act.record(answer)
+    second = agent.spans()[1].attributes
+    assert second[sc.ACTION_REPLAYED] is False
+    assert json.loads(second[sc.ACTION_RESULT]) == "window"
+    assert journal.get("s-1", "a01").outcome == "aisle"  # the record is the first outcome
+
+
+def test_async_functions_are_replayed(journal: SqliteJournal) -> None:
+    calls = []
+
+    @action("a01", "external_read")
+    async def fetch() -> int:
+        calls.append(1)
+        return 42
+
+    async def run() -> int:
+        with session("s-1", journal=journal):
+            return await fetch()
+
+    assert asyncio.run(run()) == 42 and asyncio.run(run()) == 42
+    assert calls == [1]
+
+
+def test_a_write_ahead_entry_is_durable_before_the_body_runs(journal: SqliteJournal) -> None:
+    seen = []
+
+    @action("p1", "payment", idempotency_key="k-1")
+    def pay() -> str:
+        other = SqliteJournal(journal.path)  # another connection: what a new process would read
+        seen.append(other.get("s-1", "p1"))
+        return "paid"
+
+    with session("s-1", journal=journal):
+        pay()
+    (entry,) = seen
+    assert entry is not None and entry.status == "started" and entry.idempotency_key == "k-1"
+    done = journal.get("s-1", "p1")
+    assert done.status == "ok" and done.outcome == "paid" and done.result_digest == digest_value("paid")
+
+
+def _started(journal: SqliteJournal, kind: str, **fields: Any) -> None:
+    journal.put(Entry("s-1", "p1", kind, "started", 1, incarnation="dead", **fields))
+
+
+def test_an_unkeyed_side_effect_in_doubt_is_not_repeated(journal: SqliteJournal) -> None:
+    _started(journal, "payment")
+    agent = Agent(journal)
+
+    @agent.action("p1", "payment")
+    def pay() -> None:
+        agent.calls.append("charged")
+
+    with session("s-1", journal=journal), pytest.raises(ActionInDoubt, match=r"journal\.resolve"):
+        pay()
+    assert agent.calls == []
+    assert agent.attributes("p1")[sc.ACTION_STATUS] == "started"  # the trace shows the unresolved intent
+
+
+def test_a_keyed_side_effect_in_doubt_runs_again_under_its_key(journal: SqliteJournal) -> None:
+    _started(journal, "payment", idempotency_key="k-1")
+    agent = Agent(journal)
+    with session("s-1", journal=journal):
+        agent.action("p1", "payment", idempotency_key="k-1")(lambda: "paid")()
+    assert agent.attributes("p1")[sc.ACTION_ATTEMPTS] == 2
+    assert journal.get("s-1", "p1").status == "ok"
+
+
+def test_a_skippable_side_effect_in_doubt_is_stepped_over(journal: SqliteJournal) -> None:
+    _started(journal, "email")
+    agent = Agent(journal)
+
+    @agent.action("p1", "email", replay="skip")
+    def send() -> str:
+        agent.calls.append("sent")
+        return "sent"
+
+    with session("s-1", journal=journal):
+        assert send() is None
+    assert agent.calls == []
+    assert agent.attributes("p1")[sc.ACTION_STATUS] == "started"
+
+
+def test_resolve_and_discard_settle_an_action_in_doubt(journal: SqliteJournal) -> None:
+    _started(journal, "payment")
+    journal.resolve("s-1", "p1", {"charged": 12})
+    with session("s-1", journal=journal):
+        assert action("p1", "payment")(lambda: pytest.fail("ran"))() == {"charged": 12}
+    journal.discard("s-1", "p1")
+    assert journal.get("s-1", "p1") is None
+    with pytest.raises(KeyError, match="no action 'p1' of session 's-1'"):
+        journal.discard("s-1", "p1")
+
+
+def test_attempts_count_across_processes_up_to_the_cap(journal: SqliteJournal) -> None:
+    def flaky() -> None:
+        raise ConnectionError("down")
+
+    attempts = []
+    for _ in range(3):
+        agent = Agent(journal)
+        with session("s-1", journal=journal), pytest.raises(ConnectionError):
+            agent.action("t1", "tool_call", retryable=True, max_attempts=3)(flaky)()
+        attempts.append(agent.attributes("t1").get(sc.ACTION_ATTEMPTS, 1))
+    assert attempts == [1, 2, 3]
+    with session("s-1", journal=journal), pytest.raises(AttemptsExhausted, match="used its 3 attempts"):
+        action("t1", "tool_call", retryable=True, max_attempts=3)(flaky)()
+
+
+def test_a_crash_loop_is_counted_by_the_write_ahead_entries(journal: SqliteJournal) -> None:
+    journal.put(Entry("s-1", "a1", "llm_call", "started", 2))  # two processes died inside it
+    assert plan(journal.get("s-1", "a1"), "llm_call", {}).attempts == 3
+    with pytest.raises(AttemptsExhausted, match="never finished"):
+        plan(journal.get("s-1", "a1"), "llm_call", {"max_attempts": 2})
+    assert plan(journal.get("s-1", "a1"), "llm_call", {"max_attempts": True}).decision == "run"  # no int cap
+
+
+def test_a_failed_action_is_journaled_as_an_error_and_the_exception_propagates(
+    journal: SqliteJournal,
+) -> None:
+    with session("s-1", journal=journal), pytest.raises(ValueError, match="bad"), action("a1", "llm_call"):
+        raise ValueError("bad")
+    assert journal.get("s-1", "a1").status == "error"
+
+
+def test_an_interrupted_action_stays_started(journal: SqliteJournal) -> None:
+    with session("s-1", journal=journal), pytest.raises(KeyboardInterrupt), action("a1", "payment"):
+        raise KeyboardInterrupt
+    assert journal.get("s-1", "a1").status == "started"
+
+
+def test_long_results_replay_by_reference(journal: SqliteJournal, tmp_path: Path) -> None:
+    store = FileResultStore(tmp_path / "results")
+    big = "x" * 100
+    agents = [Agent(journal), Agent(journal)]
+    for agent in agents:
+        with session("s-1", journal=journal):
+            got = action(
+                "a1", "llm_call", max_result_chars=10, result_store=store, tracer_provider=agent.provider
+            )(lambda: big)()
+        assert got == big
+    first, second = (agent.attributes("a1") for agent in agents)
+    assert second[sc.ACTION_RESULT_REF] == first[sc.ACTION_RESULT_REF]
+    assert sc.ACTION_RESULT not in second
+
+
+def test_without_a_session_or_journal_nothing_is_journaled(journal: SqliteJournal) -> None:
+    calls = []
+    for _ in range(2):
+        action("a1", "llm_call", journal=journal)(lambda: calls.append(1))()  # no session: no journal
+        with session("s-1"):
+            action("a1", "llm_call")(lambda: calls.append(1))()  # no journal
+    assert calls == [1, 1, 1, 1]
+    assert journal.entries("s-1") == []
+
+
+def test_an_inner_session_keeps_the_outer_journal(journal: SqliteJournal) -> None:
+    with session("outer", journal=journal), session("inner"):
+        action("a1", "clock")(lambda: "09:00")()
+    assert journal.get("inner", "a1").outcome == "09:00"
+
+
+def test_generators_are_not_journaled(journal: SqliteJournal) -> None:
+    @action("g1", "llm_call")
+    def stream() -> Any:
+        yield "a"
+        yield "b"
+
+    for _ in range(2):
+        with session("s-1", journal=journal):
+            assert list(stream()) == ["a", "b"]
+    assert journal.get("s-1", "g1") is None
+
+
+def test_a_broken_journal_fails_open(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    broken = SqliteJournal(blocker / "journal.db")  # its directory cannot be made
+    with caplog.at_level(logging.ERROR, logger="durable_sessions"), session("s-1", journal=broken):
+        assert action("a1", "llm_call")(lambda: 7)() == 7
+    assert "could not read action 'a1' from the journal" in caplog.text
+
+
+def test_a_journal_that_is_not_sqlite_fails_open(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "journal.db"
+    path.write_bytes(b"this is not a database" * 100)
+    with (
+        caplog.at_level(logging.ERROR, logger="durable_sessions"),
+        session("s-1", journal=SqliteJournal(path)),
+    ):
+        assert action("a1", "llm_call")(lambda: 7)() == 7
+    assert "journal" in caplog.text
+
+
+def test_entries_list_a_session_in_order(journal: SqliteJournal) -> None:
+    with session("s-1", journal=journal):
+        for action_id in ("b", "a", "c"):
+            action(action_id, "clock")(lambda: 1)()
+    assert [e.action_id for e in journal.entries("s-1")] == ["b", "a", "c"]
+    assert all(e.status == "ok" and e.incarnation for e in journal.entries("s-1"))
+
+
+def _child_records(path: str) -> None:
+    with session("s-1", journal=SqliteJournal(path)):
+        action("child", "clock")(lambda: "from the child")()
+
+
+def test_a_forked_child_uses_its_own_connection(journal: SqliteJournal) -> None:
+    with session("s-1", journal=journal):
+        action("parent", "clock")(lambda: 1)()
+    context = multiprocessing.get_context("fork")
+    child = context.Process(target=_child_records, args=(str(journal.path),))
+    child.start()
+    child.join(30)
+    assert child.exitcode == 0
+    assert journal.get("s-1", "child").outcome == "from the child"
+
+
+def test_the_file_is_wal_and_fully_synchronous(journal: SqliteJournal) -> None:
+    journal.put(Entry("s-1", "a1", "clock", "ok", 1))
+    connection = journal._connected()
+    assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert connection.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    assert sqlite3.connect(journal.path).execute("SELECT count(*) FROM journal").fetchone()[0] == 1
