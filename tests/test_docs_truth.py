@@ -950,3 +950,33 @@ def test_the_collector_readme_table_is_what_config_reference_prints() -> None:
     from durable_sessions_collector.config import reference
 
     assert reference() in read(COLLECTOR_README)
+
+
+RECOVERY_MD = ROOT / "docs" / "recovery.md"
+
+
+def test_recovery_md_first_snippet_asks_once_and_charges_once_over_two_runs(tmp_path: Path) -> None:
+    """The journal snippet of docs/recovery.md, run twice as written: the second run replays."""
+    script = tmp_path / "snippet.py"
+    script.write_text(code_blocks(read(RECOVERY_MD), "python")[0], encoding="utf-8")
+    runs = [
+        subprocess.run(
+            [sys.executable, str(script)],
+            input="2400\n",
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=60,
+        )
+        for _ in range(2)
+    ]
+    assert [run.returncode for run in runs] == [0, 0], runs[-1].stderr
+    assert runs[0].stdout == "Budget? " and runs[1].stdout == ""  # asked once only
+
+    from durable_sessions.journal import SqliteJournal
+
+    entries = SqliteJournal(tmp_path / "state" / "journal.db").entries("trip-42")
+    assert [(e.action_id, e.status, e.outcome) for e in entries] == [
+        ("a01", "ok", "2400"),
+        ("a04", "ok", {"charged": 2400}),
+    ]

@@ -16,6 +16,7 @@ from durable_sessions import crash
 from durable_sessions.cli import main
 from durable_sessions.harness import describe, prove
 from durable_sessions.journal import SqliteJournal
+from durable_sessions.otlp_json import spans_of
 
 ROOT = Path(__file__).resolve().parents[1]
 TRIP = [sys.executable, str(ROOT / "examples" / "agents" / "resumable_trip.py")]
@@ -42,6 +43,14 @@ def test_the_resumable_agent_comes_back_at_every_crash_point(tmp_path: Path) -> 
     # the answer existed only in the dead process. Killed later, never.
     asks = {t.name: sum(e["event"] == "asked" for e in world(t.directory)) for t in proof.trials}
     assert asks.pop("after-1") == 2 and set(asks.values()) == {1}
+    # ... and the trace says so: the question's span in the resumed run is its second attempt.
+    (asked_again,) = [
+        span.attributes
+        for line in (proof.trials[1].directory / "traces.jsonl").read_text().splitlines()
+        for span in spans_of(json.loads(line))
+        if span.attributes["agent.action.id"] == "a01"
+    ]
+    assert asked_again["agent.action.attempts"] == 2
 
 
 def test_an_agent_without_a_journal_is_caught_asking_again(tmp_path: Path) -> None:
