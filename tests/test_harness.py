@@ -101,8 +101,8 @@ def test_placeholders_and_environment_name_the_trial_state(tmp_path: Path) -> No
         tmp_path,
         """
         import json, os, sys
-        json.dump({"argv": sys.argv[1:], "env": {k: v for k, v in os.environ.items()
-                   if k.startswith("DURABLE_SESSIONS_")}}, open("seen.json", "w"))
+        json.dump({"argv": sys.argv[1:], "cwd": os.getcwd(), "env": {k: v for k, v in os.environ.items()
+                   if k.startswith("DURABLE_SESSIONS_")}}, open(os.path.join(sys.argv[3], "seen.json"), "w"))
         """,
     )
     prove([*agent, "{journal}", "{traces}", "{dir}"], tmp_path / "p")
@@ -112,6 +112,7 @@ def test_placeholders_and_environment_name_the_trial_state(tmp_path: Path) -> No
     assert seen["argv"] == expected
     assert [seen["env"][f"DURABLE_SESSIONS_{k}"] for k in ("JOURNAL", "TRACES", "DIR")] == expected
     assert crash.ENV not in seen["env"]
+    assert seen["cwd"] == os.getcwd()  # relative paths in the command mean what they say
 
 
 def test_the_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -127,7 +128,7 @@ def test_the_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert main(["prove"]) == 2
     assert "give the agent's command after --" in capsys.readouterr().err
     assert main(["prove", "--dir", str(tmp_path / "none"), "--", str(tmp_path / "no-such-agent")]) == 2
-    assert "no-such-agent" in capsys.readouterr().err
+    assert "could not start" in capsys.readouterr().out
     with pytest.raises(SystemExit) as exit_info:
         main(["prove", "--points", "middle", "--", "true"])
     assert exit_info.value.code == 2
@@ -159,3 +160,123 @@ def test_a_crash_point_kills_the_process_and_leaves_the_intent(tmp_path: Path) -
 def test_a_bad_crash_point_setting_is_refused_by_name(value: str) -> None:
     with pytest.raises(ValueError, match=crash.ENV):
         crash.parse(value)
+
+
+def _instrumented(tmp_path: Path, body: str) -> list[str]:
+    """An agent script with a journal and the file exporter, ``body`` run in its session."""
+    header = f"""
+        import os, sys
+        sys.path.insert(0, {str(ROOT / "src")!r})
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from durable_sessions.instrument import action, resource, session
+        from durable_sessions.journal import SqliteJournal
+        from durable_sessions.otlp_json import FileSpanExporter
+        provider = TracerProvider(resource=resource())
+        provider.add_span_processor(SimpleSpanProcessor(FileSpanExporter(os.environ["DURABLE_SESSIONS_TRACES"])))
+        trace.set_tracer_provider(provider)
+        journal = SqliteJournal(os.environ["DURABLE_SESSIONS_JOURNAL"])
+    """
+    return _script(tmp_path, textwrap.dedent(header) + textwrap.dedent(body))
+
+
+def test_an_outer_action_has_its_own_after_boundary(tmp_path: Path) -> None:
+    """``after:1`` of an action that runs another inside it kills after the outer body."""
+    agent = _instrumented(
+        tmp_path,
+        """
+        with session("s-1", journal=journal):
+            with action("outer", "tool_call") as outer:
+                action("inner", "clock")(lambda: 1)()
+                print("outer body done", flush=True)
+                outer.record(2)
+            print("after outer", flush=True)
+        """,
+    )
+    done = subprocess.run(
+        agent,
+        env={
+            **os.environ,
+            crash.ENV: "after:1",
+            "DURABLE_SESSIONS_TRACES": str(tmp_path / "t.jsonl"),
+            "DURABLE_SESSIONS_JOURNAL": str(tmp_path / "j.db"),
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == -signal.SIGKILL and done.stdout == "outer body done\n"
+    assert SqliteJournal(tmp_path / "j.db").get("s-1", "outer").status == "started"
+
+
+def test_every_boundary_is_tested_when_an_action_fails(tmp_path: Path) -> None:
+    """With ``after`` only, a failing action's boundary is not reached; the later ones still are."""
+    agent = _instrumented(
+        tmp_path,
+        """
+        with session("s-1", journal=journal):
+            action("a1", "clock")(lambda: 1)()
+            try:
+                action("a2", "tool_call")(lambda: 1 / 0)()
+            except ZeroDivisionError:
+                pass
+            action("a3", "clock")(lambda: 3)()
+        """,
+    )
+    proof = prove(agent, tmp_path / "p", points=("after",))
+    assert proof.boundaries == 3
+    assert [(t.name, t.reached) for t in proof.trials] == [
+        ("after-1", True),
+        ("after-2", False),
+        ("after-3", True),
+    ]
+
+
+def test_a_proof_of_nothing_does_not_pass(tmp_path: Path) -> None:
+    agent = _instrumented(tmp_path, "open(os.environ['DURABLE_SESSIONS_TRACES'], 'w').close()")
+    proof = prove(agent, tmp_path / "p")
+    assert not proof.passed
+    assert "ran no action" in proof.reference.problems[0]
+
+
+def test_a_cut_short_proof_says_so(tmp_path: Path) -> None:
+    proof = prove(TRIP, tmp_path, max_boundaries=2, points=("before",))
+    assert (proof.boundaries, proof.tested, len(proof.trials)) == (5, 2, 2)
+    assert "only the first 2 of 5 actions were tested" in list(describe(proof))[-1]
+
+
+def test_a_launcher_that_reports_the_kill_as_137_is_understood(tmp_path: Path) -> None:
+    launcher = ["sh", "-c", f"{sys.executable} {TRIP[1]}; exit $?"]  # a shell that does not exec
+    proof = prove(launcher, tmp_path, points=("after",), max_boundaries=1)
+    assert proof.trials[0].runs[0].returncode == 137
+    assert proof.passed, "\n".join(describe(proof))
+
+
+def test_a_helper_process_left_holding_the_output_neither_delays_nor_outlives_the_run(tmp_path: Path) -> None:
+    agent = _instrumented(
+        tmp_path,
+        """
+        import subprocess
+        helper = subprocess.Popen(["sleep", "1000"])  # inherits standard output, as a stdio server would
+        open(os.path.join(os.environ["DURABLE_SESSIONS_DIR"], "helper.pid"), "w").write(str(helper.pid))
+        with session("s-1", journal=journal):
+            action("a1", "clock")(lambda: 1)()
+        helper.kill()
+        """,
+    )
+    proof = prove(agent, tmp_path / "p", points=("before",), timeout_s=30)
+    (trial,) = proof.trials
+    assert trial.runs[0].killed_at_crash_point and trial.runs[0].seconds < 20
+    pid = int((trial.directory / "helper.pid").read_text())
+    assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+
+
+def test_relative_paths_mean_the_current_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    relative_dir = os.path.relpath(tmp_path / "p", ROOT)
+    agent = [sys.executable, "examples/agents/resumable_trip.py"]
+    assert (
+        main(["prove", "--dir", relative_dir, "--points", "before", "--max-actions", "1", "--", *agent]) == 0
+    )
+    assert (tmp_path / "p" / "before-1" / "journal.db").exists()

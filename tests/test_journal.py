@@ -311,3 +311,43 @@ def test_the_file_is_wal_and_fully_synchronous(journal: SqliteJournal) -> None:
     assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert connection.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
     assert sqlite3.connect(journal.path).execute("SELECT count(*) FROM journal").fetchone()[0] == 1
+
+
+def test_an_action_completed_without_a_recorded_outcome_runs_again(journal: SqliteJournal) -> None:
+    """``record=False`` or a value JSON cannot hold leaves nothing to replay: returning
+    ``None`` in its place would change what the agent sees."""
+    calls = []
+    for _ in range(2):
+        with session("s-1", journal=journal):
+            assert action("a1", "llm_call", record=False)(lambda: calls.append(1) or {"x": 1})() == {"x": 1}
+            assert action("a2", "clock")(lambda: calls.append(2) or {1, 2})() == {1, 2}  # a set: not JSON
+    assert calls == [1, 2, 1, 2]
+
+
+def test_a_side_effect_completed_without_a_recorded_outcome_is_not_repeated(journal: SqliteJournal) -> None:
+    calls = []
+    for _ in range(2):
+        with session("s-1", journal=journal):
+            action("p1", "payment", idempotency_key="k", record=False)(lambda: calls.append(1) or "ch_1")()
+    assert calls == [1]
+
+
+def test_an_outcome_recorded_by_reference_is_replayed_with_its_reference(journal: SqliteJournal) -> None:
+    agents = [Agent(journal), Agent(journal)]
+    for agent in agents:
+        with session("s-1", journal=journal), agent.action("a1", "llm_call") as act:
+            if not act.replayed:
+                act.record_ref("s3://bucket/a1.json", digest="sha256:" + "0" * 64)
+    replayed = agents[1].attributes("a1")
+    assert replayed[sc.ACTION_REPLAYED] is True
+    assert replayed[sc.ACTION_RESULT_REF] == "s3://bucket/a1.json"
+    assert replayed[sc.ACTION_RESULT_DIGEST] == "sha256:" + "0" * 64
+
+
+def test_a_journal_row_that_does_not_read_fails_open(
+    journal: SqliteJournal, caplog: pytest.LogCaptureFixture
+) -> None:
+    journal.put(Entry("s-1", "a1", "llm_call", "error", "three"))  # type: ignore[arg-type]
+    with caplog.at_level(logging.ERROR, logger="durable_sessions"), session("s-1", journal=journal):
+        assert action("a1", "llm_call", max_attempts=3)(lambda: 5)() == 5
+    assert "could not read action 'a1' from the journal" in caplog.text

@@ -199,3 +199,44 @@ def test_the_file_exporter_writes_what_the_sdk_s_protobuf_encoding_says(tmp_path
         )
         # NaN is not equal to itself, so compare the attributes' wire bytes.
         assert our_span.SerializeToString(deterministic=True) == span.SerializeToString(deterministic=True)
+
+
+def _one_span(path: Path, **attributes: Any) -> None:
+    from durable_sessions.otlp_json import FileSpanExporter
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(FileSpanExporter(path)))
+    with provider.get_tracer("t").start_as_current_span("s", attributes=attributes):
+        pass
+    provider.shutdown()
+
+
+def test_the_file_exporter_writes_none_in_a_sequence_as_an_empty_value(tmp_path: Path) -> None:
+    from durable_sessions.otlp_json import spans_of
+
+    _one_span(tmp_path / "t.jsonl", names=("a", None))
+    (span,) = spans_of(json.loads((tmp_path / "t.jsonl").read_text()))
+    assert span.attributes["names"] == ("a", None)
+
+
+def test_the_file_exporter_keeps_a_span_whose_text_is_not_unicode(tmp_path: Path) -> None:
+    """A lone surrogate (Python strings may hold one) is written as a JSON escape, not lost with its batch."""
+    _one_span(
+        tmp_path / "t.jsonl",
+        **{"session.id": "s-\ud800", "agent.action.id": "a1", "agent.action.kind": "clock"},
+    )
+    (line,) = (tmp_path / "t.jsonl").read_bytes().splitlines()
+    assert b"s-\\ud800" in line
+
+
+def test_a_file_exporter_forked_while_its_lock_is_held_exports_in_the_child(tmp_path: Path) -> None:
+    import multiprocessing
+
+    from durable_sessions.otlp_json import FileSpanExporter
+
+    exporter = FileSpanExporter(tmp_path / "t.jsonl")
+    with exporter._lock:  # another thread in the middle of an export, as far as the child knows
+        child = multiprocessing.get_context("fork").Process(target=exporter.export, args=([],))
+        child.start()
+    child.join(20)
+    assert child.exitcode == 0

@@ -431,8 +431,8 @@ def run_prove(args: argparse.Namespace, out: Output) -> int:
                 f"durable-sessions prove: --dir {args.dir}: {error.filename} exists already", file=sys.stderr
             )
             return EXIT_USAGE
-        except OSError as error:
-            print(f"durable-sessions prove: {command[0]}: {error.strerror or error}", file=sys.stderr)
+        except (OSError, InputError) as error:
+            print(f"durable-sessions prove: {error}", file=sys.stderr)
             return EXIT_USAGE
         if args.format == "json":
             dump_json(proof_document(proof), out)  # type: ignore[arg-type]
@@ -445,7 +445,7 @@ def run_prove(args: argparse.Namespace, out: Output) -> int:
 
 
 def _crash_points(text: str) -> tuple[str, ...]:
-    points = tuple(part.strip() for part in text.split(","))
+    points = tuple(dict.fromkeys(part.strip() for part in text.split(",")))
     for point in points:
         if point not in crash.POINTS:
             raise argparse.ArgumentTypeError(f"{point!r} is not a crash point ({', '.join(crash.POINTS)})")

@@ -2,8 +2,9 @@
 
 The harness (:mod:`durable_sessions.harness`) runs the agent with
 ``DURABLE_SESSIONS_KILL_AT=<point>:<n>`` in its environment, and
-:func:`durable_sessions.instrument.action` calls :func:`reached` at two boundaries of
-every action the process really runs (replayed ones are not counted):
+:func:`durable_sessions.instrument.action` calls :func:`before` and :func:`after` at two
+boundaries of every action the process really runs (replayed ones are not counted),
+numbered by the order in which the actions started:
 
 - ``before``: the write-ahead entry is in the journal, the action's body has not run;
 - ``after``: the body has run (the side effect happened, the question was answered),
@@ -21,15 +22,15 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from typing import Literal
 
 from opentelemetry import trace as trace_api
 
 logger = logging.getLogger("durable_sessions")
 
 ENV = "DURABLE_SESSIONS_KILL_AT"
+COUNT_ENV = "DURABLE_SESSIONS_COUNT_BOUNDARIES"
+"""A file to which each boundary appends a line: how the harness counts a reference run's."""
 POINTS: tuple[str, ...] = ("before", "after")
-Point = Literal["before", "after"]
 
 
 def parse(value: str) -> tuple[str, int]:
@@ -50,9 +51,11 @@ class _Target:
         self.point: str | None = None
         self.count = 0
         self.seen = 0
+        self.counting: str | None = None
 
     def load(self) -> None:
         self.pid, self.point, self.seen = os.getpid(), None, 0
+        self.counting = os.environ.get(COUNT_ENV) or None
         value = os.environ.get(ENV)
         if not value:
             return
@@ -65,16 +68,39 @@ class _Target:
 _TARGET = _Target()
 
 
-def reached(point: Point) -> None:
-    """Count a boundary of a running action; kill the process at the configured one."""
+def before() -> int:
+    """The boundary before a running action's body: count it, and die here if it is the
+    configured one. Returns its number in this process, for :func:`after`."""
+    target = _target()
+    target.seen += 1
+    if target.counting is not None:
+        _count(target.counting)
+    if target.point == "before" and target.seen == target.count:
+        _die()
+    return target.seen
+
+
+def after(boundary: int) -> None:
+    """The boundary after the body of the action whose :func:`before` returned ``boundary``
+    (an action that ran others inside it has its own number, not theirs)."""
+    target = _target()
+    if target.point == "after" and boundary == target.count:
+        _die()
+
+
+def _target() -> _Target:
     if _TARGET.pid != os.getpid():  # a new process (or a forked child) reads its own setting
         _TARGET.load()
-    if _TARGET.point is None:
-        return
-    if point == "before":
-        _TARGET.seen += 1
-    if point == _TARGET.point and _TARGET.seen == _TARGET.count:
-        _die()
+    return _TARGET
+
+
+def _count(path: str) -> None:
+    """Append one line per boundary to the file the harness counts a reference run's boundaries in."""
+    try:
+        with open(path, "a") as counted:
+            counted.write("boundary\n")
+    except OSError:  # fail open: the harness reports a count it cannot read
+        logger.debug("durable_sessions: could not count a boundary in %s", path, exc_info=True)
 
 
 def _die() -> None:

@@ -12,9 +12,10 @@ directory:
    diverged from its record;
 4. checks that every action the reference completed was completed here too.
 
-Boundaries are enumerated until a run is no longer killed (the agent ran fewer
-actions). The command finds where to keep its state through placeholders in its
-arguments, or the same values in its environment:
+The boundaries are those the reference run passed (every action it ran), counted by the
+instrumentation itself. The command runs in the current directory and finds where to
+keep its state through placeholders in its arguments, or the same values in its
+environment:
 
 ============  ===========================  =====================================
 placeholder   environment variable         value
@@ -31,6 +32,7 @@ session id the same across runs, as a resumed agent must.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -67,7 +69,8 @@ class Run:
 
     @property
     def killed_at_crash_point(self) -> bool:
-        return self.returncode == -signal.SIGKILL
+        """Killed by ``SIGKILL``: directly, or as a shell or launcher reports it (128 + 9)."""
+        return self.returncode in (-signal.SIGKILL, 128 + signal.SIGKILL)
 
 
 @dataclasses.dataclass
@@ -100,6 +103,10 @@ class Proof:
 
     reference: Trial
     trials: list[Trial] = dataclasses.field(default_factory=list)
+    boundaries: int = 0
+    """How many action boundaries the reference run passed (actions it ran)."""
+    tested: int = 0
+    """How many of them were crash-tested (fewer when ``max_boundaries`` cut the proof short)."""
 
     @property
     def passed(self) -> bool:
@@ -119,37 +126,55 @@ def prove(
     """Kill ``command`` at every action boundary, resume it, and check what it did.
 
     ``directory`` receives one folder per trial (``reference``, ``before-1``,
-    ``after-1``, …) with its journal, traces and whatever else the agent keeps there;
-    it must not hold an earlier proof's folders. A failing reference run ends the proof
-    early: its problems say why.
+    ``after-1``, …) with its journal, traces, output and whatever else the agent keeps
+    there; it must not hold an earlier proof's folders. The command runs in the current
+    directory. A failing reference run ends the proof early: its problems say why.
     """
     unknown = sorted(set(points) - set(crash.POINTS))
     if not points or unknown:
         raise ValueError(f"unknown crash point {', '.join(unknown)}; expected {', '.join(crash.POINTS)}")
-    base = Path(directory)
+    base = Path(directory).resolve()
     environment = dict(os.environ if env is None else env)
     environment.pop(crash.ENV, None)
-    reference = _Runner(command, base / "reference", environment, timeout_s)
-    proof = Proof(reference.trial)
-    reference.run_to_end("the reference run")
-    if reference.trial.problems:
+    environment.pop(crash.COUNT_ENV, None)
+    proof = Proof(_reference(command, base, environment, timeout_s, rules))
+    if proof.reference.problems:
         return proof
-    reference.check(rules, expected=None)
-    if reference.trial.problems:
+    proof.boundaries = _lines(base / "reference" / "boundaries")
+    if proof.boundaries == 0:
+        proof.reference.problems.append(
+            "the agent ran no action of durable_sessions.instrument: there is no boundary to kill it at"
+        )
         return proof
-    for boundary in range(1, max_boundaries + 1):
-        first = _crash_trial(command, base, environment, timeout_s, points[0], boundary)
-        if not first.trial.reached:  # past the agent's last action: the proof is complete
-            break
-        others = [
-            _crash_trial(command, base, environment, timeout_s, point, boundary) for point in points[1:]
-        ]
-        runners = [first, *others]
-        for runner in runners:
+    proof.tested = min(proof.boundaries, max_boundaries)
+    for boundary in range(1, proof.tested + 1):
+        for point in dict.fromkeys(points):
+            runner = _crash_trial(command, base, environment, timeout_s, point, boundary)
             if runner.trial.reached:
-                runner.check(rules, expected=reference.trial.completed)
+                runner.check(rules, expected=proof.reference.completed)
             proof.trials.append(runner.trial)
     return proof
+
+
+def _reference(
+    command: Sequence[str],
+    base: Path,
+    environment: dict[str, str],
+    timeout_s: float,
+    rules: Sequence[Rule] | None,
+) -> Trial:
+    runner = _Runner(command, base / "reference", environment, timeout_s)
+    runner.run_to_end("the reference run", {crash.COUNT_ENV: str(runner.trial.directory / "boundaries")})
+    if not runner.trial.problems:
+        runner.check(rules, expected=None)
+    return runner.trial
+
+
+def _lines(path: Path) -> int:
+    try:
+        return len(path.read_bytes().splitlines())
+    except FileNotFoundError:
+        return 0
 
 
 def _crash_trial(
@@ -172,7 +197,13 @@ def _crash_trial(
 
 
 class _Runner:
-    """Runs a trial's processes in its directory and checks what they exported."""
+    """Runs a trial's processes and checks what they exported.
+
+    Each process runs in a session of its own, its output going to a file in the trial's
+    directory (``run-1.log``, …): a helper process the agent started, still holding
+    the output after the agent was killed, neither keeps the harness waiting nor
+    outlives the run (the whole process group is killed when the agent ends).
+    """
 
     def __init__(
         self, command: Sequence[str], directory: Path, environment: dict[str, str], timeout_s: float
@@ -194,35 +225,36 @@ class _Runner:
         self.timeout_s = timeout_s
 
     def run(self, extra_env: Mapping[str, str] | None = None) -> Run:
+        log = self.trial.directory / f"run-{len(self.trial.runs) + 1}.log"
         started = time.monotonic()
-        try:
-            done = subprocess.run(
-                self.argv,
-                env={**self.environment, **(extra_env or {})},
-                cwd=self.trial.directory,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                timeout=self.timeout_s,
-                check=False,
-            )
-            returncode, output = done.returncode, done.stdout
-        except subprocess.TimeoutExpired as timeout:
-            returncode, output = None, timeout.output or b""
-        run = Run(
-            returncode, time.monotonic() - started, output.decode("utf-8", "replace")[-_OUTPUT_TAIL_CHARS:]
-        )
+        with open(log, "wb") as output:
+            try:
+                process = subprocess.Popen(
+                    self.argv,
+                    env={**self.environment, **(extra_env or {})},
+                    stdin=subprocess.DEVNULL,
+                    stdout=output,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            except OSError as error:
+                output.write(f"could not start {self.argv[0]}: {error.strerror or error}".encode())
+                returncode: int | None = _NOT_STARTED
+            else:
+                returncode = _waited(process, self.timeout_s)
+        text = log.read_bytes()[-_OUTPUT_TAIL_CHARS * 4 :].decode("utf-8", "replace")[-_OUTPUT_TAIL_CHARS:]
+        run = Run(returncode, time.monotonic() - started, text)
         self.trial.runs.append(run)
         return run
 
-    def run_to_end(self, what: str) -> None:
-        run = self.run()
+    def run_to_end(self, what: str, extra_env: Mapping[str, str] | None = None) -> None:
+        run = self.run(extra_env)
         if run.returncode != 0:
             self.trial.problems.append(_failed(what, run))
 
     def check(self, rules: Sequence[Rule] | None, expected: set[tuple[str, str]] | None) -> None:
         traces = self.paths["traces"]
-        if not os.path.exists(traces):
+        if not os.path.isfile(traces):
             self.trial.problems.append(
                 f"no spans were written to {traces}: export them with FileSpanExporter"
             )
@@ -239,17 +271,31 @@ class _Runner:
                 )
 
 
+_NOT_STARTED = 127  # as a shell reports a command it could not run
+
+
+def _waited(process: subprocess.Popen[bytes], timeout_s: float) -> int | None:
+    """The process's exit status (``None`` past the timeout); its process group is killed after."""
+    try:
+        returncode: int | None = process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        returncode = None
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    return returncode
+
+
 # -- reporting ------------------------------------------------------------------------------
 
 
 def describe(proof: Proof) -> Iterator[str]:
     """The proof as text lines: each trial's verdict, then what failed and why."""
     reference = proof.reference
-    yield (
-        f"reference run: {len(reference.completed)} actions completed"
-        if not reference.problems
-        else "reference run: FAILED"
-    )
+    if reference.problems:
+        yield "reference run: FAILED"
+    else:
+        yield f"reference run: {proof.boundaries} actions ran, {len(reference.completed)} completed"
     yield from _details(reference)
     for trial in proof.trials:
         point, _, boundary = trial.name.partition("-")
@@ -259,12 +305,22 @@ def describe(proof: Proof) -> Iterator[str]:
             continue
         yield f"{what}: {'resumed' if trial.passed else 'FAILED'}"
         yield from _details(trial)
+    yield _summary(proof)
+
+
+def _summary(proof: Proof) -> str:
     reached = [t for t in proof.trials if t.reached]
     failed = sum(not t.passed for t in reached)
-    yield (
-        f"{len(reached)} crash points: {len(reached) - failed} resumed, {failed} failed"
-        + ("" if reference.passed else "; the reference run failed")
-    )
+    summary = f"{len(reached)} crash points: {len(reached) - failed} resumed, {failed} failed"
+    if proof.reference.problems:
+        summary += "; the reference run failed"
+    elif proof.reference.errors:
+        summary += "; the reference run itself breaks rules"
+    if proof.tested < proof.boundaries:
+        summary += (
+            f"; only the first {proof.tested} of {proof.boundaries} actions were tested (--max-actions)"
+        )
+    return summary
 
 
 def _details(trial: Trial) -> Iterator[str]:
@@ -280,6 +336,8 @@ def proof_document(proof: Proof) -> dict[str, object]:
     """The proof as a JSON document."""
     return {
         "ok": proof.passed,
+        "boundaries": proof.boundaries,
+        "tested": proof.tested,
         "reference": _trial_document(proof.reference),
         "trials": [_trial_document(trial) for trial in proof.trials],
     }
@@ -294,6 +352,7 @@ def _trial_document(trial: Trial) -> dict[str, object]:
         "problems": trial.problems,
         "violations": [violation.as_dict() for violation in trial.violations],
         "returncodes": [run.returncode for run in trial.runs],
+        "logs": [str(trial.directory / f"run-{n}.log") for n in range(1, len(trial.runs) + 1)],
         "completed": len(trial.completed),
     }
 

@@ -66,7 +66,7 @@ from opentelemetry.trace import Span, Status, StatusCode, Tracer
 from durable_sessions import __version__, crash
 from durable_sessions import semconv as sc
 from durable_sessions.digest import PREFIX, canonical_json, digest_bytes
-from durable_sessions.journal import ActionInDoubt, Entry, Journal, Plan, plan
+from durable_sessions.journal import ActionInDoubt, AttemptsExhausted, Entry, Journal, Plan, plan
 
 logger = logging.getLogger("durable_sessions")
 
@@ -392,6 +392,8 @@ class Action:
             self.result = entry.outcome
             if entry.result is not None:
                 self._set_outcome(entry.result, entry.result_ref)
+            elif entry.result_ref is not None:  # recorded by reference only (record_ref)
+                self.span.set_attribute(sc.ACTION_RESULT_REF, entry.result_ref)
             if entry.result_digest is not None:
                 self.span.set_attribute(sc.ACTION_RESULT_DIGEST, entry.result_digest)
         except Exception:  # fail open: a journal row that does not read is replayed as None
@@ -435,6 +437,7 @@ class Action:
             if not digest.startswith(PREFIX):
                 logger.warning("durable_sessions: digest %r does not start with %r", digest, PREFIX)
             self.span.set_attribute(sc.ACTION_RESULT_DIGEST, digest)
+        self._recorded_as = (None, digest, ref)
         self.recorded = True
 
     def set(self, **fields: Any) -> None:
@@ -638,7 +641,7 @@ class action:
             if in_doubt is not None:  # the span records the unresolved intent, then the caller hears of it
                 raise in_doubt
             runs = step.decision == "run"
-            journal_entry = None
+            journal_entry, boundary = None, 0
             if runs:
                 journal_entry = _journal_entry(
                     journal, session_id, action_id, self.kind, self.fields, step.attempts
@@ -646,7 +649,7 @@ class action:
                 # Write-ahead, for every action: durable before it runs, so that a side
                 # effect cut short is known to be in doubt, and a crash loop is counted.
                 _journal_put(journal, journal_entry)
-                crash.reached("before")
+                boundary = crash.before()
             else:
                 _served(act, step)
             try:
@@ -661,7 +664,7 @@ class action:
                 _interrupted(act)
                 raise
             if runs:
-                crash.reached("after")
+                crash.after(boundary)
                 _journal_put(journal, journal_entry, act)
 
     def _attributes(self, action_id: str, session_id: str | None, step: Plan) -> dict[str, Any]:
@@ -687,13 +690,14 @@ def _plan(
     if journal is None or session_id is None:
         return Plan("run")
     try:
-        entry = journal.get(session_id, action_id)
+        return plan(journal.get(session_id, action_id), kind, fields)
+    except (ActionInDoubt, AttemptsExhausted):
+        raise
     except Exception as error:
         logger.error(
             "durable_sessions: could not read action %r from the journal (%s); it runs", action_id, error
         )
         return Plan("run")
-    return plan(entry, kind, fields)
 
 
 def _served(act: Action, step: Plan) -> None:

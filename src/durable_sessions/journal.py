@@ -12,7 +12,10 @@ journal is given to :func:`~durable_sessions.instrument.session` (or to the acti
 After a crash, the same code in a new process replays instead of re-running:
 
 - an action completed before (``ok``) is **replayed**: the decorated function is not
-  called, its recorded outcome is returned, and the span says ``replayed: true``;
+  called, its recorded outcome is returned, and the span says ``replayed: true``. One
+  that completed without a recorded outcome (``record=False``, or a value JSON cannot
+  hold) runs again, unless it is a side effect, which must not: it is replayed as
+  ``None``;
 - an action that failed (``error``), or whose process died while it ran, runs again as
   the next attempt: ``attempts`` counts across processes, and an action that already
   had its ``max_attempts`` raises :class:`AttemptsExhausted` (a crash loop is a retry
@@ -35,11 +38,10 @@ import logging
 import os
 import sqlite3
 import threading
-import weakref
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from durable_sessions import kinds
+from durable_sessions import forking, kinds
 from durable_sessions import semconv as sc
 from durable_sessions.digest import canonical_json, digest_bytes
 
@@ -64,6 +66,11 @@ class Entry:
     """Where the span pointed for the outcome, when it was too long to carry."""
     idempotency_key: str | None = None
     incarnation: str | None = None
+
+    @property
+    def is_recorded(self) -> bool:
+        """Whether an outcome was recorded (by value or by reference) to replay."""
+        return self.result is not None or self.result_ref is not None
 
     @property
     def outcome(self) -> Any:
@@ -147,7 +154,7 @@ def plan(entry: Entry | None, kind: str, fields: dict[str, Any]) -> Plan:
     """
     if entry is None:
         return RUN_FIRST
-    if entry.status == sc.STATUS_OK:
+    if entry.status == sc.STATUS_OK and (entry.is_recorded or is_side_effect(kind, fields)):
         return Plan("replay", entry.attempts, entry)
     if entry.status == sc.STATUS_STARTED and is_side_effect(kind, fields):
         if fields.get("replay") == sc.REPLAY_SKIP:
@@ -182,19 +189,10 @@ _SELECT = f"SELECT {', '.join(_COLUMNS)} FROM journal"
 _UPSERT = f"INSERT OR REPLACE INTO journal ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
 
 
-_JOURNALS: weakref.WeakSet[SqliteJournal] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    """A forked child has only the forking thread: a lock another thread held stays held,
-    and the parent's SQLite connection must not be used by two processes."""
-    for journal in list(_JOURNALS):
-        journal._lock = threading.Lock()
-        journal._connection = None
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+def _reset_in_child(journal: SqliteJournal) -> None:
+    """A forked child takes a new lock and opens its own connection on first use."""
+    journal._lock = threading.Lock()
+    journal._connection = None
 
 
 class SqliteJournal:
@@ -210,7 +208,7 @@ class SqliteJournal:
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
         self._connection: sqlite3.Connection | None = None
-        _JOURNALS.add(self)
+        forking.after_fork(self, _reset_in_child)
 
     def get(self, session_id: str, action_id: str) -> Entry | None:
         rows = self._query(f"{_SELECT} WHERE session_id = ? AND action_id = ?", (session_id, action_id))

@@ -13,6 +13,8 @@ reads what an agent's processes exported, and ``durable-sessions check`` reads i
 from __future__ import annotations
 
 import base64
+import json
+import logging
 import math
 import os
 import re
@@ -24,7 +26,10 @@ import orjson
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from durable_sessions import forking
 from durable_sessions.mapping import SpanData
+
+logger = logging.getLogger("durable_sessions")
 
 _HEX_ID = {32: re.compile(r"[0-9a-f]{32}"), 16: re.compile(r"[0-9a-f]{16}")}
 _STATUS_ERROR = (2, "STATUS_CODE_ERROR")
@@ -174,14 +179,20 @@ class FileSpanExporter(SpanExporter):
         self.path = os.fspath(path)
         self._lock = threading.Lock()
         self._file = open(self.path, "ab")  # noqa: SIM115 - held open until shutdown
+        forking.after_fork(self, _fresh_lock)
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        line = orjson.dumps(encode_spans(spans)) + b"\n"
-        with self._lock:
-            if self._file.closed:
-                return SpanExportResult.FAILURE
-            self._file.write(line)
-            self._file.flush()
+        """Write the spans as one line; a failure is logged and returned, never raised."""
+        try:
+            line = _json_line(encode_spans(spans))
+            with self._lock:
+                if self._file.closed:
+                    return SpanExportResult.FAILURE
+                self._file.write(line)
+                self._file.flush()
+        except Exception:
+            logger.exception("durable_sessions: could not write %d spans to %s", len(spans), self.path)
+            return SpanExportResult.FAILURE
         return SpanExportResult.SUCCESS
 
     def shutdown(self) -> None:
@@ -190,6 +201,20 @@ class FileSpanExporter(SpanExporter):
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return True
+
+
+def _fresh_lock(exporter: FileSpanExporter) -> None:
+    exporter._lock = threading.Lock()
+
+
+def _json_line(document: dict[str, Any]) -> bytes:
+    """One line of JSON. Text that is not valid Unicode (a lone surrogate, which Python
+    strings may hold) is written as a ``\\u`` escape by the standard library, which orjson
+    refuses to write."""
+    try:
+        return orjson.dumps(document) + b"\n"
+    except TypeError:
+        return json.dumps(document, separators=(",", ":")).encode("ascii") + b"\n"
 
 
 def encode_spans(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
@@ -282,6 +307,8 @@ def _key_values(attributes: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def _any_value(value: Any) -> dict[str, Any]:
+    if value is None:  # the SDK allows None inside a sequence; OTLP writes an empty value
+        return {}
     if isinstance(value, bool):
         return {"boolValue": value}
     if isinstance(value, int):

@@ -66,7 +66,6 @@ import operator
 import os
 import threading
 import time
-import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
@@ -78,7 +77,7 @@ from opentelemetry import trace as trace_api
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
-from durable_sessions import __version__
+from durable_sessions import __version__, forking
 from durable_sessions import semconv as sc
 from durable_sessions.engine import Checker
 from durable_sessions.instrument import SESSION_CONTEXT_KEY
@@ -272,20 +271,12 @@ def _env_bool(name: str) -> bool:
     raise ConfigurationError(f"{name}={value!r} is not a boolean (true or false)")
 
 
-_PROCESSORS: weakref.WeakSet[DurabilitySpanProcessor] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    """A forked child has only the thread that forked: a lock another thread held at the
-    fork stays held for ever, and the child's first action span would wait on it (8 forks
-    in 20 hung, with a thread ending spans). New locks, as the SDK's processors take."""
-    for processor in list(_PROCESSORS):
-        processor._lock = threading.Lock()
-        processor._log._lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+def _fresh_locks(processor: DurabilitySpanProcessor) -> None:
+    """New locks in a forked child, as the SDK's processors take: a lock another thread
+    held at the fork stays held, and the child's first action span would wait on it
+    (8 forks in 20 hung, with a thread ending spans)."""
+    processor._lock = threading.Lock()
+    processor._log._lock = threading.Lock()
 
 
 class DurabilitySpanProcessor(SpanProcessor):
@@ -358,7 +349,7 @@ class DurabilitySpanProcessor(SpanProcessor):
         self.violations_reported = 0
         self._lock = threading.Lock()
         self._log = _RateLimitedLog(logger, log_limit_per_minute)
-        _PROCESSORS.add(self)
+        forking.after_fork(self, _fresh_locks)
         self._error_logged = False
         self._shut_down = False
         meter = (meter_provider or metrics.get_meter_provider()).get_meter("durable_sessions", __version__)
