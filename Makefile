@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test sanitize lint format clean proto
+.PHONY: demo prove test sanitize lint format clean proto
 
 $(STAMP): pyproject.toml setup.py $(wildcard src/durable_sessions/*.c) $(wildcard collector/pyproject.toml collector/setup.py collector/src/*/*/*.c)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,6 +15,10 @@ $(STAMP): pyproject.toml setup.py $(wildcard src/durable_sessions/*.c) $(wildcar
 
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py
+
+# Kill the resumable example agent at every action boundary, resume it, check it came back.
+prove: $(STAMP)
+	$(BIN)/durable-sessions prove -- $(BIN)/python examples/agents/resumable_trip.py
 
 test: $(STAMP)
 	$(BIN)/python -m ruff check .

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import enum
+import json
 import logging
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -601,3 +605,92 @@ def test_a_child_forked_while_another_thread_holds_the_lock_can_end_spans() -> N
         os.waitpid(pid, 0)
         raise AssertionError("the forked child hung ending a span")
     s.provider.shutdown()
+
+
+# -- intent records --------------------------------------------------------------------
+
+
+def _intent_agent(tmp_path: Path, key: bool) -> list[str]:
+    script = tmp_path / "agent.py"
+    keyed = ', idempotency_key="k-1"' if key else ""
+    script.write_text(
+        f"""
+import os
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from durable_sessions.instrument import action, resource, session
+from durable_sessions.otlp_json import FileSpanExporter
+from durable_sessions.processor import DurabilitySpanProcessor
+provider = TracerProvider(resource=resource())
+provider.add_span_processor(DurabilitySpanProcessor(mode="silent"))  # intent log from the environment
+provider.add_span_processor(SimpleSpanProcessor(FileSpanExporter("traces.jsonl")))
+with session("s-1"):
+    action("a1", "llm_call", tracer_provider=provider)(lambda: "plan")()
+    action("p1", "payment", tracer_provider=provider{keyed})(lambda: print("charged", flush=True))()
+provider.shutdown()
+"""
+    )
+    return [sys.executable, str(script)]
+
+
+def _check(tmp_path: Path, *files: str) -> subprocess.CompletedProcess[str]:
+    durable_sessions = Path(sys.executable).with_name("durable-sessions")
+    return subprocess.run(
+        [str(durable_sessions), "check", *files], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_a_side_effect_killed_midway_is_known_from_its_intent_record(tmp_path: Path) -> None:
+    """SIGKILL inside the payment span (after the charge): no span of it is exported, but
+    its intent record is on disk, and the check of intents with traces reports it."""
+    env = {
+        **os.environ,
+        "DURABLE_SESSIONS_INTENT_LOG": "intents.jsonl",
+        "DURABLE_SESSIONS_KILL_AT": "after:2",
+    }
+    done = subprocess.run(
+        _intent_agent(tmp_path, key=False), cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == -signal.SIGKILL and done.stdout == "charged\n"
+    (intent,) = [json.loads(line) for line in (tmp_path / "intents.jsonl").read_text().splitlines()]
+    assert (intent["action_id"], intent["kind"], intent["status"], intent["session_id"]) == (
+        "p1",
+        "payment",
+        "started",
+        "s-1",
+    )
+    assert '"p1"' not in (tmp_path / "traces.jsonl").read_text()  # the span itself never ended
+    checked = _check(tmp_path, "intents.jsonl", "traces.jsonl")
+    assert checked.returncode == 1 and "unresolved-side-effect" in checked.stdout
+    assert _check(tmp_path, "traces.jsonl").returncode == 0  # the traces alone cannot tell
+
+
+def test_a_completed_side_effect_and_its_intent_are_one_action(tmp_path: Path) -> None:
+    env = {**os.environ, "DURABLE_SESSIONS_INTENT_LOG": "intents.jsonl"}
+    done = subprocess.run(
+        _intent_agent(tmp_path, key=True), cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert (
+        len((tmp_path / "intents.jsonl").read_text().splitlines()) == 1
+    )  # the payment only, not the model call
+    checked = _check(tmp_path, "intents.jsonl", "traces.jsonl")
+    assert checked.returncode == 0, checked.stdout
+
+
+def test_an_intent_log_that_cannot_be_opened_is_refused_at_setup(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="cannot open the intent log"):
+        DurabilitySpanProcessor(intent_log=tmp_path / "no" / "such" / "dir" / "intents.jsonl")
+
+
+def test_an_intent_write_that_fails_later_fails_open(tmp_path: Path) -> None:
+    processor = DurabilitySpanProcessor(mode="silent", intent_log=tmp_path / "intents.jsonl")
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    os.close(processor._intents._fd)  # the file descriptor goes away under it
+    with provider.get_tracer("t").start_as_current_span(
+        "pay", attributes={"agent.action.id": "p1", "agent.action.kind": "payment"}
+    ):
+        pass
+    assert processor.internal_errors == 1
+    processor._intents._fd = -1

@@ -53,6 +53,8 @@ Variable                          Meaning                                      D
 ``DURABLE_SESSIONS_LOG_LIMIT``    violation log lines per minute               ``60``
 ``DURABLE_SESSIONS_CHECKING``     ``inline`` (in ``span.end()``) or            ``inline``
                                   ``process`` (a checker process; see below)
+``DURABLE_SESSIONS_INTENT_LOG``   a file for side effects' write-ahead         (none)
+                                  ``started`` records (``intent_log``)
 ================================  ===========================================  ===========
 """
 
@@ -81,6 +83,7 @@ from durable_sessions import __version__, forking
 from durable_sessions import semconv as sc
 from durable_sessions.engine import Checker
 from durable_sessions.instrument import SESSION_CONTEXT_KEY
+from durable_sessions.intent_log import IntentLog, intent_record
 from durable_sessions.mapping import exact_attributes, sdk_attributes, sdk_resource_attributes, sdk_span_facts
 from durable_sessions.native import native_module
 from durable_sessions.offload import RESOURCE, SPAN, CheckerProcess
@@ -271,6 +274,18 @@ def _env_bool(name: str) -> bool:
     raise ConfigurationError(f"{name}={value!r} is not a boolean (true or false)")
 
 
+def _open_intent_log(path: str | os.PathLike[str] | None) -> IntentLog | None:
+    path = path if path is not None else _env("DURABLE_SESSIONS_INTENT_LOG")
+    if not path:
+        return None
+    try:
+        return IntentLog(path)
+    except OSError as error:
+        raise ConfigurationError(
+            f"cannot open the intent log {os.fspath(path)}: {error.strerror or error}"
+        ) from None
+
+
 def _fresh_locks(processor: DurabilitySpanProcessor) -> None:
     """New locks in a forked child, as the SDK's processors take: a lock another thread
     held at the fork stays held, and the child's first action span would wait on it
@@ -303,6 +318,7 @@ class DurabilitySpanProcessor(SpanProcessor):
         log_limit_per_minute: int | None = None,
         copy_session: bool = True,
         checking: Checking | None = None,
+        intent_log: str | os.PathLike[str] | None = None,
     ) -> None:
         mode = mode or _env("DURABLE_SESSIONS_MODE") or "log"  # type: ignore[assignment]
         if mode not in MODES:
@@ -363,6 +379,7 @@ class DurabilitySpanProcessor(SpanProcessor):
             unit="{error}",
             description="Errors inside the durability processor (it failed open)",
         )
+        self._intents = _open_intent_log(intent_log) if mode != "off" else None
         self._metric_attributes: dict[tuple[str, str, str], dict[str, str]] = {}
         self._resource: object = None
         self._resource_attributes: Mapping[str, object] = _NO_ATTRIBUTES
@@ -396,7 +413,7 @@ class DurabilitySpanProcessor(SpanProcessor):
         if native is None or self.mode == "off":
             return
         cls = type(self)  # a subclass's own on_start or on_end is left to run
-        if self.copy_session and cls.on_start is DurabilitySpanProcessor.on_start:
+        if self.copy_session and self._intents is None and cls.on_start is DurabilitySpanProcessor.on_start:
             self.on_start = native.SessionCopier(  # type: ignore[method-assign]
                 session_key=_SESSION_ID,
                 context_key=SESSION_CONTEXT_KEY,
@@ -414,10 +431,29 @@ class DurabilitySpanProcessor(SpanProcessor):
     # -- SpanProcessor -------------------------------------------------------------
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
-        """Copy the surrounding session id onto a span that has none."""
-        if not self.copy_session or self.mode == "off":
+        """Copy the surrounding session id onto a span that has none; with an intent log,
+        write a side effect's ``started`` record durably before the span's code runs."""
+        if self.mode == "off":
             return
-        self._copy_session(span, parent_context)
+        if self.copy_session:
+            self._copy_session(span, parent_context)
+        if self._intents is not None and not self._shut_down:
+            self._write_intent(span)
+
+    def _write_intent(self, span: Span) -> None:
+        try:
+            context = span.get_span_context()
+            record = intent_record(
+                _live_attributes(span),
+                sdk_resource_attributes(getattr(span, "resource", None)),
+                span.start_time or 0,  # type: ignore[attr-defined]
+                context.trace_id,
+                context.span_id,
+            )
+            if record is not None:
+                self._intents.write(record)  # type: ignore[union-attr]
+        except Exception as error:  # fail open: the effect runs, the missing intent is logged
+            self._internal_error("writing the intent record", error)
 
     def _copy_session(self, span: Span, parent_context: Context | None) -> None:
         try:
@@ -503,6 +539,8 @@ class DurabilitySpanProcessor(SpanProcessor):
             self._finish(raising=False)
             if self._offload is not None:
                 self._offload.close()
+            if self._intents is not None:
+                self._intents.close()
         except Exception as error:  # fail open
             self._internal_error("shutdown", error)
         self._shut_down = True

@@ -1,0 +1,80 @@
+"""Write-ahead intent records: a side effect's ``started`` record, on disk before it runs.
+
+A span is exported when it ends. A process killed while a payment span is open leaves
+no trace of the payment at all, although the charge may have gone through. With an
+intent log, :class:`~durable_sessions.processor.DurabilitySpanProcessor` writes, when a
+side-effecting action span *starts*, its action record with ``status: started`` as one
+JSON line, flushed and ``fsync``-ed before ``span start`` returns, so before your code
+runs the effect. The file is an action log in the seed's JSONL format: check it with the
+traces of the same processes (``durable-sessions check intents.jsonl traces.jsonl``),
+and a side effect that started and never completed, with nothing making a retry safe,
+is reported (``unresolved-side-effect``).
+
+Only side effects are written (a kind in :data:`durable_sessions.kinds.SIDE_EFFECTING`,
+or ``agent.action.side_effects: true`` among the span's start attributes): each costs one
+``fsync``. The record is what the mapping makes of the attributes given at span start.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from durable_sessions import forking, kinds
+from durable_sessions import semconv as sc
+from durable_sessions.mapping import map_attributes
+
+_OUTCOME_FIELDS = ("result", "result_ref", "result_digest", "result_length", "value_limit", "redacted")
+
+
+def intent_record(
+    attributes: Mapping[str, Any],
+    resource: Mapping[str, Any],
+    start_time_ns: int,
+    trace_id: int,
+    span_id: int,
+) -> dict[str, Any] | None:
+    """The ``started`` record of a side-effecting action span at its start, else None."""
+    kind = attributes.get(sc.ACTION_KIND)
+    if kind not in kinds.SIDE_EFFECTING and attributes.get(sc.attribute("side_effects")) is not True:
+        return None
+    mapped = map_attributes(attributes, resource, False, start_time_ns, trace_id, span_id, None, False)
+    if mapped is None:
+        return None
+    record = {field: value for field, value in mapped[0].items() if field not in _OUTCOME_FIELDS}
+    record["status"] = sc.STATUS_STARTED
+    return record
+
+
+class IntentLog:
+    """An append-only JSONL file of intent records, each durable when :meth:`write` returns."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self._lock = threading.Lock()
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        forking.after_fork(self, _fresh_lock)
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        line = orjson.dumps(record, option=orjson.OPT_NON_STR_KEYS) + b"\n"
+        with self._lock:
+            # O_APPEND: each write lands at the end, so lines of two processes sharing the
+            # file do not overwrite each other.
+            view = memoryview(line)
+            while view:
+                view = view[os.write(self._fd, view) :]
+            os.fsync(self._fd)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+
+def _fresh_lock(log: IntentLog) -> None:
+    log._lock = threading.Lock()
