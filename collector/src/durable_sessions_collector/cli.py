@@ -5,6 +5,8 @@
     durable-sessions-collector config-reference                # every key, variable and flag
     durable-sessions-collector sessions list [--verdict V] [--all]   # over the HTTP API
     durable-sessions-collector sessions show SESSION_ID
+    durable-sessions-collector alerts dead [--channel C]        # dead-lettered alerts, from the store
+    durable-sessions-collector alerts redeliver [--channel C]   # queue them for delivery again
 
 Exit codes: 0 after a clean stop, 2 for invalid configuration or a port that cannot be
 bound (the message names the key), 1 for any other failure to start. ``sessions``: 0,
@@ -22,15 +24,17 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from durable_sessions.cli import Output, run_command
+from durable_sessions.report import printable
 from durable_sessions_collector import __version__
 from durable_sessions_collector.client import DEFAULT_ENDPOINT, ApiClient, ApiError, ApiUsageError
 from durable_sessions_collector.config import OPTIONS, ConfigError, check_token, load, reference
-from durable_sessions_collector.store import StoreError
+from durable_sessions_collector.store import DeadAlert, StoreError, open_store
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -54,7 +58,31 @@ def _parser() -> argparse.ArgumentParser:
             )
     commands.add_parser("config-reference", help="print every setting with its variable and flag (Markdown)")
     _sessions_parser(commands)
+    _alerts_parser(commands)
     return parser
+
+
+def _alerts_parser(commands: Any) -> None:
+    text = "list dead-lettered alerts, or queue them for delivery again, in the configured store"
+    alerts = commands.add_parser("alerts", help=text, description=text)
+    which = alerts.add_subparsers(dest="alerts_command", required=True)
+    dead = which.add_parser("dead", help="list dead-lettered alerts, oldest first")
+    redeliver = which.add_parser(
+        "redeliver",
+        help="queue dead-lettered alerts for delivery again, with their attempts from zero; "
+        "a running sidecar delivers them within a second",
+    )
+    for command in (dead, redeliver):
+        command.add_argument(
+            "--config", metavar="FILE", help="YAML configuration file (or $DURABLE_SESSIONS_CONFIG)"
+        )
+        command.add_argument("--store", dest=_STORE.attr, metavar="URL", help=f"store: {_STORE.doc}")
+        command.add_argument("--channel", help="only this channel (webhook, otlp)")
+    dead.add_argument("--limit", type=int, default=100, help="at most this many (1-1000, default 100)")
+    dead.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+_STORE = next(option for option in OPTIONS if option.key == "store")
 
 
 def _sessions_parser(commands: Any) -> None:
@@ -159,6 +187,76 @@ def _sessions(args: argparse.Namespace, out: Output) -> int:
     return 0
 
 
+def _alerts(args: argparse.Namespace, store_url: str, out: Output) -> int:
+    if args.alerts_command == "dead" and not 1 <= args.limit <= 1000:
+        print("durable-sessions-collector: --limit must be from 1 to 1000", file=sys.stderr)
+        return 2
+    if store_url.startswith("sqlite:///") and not os.path.isfile(store_url.removeprefix("sqlite:///")):
+        print(
+            f"durable-sessions-collector: store: no SQLite store at {store_url.removeprefix('sqlite:///')}",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        store = open_store(store_url, exclusive=False)
+    except StoreError as error:
+        print(f"durable-sessions-collector: store: {error}", file=sys.stderr)
+        return 2
+    try:
+        if args.alerts_command == "redeliver":
+            with store.writer() as writer:
+                count = writer.redeliver_dead(args.channel, time.time())
+            print(f"{count} dead-lettered alert(s) queued for delivery again", file=out)
+            return 0
+        _print_dead(store.dead_alerts(args.channel, args.limit), args.json, out)
+        return 0
+    except StoreError as error:
+        print(f"durable-sessions-collector: store: {error}", file=sys.stderr)
+        return 1
+    finally:
+        store.close()
+
+
+def _print_dead(alerts: list[DeadAlert], as_json: bool, out: Output) -> None:
+    if as_json:
+        document = [
+            {
+                "id": alert.id,
+                "channel": alert.channel,
+                "violation_key": alert.violation_key,
+                "attempts": alert.attempts,
+                "last_error": alert.last_error,
+                "created_at": alert.created_at,
+                "alert": alert.payload,
+            }
+            for alert in alerts
+        ]
+        print(json.dumps({"dead": document}, indent=2), file=out)
+        return
+    if not alerts:
+        print("no dead-lettered alerts", file=out)
+        return
+    rows = [("ID", "CHANNEL", "RULE", "SESSION", "ACTION", "ATTEMPTS", "CREATED", "LAST ERROR")]
+    for alert in alerts:
+        rows.append(
+            (
+                str(alert.id),
+                alert.channel,
+                _cell(alert.payload.get("rule")),
+                printable(_cell(alert.payload.get("session_id"))),
+                printable(_cell(alert.payload.get("action_id"))),
+                str(alert.attempts),
+                _when(alert.created_at),
+                printable(alert.last_error or "-"),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip(), file=out
+        )
+
+
 def _printing(text: str) -> Callable[[Output], int]:
     """The command that prints ``text``."""
 
@@ -234,12 +332,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_command(prog, _printing(reference()))
     if args.command == "sessions":
         return run_command(prog, lambda out: _sessions(args, out))
-    overrides = {option.attr: getattr(args, option.attr) for option in OPTIONS}
+    overrides = {option.attr: getattr(args, option.attr, None) for option in OPTIONS}
     try:
         config = load(args.config, overrides=overrides)
     except ConfigError as error:
         print(f"durable-sessions-collector: invalid configuration: {error}", file=sys.stderr)
         return 2
+    if args.command == "alerts":
+        return run_command(prog, lambda out: _alerts(args, config.store, out))
     if args.command == "config":
         # Secrets (the token, the webhook URL's credentials and query) are shown as ***.
         document = json.dumps({"settings": config.display(), "sources": dict(config.sources)}, indent=2)

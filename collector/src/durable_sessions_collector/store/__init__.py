@@ -8,6 +8,7 @@ from durable_sessions_collector.store.base import (
     INDEX_LEFT_TO_ANOTHER,
     ActionRow,
     Alert,
+    DeadAlert,
     Pruned,
     RecordRefused,
     SessionDetail,
@@ -22,10 +23,14 @@ from durable_sessions_collector.store.sqlite import SqliteStore
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
 
-def open_store(url: str) -> Store:
-    """The store a ``store:`` URL names: ``sqlite:///PATH`` or ``postgresql://…[?schema=NAME]``."""
+def open_store(url: str, *, exclusive: bool = True) -> Store:
+    """The store a ``store:`` URL names: ``sqlite:///PATH`` or ``postgresql://…[?schema=NAME]``.
+
+    ``exclusive=False`` is for administrative commands beside a running sidecar: a SQLite
+    store is then opened without the lock that keeps a second sidecar off it.
+    """
     if url.startswith("sqlite:///"):
-        return SqliteStore(url.removeprefix("sqlite:///"))
+        return SqliteStore(url.removeprefix("sqlite:///"), exclusive=exclusive)
     if url.startswith(POSTGRES_SCHEMES):
         try:
             from durable_sessions_collector.store.postgres import PostgresStore
@@ -45,6 +50,7 @@ __all__ = [
     "INDEX_LEFT_TO_ANOTHER",
     "ActionRow",
     "Alert",
+    "DeadAlert",
     "Pruned",
     "RecordRefused",
     "SessionDetail",

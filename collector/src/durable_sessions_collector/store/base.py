@@ -224,6 +224,19 @@ class Alert:
     attempts: int
 
 
+@dataclass(frozen=True)
+class DeadAlert:
+    """A dead-lettered alert: delivery gave up after its attempts, or on a refusal."""
+
+    id: int
+    channel: str
+    violation_key: str
+    payload: dict[str, Any]
+    attempts: int
+    last_error: str | None
+    created_at: float
+
+
 INDEX_BUILT = "built"
 INDEX_LEFT_TO_ANOTHER = "left to another replica"
 INDEX_FAILED = "failed"
@@ -328,6 +341,10 @@ class Writer(Protocol):
     def mark_failed(self, alert_id: int, error: str, retry_at: float | None) -> None:
         """A delivery attempt failed; retry at ``retry_at``, or dead-letter it when None."""
 
+    def redeliver_dead(self, channel: str | None, now: float) -> int:
+        """Queue the dead-lettered alerts (of ``channel``, or all) for delivery again at
+        ``now``, with their attempts counted from zero; return how many."""
+
     def idle_sessions(self, cutoff: float, limit: int) -> list[str]:
         """Open sessions with no activity since ``cutoff``, oldest first."""
 
@@ -409,6 +426,9 @@ class Store(Protocol):
 
     def alert_counts(self) -> dict[tuple[str, str], int]:
         """Outbox rows by (channel, state)."""
+
+    def dead_alerts(self, channel: str | None = None, limit: int = 100) -> list[DeadAlert]:
+        """Dead-lettered alerts (of ``channel``, or all), oldest first."""
 
     def violation_cursor(self) -> str:
         """A cursor at the end of the violation feed: what commits from now on follows it."""

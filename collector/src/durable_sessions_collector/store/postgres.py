@@ -66,6 +66,7 @@ from durable_sessions_collector.store.base import (
     VIOLATION_COLUMNS,
     ActionRow,
     Alert,
+    DeadAlert,
     DetailPages,
     IndexReport,
     Pruned,
@@ -499,6 +500,18 @@ class PostgresStore:
                 )
             }
 
+    def dead_alerts(self, channel: str | None = None, limit: int = 100) -> list[DeadAlert]:
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT id, channel, violation_key, payload, attempts, last_error, created_at FROM outbox "
+                "WHERE state = 'dead' AND (%s::text IS NULL OR channel = %s) ORDER BY id LIMIT %s",
+                (channel, channel, limit),
+            ).fetchall()
+        return [
+            DeadAlert(int(id_), ch, key, json.loads(payload), int(attempts), error, float(created))
+            for id_, ch, key, payload, attempts, error, created in rows
+        ]
+
     def count_actions(self) -> int:
         with self._read() as db:
             return int(db.execute("SELECT COUNT(*) FROM actions").fetchone()[0])  # type: ignore[index]
@@ -746,6 +759,13 @@ class PostgresWriter:
                 "UPDATE outbox SET attempts = attempts + 1, last_error = %s, next_attempt_at = %s WHERE id = %s",
                 (_t(error), retry_at, alert_id),
             )
+
+    def redeliver_dead(self, channel: str | None, now: float) -> int:
+        return self._db.execute(
+            "UPDATE outbox SET state = 'pending', attempts = 0, next_attempt_at = %s "
+            "WHERE state = 'dead' AND (%s::text IS NULL OR channel = %s)",
+            (now, channel, channel),
+        ).rowcount
 
     def idle_sessions(self, cutoff: float, limit: int) -> list[str]:
         """Open sessions idle since ``cutoff`` whose lock this transaction could take.

@@ -29,6 +29,7 @@ from durable_sessions_collector.store.base import (
     VIOLATION_COLUMNS,
     ActionRow,
     Alert,
+    DeadAlert,
     DetailPages,
     IndexReport,
     Pruned,
@@ -287,6 +288,21 @@ class Ownership:
             os.close(self._fd)
 
 
+class Visitor(Ownership):
+    """An administrative command's access to a store a sidecar may be running on: no
+    lock is taken, so the command works beside the sidecar (SQLite lets both write)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._identity = None
+
+    def verify(self) -> None:
+        pass
+
+    def release(self) -> None:
+        pass
+
+
 def list_sessions_query(
     verdict: Verdict | None, limit: int, after: tuple[float, str] | None
 ) -> tuple[str, tuple[Any, ...]]:
@@ -312,12 +328,12 @@ class SqliteStore:
 
     shared = False
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, exclusive: bool = True) -> None:
         self.path = path
         directory = os.path.dirname(os.path.abspath(path))
         try:
             os.makedirs(directory, exist_ok=True)
-            self.ownership = Ownership(path)
+            self.ownership = Ownership(path) if exclusive else Visitor(path)
         except OSError as error:
             raise StoreError(f"cannot open store {path!r}: {error}") from None
         try:
@@ -435,6 +451,15 @@ class SqliteStore:
                 "SELECT channel, state, COUNT(*) FROM outbox GROUP BY channel, state"
             ).fetchall()
         return {(channel, state): count for channel, state, count in rows}
+
+    def dead_alerts(self, channel: str | None = None, limit: int = 100) -> list[DeadAlert]:
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT id, channel, violation_key, payload, attempts, last_error, created_at FROM outbox "
+                "WHERE state = 'dead' AND (? IS NULL OR channel = ?) ORDER BY id LIMIT ?",
+                (channel, channel, limit),
+            ).fetchall()
+        return [DeadAlert(id_, ch, key, json.loads(payload), *rest) for id_, ch, key, payload, *rest in rows]
 
     def count_actions(self) -> int:
         with self._read() as db:
@@ -629,6 +654,13 @@ class SqliteWriter:
                 "UPDATE outbox SET attempts = attempts + 1, last_error = ?, next_attempt_at = ? WHERE id = ?",
                 (error, retry_at, alert_id),
             )
+
+    def redeliver_dead(self, channel: str | None, now: float) -> int:
+        return self._db.execute(
+            "UPDATE outbox SET state = 'pending', attempts = 0, next_attempt_at = ? "
+            "WHERE state = 'dead' AND (? IS NULL OR channel = ?)",
+            (now, channel, channel),
+        ).rowcount
 
     def idle_sessions(self, cutoff: float, limit: int) -> list[str]:
         return [

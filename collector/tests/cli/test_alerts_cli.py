@@ -1,0 +1,85 @@
+"""``durable-sessions-collector alerts dead|redeliver``: dead letters, seen and sent again.
+
+A real sidecar dead-letters a webhook alert the receiver refuses; the command lists it
+from the store and queues it again, and the running sidecar delivers it, with the same
+Idempotency-Key, once the receiver takes it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import wait_for
+from durable_sessions_collector.cli import main
+from sidecar_clients import Agent, grpc_exporter
+from webhook_server import WebhookServer
+
+FAST = {
+    "alerts__webhook__backoff_s": 0.05,
+    "alerts__webhook__max_backoff_s": 0.2,
+    "alerts__webhook__timeout_s": 2,
+}
+
+
+def outbox(sidecar, state: str) -> float:  # type: ignore[no-untyped-def]
+    return sidecar.metric("durable_sessions_alert_outbox", channel="webhook", state=state)
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["alerts", *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def dead_letter_then_redeliver(start_sidecar, store: str, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    with WebhookServer(fail_first=None, fail_status=400) as hook:
+        sidecar = start_sidecar(store, alerts__webhook__url=hook.url, alerts__webhook__max_attempts=3, **FAST)
+        agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
+        agent.action("pay-1", "charge", "payment")  # unkeyed: an alert
+        wait_for(lambda: outbox(sidecar, "dead") == 1)
+
+        code, out, err = run(capsys, "dead", "--store", store, "--json")
+        assert code == 0, err
+        (dead,) = json.loads(out)["dead"]
+        assert (dead["channel"], dead["attempts"], dead["last_error"]) == ("webhook", 1, "HTTP 400")
+        assert (dead["alert"]["rule"], dead["alert"]["session_id"]) == ("unkeyed-side-effect", "pay-1")
+        code, table, _ = run(capsys, "dead", "--store", store)
+        assert "unkeyed-side-effect" in table and "pay-1" in table and "HTTP 400" in table
+
+        hook.fail_first = 0  # the receiver is fixed: it takes everything from now on
+        assert run(capsys, "redeliver", "--store", store, "--channel", "otlp")[1] == (
+            "0 dead-lettered alert(s) queued for delivery again\n"
+        )
+        code, out, _ = run(capsys, "redeliver", "--store", store)
+        assert (code, out) == (0, "1 dead-lettered alert(s) queued for delivery again\n")
+        wait_for(lambda: len(hook.accepted) == 1)
+        wait_for(lambda: outbox(sidecar, "delivered") == 1)
+        first, again = hook.requests
+        assert again.headers["idempotency-key"] == first.headers["idempotency-key"]
+        assert run(capsys, "dead", "--store", store)[1] == "no dead-lettered alerts\n"
+        assert run(capsys, "redeliver", "--store", store)[1].startswith("0 ")
+        agent.shutdown()
+
+
+def test_a_dead_letter_is_listed_and_redelivered_sqlite(start_sidecar, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    dead_letter_then_redeliver(start_sidecar, f"sqlite:///{tmp_path / 'sessions.db'}", capsys)
+
+
+@pytest.mark.postgres
+def test_a_dead_letter_is_listed_and_redelivered_postgres(start_sidecar, postgres_url, capsys) -> None:  # type: ignore[no-untyped-def]
+    dead_letter_then_redeliver(start_sidecar, postgres_url, capsys)
+
+
+def test_bad_usage_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "none.db"
+    assert run(capsys, "dead", "--store", f"sqlite:///{missing}")[:3] == (
+        2,
+        "",
+        f"durable-sessions-collector: store: no SQLite store at {missing}\n",
+    )
+    code, _, err = run(capsys, "dead", "--store", "mysql://db/x")
+    assert (code == 2 and "unsupported" in err) or "store" in err
+    code, _, err = run(capsys, "dead", "--store", f"sqlite:///{missing}", "--limit", "0")
+    assert code == 2 and "--limit must be from 1 to 1000" in err
