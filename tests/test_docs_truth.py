@@ -980,3 +980,26 @@ def test_recovery_md_first_snippet_asks_once_and_charges_once_over_two_runs(tmp_
         ("a01", "ok", "2400"),
         ("a04", "ok", {"charged": 2400}),
     ]
+
+
+def test_recovery_md_harness_snippet_makes_an_agent_the_harness_can_prove(tmp_path: Path) -> None:
+    """The page's set-up for an agent under ``durable-sessions prove``, as written, plus two
+    actions: every crash point resumes; without its journal line, the proof fails."""
+    from durable_sessions.harness import describe, prove
+
+    setup = code_blocks(read(RECOVERY_MD), "python")[2]
+    body = textwrap.dedent(
+        """
+        from durable_sessions.instrument import action, session
+
+        with session("trip-42", journal=journal):
+            action("a01", "user_prompt")(lambda: "2400")()
+            action("a02", "payment", idempotency_key="k-a02")(lambda: "paid")()
+        """
+    )
+    agent = tmp_path / "agent.py"
+    agent.write_text(setup + body, encoding="utf-8")
+    proof = prove([sys.executable, str(agent)], tmp_path / "proof")
+    assert proof.passed and len(proof.trials) == 4, "\n".join(describe(proof))
+    agent.write_text(setup + body.replace("journal=journal", "journal=None"), encoding="utf-8")
+    assert not prove([sys.executable, str(agent)], tmp_path / "no-journal").passed

@@ -85,9 +85,42 @@ def test_a_failing_reference_run_ends_the_proof(tmp_path: Path) -> None:
 
 
 def test_an_agent_that_writes_no_spans_is_told_how(tmp_path: Path) -> None:
-    proof = prove(_script(tmp_path, "pass"), tmp_path / "p")
+    agent = _script(
+        tmp_path,
+        f"""
+        import sys
+        sys.path.insert(0, {str(ROOT / "src")!r})
+        from durable_sessions.instrument import action, session
+        with session("s-1"):
+            action("a1", "clock")(lambda: 1)()
+        """,
+    )
+    proof = prove(agent, tmp_path / "p")
     assert "no spans were written to" in proof.reference.problems[0]
     assert "FileSpanExporter" in proof.reference.problems[0]
+    assert proof.boundaries == 1  # counted even so
+
+
+def test_spans_on_a_provider_the_actions_do_not_use_are_pointed_out(tmp_path: Path) -> None:
+    """The exporter built (so the file exists) but its provider never made the global one."""
+    agent = _script(
+        tmp_path,
+        f"""
+        import os, sys
+        sys.path.insert(0, {str(ROOT / "src")!r})
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from durable_sessions.instrument import action, session
+        from durable_sessions.otlp_json import FileSpanExporter
+        TracerProvider().add_span_processor(SimpleSpanProcessor(FileSpanExporter(os.environ["DURABLE_SESSIONS_TRACES"])))
+        with session("s-1"):
+            action("a1", "clock")(lambda: 1)()
+        """,
+    )
+    proof = prove(agent, tmp_path / "p")
+    assert not proof.passed and proof.trials == []
+    assert "holds none of them" in proof.reference.problems[0]
+    assert "trace.set_tracer_provider(provider)" in proof.reference.problems[0]
 
 
 def test_a_hanging_run_is_stopped_at_the_timeout(tmp_path: Path) -> None:
@@ -280,3 +313,70 @@ def test_relative_paths_mean_the_current_directory(tmp_path: Path, monkeypatch: 
         main(["prove", "--dir", relative_dir, "--points", "before", "--max-actions", "1", "--", *agent]) == 0
     )
     assert (tmp_path / "p" / "before-1" / "journal.db").exists()
+
+
+def test_a_journal_shared_by_every_trial_is_no_proof(tmp_path: Path) -> None:
+    """A fixed journal path: every later run replays everything, is never killed, and that fails."""
+    agent = _instrumented(
+        tmp_path,
+        f"""
+        journal = SqliteJournal({str(tmp_path / "fixed.db")!r})
+        with session("s-1", journal=journal):
+            action("a1", "clock")(lambda: 1)()
+            action("a2", "clock")(lambda: 2)()
+        """,
+    )
+    proof = prove(agent, tmp_path / "p", points=("before",))
+    assert not proof.passed
+    assert all("was not killed at before action" in t.problems[0] for t in proof.trials)
+    assert "{journal}" in proof.trials[0].problems[0]
+
+
+def test_a_launcher_that_runs_on_after_the_kill_is_no_proof(tmp_path: Path) -> None:
+    launcher = ["sh", "-c", f"{sys.executable} {TRIP[1]}; echo agent gone"]
+    proof = prove(launcher, tmp_path, points=("before",), max_boundaries=1)
+    assert not proof.passed
+    assert "exec the agent" in proof.trials[0].problems[0]
+
+
+def test_actions_in_worker_processes_are_numbered_as_the_reference_counted_them(tmp_path: Path) -> None:
+    agent = _instrumented(
+        tmp_path,
+        """
+        import multiprocessing
+
+        def work(n):
+            with session("s-1", journal=journal):
+                action(f"w{n}", "llm_call")(lambda: n)()
+
+        if __name__ == "__main__":
+            with session("s-1", journal=journal):
+                action("first", "clock")(lambda: 0)()
+            for n in (1, 2):
+                worker = multiprocessing.get_context("spawn").Process(target=work, args=(n,))
+                worker.start()
+                worker.join()
+                if worker.exitcode:
+                    os.kill(os.getpid(), 9)  # a worker killed at its crash point: the agent dies with it
+            with session("s-1", journal=journal):
+                action("last", "clock")(lambda: 3)()
+        """,
+    )
+    proof = prove(agent, tmp_path / "p", points=("before",))
+    assert proof.boundaries == 4
+    assert proof.passed, "\n".join(describe(proof))
+    assert len(proof.trials) == 4 and all(t.runs[0].killed_at_crash_point for t in proof.trials)
+
+
+def test_actions_without_a_session_make_the_reference_unusable(tmp_path: Path) -> None:
+    agent = _instrumented(
+        tmp_path,
+        """
+        from concurrent.futures import ThreadPoolExecutor
+        with session("s-1", journal=journal), ThreadPoolExecutor(1) as pool:
+            pool.submit(action("ask", "user_prompt")(lambda: "yes")).result()  # the context is not copied
+        """,
+    )
+    proof = prove(agent, tmp_path / "p")
+    assert proof.trials == []
+    assert "actions ran without a session id (ask)" in proof.reference.problems[0]

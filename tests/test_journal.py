@@ -351,3 +351,12 @@ def test_a_journal_row_that_does_not_read_fails_open(
     with caplog.at_level(logging.ERROR, logger="durable_sessions"), session("s-1", journal=journal):
         assert action("a1", "llm_call", max_attempts=3)(lambda: 5)() == 5
     assert "could not read action 'a1' from the journal" in caplog.text
+
+
+def test_a_completed_action_that_runs_again_is_not_capped(journal: SqliteJournal) -> None:
+    """An ``ok`` without a recorded outcome runs again; it used no failed attempt."""
+    calls = []
+    for _ in range(3):
+        with session("s-1", journal=journal):
+            action("a1", "tool_call", record=False, max_attempts=1)(lambda: calls.append(1))()
+    assert calls == [1, 1, 1]

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -610,47 +611,59 @@ def test_a_child_forked_while_another_thread_holds_the_lock_can_end_spans() -> N
 # -- intent records --------------------------------------------------------------------
 
 
-def _intent_agent(tmp_path: Path, key: bool) -> list[str]:
+def _intent_agent(tmp_path: Path, body: str) -> list[str]:
     script = tmp_path / "agent.py"
-    keyed = ', idempotency_key="k-1"' if key else ""
     script.write_text(
-        f"""
-import os
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from durable_sessions.instrument import action, resource, session
-from durable_sessions.otlp_json import FileSpanExporter
-from durable_sessions.processor import DurabilitySpanProcessor
-provider = TracerProvider(resource=resource())
-provider.add_span_processor(DurabilitySpanProcessor(mode="silent"))  # intent log from the environment
-provider.add_span_processor(SimpleSpanProcessor(FileSpanExporter("traces.jsonl")))
-with session("s-1"):
-    action("a1", "llm_call", tracer_provider=provider)(lambda: "plan")()
-    action("p1", "payment", tracer_provider=provider{keyed})(lambda: print("charged", flush=True))()
-provider.shutdown()
-"""
+        textwrap.dedent(
+            """
+            import os
+            from opentelemetry import trace
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+            from durable_sessions.instrument import action, resource, session
+            from durable_sessions.otlp_json import FileSpanExporter
+            from durable_sessions.processor import DurabilitySpanProcessor
+            provider = TracerProvider(resource=resource())
+            provider.add_span_processor(DurabilitySpanProcessor(mode="silent"))  # the intent log from the environment
+            provider.add_span_processor(SimpleSpanProcessor(FileSpanExporter("traces.jsonl")))
+            trace.set_tracer_provider(provider)
+            tracer = trace.get_tracer("agent")
+            """
+        )
+        + textwrap.dedent(body)
+        + "\nprovider.shutdown()\n"
     )
     return [sys.executable, str(script)]
 
 
-def _check(tmp_path: Path, *files: str) -> subprocess.CompletedProcess[str]:
+def _run_intent_agent(tmp_path: Path, body: str, **env: str) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, "DURABLE_SESSIONS_INTENT_LOG": "intents.jsonl", **env}
+    agent = _intent_agent(tmp_path, body)
+    return subprocess.run(agent, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=60)
+
+
+def _check(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     durable_sessions = Path(sys.executable).with_name("durable-sessions")
     return subprocess.run(
-        [str(durable_sessions), "check", *files], cwd=tmp_path, capture_output=True, text=True, timeout=60
+        [str(durable_sessions), "check", *args], cwd=tmp_path, capture_output=True, text=True, timeout=60
     )
+
+
+def _check_with_intents(tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    return _check(tmp_path, "traces.jsonl", "--intents", "intents.jsonl")
+
+
+PAYMENT = """
+with session("s-1"):
+    action("a1", "llm_call")(lambda: "plan")()
+    action("p1", "payment"{key})(lambda: print("charged", flush=True))()
+"""
 
 
 def test_a_side_effect_killed_midway_is_known_from_its_intent_record(tmp_path: Path) -> None:
     """SIGKILL inside the payment span (after the charge): no span of it is exported, but
-    its intent record is on disk, and the check of intents with traces reports it."""
-    env = {
-        **os.environ,
-        "DURABLE_SESSIONS_INTENT_LOG": "intents.jsonl",
-        "DURABLE_SESSIONS_KILL_AT": "after:2",
-    }
-    done = subprocess.run(
-        _intent_agent(tmp_path, key=False), cwd=tmp_path, env=env, capture_output=True, text=True
-    )
+    its intent record is on disk, and the check of the traces with it reports it."""
+    done = _run_intent_agent(tmp_path, PAYMENT.format(key=""), DURABLE_SESSIONS_KILL_AT="after:2")
     assert done.returncode == -signal.SIGKILL and done.stdout == "charged\n"
     (intent,) = [json.loads(line) for line in (tmp_path / "intents.jsonl").read_text().splitlines()]
     assert (intent["action_id"], intent["kind"], intent["status"], intent["session_id"]) == (
@@ -660,22 +673,77 @@ def test_a_side_effect_killed_midway_is_known_from_its_intent_record(tmp_path: P
         "s-1",
     )
     assert '"p1"' not in (tmp_path / "traces.jsonl").read_text()  # the span itself never ended
-    checked = _check(tmp_path, "intents.jsonl", "traces.jsonl")
+    checked = _check_with_intents(tmp_path)
     assert checked.returncode == 1 and "unresolved-side-effect" in checked.stdout
+    assert "intents.jsonl:1" in checked.stdout  # where the evidence is
     assert _check(tmp_path, "traces.jsonl").returncode == 0  # the traces alone cannot tell
 
 
 def test_a_completed_side_effect_and_its_intent_are_one_action(tmp_path: Path) -> None:
-    env = {**os.environ, "DURABLE_SESSIONS_INTENT_LOG": "intents.jsonl"}
-    done = subprocess.run(
-        _intent_agent(tmp_path, key=True), cwd=tmp_path, env=env, capture_output=True, text=True
-    )
+    done = _run_intent_agent(tmp_path, PAYMENT.format(key=', idempotency_key="k-1"'))
     assert done.returncode == 0, done.stderr
     assert (
         len((tmp_path / "intents.jsonl").read_text().splitlines()) == 1
     )  # the payment only, not the model call
-    checked = _check(tmp_path, "intents.jsonl", "traces.jsonl")
+    checked = _check_with_intents(tmp_path)
     assert checked.returncode == 0, checked.stdout
+
+
+def test_an_interrupted_side_effect_is_one_action_with_its_intent(tmp_path: Path) -> None:
+    """The span ends ``started`` (KeyboardInterrupt): no duplicate of its intent record."""
+    body = """
+    try:
+        with session("s-1"), action("p1", "payment", idempotency_key="k-1"):
+            raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        pass
+    """
+    assert _run_intent_agent(tmp_path, body).returncode == 0
+    checked = _check_with_intents(tmp_path)
+    assert checked.returncode == 0, checked.stdout
+
+
+def test_a_retry_killed_midway_is_found_whatever_came_before(tmp_path: Path) -> None:
+    """Attempt 1 fails and is exported; attempt 2, under the same id, dies inside: unresolved."""
+    body = """
+    with session("s-1"):
+        try:
+            action("p1", "payment", retryable=True, max_attempts=3, attempts=1)(lambda: 1 / 0)()
+        except ZeroDivisionError:
+            pass
+        action("p1", "payment", retryable=True, max_attempts=3, attempts=2)(lambda: "paid")()
+    """
+    assert _run_intent_agent(tmp_path, body, DURABLE_SESSIONS_KILL_AT="after:2").returncode == -signal.SIGKILL
+    checked = _check_with_intents(tmp_path)
+    assert checked.returncode == 1 and "unresolved-side-effect" in checked.stdout, checked.stdout
+
+
+def test_an_intent_is_paired_with_its_span_by_span_not_by_action_id(tmp_path: Path) -> None:
+    """A tool call whose id is set after its span started (a third-party convention)."""
+    body = """
+    with session("s-1"), tracer.start_as_current_span(
+        "execute_tool", attributes={"gen_ai.operation.name": "execute_tool", "agent.action.side_effects": True}
+    ) as span:
+        span.set_attribute("gen_ai.tool.call.id", "call_1")
+    """
+    assert _run_intent_agent(tmp_path, body).returncode == 0
+    intent = json.loads((tmp_path / "intents.jsonl").read_text())
+    assert intent["action_id"] != "call_1"  # at start the id was not known yet
+    checked = _check_with_intents(tmp_path)
+    assert "unresolved-side-effect" not in checked.stdout, checked.stdout
+
+
+def test_a_replayed_side_effect_writes_no_intent(tmp_path: Path) -> None:
+    body = f"""
+    from durable_sessions.journal import SqliteJournal
+    journal = SqliteJournal({str(tmp_path / "journal.db")!r})
+    for _ in range(2):
+        with session("s-1", journal=journal):
+            action("p1", "payment", idempotency_key="k-1")(lambda: "paid")()
+    """
+    assert _run_intent_agent(tmp_path, body).returncode == 0
+    assert len((tmp_path / "intents.jsonl").read_text().splitlines()) == 1
+    assert _check_with_intents(tmp_path).returncode == 0
 
 
 def test_an_intent_log_that_cannot_be_opened_is_refused_at_setup(tmp_path: Path) -> None:

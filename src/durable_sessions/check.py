@@ -38,6 +38,7 @@ from durable_sessions.readers import (
     read,
     sniff_format,
 )
+from durable_sessions.record import Location
 from durable_sessions.rules import CATALOGUE, Rule
 from durable_sessions.rules.state import DEFAULT_KEY_WINDOW_S
 from durable_sessions.violation import Violation
@@ -98,8 +99,10 @@ class OfflineCheck:
         jobs: int = 1,
         progress: Progress | None = None,
         start_method: str = "spawn",
+        intents: Sequence[str] = (),
     ) -> None:
         self.paths = list(paths)
+        self.intents = list(intents)
         self.rules = tuple(rules)
         self.key_window_s = key_window_s
         self.fmt = fmt
@@ -111,7 +114,12 @@ class OfflineCheck:
         self.sessions = 0
 
     def __iter__(self) -> Iterator[Violation]:
-        if self.jobs > 1 and all(map(_rereadable, self.paths)) and self._all_actions_format():
+        if (
+            self.jobs > 1
+            and not self.intents
+            and all(map(_rereadable, self.paths))
+            and self._all_actions_format()
+        ):
             return self._parallel()
         return self._sequential()
 
@@ -124,6 +132,7 @@ class OfflineCheck:
                 fmt=self.fmt,
                 max_line_bytes=self.max_line_bytes,
                 progress=self.progress,
+                intents=self.intents,
             )
         finally:
             self.actions, self.sessions = checker.actions, checker.sessions
@@ -197,14 +206,21 @@ def check_paths(
     fmt: Format = "auto",
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
     progress: Progress | None = None,
+    intents: Sequence[str] = (),
 ) -> Iterator[Violation]:
     """Every violation in ``paths``, checked as one stream, then the end-of-input ones.
 
-    Sessions may span files (one file per process run, say). Raises
+    Sessions may span files (one file per process run, say). ``intents`` are intent logs
+    (:mod:`durable_sessions.intent_log`): an intent whose span is among ``paths`` is that
+    span's start, and adds nothing; the others, side effects whose span never ended,
+    are checked after ``paths``, as the last thing their actions did. Raises
     :class:`~durable_sessions.readers.InputError` for a source that cannot be read.
     """
     feed = checker.feed
     paths = list(paths)
+    pending, unreadable = _read_intents(intents, max_line_bytes)
+    for item in unreadable:
+        yield from _unreadable(checker, item)
     # The state a stream carries from file to file: a span may come back in the next
     # file (OTLP/JSON), a tool call completed in one file may get its result in the next
     # (tracing).
@@ -235,11 +251,39 @@ def check_paths(
             for count, item in enumerate(items):
                 if type(item) is Unreadable:
                     yield from _unreadable(checker, item)  # type: ignore[arg-type]
-                elif violations := feed(*item):  # type: ignore[misc]
+                    continue
+                if pending:
+                    where = item[1]  # type: ignore[index]
+                    pending.pop((where.trace_id, where.span_id), None)
+                if violations := feed(*item):  # type: ignore[misc]
                     yield from violations
                 if reports and count % PROGRESS_EVERY == 0:
                     progress(path, source.tell(), size)  # type: ignore[misc]
-    yield from sorted(checker.finish(), key=_position_in(paths))
+    for record, where in pending.values():
+        yield from feed(record, where)
+    yield from sorted(checker.finish(), key=_position_in([*paths, *intents]))
+
+
+def _read_intents(
+    intents: Sequence[str], max_line_bytes: int
+) -> tuple[dict[tuple[str | None, str | None], tuple[Any, Location]], list[Unreadable]]:
+    """The intent records of ``intents`` by (trace id, span id), and their unreadable lines."""
+    pending: dict[tuple[str | None, str | None], tuple[Any, Location]] = {}
+    unreadable: list[Unreadable] = []
+    for path in intents:
+        with open_source(path) as source:
+            for item in read(path, source, fmt="actions", max_line_bytes=max_line_bytes):
+                if type(item) is Unreadable:
+                    unreadable.append(item)  # type: ignore[arg-type]
+                    continue
+                record, where = item  # type: ignore[misc]
+                trace_id, span_id = record.get("trace_id"), record.get("span_id")
+                where = Location(where.file, where.line, trace_id, span_id)
+                pending[(trace_id, span_id) if span_id is not None else (where.file, str(where.line))] = (
+                    record,
+                    where,
+                )
+    return pending, unreadable
 
 
 def _can_tell(source: Any) -> bool:

@@ -236,6 +236,14 @@ def build_parser() -> argparse.ArgumentParser:
         "for JSONL input over 64 MiB, else 1)",
     )
     check.add_argument(
+        "--intents",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="an intent log of the span processor (repeatable): side effects started in FILE whose span "
+        "never ended are checked too",
+    )
+    check.add_argument(
         "--max-line-bytes",
         type=_positive_int,
         default=DEFAULT_MAX_LINE_BYTES,
@@ -265,8 +273,9 @@ def build_parser() -> argparse.ArgumentParser:
         "{journal}, {traces} and {dir} stand for the trial's journal file, OTLP/JSON trace file and "
         "directory (also in its environment as DURABLE_SESSIONS_JOURNAL, DURABLE_SESSIONS_TRACES, "
         "DURABLE_SESSIONS_DIR).",
-        epilog="Exit 0: every crash point resumed cleanly; 1: at least one did not; 2: usage error, or "
-        "the reference run failed.",
+        epilog="Exit 0: every crash point resumed cleanly; 1: at least one did not, or the reference run "
+        "breaks rules; 2: usage error, or the reference run failed, wrote no spans, ran no action or ran "
+        "actions without a session.",
     )
     prove.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARG ...]")
     prove.add_argument(
@@ -346,6 +355,7 @@ def run_check(args: argparse.Namespace, out: Output) -> int:
         jobs=jobs,
         progress=progress,
         start_method=cli_start_method(),
+        intents=args.intents,
     )
     try:
         with cyclic_gc_paused():

@@ -10,11 +10,12 @@ numbered by the order in which the actions started:
 - ``after``: the body has run (the side effect happened, the question was answered),
   its outcome is not yet in the journal.
 
-At the ``n``-th such boundary of the process the global tracer provider is flushed (so
+At the ``n``-th such boundary of the run the global tracer provider is flushed (so
 the spans that ended before the crash reach their exporter, as they would have in a
 process that died a little later) and the process kills itself with ``SIGKILL``: no
 ``finally`` block, no ``atexit`` handler, no span end runs, as in a real crash. Without
-the variable nothing happens here beyond one dictionary lookup per process.
+the harness's variables an action only counts its boundary (an environment lookup once
+per process, a process id check and an increment per action).
 """
 
 from __future__ import annotations
@@ -66,26 +67,42 @@ class _Target:
 
 
 _TARGET = _Target()
+_BEFORE_LINE = b"b\n"
 
 
 def before() -> int:
     """The boundary before a running action's body: count it, and die here if it is the
-    configured one. Returns its number in this process, for :func:`after`."""
+    configured one. Returns its number, for :func:`after`.
+
+    Under the harness (``DURABLE_SESSIONS_COUNT_BOUNDARIES`` set) boundaries are numbered
+    across every process of the run, by the order their lines land in that file, so an
+    agent whose actions run in worker processes is numbered as the reference run counted
+    it; otherwise within this process.
+    """
     target = _target()
-    target.seen += 1
-    if target.counting is not None:
-        _count(target.counting)
-    if target.point == "before" and target.seen == target.count:
+    if target.counting is None:
+        target.seen += 1
+        number = target.seen
+    else:
+        number = _append(target.counting, _BEFORE_LINE) // len(_BEFORE_LINE) or target.seen + 1
+        target.seen = number
+    if target.point == "before" and number == target.count:
         _die()
-    return target.seen
+    return number
 
 
 def after(boundary: int) -> None:
     """The boundary after the body of the action whose :func:`before` returned ``boundary``
     (an action that ran others inside it has its own number, not theirs)."""
     target = _target()
+    if target.counting is not None:
+        _append(target.counting + AFTER_SUFFIX, f"{boundary}\n".encode())
     if target.point == "after" and boundary == target.count:
         _die()
+
+
+AFTER_SUFFIX = ".after"
+"""The file beside the count file that lists the boundaries whose ``after`` was passed."""
 
 
 def _target() -> _Target:
@@ -94,13 +111,25 @@ def _target() -> _Target:
     return _TARGET
 
 
-def _count(path: str) -> None:
-    """Append one line per boundary to the file the harness counts a reference run's boundaries in."""
+def _append(path: str, line: bytes) -> int:
+    """Append ``line`` to ``path``; the file's size right after it (0 when it cannot be written).
+
+    ``O_APPEND`` puts each write at the end, whichever process writes, and leaves this
+    descriptor's offset just after its own line: the line's place in the file.
+    """
     try:
-        with open(path, "a") as counted:
-            counted.write("boundary\n")
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     except OSError:  # fail open: the harness reports a count it cannot read
         logger.debug("durable_sessions: could not count a boundary in %s", path, exc_info=True)
+        return 0
+    try:
+        os.write(fd, line)
+        return os.lseek(fd, 0, os.SEEK_CUR)
+    except OSError:
+        logger.debug("durable_sessions: could not count a boundary in %s", path, exc_info=True)
+        return 0
+    finally:
+        os.close(fd)
 
 
 def _die() -> None:

@@ -7,9 +7,9 @@ directory:
 1. runs the command with ``DURABLE_SESSIONS_KILL_AT=<point>:<n>``, so the process kills
    itself with ``SIGKILL`` at that boundary;
 2. runs the command again, which must resume the session and finish (exit 0);
-3. checks the spans both processes exported with every rule (the same engine as
-   ``durable-sessions check``): nothing re-asked, nothing re-charged, no outcome that
-   diverged from its record;
+3. checks the spans both processes exported with the given rules (the same engine as
+   ``durable-sessions check``): nothing the journal recorded asked or charged again, no
+   outcome that diverged from its record;
 4. checks that every action the reference completed was completed here too.
 
 The boundaries are those the reference run passed (every action it ran), counted by the
@@ -40,6 +40,7 @@ import subprocess
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from durable_sessions import crash
 from durable_sessions.check import check_paths
@@ -137,44 +138,30 @@ def prove(
     environment = dict(os.environ if env is None else env)
     environment.pop(crash.ENV, None)
     environment.pop(crash.COUNT_ENV, None)
-    proof = Proof(_reference(command, base, environment, timeout_s, rules))
-    if proof.reference.problems:
+    reference = _Runner(command, base / "reference", environment, timeout_s)
+    proof = Proof(reference.trial)
+    reference.run_to_end("the reference run")
+    proof.boundaries, returned = reference.boundaries(1)
+    if reference.trial.problems:
         return proof
-    proof.boundaries = _lines(base / "reference" / "boundaries")
     if proof.boundaries == 0:
-        proof.reference.problems.append(
+        reference.trial.problems.append(
             "the agent ran no action of durable_sessions.instrument: there is no boundary to kill it at"
         )
+        return proof
+    reference.check(rules, expected=None, ran=proof.boundaries)
+    if reference.trial.problems:
         return proof
     proof.tested = min(proof.boundaries, max_boundaries)
     for boundary in range(1, proof.tested + 1):
         for point in dict.fromkeys(points):
-            runner = _crash_trial(command, base, environment, timeout_s, point, boundary)
-            if runner.trial.reached:
-                runner.check(rules, expected=proof.reference.completed)
-            proof.trials.append(runner.trial)
+            trial = Trial(f"{point}-{boundary}", base / f"{point}-{boundary}")
+            if point == "after" and boundary not in returned:
+                trial.reached = False  # the reference's action raised: there is no after point
+            else:
+                trial = _crash_trial(command, base, environment, timeout_s, point, boundary, rules, proof)
+            proof.trials.append(trial)
     return proof
-
-
-def _reference(
-    command: Sequence[str],
-    base: Path,
-    environment: dict[str, str],
-    timeout_s: float,
-    rules: Sequence[Rule] | None,
-) -> Trial:
-    runner = _Runner(command, base / "reference", environment, timeout_s)
-    runner.run_to_end("the reference run", {crash.COUNT_ENV: str(runner.trial.directory / "boundaries")})
-    if not runner.trial.problems:
-        runner.check(rules, expected=None)
-    return runner.trial
-
-
-def _lines(path: Path) -> int:
-    try:
-        return len(path.read_bytes().splitlines())
-    except FileNotFoundError:
-        return 0
 
 
 def _crash_trial(
@@ -184,16 +171,23 @@ def _crash_trial(
     timeout_s: float,
     point: str,
     boundary: int,
-) -> _Runner:
+    rules: Sequence[Rule] | None,
+    proof: Proof,
+) -> Trial:
     runner = _Runner(command, base / f"{point}-{boundary}", environment, timeout_s)
     killed = runner.run({crash.ENV: f"{point}:{boundary}"})
     if killed.killed_at_crash_point:
         runner.run_to_end("the resumed run")
+        runner.check(rules, expected=proof.reference.completed, ran=None)
     elif killed.returncode == 0:
-        runner.trial.reached = False
+        runner.trial.problems.append(
+            f"the run was not killed at {point} action {boundary}: it ran fewer actions than the reference run. "
+            "Is its journal the trial's ({journal}, $DURABLE_SESSIONS_JOURNAL) rather than a fixed path earlier "
+            "runs filled? Does a launcher run on after the agent is killed (exec the agent instead)?"
+        )
     else:
         runner.trial.problems.append(_failed("the run to be killed", killed))
-    return runner
+    return runner.trial
 
 
 class _Runner:
@@ -225,13 +219,15 @@ class _Runner:
         self.timeout_s = timeout_s
 
     def run(self, extra_env: Mapping[str, str] | None = None) -> Run:
-        log = self.trial.directory / f"run-{len(self.trial.runs) + 1}.log"
+        number = len(self.trial.runs) + 1
+        log = self.trial.directory / f"run-{number}.log"
+        counting = {crash.COUNT_ENV: str(self._count_file(number))}
         started = time.monotonic()
         with open(log, "wb") as output:
             try:
                 process = subprocess.Popen(
                     self.argv,
-                    env={**self.environment, **(extra_env or {})},
+                    env={**self.environment, **counting, **(extra_env or {})},
                     stdin=subprocess.DEVNULL,
                     stdout=output,
                     stderr=subprocess.STDOUT,
@@ -247,12 +243,31 @@ class _Runner:
         self.trial.runs.append(run)
         return run
 
+    def _count_file(self, run: int) -> Path:
+        return self.trial.directory / f"boundaries-{run}"
+
+    def boundaries(self, run: int) -> tuple[int, set[int]]:
+        """How many action boundaries run ``run`` passed, and which of them it returned from."""
+        count = self._count_file(run)
+        try:
+            passed = count.stat().st_size // 2
+        except FileNotFoundError:
+            return 0, set()
+        try:
+            lines = Path(str(count) + crash.AFTER_SUFFIX).read_text().split()
+        except FileNotFoundError:
+            lines = []
+        return passed, {int(line) for line in lines if line.isdigit()}
+
     def run_to_end(self, what: str, extra_env: Mapping[str, str] | None = None) -> None:
         run = self.run(extra_env)
         if run.returncode != 0:
             self.trial.problems.append(_failed(what, run))
 
-    def check(self, rules: Sequence[Rule] | None, expected: set[tuple[str, str]] | None) -> None:
+    def check(
+        self, rules: Sequence[Rule] | None, expected: set[tuple[str, str]] | None, ran: int | None
+    ) -> None:
+        """Check the trial's spans; ``ran``: how many actions the run passed, for the reference."""
         traces = self.paths["traces"]
         if not os.path.isfile(traces):
             self.trial.problems.append(
@@ -260,7 +275,14 @@ class _Runner:
             )
             return
         self.trial.violations = list(check_paths([traces], Checker(rules)))
-        self.trial.completed = set(_completed(traces))
+        records = list(_records(traces))
+        self.trial.completed = {
+            (r["session_id"], r["action_id"])
+            for r in records
+            if r.get("status") == "ok" and r.get("session_source") is None
+        }
+        if ran:
+            self._check_reference(records, ran, traces)
         if expected is not None:
             missing = sorted(expected - self.trial.completed)
             if missing:
@@ -269,6 +291,24 @@ class _Runner:
                 self.trial.problems.append(
                     f"did not come back where it was: the reference completed {listed}{more}, this trial never did"
                 )
+
+    def _check_reference(self, records: list[dict[str, Any]], ran: int, traces: str) -> None:
+        """What makes a reference run useless to compare with: spans that never reached the
+        file, or actions without a session, which a resumed run cannot find in the journal."""
+        if not records:
+            self.trial.problems.append(
+                f"the reference ran {ran} actions but {traces} holds none of them: the FileSpanExporter must be "
+                "on the provider the actions use (trace.set_tracer_provider(provider))"
+            )
+        sessionless = sorted(
+            {r["action_id"] for r in records if r.get("session_source") is not None}, key=str
+        )
+        if sessionless:
+            listed = ", ".join(map(str, sessionless[:10]))
+            self.trial.problems.append(
+                f"actions ran without a session id ({listed}): their session is their trace, which a resumed run "
+                "cannot find again; run them inside session(...) (a thread needs the context copied)"
+            )
 
 
 _NOT_STARTED = 127  # as a shell reports a command it could not run
@@ -301,7 +341,7 @@ def describe(proof: Proof) -> Iterator[str]:
         point, _, boundary = trial.name.partition("-")
         what = f"kill {point} action {boundary}"
         if not trial.reached:
-            yield f"{what}: not reached (the action did not return normally)"
+            yield f"{what}: no such point (the reference run's action {boundary} did not return normally)"
             continue
         yield f"{what}: {'resumed' if trial.passed else 'FAILED'}"
         yield from _details(trial)
@@ -357,15 +397,12 @@ def _trial_document(trial: Trial) -> dict[str, object]:
     }
 
 
-def _completed(traces: str) -> Iterator[tuple[str, str]]:
+def _records(traces: str) -> Iterator[dict[str, Any]]:
     with open_source(traces) as source:
         items: Iterator[Item] = read(traces, source, fmt="otlp-json")
         for item in items:
-            if type(item) is Unreadable:
-                continue
-            record = item[0]  # type: ignore[index]
-            if record.get("status") == "ok" and type(record.get("session_id")) is str:
-                yield record["session_id"], record["action_id"]
+            if type(item) is not Unreadable:
+                yield item[0]  # type: ignore[index,misc]
 
 
 def _substituted(arg: str, paths: Mapping[str, str]) -> str:

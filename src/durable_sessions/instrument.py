@@ -679,6 +679,8 @@ class action:
             attributes[sc.ACTION_ATTEMPTS] = step.attempts
         if step.decision == "skip":
             attributes[sc.ACTION_STATUS] = sc.STATUS_STARTED
+        elif step.decision == "replay":  # at start, so that on_start sees no effect about to run
+            attributes[sc.ACTION_REPLAYED] = True
         return attributes
 
 

@@ -5,10 +5,11 @@ no trace of the payment at all, although the charge may have gone through. With 
 intent log, :class:`~durable_sessions.processor.DurabilitySpanProcessor` writes, when a
 side-effecting action span *starts*, its action record with ``status: started`` as one
 JSON line, flushed and ``fsync``-ed before ``span start`` returns, so before your code
-runs the effect. The file is an action log in the seed's JSONL format: check it with the
-traces of the same processes (``durable-sessions check intents.jsonl traces.jsonl``),
-and a side effect that started and never completed, with nothing making a retry safe,
-is reported (``unresolved-side-effect``).
+runs the effect. Each line is the action record in the seed's JSONL format, with the
+span's ``trace_id`` and ``span_id``. Check it with the traces of the same processes
+(``durable-sessions check traces.jsonl --intents intents.jsonl``): an intent whose span
+is in the traces adds nothing, and a side effect whose span never ended, with nothing
+making a retry safe, is reported (``unresolved-side-effect``).
 
 Only side effects are written (a kind in :data:`durable_sessions.kinds.SIDE_EFFECTING`,
 or ``agent.action.side_effects: true`` among the span's start attributes): each costs one
@@ -42,11 +43,15 @@ def intent_record(
     kind = attributes.get(sc.ACTION_KIND)
     if kind not in kinds.SIDE_EFFECTING and attributes.get(sc.attribute("side_effects")) is not True:
         return None
+    if attributes.get(sc.ACTION_REPLAYED) is True or sc.ACTION_STATUS in attributes:
+        return None  # a replay, or a span that says its own status (a skipped action): no effect runs
     mapped = map_attributes(attributes, resource, False, start_time_ns, trace_id, span_id, None, False)
     if mapped is None:
         return None
     record = {field: value for field, value in mapped[0].items() if field not in _OUTCOME_FIELDS}
     record["status"] = sc.STATUS_STARTED
+    # The span's ids pair the intent with the span when it ends (its action id may come later).
+    record["trace_id"], record["span_id"] = f"{trace_id:032x}", f"{span_id:016x}"
     return record
 
 

@@ -162,9 +162,10 @@ def plan(entry: Entry | None, kind: str, fields: dict[str, Any]) -> Plan:
         if not (fields.get("idempotency_key") or entry.idempotency_key):
             raise ActionInDoubt(entry)
     cap = fields.get("max_attempts")
-    if type(cap) is int and entry.attempts >= cap:
+    if entry.status != sc.STATUS_OK and type(cap) is int and entry.attempts >= cap:
         raise AttemptsExhausted(entry, cap)
-    return Plan("run", entry.attempts + 1, entry)
+    # A completed action without an outcome to replay runs afresh: it is no retry.
+    return Plan("run", 1 if entry.status == sc.STATUS_OK else entry.attempts + 1, entry)
 
 
 # -- the SQLite journal -------------------------------------------------------------------
