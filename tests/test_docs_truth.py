@@ -1003,3 +1003,17 @@ def test_recovery_md_harness_snippet_makes_an_agent_the_harness_can_prove(tmp_pa
     assert proof.passed and len(proof.trials) == 4, "\n".join(describe(proof))
     agent.write_text(setup + body.replace("journal=journal", "journal=None"), encoding="utf-8")
     assert not prove([sys.executable, str(agent)], tmp_path / "no-journal").passed
+
+
+def test_recovery_md_test_snippet_passes_as_a_test(tmp_path: Path) -> None:
+    """The page's pytest example, collected and run by pytest from the repository root."""
+    test_file = tmp_path / "test_resume.py"
+    test_file.write_text(code_blocks(read(RECOVERY_MD), "python")[3], encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test_file)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout + done.stderr
