@@ -762,3 +762,23 @@ def test_an_intent_write_that_fails_later_fails_open(tmp_path: Path) -> None:
         pass
     assert processor.internal_errors == 1
     processor._intents._fd = -1
+
+
+def test_intents_pair_with_their_spans_whatever_the_case_of_their_ids(tmp_path: Path) -> None:
+    assert _run_intent_agent(tmp_path, PAYMENT.format(key=', idempotency_key="k-1"')).returncode == 0
+    intents = tmp_path / "intents.jsonl"
+    record = json.loads(intents.read_text())
+    record["trace_id"], record["span_id"] = record["trace_id"].upper(), record["span_id"].upper()
+    intents.write_text(json.dumps(record) + "\n")
+    checked = _check_with_intents(tmp_path)
+    assert checked.returncode == 0, checked.stdout
+
+
+def test_intents_with_an_action_log_for_traces_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "intents.jsonl").write_text("")
+    (tmp_path / "actions.jsonl").write_text(
+        '{"session_id":"s","action_id":"a","kind":"clock","status":"ok"}\n'
+    )
+    checked = _check(tmp_path, "actions.jsonl", "--intents", "intents.jsonl")
+    assert checked.returncode == 2
+    assert "--intents pairs intent records with the spans of OTLP/JSON traces" in checked.stderr

@@ -230,6 +230,11 @@ def check_paths(
             size = _size(source)
             name = display_name(path)
             file_fmt = sniff_format(source, name, max_line_bytes) if fmt == "auto" else fmt
+            if intents and file_fmt != "otlp-json":
+                raise InputError(
+                    f"{name}: --intents pairs intent records with the spans of OTLP/JSON traces; "
+                    f"this is {file_fmt} input, whose records name no span"
+                )
             # A pipe or FIFO cannot tell how far it has been read: no progress for it.
             reports = progress is not None and _can_tell(source)
             if file_fmt == "actions" and _reads_in_blocks(path, source):
@@ -277,7 +282,10 @@ def _read_intents(
                     unreadable.append(item)  # type: ignore[arg-type]
                     continue
                 record, where = item  # type: ignore[misc]
-                trace_id, span_id = record.get("trace_id"), record.get("span_id")
+                trace_id, span_id = (
+                    value.lower() if type(value) is str else value
+                    for value in (record.get("trace_id"), record.get("span_id"))
+                )
                 where = Location(where.file, where.line, trace_id, span_id)
                 pending[(trace_id, span_id) if span_id is not None else (where.file, str(where.line))] = (
                     record,

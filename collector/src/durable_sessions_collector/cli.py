@@ -12,7 +12,9 @@ Exit codes: 0 after a clean stop, 2 for invalid configuration or a port that can
 bound (the message names the key), 1 for any other failure to start. ``sessions``: 0,
 1 when the sidecar cannot answer (unreachable, 401, no such session), 2 for bad usage
 (an endpoint that is not an http(s) URL with a numeric port, an unreadable token or CA
-file, a bad --verdict or --limit). The commands that print (``config``,
+file, a bad --verdict or --limit). ``alerts``: 0, 2 for bad usage or a store that cannot
+be opened (missing, not a store, another schema version), 1 when the store fails during
+the command. The commands that print (``config``,
 ``config-reference``, ``sessions``) end as ``durable-sessions`` does: 141 quietly when
 the reader of their output goes away (``| head``), 130 on Ctrl-C, 143 on SIGTERM, 2 when
 standard output cannot be written.
@@ -32,9 +34,10 @@ from typing import Any
 from durable_sessions.cli import Output, run_command
 from durable_sessions.report import printable
 from durable_sessions_collector import __version__
+from durable_sessions_collector.alerts import OTLP, WEBHOOK
 from durable_sessions_collector.client import DEFAULT_ENDPOINT, ApiClient, ApiError, ApiUsageError
-from durable_sessions_collector.config import OPTIONS, ConfigError, check_token, load, reference
-from durable_sessions_collector.store import DeadAlert, StoreError, open_store
+from durable_sessions_collector.config import OPTIONS, Config, ConfigError, check_token, load, reference
+from durable_sessions_collector.store import DeadAlert, Store, StoreError, open_store
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -77,7 +80,7 @@ def _alerts_parser(commands: Any) -> None:
             "--config", metavar="FILE", help="YAML configuration file (or $DURABLE_SESSIONS_CONFIG)"
         )
         command.add_argument("--store", dest=_STORE.attr, metavar="URL", help=f"store: {_STORE.doc}")
-        command.add_argument("--channel", help="only this channel (webhook, otlp)")
+        command.add_argument("--channel", choices=(WEBHOOK, OTLP), help="only this channel")
     dead.add_argument("--limit", type=int, default=100, help="at most this many (1-1000, default 100)")
     dead.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
@@ -187,7 +190,8 @@ def _sessions(args: argparse.Namespace, out: Output) -> int:
     return 0
 
 
-def _alerts(args: argparse.Namespace, store_url: str, out: Output) -> int:
+def _alerts(args: argparse.Namespace, config: Config, out: Output) -> int:
+    store_url = config.store
     if args.alerts_command == "dead" and not 1 <= args.limit <= 1000:
         print("durable-sessions-collector: --limit must be from 1 to 1000", file=sys.stderr)
         return 2
@@ -204,9 +208,7 @@ def _alerts(args: argparse.Namespace, store_url: str, out: Output) -> int:
         return 2
     try:
         if args.alerts_command == "redeliver":
-            with store.writer() as writer:
-                count = writer.redeliver_dead(args.channel, time.time())
-            print(f"{count} dead-lettered alert(s) queued for delivery again", file=out)
+            _redeliver(store, args.channel, config, out)
             return 0
         _print_dead(store.dead_alerts(args.channel, args.limit), args.json, out)
         return 0
@@ -215,6 +217,24 @@ def _alerts(args: argparse.Namespace, store_url: str, out: Output) -> int:
         return 1
     finally:
         store.close()
+
+
+def _redeliver(store: Store, channel: str | None, config: Config, out: Output) -> None:
+    """Queue the dead letters again, channel by channel, and say which channel the
+    configuration does not deliver (its alerts wait for a sidecar that does)."""
+    configured = {WEBHOOK: bool(config.alerts_webhook_url), OTLP: bool(config.alerts_otlp_endpoint)}
+    total = 0
+    for name in (channel,) if channel else (WEBHOOK, OTLP):
+        with store.writer() as writer:
+            count = writer.redeliver_dead(name, time.time())
+        total += count
+        if count and not configured[name]:
+            print(
+                f"durable-sessions-collector: {count} {name} alert(s) queued, but this configuration has no "
+                f"{name} channel: a sidecar that has one delivers them",
+                file=sys.stderr,
+            )
+    print(f"{total} dead-lettered alert(s) queued for delivery again", file=out)
 
 
 def _print_dead(alerts: list[DeadAlert], as_json: bool, out: Output) -> None:
@@ -241,8 +261,8 @@ def _print_dead(alerts: list[DeadAlert], as_json: bool, out: Output) -> None:
         rows.append(
             (
                 str(alert.id),
-                alert.channel,
-                _cell(alert.payload.get("rule")),
+                printable(alert.channel),
+                printable(_cell(alert.payload.get("rule"))),
                 printable(_cell(alert.payload.get("session_id"))),
                 printable(_cell(alert.payload.get("action_id"))),
                 str(alert.attempts),
@@ -339,7 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"durable-sessions-collector: invalid configuration: {error}", file=sys.stderr)
         return 2
     if args.command == "alerts":
-        return run_command(prog, lambda out: _alerts(args, config.store, out))
+        return run_command(prog, lambda out: _alerts(args, config, out))
     if args.command == "config":
         # Secrets (the token, the webhook URL's credentials and query) are shown as ***.
         document = json.dumps({"settings": config.display(), "sources": dict(config.sources)}, indent=2)

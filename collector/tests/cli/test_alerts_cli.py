@@ -8,6 +8,7 @@ Idempotency-Key, once the receiver takes it.
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,8 @@ from conftest import wait_for
 from durable_sessions_collector.cli import main
 from sidecar_clients import Agent, grpc_exporter
 from webhook_server import WebhookServer
+
+SCHEMA_V1 = (Path(__file__).parents[1] / "store" / "sqlite_schema_v1.sql").read_text()
 
 FAST = {
     "alerts__webhook__backoff_s": 0.05,
@@ -52,8 +55,9 @@ def dead_letter_then_redeliver(start_sidecar, store: str, capsys: pytest.Capture
         assert run(capsys, "redeliver", "--store", store, "--channel", "otlp")[1] == (
             "0 dead-lettered alert(s) queued for delivery again\n"
         )
-        code, out, _ = run(capsys, "redeliver", "--store", store)
+        code, out, err = run(capsys, "redeliver", "--store", store)  # no webhook in this configuration
         assert (code, out) == (0, "1 dead-lettered alert(s) queued for delivery again\n")
+        assert "1 webhook alert(s) queued, but this configuration has no webhook channel" in err
         wait_for(lambda: len(hook.accepted) == 1)
         wait_for(lambda: outbox(sidecar, "delivered") == 1)
         first, again = hook.requests
@@ -83,3 +87,34 @@ def test_bad_usage_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert (code == 2 and "unsupported" in err) or "store" in err
     code, _, err = run(capsys, "dead", "--store", f"sqlite:///{missing}", "--limit", "0")
     assert code == 2 and "--limit must be from 1 to 1000" in err
+
+
+def test_an_admin_command_neither_creates_nor_migrates_a_store(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Migrating is the sidecar's, at its start: a listing must not rebuild a store under an
+    older sidecar, nor make a store of a file that is none."""
+    old = tmp_path / "old.db"
+    with sqlite3.connect(old) as db:
+        db.executescript(SCHEMA_V1)
+        db.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+    code, _, err = run(capsys, "dead", "--store", f"sqlite:///{old}")
+    assert code == 2 and "has schema version 1, this command reads 3" in err
+    with sqlite3.connect(old) as db:
+        assert db.execute("SELECT value FROM meta").fetchone() == ("1",)  # left as it was
+    empty = tmp_path / "empty.db"
+    empty.write_bytes(b"")
+    code, _, err = run(capsys, "redeliver", "--store", f"sqlite:///{empty}")
+    assert code == 2 and "is not a durable-sessions store" in err
+    assert empty.read_bytes() == b""
+
+
+@pytest.mark.postgres
+def test_an_admin_command_does_not_create_a_postgres_store(postgres_url: str, capsys) -> None:  # type: ignore[no-untyped-def]
+    import psycopg
+    from postgres_support import postgres_dsn
+
+    typo = postgres_url.replace("schema=", "schema=typo_")
+    code, _, err = run(capsys, "dead", "--store", typo)
+    assert code == 2 and "no store in" in err
+    schema = typo.split("schema=")[1]
+    with psycopg.connect(postgres_dsn()) as db:
+        assert db.execute("SELECT to_regnamespace(%s)", (schema,)).fetchone() == (None,)

@@ -26,8 +26,9 @@ POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 def open_store(url: str, *, exclusive: bool = True) -> Store:
     """The store a ``store:`` URL names: ``sqlite:///PATH`` or ``postgresql://…[?schema=NAME]``.
 
-    ``exclusive=False`` is for administrative commands beside a running sidecar: a SQLite
-    store is then opened without the lock that keeps a second sidecar off it.
+    ``exclusive=False`` is for administrative commands beside a running sidecar: the
+    store must exist at this version (nothing is created or migrated), and a SQLite store
+    is opened without the lock that keeps a second sidecar off it.
     """
     if url.startswith("sqlite:///"):
         return SqliteStore(url.removeprefix("sqlite:///"), exclusive=exclusive)
@@ -39,7 +40,7 @@ def open_store(url: str, *, exclusive: bool = True) -> Store:
                 f"store: a PostgreSQL store needs psycopg 3 ({error}); "
                 "pip install 'durable-sessions-collector[postgresql]'"
             ) from None
-        return PostgresStore(url)
+        return PostgresStore(url, existing=not exclusive)
     shown = url.split("://", 1)[0] + "://…" if "://" in url else url
     raise StoreError(f"store: unsupported URL {shown!r}; expected sqlite:///PATH or postgresql://…")
 

@@ -244,7 +244,7 @@ class PostgresStore:
 
     shared = True
 
-    def __init__(self, url: str, *, claim_lease_s: float = CLAIM_LEASE_S) -> None:
+    def __init__(self, url: str, *, claim_lease_s: float = CLAIM_LEASE_S, existing: bool = False) -> None:
         self.url = url
         self.name = redact_store_url(url)
         self.migrated_from: str | None = None
@@ -260,12 +260,16 @@ class PostgresStore:
         self._index_builder: threading.Thread | None = None
         self._index_connection: psycopg.Connection[Any] | None = None
         try:
-            connection = self._connect(create_schema=True)
+            connection = self._connect(create_schema=not existing)
             with connection.transaction():
                 connection.execute("SELECT pg_advisory_xact_lock(%s)", (DDL_LOCK,))
                 # A store that exists is left alone here: CREATE ... IF NOT EXISTS still locks
                 # each table, and would wait on (and deadlock with) an index being built.
-                if connection.execute("SELECT to_regclass('meta')").fetchone() == (None,):
+                missing = connection.execute("SELECT to_regclass('meta')").fetchone() == (None,)
+                if existing:  # an administrative command: neither create nor migrate
+                    if missing:
+                        raise StoreError(f"no store in {self.name!r} (schema {self.schema or 'public'})")
+                elif missing:
                     connection.execute(SCHEMA)
                     for name, definition in SESSIONLESS_BY_AGE:
                         connection.execute(_create_index(name, definition))
@@ -282,6 +286,7 @@ class PostgresStore:
             connection.close()
             raise StoreError(
                 f"store {self.name!r} has schema version {row and row[0]}, this sidecar reads {SCHEMA_VERSION}"
+                + ("; a sidecar of this version migrates it when it starts" if existing else "")
             )
         # Advisory locks are database-wide: scope the session locks to this schema.
         self._lock_class = int(

@@ -229,6 +229,22 @@ def _prepare(connection: sqlite3.Connection, path: str) -> str | None:
     return None if version == str(SCHEMA_VERSION) else version
 
 
+def _require_current(connection: sqlite3.Connection, path: str) -> None:
+    """For an administrative command beside a sidecar: the store must exist at this
+    version; creating or migrating it is the sidecar's, at its start."""
+    try:
+        found = connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    except sqlite3.DatabaseError:
+        found = None
+    if found is None:
+        raise StoreError(f"{path!r} is not a durable-sessions store")
+    if found[0] != str(SCHEMA_VERSION):
+        raise StoreError(
+            f"store {path!r} has schema version {found[0]}, this command reads {SCHEMA_VERSION}; "
+            "a sidecar of this version migrates it when it starts"
+        )
+
+
 def _migrate_from_1(connection: sqlite3.Connection) -> None:
     """Version 1 → 2: the actions table, rebuilt without its two indexes (rows, ids and
     their order kept); :data:`ACTIONS_INDEX` replaces both. Every key unique in version 1
@@ -338,10 +354,12 @@ class SqliteStore:
             raise StoreError(f"cannot open store {path!r}: {error}") from None
         try:
             connection = _connect(path)
+            if not exclusive:  # before anything writes to a file that may be no store at all
+                _require_current(connection, path)
             mode = connection.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if str(mode).lower() != "wal":
                 raise StoreError(f"store {path!r}: cannot switch the journal to WAL (got {mode!r})")
-            self.migrated_from = _prepare(connection, path)
+            self.migrated_from = _prepare(connection, path) if exclusive else None
             self.ownership.remember_file()
         except (sqlite3.Error, OSError) as error:
             self.ownership.release()
