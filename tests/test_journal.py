@@ -360,3 +360,70 @@ def test_a_completed_action_that_runs_again_is_not_capped(journal: SqliteJournal
         with session("s-1", journal=journal):
             action("a1", "tool_call", record=False, max_attempts=1)(lambda: calls.append(1))()
     assert calls == [1, 1, 1]
+
+
+def test_entries_keep_the_order_actions_were_first_journaled(journal: SqliteJournal) -> None:
+    for action_id in ("a", "b"):
+        journal.put(Entry("s-1", action_id, "clock", "started", 1))
+    journal.put(Entry("s-1", "a", "clock", "ok", 1))  # a's completion, written after b's start
+    assert [(e.action_id, e.status) for e in journal.entries("s-1")] == [("a", "ok"), ("b", "started")]
+    assert [e.action_id for e in journal.entries(status="started")] == ["b"]
+
+
+# -- durable-sessions journal ---------------------------------------------------------------
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    from durable_sessions.cli import main
+
+    code = main(["journal", *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_the_journal_command_lists_and_settles_an_action_in_doubt(
+    journal: SqliteJournal, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with session("s-1", journal=journal):
+        action("a1", "user_prompt")(lambda: "aisle")()
+    _started(journal, "payment")
+    path = str(journal.path)
+    code, out, _ = _cli(capsys, "list", path, "--status", "started")
+    assert code == 0 and out.splitlines()[1].split() == ["s-1", "p1", "payment", "started", "1", "-", "-"]
+    code, out, _ = _cli(capsys, "list", path, "--format", "json")
+    listed = json.loads(out)
+    assert [(e["action_id"], e["status"], e["result"]) for e in listed] == [
+        ("a1", "ok", '"aisle"'),
+        ("p1", "started", None),
+    ]
+
+    code, out, _ = _cli(capsys, "resolve", path, "s-1", "p1", '{"charged": 2400}')
+    assert (code, out) == (0, "p1 of session s-1: ok, replayed from now on\n")
+    with session("s-1", journal=journal):
+        assert action("p1", "payment")(lambda: pytest.fail("charged twice"))() == {"charged": 2400}
+    assert _cli(capsys, "discard", path, "s-1", "p1")[:2] == (0, "p1 of session s-1: forgotten, runs again\n")
+    assert journal.get("s-1", "p1") is None
+
+
+def test_the_journal_command_refuses_what_is_no_journal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "missing.db"
+    assert _cli(capsys, "list", str(missing))[0] == 2 and not missing.exists()  # no empty journal made
+    other = tmp_path / "other.db"
+    sqlite3.connect(other).execute("CREATE TABLE t (x)").connection.commit()
+    code, _, err = _cli(capsys, "list", str(other))
+    assert code == 2 and "is not a journal" in err
+    text = tmp_path / "notes.txt"
+    text.write_text("hello" * 100)
+    assert _cli(capsys, "list", str(text))[0] == 2
+
+
+def test_the_journal_command_s_errors(journal: SqliteJournal, capsys: pytest.CaptureFixture[str]) -> None:
+    journal.put(Entry("s-1", "a1", "clock", "ok", 1))
+    path = str(journal.path)
+    code, _, err = _cli(capsys, "resolve", path, "s-1", "nope", "1")
+    assert code == 1 and "no action 'nope' of session 's-1'" in err
+    code, _, err = _cli(capsys, "resolve", path, "s-1", "a1", "{not json")
+    assert code == 2 and "OUTCOME_JSON is not JSON" in err
+    assert _cli(capsys, "list", path, "--session", "other")[1] == "no entries\n"

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import signal
+import sqlite3
 import sys
 import tempfile
 import threading
@@ -38,6 +40,7 @@ from durable_sessions.harness import (
     proof_document,
     prove,
 )
+from durable_sessions.journal import Entry, SqliteJournal
 from durable_sessions.readers import DEFAULT_MAX_LINE_BYTES, FORMATS, InputError
 from durable_sessions.report import (
     OUTPUT_FORMATS,
@@ -311,6 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     prove.set_defaults(run=run_prove)
 
+    _journal_parser(commands)
+
     explain = commands.add_parser("explain", help="explain one rule")
     explain.add_argument("rule", metavar="RULE", help="a rule id, e.g. unkeyed-side-effect")
     explain.set_defaults(run=run_explain)
@@ -452,6 +457,103 @@ def run_prove(args: argparse.Namespace, out: Output) -> int:
     if proof.reference.problems:
         return EXIT_USAGE
     return EXIT_OK if proof.passed else EXIT_VIOLATIONS
+
+
+def _journal_parser(commands: Any) -> None:
+    text = "inspect a record/replay journal, and settle actions in doubt"
+    journal = commands.add_parser(
+        "journal",
+        help=text,
+        description=text,
+        epilog="Exit 0: done; 1: no such action (resolve, discard); 2: usage error, or no journal at FILE.",
+    )
+    which = journal.add_subparsers(dest="journal_command", required=True, metavar="COMMAND")
+    listing = which.add_parser("list", help="the journal's entries, in the order they were first journaled")
+    listing.add_argument("file", metavar="FILE")
+    listing.add_argument("--session", help="only this session")
+    listing.add_argument(
+        "--status",
+        choices=("started", "ok", "error"),
+        help="only this status (started: in doubt, or cut short)",
+    )
+    listing.add_argument(
+        "--format", choices=("text", "json"), default="text", help="output format (default: text)"
+    )
+    resolve = which.add_parser(
+        "resolve",
+        help="record that an action in doubt did happen, with its outcome: it is replayed from now on",
+    )
+    discard = which.add_parser("discard", help="forget an action: the next run runs it again")
+    for command in (resolve, discard):
+        command.add_argument("file", metavar="FILE")
+        command.add_argument("session", metavar="SESSION")
+        command.add_argument("action", metavar="ACTION")
+    resolve.add_argument(
+        "outcome", metavar="OUTCOME_JSON", help="the outcome as JSON text, e.g. '{\"charged\": 2400}'"
+    )
+    journal.set_defaults(run=run_journal)
+
+
+def run_journal(args: argparse.Namespace, out: Output) -> int:
+    name = f"durable-sessions journal {args.journal_command}"
+    try:
+        journal = SqliteJournal.existing(args.file)
+    except (FileNotFoundError, ValueError) as error:
+        print(f"{name}: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        if args.journal_command == "list":
+            entries = journal.entries(args.session, status=args.status)
+            for line in _journal_lines(entries, args.format):
+                out.write(line + "\n")
+            return EXIT_OK
+        if args.journal_command == "resolve":
+            try:
+                outcome = json.loads(args.outcome)
+            except ValueError as error:
+                print(f"{name}: OUTCOME_JSON is not JSON: {error}", file=sys.stderr)
+                return EXIT_USAGE
+            entry = journal.resolve(args.session, args.action, outcome)
+            out.write(
+                f"{printable(entry.action_id)} of session {printable(entry.session_id)}: ok, replayed from now on\n"
+            )
+        else:
+            journal.discard(args.session, args.action)
+            out.write(
+                f"{printable(args.action)} of session {printable(args.session)}: forgotten, runs again\n"
+            )
+        return EXIT_OK
+    except KeyError as error:
+        print(f"{name}: {printable(str(error.args[0]))}", file=sys.stderr)
+        return EXIT_VIOLATIONS
+    except sqlite3.Error as error:
+        print(f"{name}: {args.file}: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    finally:
+        journal.close()
+
+
+def _journal_lines(entries: list[Entry], fmt: str) -> Iterator[str]:
+    if fmt == "json":
+        yield json.dumps([_entry_document(entry) for entry in entries], indent=2, ensure_ascii=False)
+        return
+    if not entries:
+        yield "no entries"
+        return
+    rows = [("SESSION", "ACTION", "KIND", "STATUS", "ATTEMPTS", "KEY", "OUTCOME")]
+    for entry in entries:
+        outcome = entry.result_digest or ("by reference" if entry.result_ref else "-")
+        cells = (entry.session_id, entry.action_id, entry.kind, entry.status, str(entry.attempts))
+        rows.append((*map(printable, cells), printable(entry.idempotency_key or "-"), outcome))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        yield "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+
+
+def _entry_document(entry: Entry) -> dict[str, Any]:
+    document: dict[str, Any] = dataclasses.asdict(entry)
+    document["result"] = None if entry.result is None else entry.result.decode("utf-8", "surrogatepass")
+    return document
 
 
 def _crash_points(text: str) -> tuple[str, ...]:

@@ -103,7 +103,8 @@ class ActionInDoubt(Exception):
             f"{entry.kind} {entry.action_id!r} of session {entry.session_id!r} was started by an "
             "earlier process and never completed, and it has no idempotency key: it may already "
             "have happened. Resolve it with journal.resolve(session_id, action_id, outcome) or "
-            "journal.discard(session_id, action_id)"
+            "journal.discard(session_id, action_id), or from a shell with "
+            "'durable-sessions journal resolve|discard JOURNAL_FILE SESSION ACTION'"
         )
 
 
@@ -187,7 +188,13 @@ CREATE TABLE IF NOT EXISTS journal (
 """
 _COLUMNS = [field.name for field in dataclasses.fields(Entry)]
 _SELECT = f"SELECT {', '.join(_COLUMNS)} FROM journal"
-_UPSERT = f"INSERT OR REPLACE INTO journal ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
+# An upsert, not INSERT OR REPLACE (a delete and an insert): the row keeps its place, so
+# entries() lists actions in the order they were first journaled.
+_UPSERT = (
+    f"INSERT INTO journal ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))}) "
+    "ON CONFLICT (session_id, action_id) DO UPDATE SET "
+    + ", ".join(f"{column} = excluded.{column}" for column in _COLUMNS[2:])
+)
 
 
 def _reset_in_child(journal: SqliteJournal) -> None:
@@ -218,9 +225,29 @@ class SqliteJournal:
     def put(self, entry: Entry) -> None:
         self._execute(_UPSERT, dataclasses.astuple(entry))
 
-    def entries(self, session_id: str) -> list[Entry]:
-        """Every entry of a session, in the order the actions were first journaled."""
-        return self._query(f"{_SELECT} WHERE session_id = ? ORDER BY rowid", (session_id,))
+    def entries(self, session_id: str | None = None, *, status: Status | None = None) -> list[Entry]:
+        """The entries of a session (or of every session), optionally only those with
+        ``status``, in the order the actions were first journaled."""
+        return self._query(
+            f"{_SELECT} WHERE (?1 IS NULL OR session_id = ?1) AND (?2 IS NULL OR status = ?2) ORDER BY rowid",
+            (session_id, status),
+        )
+
+    @classmethod
+    def existing(cls, path: str | os.PathLike[str]) -> SqliteJournal:
+        """The journal at ``path``, which must be one: for tools that inspect a journal,
+        where a new empty file would hide a wrong path. Raises ``FileNotFoundError`` or
+        ``ValueError`` (not a journal)."""
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"no journal at {os.fspath(path)}")
+        try:
+            with sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True) as connection:
+                found = connection.execute("SELECT 1 FROM sqlite_master WHERE name = 'journal'").fetchone()
+        except sqlite3.DatabaseError as error:
+            raise ValueError(f"{os.fspath(path)} is not a journal ({error})") from None
+        if found is None:
+            raise ValueError(f"{os.fspath(path)} is not a journal (it has no journal table)")
+        return cls(path)
 
     def resolve(self, session_id: str, action_id: str, outcome: Any) -> Entry:
         """Record that an in-doubt action did happen, with ``outcome``: it is replayed from now on."""
