@@ -279,11 +279,21 @@ def test_a_cut_short_proof_says_so(tmp_path: Path) -> None:
     assert "only the first 2 of 5 actions were tested" in list(describe(proof))[-1]
 
 
-def test_a_launcher_that_reports_the_kill_as_137_is_understood(tmp_path: Path) -> None:
-    launcher = ["sh", "-c", f"{sys.executable} {TRIP[1]}; exit $?"]  # a shell that does not exec
-    proof = prove(launcher, tmp_path, points=("after",), max_boundaries=1)
-    assert proof.trials[0].runs[0].returncode == 137
+def test_a_launcher_goes_down_with_the_agent(tmp_path: Path) -> None:
+    """The crash takes the run's process group: a shell that does not exec the agent, and
+    would run on after it, is killed with it."""
+    launcher = ["sh", "-c", f"{sys.executable} {TRIP[1]}; echo agent gone"]
+    proof = prove(launcher, tmp_path, points=("after",), max_boundaries=2)
     assert proof.passed, "\n".join(describe(proof))
+    assert all(t.runs[0].killed_at_crash_point for t in proof.trials)
+    assert "agent gone" not in (proof.trials[0].directory / "run-1.log").read_text()
+
+
+def test_an_exit_status_of_137_counts_as_the_kill() -> None:
+    from durable_sessions.harness import Run
+
+    assert Run(137, 0.1, "").killed_at_crash_point and Run(-9, 0.1, "").killed_at_crash_point
+    assert not Run(1, 0.1, "").killed_at_crash_point
 
 
 def test_a_helper_process_left_holding_the_output_neither_delays_nor_outlives_the_run(tmp_path: Path) -> None:
@@ -332,13 +342,6 @@ def test_a_journal_shared_by_every_trial_is_no_proof(tmp_path: Path) -> None:
     assert "{journal}" in proof.trials[0].problems[0]
 
 
-def test_a_launcher_that_runs_on_after_the_kill_is_no_proof(tmp_path: Path) -> None:
-    launcher = ["sh", "-c", f"{sys.executable} {TRIP[1]}; echo agent gone"]
-    proof = prove(launcher, tmp_path, points=("before",), max_boundaries=1)
-    assert not proof.passed
-    assert "exec the agent" in proof.trials[0].problems[0]
-
-
 def test_actions_in_worker_processes_are_numbered_as_the_reference_counted_them(tmp_path: Path) -> None:
     agent = _instrumented(
         tmp_path,
@@ -380,3 +383,28 @@ def test_actions_without_a_session_make_the_reference_unusable(tmp_path: Path) -
     proof = prove(agent, tmp_path / "p")
     assert proof.trials == []
     assert "actions ran without a session id (ask)" in proof.reference.problems[0]
+
+
+def test_a_crash_in_a_worker_process_takes_the_whole_agent(tmp_path: Path) -> None:
+    """A pool worker killed at its crash point would leave the pool waiting for ever: the
+    crash takes the run's whole process group, as a machine going down would."""
+    agent = _instrumented(
+        tmp_path,
+        """
+        import multiprocessing
+
+        def work(n):
+            with session("s-1", journal=journal):
+                return action(f"w{n}", "llm_call")(lambda: n)()
+
+        if __name__ == "__main__":
+            with session("s-1", journal=journal):
+                action("first", "clock")(lambda: 0)()
+            with multiprocessing.get_context("fork").Pool(1) as pool:
+                print(pool.map(work, [1, 2]))
+        """,
+    )
+    proof = prove(agent, tmp_path / "p", timeout_s=30)
+    assert proof.boundaries == 3
+    assert proof.passed, "\n".join(describe(proof))
+    assert all(t.runs[0].killed_at_crash_point and t.runs[0].seconds < 20 for t in proof.trials)

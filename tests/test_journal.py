@@ -427,3 +427,42 @@ def test_the_journal_command_s_errors(journal: SqliteJournal, capsys: pytest.Cap
     code, _, err = _cli(capsys, "resolve", path, "s-1", "a1", "{not json")
     assert code == 2 and "OUTCOME_JSON is not JSON" in err
     assert _cli(capsys, "list", path, "--session", "other")[1] == "no entries\n"
+
+
+def test_resolve_refuses_a_completed_action_and_what_is_not_json(
+    journal: SqliteJournal, capsys: pytest.CaptureFixture[str]
+) -> None:
+    journal.put(Entry("s-1", "a1", "clock", "ok", 1, result=b'"09:00"'))
+    _started(journal, "payment")
+    path = str(journal.path)
+    code, _, err = _cli(capsys, "resolve", path, "s-1", "a1", '"10:00"')
+    assert code == 1 and "completed already" in err
+    assert journal.get("s-1", "a1").outcome == "09:00"
+    for bad in ("NaN", '{"a": -Infinity}', "[" * 5000):
+        code, _, err = _cli(capsys, "resolve", path, "s-1", "p1", bad)
+        assert code == 2 and "OUTCOME_JSON is not JSON" in err, bad
+    with pytest.raises(ValueError, match="NaN and Infinity"):
+        journal.resolve("s-1", "p1", float("nan"))
+    assert journal.resolve("s-1", "p1", (None, 1)).outcome == [None, 1]  # a tuple with a null is no NaN
+
+
+def test_listing_a_journal_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "j.db"
+    with sqlite3.connect(path) as db:  # a journal in rollback mode, as another tool may leave one
+        db.execute(
+            "CREATE TABLE journal (session_id, action_id, kind, status, attempts, result, result_digest, "
+            "result_ref, idempotency_key, incarnation, PRIMARY KEY (session_id, action_id))"
+        )
+        db.execute("INSERT INTO journal VALUES ('s', 'a', 'clock', 'ok', 1, NULL, NULL, NULL, NULL, NULL)")
+    before = path.read_bytes()
+    assert _cli(capsys, "list", str(path))[0] == 0
+    assert path.read_bytes() == before
+    assert sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+
+
+def test_listing_an_outcome_with_a_lone_surrogate_as_json(
+    journal: SqliteJournal, capsys: pytest.CaptureFixture[str]
+) -> None:
+    journal.put(Entry("s-1", "a1", "llm_call", "ok", 1, result='"\ud800"'.encode("utf-8", "surrogatepass")))
+    code, out, _ = _cli(capsys, "list", str(journal.path), "--format", "json")
+    assert code == 0 and "\\ud800" in out

@@ -782,3 +782,15 @@ def test_intents_with_an_action_log_for_traces_are_refused(tmp_path: Path) -> No
     checked = _check(tmp_path, "actions.jsonl", "--intents", "intents.jsonl")
     assert checked.returncode == 2
     assert "--intents pairs intent records with the spans of OTLP/JSON traces" in checked.stderr
+
+
+def test_intents_of_a_process_killed_before_any_span_ended(tmp_path: Path) -> None:
+    """Killed inside its first payment: the trace file is empty, and the intent is all there is."""
+    done = _run_intent_agent(
+        tmp_path,
+        'with session("s-1"):\n    action("p1", "payment")(lambda: 1)()\n',
+        DURABLE_SESSIONS_KILL_AT="after:1",
+    )
+    assert done.returncode == -signal.SIGKILL and (tmp_path / "traces.jsonl").read_bytes() == b""
+    checked = _check_with_intents(tmp_path)
+    assert checked.returncode == 1 and "unresolved-side-effect" in checked.stdout, checked.stderr

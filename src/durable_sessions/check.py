@@ -230,6 +230,8 @@ def check_paths(
             size = _size(source)
             name = display_name(path)
             file_fmt = sniff_format(source, name, max_line_bytes) if fmt == "auto" else fmt
+            if intents and file_fmt == "actions" and fmt == "auto" and _holds_nothing(source):
+                file_fmt = "otlp-json"  # no span ended before the crash: every intent is unfinished
             if intents and file_fmt != "otlp-json":
                 raise InputError(
                     f"{name}: --intents pairs intent records with the spans of OTLP/JSON traces; "
@@ -365,6 +367,11 @@ def _position_in(paths: Sequence[str]) -> Callable[[Violation], tuple[int, int]]
     and in several alike)."""
     order = {display_name(path): index for index, path in enumerate(paths)}
     return lambda violation: (order.get(violation.file, -1), violation.line or 0)  # type: ignore[arg-type]
+
+
+def _holds_nothing(source: Any) -> bool:
+    peek = getattr(source, "peek", None)
+    return peek is not None and peek(1) == b""
 
 
 def _size(source) -> int | None:

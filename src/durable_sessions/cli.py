@@ -40,7 +40,7 @@ from durable_sessions.harness import (
     proof_document,
     prove,
 )
-from durable_sessions.journal import Entry, SqliteJournal
+from durable_sessions.journal import AlreadyCompleted, Entry, SqliteJournal
 from durable_sessions.readers import DEFAULT_MAX_LINE_BYTES, FORMATS, InputError
 from durable_sessions.report import (
     OUTPUT_FORMATS,
@@ -465,7 +465,8 @@ def _journal_parser(commands: Any) -> None:
         "journal",
         help=text,
         description=text,
-        epilog="Exit 0: done; 1: no such action (resolve, discard); 2: usage error, or no journal at FILE.",
+        epilog="Exit 0: done; 1: no such action, or resolve of a completed one; 2: usage error, OUTCOME_JSON "
+        "that is not JSON, or no journal at FILE.",
     )
     which = journal.add_subparsers(dest="journal_command", required=True, metavar="COMMAND")
     listing = which.add_parser("list", help="the journal's entries, in the order they were first journaled")
@@ -497,7 +498,7 @@ def _journal_parser(commands: Any) -> None:
 def run_journal(args: argparse.Namespace, out: Output) -> int:
     name = f"durable-sessions journal {args.journal_command}"
     try:
-        journal = SqliteJournal.existing(args.file)
+        journal = SqliteJournal.existing(args.file, readonly=args.journal_command == "list")
     except (FileNotFoundError, ValueError) as error:
         print(f"{name}: {error}", file=sys.stderr)
         return EXIT_USAGE
@@ -509,11 +510,14 @@ def run_journal(args: argparse.Namespace, out: Output) -> int:
             return EXIT_OK
         if args.journal_command == "resolve":
             try:
-                outcome = json.loads(args.outcome)
-            except ValueError as error:
-                print(f"{name}: OUTCOME_JSON is not JSON: {error}", file=sys.stderr)
+                outcome = json.loads(args.outcome, parse_constant=_not_json)
+                entry = journal.resolve(args.session, args.action, outcome)
+            except AlreadyCompleted as error:
+                print(f"{name}: {printable(str(error))}", file=sys.stderr)
+                return EXIT_VIOLATIONS
+            except (ValueError, RecursionError) as error:
+                print(f"{name}: OUTCOME_JSON is not JSON: {error or 'nested too deeply'}", file=sys.stderr)
                 return EXIT_USAGE
-            entry = journal.resolve(args.session, args.action, outcome)
             out.write(
                 f"{printable(entry.action_id)} of session {printable(entry.session_id)}: ok, replayed from now on\n"
             )
@@ -533,9 +537,13 @@ def run_journal(args: argparse.Namespace, out: Output) -> int:
         journal.close()
 
 
+def _not_json(constant: str) -> None:
+    raise ValueError(f"{constant} is no JSON number")
+
+
 def _journal_lines(entries: list[Entry], fmt: str) -> Iterator[str]:
-    if fmt == "json":
-        yield json.dumps([_entry_document(entry) for entry in entries], indent=2, ensure_ascii=False)
+    if fmt == "json":  # ASCII: an outcome may hold a lone surrogate, which no encoding writes
+        yield json.dumps([_entry_document(entry) for entry in entries], indent=2)
         return
     if not entries:
         yield "no entries"

@@ -140,4 +140,8 @@ def _die() -> None:
             flush()
         except Exception:  # the crash goes ahead whatever the exporter does
             logger.debug("durable_sessions: flushing spans before the crash failed", exc_info=True)
+    if _TARGET.counting is not None and os.getpgrp() == os.getsid(0):
+        # Under the harness a run is a session of its own: the crash takes the whole agent,
+        # its worker processes too, as a machine or container going down would.
+        os.killpg(os.getpgrp(), signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)

@@ -7,8 +7,11 @@ JSON: keys sorted, no insignificant whitespace, UTF-8.
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import hashlib
 import json
+import math
 import re
 from typing import Any
 
@@ -33,6 +36,34 @@ def canonical_json(value: Any) -> bytes:
     except orjson.JSONEncodeError:
         text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
         return text.encode("utf-8", "surrogatepass")
+
+
+def outcome_json(value: Any) -> bytes:
+    """The canonical JSON of an outcome to record (:func:`canonical_json`).
+
+    NaN and ±Infinity raise ``ValueError``: orjson would write ``null``, which a replay
+    would serve instead of the number.
+    """
+    data = canonical_json(value)
+    # orjson writes a non-finite float as null: only output holding null can hide one.
+    if b"null" in data and _has_non_finite(value):
+        raise ValueError("NaN and Infinity are not JSON: orjson would write them as null")
+    return data
+
+
+def _has_non_finite(value: Any) -> bool:
+    """Whether a NaN or ±Infinity is anywhere orjson reads one from in ``value``."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_has_non_finite(key) or _has_non_finite(item) for key, item in value.items())
+    if isinstance(value, list | tuple):
+        return any(_has_non_finite(item) for item in value)
+    if isinstance(value, enum.Enum):
+        return _has_non_finite(value.value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return any(_has_non_finite(getattr(value, field.name, None)) for field in dataclasses.fields(value))
+    return False
 
 
 def digest_bytes(data: bytes) -> str:

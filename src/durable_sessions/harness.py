@@ -183,7 +183,7 @@ def _crash_trial(
         runner.trial.problems.append(
             f"the run was not killed at {point} action {boundary}: it ran fewer actions than the reference run. "
             "Is its journal the trial's ({journal}, $DURABLE_SESSIONS_JOURNAL) rather than a fixed path earlier "
-            "runs filled? Does a launcher run on after the agent is killed (exec the agent instead)?"
+            "runs filled? Do actions that run at the same time start in another order than in the reference?"
         )
     else:
         runner.trial.problems.append(_failed("the run to be killed", killed))

@@ -43,12 +43,10 @@ from __future__ import annotations
 import base64
 import contextvars
 import dataclasses
-import enum
 import functools
 import hashlib
 import inspect
 import logging
-import math
 import os
 import sys
 import threading
@@ -65,7 +63,7 @@ from opentelemetry.trace import Span, Status, StatusCode, Tracer
 
 from durable_sessions import __version__, crash
 from durable_sessions import semconv as sc
-from durable_sessions.digest import PREFIX, canonical_json, digest_bytes
+from durable_sessions.digest import PREFIX, digest_bytes, outcome_json
 from durable_sessions.journal import ActionInDoubt, AttemptsExhausted, Entry, Journal, Plan, plan
 
 logger = logging.getLogger("durable_sessions")
@@ -252,34 +250,6 @@ def default_result_store() -> ResultStore:
 # -- result JSON -----------------------------------------------------------------------
 
 
-def _json_bytes(value: Any) -> bytes:
-    """The canonical JSON of ``value`` (:func:`~durable_sessions.digest.canonical_json`).
-
-    NaN and ±Infinity raise ``ValueError``: orjson would write ``null``, which a replay
-    would serve instead of the number.
-    """
-    data = canonical_json(value)
-    # orjson writes a non-finite float as null: only output holding null can hide one.
-    if b"null" in data and _has_non_finite(value):
-        raise ValueError("NaN and Infinity are not JSON: orjson would write them as null")
-    return data
-
-
-def _has_non_finite(value: Any) -> bool:
-    """Whether a NaN or ±Infinity is anywhere orjson reads one from in ``value``."""
-    if isinstance(value, float):
-        return not math.isfinite(value)
-    if isinstance(value, dict):
-        return any(_has_non_finite(key) or _has_non_finite(item) for key, item in value.items())
-    if isinstance(value, list | tuple):
-        return any(_has_non_finite(item) for item in value)
-    if isinstance(value, enum.Enum):
-        return _has_non_finite(value.value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return any(_has_non_finite(getattr(value, field.name, None)) for field in dataclasses.fields(value))
-    return False
-
-
 def _value_limit(span: Span) -> int | None:
     """The length the SDK cuts this span's attribute values at; None when unlimited or unknown.
 
@@ -358,7 +328,7 @@ class Action:
         your code failing.
         """
         try:
-            data = _json_bytes(result)
+            data = outcome_json(result)
         except Exception as error:  # fail open: whatever the value's types raise, the agent goes on
             logger.warning(
                 "durable_sessions: result of action %r is not JSON-serialisable (%s); it is not recorded",

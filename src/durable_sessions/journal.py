@@ -43,7 +43,7 @@ from typing import Any, Literal, Protocol
 
 from durable_sessions import forking, kinds
 from durable_sessions import semconv as sc
-from durable_sessions.digest import canonical_json, digest_bytes
+from durable_sessions.digest import digest_bytes, outcome_json
 
 logger = logging.getLogger("durable_sessions")
 
@@ -103,8 +103,8 @@ class ActionInDoubt(Exception):
             f"{entry.kind} {entry.action_id!r} of session {entry.session_id!r} was started by an "
             "earlier process and never completed, and it has no idempotency key: it may already "
             "have happened. Resolve it with journal.resolve(session_id, action_id, outcome) or "
-            "journal.discard(session_id, action_id), or from a shell with "
-            "'durable-sessions journal resolve|discard JOURNAL_FILE SESSION ACTION'"
+            "journal.discard(session_id, action_id), or from a shell with 'durable-sessions journal resolve "
+            "JOURNAL_FILE SESSION ACTION OUTCOME_JSON' or 'durable-sessions journal discard JOURNAL_FILE SESSION ACTION'"
         )
 
 
@@ -124,6 +124,10 @@ class AttemptsExhausted(Exception):
             f"{max_attempts} attempts (the last {'failed' if entry.status == sc.STATUS_ERROR else 'never finished'}); "
             "escalate instead of trying again, or journal.discard(session_id, action_id) to start over"
         )
+
+
+class AlreadyCompleted(ValueError):
+    """:meth:`SqliteJournal.resolve` of an action whose outcome is recorded already."""
 
 
 # -- deciding what to do with an action --------------------------------------------------
@@ -211,9 +215,13 @@ class SqliteJournal:
     A forked child opens its own connection on first use.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, timeout_s: float = 30.0, readonly: bool = False
+    ) -> None:
         self.path = Path(path)
         self.timeout_s = timeout_s
+        self.readonly = readonly
+        """Opened to be read only (``mode=ro``): nothing is created, set or written."""
         self._lock = threading.Lock()
         self._connection: sqlite3.Connection | None = None
         forking.after_fork(self, _reset_in_child)
@@ -234,25 +242,39 @@ class SqliteJournal:
         )
 
     @classmethod
-    def existing(cls, path: str | os.PathLike[str]) -> SqliteJournal:
+    def existing(cls, path: str | os.PathLike[str], *, readonly: bool = False) -> SqliteJournal:
         """The journal at ``path``, which must be one: for tools that inspect a journal,
         where a new empty file would hide a wrong path. Raises ``FileNotFoundError`` or
-        ``ValueError`` (not a journal)."""
+        ``ValueError`` (not a journal, or not readable)."""
         if not os.path.isfile(path):
             raise FileNotFoundError(f"no journal at {os.fspath(path)}")
+        journal = cls(path, readonly=True)
         try:
-            with sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True) as connection:
-                found = connection.execute("SELECT 1 FROM sqlite_master WHERE name = 'journal'").fetchone()
+            found = journal._connected().execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'journal'"
+            )
+            table = found.fetchone()
         except sqlite3.DatabaseError as error:
-            raise ValueError(f"{os.fspath(path)} is not a journal ({error})") from None
-        if found is None:
+            raise ValueError(f"cannot read {os.fspath(path)} as a journal: {error}") from None
+        finally:
+            journal.close()
+        if table is None:
             raise ValueError(f"{os.fspath(path)} is not a journal (it has no journal table)")
-        return cls(path)
+        return cls(path, readonly=readonly)
 
     def resolve(self, session_id: str, action_id: str, outcome: Any) -> Entry:
-        """Record that an in-doubt action did happen, with ``outcome``: it is replayed from now on."""
+        """Record that an in-doubt action did happen, with ``outcome``: it is replayed from now on.
+
+        Raises ``KeyError`` for an action the journal does not have, ``ValueError`` for one
+        already completed (its recorded outcome stands: discard it first to replace it) or
+        an outcome that is not JSON (NaN and ±Infinity included)."""
         entry = self._existing(session_id, action_id)
-        data = canonical_json(outcome)
+        if entry.status == sc.STATUS_OK:
+            raise AlreadyCompleted(
+                f"action {action_id!r} of session {session_id!r} completed already; its recorded outcome stands "
+                "(discard it first to record another)"
+            )
+        data = outcome_json(outcome)
         resolved = dataclasses.replace(
             entry, status=sc.STATUS_OK, result=data, result_digest=digest_bytes(data), result_ref=None
         )
@@ -291,6 +313,13 @@ class SqliteJournal:
             self._connected().execute(sql, parameters)
 
     def _connected(self) -> sqlite3.Connection:
+        if self._connection is None and self.readonly:
+            self._connection = sqlite3.connect(
+                self.path.resolve().as_uri() + "?mode=ro",
+                uri=True,
+                timeout=self.timeout_s,
+                check_same_thread=False,
+            )
         if self._connection is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             # Autocommit (isolation_level None): each statement is a durable transaction.
