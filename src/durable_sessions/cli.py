@@ -51,6 +51,7 @@ from durable_sessions.report import (
     printable,
     rules_markdown,
     sarif_document,
+    table_lines,
     text_line,
     write_text_summary,
 )
@@ -553,9 +554,7 @@ def _journal_lines(entries: list[Entry], fmt: str) -> Iterator[str]:
         outcome = entry.result_digest or ("by reference" if entry.result_ref else "-")
         cells = (entry.session_id, entry.action_id, entry.kind, entry.status, str(entry.attempts))
         rows.append((*map(printable, cells), printable(entry.idempotency_key or "-"), outcome))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        yield "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+    yield from table_lines(rows)
 
 
 def _entry_document(entry: Entry) -> dict[str, Any]:

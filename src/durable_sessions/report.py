@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TextIO
@@ -83,6 +83,13 @@ def printable(text: str) -> str:
     return "".join(
         char if char.isprintable() or "\ud800" <= char <= "\udfff" else repr(char)[1:-1] for char in text
     )
+
+
+def table_lines(rows: Sequence[Sequence[str]]) -> Iterator[str]:
+    """``rows`` (a header first) as lines of left-aligned columns, two spaces apart."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        yield "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
 
 
 def text_line(violation: Violation) -> str:

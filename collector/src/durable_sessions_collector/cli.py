@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from durable_sessions.cli import Output, run_command
-from durable_sessions.report import printable
+from durable_sessions.report import printable, table_lines
 from durable_sessions_collector import __version__
 from durable_sessions_collector.alerts import OTLP, WEBHOOK
 from durable_sessions_collector.client import DEFAULT_ENDPOINT, ApiClient, ApiError, ApiUsageError
@@ -270,11 +270,8 @@ def _print_dead(alerts: list[DeadAlert], as_json: bool, out: Output) -> None:
                 printable(alert.last_error or "-"),
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print(
-            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip(), file=out
-        )
+    for line in table_lines(rows):
+        print(line, file=out)
 
 
 def _printing(text: str) -> Callable[[Output], int]:
@@ -311,11 +308,8 @@ def _print_sessions(sessions: list[dict[str, Any]], out: Output) -> None:
             _cell(s.get(key)) for key in ("session_id", "verdict", "state", "actions", "errors", "warnings")
         )
         rows.append((*cells, _when(s.get("last_seen"))))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print(
-            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip(), file=out
-        )
+    for line in table_lines(rows):
+        print(line, file=out)
 
 
 def _print_session(detail: dict[str, Any], out: Output) -> None:
