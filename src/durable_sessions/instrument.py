@@ -64,7 +64,7 @@ from opentelemetry.trace import Span, Status, StatusCode, Tracer
 from durable_sessions import __version__, crash
 from durable_sessions import semconv as sc
 from durable_sessions.digest import PREFIX, digest_bytes, outcome_json
-from durable_sessions.journal import ActionInDoubt, AttemptsExhausted, Entry, Journal, Plan, plan
+from durable_sessions.journal import RUN_FIRST, ActionInDoubt, AttemptsExhausted, Entry, Journal, Plan, plan
 
 logger = logging.getLogger("durable_sessions")
 
@@ -618,7 +618,8 @@ class action:
                 )
                 # Write-ahead, for every action: durable before it runs, so that a side
                 # effect cut short is known to be in doubt, and a crash loop is counted.
-                _journal_put(journal, journal_entry)
+                if journal_entry is not None:
+                    _journal_put(journal, journal_entry)
                 boundary = crash.before()
             else:
                 _served(act, step)
@@ -626,7 +627,8 @@ class action:
                 yield act
             except Exception as error:
                 _fail(span, error)
-                _journal_put(journal, journal_entry, status=sc.STATUS_ERROR)
+                if journal_entry is not None:
+                    _journal_put(journal, dataclasses.replace(journal_entry, status=sc.STATUS_ERROR))
                 raise
             except GeneratorExit:  # the consumer of a generator stopped early: a normal end
                 raise
@@ -635,7 +637,8 @@ class action:
                 raise
             if runs:
                 crash.after(boundary)
-                _journal_put(journal, journal_entry, act)
+                if journal_entry is not None:
+                    _journal_put(journal, _completed(journal_entry, act))
 
     def _attributes(self, action_id: str, session_id: str | None, step: Plan) -> dict[str, Any]:
         attributes: dict[str, Any] = {sc.ACTION_ID: action_id, sc.ACTION_KIND: self.kind}
@@ -660,7 +663,7 @@ def _plan(
     """The journal's plan for the action; a journal that cannot be read is logged and
     the action runs (fail open), unless it is in doubt (:class:`ActionInDoubt` propagates)."""
     if journal is None or session_id is None:
-        return Plan("run")
+        return RUN_FIRST
     try:
         return plan(journal.get(session_id, action_id), kind, fields)
     except (ActionInDoubt, AttemptsExhausted):
@@ -669,7 +672,7 @@ def _plan(
         logger.error(
             "durable_sessions: could not read action %r from the journal (%s); it runs", action_id, error
         )
-        return Plan("run")
+        return RUN_FIRST
 
 
 def _served(act: Action, step: Plan) -> None:
@@ -703,24 +706,17 @@ def _journal_entry(
     )
 
 
-def _journal_put(
-    journal: Journal | None, entry: Entry | None, act: Action | None = None, *, status: str | None = None
-) -> None:
-    """Write ``entry`` as it is, completed ``ok`` with ``act``'s outcome, or with ``status``;
-    failing open.
+def _completed(entry: Entry, act: Action) -> Entry:
+    """The write-ahead ``entry``, completed ``ok`` with ``act``'s recorded outcome."""
+    data, digest, ref = act._recorded_as
+    return dataclasses.replace(entry, status=sc.STATUS_OK, result=data, result_digest=digest, result_ref=ref)
 
-    A journal that cannot be written is logged: the agent goes on, and a process that
-    resumes the session later runs the action again.
-    """
-    if journal is None or entry is None:
+
+def _journal_put(journal: Journal | None, entry: Entry) -> None:
+    """Write ``entry``, failing open: a journal that cannot be written is logged, the agent
+    goes on, and a process that resumes the session later runs the action again."""
+    if journal is None:
         return
-    if act is not None:
-        data, digest, ref = act._recorded_as
-        entry = dataclasses.replace(
-            entry, status=sc.STATUS_OK, result=data, result_digest=digest, result_ref=ref
-        )
-    elif status is not None:
-        entry = dataclasses.replace(entry, status=status)
     try:
         journal.put(entry)
     except Exception as error:

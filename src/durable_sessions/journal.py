@@ -41,9 +41,10 @@ import threading
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from durable_sessions import forking, kinds
+from durable_sessions import forking
 from durable_sessions import semconv as sc
 from durable_sessions.digest import digest_bytes, outcome_json
+from durable_sessions.record import is_side_effecting
 
 logger = logging.getLogger("durable_sessions")
 
@@ -146,8 +147,9 @@ RUN_FIRST = Plan("run")
 
 
 def is_side_effect(kind: str, fields: dict[str, Any]) -> bool:
-    """Whether the action touches the world, so a write-ahead entry must precede it."""
-    return kind in kinds.SIDE_EFFECTING or fields.get("side_effects") is True
+    """Whether the action of ``kind`` with record ``fields`` touches the world
+    (:func:`~durable_sessions.record.is_side_effecting` of its record)."""
+    return is_side_effecting({**fields, "kind": kind})
 
 
 def plan(entry: Entry | None, kind: str, fields: dict[str, Any]) -> Plan:
