@@ -191,18 +191,11 @@ def _sessions(args: argparse.Namespace, out: Output) -> int:
 
 
 def _alerts(args: argparse.Namespace, config: Config, out: Output) -> int:
-    store_url = config.store
     if args.alerts_command == "dead" and not 1 <= args.limit <= 1000:
         print("durable-sessions-collector: --limit must be from 1 to 1000", file=sys.stderr)
         return 2
-    if store_url.startswith("sqlite:///") and not os.path.isfile(store_url.removeprefix("sqlite:///")):
-        print(
-            f"durable-sessions-collector: store: no SQLite store at {store_url.removeprefix('sqlite:///')}",
-            file=sys.stderr,
-        )
-        return 2
     try:
-        store = open_store(store_url, exclusive=False)
+        store = open_store(config.store, exclusive=False)
     except StoreError as error:
         print(f"durable-sessions-collector: store: {error}", file=sys.stderr)
         return 2

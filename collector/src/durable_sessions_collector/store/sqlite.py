@@ -346,6 +346,8 @@ class SqliteStore:
 
     def __init__(self, path: str, *, exclusive: bool = True) -> None:
         self.path = path
+        if not exclusive and not os.path.isfile(path):  # a visitor creates nothing, not even a file
+            raise StoreError(f"no SQLite store at {path}")
         directory = os.path.dirname(os.path.abspath(path))
         try:
             os.makedirs(directory, exist_ok=True)
