@@ -105,6 +105,21 @@ AFTER_SUFFIX = ".after"
 """The file beside the count file that lists the boundaries whose ``after`` was passed."""
 
 
+def counted(path: str | os.PathLike[str]) -> tuple[int, set[int]]:
+    """What a run counted in ``path`` (its ``DURABLE_SESSIONS_COUNT_BOUNDARIES``): how many
+    boundaries it passed, and the numbers of those whose ``after`` it passed too."""
+    try:
+        passed = os.stat(path).st_size // len(_BEFORE_LINE)
+    except FileNotFoundError:
+        return 0, set()
+    try:
+        with open(os.fspath(path) + AFTER_SUFFIX) as afters:
+            lines = afters.read().split()
+    except FileNotFoundError:
+        lines = []
+    return passed, {int(line) for line in lines if line.isdigit()}
+
+
 def _target() -> _Target:
     if _TARGET.pid != os.getpid():  # a new process (or a forked child) reads its own setting
         _TARGET.load()

@@ -248,16 +248,7 @@ class _Runner:
 
     def boundaries(self, run: int) -> tuple[int, set[int]]:
         """How many action boundaries run ``run`` passed, and which of them it returned from."""
-        count = self._count_file(run)
-        try:
-            passed = count.stat().st_size // 2
-        except FileNotFoundError:
-            return 0, set()
-        try:
-            lines = Path(str(count) + crash.AFTER_SUFFIX).read_text().split()
-        except FileNotFoundError:
-            lines = []
-        return passed, {int(line) for line in lines if line.isdigit()}
+        return crash.counted(self._count_file(run))
 
     def run_to_end(self, what: str, extra_env: Mapping[str, str] | None = None) -> None:
         run = self.run(extra_env)
