@@ -88,6 +88,60 @@ def test_get_and_list_with_a_verdict_filter_and_pages(sidecar, api) -> None:  # 
     assert foreign.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
+def test_pages_of_large_sessions_end_before_a_client_would_refuse_them(sidecar, api) -> None:  # type: ignore[no-untyped-def]
+    """A session id repeats in every record and every violation: 80 unbounded retries of a
+    100 kB id were one 16 MB answer, which a client with gRPC's default 4 MiB limit
+    refused. Pages now end by size too, and the walk still finds every item."""
+    agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
+    long_id = "s" * 100_000
+    for n in range(80):
+        agent.action(long_id, f"t{n}", "tool_call", retryable=True)  # unbounded-retry each
+    listed = [f"{n:02d}" + "L" * 60_000 for n in range(30)]
+    for session_id in listed:
+        agent.action(session_id, "u1", "user_prompt", result='{"x": 1}')
+    agent.shutdown()
+
+    def get(actions_token: str, violations_token: str, first: bool = False) -> pb.Session:
+        page = api.GetSession(  # a client with gRPC's default limit refuses more than 4 MiB
+            pb.GetSessionRequest(
+                session_id=long_id,
+                actions_page_size=5000 if first or actions_token else 1,
+                actions_page_token=actions_token,
+                violations_page_size=5000 if first or violations_token else 1,
+                violations_page_token=violations_token,
+            ),
+            timeout=10,
+        )
+        assert page.ByteSize() < 4 * 1024 * 1024
+        return page
+
+    page, pages = get("", "", first=True), 1
+    actions, violations = [a.action_id for a in page.actions], [v.action_id for v in page.violations]
+    actions_token, violations_token = page.next_actions_page_token, page.next_violations_page_token
+    while actions_token or violations_token:
+        page, pages = get(actions_token, violations_token), pages + 1
+        if actions_token:
+            actions += [a.action_id for a in page.actions]
+            actions_token = page.next_actions_page_token
+        if violations_token:
+            violations += [v.action_id for v in page.violations]
+            violations_token = page.next_violations_page_token
+    assert pages > 2
+    assert actions == [f"t{n}" for n in range(80)]
+    assert sorted(violations) == sorted(f"t{n}" for n in range(80))
+
+    seen, token = [], ""
+    while True:
+        page = api.ListSessions(pb.ListSessionsRequest(page_size=1000, page_token=token), timeout=10)
+        assert page.ByteSize() < 4 * 1024 * 1024
+        assert token or (len(page.sessions) < 31 and page.next_page_token)  # the first page was cut
+        seen += [s.session_id for s in page.sessions]
+        token = page.next_page_token
+        if not token:
+            break
+    assert sorted(seen) == sorted([long_id, *listed])
+
+
 def test_watch_receives_alerts_committed_after_it_started(sidecar, api) -> None:  # type: ignore[no-untyped-def]
     agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
     agent.action("before", "t0", "tool_call", retryable=True)  # committed before any watch: not sent

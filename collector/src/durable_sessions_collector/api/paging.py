@@ -8,7 +8,8 @@ refused with another verdict. A session that becomes active again between two pa
 moves to the front: one walk through the pages may miss it, or list it twice.
 
 A session's detail has a page of its actions, in the session's order, and a page of its
-violations, in the order they were found, each of at most ``MAX_DETAIL_PAGE``; each is
+violations, in the order they were found, each of at most ``MAX_DETAIL_PAGE`` (fewer
+when they are large: :data:`~durable_sessions_collector.store.base.MAX_PAGE_BYTES`); each is
 walked with its own token (``next_actions_page_token``, ``next_violations_page_token``),
 which holds the position after the page's last item and a digest of the session's id
 (the id itself may be kilobytes long, and is in the request already). Actions that
@@ -34,6 +35,7 @@ from durable_sessions_collector.store.base import (
     SessionDetail,
     SessionSummary,
     split_page,
+    text_bytes,
 )
 
 DEFAULT_PAGE = 100
@@ -50,7 +52,11 @@ def list_page(
     """
     after = decode_page_token(page_token, verdict) if page_token else None
     # One more than asked tells whether there is a next page.
-    sessions, more = split_page(store.list_sessions(verdict, size + 1, after), size)  # type: ignore[arg-type]
+    sessions, more = split_page(
+        store.list_sessions(verdict, size + 1, after),  # type: ignore[arg-type]
+        size,
+        lambda summary: text_bytes(summary.session_id),
+    )
     return sessions, (encode_page_token(sessions[-1], verdict) if more else "")
 
 
@@ -147,14 +153,10 @@ def _encode(document: dict[str, Any]) -> str:
     return base64.urlsafe_b64encode(json.dumps(document, separators=(",", ":")).encode()).decode()
 
 
-MAX_TOKEN_CHARS = 65_536
-"""The longest token read: the HTTP port's longest request line. A detail token is under
-200 characters; a list token holds the last session's id, which may be long."""
-
-
 def _decode(token: str) -> dict[str, Any]:
-    if len(token) > MAX_TOKEN_CHARS:
-        raise ValueError("not a page token of this API")
+    """The token's document. Its length is bounded by what carries it (the HTTP port's
+    request line, the gRPC port's request size), not here: a list token holds the last
+    session's id, and a page of sessions of 60 kB ids must lead to the next one."""
     try:
         document = json.loads(base64.urlsafe_b64decode(token.encode("ascii")))
     except (ValueError, UnicodeError, binascii.Error, RecursionError):  # RecursionError: "[[[[…"

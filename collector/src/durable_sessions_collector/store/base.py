@@ -156,8 +156,17 @@ DEFAULT_DETAIL_PAGE = 1000
 MAX_DETAIL_PAGE = 5000
 """Actions, and violations, in one page of a session's detail: a session of a million
 actions read whole took gigabytes of the sidecar's memory. A page of 5,000 typical
-actions is a gRPC message of about 3 MiB, under the clients' default limit of 4 MiB
-(10,000 were 6 MiB, which a client refuses); a page is not cut by size."""
+actions is a gRPC message of about 3 MiB (10,000 were 6 MiB)."""
+
+MAX_PAGE_BYTES = 1_000_000
+"""The stored bytes one page of actions, one of violations, or one of the session list
+holds at most (always at least one item): pages of large records end sooner, so that
+the summary and both pages of a detail stay under gRPC clients' default message limit
+of 4 MiB. A session id repeats in every record and every violation of the gRPC answer:
+80 actions of a 100 kB session id made a 16 MB message, which no client took."""
+
+ITEM_OVERHEAD_BYTES = 64
+"""Counted for each item of a page beyond its text: field tags, lengths, numbers."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,9 +189,32 @@ sorted them), then arrival. The smallest 64-bit integer is written as a sum: the
 -9223372036854775808 is a numeric, not a bigint, to PostgreSQL."""
 
 
-def split_page(rows: list[Any], limit: int) -> tuple[list[Any], bool]:
-    """``rows`` read one more than ``limit`` of: the page, and whether there are more."""
-    return rows[:limit], len(rows) > limit
+def split_page(
+    rows: list[Any], limit: int, size_of: Callable[[Any], int] | None = None
+) -> tuple[list[Any], bool]:
+    """``rows`` read one more than ``limit`` of: the page, and whether there are more.
+
+    With ``size_of``, the page also ends before the row that would take it past
+    :data:`MAX_PAGE_BYTES` (its first row is always in it, however large).
+    """
+    rows, more = rows[:limit], len(rows) > limit
+    if size_of is None:
+        return rows, more
+    total = 0
+    for index, row in enumerate(rows):
+        total += size_of(row) + ITEM_OVERHEAD_BYTES
+        if total > MAX_PAGE_BYTES and index:
+            return rows[:index], True
+    return rows, more
+
+
+def text_bytes(*values: str | bytes | None) -> int:
+    """How many bytes ``values`` take as UTF-8 (what protobuf and JSON answers send)."""
+    return sum(
+        len(value) if isinstance(value, bytes) else len(value.encode("utf-8", "surrogatepass"))
+        for value in values
+        if value is not None
+    )
 
 
 def action_page(
@@ -190,7 +222,7 @@ def action_page(
 ) -> tuple[list[dict[str, Any]], ActionPosition | None]:
     """A page of actions from ``rows`` — ``(order key, id, trace_id, span_id, received_at,
     record)``, one more than ``limit`` when there are more — and where the next page starts."""
-    rows, more = split_page(rows, limit)
+    rows, more = split_page(rows, limit, lambda row: text_bytes(row[2], row[3], row[5]))
     actions = []
     for _key, _id, trace_id, span_id, received_at, record in rows:
         action = {
@@ -206,10 +238,16 @@ def action_page(
     return actions, ((rows[-1][0], rows[-1][1]) if more and rows else None)
 
 
-def violation_page(rows: list[tuple[Any, ...]], limit: int) -> tuple[list[dict[str, Any]], int | None]:
-    """A page of violations from ``rows`` — ``(id, *VIOLATION_COLUMNS)``, one more than
-    ``limit`` when there are more — and the id after which the next page starts."""
-    rows, more = split_page(rows, limit)
+def violation_page(
+    rows: list[tuple[Any, ...]], limit: int, session_id: str
+) -> tuple[list[dict[str, Any]], int | None]:
+    """A page of violations of ``session_id`` from ``rows`` — ``(id, *VIOLATION_COLUMNS)``,
+    one more than ``limit`` when there are more — and the id after which the next page
+    starts. Each violation's size counts the session id, which the gRPC answer repeats."""
+    repeated = text_bytes(session_id)
+    rows, more = split_page(
+        rows, limit, lambda row: repeated + text_bytes(*(v for v in row[1:] if isinstance(v, (str, bytes))))
+    )
     return [violation_detail(row[1:]) for row in rows], (rows[-1][0] if more and rows else None)
 
 

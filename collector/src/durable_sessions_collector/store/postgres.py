@@ -464,7 +464,7 @@ class PostgresStore:
                 (_t(session_id), pages.violations_after or 0, pages.violations_limit + 1),
             ).fetchall()
         actions, next_actions = action_page(action_rows, pages.actions_limit)
-        violations, next_violations = violation_page(violation_rows, pages.violations_limit)
+        violations, next_violations = violation_page(violation_rows, pages.violations_limit, session_id)
         return SessionDetail(_summary(row), actions, violations, next_actions, next_violations)
 
     def verdict_counts(self) -> dict[str, int]:
