@@ -424,6 +424,45 @@ def test_lone_surrogate_escape_does_not_crash(tmp_path: Path) -> None:
     assert [f.line for f in seed.found] == [1, 2, 3]
 
 
+DEEP = b"[" * 1000 + b"]" * 1000
+"""Nested past Python's recursion limit, within the readers' 1,024 levels."""
+
+
+@pytest.mark.parametrize("native", ["true", "false"])
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_result_nested_a_thousand_deep_is_digested_and_the_next_line_checked(
+    tmp_path: Path, native: str, jobs: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Digesting it once raised RecursionError: a traceback, exit 1, later lines unchecked."""
+    monkeypatch.setenv("DURABLE_SESSIONS_NATIVE", native)
+    deep = record("a2", kind="llm_call").replace(b'"status": "ok"', b'"status": "ok", "result": ' + DEEP)
+    replayed = deep.replace(b'"result"', b'"replayed": true, "incarnation": "r2", "result"')
+    changed = replayed.replace(b"]" * 1000, b"1" + b"]" * 1000)
+    path = sandwich(tmp_path, deep + b"\n" + replayed + b"\n" + changed)
+    run = check("--jobs", jobs, path)
+    assert run.returncode == 1, run.stderr
+    assert run.rules_at(1) == {"unkeyed-side-effect"} and run.rules_at(5) == {"unkeyed-side-effect"}
+    assert run.rules_at(3) == set()  # the same deep value replayed: the same digest
+    assert run.rules_at(4) == {"replay-mismatch"}  # one more level's content: another digest
+    seed = replay_check(path)
+    assert seed.returncode == 1 and [f.line for f in seed.found] == [1, 5]  # the seed's rules
+
+
+@pytest.mark.parametrize("field", ["incarnation", "idempotency_key"])
+def test_a_field_nested_a_thousand_deep_is_described_in_messages(tmp_path: Path, field: str) -> None:
+    """A message once showed such a value with ``repr``, which raised RecursionError."""
+    first = record("a2", idempotency_key="k1", incarnation="r1")
+    again = record("a2", idempotency_key="k1", incarnation="r2")
+    again = again.replace(
+        json.dumps({field: "k1" if field == "idempotency_key" else "r2"})[1:-1].encode(),
+        f'"{field}": '.encode() + DEEP,
+    )
+    run = check(sandwich(tmp_path, first + b"\n" + again))
+    assert run.returncode == 1, run.stderr
+    assert "invalid-field" in run.rules_at(3)
+    assert any("a list" in f.message for f in run.at(3) if f.rule != "invalid-field")
+
+
 # -- empty and comment-only inputs --------------------------------------------------------
 
 

@@ -26,16 +26,73 @@ def canonical_json(value: Any) -> bytes:
     """The canonical JSON bytes of ``value`` (sorted keys, compact, UTF-8).
 
     orjson writes them when it can. Valid JSON it refuses (integers beyond 64 bits,
-    nesting deeper than its limit) comes from the standard library, sorted, compact and
-    UTF-8 too, so that a result recorded by ``instrument.action`` and the same result
+    nesting deeper than its limit) is written as the standard library writes it, sorted,
+    compact and UTF-8 too (without recursion, at any depth), so that a result recorded by ``instrument.action`` and the same result
     digested by a reader have one digest. Raises ``TypeError`` or ``ValueError`` for a
     value neither can write (``ValueError`` for NaN and ±Infinity there).
     """
     try:
         return orjson.dumps(value, option=CANONICAL)
     except orjson.JSONEncodeError:
-        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        try:
+            text = json.dumps(
+                value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+            )
+        except RecursionError:
+            text = _canonical_text(value)
         return text.encode("utf-8", "surrogatepass")
+
+
+class _Punctuation(str):
+    """Text :func:`_canonical_text` writes as it is, not as a JSON string."""
+
+    __slots__ = ()
+
+
+_encode_string = json.encoder.encode_basestring  # type: ignore[attr-defined]
+
+
+def _canonical_text(value: Any) -> str:
+    """``json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+    allow_nan=False)`` of a value of string keys, without recursion: a result nested 1,000
+    deep (readers accept 1,024 levels) is past Python's recursion limit, and a digest must
+    still be made."""
+    parts: list[str] = []
+    pending: list[Any] = [value]
+    while pending:
+        item = pending.pop()
+        if type(item) is _Punctuation:
+            parts.append(item)
+        elif isinstance(item, str):
+            parts.append(_encode_string(item))
+        elif item is None or item is True or item is False:
+            parts.append("null" if item is None else "true" if item else "false")
+        elif isinstance(item, int):
+            parts.append(int.__repr__(item))
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                raise ValueError(f"{item!r} is not JSON")
+            parts.append(float.__repr__(item))
+        elif isinstance(item, dict | list | tuple):
+            pending.extend(reversed(_members(item)))
+        else:
+            raise TypeError(f"a {type(item).__name__} is not JSON")
+    return "".join(parts)
+
+
+def _members(container: dict[Any, Any] | list[Any] | tuple[Any, ...]) -> list[Any]:
+    """A container's punctuation and members, in writing order (keys sorted)."""
+    if isinstance(container, dict):
+        if any(type(key) is not str for key in container):
+            raise TypeError("only string keys are written without recursion")
+        members: list[Any] = [_Punctuation("{")]
+        for index, (key, member) in enumerate(sorted(container.items())):
+            members += [_Punctuation(("," if index else "") + _encode_string(key) + ":"), member]
+        return [*members, _Punctuation("}")]
+    members = [_Punctuation("[")]
+    for index, member in enumerate(container):
+        members += [_Punctuation(","), member] if index else [member]
+    return [*members, _Punctuation("]")]
 
 
 def outcome_json(value: Any) -> bytes:
@@ -52,17 +109,23 @@ def outcome_json(value: Any) -> bytes:
 
 
 def _has_non_finite(value: Any) -> bool:
-    """Whether a NaN or ±Infinity is anywhere orjson reads one from in ``value``."""
-    if isinstance(value, float):
-        return not math.isfinite(value)
-    if isinstance(value, dict):
-        return any(_has_non_finite(key) or _has_non_finite(item) for key, item in value.items())
-    if isinstance(value, list | tuple):
-        return any(_has_non_finite(item) for item in value)
-    if isinstance(value, enum.Enum):
-        return _has_non_finite(value.value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return any(_has_non_finite(getattr(value, field.name, None)) for field in dataclasses.fields(value))
+    """Whether a NaN or ±Infinity is anywhere orjson reads one from in ``value`` (walked
+    without recursion, as :func:`_canonical_text` writes it)."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return True
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list | tuple):
+            pending.extend(item)
+        elif isinstance(item, enum.Enum):
+            pending.append(item.value)
+        elif dataclasses.is_dataclass(item) and not isinstance(item, type):
+            pending.extend(getattr(item, field.name, None) for field in dataclasses.fields(item))
     return False
 
 
@@ -77,10 +140,7 @@ def digest_value(value: Any) -> str:
     Values that are not JSON (a set, NaN) fall back to their ``repr``, so a digest is
     always produced and equal values still digest equally.
     """
-    try:
-        return digest_bytes(canonical_json(value))
-    except (TypeError, ValueError, RecursionError):
-        return digest_bytes(repr(value).encode("utf-8", "surrogatepass"))
+    return digest_bytes(_digested_bytes(value))
 
 
 def digest_text(text: str) -> str:
@@ -98,11 +158,20 @@ _SHA256_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 def fingerprint(value: Any) -> int:
     """The first 64 bits of :func:`digest_value` of ``value``."""
+    return int.from_bytes(hashlib.sha256(_digested_bytes(value)).digest()[:8], "big")
+
+
+def _digested_bytes(value: Any) -> bytes:
+    """What a digest of ``value`` is taken over: its canonical JSON, or for a value that
+    is not JSON its ``repr`` (or, nested too deeply for that, its type's name)."""
     try:
-        canonical = canonical_json(value)
+        return canonical_json(value)
     except (TypeError, ValueError, RecursionError):
-        canonical = repr(value).encode("utf-8", "surrogatepass")
-    return int.from_bytes(hashlib.sha256(canonical).digest()[:8], "big")
+        pass
+    try:
+        return repr(value).encode("utf-8", "surrogatepass")
+    except RecursionError:
+        return f"<{type(value).__name__} nested too deeply to show>".encode()
 
 
 def digest_fingerprint(digest: str) -> Fingerprint:

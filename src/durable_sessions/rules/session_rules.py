@@ -23,7 +23,7 @@ from durable_sessions.record import (
     parse_ts,
 )
 from durable_sessions.rules.base import Finding, applies_when, session_rule
-from durable_sessions.rules.record_rules import might_side_effect
+from durable_sessions.rules.record_rules import describe, might_side_effect
 from durable_sessions.rules.state import ActionMemory, FailureRun, Pending, SessionState
 from durable_sessions.violation import Severity
 
@@ -36,9 +36,17 @@ def _at(location: Location, relative_to: Location) -> str:
     return str(location)
 
 
+def _shown(value: object) -> str:
+    """A field's value in a message: a string quoted, anything else described (a key or
+    an incarnation of the wrong type may be a list nested too deeply to ``repr``)."""
+    return repr(value) if type(value) is str else describe(value)
+
+
 def _again(prior: ActionMemory, record: ActionRecord, done: str = "executed") -> str:
     """``in incarnation 'run-1' was executed again in 'run-2'``: the two process runs involved."""
-    return f"in incarnation {prior.incarnation!r} was {done} again in {record.get('incarnation')!r}"
+    return (
+        f"in incarnation {_shown(prior.incarnation)} was {done} again in {_shown(record.get('incarnation'))}"
+    )
 
 
 @session_rule(
@@ -148,7 +156,7 @@ def re_asked(
         return None
     return (
         f"user_prompt '{record['action_id']}' asks the question already answered as "
-        f"'{action_id}' in incarnation {incarnation!r} — the person is asked the same "
+        f"'{action_id}' in incarnation {_shown(incarnation)} — the person is asked the same "
         "question twice"
     )
 
@@ -192,9 +200,7 @@ def re_executed_side_effect(
     if not key:
         return f"{what} without an idempotency key — the effect fires twice"
     if key != prior.key:
-        return (
-            f"{what} with a different idempotency key ('{key}', first {prior.key!r}) — the effect fires twice"
-        )
+        return f"{what} with a different idempotency key ({_shown(key)}, first {_shown(prior.key)}) — the effect fires twice"
     return (
         f"{what} with the same idempotency key — safe only if the far side honours the key",
         Severity.WARNING,
@@ -319,7 +325,7 @@ def unstable_key(
     if not key or prior is None or not prior.key or key == prior.key:
         return None
     return (
-        f"action '{record['action_id']}' carries idempotency_key {key!r}, but {prior.key!r} "
+        f"action '{record['action_id']}' carries idempotency_key {_shown(key)}, but {_shown(prior.key)} "
         f"at {_at(prior.where, where)} — the far side sees two different requests"
     )
 
@@ -358,7 +364,7 @@ def shared_key(
     if first is None or first.action_id == record.get("action_id"):
         return None
     return (
-        f"idempotency_key {key!r} is already used by action '{first.action_id}' at "
+        f"idempotency_key {_shown(key)} is already used by action '{first.action_id}' at "
         f"{_at(first.where, where)} — the far side collapses this effect into that one"
     )
 
@@ -406,7 +412,7 @@ def key_outlived_window(
         return None
     unit, seconds = _duration_unit(session.key_window_s)
     return (
-        f"idempotency_key {key!r} re-sent {age / seconds:.1f} {unit} after its first use, beyond the "
+        f"idempotency_key {_shown(key)} re-sent {age / seconds:.1f} {unit} after its first use, beyond the "
         f"{session.key_window_s / seconds:g} {unit} key window — the far side may have forgotten it"
     )
 
