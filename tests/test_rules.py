@@ -214,6 +214,30 @@ def test_attempts_of_a_retryable_action_are_not_duplicates() -> None:
     assert summary(check_records(same_attempt)) == [(2, "duplicate-action-id", "error")]
 
 
+@pytest.mark.parametrize(
+    ("kind", "fields", "rule", "severity"),
+    [
+        ("user_prompt", {"result": {"budget": 2400}}, "re-asked", "error"),
+        ("llm_call", {"result": {"plan": "A"}}, "diverged-result", "error"),
+        ("payment", {"idempotency_key": "pay-s-1-p"}, "re-executed-side-effect", "warning"),
+        ("payment", {}, "re-executed-side-effect", "error"),
+    ],
+)
+def test_an_attempt_after_a_completed_one_executes_the_action_again(
+    kind: str, fields: dict[str, Any], rule: str, severity: str
+) -> None:
+    """With no incarnations in the log (the seed's format), a retry of a completed action
+    was neither a duplicate (a new attempt) nor a re-execution (same process): it passed."""
+    retry = {"retryable": True, "max_attempts": 3, **fields}
+    again = [R("a1", kind, "ok", attempts=1, **retry), R("a1", kind, "ok", attempts=2, **retry)]
+    found = [(line, rule_id, level) for line, rule_id, level in summary(check_records(again)) if line == 2]
+    assert (2, rule, severity) in found and ("duplicate-action-id" not in {r for _, r, _ in found})
+    message = next(v.message for v in check_records(again) if v.rule == rule)
+    assert "at an earlier attempt was" in message and "again at attempt 2" in message
+    after_a_failure = [R("a1", kind, "error", attempts=1, **retry), R("a1", kind, "ok", attempts=2, **retry)]
+    assert [v for v in check_records(after_a_failure) if v.rule == rule] == []
+
+
 def test_attempts_of_an_action_that_is_not_retryable_are_duplicates() -> None:
     records = [
         R("a04", "tool_call", "error", attempts=1, on_failure="abort"),

@@ -43,10 +43,22 @@ def _shown(value: object) -> str:
 
 
 def _again(prior: ActionMemory, record: ActionRecord, done: str = "executed") -> str:
-    """``in incarnation 'run-1' was executed again in 'run-2'``: the two process runs involved."""
+    """``in incarnation 'run-1' was executed again in 'run-2'``: the two process runs
+    involved, or the attempt that ran again in the same one."""
+    if not prior.is_other_incarnation(record):
+        return f"at an earlier attempt was {done} again at attempt {record.get('attempts')}"
     return (
         f"in incarnation {_shown(prior.incarnation)} was {done} again in {_shown(record.get('incarnation'))}"
     )
+
+
+def _is_executed_again(prior: ActionMemory, record: ActionRecord) -> bool:
+    """``record`` runs an action again that the session saw before: in another process
+    run, or as a new attempt (one already completed needs no more attempts)."""
+    if prior.is_other_incarnation(record):
+        return True
+    attempts = record.get("attempts")
+    return is_int(attempts) and attempts not in prior.attempts
 
 
 @session_rule(
@@ -66,8 +78,8 @@ def duplicate_action_id(
     lookup returns the wrong recorded result, or the wrong one is skipped. Not
     duplicates: distinct attempts (`attempts` differs) of a retryable action, a
     `started` record and its completion, a replay (`replayed: true`), and a re-execution
-    in a later incarnation (judged by `re-asked`, `re-executed-side-effect` and
-    `diverged-result`). Different kinds under one id are always duplicates. The same id
+    in a later incarnation (`re-asked`, `re-executed-side-effect` and `diverged-result`
+    judge re-executions, and a later attempt of an action that completed). Different kinds under one id are always duplicates. The same id
     in two different sessions is not a duplicate.
 
     ## Example
@@ -117,14 +129,15 @@ def _is_same_action_again(record: ActionRecord, prior: ActionMemory) -> bool:
 def re_asked(
     session: SessionState, record: ActionRecord, where: Location, prior: ActionMemory | None
 ) -> Finding:
-    """A question the person already answered is asked again after a restart.
+    """A question the person already answered is asked again after a restart, or retried.
 
     ## Why is this bad?
     The answer was recorded, so recovery had what it needed, and still put the question
     to the person again instead of replaying the answer. It is the sharpest form of the
     replay bug: the user notices at once, and their second answer may differ from the
-    first. Detected by `action_id`, and by `prompt_digest` when the resumed process gave
-    the same question a new id.
+    first. Detected by `action_id` (in a later incarnation, or at a later attempt: an
+    answered question needs no retry), and by `prompt_digest` when the resumed process
+    gave the same question a new id.
 
     ## Example
     ```json
@@ -141,7 +154,7 @@ def re_asked(
     if record.get("kind") != kinds.USER_PROMPT or record.get("replayed") is True:
         return None
     if prior is not None:
-        if prior.kind == kinds.USER_PROMPT and prior.recorded and prior.is_other_incarnation(record):
+        if prior.kind == kinds.USER_PROMPT and prior.recorded and _is_executed_again(prior, record):
             return (
                 f"user_prompt '{record['action_id']}' answered {_again(prior, record, 'asked')} instead of "
                 "replayed — the person is asked the same question twice"
@@ -171,11 +184,11 @@ def re_asked(
 def re_executed_side_effect(
     session: SessionState, record: ActionRecord, where: Location, prior: ActionMemory | None
 ) -> Finding:
-    """A side effect that already completed is executed again after a restart.
+    """A side effect that already completed is executed again after a restart, or retried.
 
     ## Why is this bad?
-    The effect already happened (the card was charged, the email sent) and recovery ran
-    it again instead of replaying its outcome. Without an idempotency key, or with a
+    The effect already happened (the card was charged, the email sent) and recovery (or
+    a retry at a later attempt) ran it again instead of replaying its outcome. Without an idempotency key, or with a
     different one, the far side cannot tell, and the effect fires twice (error). With
     the same key it now depends on the far side honouring the key (warning).
 
@@ -193,7 +206,7 @@ def re_executed_side_effect(
     """
     if prior is None or record.get("replayed") is True or not is_side_effecting(record):
         return None
-    if not prior.effect_done or not prior.is_other_incarnation(record):
+    if not prior.effect_done or not _is_executed_again(prior, record):
         return None
     what = f"'{record['kind']}' '{record['action_id']}' completed {_again(prior, record)}"
     key = record.get("idempotency_key")
@@ -216,11 +229,11 @@ def re_executed_side_effect(
 def diverged_result(
     session: SessionState, record: ActionRecord, where: Location, prior: ActionMemory | None
 ) -> Finding:
-    """A non-deterministic action whose result was recorded is executed again after a restart.
+    """A non-deterministic action whose result was recorded is executed again after a restart, or retried.
 
     ## Why is this bad?
     The recorded result was there to replay; running the model call, the web read or the
-    clock read again gives another answer, so the resumed session diverges from the one
+    clock read again (after a restart, or as a later attempt) gives another answer, so the resumed session diverges from the one
     the user was in. When the results differ the message gives both digests (the
     recorded one by its first 16 hex digits: that is what the session keeps).
 
@@ -240,7 +253,7 @@ def diverged_result(
         return None
     if record.get("kind") not in kinds.NON_DETERMINISTIC or prior.kind != record.get("kind"):
         return None
-    if not prior.recorded or not prior.is_other_incarnation(record):
+    if not prior.recorded or not _is_executed_again(prior, record):
         return None
     now = outcome_fingerprint(record) if record.get("status") == "ok" else None
     digests = ""
