@@ -106,6 +106,24 @@ def test_unwritable_standard_output_exits_2_with_a_message(tmp_path: Path, cli: 
     assert f"cannot write to standard output: {reason}" in completed.stderr.decode()
 
 
+@pytest.mark.parametrize(
+    "arguments", [["rules"], ["explain", "re-asked"], ["prove", "--", sys.executable, "-c", "pass"]]
+)
+def test_the_message_of_unwritable_output_names_the_command(arguments: list[str]) -> None:
+    """``prove``'s own argument was also called ``command``, and the message named the
+    agent's command line instead (``durable-sessions ['--', 'python', …]:``)."""
+    if not Path("/dev/full").exists():
+        pytest.skip("needs /dev/full")
+    with open("/dev/full", "wb") as full:
+        completed = subprocess.run(
+            [DURABLE_SESSIONS, *arguments], stdout=full, stderr=subprocess.PIPE, timeout=60, check=False
+        )
+    assert completed.returncode == 2
+    assert completed.stderr.decode().startswith(
+        f"durable-sessions {arguments[0]}: cannot write to standard output"
+    )
+
+
 @pytest.mark.parametrize("cli", ["check", "replay-check"])
 def test_closed_standard_input_is_unreadable_input(cli: str) -> None:
     """``check - <&-`` was an AttributeError traceback."""

@@ -8,9 +8,12 @@ both), for generated attribute values, and check what it refuses, drops and coun
 
 from __future__ import annotations
 
+import importlib.util
 import marshal
 import math
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -534,3 +537,32 @@ def test_a_nan_interval_is_refused() -> None:
             limit_count=1,
             interval_s=math.nan,
         )
+
+
+@pytest.mark.parametrize(
+    ("value", "warned", "native"),
+    [
+        ("flase", True, True),
+        ("off", False, False),
+        ("FALSE", False, False),
+        ("yes", False, True),
+        ("", False, True),
+    ],
+)
+def test_the_switch_warns_once_about_a_value_it_does_not_know(value: str, warned: bool, native: bool) -> None:
+    """A typo such as ``flase`` was silently read as on."""
+    probe = (
+        "from durable_sessions.native import native_module\n"
+        "print(native_module('_memory') is not None, native_module('_engine') is not None)"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-W", "default", "-c", probe],
+        env={**os.environ, "DURABLE_SESSIONS_NATIVE": value},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    if importlib.util.find_spec("durable_sessions._memory") is not None:  # built here
+        assert completed.stdout.split() == [str(native)] * 2
+    assert completed.stderr.count("is neither true nor false") == (1 if warned else 0), completed.stderr

@@ -96,6 +96,18 @@ def test_ini_option(pytester: pytest.Pytester) -> None:
     pytester.runpytest_subprocess().assert_outcomes(passed=2, failed=1)
 
 
+def test_a_bad_ini_value_stops_the_run_at_start_up(pytester: pytest.Pytester) -> None:
+    """It was found at each test's setup: every test using the fixture errored with a
+    traceback, and the others failed in the strict hook."""
+    pytester.makeconftest(CONFTEST)
+    pytester.makeini("[pytest]\ndurability = bogus\n")
+    pytester.makepyfile(TESTS)
+    result = pytester.runpytest_subprocess()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*durability = 'bogus'; expected one of off, report, strict*"])
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
+
+
 def test_processor_can_be_added_to_a_test_provider(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         """

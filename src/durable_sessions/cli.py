@@ -194,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Check that long-running agent sessions can be recovered by replay.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = parser.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
 
     check = commands.add_parser(
         "check",
@@ -326,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    return run_command(f"durable-sessions {args.command}", lambda out: args.run(args, out))
+    return run_command(f"durable-sessions {args.subcommand}", lambda out: args.run(args, out))
 
 
 def run_check(args: argparse.Namespace, out: Output) -> int:

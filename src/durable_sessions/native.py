@@ -18,19 +18,40 @@ selects.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
+import warnings
 from types import ModuleType
 
 SWITCH = "DURABLE_SESSIONS_NATIVE"
+OFF = frozenset({"0", "false", "no", "off"})
+ON = frozenset({"", "1", "true", "yes", "on"})
 
 
 def native_module(name: str = "_native", package: str = "durable_sessions") -> ModuleType | None:
     """The extension module ``<package>.<name>``, or None when it was not built or
-    ``DURABLE_SESSIONS_NATIVE`` is ``false`` (or ``0``, ``no``, ``off``)."""
-    if os.environ.get(SWITCH, "").strip().lower() in ("0", "false", "no", "off"):
+    ``DURABLE_SESSIONS_NATIVE`` is ``false`` (or ``0``, ``no``, ``off``).
+
+    Any other value than those and ``true`` (``1``, ``yes``, ``on``) warns once and
+    leaves the extensions on: a typo such as ``flase`` was silently read as on. It warns
+    rather than raises, since this runs where the processor is imported, in user code.
+    """
+    value = os.environ.get(SWITCH, "").strip().lower()
+    if value in OFF:
         return None
+    if value not in ON:
+        _warn_unknown(value)
     try:
         return importlib.import_module(f"{package}.{name}")
     except ImportError:
         return None
+
+
+@functools.cache
+def _warn_unknown(value: str) -> None:
+    warnings.warn(
+        f"{SWITCH}={value!r} is neither true nor false (1/0, yes/no, on/off): the C extensions stay on",
+        RuntimeWarning,
+        stacklevel=3,
+    )

@@ -133,6 +133,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("durability", "default for --durability (off, report, strict)", default="report")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # A bad ini value is refused once, at start-up, as a bad --durability is; found at
+    # each test's setup it errored every test that used the fixture, with a traceback.
+    _mode(config)
+
+
 def _mode(config: pytest.Config) -> str:
     mode = config.getoption("--durability") or config.getini("durability") or "report"
     if mode not in _MODES:
