@@ -377,7 +377,9 @@ def test_a_store_of_an_unknown_version_is_refused_untouched(tmp_path: Path) -> N
     with sqlite3.connect(path) as db:
         db.execute("UPDATE meta SET value = '99'")
     db.close()
-    with pytest.raises(StoreError, match="schema version 99, this sidecar reads 3"):
+    with pytest.raises(
+        StoreError, match="schema version 99, this sidecar reads 3; it was made by a newer sidecar"
+    ):
         open_store(f"sqlite:///{path}")
     with sqlite3.connect(path) as db:
         assert db.execute(

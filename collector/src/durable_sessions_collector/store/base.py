@@ -53,6 +53,20 @@ class StoreError(RuntimeError):
     error inside a write comes from the records written."""
 
 
+def version_refused(name: str, found: object, reads: int, reader: str = "sidecar") -> StoreError:
+    """The error for a store of another schema version than ``reads``, saying what to do:
+    an older store is migrated by a sidecar of this version when it starts; a newer one
+    was made by a newer sidecar, which alone reads it."""
+    text = f"store {name!r} has schema version {found}, this {reader} reads {reads}"
+    try:
+        newer = int(str(found)) > reads
+    except ValueError:
+        return StoreError(text)
+    if newer:
+        return StoreError(f"{text}; it was made by a newer sidecar: use that version")
+    return StoreError(f"{text}; a sidecar of this version migrates it when it starts")
+
+
 class RecordRefused(ValueError):
     """The store refuses a record's values, now and on every retry (a value past a limit of
     the store's, text it cannot hold): the span is rejected, not retried.

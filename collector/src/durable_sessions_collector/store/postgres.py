@@ -79,6 +79,7 @@ from durable_sessions_collector.store.base import (
     decode_record,
     feed_item,
     forget_some,
+    version_refused,
     violation_page,
     within_budget,
 )
@@ -284,9 +285,8 @@ class PostgresStore:
             raise StoreError(f"cannot open store {self.name!r}: {_reason(error)}") from None
         if row is None or int(row[0]) != SCHEMA_VERSION:
             connection.close()
-            raise StoreError(
-                f"store {self.name!r} has schema version {row and row[0]}, this sidecar reads {SCHEMA_VERSION}"
-                + ("; a sidecar of this version migrates it when it starts" if existing else "")
+            raise version_refused(
+                self.name, row and row[0], SCHEMA_VERSION, "command" if existing else "sidecar"
             )
         # Advisory locks are database-wide: scope the session locks to this schema.
         self._lock_class = int(

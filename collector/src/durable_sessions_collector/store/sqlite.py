@@ -41,6 +41,7 @@ from durable_sessions_collector.store.base import (
     decode_record,
     feed_item,
     forget_some,
+    version_refused,
     violation_page,
     within_budget,
 )
@@ -211,9 +212,7 @@ def _prepare(connection: sqlite3.Connection, path: str) -> str | None:
         if version == "1":
             _migrate_from_1(connection)
         elif version not in ("2", str(SCHEMA_VERSION)):  # 2 → 3: SCHEMA adds FORGETTING
-            raise StoreError(
-                f"store {path!r} has schema version {version}, this sidecar reads {SCHEMA_VERSION}"
-            )
+            raise version_refused(path, version, SCHEMA_VERSION)
         for statement in SCHEMA.split(";"):
             connection.execute(statement)
         connection.execute(
@@ -239,10 +238,7 @@ def _require_current(connection: sqlite3.Connection, path: str) -> None:
     if found is None:
         raise StoreError(f"{path!r} is not a durable-sessions store")
     if found[0] != str(SCHEMA_VERSION):
-        raise StoreError(
-            f"store {path!r} has schema version {found[0]}, this command reads {SCHEMA_VERSION}; "
-            "a sidecar of this version migrates it when it starts"
-        )
+        raise version_refused(path, found[0], SCHEMA_VERSION, "command")
 
 
 def _migrate_from_1(connection: sqlite3.Connection) -> None:
