@@ -91,34 +91,10 @@ _STORE = next(option for option in OPTIONS if option.key == "store")
 def _sessions_parser(commands: Any) -> None:
     text = "list or show sessions through a running sidecar's HTTP API"
     sessions = commands.add_parser("sessions", help=text, description=text)
-    sessions.add_argument(
-        "--endpoint",
-        default=os.environ.get("DURABLE_SESSIONS_API_ENDPOINT") or DEFAULT_ENDPOINT,
-        help=f"the sidecar's HTTP endpoint (or $DURABLE_SESSIONS_API_ENDPOINT; default {DEFAULT_ENDPOINT}); "
-        "https://… when it serves TLS",
-    )
-    # A flag beats the environment: --token or --token-file, then $DURABLE_SESSIONS_AUTH_TOKEN,
-    # then $DURABLE_SESSIONS_AUTH_TOKEN_FILE.
-    token = sessions.add_mutually_exclusive_group()
-    token.add_argument(
-        "--token",
-        default=None,
-        help="bearer token (or $DURABLE_SESSIONS_AUTH_TOKEN; prefer the variable or --token-file, "
-        "a flag is visible to other users in the process list)",
-    )
-    token.add_argument(
-        "--token-file",
-        default=None,
-        help="file holding the bearer token (or $DURABLE_SESSIONS_AUTH_TOKEN_FILE)",
-    )
-    sessions.add_argument(
-        "--ca-file",
-        default=os.environ.get("DURABLE_SESSIONS_CA_FILE") or None,
-        help="PEM CA certificate(s) to verify the sidecar's TLS certificate (or $DURABLE_SESSIONS_CA_FILE)",
-    )
-    sessions.add_argument("--json", action="store_true", help="print the API's JSON instead of a table")
+    _client_options(sessions)
     which = sessions.add_subparsers(dest="sessions_command", required=True)
     listing = which.add_parser("list", help="sessions, most recently active first")
+    _client_options(listing, again=True)
     listing.add_argument("--verdict", choices=("ok", "at_risk", "unrecoverable"), help="only this verdict")
     listing.add_argument(
         "--limit",
@@ -128,7 +104,46 @@ def _sessions_parser(commands: Any) -> None:
     )
     listing.add_argument("--all", action="store_true", help="every session, asked page by page")
     show = which.add_parser("show", help="one session: its actions, violations and verdict")
+    _client_options(show, again=True)
     show.add_argument("session_id", metavar="SESSION_ID")
+
+
+def _client_options(parser: argparse.ArgumentParser, *, again: bool = False) -> None:
+    """How ``sessions`` reaches the API. ``again``: the same options on ``list`` and
+    ``show``, so that ``sessions list --json`` works as ``alerts dead --json`` does; given
+    there, they override the ones before the subcommand, and are left unset otherwise."""
+
+    def default(value: Any) -> Any:
+        return argparse.SUPPRESS if again else value
+
+    parser.add_argument(
+        "--endpoint",
+        default=default(os.environ.get("DURABLE_SESSIONS_API_ENDPOINT") or DEFAULT_ENDPOINT),
+        help=f"the sidecar's HTTP endpoint (or $DURABLE_SESSIONS_API_ENDPOINT; default {DEFAULT_ENDPOINT}); "
+        "https://… when it serves TLS",
+    )
+    # A flag beats the environment: --token or --token-file, then $DURABLE_SESSIONS_AUTH_TOKEN,
+    # then $DURABLE_SESSIONS_AUTH_TOKEN_FILE.
+    token = parser.add_mutually_exclusive_group()
+    token.add_argument(
+        "--token",
+        default=default(None),
+        help="bearer token (or $DURABLE_SESSIONS_AUTH_TOKEN; prefer the variable or --token-file, "
+        "a flag is visible to other users in the process list)",
+    )
+    token.add_argument(
+        "--token-file",
+        default=default(None),
+        help="file holding the bearer token (or $DURABLE_SESSIONS_AUTH_TOKEN_FILE)",
+    )
+    parser.add_argument(
+        "--ca-file",
+        default=default(os.environ.get("DURABLE_SESSIONS_CA_FILE") or None),
+        help="PEM CA certificate(s) to verify the sidecar's TLS certificate (or $DURABLE_SESSIONS_CA_FILE)",
+    )
+    parser.add_argument(
+        "--json", action="store_true", default=default(False), help="print the API's JSON instead of a table"
+    )
 
 
 def _token(args: argparse.Namespace) -> str | None:
@@ -223,7 +238,7 @@ def _redeliver(store: Store, channel: str | None, config: Config, out: Output) -
         total += count
         if count and not configured[name]:
             print(
-                f"durable-sessions-collector: {count} {name} alert(s) queued, but this configuration has no "
+                f"durable-sessions-collector: {count} {name} alert(s) queued, but the configuration read here (--config, environment) has no "
                 f"{name} channel: a sidecar that has one delivers them",
                 file=sys.stderr,
             )

@@ -57,7 +57,10 @@ def dead_letter_then_redeliver(start_sidecar, store: str, capsys: pytest.Capture
         )
         code, out, err = run(capsys, "redeliver", "--store", store)  # no webhook in this configuration
         assert (code, out) == (0, "1 dead-lettered alert(s) queued for delivery again\n")
-        assert "1 webhook alert(s) queued, but this configuration has no webhook channel" in err
+        assert (
+            "1 webhook alert(s) queued, but the configuration read here (--config, environment) has no webhook channel"
+            in err
+        )
         wait_for(lambda: len(hook.accepted) == 1)
         wait_for(lambda: outbox(sidecar, "delivered") == 1)
         first, again = hook.requests

@@ -74,6 +74,12 @@ def test_list_and_show(sidecar, capsys) -> None:  # type: ignore[no-untyped-def]
 
     code, out, _ = run(capsys, "sessions", *endpoint, "--json", "show", "good-1")
     assert code == 0 and json.loads(out)["verdict"] == "ok"
+    # The client's options after the subcommand too, as `alerts dead --json` takes them
+    # (`sessions list --json` was an "unrecognized arguments" error).
+    code, out, _ = run(capsys, "sessions", "show", "good-1", "--json", *endpoint)
+    assert code == 0 and json.loads(out)["verdict"] == "ok"
+    code, out, _ = run(capsys, "sessions", "--endpoint", "http://127.0.0.1:9", "list", "--json", *endpoint)
+    assert code == 0 and sorted(s["session_id"] for s in json.loads(out)["sessions"]) == ["bad-1", "good-1"]
 
     code, _, err = run(capsys, "sessions", *endpoint, "show", "nope")
     assert code == 1 and "answered 404: no session 'nope'" in err
