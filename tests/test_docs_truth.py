@@ -899,8 +899,10 @@ def test_collector_readme_sessions_options() -> None:
     for option in ("--endpoint", "--token", "--token-file", "--ca-file"):
         assert f"`{option}`" in section
         assert option in option_strings(sessions)
-    assert "default\n`http://127.0.0.1:4320`" in section
+    assert "default `http://127.0.0.1:4320`" in section
     listing = subparser(sessions, "list")
+    for option in ("--endpoint", "--token", "--token-file", "--ca-file", "--json"):  # "before or after"
+        assert option in option_strings(listing) and option in option_strings(subparser(sessions, "show"))
     assert set(choices_of(listing, "--verdict")) == {"ok", "at_risk", "unrecoverable"}
 
 
