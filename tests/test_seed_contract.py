@@ -226,3 +226,30 @@ def test_a_directory_is_unreadable_input(tmp_path: Path) -> None:
     result = replay_check("--actions", str(tmp_path))
     assert result.returncode == 2
     assert "replay-check OK" not in result.stdout
+
+
+def test_a_trace_file_gets_a_hint_on_standard_error_and_the_seeds_output(tmp_path: Path) -> None:
+    """Each line of a trace file is an action with every required field missing: the seed's
+    output stays as it was, and standard error says what reads such a file."""
+    tracing = Path(__file__).parent / "data" / "tracing-demo-run-001.jsonl"
+    otlp = tmp_path / "spans.jsonl"
+    otlp.write_text(json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": []}]}]}) + "\n")
+    for path, what in ((tracing, "a tracing log"), (otlp, "an OTLP/JSON trace file")):
+        completed = subprocess.run(
+            [str(REPLAY_CHECK), "--actions", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert completed.stderr.startswith(f"replay-check: {str(path)!r} looks like {what}"), completed.stderr
+        assert "`durable-sessions check" in completed.stderr
+    actions = Path(__file__).parents[1] / "examples" / "logs" / "actions.good.jsonl"
+    clean = subprocess.run(
+        [str(REPLAY_CHECK), "--actions", str(actions)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (clean.returncode, clean.stderr) == (0, "")

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import shlex
 import signal
 import sqlite3
 import sys
@@ -41,7 +42,7 @@ from durable_sessions.harness import (
     prove,
 )
 from durable_sessions.journal import AlreadyCompleted, Entry, SqliteJournal
-from durable_sessions.readers import DEFAULT_MAX_LINE_BYTES, FORMATS, InputError
+from durable_sessions.readers import DEFAULT_MAX_LINE_BYTES, FORMATS, InputError, sniff_format
 from durable_sessions.report import (
     OUTPUT_FORMATS,
     Summary,
@@ -166,6 +167,7 @@ def replay_check_main(argv: Sequence[str] | None = None) -> int:
 def _replay_check(args: argparse.Namespace, out: Output) -> int:
     checker = Checker(select_rules("seed", strict=args.strict))
     count = 0
+    _hint_at_trace_files(args.actions)
     try:
         with cyclic_gc_paused():
             for violation in check_paths([args.actions], checker, fmt="actions"):
@@ -183,6 +185,26 @@ def _replay_check(args: argparse.Namespace, out: Output) -> int:
         return EXIT_VIOLATIONS
     out.write(f"replay-check OK: {checker.actions} action(s) replay-safe\n")
     return EXIT_OK
+
+
+def _hint_at_trace_files(path: str) -> None:
+    """replay-check reads action logs only, as the seed's did: each line of a trace file
+    is an action with every required field missing. Say so once, on standard error (the
+    seed's output stays as it was), and what reads such a file."""
+    if path == "-":
+        return
+    try:
+        with open(path, "rb") as source:
+            found = sniff_format(source, path, DEFAULT_MAX_LINE_BYTES)
+    except (OSError, InputError):
+        return  # the check itself reports an unreadable file
+    if found != "actions":
+        what = "an OTLP/JSON trace file" if found == "otlp-json" else "a tracing log"
+        print(
+            f"replay-check: {path!r} looks like {what}, and replay-check reads action logs only; "
+            f"`durable-sessions check {shlex.quote(path)}` reads it",
+            file=sys.stderr,
+        )
 
 
 # -- durable-sessions -----------------------------------------------------------------
