@@ -17,6 +17,8 @@ import pytest
 from durable_sessions_collector.api.grpc_api import CURSOR_METADATA
 from durable_sessions_collector.api.v1 import sessions_pb2 as pb
 from durable_sessions_collector.api.v1 import sessions_pb2_grpc as pb_grpc
+from durable_sessions_collector.store import base as store_base
+from durable_sessions_collector.store.stored import MAX_TEXT, stored_text
 from google.protobuf import json_format
 from sidecar_clients import Agent, grpc_exporter
 
@@ -88,15 +90,19 @@ def test_get_and_list_with_a_verdict_filter_and_pages(sidecar, api) -> None:  # 
     assert foreign.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
-def test_pages_of_large_sessions_end_before_a_client_would_refuse_them(sidecar, api) -> None:  # type: ignore[no-untyped-def]
+def test_pages_of_large_sessions_end_before_a_client_would_refuse_them(sidecar, api, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """A session id repeats in every record and every violation: 80 unbounded retries of a
     100 kB id were one 16 MB answer, which a client with gRPC's default 4 MiB limit
-    refused. Pages now end by size too, and the walk still finds every item."""
+    refused. An id that long is now stored as its digest (and found by the id itself), and
+    no stored value is longer than an identifier (256 characters); pages still end by size
+    too (here after 5 kB, so that bounded records fill several), and the walk still finds
+    every item."""
+    monkeypatch.setattr(store_base, "MAX_PAGE_BYTES", 5_000)
     agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
     long_id = "s" * 100_000
     for n in range(80):
         agent.action(long_id, f"t{n}", "tool_call", retryable=True)  # unbounded-retry each
-    listed = [f"{n:02d}" + "L" * 60_000 for n in range(30)]
+    listed = [f"{n:02d}" + "L" * (MAX_TEXT - 2) for n in range(30)]  # kept as they are
     for session_id in listed:
         agent.action(session_id, "u1", "user_prompt", result='{"x": 1}')
     agent.shutdown()
@@ -113,6 +119,7 @@ def test_pages_of_large_sessions_end_before_a_client_would_refuse_them(sidecar, 
             timeout=10,
         )
         assert page.ByteSize() < 4 * 1024 * 1024
+        assert page.summary.session_id == stored_text(long_id) != long_id
         return page
 
     page, pages = get("", "", first=True), 1
@@ -139,7 +146,7 @@ def test_pages_of_large_sessions_end_before_a_client_would_refuse_them(sidecar, 
         token = page.next_page_token
         if not token:
             break
-    assert sorted(seen) == sorted([long_id, *listed])
+    assert sorted(seen) == sorted([stored_text(long_id), *listed])
 
 
 def test_watch_receives_alerts_committed_after_it_started(sidecar, api) -> None:  # type: ignore[no-untyped-def]

@@ -27,6 +27,7 @@ import json
 from typing import Any
 
 import pytest
+from durable_sessions_collector.store.stored import hidden
 from google.protobuf import json_format
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from opentelemetry.exporter.otlp.proto.http import Compression
@@ -279,27 +280,30 @@ def test_json_any_value_kinds(sidecar) -> None:  # type: ignore[no-untyped-def]
     attributes = [
         *action_attributes("anyvalue", "v"),
         kv("agent.action.max_attempts", {"intValue": "3"}),
-        kv("agent.action.custom_int_number", {"intValue": 9007199254740993}),
-        kv("agent.action.custom_double", {"doubleValue": 0.25}),
+        kv("agent.action.attempts", {"intValue": 9007199254740993}),
+        kv("agent.action.ttl_s", {"doubleValue": 0.25}),
         kv("agent.action.retryable", {"boolValue": True}),
-        kv("agent.action.custom_bytes", {"bytesValue": "AAH/"}),
-        kv(
-            "agent.action.custom_array", {"arrayValue": {"values": [{"stringValue": "a"}, {"intValue": "2"}]}}
-        ),
-        kv("agent.action.custom_kvlist", {"kvlistValue": {"values": [kv("k", {"boolValue": False})]}}),
-        kv("agent.action.custom_empty_array", {"arrayValue": {}}),
+        kv("agent.action.cache_key", {"bytesValue": "AAH/"}),
+        kv("agent.action.name", {"arrayValue": {"values": [{"stringValue": "a"}, {"intValue": "2"}]}}),
+        kv("agent.action.result_ref", {"kvlistValue": {"values": [kv("k", {"boolValue": False})]}}),
+        kv("agent.action.incarnation", {"arrayValue": {}}),
+        kv("agent.action.custom_field", {"stringValue": "not stored"}),
     ]
     status, _, data = post(sidecar, json_request(json_span("anyvalue", "v", attributes=attributes)))
     assert status == 200 and json.loads(data) == {}
     [stored] = actions(sidecar, "anyvalue")
     assert stored["max_attempts"] == 3
-    assert stored["custom_int_number"] == 9007199254740993
-    assert stored["custom_double"] == 0.25
+    assert stored["attempts"] == 9007199254740993
+    assert stored["ttl_s"] == 0.25
     assert stored["retryable"] is True
-    assert stored["custom_bytes"] == {"bytes_hex": "0001ff"}
-    assert stored["custom_array"] == ["a", 2]
-    assert stored["custom_kvlist"] == {"k": False}
-    assert stored["custom_empty_array"] == []
+    # A list, object or bytes value is stored as one holding its digest (no contract field
+    # holds one): the digest of the value decoded exactly. Fields outside the contract are
+    # not stored.
+    assert stored["cache_key"] == {"bytes_hex": hidden(b"\x00\x01\xff").encode().hex()}
+    assert stored["name"] == [hidden(["a", 2])]
+    assert stored["result_ref"] == {"hidden": hidden({"k": False})}
+    assert stored["incarnation"] == []
+    assert "custom_field" not in stored
 
 
 # --- ids with whitespace -----------------------------------------------------------------

@@ -10,6 +10,7 @@ import zlib
 
 import grpc
 import pytest
+from durable_sessions_collector.store.stored import hidden
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -296,8 +297,9 @@ def test_wrong_attribute_types_become_violations_not_errors(sidecar) -> None:  #
     assert ("invalid-field", "a3") in found  # a result that is not JSON text
     assert ("invalid-field", "a4") in found  # an idempotency key that is bytes
     assert ("invalid-field", "a5") in found  # retryable "yes", ttl_s 1.5
-    # Stored values keep their types (bytes included) and the server is fine.
-    assert session["actions"][3]["idempotency_key"] == {"bytes_hex": "0001"}
+    # Stored values keep their types (bytes included, as bytes of their digest) and the
+    # server is fine.
+    assert session["actions"][3]["idempotency_key"] == {"bytes_hex": hidden(b"\x00\x01").encode().hex()}
     assert_healthy(sidecar)
 
 

@@ -89,9 +89,12 @@ class Evaluator:
             return False, rebuilt
         if session_id is not None:
             self._held[session_id] += 1
-        # The row is encoded already: the problems are checked, not stored (a rebuilt
-        # session's records come without them, and its violations are stored already).
-        violations = self.checker.feed(with_problems(mapped.record, mapped.problems), mapped.where)
+        # The engine checks the row's record: identifiers and digests as stored, so that a
+        # session rebuilt from the store holds the state it had (a long key is compared
+        # digest to digest). The row is encoded already: the problems are checked, not
+        # stored (a rebuilt session's records come without them, and its violations are
+        # stored already).
+        violations = self.checker.feed(with_problems(row.record, mapped.problems), mapped.where)
         return True, rebuilt + violations
 
     def end(self, writer: Writer, session_id: str) -> tuple[list[Violation], list[Violation]]:

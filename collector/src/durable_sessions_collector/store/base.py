@@ -40,6 +40,7 @@ from durable_sessions.record import ActionRecord, Location
 from durable_sessions.report import Verdict
 from durable_sessions.violation import Violation
 from durable_sessions_collector.quote import quoted
+from durable_sessions_collector.store.stored import checked_record, stored_record
 
 SessionState = Literal["active", "ended"]
 VERDICTS: tuple[Verdict, ...] = ("ok", "at_risk", "unrecoverable")
@@ -89,6 +90,8 @@ class ActionRow:
     span_id: str
     status: str
     record: ActionRecord
+    """The record the engine checks (:func:`~.stored.checked_record`): as mapped, with the
+    identifiers and digests of the stored record, which :attr:`text` holds."""
     action_id: str | None
     kind: str | None
     seq: int | None
@@ -100,22 +103,26 @@ _INT64 = 2**63
 
 
 def action_row(record: ActionRecord, trace_id: str, span_id: str) -> ActionRow:
-    """The row ``record`` is stored as. A column holds a field only when its type is the
-    column's: a session id must be a non-empty string. ``seq`` orders the session's actions
-    in a 64-bit integer column; a span's start time is unsigned and may not fit, so it is
-    held to the column's range (the record keeps it exact), which keeps the order."""
-    session_id, status = record.get("session_id"), record.get("status")
-    action_id, kind, seq = record.get("action_id"), record.get("kind"), record.get("seq")
+    """The row ``record`` is stored as: its :func:`~.stored.stored_record` (contract fields
+    only, no text longer than an identifier, digests for the rest), and the record the
+    engine checks (:func:`~.stored.checked_record`). A column holds a field only when its
+    type is the column's: a session id must be a non-empty string. ``seq`` orders the
+    session's actions in a 64-bit integer column; a span's start time is unsigned and may
+    not fit, so it is held to the column's range (the record keeps it exact), which keeps
+    the order."""
+    stored = stored_record(record)
+    session_id, status = stored.get("session_id"), stored.get("status")
+    action_id, kind, seq = stored.get("action_id"), stored.get("kind"), stored.get("seq")
     return ActionRow(
         session_id if type(session_id) is str and session_id else None,
         trace_id,
         span_id,
         status if type(status) is str else repr(status),
-        record,
+        checked_record(record, stored),
         action_id if type(action_id) is str else None,
         kind if type(kind) is str else None,
         min(max(seq, -_INT64), _INT64 - 1) if type(seq) is int else None,
-        encode_record(record),
+        encode_record(stored),
     )
 
 
