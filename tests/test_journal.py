@@ -7,6 +7,7 @@ import json
 import logging
 import multiprocessing
 import sqlite3
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +16,28 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from durable_sessions import instrument
 from durable_sessions import semconv as sc
 from durable_sessions.digest import digest_value
 from durable_sessions.instrument import FileResultStore, action, resource, session
 from durable_sessions.journal import ActionInDoubt, AttemptsExhausted, Entry, SqliteJournal, plan
+from durable_sessions.processor import DurabilitySpanProcessor
+
+_REAL_INCARNATION = instrument.incarnation
+
+
+@pytest.fixture(autouse=True)
+def _own_incarnation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts as a process of its own; :func:`restart` is undone afterwards."""
+    monkeypatch.setattr(instrument, "incarnation", instrument.incarnation)
+    restart()
+
+
+def restart() -> None:
+    """From here on, this test is the next process of the agent: what the journal tells
+    processes apart by is the incarnation (``service.instance.id``) in its entries."""
+    fresh = str(uuid.uuid4())
+    instrument.incarnation = lambda: fresh  # type: ignore[assignment]
 
 
 class Agent:
@@ -51,6 +70,7 @@ def test_a_completed_action_is_replayed_not_run_again(journal: SqliteJournal) ->
     answers = iter([{"budget": 2400}, {"budget": 1800}])
     first, second = Agent(journal), Agent(journal)
     for agent in (first, second):
+        restart()
 
         @agent.action("a01", "user_prompt")
         def ask(calls: list[str] = agent.calls) -> Any:
@@ -70,6 +90,7 @@ def test_a_completed_action_is_replayed_not_run_again(journal: SqliteJournal) ->
 def test_values_come_back_exactly_as_recorded(journal: SqliteJournal) -> None:
     value = {"big": 2**80, "float": 0.1, "text": "naïve ✓", "nested": [None, True, {"x": -1}]}
     for _ in range(2):
+        restart()
         with session("s-1", journal=journal):
             got = action("a01", "llm_call")(lambda: value)()
     assert got == value and type(got["big"]) is int
@@ -78,6 +99,7 @@ def test_values_come_back_exactly_as_recorded(journal: SqliteJournal) -> None:
 def test_the_context_manager_form_says_replayed_and_holds_the_result(journal: SqliteJournal) -> None:
     asked = []
     for _ in range(2):
+        restart()
         with session("s-1", journal=journal), action("a01", "user_prompt") as act:
             answer = act.result if act.replayed else act.record(asked.append(1) or "aisle")
     assert answer == "aisle" and asked == [1]
@@ -87,6 +109,7 @@ def test_recording_again_in_a_replayed_block_is_no_replay(journal: SqliteJournal
     """A block that ignores ``act.replayed`` ran the action again: its span must not say replayed."""
     agent = Agent(journal)
     for answer in ("aisle", "window"):
+        restart()
         with session("s-1", journal=journal), agent.action("a01", "user_prompt") as act:
             act.record(answer)
     second = agent.spans()[1].attributes
@@ -104,6 +127,7 @@ def test_async_functions_are_replayed(journal: SqliteJournal) -> None:
         return 42
 
     async def run() -> int:
+        restart()
         with session("s-1", journal=journal):
             return await fetch()
 
@@ -188,12 +212,104 @@ def test_attempts_count_across_processes_up_to_the_cap(journal: SqliteJournal) -
     attempts = []
     for _ in range(3):
         agent = Agent(journal)
+        restart()
         with session("s-1", journal=journal), pytest.raises(ConnectionError):
             agent.action("t1", "tool_call", retryable=True, max_attempts=3)(flaky)()
         attempts.append(agent.attributes("t1").get(sc.ACTION_ATTEMPTS, 1))
     assert attempts == [1, 2, 3]
     with session("s-1", journal=journal), pytest.raises(AttemptsExhausted, match="used its 3 attempts"):
         action("t1", "tool_call", retryable=True, max_attempts=3)(flaky)()
+
+
+def test_an_action_id_used_twice_in_one_process_runs_twice(journal: SqliteJournal) -> None:
+    """What this process journaled itself is nothing to recover: a second use of the id
+    runs, and its span says so, so that the rules report the duplicate."""
+    agent = Agent(journal)
+    found: list[Any] = []
+    agent.provider.add_span_processor(DurabilitySpanProcessor(mode="silent", on_violation=found.append))
+
+    @agent.action("w1", "external_read")
+    def weather(city: str) -> dict[str, str]:
+        agent.calls.append(city)
+        return {"city": city}
+
+    @agent.action("p1", "payment", idempotency_key="k-1")
+    def charge(amount: int) -> dict[str, int]:
+        agent.calls.append(str(amount))
+        return {"charged": amount}
+
+    with session("s-1", journal=journal):
+        assert weather("Paris") == {"city": "Paris"}
+        assert weather("Reykjavik") == {"city": "Reykjavik"}
+        assert charge(100) == {"charged": 100}
+        assert charge(2400) == {"charged": 2400}
+    assert agent.calls == ["Paris", "Reykjavik", "100", "2400"]
+    assert not any(span.attributes.get(sc.ACTION_REPLAYED) for span in agent.spans())
+    agent.provider.force_flush()
+    assert {(v.rule, v.action_id) for v in found} >= {
+        ("duplicate-action-id", "w1"),
+        ("duplicate-action-id", "p1"),
+    }
+    assert journal.get("s-1", "w1").outcome == {"city": "Paris"}  # the journal keeps the first outcome
+    restart()
+    with session("s-1", journal=journal):  # the next process replays what was journaled
+        assert weather("Oslo") == {"city": "Paris"}
+    assert agent.calls[4:] == []
+
+
+def test_an_action_in_flight_in_this_process_is_no_action_in_doubt(journal: SqliteJournal) -> None:
+    """A retry by recursion meets its own ``started`` entry: nothing crashed, so nothing is in doubt."""
+    agent = Agent(journal)
+
+    @agent.action("p1", "payment", retryable=True, max_attempts=3)
+    def pay(attempt: int = 1) -> dict[str, int]:
+        agent.calls.append(str(attempt))
+        return pay(attempt + 1) if attempt == 1 else {"charged": 2400}
+
+    with session("s-1", journal=journal):
+        assert pay() == {"charged": 2400}
+    assert agent.calls == ["1", "2"]
+    assert sorted(span.attributes.get(sc.ACTION_ATTEMPTS, 1) for span in agent.spans()) == [1, 2]
+    assert journal.get("s-1", "p1").status == "ok"
+
+
+def test_attempts_in_one_process_count_up_to_the_cap(journal: SqliteJournal) -> None:
+    agent = Agent(journal)
+
+    @agent.action("t1", "tool_call", retryable=True, max_attempts=3)
+    def flaky() -> None:
+        agent.calls.append("tried")
+        raise ConnectionError("down")
+
+    with session("s-1", journal=journal):
+        for _ in range(3):
+            with pytest.raises(ConnectionError):
+                flaky()
+        with pytest.raises(AttemptsExhausted, match="used its 3 attempts"):
+            flaky()
+    assert agent.calls == ["tried"] * 3
+    assert [span.attributes.get(sc.ACTION_ATTEMPTS, 1) for span in agent.spans()] == [1, 2, 3]
+
+
+def _child_completes(path: str) -> None:
+    with session("s-1", journal=SqliteJournal(path)):
+        action("w1", "external_read")(lambda: {"city": "Paris"})()
+
+
+def test_what_a_forked_process_completed_is_replayed_here(
+    journal: SqliteJournal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Real processes, real incarnations: another process's entry is replayed here."""
+    monkeypatch.setattr(instrument, "incarnation", _REAL_INCARNATION)
+    context = multiprocessing.get_context("fork")
+    child = context.Process(target=_child_completes, args=(str(journal.path),))
+    child.start()
+    child.join(30)
+    assert child.exitcode == 0
+    ran = []
+    with session("s-1", journal=journal):
+        assert action("w1", "external_read")(lambda: ran.append(1) or {"city": "Oslo"})() == {"city": "Paris"}
+    assert ran == []
 
 
 def test_a_crash_loop_is_counted_by_the_write_ahead_entries(journal: SqliteJournal) -> None:
@@ -223,6 +339,7 @@ def test_long_results_replay_by_reference(journal: SqliteJournal, tmp_path: Path
     big = "x" * 100
     agents = [Agent(journal), Agent(journal)]
     for agent in agents:
+        restart()
         with session("s-1", journal=journal):
             got = action(
                 "a1", "llm_call", max_result_chars=10, result_store=store, tracer_provider=agent.provider
@@ -318,6 +435,7 @@ def test_an_action_completed_without_a_recorded_outcome_runs_again(journal: Sqli
     ``None`` in its place would change what the agent sees."""
     calls = []
     for _ in range(2):
+        restart()
         with session("s-1", journal=journal):
             assert action("a1", "llm_call", record=False)(lambda: calls.append(1) or {"x": 1})() == {"x": 1}
             assert action("a2", "clock")(lambda: calls.append(2) or {1, 2})() == {1, 2}  # a set: not JSON
@@ -327,6 +445,7 @@ def test_an_action_completed_without_a_recorded_outcome_runs_again(journal: Sqli
 def test_a_side_effect_completed_without_a_recorded_outcome_is_not_repeated(journal: SqliteJournal) -> None:
     calls = []
     for _ in range(2):
+        restart()
         with session("s-1", journal=journal):
             action("p1", "payment", idempotency_key="k", record=False)(lambda: calls.append(1) or "ch_1")()
     assert calls == [1]
@@ -335,6 +454,7 @@ def test_a_side_effect_completed_without_a_recorded_outcome_is_not_repeated(jour
 def test_an_outcome_recorded_by_reference_is_replayed_with_its_reference(journal: SqliteJournal) -> None:
     agents = [Agent(journal), Agent(journal)]
     for agent in agents:
+        restart()
         with session("s-1", journal=journal), agent.action("a1", "llm_call") as act:
             if not act.replayed:
                 act.record_ref("s3://bucket/a1.json", digest="sha256:" + "0" * 64)
@@ -357,6 +477,7 @@ def test_a_completed_action_that_runs_again_is_not_capped(journal: SqliteJournal
     """An ``ok`` without a recorded outcome runs again; it used no failed attempt."""
     calls = []
     for _ in range(3):
+        restart()
         with session("s-1", journal=journal):
             action("a1", "tool_call", record=False, max_attempts=1)(lambda: calls.append(1))()
     assert calls == [1, 1, 1]

@@ -737,11 +737,11 @@ def test_a_replayed_side_effect_writes_no_intent(tmp_path: Path) -> None:
     body = f"""
     from durable_sessions.journal import SqliteJournal
     journal = SqliteJournal({str(tmp_path / "journal.db")!r})
-    for _ in range(2):
-        with session("s-1", journal=journal):
-            action("p1", "payment", idempotency_key="k-1")(lambda: "paid")()
+    with session("s-1", journal=journal):
+        action("p1", "payment", idempotency_key="k-1")(lambda: "paid")()
     """
-    assert _run_intent_agent(tmp_path, body).returncode == 0
+    for _ in range(2):  # the second process replays the payment
+        assert _run_intent_agent(tmp_path, body).returncode == 0
     assert len((tmp_path / "intents.jsonl").read_text().splitlines()) == 1
     assert _check_with_intents(tmp_path).returncode == 0
 

@@ -591,8 +591,9 @@ class action:
         session_id = current_session()
         journal = (self.journal or current_journal()) if journaled and session_id is not None else None
         in_doubt: ActionInDoubt | None = None
+        this_process = incarnation() if journal is not None else None
         try:
-            step = _plan(journal, session_id, action_id, self.kind, self.fields)
+            step = _plan(journal, session_id, action_id, self.kind, self.fields, this_process)
         except ActionInDoubt as error:
             step, in_doubt = Plan("skip"), error
         attributes = self._attributes(action_id, session_id, step)
@@ -614,7 +615,13 @@ class action:
             journal_entry, boundary = None, 0
             if runs:
                 journal_entry = _journal_entry(
-                    journal, session_id, action_id, self.kind, self.fields, step.attempts
+                    journal if step.journaled else None,
+                    session_id,
+                    action_id,
+                    self.kind,
+                    self.fields,
+                    step.attempts,
+                    this_process,
                 )
                 # Write-ahead, for every action: durable before it runs, so that a side
                 # effect cut short is known to be in doubt, and a crash loop is counted.
@@ -658,14 +665,19 @@ class action:
 
 
 def _plan(
-    journal: Journal | None, session_id: str | None, action_id: str, kind: str, fields: dict[str, Any]
+    journal: Journal | None,
+    session_id: str | None,
+    action_id: str,
+    kind: str,
+    fields: dict[str, Any],
+    this_process: str | None,
 ) -> Plan:
     """The journal's plan for the action; a journal that cannot be read is logged and
     the action runs (fail open), unless it is in doubt (:class:`ActionInDoubt` propagates)."""
     if journal is None or session_id is None:
         return RUN_FIRST
     try:
-        return plan(journal.get(session_id, action_id), kind, fields)
+        return plan(journal.get(session_id, action_id), kind, fields, incarnation=this_process)
     except (ActionInDoubt, AttemptsExhausted):
         raise
     except Exception as error:
@@ -690,6 +702,7 @@ def _journal_entry(
     kind: str,
     fields: dict[str, Any],
     attempts: int,
+    this_process: str | None,
 ) -> Entry | None:
     """The write-ahead entry of a run (``started``), or None without a journal."""
     if journal is None or session_id is None:
@@ -702,7 +715,7 @@ def _journal_entry(
         sc.STATUS_STARTED,
         attempts,
         idempotency_key=key if type(key) is str else None,
-        incarnation=incarnation(),
+        incarnation=this_process or incarnation(),
     )
 
 

@@ -26,6 +26,10 @@ After a crash, the same code in a new process replays instead of re-running:
   :class:`ActionInDoubt` is raised instead of repeating the effect, and
   :meth:`SqliteJournal.resolve` or :meth:`SqliteJournal.discard` settles it.
 
+Entries hold the incarnation (``service.instance.id``) of the process that wrote them.
+What this process wrote itself is nothing to recover: an action id used again in the
+same process runs (see :func:`plan`).
+
 The journal holds results in full, since replay must return them: it is the agent's own
 state, kept beside the agent, not the sidecar's (which keeps digests only).
 """
@@ -141,6 +145,8 @@ class Plan:
     decision: Literal["run", "replay", "skip"]
     attempts: int = 1
     entry: Entry | None = None
+    journaled: bool = True
+    """Whether the run writes its entries (``started``, then its outcome) to the journal."""
 
 
 RUN_FIRST = Plan("run")
@@ -152,8 +158,15 @@ def is_side_effect(kind: str, fields: dict[str, Any]) -> bool:
     return is_side_effecting({**fields, "kind": kind})
 
 
-def plan(entry: Entry | None, kind: str, fields: dict[str, Any]) -> Plan:
+def plan(entry: Entry | None, kind: str, fields: dict[str, Any], *, incarnation: str | None = None) -> Plan:
     """Decide from the journal's entry (``None``: never seen) what to do with an action.
+
+    ``incarnation`` is this process's (:func:`durable_sessions.instrument.incarnation`).
+    An entry this process wrote itself is nothing to recover: the action id is used
+    again in the same process (an agent bug, or a retry), and the action runs. One it
+    completed runs unjournaled, so the journal keeps the first outcome; one still
+    ``started`` here (in flight, or interrupted and caught) runs as the next attempt,
+    never in doubt.
 
     Raises :class:`ActionInDoubt` for an unkeyed, unskippable side effect that an earlier
     process started and never completed, and :class:`AttemptsExhausted` for an action
@@ -161,9 +174,12 @@ def plan(entry: Entry | None, kind: str, fields: dict[str, Any]) -> Plan:
     """
     if entry is None:
         return RUN_FIRST
+    ours = incarnation is not None and entry.incarnation == incarnation
+    if ours and entry.status == sc.STATUS_OK:
+        return Plan("run", 1, entry, journaled=False)
     if entry.status == sc.STATUS_OK and (entry.is_recorded or is_side_effect(kind, fields)):
         return Plan("replay", entry.attempts, entry)
-    if entry.status == sc.STATUS_STARTED and is_side_effect(kind, fields):
+    if entry.status == sc.STATUS_STARTED and not ours and is_side_effect(kind, fields):
         if fields.get("replay") == sc.REPLAY_SKIP:
             return Plan("skip", entry.attempts, entry)
         if not (fields.get("idempotency_key") or entry.idempotency_key):
