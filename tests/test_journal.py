@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import multiprocessing
@@ -12,11 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from durable_sessions import instrument
+from durable_sessions import crash, instrument
 from durable_sessions import semconv as sc
 from durable_sessions.digest import digest_value
 from durable_sessions.instrument import FileResultStore, action, resource, session
@@ -587,3 +589,75 @@ def test_listing_an_outcome_with_a_lone_surrogate_as_json(
     journal.put(Entry("s-1", "a1", "llm_call", "ok", 1, result='"\ud800"'.encode("utf-8", "surrogatepass")))
     code, out, _ = _cli(capsys, "list", str(journal.path), "--format", "json")
     assert code == 0 and "\\ud800" in out
+
+
+# -- a sync function that returns an awaitable ----------------------------------------------
+
+
+@pytest.fixture
+def boundaries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Count crash points as the harness does (no crash point is set): the file of ``after``s."""
+    monkeypatch.setenv(crash.COUNT_ENV, str(tmp_path / "count"))
+    monkeypatch.delenv(crash.ENV, raising=False)
+    monkeypatch.setattr(crash, "_TARGET", crash._Target())
+    return tmp_path / ("count" + crash.AFTER_SUFFIX)
+
+
+def test_an_awaitable_returned_by_a_sync_function_runs_inside_the_action(
+    journal: SqliteJournal, boundaries: Path
+) -> None:
+    """Its effect happens when it is awaited: the journal's completion, the ``after``
+    crash point and the span's end come after the await, with its outcome."""
+    agent = Agent(journal)
+    current = []
+
+    async def declined(amount: int) -> None:
+        await asyncio.sleep(0)
+        current.append(trace.get_current_span().attributes[sc.ACTION_ID])
+        raise ConnectionError("card declined")
+
+    async def charged(amount: int) -> dict[str, int]:
+        await asyncio.sleep(0)
+        return {"charged": amount}
+
+    pay = agent.action("p1", "payment", idempotency_key="k-1")(lambda amount: declined(amount))
+    refund = agent.action("r1", "payment", idempotency_key="k-2")(lambda amount: charged(amount))
+
+    async def run() -> None:
+        with session("s-1", journal=journal):
+            pending = pay(2400)
+            assert journal.get("s-1", "p1").status == "started" and not boundaries.exists()
+            assert agent.spans() == []
+            with pytest.raises(ConnectionError):
+                await pending
+            assert await refund(100) == {"charged": 100}
+
+    asyncio.run(run())
+    assert current == ["p1"]  # the span is current while the awaitable runs
+    assert journal.get("s-1", "p1").status == "error"
+    failed = agent.attributes("p1")
+    assert failed[sc.ACTION_STATUS] == "error" and sc.ACTION_RESULT not in failed
+    assert journal.get("s-1", "r1").outcome == {"charged": 100}
+    assert json.loads(agent.attributes("r1")[sc.ACTION_RESULT]) == {"charged": 100}
+    assert boundaries.read_text().split() == ["2"]  # only the refund passed its ``after``
+
+
+def test_a_callable_object_with_async_call_is_a_coroutine_function(journal: SqliteJournal) -> None:
+    """Seen at decoration, so that a replay is awaited as the first run was."""
+    calls = []
+
+    class Charger:
+        async def __call__(self, amount: int) -> dict[str, int]:
+            calls.append(amount)
+            return {"charged": amount}
+
+    pay = action("p1", "payment", idempotency_key="k-1")(Charger())
+    assert inspect.iscoroutinefunction(pay)
+
+    async def run() -> Any:
+        restart()
+        with session("s-1", journal=journal):
+            return await pay(2400)
+
+    assert asyncio.run(run()) == asyncio.run(run()) == {"charged": 2400}
+    assert calls == [2400]

@@ -283,6 +283,8 @@ class Action:
     """
 
     __slots__ = (
+        "_ending",
+        "_handed_over",
         "_max_result_chars",
         "_recorded_as",
         "_store",
@@ -316,6 +318,9 @@ class Action:
         self._store = store
         self._recorded_as: tuple[bytes | None, str | None, str | None] = (None, None, None)
         """(JSON, digest, reference) of the recorded outcome, for the journal."""
+        self._ending: _Ending | None = None
+        self._handed_over = False
+        """Whether an awaitable the decorated function returned ends the run (:func:`_awaited`)."""
 
     def record(self, result: Any) -> Any:
         """Record ``result`` (any JSON-serialisable value, ``None`` included); return it.
@@ -509,7 +514,7 @@ class action:
             return self._wrap_async_generator(func)  # type: ignore[return-value]
         if inspect.isgeneratorfunction(func):
             return self._wrap_generator(func)  # type: ignore[return-value]
-        if inspect.iscoroutinefunction(func):
+        if inspect.iscoroutinefunction(func) or _is_async_callable(func):
 
             @functools.wraps(func)
             async def run_async(*args: Any, **kwargs: Any) -> Any:
@@ -529,6 +534,8 @@ class action:
                 if act.replayed or act.skipped:
                     return act.result
                 value = func(*args, **kwargs)
+                if inspect.isawaitable(value):  # its effect runs when awaited: so does the action
+                    return _awaited(act, value, self.record_return)
                 if self.record_return:
                     act.record(value)
                 return value
@@ -601,51 +608,52 @@ class action:
         # Exceptions are marked here, not by the API's use_span: opentelemetry-api 1.31.0
         # marked GeneratorExit, KeyboardInterrupt and the like as errors too
         # (open-telemetry/opentelemetry-python#4484), which this package allows.
+        # The span is ended here, not on leaving the block: an awaitable returned by a
+        # decorated function finishes the run when it is awaited (see _awaited).
         with tracer.start_as_current_span(
             self.name or f"{self.kind} {action_id}",
             attributes=attributes,
             record_exception=False,
             set_status_on_exception=False,
+            end_on_exit=False,
         ) as span:
             act = Action(span, action_id, session_id, self.max_result_chars, self.result_store)
             act.attempt = step.attempts
-            if in_doubt is not None:  # the span records the unresolved intent, then the caller hears of it
-                raise in_doubt
-            runs = step.decision == "run"
-            journal_entry, boundary = None, 0
-            if runs:
-                journal_entry = _journal_entry(
-                    journal if step.journaled else None,
-                    session_id,
-                    action_id,
-                    self.kind,
-                    self.fields,
-                    step.attempts,
-                    this_process,
-                )
-                # Write-ahead, for every action: durable before it runs, so that a side
-                # effect cut short is known to be in doubt, and a crash loop is counted.
-                if journal_entry is not None:
-                    _journal_put(journal, journal_entry)
-                boundary = crash.before()
-            else:
-                _served(act, step)
             try:
-                yield act
-            except Exception as error:
-                _fail(span, error)
-                if journal_entry is not None:
-                    _journal_put(journal, dataclasses.replace(journal_entry, status=sc.STATUS_ERROR))
-                raise
-            except GeneratorExit:  # the consumer of a generator stopped early: a normal end
-                raise
-            except BaseException:
-                _interrupted(act)
-                raise
-            if runs:
-                crash.after(boundary)
-                if journal_entry is not None:
-                    _journal_put(journal, _completed(journal_entry, act))
+                if (
+                    in_doubt is not None
+                ):  # the span records the unresolved intent, then the caller hears of it
+                    raise in_doubt
+                runs = step.decision == "run"
+                journal_entry, boundary = None, 0
+                if runs:
+                    journal_entry = _journal_entry(
+                        journal if step.journaled else None,
+                        session_id,
+                        action_id,
+                        self.kind,
+                        self.fields,
+                        step.attempts,
+                        this_process,
+                    )
+                    # Write-ahead, for every action: durable before it runs, so that a side
+                    # effect cut short is known to be in doubt, and a crash loop is counted.
+                    if journal_entry is not None:
+                        _journal_put(journal, journal_entry)
+                    boundary = crash.before()
+                else:
+                    _served(act, step)
+                act._ending = _Ending(act, journal, journal_entry, boundary, runs)
+                try:
+                    yield act
+                except BaseException as error:
+                    act._ending.raised(error)
+                    raise
+                if not act._handed_over:
+                    act._ending.ok()
+            finally:
+                if not act._handed_over:
+                    span.end()
 
     def _attributes(self, action_id: str, session_id: str | None, step: Plan) -> dict[str, Any]:
         attributes: dict[str, Any] = {sc.ACTION_ID: action_id, sc.ACTION_KIND: self.kind}
@@ -662,6 +670,77 @@ class action:
         elif step.decision == "replay":  # at start, so that on_start sees no effect about to run
             attributes[sc.ACTION_REPLAYED] = True
         return attributes
+
+
+def _is_async_callable(func: Callable[..., Any]) -> bool:
+    """An object whose ``__call__`` is ``async def``: a coroutine function in all but name."""
+    if inspect.isroutine(func):
+        return False
+    return inspect.iscoroutinefunction(inspect.getattr_static(type(func), "__call__", None))
+
+
+class _Ending:
+    """How one run of an action ends: its span's status, its journal entry, its crash point."""
+
+    __slots__ = ("act", "boundary", "entry", "journal", "runs")
+
+    def __init__(
+        self, act: Action, journal: Journal | None, entry: Entry | None, boundary: int, runs: bool
+    ) -> None:
+        self.act = act
+        self.journal = journal
+        self.entry = entry
+        self.boundary = boundary
+        self.runs = runs
+
+    def ok(self) -> None:
+        """The body ran to its end: past the ``after`` crash point, completed in the journal."""
+        if self.runs:
+            crash.after(self.boundary)
+            if self.entry is not None:
+                _journal_put(self.journal, _completed(self.entry, self.act))
+
+    def raised(self, error: BaseException) -> None:
+        """The body raised ``error`` (which the caller re-raises)."""
+        if isinstance(error, Exception):
+            _fail(self.act.span, error)
+            if self.entry is not None:
+                _journal_put(self.journal, dataclasses.replace(self.entry, status=sc.STATUS_ERROR))
+        elif isinstance(error, GeneratorExit):  # the consumer of a generator stopped early: a normal end
+            pass
+        else:
+            _interrupted(self.act)
+
+
+def _awaited(act: Action, awaitable: Awaitable[Any], record: bool) -> Awaitable[Any]:
+    """A coroutine that awaits what a decorated sync function returned, inside its action.
+
+    The effect of an awaitable (an ``async def __call__``, an async client's method called
+    without ``await``) happens when it is awaited, not when the function returns: the span
+    stays open, current in the awaitable's steps, and the outcome, the ``after`` crash
+    point and the journal's completion come after the await.
+    """
+    act._handed_over = True
+    context = contextvars.copy_context()  # the span is current here, and the session
+
+    async def finish() -> Any:
+        ending = act._ending
+        try:
+            try:
+                value = await _InContext(context, awaitable)
+            except BaseException as error:
+                if ending is not None:
+                    ending.raised(error)
+                raise
+            if record:
+                act.record(value)
+            if ending is not None:
+                ending.ok()
+            return value
+        finally:
+            act.span.end()
+
+    return finish()
 
 
 def _plan(
