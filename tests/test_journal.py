@@ -661,3 +661,25 @@ def test_a_callable_object_with_async_call_is_a_coroutine_function(journal: Sqli
 
     assert asyncio.run(run()) == asyncio.run(run()) == {"charged": 2400}
     assert calls == [2400]
+
+
+def test_a_block_in_a_generator_closed_early_is_journaled_as_completed(journal: SqliteJournal) -> None:
+    """``GeneratorExit`` ends the action normally: the journal says ``ok``, as the span does."""
+
+    def receipts() -> Any:
+        with action("p1", "payment") as act:  # no key: left `started`, it would be in doubt
+            if act.replayed:
+                yield from act.result
+                return
+            act.record(["receipt", "more"])
+            yield "receipt"
+            yield "more"
+
+    for _ in range(2):
+        restart()
+        with session("s-1", journal=journal):
+            stream = receipts()
+            assert next(stream) == "receipt"
+            stream.close()
+        entry = journal.get("s-1", "p1")
+        assert (entry.status, entry.outcome) == ("ok", ["receipt", "more"])

@@ -707,7 +707,7 @@ class _Ending:
             if self.entry is not None:
                 _journal_put(self.journal, dataclasses.replace(self.entry, status=sc.STATUS_ERROR))
         elif isinstance(error, GeneratorExit):  # the consumer of a generator stopped early: a normal end
-            pass
+            self.ok()
         else:
             _interrupted(self.act)
 
