@@ -288,6 +288,20 @@ def test_resource_sets_one_incarnation_per_process() -> None:
     assert other.stdout.strip() != incarnation()
 
 
+def test_the_incarnation_is_looked_up_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Resource.create`` runs every resource detector: not once per journaled action."""
+    from durable_sessions import instrument
+
+    created = []
+    real_create = instrument.Resource.create
+    monkeypatch.setattr(instrument, "_incarnation", None, raising=False)
+    monkeypatch.setattr(
+        instrument.Resource, "create", lambda *a, **k: created.append(1) or real_create(*a, **k)
+    )
+    assert incarnation() == incarnation() == incarnation()
+    assert created == [1]
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_forked_child_gets_a_fresh_incarnation() -> None:
     read, write = os.pipe()

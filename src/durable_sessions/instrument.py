@@ -171,11 +171,14 @@ def _identity_text(*parts: str) -> str:
 
 
 _INCARNATION = str(uuid.uuid4())
+_incarnation: str | None = None
+"""What :func:`incarnation` found in this process (None: not looked up yet)."""
 
 
 def _new_incarnation() -> None:
-    global _INCARNATION
+    global _INCARNATION, _incarnation
     _INCARNATION = str(uuid.uuid4())
+    _incarnation = None  # a forked child looks its own up (the SDK renews its id after a fork too)
 
 
 if hasattr(os, "register_at_fork"):
@@ -183,8 +186,16 @@ if hasattr(os, "register_at_fork"):
 
 
 def incarnation() -> str:
-    """This process start's ``service.instance.id``, as :func:`resource` sets it."""
-    return str(resource().attributes[sc.SERVICE_INSTANCE_ID])
+    """This process start's ``service.instance.id``, as :func:`resource` sets it.
+
+    Looked up once per process (and again in a forked child): ``Resource.create`` runs
+    every resource detector, too slow to repeat for each journaled action.
+    """
+    global _incarnation
+    found = _incarnation
+    if found is None:
+        found = _incarnation = str(resource().attributes[sc.SERVICE_INSTANCE_ID])
+    return found
 
 
 def resource(attributes: Mapping[str, Any] | None = None) -> Resource:
