@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import inspect
 import json
 import logging
 import multiprocessing
+import os
+import signal
 import sqlite3
+import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -683,3 +689,81 @@ def test_a_block_in_a_generator_closed_early_is_journaled_as_completed(journal: 
             stream.close()
         entry = journal.get("s-1", "p1")
         assert (entry.status, entry.outcome) == ("ok", ["receipt", "more"])
+
+
+# -- fork ------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_process_forked_while_another_thread_writes_can_use_the_journal(tmp_path: Path) -> None:
+    """A thread inside SQLite at the fork would leave SQLite's mutexes held in the child,
+    whose journal then hangs: the fork waits for the journal call under way instead."""
+    journal = SqliteJournal(tmp_path / "journal.db", timeout_s=3)
+    stop = threading.Event()
+
+    def write() -> None:
+        n = 0
+        while not stop.is_set():
+            journal.put(Entry("busy", f"a{n % 50}", "tool_call", "ok", result=b"1"))
+            n += 1
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    failed = []
+    try:
+        time.sleep(0.1)
+        for n in range(50):
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover (child)
+                signal.alarm(6)  # a child that hangs dies of SIGALRM
+                try:
+                    journal.put(Entry("child", f"c{n}", "payment", "started"))
+                    ok = journal.get("child", f"c{n}") is not None
+                except BaseException:
+                    ok = False
+                os._exit(0 if ok else 1)
+            _, status = os.waitpid(pid, 0)
+            if status != 0:
+                failed.append((n, status))
+                break
+    finally:
+        stop.set()
+        writer.join()
+    assert failed == []
+    assert len(journal.entries("child")) == 50
+
+
+def _open_files(directory: Path) -> dict[str, str]:
+    """This process's descriptors open on files in ``directory``: number → file name."""
+    found = {}
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith(str(directory)):
+                found[fd] = os.path.basename(target)
+    return found
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_a_forked_child_leaves_the_inherited_connection_open(journal: SqliteJournal) -> None:
+    """Closing a connection opened before the fork would close files, and release locks,
+    that the parent's connection uses: the child keeps it, unused, and opens its own."""
+    journal.put(Entry("s-1", "a1", "clock", "ok", 1))
+    inherited = _open_files(journal.path.parent)
+    assert "journal.db-wal" in inherited.values()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (child)
+        journal.put(Entry("s-1", "a2", "clock", "ok", 1))
+        gc.collect()
+        still = _open_files(journal.path.parent)
+        os.write(
+            write, b"kept" if all(still.get(fd) == name for fd, name in inherited.items()) else b"closed"
+        )
+        os._exit(0)
+    os.waitpid(pid, 0)
+    os.close(write)
+    answer = os.read(read, 10)
+    os.close(read)
+    assert answer == b"kept"
+    assert journal.get("s-1", "a2") is not None

@@ -42,10 +42,10 @@ import logging
 import os
 import sqlite3
 import threading
+import weakref
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from durable_sessions import forking
 from durable_sessions import semconv as sc
 from durable_sessions.digest import digest_bytes, outcome_json
 from durable_sessions.record import is_side_effecting
@@ -219,10 +219,50 @@ _UPSERT = (
 )
 
 
-def _reset_in_child(journal: SqliteJournal) -> None:
+# -- fork ----------------------------------------------------------------------------------
+#
+# A thread inside SQLite when another thread forks leaves SQLite's own mutexes held for
+# ever in the child, whose first connection then hangs. So each journal's lock is taken
+# before a fork and let go after it, in parent and child: no thread of this process is
+# inside one of its journals' calls at the fork (a fork waits for the call under way).
+# The child drops the connection it inherited without closing it: closing it would
+# release locks the parent's process holds on the file (SQLite's advice is to leave a
+# connection opened before a fork alone in the child), so it is kept, unused.
+
+_JOURNALS: weakref.WeakSet[SqliteJournal] = weakref.WeakSet()
+_held_at_fork: list[SqliteJournal] = []
+_inherited: list[sqlite3.Connection] = []
+"""Connections a forked child inherited: kept, never closed, never used."""
+
+
+def _before_fork() -> None:
+    global _held_at_fork
+    held = []
+    for journal in list(_JOURNALS):
+        journal._lock.acquire()
+        held.append(journal)
+    _held_at_fork = held
+
+
+def _after_fork_in_parent() -> None:
+    held = _held_at_fork
+    for journal in held:
+        journal._lock.release()
+
+
+def _after_fork_in_child() -> None:
     """A forked child takes a new lock and opens its own connection on first use."""
-    journal._lock = threading.Lock()
-    journal._connection = None
+    for journal in _held_at_fork:
+        if journal._connection is not None:
+            _inherited.append(journal._connection)
+        journal._connection = None
+        journal._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child
+    )
 
 
 class SqliteJournal:
@@ -230,7 +270,8 @@ class SqliteJournal:
 
     Every ``put`` is its own transaction, committed with ``synchronous = FULL`` before
     it returns: a write-ahead ``started`` entry is on disk before the side effect runs.
-    A forked child opens its own connection on first use.
+    A fork waits for a call under way in another thread; the forked child opens its own
+    connection on first use.
     """
 
     def __init__(
@@ -242,7 +283,7 @@ class SqliteJournal:
         """Opened to be read only (``mode=ro``): nothing is created, set or written."""
         self._lock = threading.Lock()
         self._connection: sqlite3.Connection | None = None
-        forking.after_fork(self, _reset_in_child)
+        _JOURNALS.add(self)
 
     def get(self, session_id: str, action_id: str) -> Entry | None:
         rows = self._query(f"{_SELECT} WHERE session_id = ? AND action_id = ?", (session_id, action_id))
