@@ -538,3 +538,54 @@ def test_interpreter_exit_without_shutdown(sender: str, exit_path: str) -> None:
     reported = [line for line in lines if line.startswith("found")]
     assert reported == (["found unresolved-side-effect"] if exit_path == "atexit" else [])
     assert "Traceback" not in done.stderr
+
+
+# -- how the checker ended, and where it imports the package from -----------------------------
+
+
+def test_a_checker_killed_by_a_signal_is_said_to_be(run: Run, caplog: pytest.LogCaptureFixture) -> None:
+    """Not "exit code None" (read before the process had exited) nor "exit code -9"."""
+    with caplog.at_level(logging.WARNING, logger="durable_sessions"):
+        os.kill(run.checker.pid, signal.SIGKILL)
+        assert wait_until(lambda: run.processor.internal_errors >= 1)
+    assert "it exited unexpectedly (killed by SIGKILL)" in caplog.text
+
+
+def test_the_checker_finds_a_package_imported_from_a_directory_put_on_sys_path(tmp_path: Path) -> None:
+    """A vendored copy (a directory added to ``sys.path`` at run time, as a zipapp or a
+    Lambda layer is), in an interpreter that does not have the package installed: the
+    checker process must import the same copy."""
+    bare = tmp_path / "bare"  # an interpreter with nothing installed
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    vendor = tmp_path / "vendor"  # the package and its dependencies, as `pip install --target` lays them out
+    vendor.mkdir()
+    site_packages = next(Path(p) for p in sys.path if p.endswith("site-packages") and Path(p).is_dir())
+    for entry in site_packages.iterdir():
+        if not entry.name.startswith(("durable_sessions", "__editable__", "_durable_sessions")):
+            (vendor / entry.name).symlink_to(entry)
+    (vendor / "durable_sessions").symlink_to(ROOT / "src" / "durable_sessions")
+    script = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(vendor)!r})
+        from opentelemetry.sdk.trace import TracerProvider
+        from durable_sessions.processor import DurabilitySpanProcessor
+        found = []
+        processor = DurabilitySpanProcessor(checking="process", mode="silent", on_violation=found.append)
+        provider = TracerProvider()
+        provider.add_span_processor(processor)
+        attributes = {{"session.id": "s", "agent.action.id": "p1", "agent.action.kind": "payment"}}
+        with provider.get_tracer("t").start_as_current_span("pay", attributes=attributes):
+            pass
+        flushed = processor.force_flush(20_000)
+        print(flushed, processor.checking, sorted({{v.rule for v in found}}), processor.internal_errors)
+        provider.shutdown()
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [str(bare / "bin" / "python"), "-c", script], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split(" ", 2)[:2] == ["True", "process"], done.stdout + done.stderr
+    assert "unkeyed-side-effect" in done.stdout and done.stdout.strip().endswith(" 0"), done.stdout

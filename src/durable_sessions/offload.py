@@ -327,6 +327,7 @@ class CheckerProcess:
             [sys.executable, "-m", "durable_sessions.offload", json.dumps(config)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
+            env=_checker_environment(),
         )
         stdin: IO[bytes] = self._process.stdin  # type: ignore[assignment]
         pipe = _file_id(stdin.fileno())
@@ -463,10 +464,24 @@ class CheckerProcess:
             self._fail("reading the checker process's findings", error)
             return
         if not self._closing:
-            code = self._process.poll()
-            self._fail("the checker process", RuntimeError(f"it exited unexpectedly (exit code {code})"))
+            self._fail(
+                "the checker process", RuntimeError(f"it exited unexpectedly ({self._how_it_ended()})")
+            )
         with self._answered:
             self._answered.notify_all()
+
+    def _how_it_ended(self) -> str:
+        """How the process ended, once its output closed: it may take a moment to exit."""
+        try:
+            code = self._process.wait(_EXIT_WAIT_S)
+        except subprocess.TimeoutExpired:
+            return "it closed its output and is still running"
+        if code >= 0:
+            return f"exit code {code}"
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
 
     def _receive(self, message: tuple) -> None:
         if message[0] == FOUND:
@@ -493,6 +508,31 @@ class CheckerProcess:
         self._on_error(where, error)
         with self._answered:
             self._answered.notify_all()
+
+
+_EXIT_WAIT_S = 1.0
+"""How long the reader waits for the exit code of a checker whose output closed."""
+
+
+def _checker_environment() -> dict[str, str] | None:
+    """The checker process's environment: this one, with the directory this package was
+    imported from first on ``PYTHONPATH`` when a new interpreter would not find it there
+    (a vendored copy, a zipapp, a layer added to ``sys.path`` at run time). None (this
+    environment as it is) when the package is in a site-packages directory, which must
+    not go ahead of the standard library."""
+    import site
+
+    package = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(package)
+    try:
+        sites = [*site.getsitepackages(), site.getusersitepackages()]
+    except AttributeError:  # a virtualenv's old site module
+        sites = []
+    if any(os.path.abspath(directory) == root for directory in sites):
+        return None
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    return env
 
 
 def _can_marshal(message: tuple) -> bool:
