@@ -403,7 +403,10 @@ def test_a_journal_that_is_not_sqlite_fails_open(tmp_path: Path, caplog: pytest.
         session("s-1", journal=SqliteJournal(path)),
     ):
         assert action("a1", "llm_call")(lambda: 7)() == 7
-    assert "journal" in caplog.text
+    read, *written = [record.getMessage() for record in caplog.records]
+    assert read.startswith(f"could not read action 'a1' from the journal {path} (")  # no doubled prefix
+    assert written and all(line.startswith("could not write action 'a1' (") for line in written)
+    assert all(f"to the journal {path} (" in line for line in written)
 
 
 def test_entries_list_a_session_in_order(journal: SqliteJournal) -> None:

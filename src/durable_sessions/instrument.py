@@ -772,7 +772,7 @@ def _plan(
         raise
     except Exception as error:
         logger.error(
-            "durable_sessions: could not read action %r from the journal (%s); it runs", action_id, error
+            "could not read action %r from the journal %s (%s); it runs", action_id, _where(journal), error
         )
         return RUN_FIRST
 
@@ -824,11 +824,18 @@ def _journal_put(journal: Journal | None, entry: Entry) -> None:
         journal.put(entry)
     except Exception as error:
         logger.error(
-            "durable_sessions: could not write action %r (%s) to the journal (%s)",
+            "could not write action %r (%s) to the journal %s (%s)",
             entry.action_id,
             entry.status,
+            _where(journal),
             error,
         )
+
+
+def _where(journal: Journal) -> str:
+    """The journal as a log line names it: its file, when it has one."""
+    path = getattr(journal, "path", None)
+    return str(path) if path is not None else repr(journal)
 
 
 _RUNNING: contextvars.ContextVar[tuple[tuple[action, Any, Action], ...]] = contextvars.ContextVar(
