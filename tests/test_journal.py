@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import datetime
+import enum
 import gc
 import inspect
 import json
 import logging
+import math
 import multiprocessing
 import os
 import signal
@@ -770,3 +774,55 @@ def test_a_forked_child_leaves_the_inherited_connection_open(journal: SqliteJour
     os.close(read)
     assert answer == b"kept"
     assert journal.get("s-1", "a2") is not None
+
+
+def test_replayed_outcomes_are_converted_as_recovery_md_lists(journal: SqliteJournal) -> None:
+    """docs/recovery.md lists what a replay gives back for each type that is not JSON's own."""
+
+    class Colour(enum.Enum):
+        RED = "red"
+
+    class Text(str):
+        pass
+
+    @dataclasses.dataclass
+    class Booking:
+        ref: str
+        when: datetime.date
+
+    recorded = {
+        "tuple": (1, (2,)),
+        "keys": {2: "a", 1.5: "b", True: "c", None: "d", datetime.date(2026, 1, 2): "e"},
+        "datetime": datetime.datetime(2026, 1, 2, 3, 4, 5),
+        "aware": datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.UTC),
+        "date": datetime.date(2026, 1, 2),
+        "time": datetime.time(3, 4, 5),
+        "uuid": uuid.UUID(int=5),
+        "enum": Colour.RED,
+        "dataclass": Booking("B1", datetime.date(2026, 1, 2)),
+        "subclass": Text("plain"),
+        "exact": [2**80, -0.0, 0.1, "naïve ✓"],
+    }
+    replayed = {
+        "tuple": [1, [2]],
+        "keys": {"2": "a", "1.5": "b", "true": "c", "null": "d", "2026-01-02": "e"},
+        "datetime": "2026-01-02T03:04:05",
+        "aware": "2026-01-02T03:04:05+00:00",
+        "date": "2026-01-02",
+        "time": "03:04:05",
+        "uuid": "00000000-0000-0000-0000-000000000005",
+        "enum": "red",
+        "dataclass": {"ref": "B1", "when": "2026-01-02"},
+        "subclass": "plain",
+        "exact": [2**80, -0.0, 0.1, "naïve ✓"],
+    }
+    for _ in range(2):
+        restart()
+        with session("s-1", journal=journal):
+            got = {
+                name: action(name, "llm_call")(lambda value=value: value)()
+                for name, value in recorded.items()
+            }
+    assert got == replayed
+    assert type(got["subclass"]) is str and math.copysign(1, got["exact"][1]) == -1
+    assert all(journal.get("s-1", name).status == "ok" for name in recorded)
