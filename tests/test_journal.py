@@ -46,10 +46,11 @@ def _own_incarnation(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def restart() -> None:
-    """From here on, this test is the next process of the agent: what the journal tells
-    processes apart by is the incarnation (``service.instance.id``) in its entries."""
+    """From here on, this test is the next process of the agent: a new incarnation
+    (``service.instance.id``) for its spans and entries, and nothing journaled here yet."""
     fresh = str(uuid.uuid4())
     instrument.incarnation = lambda: fresh  # type: ignore[assignment]
+    instrument._journaled_here.clear()
 
 
 class Agent:
@@ -826,3 +827,64 @@ def test_replayed_outcomes_are_converted_as_recovery_md_lists(journal: SqliteJou
     assert got == replayed
     assert type(got["subclass"]) is str and math.copysign(1, got["exact"][1]) == -1
     assert all(journal.get("s-1", name).status == "ok" for name in recorded)
+
+
+FIXED_INSTANCE_AGENT = """
+import os, sys
+from pathlib import Path
+from durable_sessions.instrument import action, session
+from durable_sessions.journal import ActionInDoubt, SqliteJournal
+
+state = Path(sys.argv[1])
+def ran(name):
+    with open(state / name, "a") as runs:
+        runs.write("x")
+
+@action("q1", "user_prompt")
+def ask():
+    ran("asked")
+    return {"budget": 2400}
+
+@action("p1", "payment")
+def pay():
+    ran("charged")
+    if sys.argv[2] == "die":
+        os._exit(9)  # killed inside the payment: it may or may not have gone through
+    return {"charge": "ch_1"}
+
+with session("s-1", journal=SqliteJournal(str(state / "journal.db"))):
+    assert ask() == {"budget": 2400}
+    try:
+        pay()
+    except ActionInDoubt:
+        print("in doubt")
+"""
+
+
+def test_a_restart_with_the_same_service_instance_id_is_still_recovered(tmp_path: Path) -> None:
+    """The journal tells its own process's entries from a dead one's by what this process
+    journaled, not by the incarnation: a service.instance.id derived from a pod's name
+    (as OpenTelemetry recommends on Kubernetes) stays the same across container restarts,
+    and the next process would have asked again and charged again."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "agent.py"
+    script.write_text(FIXED_INSTANCE_AGENT)
+    env = {**os.environ, "OTEL_RESOURCE_ATTRIBUTES": "service.instance.id=pod-7"}
+    first = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), "die"], env=env, timeout=60, check=False
+    )
+    assert first.returncode == 9
+    second = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), "live"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert second.returncode == 0, second.stderr
+    assert (tmp_path / "asked").read_text() == "x"  # replayed, not asked again
+    assert (tmp_path / "charged").read_text() == "x"  # in doubt, not charged again
+    assert second.stdout.strip() == "in doubt"

@@ -175,10 +175,36 @@ _incarnation: str | None = None
 """What :func:`incarnation` found in this process (None: not looked up yet)."""
 
 
+_journaled_here: dict[tuple[str, str], None] = {}
+"""The (session, action) pairs this process journaled, the most recent last: what
+:func:`~durable_sessions.journal.plan` is told was written here, not left by a process
+that died. Held for the last :data:`JOURNALED_HERE_LIMIT` actions; an id used again
+after that many others is replayed, as an earlier process's would be."""
+_journaled_here_lock = threading.Lock()
+JOURNALED_HERE_LIMIT = 65_536
+
+
+def _remember_journaled(session_id: str, action_id: str) -> None:
+    key = (session_id, action_id)
+    with _journaled_here_lock:
+        _journaled_here.pop(key, None)
+        _journaled_here[key] = None
+        if len(_journaled_here) > JOURNALED_HERE_LIMIT:
+            del _journaled_here[next(iter(_journaled_here))]
+
+
+def _was_journaled_here(session_id: str, action_id: str) -> bool:
+    with _journaled_here_lock:
+        return (session_id, action_id) in _journaled_here
+
+
 def _new_incarnation() -> None:
-    global _INCARNATION, _incarnation
+    global _INCARNATION, _incarnation, _journaled_here_lock
     _INCARNATION = str(uuid.uuid4())
     _incarnation = None  # a forked child looks its own up (the SDK renews its id after a fork too)
+    # A forked child is a process of its own: what its parent journaled is left to recover.
+    _journaled_here_lock = threading.Lock()
+    _journaled_here.clear()
 
 
 if hasattr(os, "register_at_fork"):
@@ -611,7 +637,7 @@ class action:
         in_doubt: ActionInDoubt | None = None
         this_process = incarnation() if journal is not None else None
         try:
-            step = _plan(journal, session_id, action_id, self.kind, self.fields, this_process)
+            step = _plan(journal, session_id, action_id, self.kind, self.fields)
         except ActionInDoubt as error:
             step, in_doubt = Plan("skip"), error
         attributes = self._attributes(action_id, session_id, step)
@@ -651,6 +677,7 @@ class action:
                     # effect cut short is known to be in doubt, and a crash loop is counted.
                     if journal_entry is not None:
                         _journal_put(journal, journal_entry)
+                        _remember_journaled(journal_entry.session_id, journal_entry.action_id)
                     boundary = crash.before()
                 else:
                     _served(act, step)
@@ -760,14 +787,14 @@ def _plan(
     action_id: str,
     kind: str,
     fields: dict[str, Any],
-    this_process: str | None,
 ) -> Plan:
     """The journal's plan for the action; a journal that cannot be read is logged and
     the action runs (fail open), unless it is in doubt (:class:`ActionInDoubt` propagates)."""
     if journal is None or session_id is None:
         return RUN_FIRST
     try:
-        return plan(journal.get(session_id, action_id), kind, fields, incarnation=this_process)
+        written_here = _was_journaled_here(session_id, action_id)
+        return plan(journal.get(session_id, action_id), kind, fields, written_here=written_here)
     except (ActionInDoubt, AttemptsExhausted):
         raise
     except Exception as error:

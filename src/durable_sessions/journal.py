@@ -26,9 +26,8 @@ After a crash, the same code in a new process replays instead of re-running:
   :class:`ActionInDoubt` is raised instead of repeating the effect, and
   :meth:`SqliteJournal.resolve` or :meth:`SqliteJournal.discard` settles it.
 
-Entries hold the incarnation (``service.instance.id``) of the process that wrote them.
-What this process wrote itself is nothing to recover: an action id used again in the
-same process runs (see :func:`plan`).
+What this process journaled itself is nothing to recover: an action id used again in
+the same process runs (see :func:`plan`).
 
 The journal holds results in full, since replay must return them: it is the agent's own
 state, kept beside the agent, not the sidecar's (which keeps digests only).
@@ -158,11 +157,13 @@ def is_side_effect(kind: str, fields: dict[str, Any]) -> bool:
     return is_side_effecting({**fields, "kind": kind})
 
 
-def plan(entry: Entry | None, kind: str, fields: dict[str, Any], *, incarnation: str | None = None) -> Plan:
+def plan(entry: Entry | None, kind: str, fields: dict[str, Any], *, written_here: bool = False) -> Plan:
     """Decide from the journal's entry (``None``: never seen) what to do with an action.
 
-    ``incarnation`` is this process's (:func:`durable_sessions.instrument.incarnation`).
-    An entry this process wrote itself is nothing to recover: the action id is used
+    ``written_here``: this process journaled the action itself (the instrumentation
+    remembers which it did; an incarnation cannot tell, since a ``service.instance.id``
+    may stay the same across restarts, as one derived from a pod's name does). An entry
+    this process wrote itself is nothing to recover: the action id is used
     again in the same process (an agent bug, or a retry), and the action runs. One it
     completed runs unjournaled, so the journal keeps the first outcome; one still
     ``started`` here (in flight, or interrupted and caught) runs as the next attempt,
@@ -174,7 +175,7 @@ def plan(entry: Entry | None, kind: str, fields: dict[str, Any], *, incarnation:
     """
     if entry is None:
         return RUN_FIRST
-    ours = incarnation is not None and entry.incarnation == incarnation
+    ours = written_here
     if ours and entry.status == sc.STATUS_OK:
         return Plan("run", 1, entry, journaled=False)
     if entry.status == sc.STATUS_OK and (entry.is_recorded or is_side_effect(kind, fields)):
