@@ -9,6 +9,7 @@ A body is framed strictly (RFC 9112 section 6): one Content-Length of ASCII digi
 ``Transfer-Encoding: chunked`` alone; anything ambiguous (both headers, differing lengths,
 other transfer codings, a malformed chunk) is refused and closes the connection, so that
 no proxy in front can be made to see a different request boundary than this server.
+Header lines are checked as received, for the same reason (:func:`header_problem`).
 Every connection is bounded in time by :data:`IDLE_TIMEOUT_S`, :data:`HEADER_TIMEOUT_S`,
 :data:`STALL_TIMEOUT_S` and :data:`BODY_TIMEOUT_S`: a thread serves each connection, and a
 client that goes quiet (or trickles) must not hold one forever. The connections served at
@@ -36,6 +37,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from durable_sessions_collector import __version__, jsontext
 from durable_sessions_collector.jsonlog import JsonLog
+from durable_sessions_collector.quote import quoted
 
 DRAIN_LIMIT = 256 * 1024 * 1024
 CHUNK = 1024 * 1024
@@ -71,6 +73,9 @@ SLOT_WAIT_S = 0.05
 the port is stopping (it is also ``serve_forever``'s poll interval)."""
 
 _CHUNK_SIZE_LINE = re.compile(rb"([0-9A-Fa-f]{1,16})[ \t]*(?:;[^\r\n]*)?\r?\n")
+# A header line (RFC 9110 section 5.1, RFC 9112 section 5): a token, the colon at once,
+# then a value without CR or NUL; the line ends in CRLF (or LF).
+_FIELD_LINE = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):([^\r\n\x00]*)\r?\n")
 _DIGITS = re.compile(r"[0-9]+")
 
 
@@ -122,6 +127,50 @@ def body_length(headers: Any) -> int | None:
     if not _DIGITS.fullmatch(text):
         raise BodyError(f"Content-Length {text!r} is not a byte count")
     return int(text)
+
+
+def header_problem(lines: list[bytes]) -> str | None:
+    """Why a request's header section (its lines as received, up to the blank line) must
+    be refused with 400, or None.
+
+    The stdlib parses headers with the email package, which takes the first line it cannot
+    read as the end of the headers and drops that line and every one after it without a
+    word: ``Content-Length : 39`` left a body of 0 bytes, and the 39 bytes were served as
+    the next request, while a proxy in front may have framed the body by them (RFC 9112
+    section 5.1: such a request MUST be refused). It also splits lines at a bare CR, which a
+    proxy reads as part of a value, and joins a folded line to the one above it.
+    """
+    for line in lines:
+        if line in (b"\r\n", b"\n"):
+            return None
+        if _FIELD_LINE.fullmatch(line):
+            continue
+        text = line.rstrip(b"\r\n").decode("latin-1")
+        name, colon, _ = text.partition(":")
+        if line[:1] in (b" ", b"\t"):
+            return f"header line {quoted(text)} is folded onto the one above (obsolete, RFC 9112 section 5.2)"
+        if not colon:
+            return f"header line {quoted(text)} has no colon"
+        if not _FIELD_LINE.fullmatch(name.encode("latin-1") + b":\r\n"):
+            return (
+                f"header field name {quoted(name)} is not a token: no whitespace (before the "
+                "colon either), control characters or separators (RFC 9110 section 5.1)"
+            )
+        return f"header field {quoted(name)} has a CR or NUL in its value"
+    return None
+
+
+class _LineRecorder:
+    """A readline-only view of ``rfile`` that keeps the lines read through it."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.lines: list[bytes] = []
+
+    def readline(self, limit: int = -1) -> bytes:
+        line = self.stream.readline(limit)
+        self.lines.append(line)
+        return line
 
 
 @dataclass
@@ -357,7 +406,15 @@ class HttpServer:
                 super().handle_one_request()
 
             def parse_request(self) -> bool:
-                parsed = super().parse_request()
+                recorder = _LineRecorder(self.rfile)
+                self.rfile = recorder  # type: ignore[assignment]
+                try:
+                    parsed = super().parse_request()
+                finally:
+                    self.rfile = recorder.stream
+                if parsed and (problem := header_problem(recorder.lines)) is not None:
+                    self.send_error(400, problem)
+                    return False
                 # The headers are in; the body, if any, has a deadline of its own.
                 self.reader.deadline = time.monotonic() + self.body_timeout_s
                 self.reader.late = "request body not received in time"

@@ -358,6 +358,36 @@ def test_valid_framing_variants_are_served_in_order_on_one_connection(sidecar) -
     assert [a["action_id"] for a in sidecar.session("framing")["actions"]] == ["c1", "c2"]
 
 
+SMUGGLING_HEAD = b"POST /v1/traces HTTP/1.1\r\nHost: sidecar\r\nContent-Type: application/json\r\n%s\r\n"
+
+
+@pytest.mark.parametrize(
+    ("field_lines", "message"),
+    [
+        (b"Content-Length : %d\r\n", "header field name 'Content-Length ' is not a token"),
+        (b"Content-Length\t: %d\r\n", "header field name 'Content-Length\\t' is not a token"),
+        (b"Content\x01Length: %d\r\n", "header field name 'Content\\x01Length' is not a token"),
+        (b"Content-Length %d\r\n", "has no colon"),
+        (b"X-Before: 1\r\n Content-Length: %d\r\n", "is folded onto the one above"),
+        (b"X-Before: 1\rContent-Length: %d\r\n", "header field 'X-Before' has a CR or NUL in its value"),
+    ],
+    ids=["space-before-colon", "tab-before-colon", "control-in-name", "no-colon", "obs-fold", "bare-cr"],
+)
+def test_a_malformed_header_line_is_refused_and_closes_the_connection(sidecar, field_lines, message) -> None:  # type: ignore[no-untyped-def]
+    # RFC 9112 section 5.1. The stdlib's parser ended the headers at a line it could not
+    # read and dropped it: the body (a whole request, for a proxy that framed it by that
+    # Content-Length) was then answered as a second request.
+    head = SMUGGLING_HEAD % (field_lines % len(SMUGGLED))
+    with connect(sidecar) as sock:
+        sock.sendall(head + SMUGGLED)
+        data, closed = read_until_closed(sock, 5)
+    assert closed
+    [(status, headers, body)] = responses(data)
+    assert (status, headers["connection"]) == (400, "close")
+    assert message in json.loads(body)["error"]
+    assert_healthy(sidecar)
+
+
 # --- Expect: 100-continue ------------------------------------------------------------------------
 
 
