@@ -182,6 +182,9 @@ class Request:
     handler: BaseHTTPRequestHandler
     params: dict[str, str] = field(default_factory=dict)
     body_consumed: bool = False
+    # Reading the body failed (bad framing, over the limit, stalled): where it ends is not
+    # known, so it is not read again to discard it, and the connection is closed.
+    body_failed: bool = False
     # True when the caller may be told everything: no auth gate is configured, or the gate
     # accepted its credentials. False on a path the gate leaves open (GET /healthz) to a
     # caller without a valid token.
@@ -192,6 +195,13 @@ class Request:
 
     def read_body(self, limit: int) -> bytes:
         """The request body, at most ``limit`` bytes; raise BodyTooLarge or BodyError."""
+        try:
+            return self._read_body(limit)
+        except (BodyTooLarge, BodyError):
+            self.body_failed = True
+            raise
+
+    def _read_body(self, limit: int) -> bytes:
         length = body_length(self.headers)
         handler = self.handler
         if length is not None and length > limit:
@@ -272,6 +282,10 @@ class Request:
         """Read and drop an unwanted body (up to ``limit``) so the connection stays usable."""
         if self.body_consumed or getattr(self.handler, "continue_pending", False):
             return  # the client waits for 100 Continue: it has sent no body, and gets none
+        if self.body_failed:
+            # A second parse of a malformed chunked body waited on its next line until the
+            # stall timeout (30 s) before the 400 went out.
+            return
         with contextlib.suppress(BodyTooLarge, BodyError):
             self.read_body(limit)
 

@@ -388,6 +388,25 @@ def test_a_malformed_header_line_is_refused_and_closes_the_connection(sidecar, f
     assert_healthy(sidecar)
 
 
+@pytest.mark.parametrize(
+    ("body_start", "status"),
+    [(b"zz\r\n", 400), (b"-1\r\n", 400), (b"%x\r\n" % (64 * 1024 * 1024 + 1), 413)],
+    ids=["bad-chunk-size", "negative-chunk-size", "chunk-over-the-limit"],
+)
+def test_a_refused_chunked_body_is_answered_at_once(sidecar, body_start, status) -> None:  # type: ignore[no-untyped-def]
+    # The client sends nothing after the line refused. The body was parsed a second time to
+    # discard it, which waited on its next line until the stall timeout (30 s) before the
+    # answer went out.
+    with connect(sidecar) as sock:
+        sock.sendall(TE_HEAD % b"chunked" + body_start)
+        started = time.monotonic()
+        data, closed = read_until_closed(sock, 5)
+        took = time.monotonic() - started
+    assert closed and took < 1, took
+    [(got, headers, _)] = responses(data)
+    assert (got, headers["connection"]) == (status, "close")
+
+
 # --- Expect: 100-continue ------------------------------------------------------------------------
 
 
