@@ -41,6 +41,7 @@ from sidecar_clients import Agent, any_value, http_exporter
 
 JSON = "application/json"
 PROTOBUF = "application/x-protobuf"
+PROTOBUF_ALIAS = "application/protobuf"  # accepted too, and answered in it
 TRACE_ID = "5b8efff798038103d269b633813fc60c"
 SPAN_ID = "eee19b7ec3c1b174"
 
@@ -77,7 +78,7 @@ def strict_status(headers: http.client.HTTPMessage, data: bytes) -> status_pb2.S
     if headers["Content-Type"] == JSON:
         json_format.Parse(data, status)  # no ignore_unknown_fields: the shape must be a Status
     else:
-        assert headers["Content-Type"] == PROTOBUF
+        assert headers["Content-Type"] in (PROTOBUF, PROTOBUF_ALIAS)
         status.ParseFromString(data)
     return status
 
@@ -359,6 +360,21 @@ def test_protobuf_content_type_with_gzip_as_the_sdk_and_collector_send_it(sideca
     agent.action("proto-gzip", "sdk", "tool_call")
     agent.shutdown()
     assert sorted(a["action_id"] for a in actions(sidecar, "proto-gzip")) == ["g", "sdk"]
+
+
+def test_the_answer_has_the_requests_protobuf_content_type(sidecar) -> None:  # type: ignore[no-untyped-def]
+    # Spec, OTLP/HTTP Response: "The server MUST use the same Content-Type in the response as
+    # it received in the request". application/protobuf was answered application/x-protobuf.
+    for n, content_type in enumerate((PROTOBUF_ALIAS, PROTOBUF), 1):
+        status, headers, data = post(sidecar, proto_request("alias", content_type, n), content_type)
+        assert (status, headers["Content-Type"]) == (200, content_type)
+        assert not ExportTraceServiceResponse.FromString(data).HasField("partial_success")
+        status, headers, data = post(sidecar, b"\xff\xff\xff\xff\xff\x0f garbage", content_type)
+        assert (status, headers["Content-Type"]) == (400, content_type)
+        assert "not a valid protobuf" in status_pb2.Status.FromString(data).message
+        status, headers, data = post(sidecar, b"whatever", content_type, Content_Encoding="br")
+        assert (status, headers["Content-Type"]) == (415, content_type)
+    assert len(actions(sidecar, "alias")) == 2
 
 
 def test_empty_requests_succeed(sidecar) -> None:  # type: ignore[no-untyped-def]

@@ -1,8 +1,8 @@
 """The OTLP/HTTP receiver: ``POST /v1/traces``, binary protobuf or JSON, optionally
 compressed (every coding of the Collector's ``otlphttp`` exporter: :mod:`.content_encoding`).
 
-Answers, per the OTLP specification (the response uses the request's encoding; error
-bodies are a ``google.rpc.Status``):
+Answers, per the OTLP specification (the response has the request's Content-Type,
+``application/protobuf`` included; error bodies are a ``google.rpc.Status``):
 
 | situation | status | notes |
 |---|---|---|
@@ -38,8 +38,8 @@ PROTOBUF_TYPES = {"application/x-protobuf", "application/protobuf"}
 TRANSPORT = "http"
 
 
-def status_body(status: int, message: str, json_encoding: bool, retry_after_s: int | None = None) -> Response:
-    """A 4xx/5xx answer: a ``google.rpc.Status`` in the request's encoding. With
+def status_body(status: int, message: str, media_type: str, retry_after_s: int | None = None) -> Response:
+    """A 4xx/5xx answer: a ``google.rpc.Status`` in ``media_type``, the request's. With
     ``retry_after_s``, a delay spread above it (see :func:`spread_retry`), in whole
     seconds as ``Retry-After`` takes it, in the header and in ``RetryInfo``."""
     code = {400: code_pb2.INVALID_ARGUMENT, 413: code_pb2.RESOURCE_EXHAUSTED, 415: code_pb2.INVALID_ARGUMENT,
@@ -47,16 +47,18 @@ def status_body(status: int, message: str, json_encoding: bool, retry_after_s: i
     delay = None if retry_after_s is None else round(spread_retry(retry_after_s))
     message_pb = rpc_status(code, message, retry_after_s=delay, bad_request=status == 400)
     headers = {"Retry-After": str(delay)} if delay is not None else {}
-    return _encode(status, message_pb, json_encoding, headers)
+    return _encode(status, message_pb, media_type, headers)
 
 
 def _encode(
-    status: int, message: Message, json_encoding: bool, headers: dict[str, str] | None = None
+    status: int, message: Message, media_type: str, headers: dict[str, str] | None = None
 ) -> Response:
-    if json_encoding:
+    # OTLP/HTTP: "The server MUST use the same Content-Type in the response as it received
+    # in the request"; a client that sent application/protobuf may not take x-protobuf.
+    if media_type == JSON:
         body = json_format.MessageToJson(message, indent=None).encode("utf-8")
         return Response(status, body, JSON, headers or {})
-    return Response(status, message.SerializeToString(), PROTOBUF, headers or {})
+    return Response(status, message.SerializeToString(), media_type, headers or {})
 
 
 class HttpTraceReceiver:
@@ -78,56 +80,49 @@ class HttpTraceReceiver:
     def _handle(self, request: Request) -> Response:
         count = self.metrics.requests.labels
         media_type = request.header("Content-Type").split(";", 1)[0].strip().lower()
-        if media_type == JSON:
-            json_encoding = True
-        elif media_type in PROTOBUF_TYPES:
-            json_encoding = False
-        else:
+        json_encoding = media_type == JSON
+        if not json_encoding and media_type not in PROTOBUF_TYPES:
             count(TRANSPORT, "unsupported").inc()
             shown = media_type or "none"
-            return status_body(
-                415, f"unsupported Content-Type {shown!r}; send {PROTOBUF} or {JSON}", json_encoding=True
-            )
+            return status_body(415, f"unsupported Content-Type {shown!r}; send {PROTOBUF} or {JSON}", JSON)
         encoding = request.header("Content-Encoding").strip().lower()
         if encoding not in ("", "identity", *DECODERS):
             count(TRANSPORT, "unsupported").inc()
             return status_body(
                 415,
                 f"unsupported Content-Encoding {encoding!r}; send {', '.join(ENCODINGS)} or none",
-                json_encoding,
+                media_type,
             )
         try:
             raw = request.read_body(self.limit)
             body = decompress(raw, encoding, self.limit)
         except (BodyTooLarge, TooLarge) as error:
             count(TRANSPORT, "too_large").inc()
-            return status_body(413, str(error), json_encoding)
+            return status_body(413, str(error), media_type)
         except BodyError as error:
             count(TRANSPORT, "unsupported" if error.status == 501 else "invalid").inc()
             request.handler.close_connection = True
-            return status_body(error.status, str(error), json_encoding)  # 400, or 501 (transfer coding)
+            return status_body(error.status, str(error), media_type)  # 400, or 501 (transfer coding)
         except BadData as error:
             count(TRANSPORT, "invalid").inc()
-            return status_body(400, str(error), json_encoding)
+            return status_body(400, str(error), media_type)
         rejected: list[str] = []
         try:
             spans = (json_span_parts if json_encoding else protobuf_span_parts)(body, rejected)
         except BadData as error:
             count(TRANSPORT, "invalid").inc()
-            return status_body(400, str(error), json_encoding)
+            return status_body(400, str(error), media_type)
         try:
             outcome = self.receiver.export(spans, rejected, TRANSPORT)
         except Overloaded as error:
             count(TRANSPORT, "unavailable").inc()
-            return status_body(503, str(error), json_encoding, error.retry_after_s)
+            return status_body(503, str(error), media_type, error.retry_after_s)
         except Unavailable as error:
             count(TRANSPORT, "unavailable").inc()
-            return status_body(503, str(error), json_encoding, error.retry_after_s)
+            return status_body(503, str(error), media_type, error.retry_after_s)
         except Exception as error:
             self.log.error("export-failed", transport=TRANSPORT, error=f"{type(error).__name__}: {error}")
             count(TRANSPORT, "unavailable").inc()
-            return status_body(
-                503, "internal error in the sidecar (see its log); retry later", json_encoding, 1
-            )
+            return status_body(503, "internal error in the sidecar (see its log); retry later", media_type, 1)
         count(TRANSPORT, "partial" if outcome.rejected else "ok").inc()
-        return _encode(200, outcome.response(), json_encoding)
+        return _encode(200, outcome.response(), media_type)
