@@ -312,7 +312,12 @@ class Router:
         self.prefix: list[tuple[str, dict[str, Handler]]] = []
 
     def add(self, method: str, path: str, handler: Handler) -> None:
-        """Route ``method path``; a path ending in ``/*`` matches its prefix (rest in params['rest'])."""
+        """Route ``method path``; a path ending in ``/*`` matches its prefix (rest in params['rest']).
+
+        A handler with an ``error_response(request, status, message)`` method makes the
+        port's own error answers on its path (405, 500), for a protocol whose errors have
+        a body of their own (OTLP/HTTP: a ``google.rpc.Status``); elsewhere they are JSON,
+        ``{"error": message}``."""
         if path.endswith("/*"):
             prefix = path[:-1]
             for existing, methods in self.prefix:
@@ -530,16 +535,14 @@ class HttpServer:
                 response = Response(200, b"", headers={"Allow": _allowed(methods)})
             elif handler.command not in methods and not (handler.command == "HEAD" and "GET" in methods):
                 allowed = _allowed(methods)
-                response = Response.json(
-                    405,
-                    {"error": f"{handler.command} is not allowed on {parts.path}; use {allowed}"},
-                    Allow=allowed,
-                )
+                message = f"{handler.command} is not allowed on {parts.path}; use {allowed}"
+                response = _error(methods, request, 405, message)
+                response.headers["Allow"] = allowed
             else:
                 response = methods.get(handler.command, methods.get("GET"))(request)  # type: ignore[misc]
         except Exception as error:
             self.log.error("http-handler-failed", path=parts.path, error=f"{type(error).__name__}: {error}")
-            response = Response.json(500, {"error": "internal error; see the sidecar log"})
+            response = _error(methods, request, 500, "internal error; see the sidecar log")
         if not request.body_consumed:
             request.discard_body(self.body_limit)
         if not request.body_consumed and (
@@ -566,6 +569,14 @@ class HttpServer:
                 handler.wfile.write(response.body)
         except (BrokenPipeError, ConnectionResetError):
             handler.close_connection = True
+
+
+def _error(methods: dict[str, Handler] | None, request: Request, status: int, message: str) -> Response:
+    """The port's own error answer on a path: its handler's ``error_response``, else JSON."""
+    for handler in (methods or {}).values():
+        if (error_response := getattr(handler, "error_response", None)) is not None:
+            return error_response(request, status, message)  # type: ignore[no-any-return]
+    return Response.json(status, {"error": message})
 
 
 def _allowed(methods: dict[str, Handler]) -> str:

@@ -27,6 +27,7 @@ import json
 from typing import Any
 
 import pytest
+from durable_sessions_collector.otlp import http_receiver
 from durable_sessions_collector.store.stored import hidden
 from google.protobuf import json_format
 from google.rpc import code_pb2, error_details_pb2, status_pb2
@@ -535,8 +536,30 @@ def test_methods_other_than_post_are_405_with_allow(sidecar, method) -> None:  #
     # Spec, OTLP/HTTP Request: "Telemetry data is sent via HTTP POST request"; RFC 9110
     # section 15.5.6: a 405 "MUST generate an Allow header field". (The Collector's own
     # receiver answers 405 with a text/plain body too.)
-    status, headers, _ = post(sidecar, b"{}", JSON, method=method)
-    assert status == 405 and headers["Allow"] == "OPTIONS, POST"
+    # Spec, Failures: "The response body for all HTTP 4xx and HTTP 5xx responses MUST be a
+    # Protobuf-encoded Status message" (in JSON for a JSON request); it was {"error": ...}.
+    for content_type in (JSON, PROTOBUF_ALIAS, None):
+        status, headers, data = post(sidecar, b"{}" if content_type else b"", content_type, method=method)
+        assert status == 405 and headers["Allow"] == "OPTIONS, POST"
+        assert headers["Content-Type"] == content_type or JSON
+        answer = strict_status(headers, data)
+        assert answer.code == code_pb2.UNIMPLEMENTED
+        assert answer.message == f"{method} is not allowed on /v1/traces; use OPTIONS, POST"
+
+
+def test_an_internal_error_on_v1_traces_is_a_500_with_a_status(sidecar, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # A bug in the receiver (here a decoder that fails) is answered by the HTTP port, not the
+    # receiver; on the OTLP path that answer is a Status too.
+    def broken(*_: Any) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(http_receiver, "json_span_parts", broken)
+    status, headers, data = post(sidecar, json_request(json_span("bug", "b")), JSON)
+    assert (status, headers["Content-Type"]) == (500, JSON)
+    answer = strict_status(headers, data)
+    assert (answer.code, answer.message) == (code_pb2.INTERNAL, "internal error; see the sidecar log")
+    [line] = [line for line in sidecar.log.lines() if line["event"] == "http-handler-failed"]
+    assert line["error"] == "RuntimeError: a bug"
 
 
 @pytest.mark.parametrize("path", ["/v1/traces/", "/v1/logs", "/v1/metrics", "/v1/trace"])

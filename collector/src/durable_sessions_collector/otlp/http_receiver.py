@@ -14,6 +14,7 @@ Answers, per the OTLP specification (the response has the request's Content-Type
 | body over ``max_request_bytes`` (after decompression) | 413 | decompression stops at the limit |
 | ``Content-Type`` not protobuf/JSON, unknown ``Content-Encoding`` | 415 | |
 | write queue full, store failure | 503 | ``Retry-After`` seconds, ``RetryInfo`` in the Status |
+| a method other than POST | 405 | ``Allow``; the Status in JSON unless the request says protobuf |
 """
 
 from __future__ import annotations
@@ -42,8 +43,9 @@ def status_body(status: int, message: str, media_type: str, retry_after_s: int |
     """A 4xx/5xx answer: a ``google.rpc.Status`` in ``media_type``, the request's. With
     ``retry_after_s``, a delay spread above it (see :func:`spread_retry`), in whole
     seconds as ``Retry-After`` takes it, in the header and in ``RetryInfo``."""
-    code = {400: code_pb2.INVALID_ARGUMENT, 413: code_pb2.RESOURCE_EXHAUSTED, 415: code_pb2.INVALID_ARGUMENT,
-            501: code_pb2.UNIMPLEMENTED, 503: code_pb2.UNAVAILABLE}.get(status, code_pb2.UNKNOWN)  # fmt: skip
+    code = {400: code_pb2.INVALID_ARGUMENT, 405: code_pb2.UNIMPLEMENTED, 413: code_pb2.RESOURCE_EXHAUSTED,
+            415: code_pb2.INVALID_ARGUMENT, 500: code_pb2.INTERNAL, 501: code_pb2.UNIMPLEMENTED,
+            503: code_pb2.UNAVAILABLE}.get(status, code_pb2.UNKNOWN)  # fmt: skip
     delay = None if retry_after_s is None else round(spread_retry(retry_after_s))
     message_pb = rpc_status(code, message, retry_after_s=delay, bad_request=status == 400)
     headers = {"Retry-After": str(delay)} if delay is not None else {}
@@ -76,6 +78,13 @@ class HttpTraceReceiver:
             return self._handle(request)
         finally:
             self.metrics.export_latency.labels(TRANSPORT).observe(time.perf_counter() - start)
+
+    def error_response(self, request: Request, status: int, message: str) -> Response:
+        """The HTTP port's own error answers on this path (405, 500): the OTLP specification
+        wants a ``google.rpc.Status`` for every 4xx and 5xx there, in the request's
+        encoding (JSON when it has none, as a GET has not)."""
+        media_type = request.header("Content-Type").split(";", 1)[0].strip().lower()
+        return status_body(status, message, media_type if media_type in PROTOBUF_TYPES else JSON)
 
     def _handle(self, request: Request) -> Response:
         count = self.metrics.requests.labels
