@@ -213,9 +213,19 @@ def test_query_parameters_are_validated(sidecar) -> None:  # type: ignore[no-unt
     assert status == 200 and [s["session_id"] for s in document["sessions"]] == ["bad"]
     status, document = sidecar.get("/api/sessions?verdict=ok&limit=1")
     assert status == 200 and [s["session_id"] for s in document["sessions"]] == ["good"]
-    # The last of repeated parameters wins.
-    status, document = sidecar.get("/api/sessions?verdict=ok&verdict=unrecoverable")
-    assert status == 200 and [s["session_id"] for s in document["sessions"]] == ["bad"]
+    # A repeated argument is refused: one of the values was used, the other ignored unsaid.
+    for path, name in (
+        ("/api/sessions?verdict=ok&verdict=unrecoverable", "verdict"),
+        ("/api/sessions?limit=1&verdict=ok&limit=1", "limit"),
+        ("/api/sessions?page_token=&page_token=", "page_token"),
+        ("/api/sessions/bad?actions_limit=1&actions_limit=2", "actions_limit"),
+        ("/api/sessions/bad?violations_page_token=&violations_page_token=", "violations_page_token"),
+    ):
+        status, document = sidecar.get(path)
+        assert (status, document["error"]) == (
+            400,
+            f"argument '{name}' is given more than once; give it once",
+        )
     # An unknown or blank one is refused: a misspelt verdit=ok, or verdict=, listed every session.
     for path, error in (
         ("/api/sessions?verdit=ok", "unknown argument 'verdit'; this path takes verdict, limit, page_token"),

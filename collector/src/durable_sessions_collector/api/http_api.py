@@ -46,8 +46,8 @@ class HttpApi:
         router.add("GET", "/metrics", self.metrics_page)
 
     def list_sessions(self, request: Request) -> Response:
-        if (unknown := unknown_arguments(request, LIST_ARGUMENTS)) is not None:
-            return unknown
+        if (refused := argument_error(request, LIST_ARGUMENTS)) is not None:
+            return refused
         verdict = (request.query.get("verdict") or [None])[-1]
         if verdict is not None and verdict not in VERDICTS:
             return Response.json(
@@ -68,8 +68,8 @@ class HttpApi:
 
     def get_session(self, request: Request) -> Response:
         session_id = request.params["rest"]
-        if (unknown := unknown_arguments(request, DETAIL_ARGUMENTS)) is not None:
-            return unknown
+        if (refused := argument_error(request, DETAIL_ARGUMENTS)) is not None:
+            return refused
         actions_size = page_size(request, "actions_limit", DEFAULT_DETAIL_PAGE, MAX_DETAIL_PAGE)
         if isinstance(actions_size, Response):
             return actions_size
@@ -121,15 +121,21 @@ LIST_ARGUMENTS = ("verdict", "limit", "page_token")
 DETAIL_ARGUMENTS = ("actions_limit", "actions_page_token", "violations_limit", "violations_page_token")
 
 
-def unknown_arguments(request: Request, known: tuple[str, ...]) -> Response | None:
-    """The 400 answer naming a query parameter that ``known`` lacks, if there is one: a
-    misspelt ``verdit=ok`` was ignored, and every session listed."""
+def argument_error(request: Request, known: tuple[str, ...]) -> Response | None:
+    """The 400 answer naming a query parameter that ``known`` lacks (a misspelt
+    ``verdit=ok`` was ignored, and every session listed) or one given more than once
+    (``verdict=ok&verdict=at_risk`` was answered for one of them), if there is one."""
     unknown = sorted(set(request.query) - set(known))
-    if not unknown:
-        return None
-    return Response.json(
-        400, {"error": f"unknown argument {quoted(unknown[0])}; this path takes {', '.join(known)}"}
-    )
+    if unknown:
+        return Response.json(
+            400, {"error": f"unknown argument {quoted(unknown[0])}; this path takes {', '.join(known)}"}
+        )
+    repeated = sorted(name for name, values in request.query.items() if len(values) > 1)
+    if repeated:
+        return Response.json(
+            400, {"error": f"argument {quoted(repeated[0])} is given more than once; give it once"}
+        )
+    return None
 
 
 def page_size(request: Request, name: str, default: int, maximum: int) -> int | Response:
