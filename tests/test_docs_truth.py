@@ -928,7 +928,7 @@ def test_otel_config_exporter_timeout_exceeds_ack_timeout() -> None:
 
     config = yaml.safe_load(read(ROOT / "otel-config.yaml"))
     exporter = config["exporters"]["otlp_grpc/durable_sessions"]
-    assert float(exporter["timeout"].rstrip("s")) > Config().pipeline_ack_timeout_s == 30.0
+    assert float(exporter["timeout"].rstrip("s")) > Config().pipeline_ack_timeout_s == 5.0
     assert exporter["retry_on_failure"]["max_elapsed_time"] == 0
     assert exporter["sending_queue"]["storage"] in config["service"]["extensions"]
     assert exporter["endpoint"] == "127.0.0.1:4319"

@@ -452,8 +452,9 @@ OPTIONS: tuple[Option, ...] = (
            "each refusal gets between this and twice this, at random"),
     Option("pipeline.max_batch", "DURABLE_SESSIONS_MAX_BATCH", _positive_int, 64,
            "most Export requests committed in one store transaction"),
-    Option("pipeline.ack_timeout_s", "DURABLE_SESSIONS_ACK_TIMEOUT_S", _positive_number, 30.0,
-           "longest a receiver waits for its records to be committed before answering UNAVAILABLE"),
+    Option("pipeline.ack_timeout_s", "DURABLE_SESSIONS_ACK_TIMEOUT_S", _positive_number, 5.0,
+           "longest a receiver waits for its records to be committed before answering UNAVAILABLE "
+           "(retryable; below the OpenTelemetry SDK exporters' 10 s timeout, so they are answered)"),
     Option("store", "DURABLE_SESSIONS_STORE", _store_url, "sqlite:///durable-sessions.db",
            "where sessions are kept: sqlite:///PATH (relative path) or sqlite:////abs/path; or "
            "postgresql://USER@HOST:PORT/DB[?schema=NAME] shared by several replicas (password never logged)",
@@ -537,7 +538,7 @@ class Config:
     pipeline_queue_size: int = 64
     pipeline_retry_after_s: int = 1
     pipeline_max_batch: int = 64
-    pipeline_ack_timeout_s: float = 30.0
+    pipeline_ack_timeout_s: float = 5.0
     store: str = "sqlite:///durable-sessions.db"
     retention_sessions_s: float = 0.0
     evaluation_idle_s: float = 30.0

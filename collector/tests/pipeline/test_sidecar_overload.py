@@ -8,6 +8,7 @@ import http.client
 import json
 import sqlite3
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -232,3 +233,77 @@ def test_clients_refused_together_are_told_different_delays(start_sidecar, tmp_p
     for future in held:
         future.result()
     channel.close()
+
+
+def test_a_locked_store_is_answered_unavailable_before_an_sdk_exporter_gives_up(
+    start_sidecar, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    # The OpenTelemetry SDK exporters give up on an Export after 10 s. While another process
+    # held the store's write lock, the sidecar answered only when pipeline.ack_timeout_s,
+    # then 30 s, ran out: every client had gone by then, none was told to retry. With the
+    # default of 5 s it is answered UNAVAILABLE / 503 with a retry delay in time, and an
+    # Export whose records commit once the lock is gone is stored once when retried.
+    sidecar = start_sidecar()  # pipeline.ack_timeout_s at its default
+    raw_http, raw_grpc, sdk_http, sdk_grpc = batches("locked", count=4, size=3)
+    http_body, grpc_body = (encode_spans(batch).SerializeToString() for batch in (raw_http, raw_grpc))
+    channel = grpc.insecure_channel(sidecar.grpc_endpoint)
+    call = channel.unary_unary(
+        EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString
+    )
+
+    def post(body: bytes):  # type: ignore[no-untyped-def]
+        connection = http.client.HTTPConnection("127.0.0.1", sidecar.service.http_port, timeout=60)
+        connection.request("POST", "/v1/traces", body=body, headers={"Content-Type": PROTOBUF})
+        response = connection.getresponse()
+        answer = (response.status, response.headers, response.read())
+        connection.close()
+        return answer
+
+    def timed(function, *args):  # type: ignore[no-untyped-def]
+        started = time.monotonic()
+        try:
+            return function(*args), time.monotonic() - started
+        except grpc.RpcError as error:
+            return error, time.monotonic() - started
+
+    exporters = [
+        http_exporter(sidecar.http_url, timeout=10),
+        grpc_exporter(sidecar.grpc_endpoint, timeout=10),
+    ]
+    blocker = sqlite3.connect(tmp_path / "sessions.db", isolation_level=None, timeout=30)
+    blocker.execute("BEGIN EXCLUSIVE")
+    with ThreadPoolExecutor(4) as pool:
+        try:
+            http_answer = pool.submit(timed, post, http_body)
+            grpc_answer = pool.submit(timed, call, grpc_body, 60)
+            sdk_results = [
+                pool.submit(e.export, b) for e, b in zip(exporters, (sdk_http, sdk_grpc), strict=True)
+            ]
+            (status, headers, body), http_took = http_answer.result(timeout=60)
+            error, grpc_took = grpc_answer.result(timeout=60)
+        finally:
+            blocker.close()  # ends the transaction: the writer commits what it holds
+        assert [result.result(timeout=30) for result in sdk_results] == [SpanExportResult.SUCCESS] * 2
+    # Answered when the ack timeout ran out, not at once (the queue was not full).
+    assert 4.5 <= http_took < 10 and 4.5 <= grpc_took < 10, (http_took, grpc_took)
+    assert status == 503 and headers["Retry-After"] in ("1", "2")
+    message = "records not committed within 5 s; retry later (duplicates are dropped)"
+    answer = status_pb2.Status.FromString(body)
+    assert (answer.code, answer.message) == (code_pb2.UNAVAILABLE, message)
+    assert answer.details[0].Unpack(error_details_pb2.RetryInfo())
+    assert isinstance(error, grpc.RpcError) and (error.code(), error.details()) == (
+        grpc.StatusCode.UNAVAILABLE,
+        message,
+    )
+    assert "google.rpc.retryinfo-bin" in dict(error.trailing_metadata())
+    # The refused Exports were committed after all once the lock was gone; sent again, as
+    # a client told to retry does, they are answered OK and stored once.
+    wait_for(lambda: stored_actions(tmp_path / "sessions.db") == 4 * 3, timeout=30)
+    duplicates = sidecar.metric("durable_sessions_spans_duplicate_total")
+    assert post(http_body)[0] == 200
+    call(grpc_body, timeout=30)
+    channel.close()
+    assert stored_actions(tmp_path / "sessions.db") == 4 * 3
+    assert sidecar.metric("durable_sessions_spans_duplicate_total") == duplicates + 2 * 3
+    for exporter in exporters:
+        exporter.shutdown()
