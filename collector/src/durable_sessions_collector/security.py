@@ -33,10 +33,9 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TextIO
 
 import grpc
-from google.protobuf import json_format
-from google.rpc import code_pb2, status_pb2
 
 from durable_sessions_collector.httpserver import Request, Response
+from durable_sessions_collector.otlp.http_receiver import JSON, PROTOBUF, PROTOBUF_TYPES, status_body
 
 if TYPE_CHECKING:
     from durable_sessions_collector.credentials import BearerToken
@@ -90,12 +89,10 @@ class HttpAuth:
         challenge = f'Bearer realm="{REALM}"' + ("" if header is None else ', error="invalid_token"')
         if request.path == "/v1/traces":
             # OTLP/HTTP: the error body is a google.rpc.Status in the request's encoding.
-            status = status_pb2.Status(code=code_pb2.UNAUTHENTICATED, message=message)
-            if request.header("Content-Type").split(";", 1)[0].strip().lower() == "application/json":
-                body = json_format.MessageToJson(status, indent=None).encode("utf-8")
-                response = Response(401, body, "application/json")
-            else:
-                response = Response(401, status.SerializeToString(), "application/x-protobuf")
+            media_type = request.header("Content-Type").split(";", 1)[0].strip().lower()
+            response = status_body(
+                401, message, media_type if media_type in PROTOBUF_TYPES | {JSON} else PROTOBUF
+            )
         else:
             response = Response.json(401, {"error": message})
         response.headers["WWW-Authenticate"] = challenge

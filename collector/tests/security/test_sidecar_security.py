@@ -327,3 +327,28 @@ def test_standard_error_stays_json_when_grpcio_has_something_to_say(tls_files, t
     lines = stderr.decode().splitlines()
     assert any(json.loads(line)["event"] == "stopped" for line in lines if line.startswith("{"))
     assert [line for line in lines if not line.startswith("{")] == []
+
+
+@pytest.mark.parametrize("media_type", ["application/x-protobuf", "application/protobuf", "application/json"])
+def test_a_refused_export_is_a_status_in_the_requests_content_type(start_sidecar, media_type: str) -> None:  # type: ignore[no-untyped-def]
+    """OTLP/HTTP: the response has the request's Content-Type; a 401 to an
+    ``application/protobuf`` request was labelled ``application/x-protobuf``."""
+    import http.client
+
+    from google.protobuf import json_format
+    from google.rpc import code_pb2, status_pb2
+
+    sidecar = start_sidecar(auth__token=TOKEN)
+    connection = http.client.HTTPConnection("127.0.0.1", sidecar.service.http_port, timeout=10)
+    body = b"{}" if media_type == "application/json" else b""
+    connection.request("POST", "/v1/traces", body=body, headers={"Content-Type": media_type})
+    response = connection.getresponse()
+    answer = response.read()
+    connection.close()
+    assert response.status == 401 and response.getheader("Content-Type") == media_type
+    status = status_pb2.Status()
+    if media_type == "application/json":
+        json_format.Parse(answer, status)
+    else:
+        status.ParseFromString(answer)
+    assert status.code == code_pb2.UNAUTHENTICATED and "token" in status.message

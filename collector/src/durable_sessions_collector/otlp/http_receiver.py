@@ -43,7 +43,7 @@ def status_body(status: int, message: str, media_type: str, retry_after_s: int |
     """A 4xx/5xx answer: a ``google.rpc.Status`` in ``media_type``, the request's. With
     ``retry_after_s``, a delay spread above it (see :func:`spread_retry`), in whole
     seconds as ``Retry-After`` takes it, in the header and in ``RetryInfo``."""
-    code = {400: code_pb2.INVALID_ARGUMENT, 405: code_pb2.UNIMPLEMENTED, 413: code_pb2.RESOURCE_EXHAUSTED,
+    code = {400: code_pb2.INVALID_ARGUMENT, 401: code_pb2.UNAUTHENTICATED, 405: code_pb2.UNIMPLEMENTED, 413: code_pb2.RESOURCE_EXHAUSTED,
             415: code_pb2.INVALID_ARGUMENT, 500: code_pb2.INTERNAL, 501: code_pb2.UNIMPLEMENTED,
             503: code_pb2.UNAVAILABLE}.get(status, code_pb2.UNKNOWN)  # fmt: skip
     delay = None if retry_after_s is None else round(spread_retry(retry_after_s))
