@@ -70,11 +70,14 @@ def parse_protobuf(body: bytes) -> ExportTraceServiceRequest:
     return request
 
 
-def parse_json(body: bytes) -> tuple[ExportTraceServiceRequest, dict[tuple[int, int, int], str]]:
+def parse_json(
+    body: bytes, *, mapped_only: bool = False
+) -> tuple[ExportTraceServiceRequest, dict[tuple[int, int, int], str]]:
     """An OTLP/JSON ``ExportTraceServiceRequest`` and the spans whose ids were not hex.
 
     Returns the request and, per span position, why its ids were unusable; those spans
-    carry no ids in the request and are rejected by :func:`spans_of`.
+    carry no ids in the request and are rejected by :func:`spans_of`. ``mapped_only``:
+    without what the mapping never reads (see :func:`_drop_unmapped`).
     """
     try:
         document = orjson.loads(body)
@@ -85,7 +88,11 @@ def parse_json(body: bytes) -> tuple[ExportTraceServiceRequest, dict[tuple[int, 
             f"request body must be a JSON object (ExportTraceServiceRequest), got {_kind(document)}"
         )
     problems: dict[tuple[int, int, int], str] = {}
+    if mapped_only:
+        _drop_unmapped_resource_attributes(document)
     for position, span in _json_spans(document):
+        if mapped_only:
+            _drop_unmapped(span)
         reasons = [reason for reason in _hex_ids_to_base64(span) if reason]
         links = span.get("links")
         for link in links if isinstance(links, list) else ():  # json_format refuses a non-list
@@ -99,6 +106,37 @@ def parse_json(body: bytes) -> tuple[ExportTraceServiceRequest, dict[tuple[int, 
     except (json_format.ParseError, ValueError, TypeError, RecursionError) as error:
         raise BadData(f"request body is not an OTLP/JSON ExportTraceServiceRequest: {error}") from None
     return request, problems
+
+
+def _drop_unmapped(span: dict[str, Any]) -> None:
+    """Leave out of a span, before ``json_format`` builds protobuf messages of it, what
+    the mapping never reads: its events and the attributes it does not map. Building them
+    cost about 0.5 s of CPU and 20 times the body's size in memory per MiB of an ordinary
+    SDK request."""
+    span.pop("events", None)
+    _keep_mapped_attributes(span)
+
+
+def _drop_unmapped_resource_attributes(document: dict[str, Any]) -> None:
+    resources = document.get("resourceSpans", document.get("resource_spans"))
+    for resource_spans in resources if isinstance(resources, list) else ():
+        resource = resource_spans.get("resource") if isinstance(resource_spans, dict) else None
+        if isinstance(resource, dict):
+            _keep_mapped_attributes(resource)
+
+
+def _keep_mapped_attributes(node: dict[str, Any]) -> None:
+    """Keep the attributes the mapping reads, and any entry that is not a well-formed
+    attribute, so that ``json_format`` still refuses the request for it."""
+    attributes = node.get("attributes")
+    if isinstance(attributes, list):
+        node["attributes"] = [
+            kv
+            for kv in attributes
+            if not (isinstance(kv, dict) and isinstance(key := kv.get("key"), str))
+            or key in MAPPED_KEYS
+            or key.startswith(MAPPED_PREFIXES)
+        ]
 
 
 def _kind(value: Any) -> str:
@@ -293,7 +331,7 @@ def protobuf_span_parts(body: bytes, rejected: list[str]) -> list[SpanParts]:
 
 def json_span_parts(body: bytes, rejected: list[str]) -> list[SpanParts]:
     """:func:`protobuf_span_parts` for an OTLP/JSON request."""
-    request, problems = parse_json(body)
+    request, problems = parse_json(body, mapped_only=True)
     return list(span_parts(request, problems, rejected, mapped_attributes_of))
 
 
