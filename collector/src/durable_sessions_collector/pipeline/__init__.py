@@ -83,7 +83,7 @@ class Pipeline:
         max_batch: int = 64,
         idle_s: float = 30.0,
         retention_s: float = 0.0,
-        ack_timeout_s: float = 30.0,
+        ack_timeout_s: float = 5.0,
         retry_after_s: int = 1,
         channels: tuple[str, ...] = (),
         after_commit: Callable[[], None] | None = None,
