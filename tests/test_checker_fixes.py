@@ -335,3 +335,48 @@ def test_a_key_window_is_stated_in_a_readable_unit(tmp_path: Path, window: str, 
     [violation] = doc["violations"]
     assert violation["rule"] == "key-outlived-window"
     assert said in violation["message"]
+
+
+# -- 9. reviewed defects, checked in the four ways a log is checked ---------------------------
+
+WAYS = [
+    pytest.param(native, jobs, id=f"{'c' if native else 'python'}-jobs{jobs}")
+    for native in (True, False)
+    for jobs in ("1", "2")
+]
+
+
+def check_way(native: bool, jobs: str, log: Path, *args: str) -> list[dict[str, Any]]:
+    """The violations ``durable-sessions check`` reports for ``log``, with the C
+    extensions on or off, in one process or two workers."""
+    env = {**os.environ, "DURABLE_SESSIONS_NATIVE": "true" if native else "false"}
+    result = subprocess.run(
+        [DURABLE_SESSIONS, "check", "--format", "json", "--jobs", jobs, *args, str(log)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
+    )
+    assert "Traceback" not in result.stderr, result.stderr
+    return json.loads(result.stdout)["violations"]
+
+
+def found(violations: list[dict[str, Any]]) -> list[tuple[int, str]]:
+    return [(v["line"], v["rule"]) for v in violations]
+
+
+@pytest.mark.parametrize(("native", "jobs"), WAYS)
+def test_a_null_incarnation_is_an_absent_one(tmp_path: Path, native: bool, jobs: str) -> None:
+    """A replayed record with ``"incarnation": null`` made the action's incarnation
+    unknown, so its re-execution in a later run was taken for a duplicate action id."""
+    log = write(
+        tmp_path / "log.jsonl",
+        action("p", idempotency_key="pay-s-1-p", incarnation="r1"),
+        action("p", idempotency_key="pay-s-1-p", incarnation=None, replayed=True),
+        action("p", incarnation="r2"),
+    )
+    violations = check_way(native, jobs, log)
+    assert (3, "duplicate-action-id") not in found(violations)
+    [again] = [v for v in violations if v["rule"] == "re-executed-side-effect"]
+    assert "completed in incarnation 'r1' was executed again in 'r2'" in again["message"]

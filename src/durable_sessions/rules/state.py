@@ -280,7 +280,9 @@ class SessionState:
         else:
             kind, flags = prior.kind, prior.retryable | prior.recorded << 1 | prior.effect_done << 2
             outcome, key, attempts = prior.outcome, prior.key, prior.attempts
-            incarnation = get("incarnation", prior.incarnation)
+            incarnation = get("incarnation")
+            if incarnation is None:  # absent or null: the run that last wrote it goes on
+                incarnation = prior.incarnation
             if where.span_id is None:
                 where = prior.where  # a logged action is cited where it first appeared
         if get("retryable") is True:
