@@ -380,3 +380,19 @@ def test_a_null_incarnation_is_an_absent_one(tmp_path: Path, native: bool, jobs:
     assert (3, "duplicate-action-id") not in found(violations)
     [again] = [v for v in violations if v["rule"] == "re-executed-side-effect"]
     assert "completed in incarnation 'r1' was executed again in 'r2'" in again["message"]
+
+
+@pytest.mark.parametrize(("native", "jobs"), WAYS)
+def test_a_shared_key_is_cited_where_it_was_first_used(tmp_path: Path, native: bool, jobs: str) -> None:
+    """The key first appears on line 2, in a retry of an action whose first attempt (line
+    1) had none: the message said "at line 1", the action's first appearance."""
+    retry = {"retryable": True, "max_attempts": 3}
+    log = write(
+        tmp_path / "log.jsonl",
+        action("a1", kind="tool_call", status="error", attempts=1, **retry),
+        action("a1", kind="tool_call", attempts=2, idempotency_key="k-shared", **retry),
+        action("a2", kind="write", idempotency_key="k-shared"),
+    )
+    [shared] = [v for v in check_way(native, jobs, log) if v["rule"] == "shared-key"]
+    assert shared["line"] == 3
+    assert "already used by action 'a1' at line 2 " in shared["message"]

@@ -377,6 +377,7 @@ new_named_tuple(PyTypeObject *type, PyObject **items, Py_ssize_t n)
 /* What one fold works with: the reference's local variables. */
 typedef struct {
     PyObject *session, *record, *where, *prior;
+    PyObject *here; /* the record's own location (where may become the action's first) */
     PyObject *action_id, *status, *kind, *incarnation; /* owned */
     PyObject *outcome, *key, *attempts;                 /* owned */
     unsigned long flags;
@@ -472,7 +473,7 @@ keys_and_attempts(Action *a)
     if (!(PyDict_Contains(a->record, S_ATTEMPTS) > 0 || PyDict_Contains(a->record, S_IDEMPOTENCY_KEY) > 0
           || PyDict_Contains(a->record, S_PROMPT_DIGEST) > 0))
         return PyErr_Occurred() ? -1 : 0;
-    PyObject *pair = PyObject_CallMethodObjArgs(a->session, M_KEY_AND_ATTEMPTS, a->record, a->where,
+    PyObject *pair = PyObject_CallMethodObjArgs(a->session, M_KEY_AND_ATTEMPTS, a->record, a->here,
                                                 a->action_id, a->key, a->attempts, NULL);
     if (pair == NULL)
         return -1;
@@ -782,7 +783,7 @@ Fold_remember(Fold *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_RuntimeError, "Fold is not initialised");
         return NULL;
     }
-    Action a = {.session = args[0], .record = args[1], .where = args[2], .prior = args[3]};
+    Action a = {.session = args[0], .record = args[1], .where = args[2], .prior = args[3], .here = args[2]};
     int usual = PyDict_CheckExact(a.record) && is_location(a.where)
              && (a.prior == Py_None
                  || (PyTuple_Check(a.prior) && PyTuple_GET_SIZE(a.prior) == 10

@@ -272,6 +272,7 @@ class SessionState:
         get = record.get
         action_id = record["action_id"]
         status = record["status"]
+        here = where  # the record's own location, where a key it carries is first used
         if prior is None:
             # Many logs reuse per-session counters ("a01", "step-3") as action ids: one copy each.
             action_id = _intern(action_id)
@@ -294,7 +295,7 @@ class SessionState:
             if kind in kinds.SIDE_EFFECTING or get("side_effects") is True:
                 flags |= _EFFECT_DONE
         if "attempts" in record or "idempotency_key" in record or "prompt_digest" in record:
-            key, attempts = self._remember_key_and_attempts(record, where, action_id, key, attempts)
+            key, attempts = self._remember_key_and_attempts(record, here, action_id, key, attempts)
         if type(incarnation) is not str:
             incarnation = None
         packed_outcome = 0
