@@ -396,3 +396,25 @@ def test_a_shared_key_is_cited_where_it_was_first_used(tmp_path: Path, native: b
     [shared] = [v for v in check_way(native, jobs, log) if v["rule"] == "shared-key"]
     assert shared["line"] == 3
     assert "already used by action 'a1' at line 2 " in shared["message"]
+
+
+@pytest.mark.parametrize(("native", "jobs"), WAYS)
+def test_a_key_window_counts_re_sends_from_the_first_known_time(
+    tmp_path: Path, native: bool, jobs: str
+) -> None:
+    """A replayed record re-sends nothing, so it does not outlive the window (line 2
+    was flagged); a key whose first use has no ts is dated by the next record that has
+    one (line 5 was missed: the first use stayed undated for ever)."""
+    log = write(
+        tmp_path / "log.jsonl",
+        action("p", idempotency_key="pay-s-1-p", ts="2026-11-01T09:00:00Z", incarnation="r1"),
+        action("p", idempotency_key="pay-s-1-p", ts="2026-11-05T09:00:00Z", incarnation="r2", replayed=True),
+        action("q", status="started", idempotency_key="pay-s-1-q", incarnation="r1"),
+        action(
+            "q", status="started", idempotency_key="pay-s-1-q", ts="2026-11-01T09:00:00Z", incarnation="r2"
+        ),
+        action("q", idempotency_key="pay-s-1-q", ts="2026-11-05T09:00:00Z", incarnation="r3"),
+    )
+    windows = [v for v in check_way(native, jobs, log) if v["rule"] == "key-outlived-window"]
+    assert [v["line"] for v in windows] == [5]
+    assert "re-sent 96.0 h after its first use" in windows[0]["message"]

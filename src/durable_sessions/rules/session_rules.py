@@ -397,7 +397,8 @@ def key_outlived_window(
     Payment and messaging providers keep idempotency keys for a limited time, commonly
     about 24 hours. A key re-sent after that window is a new request to them, and the
     effect can fire again. The window is `--key-window-s` (default 86,400 s) and needs
-    `ts` on the records.
+    `ts` on the records; the first use is dated by the first record with the key that has
+    one. A replayed record (`replayed: true`) sends nothing, so it is not a re-send.
 
     ## Example
     ```json
@@ -412,7 +413,7 @@ def key_outlived_window(
     ```
     """
     key = record.get("idempotency_key")
-    if not key or type(key) is not str:
+    if not key or type(key) is not str or record.get("replayed") is True:  # a replay re-sends nothing
         return None
     first = session.keys.get(key)
     if first is None or first.ts is None or first.action_id != record["action_id"]:

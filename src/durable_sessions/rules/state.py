@@ -158,7 +158,8 @@ class Symbols:
 
 @dataclass(slots=True)
 class KeyUse:
-    """The first use of an idempotency key in a session."""
+    """The first use of an idempotency key in a session: by which action, where, and the
+    first time known of it (the ``ts`` of the first record with the key that has one)."""
 
     action_id: str
     where: Location
@@ -365,9 +366,12 @@ class SessionState:
         given = get("idempotency_key")
         if given and type(given) is str:
             key = key or given
-            if given not in self.keys:
+            use = self.keys.get(given)
+            if use is None:
                 self.keys[given] = KeyUse(action_id, where, parse_ts(get("ts")))
                 _trim(self.keys, self.max_actions)
+            elif use.ts is None:  # the first use had no time: the first record that has one
+                use.ts = parse_ts(get("ts"))
         digest = get("prompt_digest")
         if (
             digest
