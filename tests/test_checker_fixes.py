@@ -418,3 +418,20 @@ def test_a_key_window_counts_re_sends_from_the_first_known_time(
     windows = [v for v in check_way(native, jobs, log) if v["rule"] == "key-outlived-window"]
     assert [v["line"] for v in windows] == [5]
     assert "re-sent 96.0 h after its first use" in windows[0]["message"]
+
+
+@pytest.mark.parametrize(("native", "jobs"), WAYS)
+def test_a_session_id_given_again_with_an_escaped_key_is_routed_as_parsed(
+    tmp_path: Path, native: bool, jobs: str
+) -> None:
+    """``"session\\u005fid":"s4"`` after a literal ``"session_id":"s1"``: the parser keeps
+    s4, but two workers routed the line by its first bytes, to s1's worker, and the
+    line's violations were lost."""
+    log = write(
+        tmp_path / "log.jsonl",
+        action("a1", kind="llm_call", session="s4", result=1),
+        '{"session_id":"s1","action_id":"a1","kind":"payment","status":"ok","idempotency_key":"k-a1",'
+        '"session\\u005fid":"s4"}',
+        action("a2", session="s4", idempotency_key="k-a1"),
+    )
+    assert found(check_way(native, jobs, log)) == [(2, "duplicate-action-id"), (3, "shared-key")]

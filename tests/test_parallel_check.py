@@ -38,11 +38,46 @@ def test_the_bytes_route_a_line_where_its_parsed_session_id_would(
         assert owner == shard_of((orjson.loads(raw), Location("f", 1)), shards)
 
 
+def _escaped(text: str, which: list[bool]) -> bytes:
+    """``text`` as a JSON string whose characters are escaped (``\\u00XX``) where ``which`` says."""
+    return (
+        b'"'
+        + b"".join(
+            f"\\u{ord(c):04{'x' if i % 2 else 'X'}}".encode() if escape else c.encode()
+            for i, (c, escape) in enumerate(zip(text, which, strict=False))
+        )
+        + text[len(which) :].encode()
+        + b'"'
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    first=session_ids,
+    last=session_ids,
+    which=st.lists(st.booleans(), min_size=10, max_size=10),
+    shards=st.integers(min_value=2, max_value=5),
+)
+def test_the_bytes_route_a_line_with_the_key_again_escaped_where_parsing_would(
+    first: str, last: str, which: list[bool], shards: int
+) -> None:
+    """``"session\\u005fid"`` is ``session_id`` to the parser, which keeps its last value."""
+    raw = b'{"session_id":' + orjson.dumps(first) + b"," + _escaped("session_id", which) + b":"
+    raw += orjson.dumps(last) + b"}\n"
+    owner = raw_shard_of(raw, shards)
+    if owner is not None:
+        assert owner == shard_of((orjson.loads(raw), Location("f", 1)), shards)
+
+
 def test_the_bytes_do_not_decide_ambiguous_lines() -> None:
     assert raw_shard_of(b'{"session_id":"a","result":{"session_id":"b"}}\n', 2) is None
     assert raw_shard_of(b'{"session_id":"a\\u0062"}\n', 2) is None
     assert raw_shard_of(b'{"action_id":"x","session_id":"a"}\n', 2) is None
     assert raw_shard_of(b'{"session_id":""}\n', 2) is None
+    # The same key again, with an escaped letter: the parser keeps the last value, "b".
+    assert raw_shard_of(b'{"session_id":"a","session\\u005fid":"b"}\n', 2) is None
+    assert raw_shard_of(b'{"session_id":"a","\\u0073ession_id":"b"}\n', 2) is None
+    assert raw_shard_of(b'{"session_id":"a","x":"caf\\u00e9"}\n', 2) is not None
 
 
 AMBIGUOUS_LINES = [
@@ -52,6 +87,10 @@ AMBIGUOUS_LINES = [
     b'{"session_id":"s","x":"_session_id_"}',
     b'{"session_id":"s","x":"a"}',
     b'{"session_id":"s_id"}',
+    b'{"session_id":"s1","session\\u005fid":"s4"}',  # the key again, escaped
+    b'{"session_id":"s1","\\u0053","session\\u005Fid":"s4"}',
+    b'{"session_id":"s1","x":"\\u00e9\\u00"}',
+    b'{"session_id":"s1","x":"\\u0',
 ]
 
 
@@ -139,7 +178,21 @@ _LINE_PIECES = st.one_of(
     st.just(b'{"action_id":"a","session_id":"s"}'),
     # Runs of key fragments: the key again (overlapping or not), in values, cut short.
     st.lists(
-        st.sampled_from([b'"session_id"', b"session_id", b"_id", b"_", b'"', b"s", b"\\", b'","x":']),
+        st.sampled_from(
+            [
+                b'"session_id"',
+                b"session_id",
+                b"_id",
+                b"_",
+                b'"',
+                b"s",
+                b"\\",
+                b'","x":',
+                b"\\u00",
+                b"5f",
+                b"e9",
+            ]
+        ),
         max_size=8,
     ).map(lambda parts: b'{"session_id":"' + b"".join(parts)),
     st.just(b""),

@@ -1220,6 +1220,21 @@ names_session_id(const char *line, size_t from, size_t len)
     return 0;
 }
 
+/* Whether line holds a backslash-u escape of an ASCII letter or the underscore (code
+ * points 0x40 to 0x7f): a key so written may be "session_id" again, which the parser
+ * reads as the same key (check._ESCAPED_LETTER). */
+static int
+escapes_a_letter(const char *line, size_t len)
+{
+    const char *p = line, *end = line + len;
+    while ((p = memchr(p, '\\', (size_t)(end - p))) != NULL) {
+        if (end - p >= 5 && p[1] == 'u' && p[2] == '0' && p[3] == '0' && p[4] >= '4' && p[4] <= '7')
+            return 1;
+        p++;
+    }
+    return 0;
+}
+
 /* check.raw_shard_of: the owning shard when the bytes decide it, else -1. */
 static Py_ssize_t
 raw_owner(const char *line, size_t len, Py_ssize_t shards)
@@ -1228,7 +1243,7 @@ raw_owner(const char *line, size_t len, Py_ssize_t shards)
     /* raw.count(b'"session_id"') == 1: the leading key is at 1, and the count goes on
      * from where it ends (non-overlapping), at 1 + 12. */
     if (len < lead || memcmp(line, LEADING_SESSION_ID, lead) != 0
-        || names_session_id(line, 1 + sizeof SESSION_ID_KEY - 1, len))
+        || names_session_id(line, 1 + sizeof SESSION_ID_KEY - 1, len) || escapes_a_letter(line, len))
         return -1;
     const char *close = memchr(line + lead, '"', len - lead);
     if (close == NULL || close == line + lead || memchr(line + lead, '\\', (size_t)(close - line - lead)) != NULL)

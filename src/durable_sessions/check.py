@@ -15,6 +15,7 @@ import gc
 import itertools
 import multiprocessing
 import os
+import re
 import signal
 import stat
 import threading
@@ -400,18 +401,24 @@ def shard_of(item: Item, shards: int) -> int:
 
 
 _LEADING_SESSION_ID = b'{"session_id":"'
+_ESCAPED_LETTER = re.compile(rb"\\u00[4-7]")
+"""A ``\\u`` escape of an ASCII letter or the underscore (and of a few other characters):
+a key so written may be ``session_id`` again, which the bytes cannot see."""
 
 
 def raw_shard_of(raw: bytes, shards: int) -> int | None:
     """The worker for a raw line when its bytes alone decide it, else None (parse it).
 
     They decide when the line starts with ``{"session_id":"`` (writers usually put it
-    first), names ``session_id`` nowhere else and the id has no escape: the bytes
-    between the quotes are then the id's UTF-8, hashed as :func:`shard_of` hashes it.
-    The worker so chosen owns the line whatever it turns out to hold; the others skip
-    it without parsing.
+    first), names ``session_id`` nowhere else, even with escaped letters (no ``\\u004`` to
+    ``\\u007`` anywhere: ``"session\\u005fid"`` is the same key, and the parser keeps its
+    last value), and the id has no escape: the bytes between the quotes are then the
+    id's UTF-8, hashed as :func:`shard_of` hashes it. The worker so chosen owns the line
+    whatever it turns out to hold; the others skip it without parsing.
     """
     if not raw.startswith(_LEADING_SESSION_ID) or raw.count(b'"session_id"') != 1:
+        return None
+    if b"\\u00" in raw and _ESCAPED_LETTER.search(raw):
         return None
     end = raw.find(b'"', 15)
     session_id = raw[15:end]
