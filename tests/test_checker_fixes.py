@@ -4,6 +4,7 @@ twice, the session count and ``--key-window-s``. Run as the installed commands."
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pty
@@ -18,6 +19,7 @@ import pytest
 
 from durable_sessions import otlp_json
 from durable_sessions.check import OfflineCheck
+from durable_sessions.json_text import may_hold_long_integer
 from durable_sessions.rules import select_rules
 
 DURABLE_SESSIONS = str(Path(sys.executable).with_name("durable-sessions"))
@@ -435,3 +437,38 @@ def test_a_session_id_given_again_with_an_escaped_key_is_routed_as_parsed(
         action("a2", session="s4", idempotency_key="k-a1"),
     )
     assert found(check_way(native, jobs, log)) == [(2, "duplicate-action-id"), (3, "shared-key")]
+
+
+@pytest.mark.parametrize(("native", "jobs"), WAYS)
+def test_integers_beyond_64_bits_are_read_exactly(tmp_path: Path, native: bool, jobs: str) -> None:
+    """orjson reads 100000000000000000001 as the double 1e+20: a replay serving …002
+    where …001 was recorded passed, and an exact replay of a recorded digest was a
+    false replay-mismatch."""
+    recorded = {"order": 100000000000000000001}
+    digest = "sha256:" + hashlib.sha256(json.dumps(recorded, separators=(",", ":")).encode()).hexdigest()
+    records = [
+        action("l", kind="llm_call", result=recorded, incarnation="r1"),
+        action(
+            "l", kind="llm_call", result={"order": 100000000000000000002}, incarnation="r2", replayed=True
+        ),
+        action("m", kind="llm_call", result_digest=digest, incarnation="r1"),
+        action("m", kind="llm_call", result=recorded, incarnation="r2", replayed=True),
+    ]
+    # Compact, as writers write: the line's bytes then decide its worker and C reads it.
+    log = write(tmp_path / "log.jsonl", *(json.dumps(r, separators=(",", ":")) for r in records))
+    assert found(check_way(native, jobs, log)) == [(2, "replay-mismatch")]
+
+
+@pytest.mark.parametrize(
+    ("line", "long"),
+    [
+        (b'{"n":100000000000000000001}', True),
+        (b'{"n": -9223372036854775809}', True),
+        (b'{"n":[1,100000000000000000001]}', True),
+        (b'{"startTimeUnixNano":"1700000000000000000"}', False),  # OTLP/JSON: a quoted number
+        (b'{"n":18446744073709551}', False),
+        (b'{"n":0.1000000000000000000001}', False),
+    ],
+)
+def test_only_a_bare_long_integer_sends_a_line_to_the_exact_reader(line: bytes, long: bool) -> None:
+    assert may_hold_long_integer(line) is long

@@ -151,7 +151,21 @@ def test_the_session_memory_is_the_engines(native: None) -> None:
     assert memory is not None and memory.recorded and memory.kind == "user_prompt"
 
 
+# Integers around 64 bits, bare (read exactly by the Python line checker) or in a string.
+long_number_lines = st.builds(
+    lambda action_id, n, shape: (
+        b'{"session_id":"s-1","action_id":'
+        + json.dumps(action_id).encode()
+        + b',"kind":"llm_call","status":"ok","result":'
+        + shape % str(n).encode()
+        + b"}"
+    ),
+    st.text("a0-: ", max_size=40),
+    st.integers(10**16, 10**22),
+    st.sampled_from([b"%s", b" -%s", b"[1,%s]", b'"%s"', b'"x-%s"', b'{"n":%s.5}', b"%se3"]),
+)
 raw_lines = st.one_of(
+    long_number_lines,
     records.map(lambda record: json.dumps(record).encode()),
     records.map(lambda record: json.dumps(record).encode() + b"\n"),
     st.sampled_from([b"[1, 2]", b"null", b"{not json", b"\xff\xfe", b"", b"# a comment", b'"text"']),

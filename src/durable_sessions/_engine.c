@@ -17,7 +17,8 @@
  *
  * Feed.feed_lines (Checker.feed_lines) feeds a parallel check's worker a block of its
  * lines: an owned line that orjson reads as an object goes to Feed.feed with no Python
- * frame in between; every other line goes to the worker's Python line checker.
+ * frame in between; every other line (and one that may hold an integer beyond 64 bits,
+ * which orjson rounds) goes to the worker's Python line checker.
  *
  * tests/test_engine_native.py checks that both feeds report the same violations and
  * leave the same memory, over the example logs and generated records and lines.
@@ -281,11 +282,49 @@ line_location(Feed *self, PyObject *file, PyObject *number)
     return where;
 }
 
-/* The object on an owned line, or NULL with no error set when the line is not one. */
+/* json_text.may_hold_long_integer: whether a run of 19 digits or more follows what
+ * starts a bare JSON number (':', ',', '[', a blank or '-'). orjson reads an integer
+ * beyond 64 bits as a double; such a line goes to the Python line checker, which reads
+ * it exactly. Every run of 19 digits covers one of the positions probed, 19 apart, so
+ * a line is looked at byte by byte only around the digits found there. */
+static int
+is_digit(char c)
+{
+    return c >= '0' && c <= '9';
+}
+
+static int
+holds_long_integer(const char *line, Py_ssize_t len)
+{
+    Py_ssize_t probe = 18; /* covers the runs that start at probe - 18 or later */
+    while (probe < len) {
+        if (!is_digit(line[probe])) {
+            probe += 19;
+            continue;
+        }
+        Py_ssize_t start = probe, end = probe + 1;
+        while (start > 0 && is_digit(line[start - 1]))
+            start--;
+        while (end < len && is_digit(line[end]))
+            end++;
+        if (end - start >= 19 && start > 0) {
+            char before = line[start - 1];
+            if (before == ':' || before == ',' || before == '[' || before == ' ' || before == '\t'
+                || before == '\r' || before == '\n' || before == '-')
+                return 1;
+        }
+        probe = end + 19; /* line[end] is no digit: the next run starts at end + 1 or later */
+    }
+    return 0;
+}
+
+/* The object on an owned line, or NULL with no error set when the line is not one (or
+ * may hold an integer beyond 64 bits: the Python line checker reads those). */
 static PyObject *
 owned_object(Feed *self, PyObject *raw, PyObject *owned)
 {
-    if (owned != Py_True || !PyBytes_CheckExact(raw))
+    if (owned != Py_True || !PyBytes_CheckExact(raw)
+        || holds_long_integer(PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw)))
         return NULL;
     PyObject *value = PyObject_Vectorcall(self->loads, &raw, 1, NULL);
     if (value == NULL) {

@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from durable_sessions.json_text import may_hold_long_integer
 from durable_sessions.native import native_module
 from durable_sessions.record import NOWHERE, ActionRecord, Location, line_location, missing_fields
 from durable_sessions.rules import CATALOGUE, Rule, select_rules
@@ -148,14 +149,16 @@ class Checker:
         """Check a block of lines of ``file``; return the violations they cause, in order.
 
         A line known to be this checker's that holds a JSON object is fed at its line;
-        every other line (someone else's perhaps, or unreadable) is given to ``other``,
+        every other line (someone else's perhaps, or unreadable, or one that may hold an
+        integer beyond 64 bits, which orjson rounds) is given to ``other``,
         which returns its violations. Where the native extension was built,
         ``checker.feed_lines`` is its C version of this method.
         """
         found: list[Violation] = []
         for number, raw, owned in lines:
             record = None
-            if owned is True and type(raw) is bytes:
+            # A line that may hold an integer beyond 64 bits is read exactly by ``other``.
+            if owned is True and type(raw) is bytes and not may_hold_long_integer(raw):
                 with contextlib.suppress(orjson.JSONDecodeError):
                     record = orjson.loads(raw)
             if type(record) is dict:
