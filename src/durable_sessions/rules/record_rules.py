@@ -335,7 +335,13 @@ def dead_end(record: ActionRecord) -> str | None:
 
 
 _ISO_DATE = r"(?:19|20)\d\d-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12]\d|3[01])"
-_COMPACT_DATE_TIME = r"(?:19|20)\d\d(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])T\d{4}"
+# A compact date, alone or with a time: 20261101, 20261101T0914, 20261101-091400,
+# 202611010914. Calendar bounds and no digit on either side, so that an arbitrary
+# number (an order id 12345678, a 10-digit account) is not taken for one.
+_COMPACT_DATE_TIME = (
+    r"(?<!\d)(?:19|20)\d\d(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])"
+    r"(?:[-_T]?(?:[01]\d|2[0-3])[0-5]\d(?:[0-5]\d)?)?(?!\d)"
+)
 _TIME_UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[167][0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
 _DATE_LIKE = re.compile(rf"{_ISO_DATE}|{_COMPACT_DATE_TIME}")
 _TIME_UUID_LIKE = re.compile(_TIME_UUID, re.I)
@@ -378,8 +384,10 @@ def time_derived_key(record: ActionRecord) -> str | None:
     ## Why is this bad?
     A key computed from the clock differs on every attempt, so the far side sees the
     replay as a new request and performs the effect again: the key keys nothing.
-    Detected: ISO dates and date-times, epoch numbers of 10, 13, 16 or 19 digits in a
-    plausible range, and UUIDs of versions 1, 6 and 7 (which embed a timestamp).
+    Detected: ISO dates and date-times, compact dates and date-times (`20261101`,
+    `20261101T0914`, `20261101-091400`; a year 19xx or 20xx, a real month and day, and
+    no digit on either side), epoch numbers of 10, 13, 16 or 19 digits in a plausible
+    range, and UUIDs of versions 1, 6 and 7 (which embed a timestamp).
     Not flagged: a key in exactly the format `idempotency_key()` gives (`ds1-` and 32
     characters of `a`-`z`, `2`-`7`), a hash of the identity whose digits may happen to
     read as an epoch number.
