@@ -472,3 +472,24 @@ def test_integers_beyond_64_bits_are_read_exactly(tmp_path: Path, native: bool, 
 )
 def test_only_a_bare_long_integer_sends_a_line_to_the_exact_reader(line: bytes, long: bool) -> None:
     assert may_hold_long_integer(line) is long
+
+
+@pytest.mark.parametrize(("native", "jobs"), WAYS)
+def test_a_replay_leaves_the_action_to_the_run_that_executed_it(
+    tmp_path: Path, native: bool, jobs: str
+) -> None:
+    """r1 answered and recorded, r2 only replayed, r3 ran them again: the messages said
+    "answered in incarnation 'r2'", the run that executed nothing."""
+    log = write(
+        tmp_path / "log.jsonl",
+        action("q1", kind="user_prompt", result={"a": 1}, incarnation="r1"),
+        action("q1", kind="user_prompt", result={"a": 1}, incarnation="r2", replayed=True),
+        action("q1", kind="user_prompt", result={"a": 2}, incarnation="r3"),
+        action("l1", kind="llm_call", result={"a": 1}, incarnation="r1"),
+        action("l1", kind="llm_call", result={"a": 1}, incarnation="r2", replayed=True),
+        action("l1", kind="llm_call", result={"a": 3}, incarnation="r3"),
+    )
+    violations = check_way(native, jobs, log)
+    assert found(violations) == [(3, "re-asked"), (6, "diverged-result")]
+    assert "'q1' answered in incarnation 'r1' was asked again in 'r3'" in violations[0]["message"]
+    assert "'l1' recorded in incarnation 'r1' was executed again in 'r3'" in violations[1]["message"]

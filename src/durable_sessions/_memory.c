@@ -424,8 +424,10 @@ begin(Fold *self, Action *a)
             return -1;
         a->action_id = Py_NewRef(action_id);
         a->kind = Py_NewRef(prior[0]);
-        /* absent or null: the run that last wrote it goes on */
-        a->incarnation = Py_NewRef(incarnation != NULL && incarnation != Py_None ? incarnation : prior[3]);
+        /* absent or null: the run that last wrote it goes on; a replay executes nothing,
+         * so the action stays the run's that executed it */
+        int replayed = get(a->record, S_REPLAYED) == Py_True;
+        a->incarnation = Py_NewRef(incarnation != NULL && incarnation != Py_None && !replayed ? incarnation : prior[3]);
         a->outcome = Py_NewRef(prior[8]);
         a->key = Py_NewRef(prior[6]);
         a->attempts = Py_NewRef(prior[4]);

@@ -66,7 +66,8 @@ class ActionMemory(NamedTuple):
     effect_done: bool
 
     def is_other_incarnation(self, record: ActionRecord) -> bool:
-        """``record`` comes from a different process run than the last one seen."""
+        """``record`` comes from a different process run than the last one that executed
+        the action (a replayed record executes nothing and leaves the run as it was)."""
         incarnation = record.get("incarnation")
         return incarnation is not None and self.incarnation is not None and incarnation != self.incarnation
 
@@ -283,7 +284,9 @@ class SessionState:
             kind, flags = prior.kind, prior.retryable | prior.recorded << 1 | prior.effect_done << 2
             outcome, key, attempts = prior.outcome, prior.key, prior.attempts
             incarnation = get("incarnation")
-            if incarnation is None:  # absent or null: the run that last wrote it goes on
+            if incarnation is None or get("replayed") is True:
+                # absent or null: the run that last wrote it goes on; a replay executes
+                # nothing, so the action stays the run's that executed it
                 incarnation = prior.incarnation
             if where.span_id is None:
                 where = prior.where  # a logged action is cited where it first appeared
