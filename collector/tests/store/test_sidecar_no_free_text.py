@@ -264,3 +264,16 @@ def test_a_postgresql_store_keeps_no_free_text_either(start_sidecar, postgres_ur
         assert marker not in text
     for answer in api_answers(sidecar, long_id):
         assert "PERSONAL" not in answer and "S" * 1000 not in answer
+
+
+def test_no_hidden_form_reads_as_a_time() -> None:
+    """time-derived-key reads compact dates (``20261101``) and epoch numbers in a key: the
+    hidden form's digits come in groups of seven, so a long key without a time never looks
+    like one. In groups of eight, one key in a few thousand did (a date in a group)."""
+    from durable_sessions_collector.store.stored import hidden
+
+    from durable_sessions.rules.record_rules import time_component
+
+    for n in range(20_000):
+        shown = hidden(f"key-{n}")
+        assert time_component(shown) is None, shown

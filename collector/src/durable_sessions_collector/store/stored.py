@@ -49,7 +49,7 @@ MAX_TEXT = 256
 36, an ``idempotency_key()`` key 36; Stripe allows idempotency keys of 255)."""
 
 HIDDEN_PREFIX = "hidden:sha256:"
-_HIDDEN = re.compile(r"hidden:sha256:[0-9a-f]{8}(?:-[0-9a-f]{8}){7}(?:~[^~]{1,40})?")
+_HIDDEN = re.compile(r"hidden:sha256:[0-9a-f]{7}(?:-[0-9a-f]{7}){7}(?:~[^~]{1,40})?")
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 _IDENTIFIERS = frozenset(
@@ -145,10 +145,12 @@ def stored_text(value: str) -> str:
 
 def hidden(value: Any) -> str:
     """``hidden:sha256:`` and the SHA-256 of ``value`` (of its UTF-8 text; of the bytes; of
-    the canonical JSON of anything else), its hex digits in groups of eight joined by ``-``.
+    the canonical JSON of anything else): its first 56 hex digits, in eight groups of seven
+    joined by ``-``.
 
     Not a well-formed ``sha256:`` digest, so a bad ``result_digest`` stays one; and no date,
-    epoch number or UUID can be read in it, so ``time-derived-key`` finds in a hidden key
+    epoch number or UUID can be read in it (no run of eight digits: groups of eight could
+    read as a compact date, ``20261101``), so ``time-derived-key`` finds in a hidden key
     only what :func:`_hidden_identifier` appends."""
     if type(value) is str:
         data = value.encode("utf-8", "surrogatepass")
@@ -157,7 +159,7 @@ def hidden(value: Any) -> str:
     else:
         data = None
     digits = hashlib.sha256(data).hexdigest() if data is not None else digest_value(value)[len(PREFIX) :]
-    return HIDDEN_PREFIX + "-".join(digits[i : i + 8] for i in range(0, 64, 8))
+    return HIDDEN_PREFIX + "-".join(digits[i : i + 7] for i in range(0, 56, 7))
 
 
 def _hidden_identifier(name: str, value: str) -> str:
