@@ -46,7 +46,8 @@ def unrecorded_answer(record: ActionRecord) -> str | None:
     answer cannot be replayed, so the resumed session asks the person again: a question
     from days ago, already answered. It is the failure users notice first: it reads as
     the agent having forgotten them. A redacted answer (`__REDACTED__`) is not recorded
-    either: the trace no longer holds it.
+    either: the trace no longer holds it. A `result_ref` or a `result_digest` counts as
+    recorded, as for `unrecorded-result`.
 
     ## Example
     ```json
@@ -81,7 +82,10 @@ def unrecorded_result(record: ActionRecord) -> str | None:
     Running a model call, a web read, a clock read or a random draw again gives a
     different answer. Without the recorded result, replay must run it again, and the
     resumed session silently diverges from the one the user was in. `result: null` is
-    a recorded result; an absent or redacted `result` is not.
+    a recorded result; an absent or redacted `result` is not. A `result_ref`, or a
+    `result_digest`, counts as recorded: the outcome is kept where it points, or where
+    the digest was made (the journal; the sidecar keeps digests only, and judges the
+    sessions it rebuilds from them).
 
     ## Example
     ```json
