@@ -888,3 +888,24 @@ def test_a_restart_with_the_same_service_instance_id_is_still_recovered(tmp_path
     assert (tmp_path / "asked").read_text() == "x"  # replayed, not asked again
     assert (tmp_path / "charged").read_text() == "x"  # in doubt, not charged again
     assert second.stdout.strip() == "in doubt"
+
+
+def test_a_task_returned_by_a_sync_function_is_given_back_as_it_is(journal: SqliteJournal) -> None:
+    """Only a coroutine is awaited inside the action: a Task given back as a coroutine
+    broke a caller that cancels it or adds a callback (AttributeError in user code)."""
+
+    async def charge() -> dict[str, int]:
+        await asyncio.sleep(0)
+        return {"charged": 1}
+
+    start = action("p1", "payment", idempotency_key="k-1")(lambda: asyncio.ensure_future(charge()))
+
+    async def run() -> Any:
+        with session("s-1", journal=journal):
+            task = start()
+            assert isinstance(task, asyncio.Task)
+            task.add_done_callback(lambda _: None)
+            return await task
+
+    assert asyncio.run(run()) == {"charged": 1}
+    assert journal.get("s-1", "p1").status == "ok"

@@ -571,7 +571,10 @@ class action:
                 if act.replayed or act.skipped:
                     return act.result
                 value = func(*args, **kwargs)
-                if inspect.isawaitable(value):  # its effect runs when awaited: so does the action
+                # A coroutine's effect runs when it is awaited: so does the action. Only a
+                # coroutine: a Task or a Future given back as a coroutine would break a
+                # caller that cancels it or adds a callback (and it runs unawaited anyway).
+                if inspect.iscoroutine(value):
                     return _awaited(act, value, self.record_return)
                 if self.record_return:
                     act.record(value)
