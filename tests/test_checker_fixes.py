@@ -401,6 +401,24 @@ def test_a_shared_key_is_cited_where_it_was_first_used(tmp_path: Path, native: b
 
 
 @pytest.mark.parametrize(("native", "jobs"), WAYS)
+def test_an_unstable_key_is_cited_where_the_action_first_carried_it(
+    tmp_path: Path, native: bool, jobs: str
+) -> None:
+    """As for shared-key: the first key appears on line 2, in a retry whose first attempt
+    had none, and the message said "at line 1"."""
+    retry = {"retryable": True, "max_attempts": 3}
+    log = write(
+        tmp_path / "log.jsonl",
+        action("a1", kind="tool_call", status="error", attempts=1, **retry),
+        action("a1", kind="tool_call", status="error", attempts=2, idempotency_key="k-one", **retry),
+        action("a1", kind="tool_call", attempts=3, idempotency_key="k-two", **retry),
+    )
+    [unstable] = [v for v in check_way(native, jobs, log) if v["rule"] == "unstable-key"]
+    assert unstable["line"] == 3
+    assert "but 'k-one' at line 2 " in unstable["message"]
+
+
+@pytest.mark.parametrize(("native", "jobs"), WAYS)
 def test_a_key_window_counts_re_sends_from_the_first_known_time(
     tmp_path: Path, native: bool, jobs: str
 ) -> None:

@@ -337,9 +337,17 @@ def unstable_key(
     key = record.get("idempotency_key")
     if not key or prior is None or not prior.key or key == prior.key:
         return None
+    # Cite where this action carried its first key, which may be later than where the
+    # action first appeared (a first attempt without a key).
+    first_use = session.keys.get(prior.key)
+    first = (
+        first_use.where
+        if first_use is not None and first_use.action_id == record["action_id"]
+        else prior.where
+    )
     return (
         f"action '{record['action_id']}' carries idempotency_key {_shown(key)}, but {_shown(prior.key)} "
-        f"at {_at(prior.where, where)} — the far side sees two different requests"
+        f"at {_at(first, where)} — the far side sees two different requests"
     )
 
 
