@@ -236,6 +236,10 @@ def test_an_attempt_after_a_completed_one_executes_the_action_again(
     assert "at an earlier attempt was" in message and "again at attempt 2" in message
     after_a_failure = [R("a1", kind, "error", attempts=1, **retry), R("a1", kind, "ok", attempts=2, **retry)]
     assert [v for v in check_records(after_a_failure) if v.rule == rule] == []
+    # The same two attempts arriving the other way round (spans of one batch, redelivered):
+    # the earlier attempt is the past, not a re-run.
+    late = [R("a1", kind, "ok", attempts=2, **retry), R("a1", kind, "error", attempts=1, **retry)]
+    assert [v for v in check_records(late) if v.rule == rule] == []
 
 
 def test_attempts_of_an_action_that_is_not_retryable_are_duplicates() -> None:

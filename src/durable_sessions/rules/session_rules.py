@@ -54,11 +54,13 @@ def _again(prior: ActionMemory, record: ActionRecord, done: str = "executed") ->
 
 def _is_executed_again(prior: ActionMemory, record: ActionRecord) -> bool:
     """``record`` runs an action again that the session saw before: in another process
-    run, or as a new attempt (one already completed needs no more attempts)."""
+    run, or as a later attempt (one already completed needs no more attempts). Only a
+    strictly later attempt than every one seen: an earlier attempt that arrives after the
+    completed one (spans of one batch, redelivered) is the past, not a re-run."""
     if prior.is_other_incarnation(record):
         return True
     attempts = record.get("attempts")
-    return is_int(attempts) and attempts not in prior.attempts
+    return is_int(attempts) and bool(prior.attempts) and attempts > max(prior.attempts)
 
 
 @session_rule(
