@@ -18,6 +18,7 @@ import signal
 import sqlite3
 import threading
 import time
+import types
 import uuid
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,6 @@ from durable_sessions import semconv as sc
 from durable_sessions.digest import digest_value
 from durable_sessions.instrument import FileResultStore, action, resource, session
 from durable_sessions.journal import ActionInDoubt, AttemptsExhausted, Entry, SqliteJournal, plan
-from durable_sessions.processor import DurabilitySpanProcessor
 
 _REAL_INCARNATION = instrument.incarnation
 
@@ -47,10 +47,9 @@ def _own_incarnation(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def restart() -> None:
     """From here on, this test is the next process of the agent: a new incarnation
-    (``service.instance.id``) for its spans and entries, and nothing journaled here yet."""
+    (``service.instance.id``) for its spans and entries."""
     fresh = str(uuid.uuid4())
     instrument.incarnation = lambda: fresh  # type: ignore[assignment]
-    instrument._journaled_here.clear()
 
 
 class Agent:
@@ -234,40 +233,58 @@ def test_attempts_count_across_processes_up_to_the_cap(journal: SqliteJournal) -
         action("t1", "tool_call", retryable=True, max_attempts=3)(flaky)()
 
 
-def test_an_action_id_used_twice_in_one_process_runs_twice(journal: SqliteJournal) -> None:
-    """What this process journaled itself is nothing to recover: a second use of the id
-    runs, and its span says so, so that the rules report the duplicate."""
+def test_a_session_run_again_in_the_same_process_is_recovered(journal: SqliteJournal) -> None:
+    """A server that runs a session's loop again after it failed, in the same process,
+    must not ask or charge again: a completed action is replayed whichever process ran
+    it (a review found a version that ran them again, unjournaled)."""
     agent = Agent(journal)
-    found: list[Any] = []
-    agent.provider.add_span_processor(DurabilitySpanProcessor(mode="silent", on_violation=found.append))
 
-    @agent.action("w1", "external_read")
-    def weather(city: str) -> dict[str, str]:
-        agent.calls.append(city)
-        return {"city": city}
+    @agent.action("q1", "user_prompt")
+    def ask() -> dict[str, int]:
+        agent.calls.append("asked")
+        return {"budget": 2400}
 
-    @agent.action("p1", "payment", idempotency_key="k-1")
-    def charge(amount: int) -> dict[str, int]:
-        agent.calls.append(str(amount))
-        return {"charged": amount}
+    @agent.action("p1", "payment")
+    def charge() -> dict[str, str]:
+        agent.calls.append("charged")
+        return {"charge": "ch_1"}
 
-    with session("s-1", journal=journal):
-        assert weather("Paris") == {"city": "Paris"}
-        assert weather("Reykjavik") == {"city": "Reykjavik"}
-        assert charge(100) == {"charged": 100}
-        assert charge(2400) == {"charged": 2400}
-    assert agent.calls == ["Paris", "Reykjavik", "100", "2400"]
-    assert not any(span.attributes.get(sc.ACTION_REPLAYED) for span in agent.spans())
-    agent.provider.force_flush()
-    assert {(v.rule, v.action_id) for v in found} >= {
-        ("duplicate-action-id", "w1"),
-        ("duplicate-action-id", "p1"),
-    }
-    assert journal.get("s-1", "w1").outcome == {"city": "Paris"}  # the journal keeps the first outcome
-    restart()
-    with session("s-1", journal=journal):  # the next process replays what was journaled
-        assert weather("Oslo") == {"city": "Paris"}
-    assert agent.calls[4:] == []
+    def turn(fail: bool) -> None:
+        with session("s-1", journal=journal):
+            assert ask() == {"budget": 2400}
+            assert charge() == {"charge": "ch_1"}
+            if fail:
+                raise RuntimeError("the model timed out")
+
+    with pytest.raises(RuntimeError):
+        turn(fail=True)
+    turn(fail=False)  # the same process, the same session, again
+    assert agent.calls == ["asked", "charged"]
+    assert [span.attributes.get(sc.ACTION_REPLAYED) for span in agent.spans()][2:] == [True, True]
+
+
+def test_a_side_effect_cancelled_in_this_process_is_in_doubt(journal: SqliteJournal) -> None:
+    """A payment cut short by a timeout may have gone through, as one cut short by a
+    crash: retried in the same process, it is in doubt, not charged again."""
+    agent = Agent(journal)
+    sent: list[int] = []
+
+    @agent.action("p1", "payment")
+    async def charge() -> dict[str, str]:
+        sent.append(1)
+        await asyncio.sleep(10)
+        return {"charge": "ch_1"}
+
+    async def run() -> None:
+        with session("s-1", journal=journal):
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(charge(), timeout=0.05)
+            with pytest.raises(ActionInDoubt):
+                await charge()
+
+    asyncio.run(run())
+    assert sent == [1]
+    assert journal.get("s-1", "p1").status == "started"
 
 
 def test_an_action_in_flight_in_this_process_is_no_action_in_doubt(journal: SqliteJournal) -> None:
@@ -909,3 +926,60 @@ def test_a_task_returned_by_a_sync_function_is_given_back_as_it_is(journal: Sqli
 
     assert asyncio.run(run()) == {"charged": 1}
     assert journal.get("s-1", "p1").status == "ok"
+
+
+def test_a_returned_coroutine_closed_mid_await_leaves_its_action_in_doubt(journal: SqliteJournal) -> None:
+    """Closed while it awaited (cancelled, collected), its effect may or may not have
+    happened: the entry stays ``started``, as after a crash; it was written ``ok``."""
+
+    async def charging() -> dict[str, str]:
+        await asyncio.sleep(10)
+        return {"charge": "ch_1"}
+
+    pay = action("p1", "payment")(lambda: charging())
+
+    async def run() -> None:
+        with session("s-1", journal=journal):
+            pending = asyncio.ensure_future(pay())
+            await asyncio.sleep(0.01)
+            pending.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await pending
+
+    asyncio.run(run())
+    assert journal.get("s-1", "p1").status == "started"
+
+    @types.coroutine
+    def suspended() -> Any:
+        yield  # where an event loop would take over
+
+    async def charging_without_a_loop() -> dict[str, str]:
+        await suspended()
+        return {"charge": "ch_2"}
+
+    pay_again = action("p2", "payment")(lambda: charging_without_a_loop())
+    with session("s-1", journal=journal):
+        step = pay_again().__await__()
+        next(step)  # suspended inside the payment
+        step.close()  # GeneratorExit: it was journaled ``ok``
+    assert journal.get("s-1", "p2").status == "started"
+
+
+def test_a_journaled_sync_function_returning_a_coroutine_is_warned_about(
+    journal: SqliteJournal, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its replay returns the value, which the caller's ``await`` refuses: say so when it
+    is first journaled, before a restart meets it."""
+
+    async def charged() -> dict[str, int]:
+        return {"charged": 1}
+
+    pay = action("p-warned", "payment", idempotency_key="k-1")(lambda: charged())
+
+    async def run() -> None:
+        with session("s-1", journal=journal):
+            assert await pay() == {"charged": 1}
+
+    with caplog.at_level(logging.WARNING, logger="durable_sessions"):
+        asyncio.run(run())
+    assert any("declare the function async def" in r.getMessage() for r in caplog.records)

@@ -175,36 +175,35 @@ _incarnation: str | None = None
 """What :func:`incarnation` found in this process (None: not looked up yet)."""
 
 
-_journaled_here: dict[tuple[str, str], None] = {}
-"""The (session, action) pairs this process journaled, the most recent last: what
-:func:`~durable_sessions.journal.plan` is told was written here, not left by a process
-that died. Held for the last :data:`JOURNALED_HERE_LIMIT` actions; an id used again
-after that many others is replayed, as an earlier process's would be."""
-_journaled_here_lock = threading.Lock()
-JOURNALED_HERE_LIMIT = 65_536
+_in_flight: set[tuple[str, str]] = set()
+"""The (session, action) pairs whose journaled run is under way in this process: a
+``started`` entry of one of them is no action a dead process left in doubt, but the
+same action entered again while it runs (a retry from inside itself, another thread)."""
+_in_flight_lock = threading.Lock()
 
 
-def _remember_journaled(session_id: str, action_id: str) -> None:
-    key = (session_id, action_id)
-    with _journaled_here_lock:
-        _journaled_here.pop(key, None)
-        _journaled_here[key] = None
-        if len(_journaled_here) > JOURNALED_HERE_LIMIT:
-            del _journaled_here[next(iter(_journaled_here))]
+def _take_off(key: tuple[str, str]) -> None:
+    with _in_flight_lock:
+        _in_flight.add(key)
 
 
-def _was_journaled_here(session_id: str, action_id: str) -> bool:
-    with _journaled_here_lock:
-        return (session_id, action_id) in _journaled_here
+def _land(key: tuple[str, str]) -> None:
+    with _in_flight_lock:
+        _in_flight.discard(key)
+
+
+def _is_in_flight(session_id: str, action_id: str) -> bool:
+    with _in_flight_lock:
+        return (session_id, action_id) in _in_flight
 
 
 def _new_incarnation() -> None:
-    global _INCARNATION, _incarnation, _journaled_here_lock
+    global _INCARNATION, _incarnation, _in_flight_lock
     _INCARNATION = str(uuid.uuid4())
     _incarnation = None  # a forked child looks its own up (the SDK renews its id after a fork too)
-    # A forked child is a process of its own: what its parent journaled is left to recover.
-    _journaled_here_lock = threading.Lock()
-    _journaled_here.clear()
+    # A forked child runs none of its parent's actions: their entries are the parent's.
+    _in_flight_lock = threading.Lock()
+    _in_flight.clear()
 
 
 if hasattr(os, "register_at_fork"):
@@ -668,7 +667,7 @@ class action:
                 journal_entry, boundary = None, 0
                 if runs:
                     journal_entry = _journal_entry(
-                        journal if step.journaled else None,
+                        journal,
                         session_id,
                         action_id,
                         self.kind,
@@ -680,7 +679,6 @@ class action:
                     # effect cut short is known to be in doubt, and a crash loop is counted.
                     if journal_entry is not None:
                         _journal_put(journal, journal_entry)
-                        _remember_journaled(journal_entry.session_id, journal_entry.action_id)
                     boundary = crash.before()
                 else:
                     _served(act, step)
@@ -733,6 +731,8 @@ class _Ending:
         self.entry = entry
         self.boundary = boundary
         self.runs = runs
+        if entry is not None:
+            _take_off((entry.session_id, entry.action_id))
 
     def ok(self) -> None:
         """The body ran to its end: past the ``after`` crash point, completed in the journal."""
@@ -740,6 +740,7 @@ class _Ending:
             crash.after(self.boundary)
             if self.entry is not None:
                 _journal_put(self.journal, _completed(self.entry, self.act))
+        self._landed()
 
     def raised(self, error: BaseException) -> None:
         """The body raised ``error`` (which the caller re-raises)."""
@@ -751,6 +752,16 @@ class _Ending:
             self.ok()
         else:
             _interrupted(self.act)
+        self._landed()
+
+    def interrupted(self) -> None:
+        """The run was cut short: its entry stays ``started``, in doubt for a later process."""
+        _interrupted(self.act)
+        self._landed()
+
+    def _landed(self) -> None:
+        if self.entry is not None:
+            _land((self.entry.session_id, self.entry.action_id))
 
 
 def _awaited(act: Action, awaitable: Awaitable[Any], record: bool) -> Awaitable[Any]:
@@ -762,6 +773,8 @@ def _awaited(act: Action, awaitable: Awaitable[Any], record: bool) -> Awaitable[
     point and the journal's completion come after the await.
     """
     act._handed_over = True
+    if act._ending is not None and act._ending.entry is not None:
+        _warn_replay_not_awaitable(act.action_id)
     context = contextvars.copy_context()  # the span is current here, and the session
 
     async def finish() -> Any:
@@ -769,6 +782,10 @@ def _awaited(act: Action, awaitable: Awaitable[Any], record: bool) -> Awaitable[
         try:
             try:
                 value = await _InContext(context, awaitable)
+            except GeneratorExit:  # closed mid-await: the effect may or may not have happened
+                if ending is not None:
+                    ending.interrupted()
+                raise
             except BaseException as error:
                 if ending is not None:
                     ending.raised(error)
@@ -784,6 +801,18 @@ def _awaited(act: Action, awaitable: Awaitable[Any], record: bool) -> Awaitable[
     return finish()
 
 
+@functools.lru_cache(maxsize=1024)
+def _warn_replay_not_awaitable(action_id: str) -> None:
+    """Once per action id: its replay will return the recorded value itself, which the
+    caller's ``await`` refuses; nothing at replay tells that the function returned a
+    coroutine. The fix is the user's: ``async def``."""
+    logger.warning(
+        "durable_sessions: action %r is a sync function that returned a coroutine: it is journaled, "
+        "but a replay returns the recorded value, which cannot be awaited; declare the function async def",
+        action_id,
+    )
+
+
 def _plan(
     journal: Journal | None,
     session_id: str | None,
@@ -796,8 +825,8 @@ def _plan(
     if journal is None or session_id is None:
         return RUN_FIRST
     try:
-        written_here = _was_journaled_here(session_id, action_id)
-        return plan(journal.get(session_id, action_id), kind, fields, written_here=written_here)
+        in_flight = _is_in_flight(session_id, action_id)
+        return plan(journal.get(session_id, action_id), kind, fields, in_flight=in_flight)
     except (ActionInDoubt, AttemptsExhausted):
         raise
     except Exception as error:

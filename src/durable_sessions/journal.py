@@ -26,8 +26,7 @@ After a crash, the same code in a new process replays instead of re-running:
   :class:`ActionInDoubt` is raised instead of repeating the effect, and
   :meth:`SqliteJournal.resolve` or :meth:`SqliteJournal.discard` settles it.
 
-What this process journaled itself is nothing to recover: an action id used again in
-the same process runs (see :func:`plan`).
+An action this process is running right now, entered again, runs (see :func:`plan`).
 
 The journal holds results in full, since replay must return them: it is the agent's own
 state, kept beside the agent, not the sidecar's (which keeps digests only).
@@ -144,8 +143,6 @@ class Plan:
     decision: Literal["run", "replay", "skip"]
     attempts: int = 1
     entry: Entry | None = None
-    journaled: bool = True
-    """Whether the run writes its entries (``started``, then its outcome) to the journal."""
 
 
 RUN_FIRST = Plan("run")
@@ -157,30 +154,25 @@ def is_side_effect(kind: str, fields: dict[str, Any]) -> bool:
     return is_side_effecting({**fields, "kind": kind})
 
 
-def plan(entry: Entry | None, kind: str, fields: dict[str, Any], *, written_here: bool = False) -> Plan:
+def plan(entry: Entry | None, kind: str, fields: dict[str, Any], *, in_flight: bool = False) -> Plan:
     """Decide from the journal's entry (``None``: never seen) what to do with an action.
 
-    ``written_here``: this process journaled the action itself (the instrumentation
-    remembers which it did; an incarnation cannot tell, since a ``service.instance.id``
-    may stay the same across restarts, as one derived from a pod's name does). An entry
-    this process wrote itself is nothing to recover: the action id is used
-    again in the same process (an agent bug, or a retry), and the action runs. One it
-    completed runs unjournaled, so the journal keeps the first outcome; one still
-    ``started`` here (in flight, or interrupted and caught) runs as the next attempt,
-    never in doubt.
+    ``in_flight``: this process is running the action right now (the instrumentation
+    knows which it is running), so a ``started`` entry is its own run entered again (a
+    retry from inside itself, another thread), which runs as the next attempt, never in
+    doubt. Any other entry is recovered, whichever process wrote it: a completed action
+    is replayed even in the process that ran it (a server running a session's loop again
+    after it failed must not ask or charge again), and one cut short is in doubt.
 
-    Raises :class:`ActionInDoubt` for an unkeyed, unskippable side effect that an earlier
-    process started and never completed, and :class:`AttemptsExhausted` for an action
-    that already had its ``max_attempts``.
+    Raises :class:`ActionInDoubt` for an unkeyed, unskippable side effect that was started
+    and never completed (a process that died, a run cancelled by a timeout), and
+    :class:`AttemptsExhausted` for an action that already had its ``max_attempts``.
     """
     if entry is None:
         return RUN_FIRST
-    ours = written_here
-    if ours and entry.status == sc.STATUS_OK:
-        return Plan("run", 1, entry, journaled=False)
     if entry.status == sc.STATUS_OK and (entry.is_recorded or is_side_effect(kind, fields)):
         return Plan("replay", entry.attempts, entry)
-    if entry.status == sc.STATUS_STARTED and not ours and is_side_effect(kind, fields):
+    if entry.status == sc.STATUS_STARTED and not in_flight and is_side_effect(kind, fields):
         if fields.get("replay") == sc.REPLAY_SKIP:
             return Plan("skip", entry.attempts, entry)
         if not (fields.get("idempotency_key") or entry.idempotency_key):
