@@ -277,3 +277,20 @@ def test_no_hidden_form_reads_as_a_time() -> None:
     for n in range(20_000):
         shown = hidden(f"key-{n}")
         assert time_component(shown) is None, shown
+
+
+def test_a_long_session_id_stored_whole_by_an_older_sidecar_is_still_found(
+    start_sidecar, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    """Before the stored record, a session id of any length was stored as given: the API
+    looks a long id up by its stored digest, and then by the id itself."""
+    from durable_sessions_collector.store import stored
+
+    sidecar = start_sidecar()
+    long_id = "trip-" + "S" * 1_000
+    monkeypatch.setattr(stored, "MAX_TEXT", 10_000)  # as an older sidecar stored it
+    agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
+    agent.action(long_id, "a1", "tool_call")
+    agent.shutdown()
+    monkeypatch.undo()
+    assert sidecar.session(long_id)["session_id"] == long_id

@@ -37,6 +37,7 @@ from durable_sessions_collector.store.base import (
     split_page,
     text_bytes,
 )
+from durable_sessions_collector.store.stored import stored_text
 
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
@@ -105,7 +106,12 @@ def session_page(
         min(violations_size, MAX_DETAIL_PAGE),
         _position(violations_token, session_id, "violations_page_token", _violation_position),
     )
-    detail = store.get_session(session_id, pages)
+    # A long id is stored as its digest; a session stored before that (by an older
+    # sidecar) keeps its own id, so it is looked up by that too.
+    stored_id = stored_text(session_id)
+    detail = store.get_session(stored_id, pages)
+    if detail is None and stored_id != session_id:
+        detail = store.get_session(session_id, pages)
     if detail is None:
         return None, "", ""
     session = _session_digest(session_id)

@@ -84,7 +84,6 @@ from durable_sessions_collector.store.base import (
     within_budget,
 )
 from durable_sessions_collector.store.pool import ReadPool
-from durable_sessions_collector.store.stored import stored_text
 
 SCHEMA_VERSION = 2
 CLAIM_LEASE_S = 60.0
@@ -446,7 +445,6 @@ class PostgresStore:
         return [_summary(row) for row in rows]
 
     def get_session(self, session_id: str, pages: DetailPages = FIRST_PAGES) -> SessionDetail | None:
-        session_id = stored_text(session_id)  # a long id is stored as its digest
         actions_after = pages.actions_after
         after = f"AND ({ACTION_ORDER}, id) > (%s, %s) " if actions_after is not None else ""
         with self._read() as db, db.transaction():
