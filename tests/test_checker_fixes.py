@@ -486,6 +486,8 @@ def test_integers_beyond_64_bits_are_read_exactly(tmp_path: Path, native: bool, 
         (b'{"startTimeUnixNano":"1700000000000000000"}', False),  # OTLP/JSON: a quoted number
         (b'{"n":18446744073709551}', False),
         (b'{"n":0.1000000000000000000001}', False),
+        (b"100000000000000000001", True),  # a span's result text may be a bare number
+        (b'"100000000000000000001"', False),
     ],
 )
 def test_only_a_bare_long_integer_sends_a_line_to_the_exact_reader(line: bytes, long: bool) -> None:

@@ -11,7 +11,6 @@ reads as that double, losing its last digits: :func:`exact_integers` reads it ag
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,22 +52,6 @@ def parse_with_stdlib(text: bytes | str, error: orjson.JSONDecodeError) -> Any:
     return value
 
 
-_LONG_DIGITS = re.compile(r"[0-9]{19}")
-"""Where an integer beyond 64 bits may be: -2^63 - 1 has 19 digits."""
-
-
-def exact_integers(text: str, value: Any) -> Any:
-    """``value``, orjson's reading of ``text``, read again by the standard library when
-    ``text`` may hold an integer beyond 64 bits, which orjson turns into a float
-    (100000000000000000000 became 1e+20: another digest than the recorded one)."""
-    if _LONG_DIGITS.search(text) is None:
-        return value
-    try:
-        return json.loads(text, parse_constant=_reject_constant)
-    except (ValueError, RecursionError):
-        return value
-
-
 def _bare_digits_table() -> bytes:
     table = bytearray(b"." * 256)
     table[ord("0") : ord("9") + 1] = b"0" * 10
@@ -81,28 +64,30 @@ _BARE_DIGITS = _bare_digits_table()
 _BARE_LONG_RUN = b":" + b"0" * 19
 
 
-def may_hold_long_integer(line: bytes) -> bool:
-    """Whether the JSON text ``line`` may hold an integer of 19 digits or more that orjson
-    reads inexactly: a run of 19 digits after what starts a bare number (``:``, ``,``,
-    ``[``, a blank or a minus sign). A run in a string after a quote (an OTLP/JSON
-    timestamp, ``"1700000000000000000"``) is not one; one after a blank or a minus sign
-    inside a string is taken for one (the line is only read again, at some cost).
-    One pass of ``bytes.translate`` and a substring search: under a microsecond a line.
-    ``_engine.c`` (``holds_long_integer``) tests the same."""
-    return _BARE_LONG_RUN in line.translate(_BARE_DIGITS)
+def may_hold_long_integer(text: bytes) -> bool:
+    """Whether the JSON text ``text`` may hold an integer of 19 digits or more that orjson
+    reads inexactly: a run of 19 digits at the start, or after what starts a bare number
+    (``:``, ``,``, ``[``, a blank or a minus sign). A run in a string after a quote (an
+    OTLP/JSON timestamp, ``"1700000000000000000"``) is not one; one after a blank or a
+    minus sign inside a string is taken for one (the text is only read again, at some
+    cost). One pass of ``bytes.translate`` and a substring search: under a microsecond a
+    line. ``_engine.c`` (``holds_long_integer``) tests the same of a line (an object,
+    which never starts with a digit)."""
+    return _BARE_LONG_RUN in text.translate(_BARE_DIGITS) or text[:19].isdigit()
 
 
-def exact_line(line: bytes, value: Any) -> Any:
-    """``value``, orjson's reading of ``line``, read again by the standard library when
-    ``line`` may hold an integer beyond 64 bits (:func:`may_hold_long_integer`): orjson
-    reads 100000000000000000001 as 1e+20, and the record so read has another digest
-    than the one recorded for it."""
-    if not may_hold_long_integer(line):
+def exact_integers(text: str | bytes, value: Any) -> Any:
+    """``value``, orjson's reading of ``text``, read again by the standard library when
+    ``text`` may hold an integer beyond 64 bits (:func:`may_hold_long_integer`), which
+    orjson turns into a float (100000000000000000001 became 1e+20: another digest than
+    the recorded one). One test for a span's result text and a log's line."""
+    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
+    if not may_hold_long_integer(data):
         return value
     try:
-        return json.loads(line, parse_constant=_reject_constant)
+        return json.loads(text, parse_constant=_reject_constant)
     except (ValueError, RecursionError):
         return value
 
 
-__all__ = ["Failure", "exact_integers", "exact_line", "may_hold_long_integer", "parse_with_stdlib"]
+__all__ = ["Failure", "exact_integers", "may_hold_long_integer", "parse_with_stdlib"]

@@ -27,7 +27,7 @@ from typing import IO, Any, Literal
 import orjson
 
 from durable_sessions import kinds, otlp_json
-from durable_sessions.json_text import Failure, exact_line, parse_with_stdlib
+from durable_sessions.json_text import Failure, exact_integers, parse_with_stdlib
 from durable_sessions.mapping import map_span, with_problems
 from durable_sessions.record import ActionRecord, Location, line_location
 
@@ -112,7 +112,7 @@ def display_name(path: str) -> str:
 def parse_object(line: bytes) -> dict[str, Any] | str:
     """The JSON object on ``line``, or a message saying why there is none."""
     try:
-        value = exact_line(line, orjson.loads(line))
+        value = exact_integers(line, orjson.loads(line))
     except orjson.JSONDecodeError as error:
         value = parse_with_stdlib(line, error)
         if isinstance(value, Failure):
@@ -169,7 +169,7 @@ def parse_line(raw: bytes | None, name: str, number: int, max_line_bytes: int) -
         if value is None:
             return None
     else:
-        value = exact_line(raw, value)  # integers beyond 64 bits, which orjson rounds
+        value = exact_integers(raw, value)  # integers beyond 64 bits, which orjson rounds
     if type(value) is dict:
         return value, line_location(name, number)  # type: ignore[return-value]
     return Unreadable(Location(name, number), _why_unreadable(value))
