@@ -235,12 +235,12 @@ def test_raise_mode_raises_violations_only_and_shutdown_never_raises() -> None:
     # an internal error is not raised in raise mode
     rig.processor.on_end(object())  # type: ignore[arg-type]
     assert rig.processor.internal_errors == 1
-    # a started side effect never completed: end-of-session finding at force_flush ...
+    # a started side effect never completed: end-of-session finding at end_sessions ...
     rig.span(
         **{sc.ACTION_KIND: "payment", sc.ACTION_ID: "b", sc.SESSION_ID: "s2", sc.ACTION_STATUS: "started"}
     )
     with pytest.raises(DurabilityViolationError):
-        rig.processor.force_flush()
+        rig.processor.end_sessions()
     rig.span(
         **{sc.ACTION_KIND: "payment", sc.ACTION_ID: "c", sc.SESSION_ID: "s3", sc.ACTION_STATUS: "started"}
     )

@@ -337,7 +337,7 @@ def test_generator_exit_from_an_early_break_is_not_a_failure() -> None:
         for i in range(5):
             for _hit in search(i):
                 break
-    strict.processor.force_flush()
+    strict.processor.end_sessions()
     assert {s.status.status_code for s in strict.spans()} == {StatusCode.UNSET}
     assert all(sc.ACTION_STATUS not in s.attributes for s in strict.spans())
     assert strict.rules() == []
@@ -380,7 +380,7 @@ def test_cancelled_action_is_started_and_its_unkeyed_effect_unresolved(env: Env)
     assert span.status.status_code is StatusCode.UNSET
     assert span.attributes[sc.ACTION_STATUS] == "started"
     assert env.rules() == []  # not an unkeyed *completed* payment, nor a failure
-    env.processor.force_flush()  # ends the session: the effect may or may not have happened
+    env.processor.end_sessions()  # ends the session: the effect may or may not have happened
     assert env.rules() == ["unresolved-side-effect"]
 
 
@@ -490,7 +490,7 @@ def test_result_not_shorter_than_the_attribute_limit_goes_to_the_store(tmp_path:
             stored = Path(attributes[sc.ACTION_RESULT_REF].removeprefix("file://"))
             assert json.loads(stored.read_bytes()) == values[length]
     assert where == {4095: "inline", 4096: "store", 10_000: "store"}
-    limited.processor.force_flush()
+    limited.processor.end_sessions()
     assert limited.rules() == []
     limited.provider.shutdown()
 
@@ -509,7 +509,7 @@ def test_attribute_limit_from_the_environment_is_honoured(
         act.record({"text": "y" * 10_000})
     attributes = limited.action_span().attributes
     assert sc.ACTION_RESULT not in attributes and attributes[sc.ACTION_RESULT_REF].startswith("file://")
-    limited.processor.force_flush()
+    limited.processor.end_sessions()
     assert limited.rules() == []
     limited.provider.shutdown()
 

@@ -126,7 +126,7 @@ def test_end_of_session_findings_are_counted_with_their_action_kind(setup: Setup
     with session("s-1"):
         setup.action("e1", "email", status="started")  # intent of an unkeyed email, never completed
     assert setup.violations == []
-    setup.processor.force_flush()
+    setup.processor.end_sessions()
     assert setup.rules() == ["unresolved-side-effect"]
     assert setup.counted() == {("unresolved-side-effect", "error", "email"): 1}
 
@@ -164,12 +164,13 @@ def test_raise_mode_raises_into_the_code_that_ended_the_span() -> None:
     assert len(s.exporter.get_finished_spans()) == 1  # added before it: still exported
 
 
-def test_raise_mode_raises_end_of_session_findings_from_force_flush() -> None:
+def test_raise_mode_raises_end_of_session_findings_from_end_sessions() -> None:
     s = Setup(mode="raise")
     with session("s-1"):
         s.action("a1", "payment", status="started")
+    assert s.provider.force_flush()  # ends no session: nothing to raise yet
     with pytest.raises(DurabilityViolationError) as caught:
-        s.provider.force_flush()
+        s.processor.end_sessions()
     assert [v.rule for v in caught.value.violations] == ["unresolved-side-effect"]
     s.provider.shutdown()  # never raises
 
@@ -226,18 +227,35 @@ def test_sessions_are_held_in_a_bounded_lru() -> None:
     # s-1 was evicted when s-3 arrived: its end-of-session rules ran then.
     assert [(v.rule, v.session_id) for v in s.violations] == [("unresolved-side-effect", "s-1")]
     assert s.processor.checker.open_sessions == 2
-    s.provider.force_flush()
+    s.processor.end_sessions()
     assert sorted(v.session_id for v in s.violations) == ["s-1", "s-2", "s-3"]
     s.provider.shutdown()
 
 
-def test_force_flush_runs_end_of_session_rules(setup: Setup) -> None:
+def test_end_sessions_runs_end_of_session_rules(setup: Setup) -> None:
     with session("s-1"):
         for attempt in (1, 2, 3):
             setup.action("a4", "tool_call", error=True, retryable=True, max_attempts=3, attempts=attempt)
     assert setup.violations == []
-    setup.provider.force_flush()
+    assert setup.processor.end_sessions()
     assert setup.rules() == ["retry-not-escalated"]
+
+
+def test_force_flush_mid_session_ends_no_session(setup: Setup) -> None:
+    """A serverless handler flushes after each invocation; the session goes on in the next.
+    Ending it at the flush flagged what the next invocation settles: a tool that failed
+    its last attempt, escalated to the user next, and an email started, completed next."""
+    with session("s-1"):
+        for attempt in (1, 2, 3):
+            setup.action("a4", "tool_call", error=True, retryable=True, max_attempts=3, attempts=attempt)
+        setup.action("e1", "email", status="started")
+    assert setup.provider.force_flush()
+    assert setup.violations == []
+    with session("s-1"):
+        setup.action("q1", "user_prompt", result='{"answer": "use the backup"}')
+        setup.action("e1", "email", result='{"sent": true}')
+    assert setup.processor.end_sessions()
+    assert setup.violations == []
 
 
 def test_end_session(setup: Setup) -> None:

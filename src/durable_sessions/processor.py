@@ -24,8 +24,8 @@ and logged once. The single exception is ``mode="raise"``, for tests, which rais
 exporting processors, so that they still see the span).
 
 Sessions are held in a bounded LRU (``max_sessions``); an evicted session, and every
-session at :meth:`force_flush` and :meth:`shutdown`, is ended and its end-of-session
-rules run. In ``on_start`` the processor copies the session id of the surrounding
+session at :meth:`end_sessions` and :meth:`shutdown`, is ended and its end-of-session
+rules run. :meth:`force_flush` reports what was found so far and ends no session. In ``on_start`` the processor copies the session id of the surrounding
 :func:`durable_sessions.instrument.session` block, or of the parent span, onto spans
 that carry none.
 
@@ -514,19 +514,35 @@ class DurabilitySpanProcessor(SpanProcessor):
             self._internal_error("on_end", error)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        """End every open session and run its end-of-session rules.
+        """Report the findings of every span ended so far; every session stays open.
 
         With ``checking="process"`` this waits, at most ``timeout_millis``, for the
         checker process to check every span handed over so far; False if it did not.
+        No session is ended: a flush comes mid-session (a serverless handler flushes
+        after each invocation), where end-of-session rules would judge a retry or a
+        side effect that the session has yet to settle. :meth:`end_sessions`,
+        :meth:`end_session`, eviction and :meth:`shutdown` end sessions.
         """
         try:
-            return self._finish(timeout_s=timeout_millis / 1000)
+            return self.wait_checked(timeout_millis / 1000)
+        finally:
+            self._log.flush()  # the summary of lines over the limit, as the docs say
+
+    def end_sessions(self, timeout_s: float = 30.0) -> bool:
+        """End every open session now and report its end-of-session findings.
+
+        In ``mode="raise"`` the findings are raised as :class:`DurabilityViolationError`.
+        With ``checking="process"`` this waits, at most ``timeout_s``, for the checker
+        process; False if it did not answer in time.
+        """
+        try:
+            return self._finish(timeout_s=timeout_s)
         except DurabilityViolationError:
             raise
         except Exception as error:  # fail open
-            self._internal_error("force_flush", error)
+            self._internal_error("end_sessions", error)
         finally:
-            self._log.flush()  # the summary of lines over the limit, as the docs say
+            self._log.flush()
         return True
 
     def shutdown(self) -> None:

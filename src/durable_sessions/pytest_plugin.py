@@ -65,7 +65,7 @@ class Durability:
 
     def finish(self) -> list[Violation]:
         """End every open session now (running end-of-session rules); return all violations."""
-        self.processor.force_flush()
+        self.processor.end_sessions()
         return list(self.violations)
 
     def clear(self) -> None:
