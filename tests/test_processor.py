@@ -243,17 +243,15 @@ def test_end_sessions_runs_end_of_session_rules(setup: Setup) -> None:
 
 def test_force_flush_mid_session_ends_no_session(setup: Setup) -> None:
     """A serverless handler flushes after each invocation; the session goes on in the next.
-    Ending it at the flush flagged what the next invocation settles: a tool that failed
-    its last attempt, escalated to the user next, and an email started, completed next."""
+    Ending it at the flush flagged a tool that failed its last attempt, which the next
+    invocation escalated to the user, as a retry never escalated."""
     with session("s-1"):
         for attempt in (1, 2, 3):
             setup.action("a4", "tool_call", error=True, retryable=True, max_attempts=3, attempts=attempt)
-        setup.action("e1", "email", status="started")
     assert setup.provider.force_flush()
     assert setup.violations == []
     with session("s-1"):
         setup.action("q1", "user_prompt", result='{"answer": "use the backup"}')
-        setup.action("e1", "email", result='{"sent": true}')
     assert setup.processor.end_sessions()
     assert setup.violations == []
 
