@@ -175,6 +175,34 @@ def test_a_dead_checker_process_fails_open(caplog: pytest.LogCaptureFixture, sen
     provider.shutdown()
 
 
+def test_a_checker_process_that_cannot_start_gives_way_to_inline_checking(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, sender: str
+) -> None:
+    """An embedding program (uWSGI, mod_wsgi) has a ``sys.executable`` that is no Python:
+    the checker process it starts ends at once. Its spans were dropped from then on."""
+    monkeypatch.setattr(sys, "executable", "/bin/false")
+    seen: list[Violation] = []
+    processor = DurabilitySpanProcessor(mode="log", checking="process", on_violation=seen.append)
+    provider, exporter = provider_with(processor)
+    deadline = time.monotonic() + 10
+    while processor.checking != "inline" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert processor.checking == "inline"
+    assert "could not start; checking inline instead" in caplog.text
+    assert processor.internal_errors == 1
+    with provider.get_tracer("t").start_as_current_span(
+        "pay", attributes={sc.SESSION_ID: "s", sc.ACTION_ID: "p1", sc.ACTION_KIND: "payment"}
+    ):
+        pass
+    assert [v.rule for v in seen] == ["unkeyed-side-effect"]  # checked inline, at once
+    assert processor.spans_dropped == 0 and processor.actions_checked == 1
+    start_unfinished_email(provider, "s-2")
+    assert processor.end_sessions()
+    assert [v.rule for v in seen][1:] == ["unresolved-side-effect"]
+    provider.shutdown()
+    assert len(exporter.get_finished_spans()) == 2
+
+
 def test_a_full_queue_drops_and_counts_instead_of_blocking(sender: str) -> None:
     errors: list[str] = []
     checker = checker_process(

@@ -51,8 +51,9 @@ from durable_sessions.violation import Severity, Violation
 SPAN, RESOURCE, END_SESSION, FINISH, SYNC = 0, 1, 2, 3, 4
 """Messages to the checker process: ``(SPAN, *SpanParts)``, ``(RESOURCE, attributes)``,
 ``(END_SESSION, token, session_id)``, ``(FINISH, token)``, ``(SYNC, token)``."""
-FOUND, DONE, FAILED = 0, 1, 2
-"""Messages back: ``(FOUND, violations, spans checked so far)``,
+FOUND, DONE, FAILED, READY = 0, 1, 2, 3
+"""Messages back: ``(READY,)`` first, once the process can check,
+``(FOUND, violations, spans checked so far)``,
 ``(DONE, token, violations, actions checked so far, spans checked so far)``, ``(FAILED, error)``."""
 
 DEFAULT_QUEUE_LIMIT = 65_536
@@ -301,6 +302,7 @@ class CheckerProcess:
         max_sessions: int,
         report: Report,
         on_error: ErrorHandler,
+        on_unstartable: ErrorHandler | None = None,
         queue_limit: int = DEFAULT_QUEUE_LIMIT,
         batch_size: int = DEFAULT_BATCH_SIZE,
         interval_s: float = DEFAULT_INTERVAL_S,
@@ -312,6 +314,8 @@ class CheckerProcess:
         }
         self._report = report
         self._on_error = on_error
+        self._on_unstartable = on_unstartable
+        self._ready = False  # whether the process said it can check (READY)
         self._closing = False
         self._alive = True
         self._tokens = itertools.count(1)
@@ -496,16 +500,22 @@ class CheckerProcess:
                 if message[1] in self._waiting:
                     self._answers[message[1]] = violations
                 self._answered.notify_all()
+        elif message[0] == READY:
+            self._ready = True
         else:
             self._on_error("the checker process", RuntimeError(message[1]))
 
     def _fail(self, where: str, error: Exception) -> None:
+        """The process stopped checking: told to ``on_unstartable`` when it never said it
+        was ready (it could not start: ``sys.executable`` is no Python, an import failed),
+        to ``on_error`` otherwise."""
         if not self._alive or self._forked():
             return
         self._alive = False
         self._lost = True  # what it was sent and did not say it checked is counted dropped
         self._sender.stop()  # later spans are dropped and counted
-        self._on_error(where, error)
+        unstartable = not self._ready and self._on_unstartable is not None
+        (self._on_unstartable if unstartable else self._on_error)(where, error)  # type: ignore[misc]
         with self._answered:
             self._answered.notify_all()
 
@@ -609,6 +619,10 @@ def main(argv: list[str] | None = None) -> int:
     # Frames own the real stdout; anything printed goes to stderr instead of corrupting them.
     sink = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    try:
+        write_frame(sink, encode_frame([(READY,)]))
+    except BrokenPipeError:  # the application is gone already: nothing to check
+        return 0
     while (messages := read_frame(source)) is not None:
         replies = session.answer(messages)
         if replies:

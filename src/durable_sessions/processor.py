@@ -357,8 +357,10 @@ class DurabilitySpanProcessor(SpanProcessor):
         else:
             log_limit_per_minute = _positive_int("log_limit_per_minute", log_limit_per_minute)
         rules = tuple(rules)
+        self._checker_options = (rules, key_window_s, max_sessions)
         self.checker: Checker | None = None
         self._offload: CheckerProcess | None = None
+        self._unstarted: CheckerProcess | None = None  # a checker process that could not start
         self.on_violation = on_violation
         self.copy_session = copy_session
         self.internal_errors = 0
@@ -383,7 +385,13 @@ class DurabilitySpanProcessor(SpanProcessor):
         self._metric_attributes: dict[tuple[str, str, str], dict[str, str]] = {}
         self._resource: object = None
         self._resource_attributes: Mapping[str, object] = _NO_ATTRIBUTES
-        if checking == "process" and mode != "off":
+        with self._lock:  # a checker process that ends at once gives way only once set up here
+            self._start_checking()
+            self._go_native()
+
+    def _start_checking(self) -> None:
+        rules, key_window_s, max_sessions = self._checker_options
+        if self.checking == "process" and self.mode != "off":
             try:
                 self._offload = CheckerProcess(
                     rules,
@@ -391,13 +399,31 @@ class DurabilitySpanProcessor(SpanProcessor):
                     max_sessions=max_sessions,
                     report=self._report_found,
                     on_error=self._internal_error,
+                    on_unstartable=self._check_inline_instead,
                 )
             except OSError as error:  # no process could be started: check here rather than not at all
                 self._internal_error("starting the checker process (checking inline instead)", error)
                 self.checking = "inline"
         if self.checking == "inline":
-            self.checker = Checker(rules, key_window_s=key_window_s, max_sessions=max_sessions)
-        self._go_native()
+            self.checker = self._new_checker()
+
+    def _new_checker(self) -> Checker:
+        rules, key_window_s, max_sessions = self._checker_options
+        return Checker(rules, key_window_s=key_window_s, max_sessions=max_sessions)
+
+    def _check_inline_instead(self, where: str, error: Exception) -> None:
+        """The checker process ended before it could check anything (an embedding
+        program's ``sys.executable`` that is no Python, an import that failed there):
+        check inline from now on, as when no process could be started at all. What was
+        handed to it meanwhile is counted in ``spans_dropped``."""
+        with self._lock:
+            if self._offload is None:  # told twice (its reader and its sender both saw it end)
+                return
+            self.checker = self._new_checker()
+            self._unstarted, self._offload = self._offload, None
+            self.checking = "inline"
+            self.__dict__.pop("on_end", None)  # the native hand-over: back to _check_ended
+        self._internal_error(f"{where} (it could not start; checking inline instead)", error)
 
     def _go_native(self) -> None:
         """Where the C extension was built, make its functions this instance's ``on_start``
@@ -491,7 +517,8 @@ class DurabilitySpanProcessor(SpanProcessor):
             # The current resource is switched and used in one step, under the lock:
             # switched outside it, a span could be checked (or, with a checker process,
             # sent after the declaration of) another thread's resource.
-            if self._offload is not None:
+            offload = self._offload
+            if offload is not None:
                 attributes = exact_attributes(attributes)  # marshal takes no enum member
                 if type(attributes) is not dict:
                     attributes = dict(attributes)
@@ -499,7 +526,7 @@ class DurabilitySpanProcessor(SpanProcessor):
                 with self._lock:
                     if resource is not self._resource:
                         self._use_resource(resource)
-                    self._offload.submit(message)
+                    offload.submit(message)  # a checker that could not start counts it dropped
                 return
             parts = SpanParts(attributes, error, start_time, trace_id, span_id, limit)
             with self._lock:
@@ -553,8 +580,9 @@ class DurabilitySpanProcessor(SpanProcessor):
         self.__dict__.pop("on_start", None)
         try:
             self._finish(raising=False)
-            if self._offload is not None:
-                self._offload.close()
+            for offload in (self._offload, self._unstarted):
+                if offload is not None:
+                    offload.close()
             if self._intents is not None:
                 self._intents.close()
         except Exception as error:  # fail open
@@ -567,8 +595,8 @@ class DurabilitySpanProcessor(SpanProcessor):
     def end_session(self, session_id: str) -> list[Violation]:
         """End one session now (e.g. the agent finished it) and report its end-of-session findings."""
         try:
-            if self._offload is not None:
-                return self._offload.end_session(session_id, timeout_s=30.0) or []
+            if (offload := self._offload) is not None:
+                return offload.end_session(session_id, timeout_s=30.0) or []
             if self.checker is None:
                 return []
             with self._lock:
@@ -588,10 +616,11 @@ class DurabilitySpanProcessor(SpanProcessor):
         most ``timeout_s``; False if that was not enough) for the checker process, without
         ending any session. Tests use it before looking at what was reported.
         """
-        if self._offload is None or self._shut_down:
+        offload = self._offload
+        if offload is None or self._shut_down:
             return True  # nothing is being checked any more
         try:
-            return self._offload.sync(timeout_s)
+            return offload.sync(timeout_s)
         except Exception as error:  # fail open
             self._internal_error("wait_checked", error)
             return False
@@ -600,8 +629,8 @@ class DurabilitySpanProcessor(SpanProcessor):
     def actions_checked(self) -> int:
         """Action spans checked so far (with ``checking="process"``: as of the latest
         :meth:`wait_checked`, ``force_flush`` or ``end_session``)."""
-        if self._offload is not None:
-            return self._offload.actions
+        if (offload := self._offload) is not None:
+            return offload.actions
         return self.checker.actions if self.checker is not None else 0
 
     @property
@@ -613,7 +642,7 @@ class DurabilitySpanProcessor(SpanProcessor):
     @property
     def spans_dropped(self) -> int:
         """Spans not checked because the checker process fell behind or stopped."""
-        return self._offload.dropped if self._offload is not None else 0
+        return sum(offload.dropped for offload in (self._offload, self._unstarted) if offload is not None)
 
     def _use_resource(self, resource: object) -> None:
         """Spans from here on come from ``resource``; the checker process is told first.
@@ -633,8 +662,8 @@ class DurabilitySpanProcessor(SpanProcessor):
     def _finish(self, *, raising: bool = True, timeout_s: float = 30.0) -> bool:
         if self.mode == "off":
             return True
-        if self._offload is not None:
-            return self._offload.finish(timeout_s) is not None  # reported as they arrive
+        if (offload := self._offload) is not None:
+            return offload.finish(timeout_s) is not None  # reported as they arrive
         with self._lock:
             violations = self.checker.finish()  # type: ignore[union-attr]
         self._report(violations, raising=raising)
