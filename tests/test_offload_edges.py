@@ -42,6 +42,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from durable_sessions import processor as processor_module
 from durable_sessions import semconv as sc
 from durable_sessions.processor import ConfigurationError, DurabilitySpanProcessor
 from durable_sessions.violation import Violation
@@ -258,6 +259,21 @@ def test_shutdown_with_a_dead_checker_is_prompt_and_quiet(run: Run) -> None:
     assert run.processor.internal_errors == 1
     run.pay(1)  # after the processor's shutdown: ignored, never raised
     assert len(run.exporter.get_finished_spans()) == 2
+
+
+def test_shutdown_with_a_stopped_checker_is_bounded(run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checker that never answers (stopped, starved of CPU) held shutdown for 35 s; it
+    waits SHUTDOWN_CHECK_TIMEOUT_S, then the process is stopped and its spans counted."""
+    monkeypatch.setattr(processor_module, "SHUTDOWN_CHECK_TIMEOUT_S", 1.0)
+    run.pay(0)
+    assert run.processor.wait_checked(timeout_s=30)
+    os.kill(run.checker.pid, signal.SIGSTOP)
+    run.pay(1)
+    started = time.monotonic()
+    run.processor.shutdown()  # must not raise
+    assert time.monotonic() - started < 1.0 + 5 + 2  # the wait, then close's own bound
+    assert run.checker.poll() is not None  # stopped and reaped, not left behind
+    assert run.processor.spans_dropped == 1
 
 
 # -- overflow, large values, many threads ----------------------------------------------------

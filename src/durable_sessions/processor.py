@@ -98,6 +98,10 @@ Checking = Literal["inline", "process"]
 CHECKINGS: tuple[str, ...] = ("inline", "process")
 DEFAULT_MAX_SESSIONS = 1000
 DEFAULT_LOG_LIMIT_PER_MINUTE = 60
+SHUTDOWN_CHECK_TIMEOUT_S = 10.0
+"""How long :meth:`DurabilitySpanProcessor.shutdown` waits for the checker process to
+check what it was sent and end its sessions; one that has not answered by then (stopped,
+starved of CPU) is stopped, and what it had not checked is counted in ``spans_dropped``."""
 
 logger = logging.getLogger("durable_sessions")
 _NO_ATTRIBUTES: dict[str, object] = {}
@@ -579,7 +583,7 @@ class DurabilitySpanProcessor(SpanProcessor):
         self.__dict__.pop("on_end", None)  # back to the methods that ignore spans after shutdown
         self.__dict__.pop("on_start", None)
         try:
-            self._finish(raising=False)
+            self._finish(raising=False, timeout_s=SHUTDOWN_CHECK_TIMEOUT_S)
             for offload in (self._offload, self._unstarted):
                 if offload is not None:
                     offload.close()
