@@ -36,7 +36,16 @@ from durable_sessions.report import printable, table_lines
 from durable_sessions_collector import __version__
 from durable_sessions_collector.alerts import OTLP, WEBHOOK
 from durable_sessions_collector.client import DEFAULT_ENDPOINT, ApiClient, ApiError, ApiUsageError
-from durable_sessions_collector.config import OPTIONS, Config, ConfigError, check_token, load, reference
+from durable_sessions_collector.config import (
+    OPTIONS,
+    Config,
+    ConfigError,
+    check_token,
+    load,
+    reference,
+    store_secrets,
+)
+from durable_sessions_collector.redaction import RedactingStream
 from durable_sessions_collector.store import DeadAlert, Store, StoreError, open_store
 
 
@@ -181,12 +190,12 @@ def _sessions(args: argparse.Namespace, out: Output) -> int:
     try:
         client = ApiClient(args.endpoint, token=_token(args), ca_file=args.ca_file)
     except ApiUsageError as error:
-        print(f"durable-sessions-collector: {error}", file=sys.stderr)
+        _complain(str(error))
         return 2
     try:
         if args.sessions_command == "list":
             if not 1 <= args.limit <= 1000:
-                print("durable-sessions-collector: --limit must be from 1 to 1000", file=sys.stderr)
+                _complain("--limit must be from 1 to 1000")
                 return 2
             sessions = client.list_sessions(args.verdict, args.limit, every_page=args.all)
             if args.json:
@@ -196,7 +205,7 @@ def _sessions(args: argparse.Namespace, out: Output) -> int:
             return 0
         detail = client.session(args.session_id)
     except ApiError as error:
-        print(f"durable-sessions-collector: {error}", file=sys.stderr)
+        _complain(str(error))
         return 2 if isinstance(error, ApiUsageError) else 1
     if args.json:
         print(json.dumps(detail, indent=2), file=out)
@@ -207,12 +216,12 @@ def _sessions(args: argparse.Namespace, out: Output) -> int:
 
 def _alerts(args: argparse.Namespace, config: Config, out: Output) -> int:
     if args.alerts_command == "dead" and not 1 <= args.limit <= 1000:
-        print("durable-sessions-collector: --limit must be from 1 to 1000", file=sys.stderr)
+        _complain("--limit must be from 1 to 1000")
         return 2
     try:
         store = open_store(config.store, exclusive=False)
     except StoreError as error:
-        print(f"durable-sessions-collector: store: {error}", file=sys.stderr)
+        _complain(f"store: {error}", config)
         return 2
     try:
         if args.alerts_command == "redeliver":
@@ -221,7 +230,7 @@ def _alerts(args: argparse.Namespace, config: Config, out: Output) -> int:
         _print_dead(store.dead_alerts(args.channel, args.limit), args.json, out)
         return 0
     except StoreError as error:
-        print(f"durable-sessions-collector: store: {error}", file=sys.stderr)
+        _complain(f"store: {error}", config)
         return 1
     finally:
         store.close()
@@ -237,10 +246,9 @@ def _redeliver(store: Store, channel: str | None, config: Config, out: Output) -
             count = writer.redeliver_dead(name, time.time())
         total += count
         if count and not configured[name]:
-            print(
-                f"durable-sessions-collector: {count} {name} alert(s) queued, but the configuration read here (--config, environment) has no "
-                f"{name} channel: a sidecar that has one delivers them",
-                file=sys.stderr,
+            _complain(
+                f"{count} {name} alert(s) queued, but the configuration read here (--config, environment) has no "
+                f"{name} channel: a sidecar that has one delivers them"
             )
     print(f"{total} dead-lettered alert(s) queued for delivery again", file=out)
 
@@ -280,6 +288,16 @@ def _print_dead(alerts: list[DeadAlert], as_json: bool, out: Output) -> None:
         )
     for line in table_lines(rows):
         print(line, file=out)
+
+
+def _complain(message: str, config: Config | None = None) -> None:
+    """Write ``durable-sessions-collector: message`` on standard error: every message of
+    the commands goes through here. With ``config``, the store URL's secrets
+    (:func:`store_secrets`, whatever their length) are replaced by ``***``, by the log's
+    own redactor: a :class:`StoreError` repeats libpq's message, which quotes the part of
+    the URL libpq could not read, the password or the whole URL."""
+    secrets = store_secrets(config.store) if config is not None else []
+    RedactingStream(sys.stderr, secrets).write(f"durable-sessions-collector: {message}\n")
 
 
 def _printing(text: str) -> Callable[[Output], int]:
@@ -358,7 +376,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = load(args.config, overrides=overrides)
     except ConfigError as error:
-        print(f"durable-sessions-collector: invalid configuration: {error}", file=sys.stderr)
+        _complain(f"invalid configuration: {error}")
         return 2
     if args.command == "alerts":
         return run_command(prog, lambda out: _alerts(args, config, out))
@@ -376,13 +394,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         service = Service(config)
         service.serve_forever()
     except ConfigError as error:
-        print(f"durable-sessions-collector: invalid configuration: {error}", file=sys.stderr)
+        _complain(f"invalid configuration: {error}", config)
         return 2
     except StoreError as error:
-        print(f"durable-sessions-collector: store: {error}", file=sys.stderr)
+        _complain(f"store: {error}", config)
         return 2
     except OSError as error:
-        print(f"durable-sessions-collector: cannot start: {error}", file=sys.stderr)
+        _complain(f"cannot start: {error}", config)
         return 2
     return 0
 

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
 import yaml
 
@@ -176,9 +176,15 @@ def redact_store_url(url: str) -> str:
     return f"{scheme}://{authority}{path}{question}{'&'.join(pairs)}{hash_}{fragment}"
 
 
-def _store_password(url: str) -> list[str]:
-    """The passwords of a PostgreSQL store URL (in the authority or as ``?password=``), as
-    written and percent-decoded: strings the log must never show, whatever their length."""
+def store_secrets(url: str) -> list[str]:
+    """What no message about the store at ``url`` may show, whatever their length: the
+    passwords of a PostgreSQL URL (in the authority or as ``?password=``) as written,
+    percent-decoded and percent-encoded (the store hands query values to libpq encoded
+    again), and the URL itself when it holds a password. libpq quotes in its errors the
+    part of the URL it could not read: the password, or the whole URL.
+
+    A URL that cannot be cut into parts is itself the secret. The log's redactor takes
+    only those of at least :data:`MIN_SECRET_CHARS` (:meth:`Config.secrets`)."""
     if not url.startswith(("postgresql://", "postgres://")):
         return []
     try:
@@ -189,7 +195,10 @@ def _store_password(url: str) -> list[str]:
     for pair in parts.query.split("&"):
         name, equals, value = pair.partition("=")
         if equals and value and unquote(name) in _DSN_SECRET_PARAMS:
-            found += [value, unquote(value.replace("+", " "))]
+            decoded = unquote(value.replace("+", " "))
+            found += [value, decoded, quote(decoded, safe="")]
+    if found:
+        found.insert(0, url)
     return list(dict.fromkeys(found))
 
 
@@ -591,7 +600,7 @@ class Config:
             # The value, and its credentials alone ("Bearer <credentials>"). Short values (a
             # tenant id) would blank out every occurrence in the log.
             found.extend(part for part in {value, *value.split()[-1:]} if len(part) >= MIN_SECRET_CHARS)
-        found.extend(_store_password(self.store))
+        found.extend(store_secrets(self.store))
         return found
 
     def display(self) -> dict[str, Any]:

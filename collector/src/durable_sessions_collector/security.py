@@ -14,28 +14,26 @@
   they say nothing but ok/unhealthy (the reason is for authenticated callers). Tokens are
   compared in constant time; ``auth.token_file`` is followed when it changes
   (:mod:`.credentials`).
-- **Secrets never logged**: :class:`RedactingStream` sits under the JSON log and
-  replaces every configured secret (the token, the webhook URL's credentials and query
-  values) by ``***`` in each line, whatever component wrote it.
+- **Secrets never logged**: :class:`~.redaction.RedactingStream` sits under the JSON log
+  and replaces every configured secret (the token, the webhook URL's credentials and
+  query values) by ``***`` in each line, whatever component wrote it.
 """
 
 from __future__ import annotations
 
-import io
-import json
-import re
 import socket
 import ssl
-import sys
-import threading
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from durable_sessions_collector.httpserver import Request, Response
 from durable_sessions_collector.otlp.http_receiver import JSON, PROTOBUF, PROTOBUF_TYPES, status_body
+
+# Re-exported: RedactingStream lived here before the command line needed it without grpc.
+from durable_sessions_collector.redaction import RedactingStream as RedactingStream
 
 if TYPE_CHECKING:
     from durable_sessions_collector.credentials import BearerToken
@@ -211,95 +209,3 @@ def wrap_accepted(context: ssl.SSLContext, connection: socket.socket) -> ssl.SSL
     wrapped = context.wrap_socket(connection, server_side=True)
     wrapped.settimeout(None)
     return wrapped
-
-
-# --- secrets out of the log -------------------------------------------------------------------
-
-
-_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
-
-
-class RedactingStream(io.TextIOBase):
-    """A text stream that writes to ``target`` (default: the current ``sys.stderr``)
-    with every secret replaced by ``***``.
-
-    In a JSON line (the log's), secrets are replaced inside its strings (keys and values)
-    only, each string decoded and encoded again, so the line stays one valid JSON object
-    whatever the secret (digits, ``true``, a backslash): a ``ts`` or a count is never
-    touched. Any other text has every occurrence replaced, raw or JSON-escaped.
-    """
-
-    def __init__(self, target: TextIO | None, secrets: Iterable[str]) -> None:
-        self.target = target
-        raw: set[str] = set()
-        forms: set[str] = set()
-        for secret in secrets:
-            if secret:
-                raw.add(secret)
-                forms.update(_forms(secret))
-        self._lock = threading.Lock()
-        self._raw: list[str] = []
-        self._secrets: list[str] = []
-        self._set(raw, forms)
-
-    def add(self, secret: str) -> None:
-        """Redact ``secret`` too from now on (a credential loaded while the sidecar runs)."""
-        if secret:
-            with self._lock:
-                self._set({*self._raw, secret}, {*self._secrets, *_forms(secret)})
-
-    def _set(self, raw: set[str], forms: set[str]) -> None:
-        # Longest first, so a secret containing another is replaced whole.
-        self._raw = sorted(raw, key=len, reverse=True)
-        self._secrets = sorted(forms, key=len, reverse=True)
-
-    def scrub(self, text: str) -> str:
-        if not self._secrets or not any(secret in text for secret in self._secrets):
-            return text
-        return "".join(self._scrub_line(line) for line in text.splitlines(keepends=True))
-
-    def _scrub_line(self, line: str) -> str:
-        if line.lstrip().startswith("{"):
-            scrubbed = _JSON_STRING.sub(self._scrub_json_string, line)
-            try:
-                json.loads(scrubbed)
-            except ValueError:
-                pass  # not JSON after all: the text may hold a secret outside "…"
-            else:
-                return scrubbed  # a digit secret may remain in a number: that shows nothing
-        return _replace(line, self._secrets)
-
-    def _scrub_json_string(self, match: re.Match[str]) -> str:
-        literal = match.group()
-        if not any(secret in literal for secret in self._secrets):
-            return literal
-        try:
-            value = json.loads(literal)
-        except ValueError:
-            return _replace(literal, self._secrets)
-        return json.dumps(_replace(value, self._raw), ensure_ascii=False)
-
-    def write(self, text: str) -> int:
-        stream = self.target or sys.stderr
-        if stream is None:  # started with standard error closed (2>&-): the lines go nowhere
-            return len(text)
-        with self._lock:
-            stream.write(self.scrub(text))
-        return len(text)
-
-    def flush(self) -> None:
-        stream = self.target or sys.stderr
-        if stream is not None:
-            stream.flush()
-
-
-def _forms(secret: str) -> set[str]:
-    """``secret`` as it may appear in a line: raw, and escaped inside a JSON string."""
-    return {secret, json.dumps(secret, ensure_ascii=False)[1:-1], json.dumps(secret)[1:-1]}
-
-
-def _replace(text: str, secrets: Iterable[str]) -> str:
-    for secret in secrets:
-        if secret in text:
-            text = text.replace(secret, "***")
-    return text

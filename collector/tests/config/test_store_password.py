@@ -1,0 +1,56 @@
+"""The store's password in what the sidecar and its commands print (collector/README.md,
+Security: "Secrets never logged").
+
+- libpq quotes in its errors the part of the URL it cannot read, the password or the
+  whole URL; ``serve`` and ``alerts`` print such a store error on standard error, where
+  neither may show;
+- a short store password (``test``, ``info``) is hidden where the URL is printed, and is
+  not given to the log's redactor, which would blank it out of every line.
+"""
+
+from __future__ import annotations
+
+import pytest
+from durable_sessions_collector.cli import main
+from durable_sessions_collector.config import redact_store_url, store_secrets
+
+SERVE = ("serve", "--grpc-endpoint", "127.0.0.1:0", "--http-endpoint", "127.0.0.1:0")
+
+
+@pytest.fixture(autouse=True)
+def _no_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("DURABLE_SESSIONS_STORE", "DURABLE_SESSIONS_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("GRPC_VERBOSITY", "NONE")  # serve sets it in the process otherwise
+
+
+@pytest.mark.parametrize("command", [SERVE, ("alerts", "dead"), ("alerts", "redeliver")])
+@pytest.mark.parametrize(
+    ("url", "password"),
+    [
+        # libpq: invalid percent-encoded token: "<the password>"
+        ("postgresql://ds:Sup3rSecret%Pw@127.0.0.1:1/db", "Sup3rSecret%Pw"),
+        # libpq: unexpected character "x" at position 42 in URI (...): "<the whole URL>"
+        ("postgresql://ds:Sup3rSecretPw@[::1]x:1/db", "Sup3rSecretPw"),
+        # short, and the message still never shows it
+        ("postgresql://ds:p%w@127.0.0.1:1/db", "p%w"),
+    ],
+)
+def test_a_store_error_never_shows_the_password(
+    command: tuple[str, ...], url: str, password: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("psycopg")
+    code = main([*command, "--store", url])
+    err = capsys.readouterr().err
+    assert code == 2 and "cannot open store" in err, err
+    assert password not in err
+    assert redact_store_url(url) in err  # which store is still said
+
+
+def test_store_secrets_cover_every_form_libpq_may_quote() -> None:
+    """As written, percent-decoded, and encoded again (the store hands the query's values
+    to libpq encoded), and the URL itself; nothing for a URL without a password."""
+    url = "postgresql://ds:p%40ss@h/db?password=a/b+c&schema=s"
+    assert store_secrets(url) == [url, "p%40ss", "p@ss", "a/b+c", "a/b c", "a%2Fb%20c"]
+    assert store_secrets("postgresql://ds@h/db?schema=s") == []
+    assert store_secrets("sqlite:///x.db") == []
