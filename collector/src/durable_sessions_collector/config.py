@@ -600,7 +600,9 @@ class Config:
             # The value, and its credentials alone ("Bearer <credentials>"). Short values (a
             # tenant id) would blank out every occurrence in the log.
             found.extend(part for part in {value, *value.split()[-1:]} if len(part) >= MIN_SECRET_CHARS)
-        found.extend(store_secrets(self.store))
+        # Shorter ones are hidden where the URL is printed (redact_store_url), and in the
+        # CLI's store errors (store_secrets whatever their length).
+        found.extend(secret for secret in store_secrets(self.store) if len(secret) >= MIN_SECRET_CHARS)
         return found
 
     def display(self) -> dict[str, Any]:

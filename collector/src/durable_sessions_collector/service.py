@@ -244,7 +244,7 @@ class Service:
             version=__version__,
             grpc_port=self.grpc_port,
             http_port=self.http_port,
-            store=config.store,
+            store=redact_store_url(config.store),
             idle_s=config.evaluation_idle_s,
             retention_s=config.retention_sessions_s,
             alert_channels=list(channels),

@@ -817,9 +817,9 @@ def test_a_webhook_url_shows_where_alerts_go_and_hides_a_secret_path() -> None:
 
 
 def test_the_redactor_keeps_each_json_line_valid_whatever_the_secret() -> None:
-    """A secret that must be registered whatever its length (a store password: the
-    ``started`` line logs the store URL) is replaced inside the JSON strings only: numbers and
-    literals stay, and a secret with a quote or a backslash leaves the line valid JSON.
+    """A secret that reads like a number or a literal (``1``, ``true``) is replaced inside
+    the JSON strings only: numbers and literals stay, and a secret with a quote or a
+    backslash (a store password may hold both) leaves the line valid JSON.
     Text that is not a JSON line has every occurrence replaced."""
     out = io.StringIO()
     stream = RedactingStream(out, ["1", "true", 'pa"ss\\wd'])

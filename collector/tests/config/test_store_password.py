@@ -10,9 +10,13 @@ Security: "Secrets never logged").
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 import pytest
+from conftest import LineBuffer
 from durable_sessions_collector.cli import main
-from durable_sessions_collector.config import redact_store_url, store_secrets
+from durable_sessions_collector.config import load, redact_store_url, store_secrets
+from durable_sessions_collector.service import Service
 
 SERVE = ("serve", "--grpc-endpoint", "127.0.0.1:0", "--http-endpoint", "127.0.0.1:0")
 
@@ -54,3 +58,32 @@ def test_store_secrets_cover_every_form_libpq_may_quote() -> None:
     assert store_secrets(url) == [url, "p%40ss", "p@ss", "a/b+c", "a/b c", "a%2Fb%20c"]
     assert store_secrets("postgresql://ds@h/db?schema=s") == []
     assert store_secrets("sqlite:///x.db") == []
+
+
+def with_password(url: str, password: str) -> str:
+    parts = urlsplit(url)
+    return parts._replace(netloc=f"{parts.username}:{password}@{parts.netloc.rpartition('@')[2]}").geturl()
+
+
+@pytest.mark.postgres
+def test_a_short_store_password_leaves_the_log_lines_intact(postgres_url: str) -> None:
+    """With the store password ``info`` registered with the log's redactor, every line's
+    ``"level":"info"`` became ``"***"`` (and a ``test`` one blanked the database name and
+    alert lines' session ids). A short password is hidden where the URL is logged, and
+    nowhere else touched."""
+    store = with_password(postgres_url, "info")  # trust authentication: any password is taken
+    config = load(
+        None,
+        env={},
+        overrides={
+            "store": store,
+            "receivers.grpc.endpoint": "127.0.0.1:0",
+            "receivers.http.endpoint": "127.0.0.1:0",
+        },
+    )
+    assert "info" not in config.secrets() and store in config.secrets()
+    log = LineBuffer()
+    Service(config, log_stream=log).start().stop()
+    started = next(line for line in log.lines() if line["event"] == "started")
+    assert started["level"] == "info"
+    assert started["store"] == redact_store_url(store) and ":***@" in started["store"]
