@@ -270,6 +270,21 @@ def read_token_file(path: str) -> str:
     return check_token(text.strip())
 
 
+class EncryptedKeyError(ValueError):
+    """A private key file is encrypted (passphrase-protected), which is not supported."""
+
+
+def refuse_passphrase() -> str:
+    """The ``password`` of :meth:`ssl.SSLContext.load_cert_chain`, called only for an
+    encrypted key. Without one, OpenSSL asks for the passphrase on the terminal: start-up
+    waits there under a TTY, fails with a bare "Invalid argument" without one, and grpcio
+    cannot use the key anyway. Raises :class:`EncryptedKeyError`; the caller names the key."""
+    raise EncryptedKeyError(
+        "the private key is encrypted (passphrase-protected), which is not supported: "
+        "decrypt it (openssl pkey -in KEY -out PLAIN_KEY) into a file only its user can read"
+    )
+
+
 SECRET = "***"
 # The log's redactor replaces every occurrence of a registered secret in every line, so a
 # short value (a tenant id, ``?v=1``) would blank out unrelated text. Shorter values are
@@ -518,7 +533,7 @@ OPTIONS: tuple[Option, ...] = (
            "PEM certificate (chain) served on both ports; set with tls.key_file to require TLS; "
            "both are loaded again when they change"),
     Option("tls.key_file", "DURABLE_SESSIONS_TLS_KEY_FILE", _optional_file, None,
-           "PEM private key of tls.cert_file"),
+           "PEM private key of tls.cert_file, unencrypted (one with a passphrase is refused)"),
     Option("tls.client_ca_file", "DURABLE_SESSIONS_TLS_CLIENT_CA_FILE", _optional_file, None,
            "PEM CA certificate(s): clients must present a certificate they signed (mutual TLS, "
            "as configtls's client_ca_file), on both ports, /healthz included; loaded again when it "

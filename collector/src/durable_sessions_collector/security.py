@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from durable_sessions_collector.config import EncryptedKeyError, refuse_passphrase
 from durable_sessions_collector.httpserver import Request, Response
 from durable_sessions_collector.otlp.http_receiver import JSON, PROTOBUF, PROTOBUF_TYPES, status_body
 
@@ -185,7 +186,9 @@ def server_ssl_context(cert_file: str, key_file: str, client_ca: bytes | None = 
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
-        context.load_cert_chain(cert_file, key_file)
+        context.load_cert_chain(cert_file, key_file, password=refuse_passphrase)
+    except EncryptedKeyError as error:
+        raise OSError(f"tls.key_file: {key_file!r}: {error}") from None
     except (ssl.SSLError, OSError) as error:
         raise OSError(
             f"tls.cert_file/tls.key_file: cannot load the certificate {cert_file!r} with key {key_file!r}: "
