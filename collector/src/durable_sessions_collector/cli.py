@@ -11,10 +11,10 @@
 Exit codes: 0 after a clean stop, 2 for invalid configuration or a port that cannot be
 bound (the message names the key), 1 for any other failure to start. ``sessions``: 0,
 1 when the sidecar cannot answer (unreachable, 401, no such session), 2 for bad usage
-(an endpoint that is not an http(s) URL with a numeric port, an unreadable token or CA
-file, a bad --verdict or --limit). ``alerts``: 0, 2 for bad usage or a store that cannot
-be opened (missing, not a store, another schema version), 1 when the store fails during
-the command. The commands that print (``config``,
+(an endpoint that is not an http(s) URL with a numeric port, an unreadable token, CA
+file or client certificate, a bad --verdict or --limit). ``alerts``: 0, 2 for bad usage
+or a store that cannot be opened (missing, not a store, another schema version), 1 when
+the store fails during the command. The commands that print (``config``,
 ``config-reference``, ``sessions``) end as ``durable-sessions`` does: 141 quietly when
 the reader of their output goes away (``| head``), 130 on Ctrl-C, 143 on SIGTERM, 2 when
 standard output cannot be written.
@@ -151,6 +151,17 @@ def _client_options(parser: argparse.ArgumentParser, *, again: bool = False) -> 
         help="PEM CA certificate(s) to verify the sidecar's TLS certificate (or $DURABLE_SESSIONS_CA_FILE)",
     )
     parser.add_argument(
+        "--cert-file",
+        default=default(os.environ.get("DURABLE_SESSIONS_CLIENT_CERT_FILE") or None),
+        help="PEM client certificate for a sidecar that requires one (tls.client_ca_file, mutual TLS); "
+        "its key in --key-file or in the same file (or $DURABLE_SESSIONS_CLIENT_CERT_FILE)",
+    )
+    parser.add_argument(
+        "--key-file",
+        default=default(os.environ.get("DURABLE_SESSIONS_CLIENT_KEY_FILE") or None),
+        help="PEM private key of --cert-file, unencrypted (or $DURABLE_SESSIONS_CLIENT_KEY_FILE)",
+    )
+    parser.add_argument(
         "--json", action="store_true", default=default(False), help="print the API's JSON instead of a table"
     )
 
@@ -188,7 +199,13 @@ def _read_token_file(source: str, path: str) -> str:
 
 def _sessions(args: argparse.Namespace, out: Output) -> int:
     try:
-        client = ApiClient(args.endpoint, token=_token(args), ca_file=args.ca_file)
+        client = ApiClient(
+            args.endpoint,
+            token=_token(args),
+            ca_file=args.ca_file,
+            cert_file=args.cert_file,
+            key_file=args.key_file,
+        )
     except ApiUsageError as error:
         _complain(str(error))
         return 2

@@ -1,9 +1,9 @@
 """A small client of the sidecar's HTTP JSON API (used by ``durable-sessions-collector sessions``).
 
 Errors are :class:`ApiError` with a message meant for a person: where it tried, what
-went wrong, and what to change (the endpoint, the token, the CA file). An
-:class:`ApiUsageError` is the caller's own mistake (a malformed endpoint, an unreadable
-CA file), found before any request.
+went wrong, and what to change (the endpoint, the token, the CA file, the client
+certificate). An :class:`ApiUsageError` is the caller's own mistake (a malformed
+endpoint, an unreadable CA file or client certificate), found before any request.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import urllib.request
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
-from durable_sessions_collector.config import redact_url
+from durable_sessions_collector.config import EncryptedKeyError, redact_url, refuse_passphrase
 from durable_sessions_collector.store.base import MAX_DETAIL_PAGE
 
 DEFAULT_ENDPOINT = "http://127.0.0.1:4320"
@@ -38,17 +38,25 @@ class ApiUsageError(ApiError):
 
 
 class ApiClient:
+    """The API at ``endpoint``. For ``https://``: ``ca_file`` verifies the sidecar's
+    certificate (else the system's CAs do), and ``cert_file`` with ``key_file`` (or a
+    ``cert_file`` holding both) is the client certificate a sidecar with
+    ``tls.client_ca_file`` requires. An endpoint without a scheme is ``https://`` when
+    either file is given. Raises :class:`ApiUsageError` for arguments that cannot work."""
+
     def __init__(
         self,
         endpoint: str = DEFAULT_ENDPOINT,
         *,
         token: str | None = None,
         ca_file: str | None = None,
+        cert_file: str | None = None,
+        key_file: str | None = None,
         timeout_s: float = 10.0,
     ) -> None:
         endpoint = endpoint.strip().rstrip("/")
         if "://" not in endpoint:
-            endpoint = ("https://" if ca_file else "http://") + endpoint
+            endpoint = ("https://" if ca_file or cert_file else "http://") + endpoint
         try:
             parts = urlsplit(endpoint)
             parts.port  # noqa: B018 - raises ValueError for a port that is not a number from 0 to 65535
@@ -65,8 +73,11 @@ class ApiClient:
                 f"--endpoint must be an http(s) URL such as {DEFAULT_ENDPOINT} (host, and a port from 0 "
                 f"to 65535, no spaces), got {redact_url(endpoint) if parts is not None else endpoint!r}"
             )
+        if key_file and not cert_file:
+            raise ApiUsageError("--key-file needs --cert-file (the client certificate it is the key of)")
         self.endpoint = endpoint
         self.token = token
+        self.cert_file = cert_file
         self.timeout_s = timeout_s
         self._context: ssl.SSLContext | None = None
         if parts.scheme == "https":
@@ -74,6 +85,8 @@ class ApiClient:
                 self._context = ssl.create_default_context(cafile=ca_file)
             except (OSError, ssl.SSLError) as error:
                 raise ApiUsageError(f"cannot load the CA file {ca_file!r}: {error}") from None
+            if cert_file:
+                _load_client_certificate(self._context, cert_file, key_file)
 
     def get(self, path: str, query: dict[str, Any] | None = None) -> Any:
         url = self.endpoint + path
@@ -114,10 +127,7 @@ class ApiClient:
                 f"pass the CA that signed it with --ca-file"
             )
         if isinstance(reason, ssl.SSLError):
-            return ApiError(
-                f"TLS failed with {shown}: {reason.reason or reason}; is the endpoint's scheme right "
-                f"(https:// for a sidecar with tls.cert_file, http:// otherwise)?"
-            )
+            return self._tls_failure(shown, reason)
         if isinstance(reason, ValueError):
             return ApiUsageError(
                 f"cannot send a request to {shown}: the token holds a character that HTTP does not "
@@ -136,6 +146,39 @@ class ApiClient:
                 f"Set the HTTP endpoint with --endpoint or $DURABLE_SESSIONS_API_ENDPOINT"
             )
         return ApiError(f"no answer from the sidecar at {shown}: {error}")
+
+    def _tls_failure(self, shown: str, error: ssl.SSLError) -> ApiError:
+        """What a failed TLS handshake means: the sidecar asked for a client certificate
+        and got none, or refused the one sent, or the endpoint does not speak TLS.
+
+        In TLS 1.3 the client's handshake is over before the sidecar has checked its
+        certificate: the sidecar's alert (``CERTIFICATE_REQUIRED``, ``UNKNOWN_CA``) comes
+        with the request, or is lost as the connection closes (an EOF), so both mean that
+        the sidecar ended the handshake."""
+        why = error.reason or str(error)
+        hint = (
+            "pass one with --cert-file and --key-file "
+            "(or $DURABLE_SESSIONS_CLIENT_CERT_FILE and $DURABLE_SESSIONS_CLIENT_KEY_FILE)"
+        )
+        if "CERTIFICATE_REQUIRED" in why:
+            return ApiError(
+                f"{shown} requires a client certificate (mutual TLS: the sidecar has tls.client_ca_file) "
+                f"({why}); {hint}"
+            )
+        if "_ALERT_" in why or isinstance(error, ssl.SSLEOFError):
+            if self.cert_file:
+                return ApiError(
+                    f"{shown} ended the TLS handshake ({why}): the client certificate {self.cert_file!r} "
+                    f"must be signed by a CA of the sidecar's tls.client_ca_file, and valid"
+                )
+            return ApiError(
+                f"{shown} ended the TLS handshake ({why}); if it requires a client certificate "
+                f"(mutual TLS: the sidecar has tls.client_ca_file), {hint}"
+            )
+        return ApiError(
+            f"TLS failed with {shown}: {why}; is the endpoint's scheme right "
+            f"(https:// for a sidecar with tls.cert_file, http:// otherwise)?"
+        )
 
     def _document(
         self, path: str, query: dict[str, Any], lists: tuple[str, ...], tokens: tuple[str, ...]
@@ -214,6 +257,19 @@ class ApiClient:
         if token:
             seen.add(token)
         return token or ""
+
+
+def _load_client_certificate(context: ssl.SSLContext, cert_file: str, key_file: str | None) -> None:
+    """Have ``context`` present ``cert_file`` (with ``key_file``, or the key in the same
+    file); an encrypted key is refused rather than prompted for."""
+    try:
+        context.load_cert_chain(cert_file, key_file, password=refuse_passphrase)
+    except EncryptedKeyError as error:
+        raise ApiUsageError(f"the client key {key_file or cert_file!r}: {error}") from None
+    except (OSError, ssl.SSLError) as error:
+        why = getattr(error, "strerror", None) or getattr(error, "reason", None) or error
+        key = f" with the key {key_file!r}" if key_file else " (no --key-file: the key must be in it)"
+        raise ApiUsageError(f"cannot load the client certificate {cert_file!r}{key}: {why}") from None
 
 
 def _refusal(shown: str, error: urllib.error.HTTPError) -> ApiError:

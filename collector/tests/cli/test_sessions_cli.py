@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from durable_sessions_collector.cli import main
 from sidecar_clients import Agent, grpc_exporter
-from tls_certs import make_cert
+from tls_certs import make_cert, make_client_cert
 from webhook_server import free_port
 
 TOKEN = "cli-" + uuid.uuid4().hex
@@ -25,6 +25,8 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
         "DURABLE_SESSIONS_AUTH_TOKEN",
         "DURABLE_SESSIONS_AUTH_TOKEN_FILE",
         "DURABLE_SESSIONS_CA_FILE",
+        "DURABLE_SESSIONS_CLIENT_CERT_FILE",
+        "DURABLE_SESSIONS_CLIENT_KEY_FILE",
     ):
         monkeypatch.delenv(name, raising=False)
 
@@ -143,6 +145,47 @@ def test_token_and_tls_ca_options(start_sidecar, tmp_path, capsys, monkeypatch) 
     assert code == 0, err
     assert json.loads(out) == {"sessions": []}
     assert TOKEN not in out + err
+
+
+def test_client_certificate_options_for_mutual_tls(start_sidecar, tmp_path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A sidecar with tls.client_ca_file lets in only clients with a certificate its CA
+    signed: ``sessions`` sends one with --cert-file/--key-file (or the variables), and
+    says what failed when it has none or one the sidecar refuses."""
+    (tmp_path / "ours").mkdir()
+    (tmp_path / "theirs").mkdir()
+    ca, cert, key = make_cert(tmp_path / "ours")
+    client_cert, client_key = make_client_cert(tmp_path / "ours", tmp_path / "client")
+    make_cert(tmp_path / "theirs")
+    stranger_cert, stranger_key = make_client_cert(tmp_path / "theirs", tmp_path / "stranger")
+    sidecar = start_sidecar(tls__cert_file=str(cert), tls__key_file=str(key), tls__client_ca_file=str(ca))
+    base = ("sessions", "--endpoint", f"127.0.0.1:{sidecar.service.http_port}", "--ca-file", str(ca))
+
+    code, _, err = run(capsys, *base, "list")
+    # TLS 1.3: the sidecar's CERTIFICATE_REQUIRED alert, or an EOF when it is lost
+    assert code == 1 and "client certificate" in err and "--cert-file and --key-file" in err, err
+    assert "scheme" not in err
+
+    code, _, err = run(
+        capsys, *base, "list", "--cert-file", str(stranger_cert), "--key-file", str(stranger_key)
+    )
+    assert code == 1 and f"the client certificate {str(stranger_cert)!r} must be signed by a CA" in err, err
+
+    code, out, err = run(
+        capsys, *base, "list", "--cert-file", str(client_cert), "--key-file", str(client_key)
+    )
+    assert (code, out) == (0, "no sessions\n"), err
+
+    code, _, err = run(capsys, *base, "list", "--key-file", str(client_key))
+    assert code == 2 and "--key-file needs --cert-file" in err
+
+    combined = tmp_path / "client" / "both.pem"  # certificate and key in one file, as curl takes them
+    combined.write_bytes(client_cert.read_bytes() + client_key.read_bytes())
+    assert run(capsys, *base, "list", "--cert-file", str(combined))[:2] == (0, "no sessions\n")
+
+    monkeypatch.setenv("DURABLE_SESSIONS_CLIENT_CERT_FILE", str(client_cert))
+    monkeypatch.setenv("DURABLE_SESSIONS_CLIENT_KEY_FILE", str(client_key))
+    code, out, err = run(capsys, *base, "list")
+    assert (code, out) == (0, "no sessions\n"), err
 
 
 def test_an_unreachable_sidecar_is_a_clear_error() -> None:
