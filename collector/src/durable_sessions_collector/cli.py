@@ -29,7 +29,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from durable_sessions.cli import Output, run_command
 from durable_sessions.report import printable, table_lines
@@ -132,16 +132,23 @@ def _client_options(parser: argparse.ArgumentParser, *, again: bool = False) -> 
         "https://… when it serves TLS",
     )
     # A flag beats the environment: --token or --token-file, then $DURABLE_SESSIONS_AUTH_TOKEN,
-    # then $DURABLE_SESSIONS_AUTH_TOKEN_FILE.
+    # then $DURABLE_SESSIONS_AUTH_TOKEN_FILE. The two flags are one setting (one dest, the
+    # value tagged with its flag), so the one after the subcommand wins over either before it.
     token = parser.add_mutually_exclusive_group()
     token.add_argument(
         "--token",
+        dest="token",
+        metavar="TOKEN",
+        type=lambda value: _TokenFlag("--token", value),
         default=default(None),
         help="bearer token (or $DURABLE_SESSIONS_AUTH_TOKEN; prefer the variable or --token-file, "
         "a flag is visible to other users in the process list)",
     )
     token.add_argument(
         "--token-file",
+        dest="token",
+        metavar="FILE",
+        type=lambda path: _TokenFlag("--token-file", path),
         default=default(None),
         help="file holding the bearer token (or $DURABLE_SESSIONS_AUTH_TOKEN_FILE)",
     )
@@ -166,13 +173,22 @@ def _client_options(parser: argparse.ArgumentParser, *, again: bool = False) -> 
     )
 
 
+class _TokenFlag(NamedTuple):
+    """``--token`` or ``--token-file`` as given: which of the two, and its value."""
+
+    flag: str
+    value: str
+
+
 def _token(args: argparse.Namespace) -> str | None:
     """The bearer token to send, stripped as the sidecar strips its own (a Kubernetes Secret
     read from a file ends in a newline) and checked, since http.client refuses a bad header
     value in a message that repeats it. :class:`ApiUsageError` never repeats the token."""
-    token, token_file = args.token or None, args.token_file or None
+    given: _TokenFlag | None = args.token if args.token and args.token.value else None
+    token = given.value if given and given.flag == "--token" else None
+    token_file = given.value if given and given.flag == "--token-file" else None
     source = "--token"
-    if token is None and token_file is None:
+    if given is None:
         token = os.environ.get("DURABLE_SESSIONS_AUTH_TOKEN") or None
         token_file = os.environ.get("DURABLE_SESSIONS_AUTH_TOKEN_FILE") or None
         source = "$DURABLE_SESSIONS_AUTH_TOKEN"

@@ -188,6 +188,32 @@ def test_client_certificate_options_for_mutual_tls(start_sidecar, tmp_path, caps
     assert (code, out) == (0, "no sessions\n"), err
 
 
+def test_a_token_option_after_the_subcommand_wins_over_either_before_it(
+    start_sidecar, tmp_path, capsys
+) -> None:  # type: ignore[no-untyped-def]
+    """--token and --token-file are one setting: given after the subcommand, either one
+    wins over either one before it (a wrapper that adds --token, a script that appends
+    --token-file), as the README says of every option. Given twice at one level, they
+    are refused."""
+    sidecar = start_sidecar(auth__token=TOKEN)
+    good, wrong = tmp_path / "good.token", tmp_path / "wrong.token"
+    good.write_text(TOKEN + "\n")
+    wrong.write_text("wrong-token-0123456789\n")
+    base = ("sessions", "--endpoint", sidecar.http_url)
+    for before, after in (
+        (("--token", "wrong-token-0123456789"), ("--token-file", str(good))),
+        (("--token-file", str(wrong)), ("--token", TOKEN)),
+        (("--token", "wrong-token-0123456789"), ("--token", TOKEN)),
+    ):
+        code, out, err = run(capsys, *base, *before, "list", *after)
+        assert (code, out) == (0, "no sessions\n"), (before, after, err)
+    code, _, err = run(capsys, *base, "--token-file", str(good), "list")  # before alone still counts
+    assert code == 0, err
+    with pytest.raises(SystemExit) as refused:
+        main([*base, "list", "--token", TOKEN, "--token-file", str(good)])
+    assert refused.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+
+
 def test_an_unreachable_sidecar_is_a_clear_error() -> None:
     port = free_port()  # nothing listens there
     result = run_process("sessions", "--endpoint", f"127.0.0.1:{port}", "list")
