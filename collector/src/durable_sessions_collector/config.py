@@ -1,8 +1,8 @@
 """The sidecar's configuration: a YAML file, environment variables and flags.
 
-Every setting has one dotted key in the file, one environment variable and one
-command-line flag; later sources win: defaults < file < environment < flags. The table
-:data:`OPTIONS` is the single source of all three names, of the defaults and of the
+Every setting has one dotted key (nested in the file: ``evaluation: {idle_s: 5}``), one
+environment variable and one command-line flag; later sources win: defaults < file <
+environment < flags. The table :data:`OPTIONS` is the single source of all three names, of the defaults and of the
 documentation (``durable-sessions-collector config-reference`` prints it, and
 ``collector/README.md`` holds a copy).
 
@@ -13,7 +13,8 @@ key and where the bad value came from, e.g.::
     evaluation.idle_s: expected a positive number, got 'soon' (from collector.yaml:4)
 
 A key given twice in one mapping of the file is an error too: YAML parsers keep the last
-one, so a second ``evaluation:`` block would quietly drop the first one's settings.
+one, so a second ``evaluation:`` block would quietly drop the first one's settings. So is
+a dotted key in the file, which beside a nested one would give a setting twice.
 
 An example file::
 
@@ -799,9 +800,16 @@ class _Lines:
 
 
 def _flatten(node: dict[Any, Any], prefix: str, out: dict[str, tuple[Any, str]], lines: _Lines) -> None:
+    """Each setting of ``node`` (a mapping of the file at ``prefix``) into ``out``.
+
+    A dotted key (``evaluation.idle_s: 5``) is refused: the file nests its keys, and a
+    dotted one could give a setting a second time, which the loader refuses for a key
+    given twice in one mapping (the last one would quietly win)."""
     for raw_key, value in node.items():
         key = f"{prefix}{raw_key}"
         where = lines.of(node, raw_key)
+        if isinstance(raw_key, str) and "." in raw_key and _is_known(key):
+            raise ConfigError(f"{key}: write the key nested in the file, {_nested(key)} (from {where})")
         if key in _BY_KEY:
             out[key] = (value, where)
         elif isinstance(value, dict) and any(k.startswith(key + ".") for k in _BY_KEY):
@@ -811,6 +819,17 @@ def _flatten(node: dict[Any, Any], prefix: str, out: dict[str, tuple[Any, str]],
         else:
             known = sorted(k for k in _BY_KEY if k.startswith(prefix)) if prefix else sorted(_BY_KEY)
             raise ConfigError(f"{key}: unknown setting (from {where}); known: {', '.join(known)}")
+
+
+def _is_known(key: str) -> bool:
+    """Whether ``key`` is a setting or a section of settings."""
+    return key in _BY_KEY or any(k.startswith(key + ".") for k in _BY_KEY)
+
+
+def _nested(key: str) -> str:
+    """``a.b.c`` as the file writes it: ``a: {b: {c: …}}``."""
+    head, _, rest = key.partition(".")
+    return f"{head}: {{{_nested(rest)}}}" if rest else f"{head}: …"
 
 
 def is_loopback(endpoint: str) -> bool:

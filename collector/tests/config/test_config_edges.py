@@ -406,6 +406,33 @@ def test_a_key_given_twice_in_the_file_is_an_error_naming_both_lines(
     )
 
 
+@pytest.mark.parametrize(
+    ("text", "line", "message"),
+    [
+        # the dotted key came after the nested one and quietly won over it
+        ("evaluation:\n  idle_s: 30\nevaluation.idle_s: 5\n", 3, "evaluation.idle_s: write the key nested in "
+         "the file, evaluation: {idle_s: …}"),
+        ("receivers.grpc.endpoint: 127.0.0.1:5000\nreceivers:\n  grpc: {endpoint: 127.0.0.1:6000}\n", 1,
+         "receivers.grpc.endpoint: write the key nested in the file, receivers: {grpc: {endpoint: …}}"),
+        ("receivers:\n  grpc.endpoint: 127.0.0.1:5000\n", 2,
+         "receivers.grpc.endpoint: write the key nested in the file, receivers: {grpc: {endpoint: …}}"),
+        ("alerts.webhook: {url: https://alerts.example/hook}\n", 1,
+         "alerts.webhook: write the key nested in the file, alerts: {webhook: …}"),
+    ],
+)  # fmt: skip
+def test_a_dotted_key_in_the_file_is_an_error_naming_its_line_and_the_nested_form(
+    tmp_path: Path, text: str, line: int, message: str
+) -> None:
+    """The file nests its keys. A dotted one was read too, undocumented, so one setting
+    could be given twice (nested and dotted) and the last one won without a word, which
+    is what the file's check for a key given twice is there to prevent."""
+    path = tmp_path / "collector.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load(path, env={})
+    assert str(caught.value) == f"{message} (from {path}:{line})"
+
+
 def test_errors_and_sources_name_the_line_of_the_key_in_the_file(tmp_path: Path) -> None:
     path = tmp_path / "collector.yaml"
     path.write_text(
