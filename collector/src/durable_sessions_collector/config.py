@@ -69,15 +69,19 @@ def _positive_number(value: Any, text: bool) -> float:
     return number
 
 
-def _number(value: Any, text: bool) -> float:
+def _number(value: Any, _text: bool) -> float:
     """A finite number: ``nan`` and ``inf`` (YAML ``.nan``, ``.inf``) are refused, since every
-    number setting is a duration or a size that must compare and add up."""
+    number setting is a duration or a size that must compare and add up.
+
+    A string is read as a variable's is (``float``), from the file too: the file is read
+    as YAML 1.1, whose floats need a dot and a signed exponent, so ``1e3`` and ``8.64e4``
+    arrive as strings, where YAML 1.2, JSON and the environment read numbers."""
     if isinstance(value, bool):
         raise ValueError(f"expected a positive number, got {value!r}")
     number = None
     if isinstance(value, int | float):
         number = float(value)
-    elif text and isinstance(value, str):
+    elif isinstance(value, str):
         with contextlib.suppress(ValueError):
             number = float(value)
     if number is None:

@@ -606,6 +606,29 @@ def test_nan_in_the_file_stops_serve_with_exit_code_2(tmp_path: Path) -> None:
     assert not (tmp_path / "s.db").exists()
 
 
+@pytest.mark.parametrize(
+    ("text", "key", "raw"),
+    [
+        ("evaluation: {idle_s: 1e3}\n", "evaluation.idle_s", "1e3"),
+        ("evaluation: {key_window_s: 8.64e4}\n", "evaluation.key_window_s", "8.64e4"),
+        ("retention: {sessions_s: 6.048E5}\n", "retention.sessions_s", "6.048E5"),
+        ("alerts:\n  webhook: {timeout_s: 25e-1}\n", "alerts.webhook.timeout_s", "25e-1"),
+        ("pipeline: {ack_timeout_s: '7.5'}\n", "pipeline.ack_timeout_s", "7.5"),  # quoted: as a variable
+    ],
+)
+def test_a_number_in_the_file_means_what_it_means_in_a_variable(
+    tmp_path: Path, text: str, key: str, raw: str
+) -> None:
+    """YAML 1.1, which the file is read as, needs a dot and a signed exponent in a float
+    (``1.0e+3``): ``1e3`` and ``8.64e4`` arrived as strings and were refused ("expected a
+    positive number, got '1e3'"), while the same text in the variable was a number."""
+    path = tmp_path / "collector.yaml"
+    path.write_text(text)
+    option = next(o for o in OPTIONS if o.key == key)
+    from_file = getattr(load(path, env={}), option.attr)
+    assert from_file == float(raw) == getattr(load(None, env={option.env: raw}), option.attr)
+
+
 def test_a_blank_header_value_in_the_file_stops_serve_naming_the_key(tmp_path: Path) -> None:
     """A header value of spaces is empty, in the file as in the variable's key=value form: an
     error naming alerts.otlp.headers (exit code 2), not a crash while the log's secrets are
