@@ -14,6 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
+import psycopg.conninfo
 import pytest
 from durable_sessions_collector.evaluator import Evaluator, arrival
 from durable_sessions_collector.store import StoreError, action_row, open_store
@@ -87,6 +88,37 @@ def test_libpq_parameters_of_the_url_reach_the_server_as_written(postgres_url: s
     with store.writer() as writer:
         assert writer._db.execute("SHOW statement_timeout").fetchone() == ("4321ms",)  # type: ignore[attr-defined]
     store.close()
+
+
+def test_split_url_cuts_out_the_schema_and_passes_the_rest_as_written() -> None:
+    assert split_url("postgresql:///db?host=/run/pg&schema=s1&user=app") == (
+        "postgresql:///db?host=/run/pg&user=app",
+        "s1",
+    )
+    assert split_url("postgresql:///db") == ("postgresql:///db", None)
+    assert split_url("postgresql://app@h/db?schema=s1") == ("postgresql://app@h/db", "s1")
+    # "+" is itself to libpq (a base64 password), and %2F / %20 stay encoded.
+    assert split_url("postgresql://app@h/ds?password=Zm9v+YmFy%2F9%3D&schema=s&application_name=a%20b") == (
+        "postgresql://app@h/ds?password=Zm9v+YmFy%2F9%3D&application_name=a%20b",
+        "s",
+    )
+
+
+def test_a_url_with_an_empty_host_part_and_a_plus_reaches_the_server_as_written(postgres_url: str) -> None:
+    dsn, schema = split_url(postgres_url)
+    server = psycopg.conninfo.conninfo_to_dict(dsn)
+    name = f"ds+{schema}"  # what the server sees must be the URL's "+", not a space
+    url = (
+        f"postgresql:///{server['dbname']}?host={server.get('host', '')}&port={server.get('port', 5432)}"
+        f"&user={server.get('user', '')}&application_name={name}&schema={schema}"
+    )
+    store = open_store(url)
+    try:
+        with store.writer() as writer:
+            assert writer._db.execute("SHOW application_name").fetchone() == (name,)  # type: ignore[attr-defined]
+            assert writer._db.execute("SELECT current_schema()").fetchone() == (schema,)  # type: ignore[attr-defined]
+    finally:
+        store.close()
 
 
 def test_a_violation_found_by_two_replicas_is_new_in_one(postgres_url: str) -> None:

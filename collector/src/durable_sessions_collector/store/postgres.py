@@ -47,7 +47,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, LiteralString
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+from urllib.parse import unquote
 
 import psycopg
 from psycopg import sql
@@ -226,18 +226,28 @@ def _build_index(connection: psycopg.Connection[Any], name: str, definition: str
 
 
 def split_url(url: str) -> tuple[str, str | None]:
-    """``postgresql://…?schema=x&…`` → (the libpq URL without ``schema``, ``x``)."""
-    parts = urlsplit(url)
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    schemas = [value for key, value in query if key == "schema"]
-    rest = [(key, value) for key, value in query if key != "schema"]
+    """``postgresql://…?schema=x&…`` → (the libpq URL without ``schema``, ``x``).
+
+    Only the ``schema=`` pairs are cut out of the query; the rest of the URL is passed on
+    byte for byte, as libpq reads it: an empty host part (``postgresql:///db?host=…``, a
+    Unix socket) keeps its ``//``, and a ``+`` or ``%20`` in a value stays what it was
+    (libpq reads ``+`` as itself, not as a space). Rebuilding the URL from decoded parts
+    changed both."""
+    base, _, query = url.partition("?")
+    kept: list[str] = []
+    schemas: list[str] = []
+    for pair in query.split("&") if query else []:
+        key, _, value = pair.partition("=")
+        if unquote(key) == "schema":
+            schemas.append(unquote(value))
+        else:
+            kept.append(pair)
     schema = schemas[-1] if schemas else None
     if schema is not None and not _SCHEMA_NAME.match(schema):
         raise StoreError(
             f"store: schema must be a plain identifier (letters, digits, _; at most 63), got {schema!r}"
         )
-    # quote, not quote_plus: libpq reads "+" in a URI as itself, not as a space.
-    return urlunsplit(parts._replace(query=urlencode(rest, quote_via=quote))), schema
+    return (f"{base}?{'&'.join(kept)}" if kept else base), schema
 
 
 class PostgresStore:
