@@ -19,6 +19,7 @@ import pytest
 from durable_sessions_collector.evaluator import Evaluator, arrival
 from durable_sessions_collector.store import StoreError, action_row, open_store
 from durable_sessions_collector.store.postgres import SCHEMA_VERSION, PostgresStore, split_url
+from psycopg import sql
 
 from durable_sessions.mapping import Mapped
 from durable_sessions.record import Location
@@ -119,6 +120,35 @@ def test_a_url_with_an_empty_host_part_and_a_plus_reaches_the_server_as_written(
             assert writer._db.execute("SELECT current_schema()").fetchone() == (schema,)  # type: ignore[attr-defined]
     finally:
         store.close()
+
+
+def test_a_role_that_owns_its_schema_starts_without_create_on_the_database(postgres_url: str) -> None:
+    dsn, schema = split_url(postgres_url)
+    server = psycopg.conninfo.conninfo_to_dict(dsn)
+    role = f"{schema}_app"  # the schema is the test's own, so is this role's name
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        try:
+            admin.execute(
+                sql.SQL("CREATE SCHEMA {} AUTHORIZATION {}").format(sql.Identifier(schema), sql.Identifier(role))
+            )
+            assert admin.execute(
+                "SELECT has_database_privilege(%s, current_database(), 'CREATE')", (role,)
+            ).fetchone() == (False,)
+            url = (
+                f"postgresql://{role}@{server.get('host', '')}:{server.get('port', 5432)}/{server['dbname']}"
+                f"?schema={schema}"
+            )
+            for _ in range(2):  # creating the tables, then finding them
+                store = open_store(url)
+                with store.writer() as writer:
+                    writer.touch_session("s", 1.0, 1)
+                sessions = store.list_sessions()
+                store.close()
+            assert sessions[0].actions == 2
+        finally:
+            admin.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+            admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
 
 
 def test_a_violation_found_by_two_replicas_is_new_in_one(postgres_url: str) -> None:

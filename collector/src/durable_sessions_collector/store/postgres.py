@@ -202,6 +202,13 @@ def _migrate(connection: psycopg.Connection[Any]) -> str | None:
     return "1"
 
 
+def _schema_exists(connection: psycopg.Connection[Any], schema: str) -> bool:
+    """Whether ``schema`` exists. Looked up before ``CREATE SCHEMA IF NOT EXISTS``, which
+    PostgreSQL refuses without CREATE on the database even when the schema is there: a
+    role that owns its schema and may not create others must still start."""
+    return connection.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone() is not None
+
+
 def _create_index(name: str, definition: str, *, concurrently: bool = False) -> sql.Composed:
     how = "CREATE INDEX CONCURRENTLY" if concurrently else "CREATE INDEX"
     return sql.SQL(how + " IF NOT EXISTS {} ON " + definition).format(sql.Identifier(name))  # type: ignore[arg-type]
@@ -377,7 +384,7 @@ class PostgresStore:
         connection = psycopg.connect(self.dsn, **options)
         if self.schema is not None:
             try:
-                if create_schema:
+                if create_schema and not _schema_exists(connection, self.schema):
                     with connection.transaction():
                         connection.execute("SELECT pg_advisory_xact_lock(%s)", (DDL_LOCK,))
                         connection.execute(
