@@ -77,6 +77,13 @@ class ReadPool(Generic[Connection]):
         """Close the idle connections; those lent out are closed when given back."""
         with self._lock:
             self._closed = True
+        self.drop_idle()
+
+    def drop_idle(self) -> None:
+        """Close the idle connections, so that the next reads open new ones: after the
+        server dropped one (a restart, a failover, a proxy's idle timeout) it has most
+        likely dropped them all, and each would otherwise fail one read to tell."""
+        with self._lock:
             idle, self._idle = self._idle, []
         for connection in idle:
             self._close(connection)

@@ -44,9 +44,9 @@ import contextlib
 import json
 import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, LiteralString
+from typing import Any, LiteralString, TypeVar
 from urllib.parse import unquote
 
 import psycopg
@@ -84,6 +84,8 @@ from durable_sessions_collector.store.base import (
     within_budget,
 )
 from durable_sessions_collector.store.pool import ReadPool
+
+_T = TypeVar("_T")
 
 SCHEMA_VERSION = 2
 CLAIM_LEASE_S = 60.0
@@ -206,7 +208,9 @@ def _schema_exists(connection: psycopg.Connection[Any], schema: str) -> bool:
     """Whether ``schema`` exists. Looked up before ``CREATE SCHEMA IF NOT EXISTS``, which
     PostgreSQL refuses without CREATE on the database even when the schema is there: a
     role that owns its schema and may not create others must still start."""
-    return connection.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone() is not None
+    return (
+        connection.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone() is not None
+    )
 
 
 def _create_index(name: str, definition: str, *, concurrently: bool = False) -> sql.Composed:
@@ -322,10 +326,11 @@ class PostgresStore:
         leaves it to that one. An index left invalid by an interrupted build is dropped
         and built again. :meth:`close` cancels a build in progress, which the next start
         takes up again."""
-        with self._read() as db:
-            pending = [
+        pending = self._reading(
+            lambda db: [
                 (name, definition) for name, definition in SESSIONLESS_BY_AGE if not _index_valid(db, name)
             ]
+        )
         if not pending:
             return None
         self._index_builder = threading.Thread(
@@ -436,12 +441,36 @@ class PostgresStore:
 
     @contextmanager
     def _read(self) -> Iterator[psycopg.Connection[Any]]:
-        """A read connection for one read (everything fetched before it is given back)."""
+        """A read connection for one read (everything fetched before it is given back).
+
+        Not retried: for a statement that must not run twice (a claim); other reads go
+        through :meth:`_reading`. When the server had dropped the connection, the other
+        idle ones are dropped too (it has most likely dropped them all), and the error is
+        a :class:`ReadConnectionLost`."""
         try:
             with self.readers.lend() as connection:
-                yield connection
+                try:
+                    yield connection
+                except psycopg.Error as error:
+                    if connection.broken or connection.closed:
+                        self.readers.drop_idle()
+                        raise ReadConnectionLost(
+                            f"store {self.name!r} cannot be read: {_reason(error)}"
+                        ) from None
+                    raise
         except psycopg.Error as error:
             raise StoreError(f"store {self.name!r} cannot be read: {_reason(error)}") from None
+
+    def _reading(self, read: Callable[[psycopg.Connection[Any]], _T]) -> _T:
+        """``read`` on a read connection (it must fetch everything it returns); run once
+        more on a new connection when the server had dropped the first (a restart, a
+        failover, a proxy's idle timeout), so that a store that is back answers at once."""
+        try:
+            with self._read() as db:
+                return read(db)
+        except ReadConnectionLost:
+            with self._read() as db:
+                return read(db)
 
     def list_sessions(
         self, verdict: Verdict | None = None, limit: int = 100, after: tuple[float, str] | None = None
@@ -454,17 +483,30 @@ class PostgresStore:
             where.append("(last_seen, session_id) < (%s, %s)")
             params.extend([after[0], _t(after[1])])
         clause = ("WHERE " + " AND ".join(where)) if where else ""
-        with self._read() as db:
-            rows = db.execute(
+        rows = self._reading(
+            lambda db: db.execute(
                 f"SELECT {_SUMMARY} FROM sessions {clause} ORDER BY last_seen DESC, session_id DESC LIMIT %s",
                 (*params, limit),
             ).fetchall()
+        )
         return [_summary(row) for row in rows]
 
     def get_session(self, session_id: str, pages: DetailPages = FIRST_PAGES) -> SessionDetail | None:
+        rows = self._reading(lambda db: self._session_rows(db, session_id, pages))
+        if rows is None:
+            return None
+        row, action_rows, violation_rows = rows
+        actions, next_actions = action_page(action_rows, pages.actions_limit)
+        violations, next_violations = violation_page(violation_rows, pages.violations_limit, session_id)
+        return SessionDetail(_summary(row), actions, violations, next_actions, next_violations)
+
+    def _session_rows(
+        self, db: psycopg.Connection[Any], session_id: str, pages: DetailPages
+    ) -> tuple[Any, list[Any], list[Any]] | None:
+        """A session's row and the rows of its pages, from one snapshot; None: no such session."""
         actions_after = pages.actions_after
         after = f"AND ({ACTION_ORDER}, id) > (%s, %s) " if actions_after is not None else ""
-        with self._read() as db, db.transaction():
+        with db.transaction():
             db.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
             row = db.execute(
                 f"SELECT {_SUMMARY} FROM sessions WHERE session_id = %s", (_t(session_id),)
@@ -480,15 +522,15 @@ class PostgresStore:
                 f"SELECT id, {VIOLATION_COLUMNS} FROM violations WHERE session_id = %s AND id > %s ORDER BY id LIMIT %s",
                 (_t(session_id), pages.violations_after or 0, pages.violations_limit + 1),
             ).fetchall()
-        actions, next_actions = action_page(action_rows, pages.actions_limit)
-        violations, next_violations = violation_page(violation_rows, pages.violations_limit, session_id)
-        return SessionDetail(_summary(row), actions, violations, next_actions, next_violations)
+        return row, action_rows, violation_rows
 
     def verdict_counts(self) -> dict[str, int]:
         counts = dict.fromkeys(("ok", "at_risk", "unrecoverable"), 0)
-        with self._read() as db:
-            for verdict, count in db.execute("SELECT verdict, COUNT(*) FROM sessions GROUP BY verdict"):
-                counts[verdict] = int(count)
+        rows = self._reading(
+            lambda db: db.execute("SELECT verdict, COUNT(*) FROM sessions GROUP BY verdict").fetchall()
+        )
+        for verdict, count in rows:
+            counts[verdict] = int(count)
         return counts
 
     def pending_alerts(self, channel: str, now: float, limit: int = 100) -> list[Alert]:
@@ -535,8 +577,7 @@ class PostgresStore:
         ]
 
     def count_actions(self) -> int:
-        with self._read() as db:
-            return int(db.execute("SELECT COUNT(*) FROM actions").fetchone()[0])  # type: ignore[index]
+        return self._reading(lambda db: int(db.execute("SELECT COUNT(*) FROM actions").fetchone()[0]))  # type: ignore[index]
 
     # --- the violation feed (WatchAlerts) ------------------------------------------------
 
@@ -562,8 +603,7 @@ class PostgresStore:
         return found, (found[-1]["cursor"] if found else cursor)
 
     def check(self) -> None:
-        with self._read() as db:
-            db.execute("SELECT 1 FROM meta LIMIT 1").fetchone()
+        self._reading(lambda db: db.execute("SELECT 1 FROM meta LIMIT 1").fetchone())
 
     def close(self) -> None:
         self._closing = True
@@ -576,6 +616,10 @@ class PostgresStore:
         self.readers.close()
         with self._write_lock, contextlib.suppress(psycopg.Error):
             self._write.close()
+
+
+class ReadConnectionLost(StoreError):
+    """A read failed because the server had dropped its connection (retried once)."""
 
 
 def _close_quietly(connection: psycopg.Connection[Any]) -> None:
