@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
+import pytest
 from conftest import wait_for
 from durable_sessions_collector.store import stored
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -226,3 +227,34 @@ def test_postgres_a_dropped_table_fails_the_batch_without_splitting_it(start_sid
             raise AssertionError("a write the store failed was answered OK")
     events = [line.get("event") for line in sidecar.log.lines()]
     assert events.count("store-write-failed") == 1 and "request-write-failed" not in events
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 's.db'}"
+    return str(request.getfixturevalue("postgres_url"))
+
+
+def test_an_id_holding_nul_is_refused_alike_by_both_stores(start_sidecar, store_url) -> None:  # type: ignore[no-untyped-def]
+    # PostgreSQL text cannot hold NUL; writing U+FFFD in its place made "a\x00b" and
+    # "a\ufffdb" one session, answered as "a\ufffdb". Both stores refuse such a span.
+    sidecar = start_sidecar(store_url)
+    with grpc.insecure_channel(sidecar.grpc_endpoint) as channel:
+        export = channel.unary_unary(
+            EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString
+        )
+        kept = export(request("a\ufffdb", "p1", "p2"), timeout=30)
+        with_nul = export(request("a\x00b", "p1", "p2", "p3"), timeout=30)
+        nul_action = export(request("plain", "ok1", "x\x00y"), timeout=30)
+    assert not kept.HasField("partial_success")
+    assert with_nul.partial_success.rejected_spans == 3
+    assert "session_id 'a\\x00b' holds NUL" in with_nul.partial_success.error_message
+    assert nul_action.partial_success.rejected_spans == 1
+    assert "action_id 'x\\x00y' holds NUL" in nul_action.partial_success.error_message
+    assert sidecar.get("/api/sessions/a%00b")[0] == 404
+    session = sidecar.session("a\ufffdb")
+    assert session["session_id"] == "a\ufffdb" and session["action_count"] == 2
+    assert [a["action_id"] for a in sidecar.session("plain")["actions"]] == ["ok1"]
+    status, listed = sidecar.get("/api/sessions")
+    assert status == 200 and sorted(s["session_id"] for s in listed["sessions"]) == ["a\ufffdb", "plain"]

@@ -130,7 +130,9 @@ def test_a_role_that_owns_its_schema_starts_without_create_on_the_database(postg
         admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
         try:
             admin.execute(
-                sql.SQL("CREATE SCHEMA {} AUTHORIZATION {}").format(sql.Identifier(schema), sql.Identifier(role))
+                sql.SQL("CREATE SCHEMA {} AUTHORIZATION {}").format(
+                    sql.Identifier(schema), sql.Identifier(role)
+                )
             )
             assert admin.execute(
                 "SELECT has_database_privilege(%s, current_database(), 'CREATE')", (role,)
@@ -291,12 +293,18 @@ def test_two_evaluators_judge_one_session_as_one(postgres_url: str) -> None:
 
 def test_text_with_nul_and_a_bad_server_are_handled(postgres_url: str) -> None:
     store = open_store(postgres_url)
-    with store.writer() as writer:
-        row = action_row({"session_id": "se\x00ss", "action_id": "a\x00", "status": "ok"}, "t" * 32, "s1")  # type: ignore[typeddict-item]
+    with store.writer() as writer:  # NUL outside the id columns: in the record (JSON) and a message
+        row = action_row(
+            {"session_id": "se\ufffdss", "idempotency_key": "k\x00", "status": "ok"}, "t" * 32, "s1"
+        )  # type: ignore[typeddict-item]
         assert writer.add_action(row, 1.0)
-        writer.touch_session("se\x00ss", 1.0, 1)
-    detail = store.get_session("se\x00ss")
-    assert detail is not None and detail.actions[0]["action_id"] == "a\x00"  # the record keeps it
+        writer.touch_session("se\ufffdss", 1.0, 1)
+        nul = Violation("r", Severity.ERROR, "bad \x00", "se\ufffdss", "a1", trace_id="t" * 32, span_id="s1")
+        assert writer.add_violation(nul, at_end=False, now=1.0)
+    detail = store.get_session("se\ufffdss")
+    assert detail is not None and detail.actions[0]["idempotency_key"] == "k\x00"  # the record keeps it
+    assert detail.violations[0]["message"] == "bad \ufffd"  # free text: shown, not an id
+    assert store.get_session("se\x00ss") is None  # no id holds NUL: not the session of U+FFFD
     store.close()
     with pytest.raises(StoreError) as caught:
         open_store("postgresql://postgres:hunter2@127.0.0.1:1/test?connect_timeout=2")

@@ -25,6 +25,7 @@ from durable_sessions.mapping import Mapped, with_problems
 from durable_sessions.rules import select_rules
 from durable_sessions.violation import Violation
 from durable_sessions_collector.store import ActionRow, Writer, action_row
+from durable_sessions_collector.store.base import refuse_nul
 
 
 class Arrival(NamedTuple):
@@ -75,8 +76,12 @@ class Evaluator:
 
         ``stored`` is False for a span already stored (OTLP redelivery): it is not
         checked again. The violations are not yet stored; the caller stores them.
+        Raises :class:`~durable_sessions_collector.store.RecordRefused` for a span no
+        store keeps (:func:`~durable_sessions_collector.store.base.refuse_nul`), before
+        anything is read or written.
         """
         mapped, row = arrived
+        refuse_nul(row)
         session_id = row.session_id
         rebuilt: list[Violation] = []
         if session_id is not None:

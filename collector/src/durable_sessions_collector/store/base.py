@@ -126,6 +126,25 @@ def action_row(record: ActionRecord, trace_id: str, span_id: str) -> ActionRow:
     )
 
 
+_TEXT_COLUMNS = ("session_id", "action_id", "kind", "status", "trace_id", "span_id")
+"""The fields of an :class:`ActionRow` that a store keeps in a text column of their own."""
+
+
+def refuse_nul(row: ActionRow) -> None:
+    """Raise :class:`RecordRefused` when a text column of ``row`` would hold NUL (U+0000).
+
+    PostgreSQL text cannot hold NUL, and writing something else in its place made two ids
+    one (``a\\x00b`` and ``a\\ufffdb``) and answered an id the client never sent. Every
+    store refuses such a span, so that they answer alike; a NUL in any other field is kept
+    (the record is JSON, which escapes it)."""
+    for name in _TEXT_COLUMNS:
+        value = getattr(row, name)
+        if value is not None and "\x00" in value:
+            raise RecordRefused(
+                f"its {name} {quoted(value)} holds NUL (U+0000), which no store keeps in an id"
+            )
+
+
 @dataclass(frozen=True, slots=True)
 class SessionSummary:
     session_id: str

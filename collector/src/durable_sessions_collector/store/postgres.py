@@ -185,7 +185,12 @@ _SUMMARY = "session_id, verdict, open, actions, errors, warnings, first_seen, la
 
 
 def _t(value: str | None) -> str | None:
-    """Text PostgreSQL can hold: NUL is the one character a TEXT value cannot contain."""
+    """Text PostgreSQL can hold: NUL is the one character a TEXT value cannot contain.
+
+    Meant for free text (a message, a delivery error), where U+FFFD in its place is
+    harmless. No stored id holds NUL: a span with one is refused by every store
+    (:func:`~durable_sessions_collector.store.base.refuse_nul`), since replacing it would
+    make two ids one."""
     if value is None or "\x00" not in value:
         return value
     return value.replace("\x00", "\ufffd")
@@ -492,6 +497,8 @@ class PostgresStore:
         return [_summary(row) for row in rows]
 
     def get_session(self, session_id: str, pages: DetailPages = FIRST_PAGES) -> SessionDetail | None:
+        if "\x00" in session_id:  # no stored id holds one (refuse_nul); "a\ufffdb" is another session
+            return None
         rows = self._reading(lambda db: self._session_rows(db, session_id, pages))
         if rows is None:
             return None
