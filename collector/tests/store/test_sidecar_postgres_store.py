@@ -291,6 +291,33 @@ def test_two_evaluators_judge_one_session_as_one(postgres_url: str) -> None:
         store.close()
 
 
+def test_a_session_pruned_and_started_afresh_is_rebuilt_by_a_replica_holding_it(postgres_url: str) -> None:
+    """Replica B holds S (one action); A ends and prunes S, and a span starts S afresh on
+    A: one action again, as B held. B must still drop what it held (the deleted action)."""
+    a, b = open_store(postgres_url), open_store(postgres_url)
+    on_a, on_b = Evaluator(), Evaluator()
+
+    def write(store: PostgresStore, evaluator: Evaluator, mapped: Mapped, now: float) -> list[str]:
+        with store.writer() as writer:
+            evaluator.forget_stale(writer.lock_sessions(["S"]))
+            added, violations = evaluator.ingest(writer, arrival(mapped), now)
+            assert added
+            writer.touch_session("S", now, 1)
+            return [v.rule for v in violations if writer.add_violation(v, at_end=False, now=now)]
+
+    assert write(b, on_b, action("S", "p1", "pay1", "payment", idempotency_key="K-1"), 1.0) == []
+    with a.writer() as writer:
+        writer.end_session("S", 2.0)
+    with a.writer() as writer:
+        assert writer.prune(100.0, 10).sessions == ["S"]
+    assert write(a, on_a, action("S", "x1", "c1"), 200.0) == []
+    # Without telling the rows apart, B judged this against the deleted pay1: shared-key.
+    assert write(b, on_b, action("S", "p2", "pay2", "payment", idempotency_key="K-1"), 201.0) == []
+    assert on_b.rebuilt == 1
+    for store in (a, b):
+        store.close()
+
+
 def test_text_with_nul_and_a_bad_server_are_handled(postgres_url: str) -> None:
     store = open_store(postgres_url)
     with store.writer() as writer:  # NUL outside the id columns: in the record (JSON) and a message

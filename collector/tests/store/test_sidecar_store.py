@@ -284,7 +284,7 @@ def test_lock_sessions_tells_a_shared_store_from_a_private_one(store_url: str, s
     if store_url.startswith("sqlite"):
         assert counts is None  # the only writer: the evaluator's memory is the truth
     else:
-        assert counts == {"new": 0, "sess": 1}
+        assert counts == {"new": (0, None), "sess": (1, 1.0)}  # actions, first_seen
 
 
 SCHEMA_V1 = (Path(__file__).parent / "sqlite_schema_v1.sql").read_text()

@@ -17,7 +17,8 @@ Used by the pipeline's writer thread only: the engine is not thread-safe.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from durable_sessions.engine import Checker
@@ -25,7 +26,18 @@ from durable_sessions.mapping import Mapped, with_problems
 from durable_sessions.rules import select_rules
 from durable_sessions.violation import Violation
 from durable_sessions_collector.store import ActionRow, Writer, action_row
-from durable_sessions_collector.store.base import refuse_nul
+from durable_sessions_collector.store.base import NO_SESSION, StoredSession, refuse_nul
+
+
+@dataclass(slots=True)
+class Held:
+    """A session the engine holds."""
+
+    fed: int
+    """How many of its stored records the engine has been fed."""
+    first_seen: float | None
+    """Its stored row's ``first_seen`` (:class:`StoredSession`): None when it has no row yet,
+    or the store is this process's alone (whose :meth:`Writer.lock_sessions` tells nothing)."""
 
 
 class Arrival(NamedTuple):
@@ -62,8 +74,10 @@ class Evaluator:
             max_actions_per_session=max_actions_per_session,
         )
         self.max_sessions = max_sessions
-        # held session -> how many of its stored records the engine has been fed
-        self._held: OrderedDict[str, int] = OrderedDict()
+        self._held: OrderedDict[str, Held] = OrderedDict()
+        # What a shared store held of the sessions of this transaction when it locked them
+        # (see forget_stale): a session rebuilt meanwhile is held as that row's.
+        self._locked: Mapping[str, StoredSession] = {}
         self.rebuilt = 0
 
     @property
@@ -93,7 +107,10 @@ class Evaluator:
         if not writer.add_action(row, now):
             return False, rebuilt
         if session_id is not None:
-            self._held[session_id] += 1
+            held = self._held[session_id]
+            held.fed += 1
+            if held.first_seen is None:  # no row yet: the caller's touch_session makes it at ``now``
+                held.first_seen = now
         # The engine checks the row's record: identifiers and digests as stored, so that a
         # session rebuilt from the store holds the state it had (a long key is compared
         # digest to digest). The row is encoded already: the problems are checked, not
@@ -111,11 +128,19 @@ class Evaluator:
         self._held.pop(session_id, None)
         return rebuilt, self.checker.end_session(session_id)
 
-    def forget_stale(self, stored: dict[str, int]) -> int:
-        """Forget held sessions of which the store holds more (or fewer) records than the
-        engine was fed — another replica sharing the store wrote them — so that they are
-        rebuilt from the store before their next record. Returns how many were forgotten."""
-        stale = [sid for sid, count in stored.items() if self._held.get(sid, count) != count]
+    def forget_stale(self, stored: Mapping[str, StoredSession]) -> int:
+        """Forget the held sessions the store holds otherwise than the engine was fed —
+        more (or fewer) records: another replica sharing the store wrote them; another
+        row: another replica's retention deleted the session and spans started it afresh
+        — so that they are rebuilt from the store before their next record. ``stored``
+        is read under the sessions' locks, for the transaction that follows. Returns how
+        many were forgotten."""
+        self._locked = stored
+        stale = [
+            session_id
+            for session_id, kept in stored.items()
+            if (held := self._held.get(session_id)) is not None and (held.fed, held.first_seen) != kept
+        ]
         self.discard(stale)
         return len(stale)
 
@@ -137,7 +162,7 @@ class Evaluator:
         for record, where in writer.session_records(session_id):
             found.extend(feed(record, where))
             count += 1
-        held[session_id] = count
+        held[session_id] = Held(count, self._locked.get(session_id, NO_SESSION).first_seen)
         if count:
             self.rebuilt += 1
         while len(held) > self.max_sessions:

@@ -32,7 +32,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 import orjson
 
@@ -143,6 +143,20 @@ def refuse_nul(row: ActionRow) -> None:
             raise RecordRefused(
                 f"its {name} {quoted(value)} holds NUL (U+0000), which no store keeps in an id"
             )
+
+
+class StoredSession(NamedTuple):
+    """What a store several replicas share holds of a session, read under its lock."""
+
+    actions: int
+    """How many actions it has stored (0: none, or no session)."""
+    first_seen: float | None
+    """When its row was made: the ``now`` of :meth:`Writer.touch_session` in the
+    transaction that stored its first action; None when there is no row. A session that
+    retention deleted and spans started afresh has another, whatever its action count."""
+
+
+NO_SESSION = StoredSession(0, None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -461,11 +475,12 @@ class Writer(Protocol):
         the rows of no session that are younger than ``cutoff``, and the delivered or
         dead alerts older than ``cutoff`` of violations still stored."""
 
-    def lock_sessions(self, session_ids: list[str]) -> dict[str, int] | None:
+    def lock_sessions(self, session_ids: list[str]) -> dict[str, StoredSession] | None:
         """Before the sessions are written: None when this process is the store's only
         writer; with a store several replicas share, lock the sessions for the rest of
-        the transaction and return how many actions the store holds for each, so that
-        the evaluator rebuilds a session another replica has added spans to."""
+        the transaction and return what the store holds of each (:class:`StoredSession`),
+        so that the evaluator rebuilds a session another replica has added spans to, or
+        deleted and started afresh."""
 
 
 class Store(Protocol):

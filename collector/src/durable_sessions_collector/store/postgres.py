@@ -18,9 +18,10 @@ The same tables and statements as the SQLite store, plus what sharing needs:
 - **One session, one writer at a time**: a write transaction first takes a
   transaction-scoped advisory lock on each session it touches (:meth:`PostgresWriter.
   lock_sessions`, in a fixed order, so two replicas cannot deadlock on them), and learns
-  how many actions the store holds for each. The evaluator drops a session it holds in
-  memory when that count is not the one it fed (another replica added spans), and
-  rebuilds it from the store. So spans of one session may arrive at any replica, in any
+  how many actions the store holds for each and when its row was made. The evaluator
+  drops a session it holds in memory when that count is not the one it fed (another
+  replica added spans) or the row is another (another replica's retention deleted it and
+  spans started it afresh), and rebuilds it from the store. So spans of one session may arrive at any replica, in any
   interleaving, and are judged as one sidecar would judge them, in commit order.
 - **Idle sweep**: :meth:`PostgresWriter.idle_sessions` only returns sessions whose lock
   it could take (``pg_try_advisory_xact_lock``), so one replica ends a session while the
@@ -62,6 +63,7 @@ from durable_sessions_collector.store.base import (
     INDEX_BUILT,
     INDEX_FAILED,
     INDEX_LEFT_TO_ANOTHER,
+    NO_SESSION,
     OUTBOX_CHANNELS,
     VIOLATION_COLUMNS,
     ActionRow,
@@ -73,6 +75,7 @@ from durable_sessions_collector.store.base import (
     RecordRefused,
     SessionDetail,
     SessionSummary,
+    StoredSession,
     StoreError,
     action_page,
     cursor_position,
@@ -687,12 +690,12 @@ class PostgresWriter:
         self._db = connection
         self._lock_class = lock_class
 
-    def lock_sessions(self, session_ids: Sequence[str]) -> dict[str, int]:
-        """Lock the sessions for this transaction; return how many actions each has stored.
+    def lock_sessions(self, session_ids: Sequence[str]) -> dict[str, StoredSession]:
+        """Lock the sessions for this transaction; return what the store holds of each.
 
         Locks are taken in one statement, in the order of their lock keys, so two
         replicas locking overlapping sets cannot deadlock. A session with no row yet
-        has 0 actions.
+        is :data:`NO_SESSION`.
         """
         if not session_ids:
             return {}
@@ -702,12 +705,13 @@ class PostgresWriter:
             "(SELECT DISTINCT hashtext(s) AS h FROM unnest(%s::text[]) AS s ORDER BY h) AS keys",
             (self._lock_class, ids),
         ).fetchall()
-        stored = dict(
-            self._db.execute(
-                "SELECT session_id, actions FROM sessions WHERE session_id = ANY(%s)", (ids,)
-            ).fetchall()
-        )
-        return {session_id: int(stored.get(_t(session_id), 0)) for session_id in session_ids}
+        stored = {
+            session_id: StoredSession(int(actions), first_seen)
+            for session_id, actions, first_seen in self._db.execute(
+                "SELECT session_id, actions, first_seen FROM sessions WHERE session_id = ANY(%s)", (ids,)
+            )
+        }
+        return {session_id: stored.get(_t(session_id), NO_SESSION) for session_id in session_ids}
 
     def add_action(self, row: ActionRow, received_at: float) -> bool:
         cursor = self._db.execute(
