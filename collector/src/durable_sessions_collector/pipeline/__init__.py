@@ -87,8 +87,12 @@ class Pipeline:
         retry_after_s: int = 1,
         channels: tuple[str, ...] = (),
         after_commit: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
+        self.clock = clock
+        """This host's clock: the time of a store without a clock of its own (see
+        :meth:`now`), and of when alerts fall due."""
         self.evaluator = evaluator
         self.metrics = metrics
         self.log = log
@@ -179,7 +183,7 @@ class Pipeline:
             ticked = time.monotonic()
             if ticked - self.last_sweep >= self.sweep_every:
                 try:
-                    ended = self.sweep(time.time())
+                    ended = self.sweep(self.now())
                 except Exception as error:  # keep writing; the sweep is retried next time
                     self.metrics.commit_failures.inc()
                     self.log.error("idle-sweep-failed", error=f"{type(error).__name__}: {error}")
@@ -214,7 +218,7 @@ class Pipeline:
         for job in batch:
             job.stored = job.duplicates = 0
         try:
-            fresh = self._transaction(batch, time.time())
+            fresh = self._transaction(batch, self.now())
         except StoreError as error:
             self._fail(batch, error)
             return
@@ -350,7 +354,7 @@ class Pipeline:
         """One retention pass, from the writer loop: a failure is logged and retried at the
         next pass, and never stops the writer."""
         try:
-            full = self.prune(time.time()).full
+            full = self.prune(self.now()).full
         except Exception as error:
             self.metrics.commit_failures.inc()
             self.log.error("prune-failed", error=f"{type(error).__name__}: {error}")
@@ -379,6 +383,15 @@ class Pipeline:
             self.log.info("sessions-pruned", sessions=len(pruned.sessions), orphan_rows=pruned.orphans)
         return pruned
 
+    def now(self) -> float:
+        """The time of the writes (activity, findings) and of the idle and retention
+        cutoffs: the store's clock when it has one (:meth:`Store.now
+        <durable_sessions_collector.store.base.Store.now>`; PostgreSQL: the server's,
+        which every replica shares, so that one whose host clock is off neither ends
+        another's live sessions nor keeps idle ones), else :attr:`clock`."""
+        shared = self.store.now()
+        return self.clock() if shared is None else shared
+
     def _lock(self, writer: Writer, session_ids: Iterable[str | None]) -> None:
         """With a store shared by replicas: lock the sessions for this transaction and
         forget the held ones another replica has written to since (they are rebuilt)."""
@@ -387,10 +400,13 @@ class Pipeline:
             self.evaluator.forget_stale(stored)
 
     def _enqueue(self, writer: Writer, fresh: list[Violation], verdicts: dict[str, str], now: float) -> None:
+        # An alert falls due by this host's clock: the delivering replica compares due
+        # times with its own (alerts.outbox).
+        due = self.clock()
         for violation in fresh:
             payload = alert_payload(violation, verdicts.get(violation.session_id or ""), now)
             for channel in self.channels:
-                writer.enqueue_alert(channel, violation.key, payload, now)
+                writer.enqueue_alert(channel, violation.key, payload, due)
 
     def _raised(self, fresh: list[Violation]) -> None:
         for violation in fresh:

@@ -534,6 +534,13 @@ class Store(Protocol):
     def check(self) -> None:
         """Raise :class:`StoreError` when the store cannot be read."""
 
+    def now(self) -> float | None:
+        """The time (seconds since the epoch) on the store's own clock, which every
+        sidecar writing the store shares (PostgreSQL: the server's), so that replicas
+        compare activity times with one clock; None when the store is this process's
+        alone and this host's clock serves (SQLite). :class:`StoreError` when it cannot
+        be read."""
+
     def build_indexes(self, report: IndexReport) -> threading.Thread | None:
         """Build, in the background, the indexes a store made by an earlier sidecar lacks
         (the store works without them, only slower), calling ``report`` from that thread

@@ -21,11 +21,15 @@ The same tables and statements as the SQLite store, plus what sharing needs:
   how many actions the store holds for each and when its row was made. The evaluator
   drops a session it holds in memory when that count is not the one it fed (another
   replica added spans) or the row is another (another replica's retention deleted it and
-  spans started it afresh), and rebuilds it from the store. So spans of one session may arrive at any replica, in any
-  interleaving, and are judged as one sidecar would judge them, in commit order.
+  spans started it afresh), and rebuilds it from the store. So spans of one session may
+  arrive at any replica, in any interleaving, and are judged as one sidecar would judge
+  them, in commit order.
 - **Idle sweep**: :meth:`PostgresWriter.idle_sessions` only returns sessions whose lock
   it could take (``pg_try_advisory_xact_lock``), so one replica ends a session while the
   others skip it, and no replica ends a session another is writing.
+- **One clock**: :meth:`PostgresStore.now` is the server's time (:class:`ServerClock`),
+  which the pipeline writes session times with and takes the idle and retention cutoffs
+  from, so replicas whose hosts' clocks disagree judge idleness alike.
 - **Retention**: :meth:`PostgresWriter.prune` deletes only ended sessions whose lock it
   could take and that are still ended and old under it, so a session another replica
   is appending to is never deleted under it.
@@ -43,8 +47,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, LiteralString, TypeVar
@@ -92,6 +98,8 @@ _T = TypeVar("_T")
 
 SCHEMA_VERSION = 2
 CLAIM_LEASE_S = 60.0
+CLOCK_READ_EVERY_S = 10.0
+"""Seconds between two readings of the server's clock (:class:`ServerClock`)."""
 DDL_LOCK = 0x64757261  # advisory lock held while creating the schema ("dura")
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
@@ -286,6 +294,7 @@ class PostgresStore:
             _close_quietly,
             lambda connection: not (connection.closed or connection.broken),
         )
+        self.clock = ServerClock(self._server_time)
         self._closing = False
         self._index_builder: threading.Thread | None = None
         self._index_connection: psycopg.Connection[Any] | None = None
@@ -615,6 +624,16 @@ class PostgresStore:
     def check(self) -> None:
         self._reading(lambda db: db.execute("SELECT 1 FROM meta LIMIT 1").fetchone())
 
+    def now(self) -> float:
+        """The server's clock (see :class:`ServerClock`): every replica's times are the
+        server's, whatever their hosts' clocks say."""
+        return self.clock.now()
+
+    def _server_time(self) -> float:
+        return self._reading(
+            lambda db: float(db.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()[0])  # type: ignore[index]
+        )
+
     def close(self) -> None:
         self._closing = True
         builder, connection = self._index_builder, self._index_connection
@@ -626,6 +645,45 @@ class PostgresStore:
         self.readers.close()
         with self._write_lock, contextlib.suppress(psycopg.Error):
             self._write.close()
+
+
+class ServerClock:
+    """The database server's clock, read from the server at most every ``read_every_s``
+    and carried forward in between by this host's monotonic clock (which no step of the
+    host's wall clock moves), so that taking the time costs no round trip. Replicas
+    whose hosts' clocks disagree then still agree on how long a session has been idle.
+
+    The reading is placed halfway through the round trip that took it. A reading that
+    fails keeps the last one (tried again after ``read_every_s``); with none yet,
+    :meth:`now` raises its :class:`StoreError`."""
+
+    def __init__(self, read: Callable[[], float], read_every_s: float = CLOCK_READ_EVERY_S) -> None:
+        self._read = read
+        self.read_every_s = read_every_s
+        self._lock = threading.Lock()
+        self._offset: float | None = None  # server time minus monotonic time
+        self._read_at = -math.inf
+
+    def now(self) -> float:
+        with self._lock:
+            offset = self._offset
+            if offset is None or time.monotonic() - self._read_at >= self.read_every_s:
+                offset = self._read_server(offset)
+            return time.monotonic() + offset
+
+    def _read_server(self, last: float | None) -> float:
+        """The server's time minus the monotonic time, newly read; ``last`` when the server
+        cannot be read (its error when there is no ``last``)."""
+        before = time.monotonic()
+        self._read_at = before
+        try:
+            server = self._read()
+        except StoreError:
+            if last is None:
+                raise
+            return last
+        self._offset = server - (before + time.monotonic()) / 2
+        return self._offset
 
 
 class ReadConnectionLost(StoreError):

@@ -513,6 +513,10 @@ class SqliteStore:
         """Nothing to build: a SQLite store gets its indexes with its schema, when opened."""
         return None
 
+    def now(self) -> None:
+        """No clock of its own: one sidecar writes it, by its host's clock."""
+        return None
+
     def close(self) -> None:
         self.readers.close()
         with self._write_lock:
