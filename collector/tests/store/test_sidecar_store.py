@@ -508,6 +508,11 @@ def test_reads_after_the_server_dropped_the_read_connections_succeed(postgres_ur
         assert store.list_sessions() == [] and store.get_session("s") is None and store.count_actions() == 0
         assert store.verdict_counts()["ok"] == 0
         assert store.readers.opened == opened + 1  # one new connection; no dead one lent again
+        with psycopg.connect(postgres_url.partition("?")[0], autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (store._write.info.backend_pid,))  # type: ignore[attr-defined]
+        with store.writer() as writer:  # the dead write connection fails BEGIN: begun again
+            writer.touch_session("s", 1.0, 1)
+        assert store.list_sessions()[0].session_id == "s"
     finally:
         store.close()
 

@@ -424,11 +424,7 @@ class PostgresStore:
     def writer(self) -> Iterator[PostgresWriter]:
         with self._write_lock:
             try:
-                if self._write.closed or self._write.broken:
-                    self._write = self._connect()
-                connection = self._write
-                transaction = connection.transaction()
-                transaction.__enter__()
+                connection, transaction = self._begin()
             except psycopg.Error as error:
                 raise StoreError(
                     f"store {self.name!r}: cannot begin a transaction: {_reason(error)}"
@@ -447,6 +443,25 @@ class PostgresStore:
                 transaction.__exit__(None, None, None)
             except psycopg.Error as error:
                 raise StoreError(f"store {self.name!r}: commit failed: {_reason(error)}") from None
+
+    def _begin(self) -> tuple[psycopg.Connection[Any], psycopg.Transaction]:
+        """A transaction begun on the write connection. A connection the server dropped
+        while it was idle (a restart, a failover, a proxy's idle timeout) fails at
+        ``BEGIN``, before anything of the transaction ran: it is replaced and ``BEGIN``
+        runs once more, so that the first write after the loss is not failed for it."""
+        try:
+            return self._begin_once()
+        except psycopg.OperationalError:
+            if not self._write.broken:
+                raise
+        return self._begin_once()
+
+    def _begin_once(self) -> tuple[psycopg.Connection[Any], psycopg.Transaction]:
+        if self._write.closed or self._write.broken:
+            self._write = self._connect()
+        transaction = self._write.transaction()
+        transaction.__enter__()
+        return self._write, transaction
 
     # --- reading ---------------------------------------------------------------------
 
