@@ -2,7 +2,8 @@
 
 ``fail_first`` answers that many requests with ``fail_status`` (and ``retry_after`` as
 its ``Retry-After``) before it starts accepting; ``fail_status`` with
-``fail_first=None`` fails forever. It can be started
+``fail_first=None`` fails forever. ``delay_s`` holds every answer that long (a slow
+receiver). It can be started
 on a port chosen in advance (a receiver that is down, then comes up).
 """
 
@@ -77,6 +78,7 @@ class WebhookServer:
         fail_first: int | None = 0,
         fail_status: int = 503,
         retry_after: str | None = None,
+        delay_s: float = 0.0,
     ) -> None:
         self.requests: list[Received] = []
         self.accepted: list[Received] = []
@@ -100,6 +102,7 @@ class WebhookServer:
                     if not failing:
                         owner.accepted.append(received)
                 status = owner.fail_status if failing else 200
+                time.sleep(delay_s)
                 body = b'{"ok": true}' if status == 200 else b'{"error": "try later"}'
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")

@@ -320,8 +320,10 @@ def test_a_replica_that_dies_holding_claimed_webhook_alerts_leaves_them_to_the_o
     start_sidecar, postgres_url
 ) -> None:  # type: ignore[no-untyped-def]
     hook = WebhookServer()
-    dead = start_sidecar(postgres_url, alerts__webhook__url=hook.url, alerts__log__enabled=False)
-    dead.service.store.claim_lease_s = 1.0
+    dead = start_sidecar(
+        postgres_url, alerts__webhook__url=hook.url, alerts__webhook__timeout_s=1, alerts__log__enabled=False
+    )
+    dead.service.store.claim_lease_s = 1.0  # held for an attempt (1 s) and the lease: 2 s
     claimed: list[str] = []
     gone = threading.Event()
 
@@ -393,6 +395,40 @@ def test_a_replica_that_dies_holding_claimed_log_alerts_leaves_them_to_the_other
         assert survivor.session(f"calm-{n}")["violations"] == []  # acknowledged: committed
     calm.shutdown()
     assert [line["key"] for line in survivor.alerts()] == [violation["key"]]
+
+
+@pytest.mark.postgres
+def test_a_batch_that_outlives_its_claim_lease_is_sent_once_by_two_replicas(
+    start_sidecar, postgres_url
+) -> None:  # type: ignore[no-untyped-def]
+    # A replica claims the alerts due a batch at a time and sends them one by one; with a
+    # slow receiver the batch outlives the lease, and the other replica claims the rows
+    # not sent yet. Each must still be POSTed once: by whichever replica holds it when
+    # its turn comes. (A lease of 0.3 s and 0.15 s per POST stand in for 60 s and 100
+    # alerts at 0.6 s each.)
+    with WebhookServer(delay_s=0.15) as hook:
+        replicas = [
+            start_sidecar(
+                postgres_url,
+                alerts__webhook__url=hook.url,
+                alerts__webhook__timeout_s=1,
+                alerts__log__enabled=False,
+            )
+            for _ in range(2)
+        ]
+        for replica in replicas:
+            replica.service.store.claim_lease_s = 0.3
+        unkeyed = [span(n, "slow-batch", **{"agent.action.kind": "payment"}) for n in range(10)]
+        grpc_export(replicas[0].grpc_endpoint, request(*unkeyed).SerializeToString())
+        wait_for(lambda: len(hook.accepted) >= 10)
+        time.sleep(1.5)  # a replica holding a stale claim would send its rows again by now
+        sent = Counter(received.body["action_id"] for received in hook.accepted)
+        assert sent == Counter({f"a{n}": 1 for n in range(10)})
+        delivered = sum(
+            replica.metric("durable_sessions_alert_deliveries_total", channel="webhook", outcome="delivered")
+            for replica in replicas
+        )
+        assert delivered == 10
 
 
 def payments(sid: str, n: int) -> bytes:

@@ -412,11 +412,11 @@ def test_rows_of_no_session_older_than_the_cutoff_are_deleted_a_batch_at_a_time(
     # (A PostgreSQL store claims what it returns for a minute: still due before the cutoff.)
     due = {alert.violation_key: alert for ch in ("log", "webhook") for alert in store.pending_alerts(ch, 1.0)}
     with store.writer() as writer:
-        writer.mark_delivered([due["gone-log"].id, due[old.key].id], 1.0)
-        writer.mark_failed(due["gone-webhook"].id, "400", None)
+        writer.mark_delivered([due["gone-log"], due[old.key]], 1.0)
+        writer.mark_failed(due["gone-webhook"], "400", None)
     [late] = store.pending_alerts("log", 200.0)
     with store.writer() as writer:
-        writer.mark_delivered([late.id], 200.0)
+        writer.mark_delivered([late], 200.0)
 
     with store.writer() as writer:
         first = writer.prune(100.0, 2)

@@ -17,7 +17,7 @@ import psycopg
 import psycopg.conninfo
 import pytest
 from durable_sessions_collector.evaluator import Evaluator, arrival
-from durable_sessions_collector.store import StoreError, action_row, open_store
+from durable_sessions_collector.store import Alert, StoreError, action_row, open_store
 from durable_sessions_collector.store.postgres import SCHEMA_VERSION, PostgresStore, split_url
 from psycopg import sql
 
@@ -188,25 +188,54 @@ def test_outbox_rows_are_claimed_by_one_replica(postgres_url: str) -> None:
             writer.enqueue_alert("webhook", f"k{n}", {"key": f"k{n}"}, 1.0)
     barrier = threading.Barrier(3)
 
-    def claim(store: PostgresStore) -> list[int]:
+    def claim(store: PostgresStore) -> list[Alert]:
         barrier.wait()
-        got: list[int] = []
+        got: list[Alert] = []
         while batch := store.pending_alerts("webhook", now=10.0, limit=7):
-            got.extend(alert.id for alert in batch)
+            got.extend(batch)
         return got
 
     with ThreadPoolExecutor(3) as pool:
         claimed = list(pool.map(claim, stores))
-    every = [alert_id for ids in claimed for alert_id in ids]
-    assert len(every) == len(set(every)) == 60  # each row claimed exactly once
+    every = [alert for alerts in claimed for alert in alerts]
+    assert len(every) == len({alert.id for alert in every}) == 60  # each row claimed exactly once
     # Claimed rows wait for their lease; one left undelivered comes back after it.
     with stores[1].writer() as writer:
         writer.mark_delivered(every[:59], 11.0)
     assert stores[2].pending_alerts("webhook", now=12.0) == []
     [again] = stores[2].pending_alerts("webhook", now=10.0 + stores[2].claim_lease_s + 1)
-    assert again.id == every[59]
+    assert again.id == every[59].id
     for store in stores:
         store.close()
+
+
+def test_a_replica_whose_claim_ran_out_neither_sends_nor_marks_the_alert(postgres_url: str) -> None:
+    stale, current = open_store(postgres_url), open_store(postgres_url)
+    with stale.writer() as writer:
+        writer.enqueue_alert("webhook", "k", {"key": "k"}, 1.0)
+    [first] = stale.pending_alerts("webhook", now=10.0)
+    # The stale replica was busy with other rows past the lease; the other claimed the row.
+    [second] = current.pending_alerts("webhook", now=10.0 + stale.claim_lease_s + 1)
+    assert stale.hold_alert(first, now=second.claim - current.claim_lease_s, attempt_s=5.0) is None
+    held = current.hold_alert(second, now=second.claim - current.claim_lease_s, attempt_s=5.0)
+    assert held is not None and held.claim is not None and held.claim > second.claim
+    with current.writer() as writer:
+        writer.mark_delivered([held], 80.0)
+    # What the stale replica would mark after an attempt of its own changes nothing.
+    with stale.writer() as writer:
+        writer.mark_failed(first, "HTTP 400", None)
+    assert stale.alert_counts() == {("webhook", "delivered"): 1}
+    with stale.writer() as writer:
+        writer.mark_failed(first, "HTTP 503", 85.0)
+        writer.mark_delivered([first], 81.0)
+    dsn, schema = split_url(postgres_url)
+    with psycopg.connect(dsn) as db:
+        row = db.execute(f"SELECT state, attempts, delivered_at, last_error FROM {schema}.outbox").fetchone()
+    assert row == ("delivered", 1, 80.0, None)
+    # A renewal ended by the mark: a stale hold of the delivered row finds nothing either.
+    assert current.hold_alert(held, now=90.0, attempt_s=5.0) is None
+    stale.close()
+    current.close()
 
 
 def test_idle_sweep_skips_a_session_another_replica_is_writing(postgres_url: str) -> None:

@@ -131,9 +131,9 @@ def test_outbox_once_per_channel_and_violation(store) -> None:  # type: ignore[n
     [alert] = store.pending_alerts("log", now=10.0)
     assert alert.payload == {"key": "k1"}
     with store.writer() as writer:
-        writer.mark_delivered([alert.id], 3.0)
+        writer.mark_delivered([alert], 3.0)
         [hook] = store.pending_alerts("webhook", now=10.0)
-        writer.mark_failed(hook.id, "503", retry_at=20.0)
+        writer.mark_failed(hook, "503", retry_at=20.0)
     assert store.pending_alerts("log", now=10.0) == []
     assert store.pending_alerts("webhook", now=10.0) == []
     assert len(store.pending_alerts("webhook", now=20.0)) == 1

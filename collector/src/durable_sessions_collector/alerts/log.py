@@ -111,7 +111,7 @@ class LogAlerts:
             unwritten = [alert for alert in pending if alert.payload.get("key") not in self._written_before]
             self._flushed = self._write(unwritten)
             with self.store.writer() as writer:
-                writer.mark_delivered([alert.id for alert in pending], now)
+                writer.mark_delivered(pending, now)
             if not self._written_before:
                 self._forget_marked()
             delivered += len(pending)

@@ -5,7 +5,9 @@ alert (:meth:`OutboxDelivery.send`) and what one attempt came to (:class:`Attemp
 
 Rows come from the store's outbox (written in the same transaction as the violation),
 so an alert survives a crash or a restart and is delivered once it can be, oldest
-first, by a thread of the channel's own. A delivered alert is marked delivered; a
+first, by a thread of the channel's own. On a store several replicas share, the rows are
+claimed a batch at a time and each claim is renewed right before its attempt
+(:meth:`Store.hold_alert`): a row another replica claimed meanwhile is left to it. A delivered alert is marked delivered; a
 retryable failure is retried after ``backoff_s · 2^(attempt-1)`` (capped by
 ``max_backoff_s``, ±50% jitter so that many sidecars do not retry in step; a delay the
 receiver asks for is honoured up to the cap); a rejection, or the ``max_attempts``-th
@@ -170,7 +172,9 @@ class OutboxDelivery:
             for alert in due:
                 if self._stopping.is_set() or self._paused():
                     break
-                delivered += self._deliver(alert)
+                held = self.store.hold_alert(alert, time.time(), self.timeout_s)
+                if held is not None:  # else another replica claimed it when our lease ran out
+                    delivered += self._deliver(held)
             if len(due) < BATCH:
                 break
         return delivered
@@ -194,7 +198,7 @@ class OutboxDelivery:
         key = idempotency_key(alert.payload)
         if attempt.outcome == "delivered":
             with self.store.writer() as writer:
-                writer.mark_delivered([alert.id], now)
+                writer.mark_delivered([alert], now)
             self.metrics.delivered(channel, [alert], now)
             self.log.debug("alert-delivered", channel=channel, idempotency_key=key, attempts=attempts)
             return 1
@@ -207,7 +211,7 @@ class OutboxDelivery:
         if attempt.outcome == "retry" and attempts < self.max_attempts:
             retry_at = now + delay
             with self.store.writer() as writer:
-                writer.mark_failed(alert.id, error, retry_at)
+                writer.mark_failed(alert, error, retry_at)
             self._next_due = retry_at if self._next_due is None else min(self._next_due, retry_at)
             self.metrics.alert_deliveries.labels(channel, RETRY).inc()
             self.log.warning(
@@ -223,7 +227,7 @@ class OutboxDelivery:
             )
             return 0
         with self.store.writer() as writer:
-            writer.mark_failed(alert.id, error, None)
+            writer.mark_failed(alert, error, None)
         self.metrics.alert_deliveries.labels(channel, DEAD_LETTER).inc()
         self.log.error(
             "alert-dead-letter",

@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import math
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, Protocol
@@ -314,6 +314,10 @@ class Alert:
     violation_key: str
     payload: dict[str, Any]
     attempts: int
+    claim: float | None = None
+    """On a store several replicas share: the ``next_attempt_at`` this replica's claim set,
+    which stays the row's until the claim ends (the claim's token: a mark or a renewal
+    applies only while the row still holds it). None on a store of one writer."""
 
 
 @dataclass(frozen=True)
@@ -427,11 +431,15 @@ class Writer(Protocol):
     def enqueue_alert(self, channel: str, violation_key: str, payload: dict[str, Any], now: float) -> None:
         """Add an alert for ``channel`` to the outbox (once per channel and violation)."""
 
-    def mark_delivered(self, alert_ids: list[int], now: float) -> None:
-        """The alerts were delivered."""
+    def mark_delivered(self, alerts: Sequence[Alert], now: float) -> None:
+        """The alerts were delivered. Only a pending row is marked, and on a shared store
+        only while it still holds this replica's claim (:attr:`Alert.claim`): a replica
+        whose claim ran out leaves the row to the one that claimed it next."""
 
-    def mark_failed(self, alert_id: int, error: str, retry_at: float | None) -> None:
-        """A delivery attempt failed; retry at ``retry_at``, or dead-letter it when None."""
+    def mark_failed(self, alert: Alert, error: str, retry_at: float | None) -> None:
+        """A delivery attempt failed; retry at ``retry_at``, or dead-letter it when None.
+        Only a pending row still held (as for :meth:`mark_delivered`) is marked, so an
+        alert another replica delivered is never turned dead."""
 
     def redeliver_dead(self, channel: str | None, now: float) -> int:
         """Queue the dead-lettered alerts (of ``channel``, or all) for delivery again at
@@ -515,7 +523,15 @@ class Store(Protocol):
 
         A store shared by several replicas (PostgreSQL) also *claims* the rows it
         returns for a lease, so that one replica delivers each; ``mark_delivered`` or
-        ``mark_failed`` ends the claim."""
+        ``mark_failed`` ends the claim. A row whose lease ran out may be claimed by
+        another replica: call :meth:`hold_alert` right before each attempt."""
+
+    def hold_alert(self, alert: Alert, now: float, attempt_s: float) -> Alert | None:
+        """Before an attempt at ``alert`` (claimed by :meth:`pending_alerts`): the alert,
+        its claim renewed to cover an attempt of up to ``attempt_s`` from ``now`` and the
+        lease after it; None when it is no longer this replica's to send (its lease ran
+        out and another replica claimed it, or it is no longer pending). A store of one
+        writer returns ``alert`` as it is."""
 
     def alert_counts(self) -> dict[tuple[str, str], int]:
         """Outbox rows by (channel, state)."""

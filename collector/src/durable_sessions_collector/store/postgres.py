@@ -35,8 +35,12 @@ The same tables and statements as the SQLite store, plus what sharing needs:
   is appending to is never deleted under it.
 - **Alert outbox**: :meth:`PostgresStore.pending_alerts` *claims* the rows it returns
   (``FOR UPDATE SKIP LOCKED``, then ``next_attempt_at`` moved ``claim_lease_s`` ahead),
-  so each alert is delivered by one replica; ``mark_delivered`` / ``mark_failed`` end the
-  claim. A replica that dies holding a claim leaves it to another after the lease.
+  so each alert is delivered by one replica; :meth:`PostgresStore.hold_alert` renews a
+  claim right before each attempt (for the attempt and a lease after it) if the row
+  still holds it, and ``mark_delivered`` / ``mark_failed`` end the claim, only while the
+  row still holds it. A replica that dies holding a claim leaves it to another after the
+  lease; a replica whose claim ran out before it got to the row leaves it to the one that
+  claimed it next.
 - **Violation feed** (``WatchAlerts``): each violation row carries the id of the
   transaction that wrote it (``xid8``). A reader only returns rows of transactions older
   than every transaction still running (``pg_snapshot_xmin``), ordered by
@@ -46,6 +50,7 @@ The same tables and statements as the SQLite store, plus what sharing needs:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import re
@@ -112,6 +117,10 @@ CREATE TABLE IF NOT EXISTS forgetting (
     through_id BIGINT NOT NULL
 )
 """
+# An outbox row this replica's claim still holds (see Alert.claim), joined as ``held``:
+# pending, and its next_attempt_at still the one the claim set (a later claim by
+# another replica, or a retry time, sets another).
+STILL_HELD = "outbox.id = held.id AND outbox.state = 'pending' AND outbox.next_attempt_at = held.claim"
 NOT_FORGOTTEN = "id > coalesce((SELECT through_id FROM forgetting WHERE session_id = %s), 0)"
 SCHEMA = (
     """
@@ -571,23 +580,39 @@ class PostgresStore:
         """Claim and return the alerts of ``channel`` due at ``now`` (see the module docs).
 
         A claimed row is not returned again — by this replica or another — before
-        ``now + claim_lease_s`` unless ``mark_failed`` sets an earlier retry time.
+        ``now + claim_lease_s`` unless ``mark_failed`` sets an earlier retry time. Each
+        alert carries its claim (:attr:`Alert.claim`), which :meth:`hold_alert` renews.
         """
         with self._read() as db:
             rows = db.execute(
                 "UPDATE outbox SET next_attempt_at = %s WHERE id IN ("
                 " SELECT id FROM outbox WHERE channel = %s AND state = 'pending' AND next_attempt_at <= %s"
                 " ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED"
-                ") RETURNING id, channel, violation_key, payload, attempts",
+                ") RETURNING id, channel, violation_key, payload, attempts, next_attempt_at",
                 (now + self.claim_lease_s, channel, now, limit),
             ).fetchall()
         return sorted(
             (
-                Alert(int(id_), ch, key, json.loads(payload), attempts)
-                for id_, ch, key, payload, attempts in rows
+                Alert(int(id_), ch, key, json.loads(payload), attempts, float(claim))
+                for id_, ch, key, payload, attempts, claim in rows
             ),
             key=lambda alert: alert.id,
         )
+
+    def hold_alert(self, alert: Alert, now: float, attempt_s: float) -> Alert | None:
+        """See :meth:`Store.hold_alert <durable_sessions_collector.store.base.Store.hold_alert>`.
+
+        Rows are claimed a batch at a time and sent one by one: the lease of the last
+        may run out while the first are sent (a slow receiver, a few timeouts), and
+        another replica claim it. The renewal applies only while the row still holds
+        this replica's claim, so exactly one of the two sends it."""
+        with self._read() as db:
+            row = db.execute(
+                "UPDATE outbox SET next_attempt_at = %s "
+                "WHERE id = %s AND state = 'pending' AND next_attempt_at = %s RETURNING next_attempt_at",
+                (now + attempt_s + self.claim_lease_s, alert.id, alert.claim),
+            ).fetchone()
+        return None if row is None else dataclasses.replace(alert, claim=float(row[0]))
 
     def alert_counts(self) -> dict[tuple[str, str], int]:
         with self._read() as db:
@@ -890,24 +915,27 @@ class PostgresWriter:
             (channel, _t(violation_key), json.dumps(payload, separators=(",", ":")), now, now),
         )
 
-    def mark_delivered(self, alert_ids: list[int], now: float) -> None:
-        if alert_ids:
+    def mark_delivered(self, alerts: Sequence[Alert], now: float) -> None:
+        if alerts:
             self._db.execute(
                 "UPDATE outbox SET state = 'delivered', delivered_at = %s, attempts = attempts + 1 "
-                "WHERE id = ANY(%s)",
-                (now, list(alert_ids)),
+                f"FROM unnest(%s::bigint[], %s::float8[]) AS held (id, claim) WHERE {STILL_HELD}",
+                (now, [alert.id for alert in alerts], [alert.claim for alert in alerts]),
             )
 
-    def mark_failed(self, alert_id: int, error: str, retry_at: float | None) -> None:
+    def mark_failed(self, alert: Alert, error: str, retry_at: float | None) -> None:
+        held = (alert.id, alert.claim)
         if retry_at is None:
             self._db.execute(
-                "UPDATE outbox SET state = 'dead', attempts = attempts + 1, last_error = %s WHERE id = %s",
-                (_t(error), alert_id),
+                "UPDATE outbox SET state = 'dead', attempts = attempts + 1, last_error = %s "
+                f"FROM (VALUES (%s::bigint, %s::float8)) AS held (id, claim) WHERE {STILL_HELD}",
+                (_t(error), *held),
             )
         else:
             self._db.execute(
-                "UPDATE outbox SET attempts = attempts + 1, last_error = %s, next_attempt_at = %s WHERE id = %s",
-                (_t(error), retry_at, alert_id),
+                "UPDATE outbox SET attempts = attempts + 1, last_error = %s, next_attempt_at = %s "
+                f"FROM (VALUES (%s::bigint, %s::float8)) AS held (id, claim) WHERE {STILL_HELD}",
+                (_t(error), retry_at, *held),
             )
 
     def redeliver_dead(self, channel: str | None, now: float) -> int:

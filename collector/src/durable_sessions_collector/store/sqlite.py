@@ -15,7 +15,7 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -461,6 +461,10 @@ class SqliteStore:
             Alert(id_, ch, key, json.loads(payload), attempts) for id_, ch, key, payload, attempts in rows
         ]
 
+    def hold_alert(self, alert: Alert, now: float, attempt_s: float) -> Alert | None:
+        """This process is the store's one writer: the alert is its to send."""
+        return alert
+
     def alert_counts(self) -> dict[tuple[str, str], int]:
         with self._read() as db:
             rows = db.execute(
@@ -657,22 +661,25 @@ class SqliteWriter:
             (channel, violation_key, json.dumps(payload, separators=(",", ":")), now, now),
         )
 
-    def mark_delivered(self, alert_ids: list[int], now: float) -> None:
+    def mark_delivered(self, alerts: Sequence[Alert], now: float) -> None:
         self._db.executemany(
-            "UPDATE outbox SET state = 'delivered', delivered_at = ?, attempts = attempts + 1 WHERE id = ?",
-            [(now, alert_id) for alert_id in alert_ids],
+            "UPDATE outbox SET state = 'delivered', delivered_at = ?, attempts = attempts + 1 "
+            "WHERE id = ? AND state = 'pending'",
+            [(now, alert.id) for alert in alerts],
         )
 
-    def mark_failed(self, alert_id: int, error: str, retry_at: float | None) -> None:
+    def mark_failed(self, alert: Alert, error: str, retry_at: float | None) -> None:
         if retry_at is None:
             self._db.execute(
-                "UPDATE outbox SET state = 'dead', attempts = attempts + 1, last_error = ? WHERE id = ?",
-                (error, alert_id),
+                "UPDATE outbox SET state = 'dead', attempts = attempts + 1, last_error = ? "
+                "WHERE id = ? AND state = 'pending'",
+                (error, alert.id),
             )
         else:
             self._db.execute(
-                "UPDATE outbox SET attempts = attempts + 1, last_error = ?, next_attempt_at = ? WHERE id = ?",
-                (error, retry_at, alert_id),
+                "UPDATE outbox SET attempts = attempts + 1, last_error = ?, next_attempt_at = ? "
+                "WHERE id = ? AND state = 'pending'",
+                (error, retry_at, alert.id),
             )
 
     def redeliver_dead(self, channel: str | None, now: float) -> int:
