@@ -11,8 +11,10 @@ import hashlib
 import json
 import time
 
+import pytest
 from conftest import wait_for
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from sidecar_clients import Agent, grpc_exporter
 from webhook_server import ClosedPort, WebhookServer
 
@@ -169,19 +171,24 @@ def test_a_receiver_that_rejects_the_alert_dead_letters_it_at_once(start_sidecar
 
 
 def unkeyed_payments(sidecar, count: int) -> None:  # type: ignore[no-untyped-def]
-    """``count`` alerts committed in one transaction, so that all are due at once."""
-    agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
+    """``count`` alerts committed in one transaction (one Export), so that all are due at once."""
+    spans = InMemorySpanExporter()
+    agent = Agent(spans, "inc-1")
     for n in range(count):
         agent.action("burst", f"charge-{n}", "payment")
     agent.shutdown()
+    exporter = grpc_exporter(sidecar.grpc_endpoint)
+    assert exporter.export(spans.get_finished_spans()) is SpanExportResult.SUCCESS
+    exporter.shutdown()
 
 
-def test_a_rate_limited_receiver_pauses_the_channel_for_every_alert(start_sidecar) -> None:  # type: ignore[no-untyped-def]
+def rate_limited_receiver_pauses_the_channel(start_sidecar, store: str | None) -> None:  # type: ignore[no-untyped-def]
     # The 429's Retry-After was honoured for that one alert: the others due were POSTed at
     # once, each losing an attempt, and against a receiver allowing one POST a second a
     # burst was dead-lettered. Now nothing else is sent before the retry.
     with WebhookServer(fail_first=1, fail_status=429, retry_after="1") as hook:
         sidecar = start_sidecar(
+            store,
             alerts__webhook__url=hook.url,
             alerts__webhook__max_attempts=2,
             alerts__webhook__backoff_s=0.05,
@@ -192,9 +199,23 @@ def test_a_rate_limited_receiver_pauses_the_channel_for_every_alert(start_sideca
         assert len(hook.requests) == 5
         first, second = hook.requests[:2]
         assert second.at - first.at >= 0.95  # the Retry-After, for the next alert too
+        # ... and no longer: on PostgreSQL the alerts claimed with the first were left
+        # claimed for the 60 s lease when the channel paused.
+        assert hook.accepted[-1].at - first.at < 3
     assert deliveries(sidecar, "dead_letter") == 0
     retry = next(line for line in sidecar.log.lines() if line["event"] == "alert-delivery-retry")
     assert retry["channel_paused"] is True
+
+
+def test_a_rate_limited_receiver_pauses_the_channel_for_every_alert(start_sidecar) -> None:  # type: ignore[no-untyped-def]
+    rate_limited_receiver_pauses_the_channel(start_sidecar, None)
+
+
+@pytest.mark.postgres
+def test_a_rate_limited_receiver_pauses_the_channel_for_every_alert_postgres(
+    start_sidecar, postgres_url
+) -> None:  # type: ignore[no-untyped-def]
+    rate_limited_receiver_pauses_the_channel(start_sidecar, postgres_url)
 
 
 def test_a_failure_of_one_alert_does_not_hold_the_others(start_sidecar) -> None:  # type: ignore[no-untyped-def]

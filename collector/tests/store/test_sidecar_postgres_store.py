@@ -217,6 +217,7 @@ def test_a_replica_whose_claim_ran_out_neither_sends_nor_marks_the_alert(postgre
     # The stale replica was busy with other rows past the lease; the other claimed the row.
     [second] = current.pending_alerts("webhook", now=10.0 + stale.claim_lease_s + 1)
     assert stale.hold_alert(first, now=second.claim - current.claim_lease_s, attempt_s=5.0) is None
+    stale.release_alerts([first], 70.0)  # a stale replica stopping: the row is not its to give back
     held = current.hold_alert(second, now=second.claim - current.claim_lease_s, attempt_s=5.0)
     assert held is not None and held.claim is not None and held.claim > second.claim
     with current.writer() as writer:

@@ -17,7 +17,9 @@ and its last error, and is never sent again.
 A failure of the receiver as a whole (unreachable, a timeout, overloaded or rate-limited:
 :attr:`Attempt.receiver_unavailable`) pauses the channel until that alert's retry: the
 other alerts due are not sent meanwhile, so they keep their attempts, and a receiver that
-asks for a delay (``Retry-After``, ``RetryInfo``) gets it for every alert, not one. A
+asks for a delay (``Retry-After``, ``RetryInfo``) gets it for every alert, not one. The
+rows of the batch not tried are given back (:meth:`Store.release_alerts`), due when the
+pause ends, rather than held for the rest of their claim's lease. A
 failure of one alert (a 500 for its body, say) leaves the others to go on at once.
 
 Metrics (labelled with the channel): ``durable_sessions_alert_deliveries_total{channel,outcome}``
@@ -169,9 +171,12 @@ class OutboxDelivery:
             due = self.store.pending_alerts(self.channel, now, limit=BATCH)
             if not due:
                 break
-            for alert in due:
+            for index, alert in enumerate(due):
                 if self._stopping.is_set() or self._paused():
-                    break
+                    # Due again when the pause ends (at once when stopping), not at the
+                    # end of the claim's lease: for this replica or another.
+                    self.store.release_alerts(due[index:], max(time.time(), self._paused_until))
+                    return delivered
                 held = self.store.hold_alert(alert, time.time(), self.timeout_s)
                 if held is not None:  # else another replica claimed it when our lease ran out
                     delivered += self._deliver(held)

@@ -533,6 +533,12 @@ class Store(Protocol):
         out and another replica claimed it, or it is no longer pending). A store of one
         writer returns ``alert`` as it is."""
 
+    def release_alerts(self, alerts: Sequence[Alert], due_at: float) -> None:
+        """Give back the claims of ``alerts`` (claimed, not attempted): they are due again
+        at ``due_at``, for this replica or another, instead of at the end of the lease. A
+        claim that is no longer this replica's is left alone; a store of one writer has
+        nothing to give back."""
+
     def alert_counts(self) -> dict[tuple[str, str], int]:
         """Outbox rows by (channel, state)."""
 

@@ -614,6 +614,19 @@ class PostgresStore:
             ).fetchone()
         return None if row is None else dataclasses.replace(alert, claim=float(row[0]))
 
+    def release_alerts(self, alerts: Sequence[Alert], due_at: float) -> None:
+        """See :meth:`Store.release_alerts <durable_sessions_collector.store.base.Store.release_alerts>`.
+
+        Without it the rows a paused or stopping channel did not get to would wait out
+        the rest of the lease (60 s), although the receiver is back long before."""
+        if alerts:
+            with self._read() as db:
+                db.execute(
+                    "UPDATE outbox SET next_attempt_at = %s "
+                    f"FROM unnest(%s::bigint[], %s::float8[]) AS held (id, claim) WHERE {STILL_HELD}",
+                    (due_at, [alert.id for alert in alerts], [alert.claim for alert in alerts]),
+                )
+
     def alert_counts(self) -> dict[tuple[str, str], int]:
         with self._read() as db:
             return {
