@@ -18,6 +18,7 @@ import psycopg.conninfo
 import pytest
 from durable_sessions_collector.evaluator import Evaluator, arrival
 from durable_sessions_collector.store import Alert, StoreError, action_row, open_store
+from durable_sessions_collector.store.base import cursor_position
 from durable_sessions_collector.store.postgres import SCHEMA_VERSION, PostgresStore, split_url
 from psycopg import sql
 
@@ -292,6 +293,34 @@ def test_the_feed_does_not_pass_a_transaction_that_commits_later(postgres_url: s
     assert [item["rule"] for item in items] == ["slow", "fast"]
     first.close()
     second.close()
+
+
+def test_the_feed_is_not_held_back_by_a_transaction_that_writes_no_violation(postgres_url: str) -> None:
+    # The feed waited for every transaction of the cluster that had a transaction id: an
+    # application's session left idle in a transaction stalled every WatchAlerts stream.
+    store = open_store(postgres_url)
+    dsn, schema = split_url(postgres_url)
+    with psycopg.connect(dsn, autocommit=True) as db:
+        db.execute(f"CREATE TABLE {schema}.other_app (n INTEGER)")
+    cursor = store.violation_cursor()
+    with psycopg.connect(dsn) as other:
+        other.execute(f"INSERT INTO {schema}.other_app VALUES (1)")  # open, with a transaction id
+        with store.writer() as writer:
+            writer.add_violation(violation("during", "s-during"), at_end=False, now=1.0)
+        items, cursor = store.violations_after(cursor)
+        assert [item["rule"] for item in items] == ["during"]
+        [start, during] = (cursor_position(c, "pg", 2)[0] for c in (store.violation_cursor(), cursor))
+        assert start > during  # a new watcher starts after it too
+    # One that has touched a table of the store may still write a violation: it holds the feed.
+    with psycopg.connect(dsn) as other:
+        other.execute(f"SELECT count(*) FROM {schema}.sessions").fetchone()
+        other.execute(f"INSERT INTO {schema}.other_app VALUES (2)")
+        with store.writer() as writer:
+            writer.add_violation(violation("after", "s-after"), at_end=False, now=2.0)
+        assert store.violations_after(cursor) == ([], cursor)
+    items, _ = store.violations_after(cursor)
+    assert [item["rule"] for item in items] == ["after"]
+    store.close()
 
 
 def test_two_evaluators_judge_one_session_as_one(postgres_url: str) -> None:

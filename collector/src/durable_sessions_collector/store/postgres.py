@@ -43,8 +43,10 @@ The same tables and statements as the SQLite store, plus what sharing needs:
   claimed it next.
 - **Violation feed** (``WatchAlerts``): each violation row carries the id of the
   transaction that wrote it (``xid8``). A reader only returns rows of transactions older
-  than every transaction still running (``pg_snapshot_xmin``), ordered by
-  ``(xid, id)``, so a cursor never passes a violation that commits later.
+  than every transaction still running that holds a lock on a table of the store
+  (:func:`_feed_horizon`: those are the ones that may write a violation), ordered by
+  ``(xid, id)``, so a cursor never passes a violation that commits later, and a
+  transaction of another application or database does not hold the feed back.
 """
 
 from __future__ import annotations
@@ -656,20 +658,21 @@ class PostgresStore:
     def violation_cursor(self) -> str:
         """A cursor before every violation not yet committed (some just committed may follow)."""
         with self._read() as db:
-            xmin = db.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text").fetchone()[0]  # type: ignore[index]
-        return f"pg:{xmin}:0"
+            return f"pg:{_feed_horizon(db)}:0"
 
     def violations_after(self, cursor: str, limit: int = 100) -> tuple[list[dict[str, Any]], str]:
         """Committed violations after ``cursor``, in feed order, and the cursor after them."""
         xid, last_id = cursor_position(cursor, "pg", 2)
         with self._read() as db:
+            # Two statements: the rows are read with a snapshot taken after the horizon was.
+            horizon = _feed_horizon(db)
             rows = db.execute(
                 "SELECT v.xid::text, v.id, v.key, v.session_id, v.rule, v.severity, v.message, v.action_id, "
                 "v.trace_id, v.span_id, v.at_end, v.resolved, v.created_at, s.verdict "
                 "FROM violations v LEFT JOIN sessions s ON s.session_id = v.session_id "
-                "WHERE (v.xid, v.id) > (%s::xid8, %s) AND v.xid < pg_snapshot_xmin(pg_current_snapshot()) "
+                "WHERE (v.xid, v.id) > (%s::xid8, %s) AND v.xid < %s::xid8 "
                 "ORDER BY v.xid, v.id LIMIT %s",
-                (str(xid), last_id, limit),
+                (str(xid), last_id, horizon, limit),
             ).fetchall()
         found = [{**feed_item(row[2:]), "cursor": f"pg:{row[0]}:{row[1]}"} for row in rows]
         return found, (found[-1]["cursor"] if found else cursor)
@@ -737,6 +740,46 @@ class ServerClock:
             return last
         self._offset = server - (before + time.monotonic()) / 2
         return self._offset
+
+
+# The tables of a store. Every transaction that writes a violation holds a lock on one
+# of them from before it has a transaction id until it ends: its first write is to one
+# of them (the sidecar writes nothing else, and uses no savepoint, whose rollback would
+# release a lock early), and a statement locks its table before it writes.
+STORE_TABLES = ("meta", "actions", "sessions", "violations", "outbox", "forgetting")
+
+# The oldest transaction still running that holds a lock on a table of the store (see
+# STORE_TABLES), as the current snapshot knows it; else the snapshot's xmax, the first
+# transaction id not yet given. pg_locks names a transaction by its 32-bit xid: it is
+# matched with the 64-bit ids of the snapshot's running transactions. pg_locks is read
+# once (each read takes every lock-table partition's lock).
+FEED_HORIZON = """
+WITH locks AS MATERIALIZED (SELECT locktype, database, relation, transactionid, mode, granted, pid FROM pg_locks)
+SELECT coalesce(
+    (SELECT min(running) FROM pg_snapshot_xip(snapshot) AS running
+     WHERE running::xid IN (
+        SELECT tx.transactionid FROM locks AS tx JOIN locks AS store_table ON store_table.pid = tx.pid
+        WHERE tx.locktype = 'transactionid' AND tx.mode = 'ExclusiveLock' AND tx.granted
+          AND store_table.locktype = 'relation'
+          AND store_table.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+          AND store_table.relation = ANY(
+            SELECT to_regclass(name)::oid FROM unnest(%s::text[]) AS name))),
+    pg_snapshot_xmax(snapshot))::text
+FROM pg_current_snapshot() AS snapshot
+"""
+
+
+def _feed_horizon(db: psycopg.Connection[Any]) -> str:
+    """The violation feed's horizon: every violation of a transaction id below it has
+    committed (or never will), so a cursor may pass it; none above it is returned yet.
+
+    Only transactions that may write a violation hold it back — those holding a lock on
+    a table of the store — not every transaction of the cluster (``pg_snapshot_xmin``
+    was held back by any open transaction, of any application, in any database, and the
+    feed stalled meanwhile). Read in a statement of its own, before the rows: a writer
+    running when the horizon was read either still held it back then, or had ended, and
+    the later snapshot of the rows sees what it committed."""
+    return str(db.execute(FEED_HORIZON, (list(STORE_TABLES),)).fetchone()[0])  # type: ignore[index]
 
 
 class ReadConnectionLost(StoreError):
