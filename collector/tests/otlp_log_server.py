@@ -1,7 +1,8 @@
 """A real OTLP/gRPC logs receiver for the tests: ``LogsService/Export`` on a loopback port.
 
 Each Export is recorded with its metadata. ``fail_first`` answers that many calls with
-``fail_code`` before it starts accepting; ``fail_first=None`` fails forever. It can be
+``fail_code`` (and ``fail_details`` as its message) before it starts accepting;
+``fail_first=None`` fails forever. It can be
 started on a port chosen in advance (a receiver that is down, then comes up).
 """
 
@@ -28,10 +29,12 @@ class OtlpLogServer(logs_service_pb2_grpc.LogsServiceServicer):
         *,
         fail_first: int | None = 0,
         fail_code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE,
+        fail_details: str = "try later",
     ) -> None:
         self.port = port
         self.fail_first = fail_first
         self.fail_code = fail_code
+        self.fail_details = fail_details
         self.requests: list[Export] = []
         self.accepted: list[Export] = []
         self._lock = threading.Lock()
@@ -45,7 +48,7 @@ class OtlpLogServer(logs_service_pb2_grpc.LogsServiceServicer):
             if not failing:
                 self.accepted.append(received)
         if failing:
-            context.abort(self.fail_code, "try later")
+            context.abort(self.fail_code, self.fail_details)
         return logs_service_pb2.ExportLogsServiceResponse()
 
     @property

@@ -252,6 +252,11 @@ def _alerts(args: argparse.Namespace, config: Config, out: Output) -> int:
         _complain("--limit must be from 1 to 1000")
         return 2
     try:
+        config.secrets()  # a token file that cannot be read: said before the store is opened
+    except ConfigError as error:
+        _complain(f"invalid configuration: {error}")
+        return 2
+    try:
         store = open_store(config.store, exclusive=False)
     except StoreError as error:
         _complain(f"store: {error}", config)
@@ -260,7 +265,7 @@ def _alerts(args: argparse.Namespace, config: Config, out: Output) -> int:
         if args.alerts_command == "redeliver":
             _redeliver(store, args.channel, config, out)
             return 0
-        _print_dead(store.dead_alerts(args.channel, args.limit), args.json, out)
+        _print_dead(store.dead_alerts(args.channel, args.limit), args.json, out, _redactor(config))
         return 0
     except StoreError as error:
         _complain(f"store: {error}", config)
@@ -286,7 +291,17 @@ def _redeliver(store: Store, channel: str | None, config: Config, out: Output) -
     print(f"{total} dead-lettered alert(s) queued for delivery again", file=out)
 
 
-def _print_dead(alerts: list[DeadAlert], as_json: bool, out: Output) -> None:
+def _redactor(config: Config) -> Callable[[str | None], str | None]:
+    """The log's redactor for the configured secrets: a last error stored by an earlier
+    version, which stored it as the receiver or http.client wrote it, shows no more than
+    the log did."""
+    scrub = RedactingStream(None, config.secrets()).scrub
+    return lambda text: None if text is None else scrub(text)
+
+
+def _print_dead(
+    alerts: list[DeadAlert], as_json: bool, out: Output, redact: Callable[[str | None], str | None]
+) -> None:
     if as_json:
         document = [
             {
@@ -294,7 +309,7 @@ def _print_dead(alerts: list[DeadAlert], as_json: bool, out: Output) -> None:
                 "channel": alert.channel,
                 "violation_key": alert.violation_key,
                 "attempts": alert.attempts,
-                "last_error": alert.last_error,
+                "last_error": redact(alert.last_error),
                 "created_at": alert.created_at,
                 "alert": alert.payload,
             }
@@ -316,7 +331,7 @@ def _print_dead(alerts: list[DeadAlert], as_json: bool, out: Output) -> None:
                 printable(_cell(alert.payload.get("action_id"))),
                 str(alert.attempts),
                 _when(alert.created_at),
-                printable(alert.last_error or "-"),
+                printable(redact(alert.last_error) or "-"),
             )
         )
     for line in table_lines(rows):

@@ -15,6 +15,7 @@ import grpc
 import pytest
 from conftest import wait_for
 from durable_sessions_collector.alerts.otlp import grpc_target, log_record
+from durable_sessions_collector.cli import main
 from durable_sessions_collector.config import ConfigError, load
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.logs.v1 import logs_pb2
@@ -213,6 +214,29 @@ def test_a_receiver_that_refuses_the_record_dead_letters_it_at_once(start_sideca
         assert len(logs.requests) == 1
         assert deliveries(sidecar, "retry") == 0 and deliveries(sidecar, "dead_letter") == 1
         agent.shutdown()
+
+
+def test_a_secret_the_receiver_echoes_is_stored_and_listed_as_the_log_shows_it(start_sidecar, capsys) -> None:  # type: ignore[no-untyped-def]
+    # Some gateways quote the credential they refuse. The log line had it as ***, but the
+    # outbox kept the error verbatim, and `alerts dead` printed the token.
+    echoed = f"invalid credentials: {TOKEN}"
+    with OtlpLogServer(
+        fail_first=None, fail_code=grpc.StatusCode.UNAUTHENTICATED, fail_details=echoed
+    ) as logs:
+        sidecar = start_sidecar(
+            alerts__otlp__endpoint=f"http://{logs.endpoint}",
+            alerts__otlp__headers={"Authorization": TOKEN},
+            **FAST,
+        )
+        agent = unkeyed_payment(sidecar)
+        wait_for(lambda: outbox(sidecar, "dead") == 1)
+        agent.shutdown()
+    [dead] = sidecar.service.store.dead_alerts()
+    assert dead.last_error == "UNAUTHENTICATED: invalid credentials: ***"
+    [line] = [line for line in sidecar.log.lines() if line["event"] == "alert-dead-letter"]
+    assert line["error"] == dead.last_error
+    assert main(["alerts", "dead", "--store", f"sqlite:///{sidecar.service.store.path}"]) == 0
+    assert "invalid credentials: ***" in capsys.readouterr().out
 
 
 # --- configuration and the record itself, without a sidecar --------------------------------

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import wait_for
 from durable_sessions_collector.cli import main
+from durable_sessions_collector.store import open_store
 from sidecar_clients import Agent, grpc_exporter
 from webhook_server import WebhookServer
 
@@ -77,6 +78,32 @@ def test_a_dead_letter_is_listed_and_redelivered_sqlite(start_sidecar, tmp_path:
 @pytest.mark.postgres
 def test_a_dead_letter_is_listed_and_redelivered_postgres(start_sidecar, postgres_url, capsys) -> None:  # type: ignore[no-untyped-def]
     dead_letter_then_redeliver(start_sidecar, postgres_url, capsys)
+
+
+def test_a_secret_in_a_stored_error_is_not_printed(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    # Rows dead-lettered by an earlier version hold the error as the receiver or
+    # http.client wrote it: a credential the receiver echoed, the webhook URL's path.
+    store_url = f"sqlite:///{tmp_path / 'sessions.db'}"
+    store = open_store(store_url)
+    with store.writer() as writer:
+        writer.enqueue_alert("otlp", "k1", {"rule": "unkeyed-side-effect"}, 1.0)
+        writer.enqueue_alert("webhook", "k2", {"rule": "unkeyed-side-effect"}, 1.0)
+    otlp, webhook = (store.pending_alerts(channel, 2.0)[0] for channel in ("otlp", "webhook"))
+    with store.writer() as writer:
+        writer.mark_failed(otlp, "UNAUTHENTICATED: invalid credentials: Bearer SUPERSECRETTOKEN42", None)
+        writer.mark_failed(webhook, "InvalidURL: '/hooks/T0KEN-abcdef123?sig=SIGNATURE-99' (found ' ')", None)
+    store.close()
+    config = tmp_path / "collector.yaml"
+    config.write_text(
+        "alerts:\n"
+        "  webhook: {url: 'https://hooks.example/hooks/T0KEN-abcdef123?sig=SIGNATURE-99'}\n"
+        "  otlp: {endpoint: 'collector:4317', headers: {authorization: 'Bearer SUPERSECRETTOKEN42'}}\n"
+    )
+    for argv in ((), ("--json",)):
+        code, out, err = run(capsys, "dead", "--store", store_url, "--config", str(config), *argv)
+        assert code == 0, err
+        assert "invalid credentials: ***" in out and "InvalidURL: '***?sig=***'" in out
+        assert "SUPERSECRETTOKEN42" not in out and "T0KEN" not in out and "SIGNATURE" not in out
 
 
 def test_bad_usage_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

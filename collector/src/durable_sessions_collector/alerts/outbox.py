@@ -7,20 +7,22 @@ Rows come from the store's outbox (written in the same transaction as the violat
 so an alert survives a crash or a restart and is delivered once it can be, oldest
 first, by a thread of the channel's own. On a store several replicas share, the rows are
 claimed a batch at a time and each claim is renewed right before its attempt
-(:meth:`Store.hold_alert`): a row another replica claimed meanwhile is left to it. A delivered alert is marked delivered; a
-retryable failure is retried after ``backoff_s · 2^(attempt-1)`` (capped by
-``max_backoff_s``, ±50% jitter so that many sidecars do not retry in step; a delay the
-receiver asks for is honoured up to the cap); a rejection, or the ``max_attempts``-th
-failure, moves the alert to the dead letter: it stays in the outbox with state ``dead``
-and its last error, and is never sent again.
+(:meth:`Store.hold_alert`): a row another replica claimed meanwhile is left to it.
+
+A delivered alert is marked delivered; a retryable failure is retried after
+``backoff_s · 2^(attempt-1)`` (capped by ``max_backoff_s``, ±50% jitter so that many
+sidecars do not retry in step; a delay the receiver asks for is honoured up to the cap);
+a rejection, or the ``max_attempts``-th failure, moves the alert to the dead letter: it
+stays in the outbox with state ``dead`` and its last error, and is never sent again. The
+error is stored as the log shows it, with the log's redactor applied (:func:`log_redactor`).
 
 A failure of the receiver as a whole (unreachable, a timeout, overloaded or rate-limited:
 :attr:`Attempt.receiver_unavailable`) pauses the channel until that alert's retry: the
 other alerts due are not sent meanwhile, so they keep their attempts, and a receiver that
 asks for a delay (``Retry-After``, ``RetryInfo``) gets it for every alert, not one. The
 rows of the batch not tried are given back (:meth:`Store.release_alerts`), due when the
-pause ends, rather than held for the rest of their claim's lease. A
-failure of one alert (a 500 for its body, say) leaves the others to go on at once.
+pause ends, rather than held for the rest of their claim's lease. A failure of one alert
+(a 500 for its body, say) leaves the others to go on at once.
 
 Metrics (labelled with the channel): ``durable_sessions_alert_deliveries_total{channel,outcome}``
 (``delivered``, ``retry``, ``dead_letter``), ``durable_sessions_alert_outbox{channel,state}``
@@ -33,8 +35,9 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from durable_sessions_collector.alerts import idempotency_key
 from durable_sessions_collector.alerts.metrics import DEAD_LETTER, RETRY, Metrics
@@ -43,6 +46,20 @@ from durable_sessions_collector.store import Alert, Store
 
 BATCH = 100
 MAX_ERROR_CHARS = 500
+
+
+@runtime_checkable
+class Redacting(Protocol):
+    """A stream that replaces secrets in what it writes (the service's log stream)."""
+
+    def scrub(self, text: str) -> str: ...
+
+
+def log_redactor(log: JsonLog) -> Callable[[str], str]:
+    """What ``log`` does to secrets in a line, for text kept elsewhere: the redactor its
+    stream applies (the service logs through one), else nothing."""
+    stream = log.stream
+    return stream.scrub if isinstance(stream, Redacting) else str
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +116,9 @@ class OutboxDelivery:
         self.backoff_s = policy.backoff_s
         self.max_backoff_s = policy.max_backoff_s
         self._rng = rng or random.Random()
+        # An error may quote a secret (a receiver echoing a credential, http.client the
+        # URL's path): it is stored, and printed by `alerts dead`, as the log shows it.
+        self._redact = log_redactor(log)
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -207,7 +227,7 @@ class OutboxDelivery:
             self.metrics.delivered(channel, [alert], now)
             self.log.debug("alert-delivered", channel=channel, idempotency_key=key, attempts=attempts)
             return 1
-        error = (attempt.error or "failed")[:MAX_ERROR_CHARS]
+        error = self._redact(attempt.error or "failed")[:MAX_ERROR_CHARS]  # cut after: no half secret
         delay = backoff_delay(attempts, self.backoff_s, self.max_backoff_s, self._rng)
         if attempt.retry_after_s is not None:
             delay = min(self.max_backoff_s, max(delay, attempt.retry_after_s))
