@@ -212,6 +212,8 @@ def _hide_store(value: Any) -> Any:
 
 
 def _optional_url(value: Any, _text: bool) -> str | None:
+    """An http(s) URL a webhook POST can be sent to; an error shows it as the log would
+    (path and query values hidden: webhook services put their secret there)."""
     if value is None or value == "":
         return None
     if not isinstance(value, str):
@@ -222,8 +224,29 @@ def _optional_url(value: Any, _text: bool) -> str | None:
     except ValueError:
         parts = None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"expected an http(s) URL, got {redact_url(value)!r}")
+        raise ValueError(f"expected an http(s) URL, got {redact_url(value, hide_path=True)!r}")
+    unsendable = _unsendable(value)
+    if unsendable:
+        raise ValueError(
+            f"the URL holds {unsendable}, which no request can carry (percent-encode it: "
+            f"a space is %20), got {redact_url(value, hide_path=True)!r}"
+        )
     return value
+
+
+def _unsendable(url: str) -> str | None:
+    """What in ``url`` http.client refuses to send, at every attempt: a space or control
+    character (in the request line or the Host header), or a character that is not
+    ASCII in the path or query (the request line is ASCII; a host name is sent IDNA-
+    encoded). None when there is none. Surrounding whitespace does not count: urllib
+    strips it."""
+    text = url.strip()
+    if any(ord(c) <= 0x20 or ord(c) == 0x7F for c in text):
+        return "a space or control character"
+    parts = urlsplit(text)
+    if not (parts.path + parts.query).isascii():
+        return "a character that is not ASCII in its path or query"
+    return None
 
 
 def _optional_file(value: Any, _text: bool) -> str | None:
@@ -508,7 +531,8 @@ OPTIONS: tuple[Option, ...] = (
            "write one JSON line per new violation to standard error"),
     Option("alerts.webhook.url", "DURABLE_SESSIONS_WEBHOOK_URL", _optional_url, None,
            "POST each new violation as JSON to this URL; user:password@ is sent as Basic auth; "
-           "its credentials, path and query values are never logged", redact=_hide_webhook_url),
+           "its credentials, path and query values are never logged; a space, control or non-ASCII "
+           "character in its path or query must be percent-encoded", redact=_hide_webhook_url),
     Option("alerts.webhook.max_attempts", "DURABLE_SESSIONS_WEBHOOK_MAX_ATTEMPTS", _positive_int, 8,
            "webhook delivery attempts before an alert goes to the dead letter"),
     Option("alerts.webhook.timeout_s", "DURABLE_SESSIONS_WEBHOOK_TIMEOUT_S", _positive_number, 5.0,

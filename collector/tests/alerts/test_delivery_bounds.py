@@ -34,7 +34,7 @@ from durable_sessions_collector.alerts.webhook import WebhookAlerts
 from durable_sessions_collector.jsonlog import JsonLog
 from sidecar_clients import Agent, grpc_exporter
 from tls_certs import make_cert
-from webhook_server import ALERT, free_port, webhook_channel
+from webhook_server import ALERT, WebhookServer, free_port, webhook_channel
 
 # --- a receiver that answers as slowly as it likes ---------------------------------------------
 
@@ -181,6 +181,17 @@ def test_a_refused_connection_is_still_an_ordinary_retry() -> None:
     attempt, took = timed_post(webhook_channel(f"http://127.0.0.1:{free_port()}/hook", timeout_s=2))
     assert attempt.outcome == "retry" and (attempt.error or "").startswith("cannot connect"), attempt
     assert took < 1.5
+
+
+def test_a_url_http_client_refuses_is_dead_lettered_at_once_and_its_path_not_shown() -> None:
+    # Configuration refuses such a URL now; one that still reaches a send (a URL given to
+    # the channel directly) was retried as "receiver unavailable" until dead, never sent.
+    with WebhookServer() as hook:
+        url = f"http://127.0.0.1:{hook.port}/hooks/T0KEN-abcdef123?sig=SIGNATURE 99"
+        attempt = webhook_channel(url).post(ALERT)
+        assert hook.requests == []
+    assert (attempt.outcome, attempt.receiver_unavailable) == ("rejected", False)
+    assert attempt.error == f"InvalidURL: the URL http://127.0.0.1:{hook.port}/***?sig=*** cannot be sent"
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from durable_sessions_collector.cli import main
 from durable_sessions_collector.config import OPTIONS, ConfigError, load, reference
 
 EXAMPLE = """
@@ -83,6 +84,22 @@ def test_environment_overrides_the_file_and_flags_override_both(tmp_path: Path) 
         ("receivers: 4", {}, "receivers: expected a mapping of settings"),
         ("pipeline: {queue_size: 0}", {}, "pipeline.queue_size: expected a positive integer, got 0"),
         ("alerts: {webhook: {url: 'ftp://x'}}", {}, "alerts.webhook.url: expected an http(s) URL"),
+        (
+            "",
+            {"DURABLE_SESSIONS_WEBHOOK_URL": "https://hooks.example/T0KEN-abcdef123?sig=SIGNATURE 99"},
+            "alerts.webhook.url: the URL holds a space or control character, which no request can carry "
+            "(percent-encode it: a space is %20), got 'https://hooks.example/***?sig=***'",
+        ),
+        (
+            'alerts: {webhook: {url: "https://hooks.example/T0\\tKEN"}}',
+            {},
+            "alerts.webhook.url: the URL holds a space or control character",
+        ),
+        (
+            "alerts: {webhook: {url: 'https://hooks.example/caf\u00e9'}}",
+            {},
+            "alerts.webhook.url: the URL holds a character that is not ASCII in its path or query",
+        ),
         ("evaluation: [1", {}, "not valid YAML"),
     ],
 )
@@ -90,6 +107,23 @@ def test_invalid_configuration_names_the_key(tmp_path: Path, text: str, env: dic
     with pytest.raises(ConfigError) as caught:
         load(write(tmp_path, text), env=env)
     assert message in str(caught.value)
+
+
+def test_a_webhook_url_error_shows_neither_its_path_nor_its_secrets(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    url = "ftp://user:s3cretpw@hooks.example/services/T00/B00/XXXXSECRETPATH?token=abcdefgh12345"
+    assert main(["config", "--webhook-url", url]) == 2
+    err = capsys.readouterr().err
+    assert "alerts.webhook.url: expected an http(s) URL, got 'ftp://***@hooks.example/***?token=***'" in err
+    assert "SECRETPATH" not in err and "s3cretpw" not in err and "abcdefgh12345" not in err
+    assert main(["config", "--webhook-url", "https://hooks.example/hook?sig=a b"]) == 2
+    assert "alerts.webhook.url: the URL holds a space" in capsys.readouterr().err
+
+
+def test_a_webhook_url_with_surrounding_whitespace_is_still_taken() -> None:
+    # urllib strips it before sending: a value read from a file or a variable with a newline works.
+    assert load(None, env={"DURABLE_SESSIONS_WEBHOOK_URL": "https://hooks.example/x\n"}).alerts_webhook_url
 
 
 def test_every_option_has_a_distinct_variable_and_flag_and_is_documented() -> None:

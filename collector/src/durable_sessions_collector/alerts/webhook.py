@@ -26,7 +26,9 @@ to the cap). A connection error, a timeout, 429, 502, 503 and 504 are the receiv
 the alert's: no other alert is sent before that retry (the channel pauses, see
 :mod:`.outbox`). Any other answer (a 4xx the receiver will give again, or a redirect) and
 the ``max_attempts``-th failure move the alert to the dead letter: it stays in the
-outbox with state ``dead`` and its last error, and is never sent again.
+outbox with state ``dead`` and its last error, and is never sent again. So does a URL
+that ``http.client`` refuses to send (a space, a control character; the configuration
+refuses such a URL at start-up): no attempt leaves the sidecar, and no retry would.
 
 Metrics: ``durable_sessions_alert_deliveries_total{channel="webhook",outcome}``
 (``delivered``, ``retry``, ``dead_letter``),
@@ -371,6 +373,10 @@ class WebhookAlerts(OutboxDelivery):
             return Attempt("rejected", f"HTTP {status}")
         except urllib.error.URLError as error:
             return Attempt("retry", f"cannot connect: {error.reason}", receiver_unavailable=True)
+        except (http.client.InvalidURL, UnicodeEncodeError) as error:
+            # The URL itself cannot be sent (configuration refuses such a URL): no retry
+            # can help, and the receiver was never asked. Its text would quote the path.
+            return Attempt("rejected", f"{type(error).__name__}: the URL {self.shown_url} cannot be sent")
         except (OSError, http.client.HTTPException) as error:
             return Attempt(
                 "retry",
