@@ -408,3 +408,39 @@ def test_a_crash_in_a_worker_process_takes_the_whole_agent(tmp_path: Path) -> No
     assert proof.boundaries == 3
     assert proof.passed, "\n".join(describe(proof))
     assert all(t.runs[0].killed_at_crash_point and t.runs[0].seconds < 20 for t in proof.trials)
+
+
+def test_a_payment_resumed_under_a_key_made_afresh_fails_the_proof(tmp_path: Path) -> None:
+    """The reviewer's agent: a uuid4 key per process, the payment last. The resumed run
+    charged again under its new key and the proof passed; now the journal's key stands
+    and the resumed run stops in doubt, naming both keys."""
+    agent = _instrumented(
+        tmp_path,
+        """
+        import json, uuid
+        KEY = "order-7-" + uuid.uuid4().hex  # not stable across restarts
+
+        @action("a01", "llm_call")
+        def quote():
+            return 120
+
+        @action("a02", "payment", idempotency_key=KEY)
+        def pay(amount):
+            with open(os.path.join(os.environ["DURABLE_SESSIONS_DIR"], "world.jsonl"), "a") as world:
+                world.write(json.dumps({"event": "charge", "key": KEY}) + "\\n")
+            return {"charged": amount}
+
+        with session("order-7", journal=journal):
+            pay(quote())
+        """,
+    )
+    proof = prove(agent, tmp_path / "p", points=("after",))
+    assert not proof.passed
+    after_payment = next(t for t in proof.trials if t.name == "after-2")
+    assert after_payment.runs[-1].returncode == 1
+    assert "ActionInDoubt" in after_payment.problems[0]
+    charged = [e["key"] for e in world(after_payment.directory)]
+    assert len(charged) == 1  # charged once
+    assert "the key given now, 'order-7-" in after_payment.problems[0]
+    assert f"is not the one it was started under, {charged[0]!r}" in after_payment.problems[0]
+    assert "kill after action 2: FAILED" in list(describe(proof))

@@ -191,6 +191,47 @@ def test_a_keyed_side_effect_in_doubt_runs_again_under_its_key(journal: SqliteJo
     assert journal.get("s-1", "p1").status == "ok"
 
 
+def test_a_side_effect_in_doubt_under_another_key_is_not_repeated(journal: SqliteJournal) -> None:
+    """A key made afresh in each process (a uuid4) cannot collapse the repeat: the journal
+    knows the key the interrupted attempt used, and a resumed run under another is in doubt
+    (a review found it charged again, and the new key replaced the journaled one)."""
+    _started(journal, "payment", idempotency_key="order-7-first")
+    agent = Agent(journal)
+
+    @agent.action("p1", "payment", idempotency_key="order-7-second")
+    def pay() -> None:
+        agent.calls.append("charged")
+
+    with session("s-1", journal=journal), pytest.raises(ActionInDoubt) as raised:
+        pay()
+    assert "'order-7-first'" in str(raised.value) and "'order-7-second'" in str(raised.value)
+    assert "journal.resolve" in str(raised.value)
+    assert agent.calls == []
+    assert journal.get("s-1", "p1").idempotency_key == "order-7-first"
+
+
+def test_a_side_effect_started_without_a_key_is_in_doubt_whatever_key_it_has_now(
+    journal: SqliteJournal,
+) -> None:
+    _started(journal, "payment")
+    with (
+        session("s-1", journal=journal),
+        pytest.raises(ActionInDoubt, match="started without an idempotency key"),
+    ):
+        action("p1", "payment", idempotency_key="k-now")(lambda: pytest.fail("ran"))()
+
+
+def test_a_journaled_key_in_doubt_is_never_overwritten(journal: SqliteJournal) -> None:
+    _started(journal, "payment", idempotency_key="k-1")
+    journal.put(Entry("s-1", "p1", "payment", "started", 2, idempotency_key="k-2", incarnation="other"))
+    kept = journal.get("s-1", "p1")
+    assert (kept.idempotency_key, kept.attempts) == ("k-1", 2)
+    # A settled attempt's key is no longer in doubt: the next attempt journals its own.
+    journal.put(dataclasses.replace(kept, status="error"))
+    journal.put(Entry("s-1", "p1", "payment", "started", 3, idempotency_key="k-3", incarnation="other"))
+    assert journal.get("s-1", "p1").idempotency_key == "k-3"
+
+
 def test_a_skippable_side_effect_in_doubt_is_stepped_over(journal: SqliteJournal) -> None:
     _started(journal, "email")
     agent = Agent(journal)

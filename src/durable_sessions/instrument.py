@@ -64,7 +64,16 @@ from opentelemetry.trace import Span, Status, StatusCode, Tracer
 from durable_sessions import __version__, crash
 from durable_sessions import semconv as sc
 from durable_sessions.digest import PREFIX, digest_bytes, outcome_json
-from durable_sessions.journal import RUN_FIRST, ActionInDoubt, AttemptsExhausted, Entry, Journal, Plan, plan
+from durable_sessions.journal import (
+    RUN_FIRST,
+    ActionInDoubt,
+    AttemptsExhausted,
+    Entry,
+    Journal,
+    Plan,
+    journaled_key,
+    plan,
+)
 
 logger = logging.getLogger("durable_sessions")
 
@@ -856,14 +865,13 @@ def _journal_entry(
     """The write-ahead entry of a run (``started``), or None without a journal."""
     if journal is None or session_id is None:
         return None
-    key = fields.get("idempotency_key")
     return Entry(
         session_id,
         action_id,
         kind,
         sc.STATUS_STARTED,
         attempts,
-        idempotency_key=key if type(key) is str else None,
+        idempotency_key=journaled_key(fields),
         incarnation=this_process or incarnation(),
     )
 

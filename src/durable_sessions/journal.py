@@ -21,8 +21,9 @@ After a crash, the same code in a new process replays instead of re-running:
   had its ``max_attempts`` raises :class:`AttemptsExhausted` (a crash loop is a retry
   loop too);
 - a side effect that was started but never completed is **in doubt**: it may or may not
-  have happened. With an ``idempotency_key`` it runs again under the same key (the far
-  side collapses the repeat); with ``replay="skip"`` it is stepped over; with neither,
+  have happened. Given the ``idempotency_key`` it was journaled with, it runs again under
+  that key (the far side collapses the repeat); with ``replay="skip"`` it is stepped
+  over; with neither (no key, or another key: one made afresh in each process),
   :class:`ActionInDoubt` is raised instead of repeating the effect, and
   :meth:`SqliteJournal.resolve` or :meth:`SqliteJournal.discard` settles it.
 
@@ -83,7 +84,9 @@ class Entry:
 
 
 class Journal(Protocol):
-    """Where entries are kept. ``put`` returns only once the entry is durable."""
+    """Where entries are kept. ``put`` returns only once the entry is durable, and keeps
+    the idempotency key of an entry that is still ``started``: it is the key the far side
+    may have seen, which :func:`plan` checks a resumed run's key against."""
 
     def get(self, session_id: str, action_id: str) -> Entry | None: ...
 
@@ -94,21 +97,38 @@ class ActionInDoubt(Exception):
     """A side effect was started by an earlier process and never completed.
 
     Running it again might repeat it (a second charge, a second email); not running it
-    might lose it. Nothing makes a repeat safe: the action has no idempotency key and
-    is not ``replay="skip"``. Find out at the far side whether it happened, then call
-    ``journal.resolve(session_id, action_id, outcome)`` (it happened) or
-    ``journal.discard(session_id, action_id)`` (it did not; it will run again).
+    might lose it. Nothing makes a repeat safe: the action has no idempotency key, or not
+    the key the interrupted attempt used (``key_now``: a key made afresh in each process
+    cannot collapse the repeat), and is not ``replay="skip"``. Find out at the far side
+    whether it happened, then call ``journal.resolve(session_id, action_id, outcome)``
+    (it happened) or ``journal.discard(session_id, action_id)`` (it did not; it will run
+    again).
     """
 
-    def __init__(self, entry: Entry) -> None:
+    def __init__(self, entry: Entry, key_now: str | None = None) -> None:
         self.entry = entry
+        self.key_now = key_now
         super().__init__(
             f"{entry.kind} {entry.action_id!r} of session {entry.session_id!r} was started by an "
-            "earlier process and never completed, and it has no idempotency key: it may already "
-            "have happened. Resolve it with journal.resolve(session_id, action_id, outcome) or "
+            f"earlier process and never completed, and {_why_a_repeat_is_unsafe(entry.idempotency_key, key_now)}: "
+            "it may already have happened. Resolve it with journal.resolve(session_id, action_id, outcome) or "
             "journal.discard(session_id, action_id), or from a shell with 'durable-sessions journal resolve "
             "JOURNAL_FILE SESSION ACTION OUTCOME_JSON' or 'durable-sessions journal discard JOURNAL_FILE SESSION ACTION'"
         )
+
+
+def _why_a_repeat_is_unsafe(journaled: str | None, key_now: str | None) -> str:
+    """Why running the action again may do it twice, for :class:`ActionInDoubt`."""
+    if journaled is None and key_now is None:
+        return "it has no idempotency key"
+    if journaled is None:
+        return f"it was started without an idempotency key (the key given now, {key_now!r}, cannot collapse a repeat)"
+    if key_now is None:
+        return f"it was started under idempotency key {journaled!r}, which is not given now"
+    return (
+        f"the key given now, {key_now!r}, is not the one it was started under, {journaled!r}: under another "
+        "key a repeat is a second effect (a key must be the same in every process)"
+    )
 
 
 class AttemptsExhausted(Exception):
@@ -154,6 +174,12 @@ def is_side_effect(kind: str, fields: dict[str, Any]) -> bool:
     return is_side_effecting({**fields, "kind": kind})
 
 
+def journaled_key(fields: dict[str, Any]) -> str | None:
+    """The idempotency key of record ``fields`` as the journal keeps it (a key is text)."""
+    key = fields.get("idempotency_key")
+    return key if type(key) is str else None
+
+
 def plan(entry: Entry | None, kind: str, fields: dict[str, Any], *, in_flight: bool = False) -> Plan:
     """Decide from the journal's entry (``None``: never seen) what to do with an action.
 
@@ -164,8 +190,9 @@ def plan(entry: Entry | None, kind: str, fields: dict[str, Any], *, in_flight: b
     is replayed even in the process that ran it (a server running a session's loop again
     after it failed must not ask or charge again), and one cut short is in doubt.
 
-    Raises :class:`ActionInDoubt` for an unkeyed, unskippable side effect that was started
-    and never completed (a process that died, a run cancelled by a timeout), and
+    Raises :class:`ActionInDoubt` for an unskippable side effect that was started and
+    never completed (a process that died, a run cancelled by a timeout) and is not given
+    the idempotency key that attempt was journaled with, and
     :class:`AttemptsExhausted` for an action that already had its ``max_attempts``.
     """
     if entry is None:
@@ -175,8 +202,10 @@ def plan(entry: Entry | None, kind: str, fields: dict[str, Any], *, in_flight: b
     if entry.status == sc.STATUS_STARTED and not in_flight and is_side_effect(kind, fields):
         if fields.get("replay") == sc.REPLAY_SKIP:
             return Plan("skip", entry.attempts, entry)
-        if not (fields.get("idempotency_key") or entry.idempotency_key):
-            raise ActionInDoubt(entry)
+        # Only the key the interrupted attempt used makes the far side collapse a repeat.
+        key_now = journaled_key(fields)
+        if key_now is None or key_now != entry.idempotency_key:
+            raise ActionInDoubt(entry, key_now)
     cap = fields.get("max_attempts")
     if entry.status != sc.STATUS_OK and type(cap) is int and entry.attempts >= cap:
         raise AttemptsExhausted(entry, cap)
@@ -203,12 +232,21 @@ CREATE TABLE IF NOT EXISTS journal (
 """
 _COLUMNS = [field.name for field in dataclasses.fields(Entry)]
 _SELECT = f"SELECT {', '.join(_COLUMNS)} FROM journal"
+# The key of an attempt in doubt (a `started` row) is the one the far side may have seen:
+# it is kept, never replaced by another attempt's, so that a resumed run is checked
+# against it and an operator settling the action looks it up by it.
+_KEPT_WHILE_IN_DOUBT = {
+    "idempotency_key": "CASE WHEN journal.status = 'started' "
+    "THEN coalesce(journal.idempotency_key, excluded.idempotency_key) ELSE excluded.idempotency_key END"
+}
 # An upsert, not INSERT OR REPLACE (a delete and an insert): the row keeps its place, so
 # entries() lists actions in the order they were first journaled.
 _UPSERT = (
     f"INSERT INTO journal ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))}) "
     "ON CONFLICT (session_id, action_id) DO UPDATE SET "
-    + ", ".join(f"{column} = excluded.{column}" for column in _COLUMNS[2:])
+    + ", ".join(
+        f"{column} = {_KEPT_WHILE_IN_DOUBT.get(column, f'excluded.{column}')}" for column in _COLUMNS[2:]
+    )
 )
 
 
@@ -283,6 +321,8 @@ class SqliteJournal:
         return rows[0] if rows else None
 
     def put(self, entry: Entry) -> None:
+        """Write ``entry``; the idempotency key of an entry still ``started`` (in doubt) is
+        kept: another attempt's key does not replace it."""
         self._execute(_UPSERT, dataclasses.astuple(entry))
 
     def entries(self, session_id: str | None = None, *, status: Status | None = None) -> list[Entry]:
@@ -393,5 +433,6 @@ __all__ = [
     "Plan",
     "SqliteJournal",
     "is_side_effect",
+    "journaled_key",
     "plan",
 ]
