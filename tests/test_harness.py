@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -444,3 +445,45 @@ def test_a_payment_resumed_under_a_key_made_afresh_fails_the_proof(tmp_path: Pat
     assert "the key given now, 'order-7-" in after_payment.problems[0]
     assert f"is not the one it was started under, {charged[0]!r}" in after_payment.problems[0]
     assert "kill after action 2: FAILED" in list(describe(proof))
+
+
+@pytest.mark.parametrize("sent", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_an_interrupted_proof_takes_the_run_under_way_with_it(tmp_path: Path, sent: signal.Signals) -> None:
+    """The run is a session of its own, which a terminal's Ctrl-C never reaches: a review
+    found the agent still running after prove exited 130, its directory deleted under it."""
+    pid_file = tmp_path / "agent.pid"
+    agent = _script(
+        tmp_path,
+        f"""
+        import os, time
+        open({str(pid_file)!r}, "w").write(str(os.getpid()))
+        time.sleep(60)
+        """,
+    )
+    proving = subprocess.Popen(
+        [sys.executable, "-m", "durable_sessions", "prove", "--timeout-s", "60", "--", *agent],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pid = int(pid_file.read_text())
+        proving.send_signal(sent)
+        assert proving.wait(timeout=30) == 128 + sent
+    finally:
+        proving.kill()
+    assert not _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    """A process that runs: neither gone nor a zombie waiting to be reaped."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    if "zombie" in status:
+        return False
+    os.kill(pid, signal.SIGKILL)  # the leftover the test found: not left running
+    return True

@@ -306,15 +306,20 @@ _NOT_STARTED = 127  # as a shell reports a command it could not run
 
 
 def _waited(process: subprocess.Popen[bytes], timeout_s: float) -> int | None:
-    """The process's exit status (``None`` past the timeout); its process group is killed after."""
+    """The process's exit status (``None`` past the timeout); its process group is killed after.
+
+    The group is killed however the wait ends, an interrupt of the harness (Ctrl-C,
+    SIGTERM) included: the run is a session of its own, which a terminal's signal never
+    reaches, and would go on unsupervised in a directory the proof then deletes.
+    """
     try:
-        returncode: int | None = process.wait(timeout_s)
+        return process.wait(timeout_s)
     except subprocess.TimeoutExpired:
-        returncode = None
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
-    return returncode
+        return None
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
 
 
 # -- reporting ------------------------------------------------------------------------------
