@@ -487,3 +487,38 @@ def _alive(pid: int) -> bool:
         return False
     os.kill(pid, signal.SIGKILL)  # the leftover the test found: not left running
     return True
+
+
+def test_a_skippable_side_effect_stepped_over_is_accounted_for(tmp_path: Path) -> None:
+    """replay="skip" is a documented way to make a side effect recoverable: a review found
+    that both crash points of such an action failed as "did not come back where it was"."""
+    agent = _instrumented(
+        tmp_path,
+        """
+        import json
+
+        @action("a02", "notify", replay="skip")
+        def notify():
+            with open(os.path.join(os.environ["DURABLE_SESSIONS_DIR"], "world.jsonl"), "a") as world:
+                world.write(json.dumps({"event": "notify"}) + "\\n")
+            return "sent"
+
+        with session("s1", journal=journal):
+            action("a01", "llm_call")(lambda: 1)()
+            notify()
+            action("a03", "llm_call")(lambda: 3)()
+        """,
+    )
+    proof = prove(agent, tmp_path / "p")
+    lines = list(describe(proof))
+    assert proof.passed, "\n".join(lines)
+    trials = {t.name: t for t in proof.trials}
+    assert trials["before-2"].stepped_over == trials["after-2"].stepped_over == {("s1", "a02")}
+    assert trials["after-1"].stepped_over == set()
+    assert [len(world(trials[name].directory)) for name in ("before-2", "after-2")] == [0, 1]
+    before = lines.index("kill before action 2: resumed")
+    assert lines[before + 1].startswith(
+        "    stepped over (replay=skip): a02 (session s1); killed before it ran"
+    )
+    after = lines.index("kill after action 2: resumed")
+    assert lines[after + 1].endswith("it ran before the kill and was not repeated")

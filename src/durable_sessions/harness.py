@@ -10,7 +10,9 @@ directory:
 3. checks the spans both processes exported with the given rules (the same engine as
    ``durable-sessions check``): nothing the journal recorded asked or charged again, no
    outcome that diverged from its record;
-4. checks that every action the reference completed was completed here too.
+4. checks that every action the reference completed was completed here too, or stepped
+   over as a ``replay="skip"`` side effect in doubt (reported apart: at ``before`` its
+   effect is dropped, which is what ``skip`` means).
 
 The boundaries are those the reference run passed (every action it ran), counted by the
 instrumentation itself. The command runs in the current directory and finds where to
@@ -85,6 +87,9 @@ class Trial:
     problems: list[str] = dataclasses.field(default_factory=list)
     completed: set[tuple[str, str]] = dataclasses.field(default_factory=set)
     """``(session id, action id)`` of every action with a recorded ``ok``."""
+    stepped_over: set[tuple[str, str]] = dataclasses.field(default_factory=set)
+    """Actions the resumed run stepped over as ``replay="skip"`` side effects in doubt:
+    accounted for, not completed (at ``before`` the effect was dropped, at most once)."""
     reached: bool = True
     """False when the crash point was never reached (the agent ran fewer actions)."""
 
@@ -267,15 +272,16 @@ class _Runner:
             return
         self.trial.violations = list(check_paths([traces], Checker(rules)))
         records = list(_records(traces))
-        self.trial.completed = {
-            (r["session_id"], r["action_id"])
-            for r in records
-            if r.get("status") == "ok" and r.get("session_source") is None
-        }
+        self.trial.completed = _actions(records, status="ok")
         if ran:
             self._check_reference(records, ran, traces)
         if expected is not None:
-            missing = sorted(expected - self.trial.completed)
+            # An action in doubt that is replay="skip" is stepped over by design: its span
+            # stays `started`, and the proof reports it apart rather than as lost.
+            self.trial.stepped_over = (_actions(records, status="started", replay="skip") & expected) - (
+                self.trial.completed
+            )
+            missing = sorted(expected - self.trial.completed - self.trial.stepped_over)
             if missing:
                 listed = ", ".join(f"{action} (session {session})" for session, action in missing[:10])
                 more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
@@ -300,6 +306,15 @@ class _Runner:
                 f"actions ran without a session id ({listed}): their session is their trace, which a resumed run "
                 "cannot find again; run them inside session(...) (a thread needs the context copied)"
             )
+
+
+def _actions(records: list[dict[str, Any]], **fields: str) -> set[tuple[str, str]]:
+    """``(session id, action id)`` of the records with a session id that have ``fields``."""
+    return {
+        (r["session_id"], r["action_id"])
+        for r in records
+        if r.get("session_source") is None and all(r.get(name) == value for name, value in fields.items())
+    }
 
 
 _NOT_STARTED = 127  # as a shell reports a command it could not run
@@ -340,6 +355,7 @@ def describe(proof: Proof) -> Iterator[str]:
             yield f"{what}: no such point (the reference run's action {boundary} did not return normally)"
             continue
         yield f"{what}: {'resumed' if trial.passed else 'FAILED'}"
+        yield from _stepped_over(trial, point)
         yield from _details(trial)
     yield _summary(proof)
 
@@ -357,6 +373,17 @@ def _summary(proof: Proof) -> str:
             f"; only the first {proof.tested} of {proof.boundaries} actions were tested (--max-actions)"
         )
     return summary
+
+
+def _stepped_over(trial: Trial, point: str) -> Iterator[str]:
+    """A line per replay="skip" action the resumed run stepped over, saying what became of it."""
+    fate = (
+        "killed before it ran, so it never happened: replay=skip drops it (at most once)"
+        if point == "before"
+        else "it ran before the kill and was not repeated"
+    )
+    for session, action in sorted(trial.stepped_over, key=str):
+        yield f"    stepped over (replay=skip): {printable(str(action))} (session {printable(str(session))}); {fate}"
 
 
 def _details(trial: Trial) -> Iterator[str]:
@@ -390,6 +417,7 @@ def _trial_document(trial: Trial) -> dict[str, object]:
         "returncodes": [run.returncode for run in trial.runs],
         "logs": [str(trial.directory / f"run-{n}.log") for n in range(1, len(trial.runs) + 1)],
         "completed": len(trial.completed),
+        "stepped_over": [{"session_id": s, "action_id": a} for s, a in sorted(trial.stepped_over, key=str)],
     }
 
 
