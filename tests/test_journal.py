@@ -1024,3 +1024,74 @@ def test_a_journaled_sync_function_returning_a_coroutine_is_warned_about(
     with caplog.at_level(logging.WARNING, logger="durable_sessions"):
         asyncio.run(run())
     assert any("declare the function async def" in r.getMessage() for r in caplog.records)
+
+
+TWO_PROCESSES_AGENT = """
+import sys, time
+from pathlib import Path
+from durable_sessions.instrument import action, session
+from durable_sessions.journal import SqliteJournal
+
+state, name = Path(sys.argv[1]), sys.argv[2]
+
+@action("q1", "user_prompt")
+def ask():
+    (state / f"{name}-asked").touch()
+    while name == "slow" and not (state / "go").exists():  # the person takes their time
+        time.sleep(0.01)
+    return f"answer-{name}"
+
+with session("s-1", journal=SqliteJournal(str(state / "journal.db"))):
+    print("went on with", ask())
+"""
+
+
+def test_two_processes_on_one_session_the_first_recorded_outcome_wins(tmp_path: Path) -> None:
+    """An overlapping restart: both processes ask, and the journal kept the *last* answer,
+    one the first process never acted on (a review). The first outcome recorded stands,
+    and the process whose outcome is not kept says so."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "agent.py"
+    script.write_text(TWO_PROCESSES_AGENT)
+    slow = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path), "slow"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "slow-asked").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        fast = subprocess.run(
+            [sys.executable, str(script), str(tmp_path), "fast"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert fast.stdout == "went on with answer-fast\n", fast.stderr
+        (tmp_path / "go").touch()
+        out, err = slow.communicate(timeout=60)
+    finally:
+        slow.kill()
+    assert out == "went on with answer-slow\n"  # both asked: one session, two processes at once
+    assert "was completed by another run first" in err and "one session in one process at a time" in err
+    kept = SqliteJournal(tmp_path / "journal.db").get("s-1", "q1")
+    assert (kept.status, kept.outcome) == ("ok", "answer-fast")
+
+
+def test_a_recorded_outcome_stands_whoever_writes_over_it(tmp_path: Path) -> None:
+    first, second = SqliteJournal(tmp_path / "j.db"), SqliteJournal(tmp_path / "j.db")  # two connections
+    first.put(Entry("s-1", "q1", "user_prompt", "started", 1))
+    second.put(Entry("s-1", "q1", "user_prompt", "started", 2))
+    second.put(Entry("s-1", "q1", "user_prompt", "ok", 2, result=b'"second"'))
+    first.put(Entry("s-1", "q1", "user_prompt", "ok", 1, result=b'"first"'))
+    first.put(Entry("s-1", "q1", "user_prompt", "error", 1))
+    assert (first.get("s-1", "q1").outcome, first.get("s-1", "q1").attempts) == ("second", 2)
+    # Completed without an outcome to replay (record=False), an action runs again, journaled.
+    first.put(Entry("s-1", "t1", "tool_call", "ok", 1))
+    first.put(Entry("s-1", "t1", "tool_call", "started", 1))
+    assert first.get("s-1", "t1").status == "started"

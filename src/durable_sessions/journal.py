@@ -86,7 +86,8 @@ class Entry:
 class Journal(Protocol):
     """Where entries are kept. ``put`` returns only once the entry is durable, and keeps
     the idempotency key of an entry that is still ``started``: it is the key the far side
-    may have seen, which :func:`plan` checks a resumed run's key against."""
+    may have seen, which :func:`plan` checks a resumed run's key against. A recorded
+    outcome (``ok``) stands: a later put of the same action leaves it as it is."""
 
     def get(self, session_id: str, action_id: str) -> Entry | None: ...
 
@@ -240,13 +241,16 @@ _KEPT_WHILE_IN_DOUBT = {
     "THEN coalesce(journal.idempotency_key, excluded.idempotency_key) ELSE excluded.idempotency_key END"
 }
 # An upsert, not INSERT OR REPLACE (a delete and an insert): the row keeps its place, so
-# entries() lists actions in the order they were first journaled.
+# entries() lists actions in the order they were first journaled. A recorded outcome
+# stands (the WHERE): two processes running one session at once both run the action, and
+# the first outcome recorded is the one later runs replay, not whichever came last.
 _UPSERT = (
     f"INSERT INTO journal ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))}) "
     "ON CONFLICT (session_id, action_id) DO UPDATE SET "
     + ", ".join(
         f"{column} = {_KEPT_WHILE_IN_DOUBT.get(column, f'excluded.{column}')}" for column in _COLUMNS[2:]
     )
+    + " WHERE journal.status <> 'ok' OR (journal.result IS NULL AND journal.result_ref IS NULL)"
 )
 
 
@@ -322,8 +326,18 @@ class SqliteJournal:
 
     def put(self, entry: Entry) -> None:
         """Write ``entry``; the idempotency key of an entry still ``started`` (in doubt) is
-        kept: another attempt's key does not replace it."""
-        self._execute(_UPSERT, dataclasses.astuple(entry))
+        kept: another attempt's key does not replace it. An ``ok`` entry with a recorded
+        outcome stands: a put over it (another process that ran the same session at the
+        same time) changes nothing and is logged; only :meth:`discard` removes it."""
+        if self._execute(_UPSERT, dataclasses.astuple(entry)) == 0:
+            logger.warning(
+                "durable_sessions: action %r of session %r was completed by another run first; the journal %s "
+                "keeps that outcome, not this run's %s entry (run one session in one process at a time)",
+                entry.action_id,
+                entry.session_id,
+                self.path,
+                entry.status,
+            )
 
     def entries(self, session_id: str | None = None, *, status: Status | None = None) -> list[Entry]:
         """The entries of a session (or of every session), optionally only those with
@@ -400,9 +414,10 @@ class SqliteJournal:
             rows = self._connected().execute(sql, parameters).fetchall()
         return [Entry(*row) for row in rows]
 
-    def _execute(self, sql: str, parameters: tuple[Any, ...]) -> None:
+    def _execute(self, sql: str, parameters: tuple[Any, ...]) -> int:
+        """Run one statement; the number of rows it changed."""
         with self._lock:
-            self._connected().execute(sql, parameters)
+            return self._connected().execute(sql, parameters).rowcount
 
     def _connected(self) -> sqlite3.Connection:
         if self._connection is None and self.readonly:
