@@ -162,3 +162,80 @@ def test_off_checks_nothing_even_for_tests_that_use_the_fixture(pytester: pytest
     )
     pytester.runpytest_subprocess("--durability=report").assert_outcomes(failed=1)
     pytester.runpytest_subprocess("--durability=off").assert_outcomes(passed=1)
+
+
+LATE_PROVIDER_TESTS = """
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from durable_sessions.instrument import action, session
+
+
+def test_sets_the_provider_itself(durability):
+    trace.set_tracer_provider(TracerProvider())
+    with session("s-1"):
+        with action("p1", "payment") as act:  # unkeyed: breaks a rule nobody saw
+            act.record({"ok": 1})
+    durability.assert_clean()
+
+
+def test_the_next_test_is_checked(durability):
+    with session("s-2"):
+        with action("p1", "payment") as act:
+            act.record({"ok": 1})
+    assert durability.rules() == {"unkeyed-side-effect"}
+"""
+
+
+def test_a_provider_set_after_the_fixture_is_no_clean_bill(pytester: pytest.Pytester) -> None:
+    """A review: the fixture attached only at its setup, so a test that set the global
+    provider itself passed assert_clean() with an unkeyed payment."""
+    pytester.makepyfile(LATE_PROVIDER_TESTS)
+    result = pytester.runpytest_subprocess("-p", "durable_sessions.pytest_plugin")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        ["*_ test_sets_the_provider_itself _*", "the global TracerProvider was set during this test*"]
+    )
+
+
+def test_a_provider_set_late_and_given_the_processor_is_checked(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from durable_sessions.instrument import action, session
+
+        def test_sets_the_provider_and_adds_the_processor(durability):
+            provider = TracerProvider()
+            provider.add_span_processor(durability.processor)
+            trace.set_tracer_provider(provider)
+            with session("s-1"):
+                with action("a1", "llm_call") as act:
+                    act.record("hi")
+            durability.assert_clean()
+            assert not durability.unchecked
+        """
+    )
+    pytester.runpytest_subprocess("-p", "durable_sessions.pytest_plugin").assert_outcomes(passed=1)
+
+
+def test_strict_warns_of_a_provider_set_late_and_checks_the_tests_after_it(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from durable_sessions.instrument import action, session
+
+        def test_sets_the_provider():
+            trace.set_tracer_provider(TracerProvider())
+
+        def test_double_charge():
+            with session("s-1"):
+                with action("a7", "payment"):
+                    pass
+        """
+    )
+    result = pytester.runpytest_subprocess("--durability=strict")
+    result.assert_outcomes(passed=1, failed=1, warnings=1)
+    result.stdout.fnmatch_lines(
+        ["*durability: the global TracerProvider was set during this test*", "*FAILED*test_double_charge*"]
+    )

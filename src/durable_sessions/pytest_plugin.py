@@ -6,6 +6,8 @@ the ``pytest11`` entry point, so installing the package enables it). It provides
 - the ``durability`` fixture: a :class:`Durability` that collects the violations of spans
   ended during the test. Its :attr:`~Durability.processor` is already added to the global
   SDK ``TracerProvider`` when there is one; add it to any other provider the test builds.
+  A global provider set during the test is attached when the test finishes, too late for
+  the spans already ended: ``assert_clean()`` fails saying so (strict mode warns).
   At the end of the test every session is ended, so the end-of-session rules run per test.
 - ``--durability=strict``: every test gets the collector, and a test whose spans break a
   rule fails, listing the violations. ``--durability=report`` (the default) only
@@ -26,6 +28,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from opentelemetry import trace as trace_api
@@ -37,6 +40,18 @@ from durable_sessions.violation import Severity, Violation
 _MODES = ("off", "report", "strict")
 
 
+class _Counting(DurabilitySpanProcessor):
+    """A test's processor, which counts the spans that reached it (however attached)."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.spans_ended = 0
+
+    def on_end(self, span) -> None:  # type: ignore[no-untyped-def]
+        self.spans_ended += 1
+        super().on_end(span)
+
+
 class Durability:
     """The violations of the spans ended while a test runs."""
 
@@ -44,12 +59,29 @@ class Durability:
         self.violations: list[Violation] = []
         self._lock = threading.Lock()
         # inline whatever the environment says: a test's findings must be in by its end
-        self.processor = DurabilitySpanProcessor(
+        self.processor = _Counting(
             mode="silent" if enabled else "off",
             checking="inline",
             on_violation=self._collect,
             max_sessions=10_000,
         )
+        self._provider_unset = False
+        """No global SDK provider was set when the test started: attached at finish instead."""
+        self.unchecked = False
+        """The global provider was set during the test, and none of its spans reached the
+        processor: they ended before anything was attached, unchecked."""
+
+    def _attach_global(self) -> None:
+        """Attach to the global SDK provider (once per provider); when there is none yet,
+        try again at :meth:`finish`."""
+        self._provider_unset = not _router.attach_global()
+
+    def _attach_late(self) -> None:
+        """The provider the test (or a fixture set up after this one) made global: attached
+        now, for what ends from here on; what ended before was not seen."""
+        if self._provider_unset and _router.attach_global():
+            self._provider_unset = False
+            self.unchecked = self.processor.spans_ended == 0
 
     def _collect(self, violation: Violation) -> None:
         with self._lock:
@@ -64,7 +96,10 @@ class Durability:
         return {v.rule for v in self.violations}
 
     def finish(self) -> list[Violation]:
-        """End every open session now (running end-of-session rules); return all violations."""
+        """End every open session now (running end-of-session rules); return all violations.
+
+        A global provider set during the test is attached here: see :attr:`unchecked`."""
+        self._attach_late()
         self.processor.end_sessions()
         return list(self.violations)
 
@@ -73,10 +108,13 @@ class Durability:
             self.violations.clear()
 
     def assert_clean(self) -> None:
-        """Fail the test when any span ended so far broke a rule (sessions are ended first)."""
+        """Fail the test when any span ended so far broke a rule (sessions are ended first),
+        or when its spans could not be checked (:attr:`unchecked`)."""
         violations = self.finish()
         if violations:
             pytest.fail(_describe(violations), pytrace=False)
+        if self.unchecked:  # a check that saw nothing is no clean bill
+            pytest.fail(_UNCHECKED, pytrace=False)
 
 
 class _Router:
@@ -86,13 +124,15 @@ class _Router:
         self.active: Durability | None = None
         self._attached: weakref.WeakSet[TracerProvider] = weakref.WeakSet()
 
-    def attach_global(self, durability: Durability) -> None:
+    def attach_global(self) -> bool:
+        """Attach to the global SDK provider, once; False when none is set (yet)."""
         provider = trace_api.get_tracer_provider()
         if not isinstance(provider, TracerProvider):
-            return
+            return False
         if provider not in self._attached:
             provider.add_span_processor(_Forwarding(self))
             self._attached.add(provider)
+        return True
 
 
 class _Forwarding(DurabilitySpanProcessor):
@@ -119,6 +159,13 @@ _router = _Router()
 def _describe(violations: list[Violation]) -> str:
     lines = "\n".join(f"  {format_violation(v)}" for v in violations)
     return f"spans ended in this test broke {len(violations)} durability rule(s):\n{lines}"
+
+
+_UNCHECKED = (  # what a test whose global provider came too late is told
+    "the global TracerProvider was set during this test, after its durability check was set up, and none of "
+    "the spans the test ended reached the check: set the provider before the test (a conftest, or a fixture "
+    "the test lists before durability), or add durability.processor to it"
+)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -157,7 +204,7 @@ def durability(request: pytest.FixtureRequest) -> Iterator[Durability]:
     collector = Durability()
     previous = _router.active
     _router.active = collector
-    _router.attach_global(collector)
+    collector._attach_global()
     try:
         yield collector
     finally:
@@ -176,7 +223,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         collector = Durability()
         previous = _router.active
         _router.active = collector
-        _router.attach_global(collector)
+        collector._attach_global()
     try:
         outcome = yield
     finally:
@@ -185,6 +232,9 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     violations = collector.finish()
     if violations and outcome.excinfo is None:
         outcome.force_exception(pytest.fail.Exception(_describe(violations), pytrace=False))
+    elif collector.unchecked:
+        # A warning, not a failure: a test that set the provider may have ended no span at all.
+        item.warn(pytest.PytestWarning(f"durability: {_UNCHECKED}"))
 
 
 __all__ = ["Durability", "durability"]
