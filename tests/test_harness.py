@@ -384,6 +384,9 @@ def test_actions_without_a_session_make_the_reference_unusable(tmp_path: Path) -
     proof = prove(agent, tmp_path / "p")
     assert proof.trials == []
     assert "actions ran without a session id (ask)" in proof.reference.problems[0]
+    # Nothing was cut short by --max-actions: the reference stopped the proof (a review
+    # found the note blaming --max-actions on a refused reference).
+    assert list(describe(proof))[-1] == "0 crash points: 0 resumed, 0 failed; the reference run failed"
 
 
 def test_a_crash_in_a_worker_process_takes_the_whole_agent(tmp_path: Path) -> None:
@@ -522,3 +525,23 @@ def test_a_skippable_side_effect_stepped_over_is_accounted_for(tmp_path: Path) -
     )
     after = lines.index("kill after action 2: resumed")
     assert lines[after + 1].endswith("it ran before the kill and was not repeated")
+
+
+def test_a_reference_that_replayed_everything_is_told_its_journal_is_not_the_trials(tmp_path: Path) -> None:
+    """A fixed journal path, filled by an earlier proof: the reference replays every action
+    and passes no boundary, which was reported as "ran no action"."""
+    agent = _instrumented(
+        tmp_path,
+        f"""
+        journal = SqliteJournal({str(tmp_path / "fixed.db")!r})
+        with session("s-1", journal=journal):
+            action("a1", "clock")(lambda: 1)()
+            action("a2", "clock")(lambda: 2)()
+        """,
+    )
+    prove(agent, tmp_path / "first", points=("before",), max_boundaries=1)
+    proof = prove(agent, tmp_path / "second")
+    assert proof.boundaries == 0 and proof.trials == []
+    (problem,) = proof.reference.problems
+    assert "it replayed every one it reached (a1, a2) from a journal that is not the trial's" in problem
+    assert "{journal}" in problem

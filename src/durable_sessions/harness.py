@@ -150,9 +150,7 @@ def prove(
     if reference.trial.problems:
         return proof
     if proof.boundaries == 0:
-        reference.trial.problems.append(
-            "the agent ran no action of durable_sessions.instrument: there is no boundary to kill it at"
-        )
+        reference.trial.problems.append(reference.why_no_action())
         return proof
     reference.check(rules, expected=None, ran=proof.boundaries)
     if reference.trial.problems:
@@ -259,6 +257,25 @@ class _Runner:
         run = self.run(extra_env)
         if run.returncode != 0:
             self.trial.problems.append(_failed(what, run))
+
+    def why_no_action(self) -> str:
+        """The problem of a run that passed no action boundary: none ran, or every one it
+        reached was replayed, from a journal that is not the trial's."""
+        traces = self.paths["traces"]
+        replayed = (
+            sorted({str(r["action_id"]) for r in _records(traces) if r.get("replayed") is True})
+            if os.path.isfile(traces)
+            else []
+        )
+        if not replayed:
+            return (
+                "the agent ran no action of durable_sessions.instrument: there is no boundary to kill it at"
+            )
+        listed = ", ".join(replayed[:10]) + (f" and {len(replayed) - 10} more" if len(replayed) > 10 else "")
+        return (
+            f"the agent ran no action: it replayed every one it reached ({listed}) from a journal that is not "
+            "the trial's: keep it at {journal} ($DURABLE_SESSIONS_JOURNAL), not at a fixed path earlier runs filled"
+        )
 
     def check(
         self, rules: Sequence[Rule] | None, expected: set[tuple[str, str]] | None, ran: int | None
@@ -368,7 +385,7 @@ def _summary(proof: Proof) -> str:
         summary += "; the reference run failed"
     elif proof.reference.errors:
         summary += "; the reference run itself breaks rules"
-    if proof.tested < proof.boundaries:
+    if not proof.reference.problems and proof.tested < proof.boundaries:  # cut short, not stopped early
         summary += (
             f"; only the first {proof.tested} of {proof.boundaries} actions were tested (--max-actions)"
         )
