@@ -545,3 +545,33 @@ def test_a_reference_that_replayed_everything_is_told_its_journal_is_not_the_tri
     (problem,) = proof.reference.problems
     assert "it replayed every one it reached (a1, a2) from a journal that is not the trial's" in problem
     assert "{journal}" in problem
+
+
+def test_results_too_long_for_a_span_stay_in_the_trial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """They went to .durable_sessions/results in the current directory, one file every trial
+    overwrote, left behind after the proof (a review)."""
+    agent = _instrumented(
+        tmp_path,
+        """
+        with session("s1", journal=journal):
+            action("a1", "llm_call")(lambda: "x" * 40_000)()  # over 32 KiB: to the result store
+            action("a2", "llm_call")(lambda: 2)()
+        """,
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DURABLE_SESSIONS_RESULT_DIR", raising=False)
+    proof = prove(agent, tmp_path / "p", points=("before",))
+    assert proof.passed, "\n".join(describe(proof))
+    assert not (tmp_path / ".durable_sessions").exists()
+    assert all((t.directory / "results").is_dir() for t in [proof.reference, *proof.trials])
+    # Chosen by the user, it stays where they said.
+    chosen = tmp_path / "chosen"
+    prove(
+        agent,
+        tmp_path / "q",
+        points=("before",),
+        env={**os.environ, "DURABLE_SESSIONS_RESULT_DIR": str(chosen)},
+    )
+    assert chosen.is_dir() and not (tmp_path / "q" / "reference" / "results").exists()

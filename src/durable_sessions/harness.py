@@ -19,13 +19,16 @@ instrumentation itself. The command runs in the current directory and finds wher
 keep its state through placeholders in its arguments, or the same values in its
 environment:
 
-============  ===========================  =====================================
-placeholder   environment variable         value
-============  ===========================  =====================================
-``{journal}`` ``DURABLE_SESSIONS_JOURNAL`` the trial's journal file (SQLite)
-``{traces}``  ``DURABLE_SESSIONS_TRACES``  the OTLP/JSON file its spans go to
-``{dir}``     ``DURABLE_SESSIONS_DIR``     the trial's directory, for other state
-============  ===========================  =====================================
+============  ===============================  =========================================
+placeholder   environment variable             value
+============  ===============================  =========================================
+``{journal}`` ``DURABLE_SESSIONS_JOURNAL``     the trial's journal file (SQLite)
+``{traces}``  ``DURABLE_SESSIONS_TRACES``      the OTLP/JSON file its spans go to
+``{dir}``     ``DURABLE_SESSIONS_DIR``         the trial's directory, for other state
+(none)        ``DURABLE_SESSIONS_RESULT_DIR``  ``results`` in the trial's directory, for
+                                               results too long for a span (unless the
+                                               environment sets it already)
+============  ===============================  =========================================
 
 The agent writes its spans with :class:`~durable_sessions.otlp_json.FileSpanExporter`
 under a ``SimpleSpanProcessor`` (every ended span on disk at once), and keeps its
@@ -47,6 +50,7 @@ from typing import Any
 from durable_sessions import crash
 from durable_sessions.check import check_paths
 from durable_sessions.engine import Checker
+from durable_sessions.instrument import RESULT_DIR_ENV
 from durable_sessions.readers import Item, Unreadable, open_source, read
 from durable_sessions.report import printable, text_line
 from durable_sessions.rules import Rule
@@ -214,7 +218,11 @@ class _Runner:
         }
         self.argv = [_substituted(arg, self.paths) for arg in command]
         self.environment = {
+            # Results too long for a span stay with the trial (the default store is in the
+            # current directory, which every trial shares and the proof leaves behind),
+            # unless the user chose where they go.
             **environment,
+            RESULT_DIR_ENV: environment.get(RESULT_DIR_ENV) or str(directory / "results"),
             JOURNAL_ENV: self.paths["journal"],
             TRACES_ENV: self.paths["traces"],
             DIR_ENV: self.paths["dir"],

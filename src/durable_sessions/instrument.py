@@ -279,6 +279,8 @@ def _safe_name(name: str) -> str:
 
 
 _default_store: ResultStore | None = None
+RESULT_DIR_ENV = "DURABLE_SESSIONS_RESULT_DIR"
+"""Where :func:`default_result_store` keeps results too long for a span."""
 
 
 def default_result_store() -> ResultStore:
@@ -286,9 +288,7 @@ def default_result_store() -> ResultStore:
     ``.durable_sessions/results`` in the working directory)."""
     global _default_store
     if _default_store is None:
-        _default_store = FileResultStore(
-            os.environ.get("DURABLE_SESSIONS_RESULT_DIR") or ".durable_sessions/results"
-        )
+        _default_store = FileResultStore(os.environ.get(RESULT_DIR_ENV) or ".durable_sessions/results")
     return _default_store
 
 
@@ -1011,6 +1011,7 @@ class _InContext:
 
 __all__ = [
     "DEFAULT_MAX_RESULT_CHARS",
+    "RESULT_DIR_ENV",
     "Action",
     "FileResultStore",
     "ResultStore",
