@@ -328,8 +328,11 @@ def test_a_side_effect_cancelled_in_this_process_is_in_doubt(journal: SqliteJour
     assert journal.get("s-1", "p1").status == "started"
 
 
-def test_an_action_in_flight_in_this_process_is_no_action_in_doubt(journal: SqliteJournal) -> None:
-    """A retry by recursion meets its own ``started`` entry: nothing crashed, so nothing is in doubt."""
+def test_an_action_in_flight_in_this_process_is_no_action_in_doubt(
+    journal: SqliteJournal, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A retry by recursion meets its own ``started`` entry: nothing crashed, so nothing is
+    in doubt; the outer call's completion, the inner one's outcome again, is no conflict."""
     agent = Agent(journal)
 
     @agent.action("p1", "payment", retryable=True, max_attempts=3)
@@ -342,6 +345,7 @@ def test_an_action_in_flight_in_this_process_is_no_action_in_doubt(journal: Sqli
     assert agent.calls == ["1", "2"]
     assert sorted(span.attributes.get(sc.ACTION_ATTEMPTS, 1) for span in agent.spans()) == [1, 2]
     assert journal.get("s-1", "p1").status == "ok"
+    assert "completed by another run first" not in caplog.text
 
 
 def test_attempts_in_one_process_count_up_to_the_cap(journal: SqliteJournal) -> None:

@@ -329,7 +329,7 @@ class SqliteJournal:
         kept: another attempt's key does not replace it. An ``ok`` entry with a recorded
         outcome stands: a put over it (another process that ran the same session at the
         same time) changes nothing and is logged; only :meth:`discard` removes it."""
-        if self._execute(_UPSERT, dataclasses.astuple(entry)) == 0:
+        if self._execute(_UPSERT, dataclasses.astuple(entry)) == 0 and self._kept_differs(entry):
             logger.warning(
                 "durable_sessions: action %r of session %r was completed by another run first; the journal %s "
                 "keeps that outcome, not this run's %s entry (run one session in one process at a time)",
@@ -338,6 +338,12 @@ class SqliteJournal:
                 self.path,
                 entry.status,
             )
+
+    def _kept_differs(self, entry: Entry) -> bool:
+        """Whether the outcome the journal kept over ``entry`` is another: a retry by
+        recursion completes the inner call first, with the outcome the outer one returns."""
+        kept = self.get(entry.session_id, entry.action_id)
+        return kept is None or (kept.result, kept.result_ref) != (entry.result, entry.result_ref)
 
     def entries(self, session_id: str | None = None, *, status: Status | None = None) -> list[Entry]:
         """The entries of a session (or of every session), optionally only those with
