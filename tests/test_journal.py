@@ -1010,24 +1010,47 @@ def test_a_returned_coroutine_closed_mid_await_leaves_its_action_in_doubt(journa
     assert journal.get("s-1", "p2").status == "started"
 
 
-def test_a_journaled_sync_function_returning_a_coroutine_is_warned_about(
-    journal: SqliteJournal, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Its replay returns the value, which the caller's ``await`` refuses: say so when it
-    is first journaled, before a restart meets it."""
+def test_the_replay_of_a_sync_function_that_returned_a_coroutine_is_awaitable(journal: SqliteJournal) -> None:
+    """Its caller awaits what it returns: a replay that handed back the value itself broke
+    that ``await`` (TypeError) in the process that resumed the session."""
+    charges: list[int] = []
 
     async def charged() -> dict[str, int]:
+        charges.append(1)
         return {"charged": 1}
 
-    pay = action("p-warned", "payment", idempotency_key="k-1")(lambda: charged())
+    pay = action("p-awaited", "payment", idempotency_key="k-1")(lambda: charged())
+    plain = action("r-plain", "external_read")(lambda: {"city": "Paris"})
 
-    async def run() -> None:
+    async def run() -> tuple[Any, Any]:
         with session("s-1", journal=journal):
-            assert await pay() == {"charged": 1}
+            return await pay(), plain()
 
-    with caplog.at_level(logging.WARNING, logger="durable_sessions"):
-        asyncio.run(run())
-    assert any("declare the function async def" in r.getMessage() for r in caplog.records)
+    assert asyncio.run(run()) == ({"charged": 1}, {"city": "Paris"})
+    assert journal.get("s-1", "p-awaited").awaited and not journal.get("s-1", "r-plain").awaited
+    assert asyncio.run(run()) == ({"charged": 1}, {"city": "Paris"})  # replayed, both as first returned
+    assert charges == [1]
+
+
+def test_a_journal_of_an_earlier_version_gets_the_awaited_column(tmp_path: Path) -> None:
+    """A file written before the column existed: read-only it reads as not awaited, and
+    opened for writing it gets the column."""
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as old:
+        old.execute(
+            "CREATE TABLE journal (session_id TEXT NOT NULL, action_id TEXT NOT NULL, kind TEXT NOT NULL, "
+            "status TEXT NOT NULL, attempts INTEGER NOT NULL, result BLOB, result_digest TEXT, result_ref TEXT, "
+            "idempotency_key TEXT, incarnation TEXT, PRIMARY KEY (session_id, action_id))"
+        )
+        old.execute(
+            "INSERT INTO journal VALUES ('s', 'a', 'llm_call', 'ok', 1, X'31', NULL, NULL, NULL, NULL)"
+        )
+    old.close()
+    assert SqliteJournal(path, readonly=True).get("s", "a") == Entry("s", "a", "llm_call", "ok", result=b"1")
+    writable = SqliteJournal(path)
+    assert writable.get("s", "a").awaited is False
+    writable.put(Entry("s", "b", "llm_call", "ok", result=b"2", awaited=True))
+    assert writable.get("s", "b").awaited is True
 
 
 TWO_PROCESSES_AGENT = """

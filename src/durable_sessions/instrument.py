@@ -332,6 +332,7 @@ class Action:
         "_handed_over",
         "_max_result_chars",
         "_recorded_as",
+        "_replay_awaitable",
         "_store",
         "action_id",
         "attempt",
@@ -366,6 +367,8 @@ class Action:
         self._ending: _Ending | None = None
         self._handed_over = False
         """Whether an awaitable the decorated function returned ends the run (:func:`_awaited`)."""
+        self._replay_awaitable = False
+        """Whether the replayed outcome came from awaiting what the function returned."""
 
     def record(self, result: Any) -> Any:
         """Record ``result`` (any JSON-serialisable value, ``None`` included); return it.
@@ -407,6 +410,7 @@ class Action:
     def _replay(self, entry: Entry) -> None:
         """Serve the journal's recorded outcome: the span says replayed, with the same result."""
         self.replayed = True
+        self._replay_awaitable = entry.awaited
         self.span.set_attribute(sc.ACTION_REPLAYED, True)
         try:
             self.result = entry.outcome
@@ -576,6 +580,8 @@ class action:
         @functools.wraps(func)
         def run(*args: Any, **kwargs: Any) -> Any:
             with self._start(self._id_for(args, kwargs)) as act:
+                if act.replayed and act._replay_awaitable:
+                    return _resolved(act.result)  # the first run's caller awaited it: so does this one
                 if act.replayed or act.skipped:
                     return act.result
                 value = func(*args, **kwargs)
@@ -743,12 +749,16 @@ class _Ending:
         if entry is not None:
             _take_off((entry.session_id, entry.action_id))
 
-    def ok(self) -> None:
-        """The body ran to its end: past the ``after`` crash point, completed in the journal."""
+    def ok(self, *, awaited: bool = False) -> None:
+        """The body ran to its end (``awaited``: the awaitable it returned did): past the
+        ``after`` crash point, completed in the journal."""
         if self.runs:
             crash.after(self.boundary)
             if self.entry is not None:
-                _journal_put(self.journal, _completed(self.entry, self.act))
+                completed = _completed(self.entry, self.act)
+                _journal_put(
+                    self.journal, dataclasses.replace(completed, awaited=True) if awaited else completed
+                )
         self._landed()
 
     def raised(self, error: BaseException) -> None:
@@ -782,8 +792,6 @@ def _awaited(act: Action, awaitable: Awaitable[Any], record: bool) -> Awaitable[
     point and the journal's completion come after the await.
     """
     act._handed_over = True
-    if act._ending is not None and act._ending.entry is not None:
-        _warn_replay_not_awaitable(act.action_id)
     context = contextvars.copy_context()  # the span is current here, and the session
 
     async def finish() -> Any:
@@ -802,7 +810,7 @@ def _awaited(act: Action, awaitable: Awaitable[Any], record: bool) -> Awaitable[
             if record:
                 act.record(value)
             if ending is not None:
-                ending.ok()
+                ending.ok(awaited=True)
             return value
         finally:
             act.span.end()
@@ -810,16 +818,9 @@ def _awaited(act: Action, awaitable: Awaitable[Any], record: bool) -> Awaitable[
     return finish()
 
 
-@functools.lru_cache(maxsize=1024)
-def _warn_replay_not_awaitable(action_id: str) -> None:
-    """Once per action id: its replay will return the recorded value itself, which the
-    caller's ``await`` refuses; nothing at replay tells that the function returned a
-    coroutine. The fix is the user's: ``async def``."""
-    logger.warning(
-        "durable_sessions: action %r is a sync function that returned a coroutine: it is journaled, "
-        "but a replay returns the recorded value, which cannot be awaited; declare the function async def",
-        action_id,
-    )
+async def _resolved(value: Any) -> Any:
+    """``value``, awaitable: the replay of an action whose first run returned a coroutine."""
+    return value
 
 
 def _plan(

@@ -35,6 +35,7 @@ state, kept beside the agent, not the sidecar's (which keeps digests only).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -70,6 +71,9 @@ class Entry:
     """Where the span pointed for the outcome, when it was too long to carry."""
     idempotency_key: str | None = None
     incarnation: str | None = None
+    awaited: bool = False
+    """Whether the outcome came from awaiting what the action returned (a sync function
+    that returned a coroutine): its replay is handed back awaitable, as the first run was."""
 
     @property
     def is_recorded(self) -> bool:
@@ -228,11 +232,19 @@ CREATE TABLE IF NOT EXISTS journal (
     result_ref TEXT,
     idempotency_key TEXT,
     incarnation TEXT,
+    awaited INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (session_id, action_id)
 )
 """
+_ADDED_COLUMNS = {"awaited": "awaited INTEGER NOT NULL DEFAULT 0"}
+"""Columns a journal written by an earlier version lacks, added when it is opened for writing."""
 _COLUMNS = [field.name for field in dataclasses.fields(Entry)]
 _SELECT = f"SELECT {', '.join(_COLUMNS)} FROM journal"
+# A journal of an earlier version opened read-only keeps its columns: the missing ones read
+# as their defaults.
+_SELECT_WITHOUT_ADDED = "SELECT {} FROM journal".format(
+    ", ".join(f"0 AS {column}" if column in _ADDED_COLUMNS else column for column in _COLUMNS)
+)
 # The key of an attempt in doubt (a `started` row) is the one the far side may have seen:
 # it is kept, never replaced by another attempt's, so that a resumed run is checked
 # against it and an operator settling the action looks it up by it.
@@ -316,6 +328,7 @@ class SqliteJournal:
         self.timeout_s = timeout_s
         self.readonly = readonly
         """Opened to be read only (``mode=ro``): nothing is created, set or written."""
+        self._columns: frozenset[str] | None = None  # of a file opened read-only, once read
         self._lock = threading.Lock()
         self._connection: sqlite3.Connection | None = None
         _JOURNALS.add(self)
@@ -417,8 +430,11 @@ class SqliteJournal:
 
     def _query(self, sql: str, parameters: tuple[Any, ...]) -> list[Entry]:
         with self._lock:
-            rows = self._connected().execute(sql, parameters).fetchall()
-        return [Entry(*row) for row in rows]
+            connection = self._connected()
+            if self._lacks_added_columns:
+                sql = sql.replace(_SELECT, _SELECT_WITHOUT_ADDED, 1)
+            rows = connection.execute(sql, parameters).fetchall()
+        return [Entry(*row[:-1], awaited=bool(row[-1])) for row in rows]
 
     def _execute(self, sql: str, parameters: tuple[Any, ...]) -> int:
         """Run one statement; the number of rows it changed."""
@@ -442,8 +458,29 @@ class SqliteJournal:
             connection.execute("PRAGMA journal_mode = WAL")
             connection.execute("PRAGMA synchronous = FULL")
             connection.execute(_SCHEMA)
+            _add_missing_columns(connection)
             self._connection = connection
         return self._connection
+
+    @property
+    def _lacks_added_columns(self) -> bool:
+        """Whether the file, opened read-only, is a journal of an earlier version (one opened
+        for writing gets the columns it lacks when it is opened)."""
+        if not self.readonly:
+            return False
+        if self._columns is None:
+            rows = self._connected().execute("PRAGMA table_info(journal)").fetchall()
+            self._columns = frozenset(row[1] for row in rows)
+        return not self._columns >= _ADDED_COLUMNS.keys()
+
+
+def _add_missing_columns(connection: sqlite3.Connection) -> None:
+    """Bring a journal written by an earlier version up to this one's columns."""
+    present = {row[1] for row in connection.execute("PRAGMA table_info(journal)").fetchall()}
+    for column, definition in _ADDED_COLUMNS.items():
+        if column not in present:
+            with contextlib.suppress(sqlite3.OperationalError):  # another process added it first
+                connection.execute(f"ALTER TABLE journal ADD COLUMN {definition}")
 
 
 __all__ = [
