@@ -196,6 +196,19 @@ def test_a_bad_crash_point_setting_is_refused_by_name(value: str) -> None:
         crash.parse(value)
 
 
+def _fixed_journal_agent(tmp_path: Path) -> list[str]:
+    """An agent of two actions whose journal is one fixed file, whichever run it is."""
+    return _instrumented(
+        tmp_path,
+        f"""
+        journal = SqliteJournal({str(tmp_path / "fixed.db")!r})
+        with session("s-1", journal=journal):
+            action("a1", "clock")(lambda: 1)()
+            action("a2", "clock")(lambda: 2)()
+        """,
+    )
+
+
 def _instrumented(tmp_path: Path, body: str) -> list[str]:
     """An agent script with a journal and the file exporter, ``body`` run in its session."""
     header = f"""
@@ -328,15 +341,7 @@ def test_relative_paths_mean_the_current_directory(tmp_path: Path, monkeypatch: 
 
 def test_a_journal_shared_by_every_trial_is_no_proof(tmp_path: Path) -> None:
     """A fixed journal path: every later run replays everything, is never killed, and that fails."""
-    agent = _instrumented(
-        tmp_path,
-        f"""
-        journal = SqliteJournal({str(tmp_path / "fixed.db")!r})
-        with session("s-1", journal=journal):
-            action("a1", "clock")(lambda: 1)()
-            action("a2", "clock")(lambda: 2)()
-        """,
-    )
+    agent = _fixed_journal_agent(tmp_path)
     proof = prove(agent, tmp_path / "p", points=("before",))
     assert not proof.passed
     assert all("was not killed at before action" in t.problems[0] for t in proof.trials)
@@ -530,15 +535,7 @@ def test_a_skippable_side_effect_stepped_over_is_accounted_for(tmp_path: Path) -
 def test_a_reference_that_replayed_everything_is_told_its_journal_is_not_the_trials(tmp_path: Path) -> None:
     """A fixed journal path, filled by an earlier proof: the reference replays every action
     and passes no boundary, which was reported as "ran no action"."""
-    agent = _instrumented(
-        tmp_path,
-        f"""
-        journal = SqliteJournal({str(tmp_path / "fixed.db")!r})
-        with session("s-1", journal=journal):
-            action("a1", "clock")(lambda: 1)()
-            action("a2", "clock")(lambda: 2)()
-        """,
-    )
+    agent = _fixed_journal_agent(tmp_path)
     prove(agent, tmp_path / "first", points=("before",), max_boundaries=1)
     proof = prove(agent, tmp_path / "second")
     assert proof.boundaries == 0 and proof.trials == []

@@ -93,6 +93,22 @@ def make_client_cert(ca_directory: Path, directory: Path) -> tuple[Path, Path]:
     return cert_path, key_path
 
 
+def mutual_tls_pki(directory: Path) -> dict[str, Path]:
+    """Our CA with a server and a client certificate it signed, and a stranger's client
+    certificate, signed by another CA: what a sidecar with tls.client_ca_file lets in and
+    keeps out."""
+    (directory / "ours").mkdir()
+    (directory / "theirs").mkdir()
+    ca, cert, key = make_cert(directory / "ours")
+    client_cert, client_key = make_client_cert(directory / "ours", directory / "client")
+    make_cert(directory / "theirs")
+    stranger_cert, stranger_key = make_client_cert(directory / "theirs", directory / "stranger")
+    return {
+        "ca": ca, "cert": cert, "key": key, "client_cert": client_cert, "client_key": client_key,
+        "stranger_cert": stranger_cert, "stranger_key": stranger_key,
+    }  # fmt: skip
+
+
 def _pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     return key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from durable_sessions_collector.cli import main
 from sidecar_clients import Agent, grpc_exporter
-from tls_certs import make_cert, make_client_cert
+from tls_certs import make_cert, mutual_tls_pki
 from webhook_server import free_port
 
 TOKEN = "cli-" + uuid.uuid4().hex
@@ -151,12 +151,11 @@ def test_client_certificate_options_for_mutual_tls(start_sidecar, tmp_path, caps
     """A sidecar with tls.client_ca_file lets in only clients with a certificate its CA
     signed: ``sessions`` sends one with --cert-file/--key-file (or the variables), and
     says what failed when it has none or one the sidecar refuses."""
-    (tmp_path / "ours").mkdir()
-    (tmp_path / "theirs").mkdir()
-    ca, cert, key = make_cert(tmp_path / "ours")
-    client_cert, client_key = make_client_cert(tmp_path / "ours", tmp_path / "client")
-    make_cert(tmp_path / "theirs")
-    stranger_cert, stranger_key = make_client_cert(tmp_path / "theirs", tmp_path / "stranger")
+    pki = mutual_tls_pki(tmp_path)
+    ca, cert, key, client_cert, client_key, stranger_cert, stranger_key = (
+        pki[name]
+        for name in ("ca", "cert", "key", "client_cert", "client_key", "stranger_cert", "stranger_key")
+    )
     sidecar = start_sidecar(tls__cert_file=str(cert), tls__key_file=str(key), tls__client_ca_file=str(ca))
     base = ("sessions", "--endpoint", f"127.0.0.1:{sidecar.service.http_port}", "--ca-file", str(ca))
 

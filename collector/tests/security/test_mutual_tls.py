@@ -19,7 +19,7 @@ from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExport
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 from opentelemetry.sdk.trace.export import SpanExportResult
 from sidecar_clients import Agent, one_action_spans
-from tls_certs import make_cert, make_client_cert
+from tls_certs import make_cert, mutual_tls_pki
 
 
 @pytest.fixture(autouse=True)
@@ -30,16 +30,7 @@ def _no_ca_bundle_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def pki(tmp_path: Path) -> dict[str, Path]:
-    (tmp_path / "ours").mkdir()
-    (tmp_path / "theirs").mkdir()
-    ca, cert, key = make_cert(tmp_path / "ours")
-    client_cert, client_key = make_client_cert(tmp_path / "ours", tmp_path / "client")
-    make_cert(tmp_path / "theirs")
-    stranger_cert, stranger_key = make_client_cert(tmp_path / "theirs", tmp_path / "stranger")
-    return {
-        "ca": ca, "cert": cert, "key": key, "client_cert": client_cert, "client_key": client_key,
-        "stranger_cert": stranger_cert, "stranger_key": stranger_key,
-    }  # fmt: skip
+    return mutual_tls_pki(tmp_path)
 
 
 @pytest.fixture
