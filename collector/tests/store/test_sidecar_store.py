@@ -123,6 +123,21 @@ def test_violations_are_unique_and_drive_the_verdict(store) -> None:  # type: ig
     ]
 
 
+def test_a_reopened_session_has_no_end(store) -> None:  # type: ignore[no-untyped-def]
+    """sessions.proto: ended_at is unset while the session is active."""
+    with store.writer() as writer:
+        writer.touch_session("sess", 1.0, 1)
+        writer.end_session("sess", 5.0)
+    [summary] = store.list_sessions()
+    assert (summary.state, summary.ended_at) == ("ended", 5.0)
+    with store.writer() as writer:
+        writer.touch_session("sess", 9.0, 1)  # a later span re-opens it
+    [summary] = store.list_sessions()
+    assert (summary.state, summary.ended_at, summary.actions) == ("active", None, 2)
+    detail = store.get_session("sess")
+    assert detail is not None and detail.summary.ended_at is None
+
+
 def test_outbox_once_per_channel_and_violation(store) -> None:  # type: ignore[no-untyped-def]
     with store.writer() as writer:
         writer.enqueue_alert("log", "k1", {"key": "k1"}, 1.0)

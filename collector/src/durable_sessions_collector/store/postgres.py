@@ -935,10 +935,12 @@ class PostgresWriter:
         return cursor.rowcount
 
     def touch_session(self, session_id: str, now: float, added: int) -> None:
+        # A session re-opened by a later span is active again: its old end is no more
+        # (the API's ended_at is "unset while the session is active").
         self._db.execute(
             "INSERT INTO sessions (session_id, first_seen, last_seen, open, actions) VALUES (%s, %s, %s, 1, %s) "
             "ON CONFLICT (session_id) DO UPDATE SET last_seen = GREATEST(sessions.last_seen, excluded.last_seen), "
-            "open = 1, actions = sessions.actions + excluded.actions",
+            "open = 1, ended_at = NULL, actions = sessions.actions + excluded.actions",
             (_t(session_id), now, now, added),
         )
 

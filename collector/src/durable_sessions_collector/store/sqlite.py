@@ -631,10 +631,12 @@ class SqliteWriter:
         return len(stale)
 
     def touch_session(self, session_id: str, now: float, added: int) -> None:
+        # A session re-opened by a later span is active again: its old end is no more
+        # (the API's ended_at is "unset while the session is active").
         self._db.execute(
             "INSERT INTO sessions (session_id, first_seen, last_seen, open, actions) VALUES (?, ?, ?, 1, ?) "
             "ON CONFLICT (session_id) DO UPDATE SET last_seen = excluded.last_seen, open = 1, "
-            "actions = sessions.actions + excluded.actions",
+            "ended_at = NULL, actions = sessions.actions + excluded.actions",
             (session_id, now, now, added),
         )
 
