@@ -215,6 +215,7 @@ class Service:
             metrics.http_connections.set_function(lambda: self.http.connections.open)
             metrics.http_connections_limit.set(config.receivers_http_max_connections)
             self.http_port = self.http.start()
+            self.pipeline.accepting()  # idleness counts from now: queued spans may be on their way
             if self.webhook is not None:
                 self.webhook.start()  # delivers first what an earlier run left pending
             if self.otlp is not None:

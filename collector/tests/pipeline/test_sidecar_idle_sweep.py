@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from conftest import wait_for
 from durable_sessions_collector import pipeline
 from sidecar_clients import Agent, grpc_exporter
 
@@ -21,3 +22,27 @@ def test_a_wave_of_idle_sessions_is_ended_one_batch_per_sweep(start_sidecar, mon
     ended = [sidecar.session(f"s{n}") for n in range(7)]
     assert all(s["state"] == "ended" and s["verdict"] == "unrecoverable" for s in ended)
     assert sidecar.metric("durable_sessions_sessions_ended_total") == 7
+
+
+def test_a_restart_longer_than_idle_s_ends_no_session_before_its_queued_spans_arrive(
+    start_sidecar, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """Idleness counts from when the sidecar began accepting spans at the earliest: the
+    span a Collector queued during the restart arrives after it, and no session was ended
+    (nor alerted on) for the outage."""
+    store = tmp_path / "restart.db"
+    sidecar = start_sidecar(store, evaluation__idle_s=1.0)
+    agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
+    agent.action("mail", "e1", "email", status="started")  # pending until its completion
+    agent.shutdown()
+    sidecar.stop()
+    time.sleep(1.2)  # the upgrade took longer than idle_s
+    sidecar = start_sidecar(store, evaluation__idle_s=1.0)
+    time.sleep(0.4)  # the writer has swept a few times; the queued span is on its way
+    assert sidecar.session("mail")["state"] == "active"
+    agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
+    agent.action("mail", "e1", "email", status="ok", idempotency_key="k-e1")  # the queued span
+    agent.shutdown()
+    wait_for(lambda: sidecar.session("mail")["state"] == "ended")
+    assert sidecar.session("mail")["verdict"] == "ok"
+    assert sidecar.alerts() == []

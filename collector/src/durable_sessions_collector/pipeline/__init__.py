@@ -8,9 +8,10 @@ stores and checks their records in one transaction, commits, and only then relea
 receivers waiting in :meth:`wait`, which acknowledge the Export: an acknowledged span is
 a committed span. New violations are raised after the commit (see :mod:`..alerts`).
 
-Between batches the writer ends the sessions that have been idle for ``idle_s`` and,
-with a retention (``retention_s`` > 0), deletes ended sessions older than it (see
-:meth:`Pipeline.prune`).
+Between batches the writer ends the sessions that have been idle for ``idle_s`` —
+counted from when this sidecar began accepting spans at the earliest (see
+:meth:`Pipeline.accepting`) — and, with a retention (``retention_s`` > 0), deletes
+ended sessions older than it (see :meth:`Pipeline.prune`).
 """
 
 from __future__ import annotations
@@ -110,6 +111,8 @@ class Pipeline:
         self._thread: threading.Thread | None = None
         self.last_sweep = -float("inf")  # time.monotonic() of the last sweep: a clock step cannot stall it
         self.last_prune = -float("inf")  # time.monotonic() of the last retention pass
+        self.accepting_since = time.monotonic()
+        """time.monotonic() when the receivers began accepting spans (:meth:`accepting`)."""
         self._rebuilt_reported = 0
         self._backlog = True  # alerts left pending by an earlier run are delivered first
         metrics.queue_capacity.set(queue_size)
@@ -149,7 +152,20 @@ class Pipeline:
 
     # --- the writer --------------------------------------------------------------------
 
+    def accepting(self) -> None:
+        """The receivers accept spans from now on.
+
+        Idleness is counted from now at the earliest: a session last seen before a restart
+        (or before this sidecar's first start) is not idle until ``idle_s`` after it, since
+        the spans its clients queued during the outage (an OpenTelemetry Collector's
+        sending queue) arrive only now. Without this grace a restart longer than
+        ``idle_s`` would end every active session before its queued spans are in, and
+        alert on end-of-session findings those spans resolve.
+        """
+        self.accepting_since = time.monotonic()
+
     def start(self) -> None:
+        self.accepting_since = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="durable-sessions-writer", daemon=True)
         self._thread.start()
 
@@ -183,7 +199,9 @@ class Pipeline:
             ticked = time.monotonic()
             if ticked - self.last_sweep >= self.sweep_every:
                 try:
-                    ended = self.sweep(self.now())
+                    # Within idle_s of accepting spans no session has been idle that long.
+                    in_grace = ticked - self.accepting_since < self.idle_s
+                    ended = 0 if in_grace else self.sweep(self.now())
                 except Exception as error:  # keep writing; the sweep is retried next time
                     self.metrics.commit_failures.inc()
                     self.log.error("idle-sweep-failed", error=f"{type(error).__name__}: {error}")
