@@ -27,6 +27,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
+from sidecar_clients import Agent, grpc_exporter
 
 from durable_sessions.check import OfflineCheck, check_paths
 from durable_sessions.engine import Checker
@@ -568,3 +569,25 @@ def test_rebuilt_state_equals_live_state_with_out_of_order_start_times(start_sid
     assert rebuilt.sidecar.metric("durable_sessions_sessions_rebuilt_total") >= 8
     assert rebuilt_found["ooo"] == live_found["ooo"] == by_session(live.offline())["ooo"]
     assert rebuilt_verdicts["ooo"] == live_verdicts["ooo"] == "unrecoverable"
+
+
+def test_a_rule_turned_on_judges_new_spans_and_not_the_records_stored_before(
+    start_sidecar, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """Turning evaluation.strict on raises no alert for an action stored while it was off
+    (the session is rebuilt from the store), and judges the spans that arrive from then on."""
+    store = tmp_path / "sessions.db"
+    sidecar = start_sidecar(store, evaluation__idle_s=3600)
+    agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
+    agent.action("j2", "b1", "tool_call", error=True)  # a dead end, but only strict says so
+    agent.shutdown()
+    assert sidecar.session("j2")["verdict"] == "ok"
+    sidecar.stop()
+    sidecar = start_sidecar(store, evaluation__idle_s=3600, evaluation__strict=True)
+    agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-2")
+    agent.action("j2", "b2", "tool_call")  # rebuilds j2 from the store
+    agent.action("j2", "b3", "tool_call", error=True)  # a dead end judged under strict
+    agent.shutdown()
+    detail = sidecar.session("j2")
+    assert [(v["rule"], v["action_id"]) for v in detail["violations"]] == [("dead-end", "b3")]
+    assert [(a["rule"], a["action_id"]) for a in sidecar.alerts()] == [("dead-end", "b3")]

@@ -8,8 +8,11 @@ Collector's ``tail_sampling`` ``decision_wait``), and again after later spans re
 Memory stays flat: at most ``max_sessions`` sessions are held in the engine. A session
 that is not held — evicted, ended, or from before a restart — is rebuilt by re-feeding
 its stored records in arrival order, which is the order the engine first saw them in,
-so the rebuilt state is the state it had. Violations found again while rebuilding carry
-the same :attr:`~durable_sessions.violation.Violation.key` and are dropped by the store.
+so the rebuilt state is the state it had. What the rules find while rebuilding is not
+reported: with the rules of the run that stored the records it was found, and stored,
+when they arrived; a rule enabled since (``evaluation.strict``) judges the spans that
+arrive after it, not records stored before, so that a change of settings raises no
+alert for old actions.
 
 Used by the pipeline's writer thread only: the engine is not thread-safe.
 """
@@ -97,15 +100,14 @@ class Evaluator:
         mapped, row = arrived
         refuse_nul(row)
         session_id = row.session_id
-        rebuilt: list[Violation] = []
         if session_id is not None:
             if session_id not in self._held and writer.is_stored(row):
                 # A redelivered span of a session not in memory (ended, say): rebuilding it
                 # would cost a replay of its records and hold it for nothing.
                 return False, []
-            rebuilt = self._hold(writer, session_id)
+            self._hold(writer, session_id)
         if not writer.add_action(row, now):
-            return False, rebuilt
+            return False, []
         if session_id is not None:
             held = self._held[session_id]
             held.fed += 1
@@ -116,17 +118,14 @@ class Evaluator:
         # digest to digest). The row is encoded already: the problems are checked, not
         # stored (a rebuilt session's records come without them, and its violations are
         # stored already).
-        violations = self.checker.feed(with_problems(row.record, mapped.problems), mapped.where)
-        return True, rebuilt + violations
+        return True, self.checker.feed(with_problems(row.record, mapped.problems), mapped.where)
 
-    def end(self, writer: Writer, session_id: str) -> tuple[list[Violation], list[Violation]]:
-        """Run the end-of-session rules of ``session_id`` and forget it (rebuilt if needed).
-
-        Returns the violations found while rebuilding it, then the end-of-session ones.
-        """
-        rebuilt = self._hold(writer, session_id)
+    def end(self, writer: Writer, session_id: str) -> list[Violation]:
+        """Run the end-of-session rules of ``session_id`` and forget it (rebuilt if needed);
+        return what they find."""
+        self._hold(writer, session_id)
         self._held.pop(session_id, None)
-        return rebuilt, self.checker.end_session(session_id)
+        return self.checker.end_session(session_id)
 
     def forget_stale(self, stored: Mapping[str, StoredSession]) -> int:
         """Forget the held sessions the store holds otherwise than the engine was fed —
@@ -150,17 +149,17 @@ class Evaluator:
             if self._held.pop(session_id, "absent") != "absent":
                 self.checker.end_session(session_id)
 
-    def _hold(self, writer: Writer, session_id: str) -> list[Violation]:
-        """Make sure ``session_id`` is in the engine, rebuilding it from the store if not."""
+    def _hold(self, writer: Writer, session_id: str) -> None:
+        """Make sure ``session_id`` is in the engine, rebuilding it from the store if not
+        (what the rules find meanwhile is dropped: see the module's docstring)."""
         held = self._held
         if session_id in held:
             held.move_to_end(session_id)
-            return []
-        found: list[Violation] = []
+            return
         feed = self.checker.feed
         count = 0
         for record, where in writer.session_records(session_id):
-            found.extend(feed(record, where))
+            feed(record, where)
             count += 1
         held[session_id] = Held(count, self._locked.get(session_id, NO_SESSION).first_seen)
         if count:
@@ -168,4 +167,3 @@ class Evaluator:
         while len(held) > self.max_sessions:
             evicted, _ = held.popitem(last=False)
             self.checker.end_session(evicted)  # not over: its end-of-session findings wait for idleness
-        return found

@@ -350,10 +350,7 @@ class Pipeline:
             try:
                 self._lock(writer, idle)
                 for session_id in idle:
-                    rebuilt, violations = self.evaluator.end(writer, session_id)
-                    for violation in rebuilt:
-                        if writer.add_violation(violation, at_end=False, now=now):
-                            fresh.append(violation)
+                    violations = self.evaluator.end(writer, session_id)
                     for violation in violations:
                         if writer.add_violation(violation, at_end=True, now=now):
                             fresh.append(violation)
