@@ -46,3 +46,25 @@ def test_a_restart_longer_than_idle_s_ends_no_session_before_its_queued_spans_ar
     wait_for(lambda: sidecar.session("mail")["state"] == "ended")
     assert sidecar.session("mail")["verdict"] == "ok"
     assert sidecar.alerts() == []
+
+
+def test_a_sweep_rebuilding_sessions_commits_once_it_has_re_fed_its_budget(
+    start_sidecar, tmp_path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """After a restart no session is in memory, and ending one rebuilds it from the store:
+    a sweep stops at SWEEP_REFEED re-fed records and lets the next write batch in."""
+    monkeypatch.setattr(pipeline, "SWEEP_REFEED", 5)
+    store = tmp_path / "sessions.db"
+    sidecar = start_sidecar(store, evaluation__idle_s=3600)
+    agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
+    for n in range(3):
+        for a in range(4):
+            agent.action(f"s{n}", f"a{a}", "tool_call")
+    agent.shutdown()
+    sidecar.stop()
+    sidecar = start_sidecar(store, evaluation__idle_s=3600)  # holds no session
+    later = time.time() + 7200
+    sweep = sidecar.service.pipeline.sweep
+    assert [sweep(later), sweep(later), sweep(later)] == [2, 1, 0]  # 4 + 4 records re-fed, then 4
+    assert all(sidecar.session(f"s{n}")["state"] == "ended" for n in range(3))
+    assert sidecar.service.evaluator.refed == 12

@@ -13,6 +13,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 import pytest
 from durable_sessions_collector.config import load
 from durable_sessions_collector.service import Service
-from durable_sessions_collector.store import ActionRow, Store, StoreError, action_row, open_store
+from durable_sessions_collector.store import ActionRow, Store, StoreError, action_row, open_store, postgres
 from durable_sessions_collector.store.base import DetailPages, decode_record, encode_record
 from durable_sessions_collector.store.stored import stored_record
 from hypothesis import HealthCheck, given, settings
@@ -121,6 +122,28 @@ def test_violations_are_unique_and_drive_the_verdict(store) -> None:  # type: ig
         ("disguised-retry-loop", False),
         ("unresolved-side-effect", True),
     ]
+
+
+def test_a_session_is_rebuilt_from_its_rows_a_page_at_a_time(store, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """session_records streams: a rebuild holds a page of rows, not the whole session
+    (a session of a million actions was read at once, ~550 B an action)."""
+    monkeypatch.setattr(postgres, "SESSION_RECORDS_PAGE", 7)  # pages end mid-session
+    count = 3_000
+    with store.writer() as writer:
+        for n in range(count):
+            writer.add_action(
+                row(f"{n:016x}", action_id=f"a{n}", kind="payment", idempotency_key=f"k{n}"), 1.0
+            )
+    with store.writer() as writer:
+        tracemalloc.start()
+        read = sum(1 for _ in writer.session_records("sess"))
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert read == count
+        assert peak < 100_000, f"{peak} B held while reading {count} rows"
+        assert [where.span_id for _, where in writer.session_records("sess")] == [
+            f"{n:016x}" for n in range(count)
+        ]
 
 
 def test_a_reopened_session_has_no_end(store) -> None:  # type: ignore[no-untyped-def]

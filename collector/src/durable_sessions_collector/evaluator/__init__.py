@@ -82,6 +82,9 @@ class Evaluator:
         # (see forget_stale): a session rebuilt meanwhile is held as that row's.
         self._locked: Mapping[str, StoredSession] = {}
         self.rebuilt = 0
+        """Sessions rebuilt from the store so far."""
+        self.refed = 0
+        """Stored records re-fed to rebuild them so far: the work rebuilding has cost."""
 
     @property
     def held(self) -> int:
@@ -161,6 +164,7 @@ class Evaluator:
         for record, where in writer.session_records(session_id):
             feed(record, where)
             count += 1
+        self.refed += count
         held[session_id] = Held(count, self._locked.get(session_id, NO_SESSION).first_seen)
         if count:
             self.rebuilt += 1

@@ -30,6 +30,13 @@ from durable_sessions_collector.jsonlog import JsonLog
 from durable_sessions_collector.store import Pruned, RecordRefused, Store, StoreError, Writer
 
 IDLE_BATCH = 500
+SWEEP_REFEED = 20_000
+"""Stored records one idle sweep re-feeds, at most, to rebuild the sessions it ends
+(sessions not in memory: after a restart, all of them) before it commits and lets the
+next write batch in; past it the sweep ends the sessions it has rebuilt and goes on after
+that batch. One session is never split, so a sweep that rebuilds a session longer than
+this takes as long as that session's rebuild (``docs/benchmarks.md``, "Rebuilding a
+session")."""
 PRUNE_BATCH = 500
 """Most sessions one retention pass deletes (and most rows of no session, of each kind)."""
 PRUNE_ACTIONS = 20_000
@@ -114,6 +121,7 @@ class Pipeline:
         self.accepting_since = time.monotonic()
         """time.monotonic() when the receivers began accepting spans (:meth:`accepting`)."""
         self._rebuilt_reported = 0
+        self._more_idle = False  # the last sweep left idle sessions for the next one
         self._backlog = True  # alerts left pending by an earlier run are delivered first
         metrics.queue_capacity.set(queue_size)
         metrics.watch(self.queue.qsize, lambda: evaluator.held)
@@ -200,15 +208,15 @@ class Pipeline:
             if ticked - self.last_sweep >= self.sweep_every:
                 try:
                     # Within idle_s of accepting spans no session has been idle that long.
-                    in_grace = ticked - self.accepting_since < self.idle_s
-                    ended = 0 if in_grace else self.sweep(self.now())
+                    if ticked - self.accepting_since >= self.idle_s:
+                        self.sweep(self.now())
                 except Exception as error:  # keep writing; the sweep is retried next time
                     self.metrics.commit_failures.inc()
                     self.log.error("idle-sweep-failed", error=f"{type(error).__name__}: {error}")
-                    ended = 0
-                # A full batch leaves more idle sessions: sweep again right after the next
-                # write batch, rather than making Exports wait for a whole wave to end.
-                if ended < IDLE_BATCH:
+                # A sweep cut short (a full batch, or its re-feeding budget spent) leaves more
+                # idle sessions: sweep again right after the next write batch, rather than
+                # making Exports wait for a whole wave to end.
+                if not self._more_idle:
                     self.last_sweep = ticked
                 if self.store.shared:
                     # Alerts a replica left when it died (committed, or claimed and not
@@ -340,16 +348,22 @@ class Pipeline:
 
     def sweep(self, now: float) -> int:
         """End up to ``IDLE_BATCH`` sessions idle for ``idle_s`` (their end-of-session rules
-        run), in one transaction; return how many were ended."""
+        run), in one transaction, stopping early once rebuilding them has re-fed
+        ``SWEEP_REFEED`` stored records; return how many were ended."""
         fresh: list[Violation] = []
         verdicts: dict[str, str] = {}
+        self._more_idle = False
         with self.store.writer() as writer:
             idle = writer.idle_sessions(now - self.idle_s, IDLE_BATCH)
             if not idle:
                 return 0
+            refed_before = self.evaluator.refed
             try:
                 self._lock(writer, idle)
-                for session_id in idle:
+                for position, session_id in enumerate(idle):
+                    if self.evaluator.refed - refed_before >= SWEEP_REFEED:
+                        idle, self._more_idle = idle[:position], True
+                        break
                     violations = self.evaluator.end(writer, session_id)
                     for violation in violations:
                         if writer.add_violation(violation, at_end=True, now=now):
@@ -361,6 +375,7 @@ class Pipeline:
             except BaseException:
                 self.evaluator.discard(idle)
                 raise
+        self._more_idle = self._more_idle or len(idle) == IDLE_BATCH
         self.metrics.sessions_ended.inc(len(idle))
         self._raised(fresh)
         return len(idle)

@@ -124,6 +124,8 @@ CREATE TABLE IF NOT EXISTS forgetting (
 # another replica, or a retry time, sets another).
 STILL_HELD = "outbox.id = held.id AND outbox.state = 'pending' AND outbox.next_attempt_at = held.claim"
 NOT_FORGOTTEN = "id > coalesce((SELECT through_id FROM forgetting WHERE session_id = %s), 0)"
+SESSION_RECORDS_PAGE = 2_000
+"""Rows one query of :meth:`PostgresWriter.session_records` reads: a rebuild's memory."""
 SCHEMA = (
     """
 CREATE TABLE IF NOT EXISTS meta (
@@ -893,12 +895,22 @@ class PostgresWriter:
         return found is not None
 
     def session_records(self, session_id: str) -> Iterator[tuple[ActionRecord, Location]]:
-        rows = self._db.execute(
-            f"SELECT trace_id, span_id, record FROM actions WHERE session_id = %s AND {NOT_FORGOTTEN} ORDER BY id",
-            (_t(session_id), _t(session_id)),
-        ).fetchall()
-        for trace_id, span_id, record in rows:
-            yield decode_record(record), Location(None, None, trace_id, span_id)
+        # A page of SESSION_RECORDS_PAGE rows at a time, by id along actions_by_session,
+        # not the whole session at once: a session of a million actions is rebuilt in the
+        # memory of one page. Each page is a query of its own, so a rebuild given up
+        # halfway (a failed transaction) leaves no server-side cursor behind.
+        after = 0
+        while True:
+            rows = self._db.execute(
+                "SELECT id, trace_id, span_id, record FROM actions "
+                f"WHERE session_id = %s AND {NOT_FORGOTTEN} AND id > %s ORDER BY id LIMIT %s",
+                (_t(session_id), _t(session_id), after, SESSION_RECORDS_PAGE),
+            ).fetchall()
+            for _, trace_id, span_id, record in rows:
+                yield decode_record(record), Location(None, None, trace_id, span_id)
+            if len(rows) < SESSION_RECORDS_PAGE:
+                return
+            after = rows[-1][0]  # the next page starts after the last id read
 
     def add_violation(self, violation: Violation, *, at_end: bool, now: float) -> bool:
         cursor = self._db.execute(

@@ -590,10 +590,12 @@ class SqliteWriter:
         return found is not None
 
     def session_records(self, session_id: str) -> Iterator[tuple[ActionRecord, Location]]:
+        # Row by row from the cursor, not fetchall(): a session of a million actions is
+        # rebuilt in the memory of one record (and SQLite's sorter, which spills to disk).
         rows = self._db.execute(
             f"SELECT trace_id, span_id, record FROM actions WHERE {SESSION_KEY} = ? AND {NOT_FORGOTTEN} ORDER BY id",
             (session_id, session_id),
-        ).fetchall()
+        )
         for trace_id, span_id, record in rows:
             yield decode_record(record), Location(None, None, trace_id, span_id)
 
