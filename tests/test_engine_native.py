@@ -261,3 +261,24 @@ def test_a_feed_made_without_init_raises_instead_of_crashing(native: None) -> No
         feed.feed(record)
     with pytest.raises(RuntimeError, match="not initialised"):
         feed.feed_lines([(1, orjson.dumps(record), True)], "run.jsonl", lambda *line: [])
+
+
+def test_a_long_lived_checker_forgets_each_runs_incarnation_with_its_sessions() -> None:
+    """One checker behind many short process runs (the sidecar's): each run's
+    ``service.instance.id`` is numbered by its sessions, not kept by the checker forever;
+    a session still tells its runs apart (natively or not, whichever this run selects)."""
+    checker = Checker(RULES, max_sessions=10)
+    for n in range(2_000):
+        record = {"session_id": f"s{n}", "action_id": "a1", "kind": "tool_call", "status": "ok"}
+        checker.feed({**record, "incarnation": f"run-{n}"}, span_location("ab" * 16, f"{n + 1:016x}"))
+    checker.finish()
+    assert len(checker._symbols.texts) < 10  # kinds and statuses only
+    retried = {"session_id": "r", "action_id": "p1", "kind": "payment", "idempotency_key": "k"}
+    checker.feed({**retried, "status": "error", "incarnation": "run-a"}, span_location("cd" * 16, "1" * 16))
+    session = checker._sessions["r"]
+    memory = session.recall("p1")
+    assert memory is not None and memory.incarnation == "run-a"
+    checker.feed({**retried, "status": "ok", "incarnation": "run-b"}, span_location("cd" * 16, "2" * 16))
+    memory = session.recall("p1")
+    assert memory is not None and memory.incarnation == "run-b"
+    assert session.incarnations == ["run-a", "run-b"]

@@ -45,9 +45,25 @@ class FullSymbols(Symbols):
         return None if text.startswith("new") else super().number(text)
 
 
-def fold_both(native_remember: Any, steps: list, *, max_actions: int, symbols: type[Symbols]) -> None:
-    python = SessionState("s-1", max_actions=max_actions, symbols=symbols())
-    native = SessionState("s-1", max_actions=max_actions, symbols=symbols())
+class FullIncarnations(SessionState):
+    """A session whose incarnation table has no room for incarnations starting with ``new``."""
+
+    __slots__ = ()
+
+    def incarnation_index(self, incarnation: str) -> int | None:
+        return None if incarnation.startswith("new") else super().incarnation_index(incarnation)
+
+
+def fold_both(
+    native_remember: Any,
+    steps: list,
+    *,
+    max_actions: int,
+    symbols: type[Symbols],
+    session: type[SessionState] = SessionState,
+) -> None:
+    python = session("s-1", max_actions=max_actions, symbols=symbols())
+    native = session("s-1", max_actions=max_actions, symbols=symbols())
     for record, where in steps:
         prior = python.recall(record["action_id"])
         assert native.recall(record["action_id"]) == prior
@@ -68,6 +84,12 @@ def test_native_fold_leaves_the_same_memory(native_remember: Any, steps: list, m
 @given(steps=actions.map(lambda steps: [({**r, "incarnation": "new-run"}, w) for r, w in steps]))
 def test_native_fold_when_the_symbol_table_is_full(native_remember: Any, steps: list) -> None:
     fold_both(native_remember, steps, max_actions=100_000, symbols=FullSymbols)
+
+
+@settings(max_examples=100, deadline=None)
+@given(steps=actions.map(lambda steps: [({**r, "incarnation": "new-run"}, w) for r, w in steps]))
+def test_native_fold_when_the_incarnation_table_is_full(native_remember: Any, steps: list) -> None:
+    fold_both(native_remember, steps, max_actions=100_000, symbols=Symbols, session=FullIncarnations)
 
 
 def test_native_fold_packs_what_the_rules_later_read(native_remember: Any) -> None:

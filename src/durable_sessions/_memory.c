@@ -12,7 +12,8 @@
  *   prompt digest (it owns the keys and prompts maps);
  * - SessionState._pack, when the position is not a plain line number or a span id of
  *   up to 16 hex digits, or the outcome is not a 64-bit fingerprint;
- * - Symbols.prefix and Symbols.number, the first time a string is met;
+ * - Symbols.prefix, the first time a kind, status or file is met, and
+ *   SessionState.incarnation_index, the first time a session's incarnation changes;
  * - digest.fingerprint, for a result orjson cannot serialise.
  *
  * The packed layout (flag bits and shifts) is passed in by state.py, which defines it,
@@ -149,7 +150,7 @@ sha256_prefix(const unsigned char *data, size_t len, Sha256Block compress)
 static PyObject *S_ACTION_ID, *S_STATUS, *S_KIND, *S_INCARNATION, *S_RETRYABLE, *S_REPLAYED,
     *S_SIDE_EFFECTS, *S_RESULT, *S_REDACTED, *S_RESULT_REF, *S_RESULT_DIGEST, *S_ATTEMPTS,
     *S_IDEMPOTENCY_KEY, *S_PROMPT_DIGEST, *S_OPTION, *A_ACTIONS, *A_DETAILS, *A_SYMBOLS,
-    *A_PREFIXES, *A_INCARNATION, *A_MAX_ACTIONS, *M_PREFIX, *M_NUMBER, *M_PACK,
+    *A_PREFIXES, *A_INCARNATION, *A_MAX_ACTIONS, *M_PREFIX, *M_INCARNATION_INDEX, *M_PACK,
     *M_KEY_AND_ATTEMPTS, *DASH, *OPTION_KEYWORD;
 
 /* -- the fold ------------------------------------------------------------------------- */
@@ -576,9 +577,9 @@ prefix_of(PyObject *symbols, Action *a)
 }
 
 /* The incarnation's packed number, as the session caches it. New reference; None when
- * the symbol table is full. */
+ * the session's incarnation table is full. */
 static PyObject *
-incarnation_number(Fold *self, PyObject *symbols, Action *a)
+incarnation_number(Fold *self, Action *a)
 {
     PyObject *cached = PyObject_GetAttr(a->session, A_INCARNATION);
     if (cached == NULL)
@@ -595,7 +596,7 @@ incarnation_number(Fold *self, PyObject *symbols, Action *a)
         return number;
     }
     Py_DECREF(cached);
-    PyObject *found = PyObject_CallMethodObjArgs(symbols, M_NUMBER, a->incarnation, NULL);
+    PyObject *found = PyObject_CallMethodObjArgs(a->session, M_INCARNATION_INDEX, a->incarnation, NULL);
     if (found == NULL || found == Py_None)
         return found;
     long index = PyLong_AsLong(found);
@@ -667,7 +668,7 @@ pack(Fold *self, Action *a)
     PyObject *prefix = prefix_of(symbols, a), *number = NULL;
     int status = prefix == NULL ? -1 : prefix == Py_None ? 1 : or_int(words, prefix);
     if (status == 0 && a->incarnation != Py_None) {
-        number = incarnation_number(self, symbols, a);
+        number = incarnation_number(self, a);
         status = number == NULL ? -1 : number == Py_None ? 1 : or_int(words, number);
     }
     Py_XDECREF(prefix);
@@ -678,7 +679,7 @@ pack(Fold *self, Action *a)
             PyErr_SetString(PyExc_SystemError, "a packed prefix is wider than 128 bits");
         return NULL;
     }
-    if (status > 0) /* the symbol table is full */
+    if (status > 0) /* a symbol table is full: the checker's or the session's incarnations */
         return PyLong_FromLong(0);
     or_shifted(words, position, self->position_shift);
     if (words[0] == 0 && words[1] == 0 && words[2] == 0 && words[3] == 0)
@@ -952,7 +953,7 @@ PyInit__memory(void)
     INTERN(A_INCARNATION, "incarnation");
     INTERN(A_MAX_ACTIONS, "max_actions");
     INTERN(M_PREFIX, "prefix");
-    INTERN(M_NUMBER, "number");
+    INTERN(M_INCARNATION_INDEX, "incarnation_index");
     INTERN(M_PACK, "_pack");
     INTERN(M_KEY_AND_ATTEMPTS, "_remember_key_and_attempts");
     INTERN(DASH, "-");

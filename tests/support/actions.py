@@ -82,4 +82,5 @@ def session_memory(session: SessionState) -> dict[str, Any]:
         "failure_runs": list(session.failure_runs.items()),
         "incarnation": session.incarnation,
         "symbols": list(session.symbols.texts),
+        "incarnations": list(session.incarnations),
     }

@@ -120,11 +120,14 @@ def _unpack_attempts(packed: int | frozenset[int]) -> frozenset[int]:
 
 
 class Symbols:
-    """Strings (kinds, statuses, incarnations, files) numbered for packing.
+    """Strings (kinds, statuses, files) numbered for packing.
 
     One table serves every session of a checker, so the common strings are looked up in
     a small, warm dictionary. It holds at most ``_MAX_SYMBOLS`` strings; past that
-    :meth:`number` returns None and sessions keep such actions unpacked.
+    :meth:`number` returns None and sessions keep such actions unpacked. Strings are
+    never dropped, so only those of a small vocabulary belong here: incarnations, one per
+    process run, are numbered by each session (:meth:`SessionState.incarnation_index`),
+    and go with it.
     """
 
     __slots__ = ("index", "prefixes", "texts")
@@ -202,6 +205,8 @@ class SessionState:
         "exhausted_retries",
         "failure_runs",
         "incarnation",
+        "incarnation_numbers",
+        "incarnations",
         "key_window_s",
         "keys",
         "max_actions",
@@ -228,6 +233,10 @@ class SessionState:
         self.failure_runs: dict[tuple[str | None, str | None], FailureRun] = {}
         self.symbols = symbols if symbols is not None else Symbols()
         self.incarnation: tuple[str | None, int] = (None, 0)
+        # The session's own incarnation numbers: a checker that outlives many process
+        # runs (the sidecar) forgets each run's string with the sessions that saw it.
+        self.incarnations: list[str] = []
+        self.incarnation_numbers: dict[str, int] = {}
         self.key_window_s = key_window_s
         self.max_actions = max_actions
 
@@ -255,7 +264,7 @@ class SessionState:
             kind=texts[(packed >> _KIND_SHIFT) & _SYMBOL_MASK],
             where=where,
             status=texts[(packed >> _STATUS_SHIFT) & _SYMBOL_MASK],
-            incarnation=texts[incarnation - 1] if incarnation else None,
+            incarnation=self.incarnations[incarnation - 1] if incarnation else None,
             attempts=_unpack_attempts(details.attempts) if details else _NO_ATTEMPTS,
             retryable=bool(packed & _RETRYABLE),
             key=details.key if details else None,
@@ -341,7 +350,7 @@ class SessionState:
         if incarnation is not None:
             last, number = self.incarnation
             if incarnation != last:
-                found = symbols.number(incarnation)
+                found = self.incarnation_index(incarnation)
                 if found is None:
                     return 0
                 number = (found + 1) << _INCARNATION_SHIFT
@@ -353,6 +362,19 @@ class SessionState:
             return flags | prefix | int(span_id, 16) << _POSITION_SHIFT
         except ValueError:
             return 0
+
+    def incarnation_index(self, incarnation: str) -> int | None:
+        """``incarnation``'s index in this session's table (packed as index + 1), or None
+        when the table is full: at most as many incarnations as remembered actions (or
+        ``_MAX_SYMBOLS``), so a session of ever new runs keeps the newest actions unpacked
+        rather than a string per run beyond its action limit."""
+        found = self.incarnation_numbers.get(incarnation)
+        if found is None:
+            if len(self.incarnations) >= min(self.max_actions, _MAX_SYMBOLS):
+                return None
+            found = self.incarnation_numbers[incarnation] = len(self.incarnations)
+            self.incarnations.append(incarnation)
+        return found
 
     def _remember_key_and_attempts(
         self,
