@@ -359,8 +359,14 @@ class Redeliveries:
         self._seen: dict[int, None] = {}
 
     def is_repeat(self, trace_id: str, span_id: str, status: object) -> bool:
+        """Whether this (trace id, span id, status) was read lately; remembers it if not.
+
+        ``status`` may be any attribute value (a mistyped one is an array or a key-value
+        list, which cannot be hashed): it is keyed by its ``repr`` then, as the sidecar's
+        store keeps such a status.
+        """
         seen = self._seen
-        key = hash((trace_id, span_id, status))
+        key = hash((trace_id, span_id, status if type(status) is str else repr(status)))
         if key in seen:
             return True
         seen[key] = None
