@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -263,6 +264,44 @@ def test_given_digest_is_kept() -> None:
         keep_result=False,
     )
     assert result.record["result_digest"] == given
+
+
+@pytest.mark.parametrize("given", ["", 5, ("sha256:x",), True])
+def test_a_malformed_given_digest_does_not_hide_the_recorded_result(given: Any) -> None:
+    """ "Present means recorded": the processor and the sidecar (keep_result=False) threw
+    the result away when any digest was given, so an empty one read as no outcome at all."""
+    attributes = {sc.ACTION_KIND: "llm_call", sc.ACTION_ID: "a", sc.ACTION_RESULT: '{"plan": "A"}'}
+    by_value = mapped({**attributes, sc.ACTION_RESULT_DIGEST: given})
+    by_digest = mapped({**attributes, sc.ACTION_RESULT_DIGEST: given}, keep_result=False)
+    assert by_digest.record["result_digest"] == digest_value({"plan": "A"})
+    assert by_value.record["result"] == {"plan": "A"} and "result_digest" not in by_value.record
+    assert by_value.problems == by_digest.problems
+    assert sc.ACTION_RESULT_DIGEST in by_digest.problems[0]
+    assert rules_fired(by_value) == rules_fired(by_digest) == {"invalid-field"}
+
+
+def test_a_malformed_digest_beside_a_different_replayed_result_is_a_mismatch_everywhere() -> None:
+    def replay_mismatches(keep: bool) -> list[str]:
+        checker = Checker()
+        found = []
+        for run, result, replayed in (("run-1", '{"plan": "A"}', False), ("run-2", '{"plan": "B"}', True)):
+            attributes = {
+                sc.ACTION_KIND: "llm_call",
+                sc.ACTION_ID: "a",
+                "session.id": "s-2",
+                sc.ACTION_RESULT: result,
+                sc.ACTION_RESULT_DIGEST: 5,
+                sc.ACTION_REPLAYED: replayed,
+            }
+            one = map_span(
+                dataclasses.replace(span(attributes, resource={"service.instance.id": run}), span_id=run),
+                keep_result=keep,
+            )
+            assert one is not None
+            found += checker.feed(with_problems(one.record, one.problems), one.where)
+        return [v.rule for v in found + checker.finish() if v.rule == "replay-mismatch"]
+
+    assert replay_mismatches(True) == replay_mismatches(False) == ["replay-mismatch"]
 
 
 @pytest.mark.parametrize("keep", [True, False])

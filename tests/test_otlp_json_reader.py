@@ -63,7 +63,10 @@ def test_a_status_that_is_an_array_or_a_key_value_list_is_reported_not_a_crash(t
     code, report, stderr = check_file(path)
     assert "Traceback" not in stderr
     assert code == 1
-    assert [(v["line"], v["rule"]) for v in report["violations"]] == [(1, "missing-field"), (2, "missing-field")]
+    assert [(v["line"], v["rule"]) for v in report["violations"]] == [
+        (1, "missing-field"),
+        (2, "missing-field"),
+    ]
 
 
 # -- the reader never raises, whatever the values --------------------------------------

@@ -262,6 +262,8 @@ def map_attributes(
     if "prompt" in record and "prompt_digest" not in record:
         record["prompt_digest"] = prompt_digest(record["prompt"])
     if result is not _EMPTY:
+        if "result_digest" in record and record.get("redacted") is not True:
+            problems = _drop_malformed_digest(record, problems)
         if keep_result:
             record["result"] = result
         elif record.get("redacted") is not True and "result_digest" not in record:
@@ -326,6 +328,23 @@ def _own_result(record: dict[str, Any], value: Any, limit: int | None) -> tuple[
     if type(parsed) is str and parsed == sc.REDACTED:  # the placeholder as JSON text, as action() writes it
         record["redacted"] = True
     return exact_integers(value, parsed), ()
+
+
+def _drop_malformed_digest(record: dict[str, Any], problems: tuple[str, ...]) -> tuple[str, ...]:
+    """Leave out a given ``result_digest`` that is not a non-empty string, when the result
+    itself is recorded: the result, present, is the record of the outcome, and its digest
+    is computed from it (a malformed digest must not hide it, as "present means recorded"
+    says). The malformed value is reported among the problems."""
+    given = record["result_digest"]
+    if type(given) is str and given:
+        return problems
+    del record["result_digest"]
+    shown = "the empty string" if given == "" else _describe(_plain(given))
+    return (
+        *problems,
+        f"attribute {sc.ACTION_RESULT_DIGEST} is {shown}, expected sha256:<hex> — "
+        f"the outcome is judged by {sc.ACTION_RESULT} instead",
+    )
 
 
 def _third_party_result(
