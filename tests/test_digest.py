@@ -4,6 +4,7 @@ of the same value made where Python's recursion limit was not reached."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -63,3 +64,46 @@ def test_non_finite_numbers_deep_down_are_refused_as_at_the_top() -> None:
 def test_what_is_not_json_still_gets_a_digest_at_any_depth() -> None:
     assert digest_value(nested(3000, {1, 2})) == digest_value(nested(3000, {1, 2}))
     assert digest_value(nested(3000, {1, 2})).startswith("sha256:")
+
+
+@dataclasses.dataclass
+class Quote:
+    price: int
+    currency: str
+    legs: list[Any] = dataclasses.field(default_factory=list)
+
+
+def test_a_dataclass_is_written_as_the_dictionary_of_its_fields_keys_sorted() -> None:
+    """orjson sorts dictionary keys but not dataclass fields: a dataclass and the
+    dictionary replay hands back for it had two digests, a false replay-mismatch."""
+    quote = Quote(2400, "GBP", [Quote(1, "EUR")])
+    as_dict = dataclasses.asdict(quote)
+    assert canonical_json(quote) == canonical_json(as_dict) == standard(as_dict).encode()
+    assert outcome_json({"z": quote, "a": [quote]}) == standard({"z": as_dict, "a": [as_dict]}).encode()
+    assert digest_value(quote) == digest_value(as_dict)
+    # the paths for what orjson cannot write: an integer past 64 bits, nesting past recursion
+    huge = Quote(10**30, "GBP")
+    assert canonical_json(huge).decode() == standard(dataclasses.asdict(huge))
+    assert _canonical_text(nested(3, huge)) == standard(nested(3, dataclasses.asdict(huge)))
+
+
+def test_a_dataclass_result_is_recorded_as_text_that_hashes_to_its_digest() -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from durable_sessions import instrument
+    from durable_sessions.digest import digest_bytes
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with (
+        instrument.session("s-1"),
+        instrument.action("quote", kind="external_read", tracer_provider=provider) as act,
+    ):
+        act.record(Quote(2400, "GBP"))
+    (span,) = exporter.get_finished_spans()
+    text = span.attributes["agent.action.result"]
+    assert text == '{"currency":"GBP","legs":[],"price":2400}'
+    assert span.attributes["agent.action.result_digest"] == digest_bytes(text.encode())

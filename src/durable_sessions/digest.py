@@ -18,12 +18,26 @@ from typing import Any
 import orjson
 
 PREFIX = "sha256:"
-CANONICAL = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
-"""The orjson options that make JSON canonical."""
+CANONICAL = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_DATACLASS
+"""The orjson options that make JSON canonical. orjson sorts the keys of dicts but not
+the fields of a dataclass it writes itself, so dataclasses are handed to
+:func:`_dataclass_fields` instead."""
+
+
+def _dataclass_fields(value: Any) -> dict[str, Any]:
+    """A dataclass instance as the dictionary of its fields (its members stay as they are:
+    the writer comes back here for a dataclass among them), so that its keys are sorted as
+    any dictionary's: a dataclass and the dictionary replay hands back for it are one
+    outcome, with one digest. Raises ``TypeError`` for anything else, as a writer's
+    ``default`` must."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {field.name: getattr(value, field.name) for field in dataclasses.fields(value)}
+    raise TypeError(f"Type is not JSON serializable: {type(value).__name__}")
 
 
 def canonical_json(value: Any) -> bytes:
-    """The canonical JSON bytes of ``value`` (sorted keys, compact, UTF-8).
+    """The canonical JSON bytes of ``value`` (sorted keys, compact, UTF-8); a dataclass
+    is written as the dictionary of its fields, its keys sorted too.
 
     orjson writes them when it can. Valid JSON it refuses (integers beyond 64 bits,
     nesting deeper than its limit) is written as the standard library writes it, sorted,
@@ -32,11 +46,16 @@ def canonical_json(value: Any) -> bytes:
     value neither can write (``ValueError`` for NaN and ±Infinity there).
     """
     try:
-        return orjson.dumps(value, option=CANONICAL)
+        return orjson.dumps(value, default=_dataclass_fields, option=CANONICAL)
     except orjson.JSONEncodeError:
         try:
             text = json.dumps(
-                value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+                value,
+                sort_keys=True,
+                separators=(",", ":"),
+                ensure_ascii=False,
+                allow_nan=False,
+                default=_dataclass_fields,
             )
         except RecursionError:
             text = _canonical_text(value)
@@ -75,6 +94,8 @@ def _canonical_text(value: Any) -> str:
             parts.append(float.__repr__(item))
         elif isinstance(item, dict | list | tuple):
             pending.extend(reversed(_members(item)))
+        elif dataclasses.is_dataclass(item) and not isinstance(item, type):
+            pending.extend(reversed(_members(_dataclass_fields(item))))
         else:
             raise TypeError(f"a {type(item).__name__} is not JSON")
     return "".join(parts)
