@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import enum
 import json
 import subprocess
 import sys
@@ -142,6 +143,19 @@ def _as_protobuf(document: dict[str, Any]) -> Any:
     return json_format.ParseDict(document, ExportTraceServiceRequest())
 
 
+class Cap(int, enum.Enum):  # str() of such a member is "Cap.THREE", not "3"
+    THREE = 3
+
+
+class Kind(str, enum.Enum):  # noqa: UP042 (the mixin, whose str() is its name, is the case)
+    PAYMENT = "payment"
+
+
+class Ratio(float):
+    def __repr__(self) -> str:
+        return "Ratio!"
+
+
 def test_the_file_exporter_writes_what_the_sdk_s_protobuf_encoding_says(tmp_path: Path) -> None:
     """``FileSpanExporter`` against the SDK's own OTLP encoder, field for field, on spans with
     every attribute type, a status, a parent, an event, a link, two scopes and two resources
@@ -169,6 +183,11 @@ def test_the_file_exporter_writes_what_the_sdk_s_protobuf_encoding_says(tmp_path
                         "strings": ("a", "b"),
                         "ints": (1, 2),
                         "bools": (False,),
+                        # subclasses of the plain types, written as their plain values
+                        "cap": Cap.THREE,
+                        "kind": Kind.PAYMENT,
+                        "ratio": Ratio(0.5),
+                        "caps": (Cap.THREE, 4),
                     }
                 )
                 span.set_status(Status(StatusCode.ERROR, "it broke"))

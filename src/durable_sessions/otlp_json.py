@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from durable_sessions import forking
-from durable_sessions.mapping import SpanData
+from durable_sessions.mapping import SpanData, exact
 
 logger = logging.getLogger("durable_sessions")
 
@@ -302,11 +302,19 @@ def _flags(context: Any) -> int:
     return _HAS_IS_REMOTE | (_IS_REMOTE if context is not None and context.is_remote else 0)
 
 
+_PLAIN = frozenset({str, int, float, bool, bytes, tuple})
+
+
 def _key_values(attributes: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [{"key": key, "value": _any_value(value)} for key, value in attributes.items()]
 
 
 def _any_value(value: Any) -> dict[str, Any]:
+    """One attribute value in OTLP/JSON. A subclass of a plain type (an ``(int, Enum)``
+    cap, a ``StrEnum`` kind) is written as its plain value, as the SDK's OTLP exporter
+    sends it: ``str()`` of such an enum member is its name (``"Cap.THREE"``)."""
+    if type(value) not in _PLAIN:
+        value = exact(value)
     if value is None:  # the SDK allows None inside a sequence; OTLP writes an empty value
         return {}
     if isinstance(value, bool):
