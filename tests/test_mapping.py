@@ -151,6 +151,19 @@ def test_wrong_max_attempts_types_are_kept_and_reported(value: Any, rule: str) -
     assert rule in rules_fired(result)
 
 
+@pytest.mark.parametrize("keep", [True, False])
+@pytest.mark.parametrize("cap", [2**64, 2**63, -(2**63) - 1, (3, 2**64)])
+def test_an_integer_otlp_cannot_carry_is_left_out_and_reported(keep: bool, cap: Any) -> None:
+    """OTLP integers are signed 64-bit: the SDK's OTLP exporter drops the attribute, and the
+    sidecar judged no cap at all while the processor and check judged a valid one."""
+    attributes = {sc.ACTION_KIND: "tool_call", sc.ACTION_ID: "a", sc.ACTION_RETRYABLE: True}
+    result = mapped({**attributes, sc.ACTION_MAX_ATTEMPTS: cap}, keep_result=keep)
+    assert "max_attempts" not in result.record
+    assert [sc.ACTION_MAX_ATTEMPTS in problem for problem in result.problems] == [True]
+    assert rules_fired(result) == {"invalid-field", "unbounded-retry"}
+    assert rules_fired(mapped({**attributes, sc.ACTION_MAX_ATTEMPTS: 2**63 - 1}, keep_result=keep)) == set()
+
+
 def test_wrong_max_attempts_on_a_non_retryable_action_is_an_invalid_field() -> None:
     result = mapped({sc.ACTION_KIND: "tool_call", sc.ACTION_ID: "a", sc.ACTION_MAX_ATTEMPTS: "3"})
     assert "invalid-field" in rules_fired(result)

@@ -227,19 +227,28 @@ def map_attributes(
     """
     record: dict[str, Any] = {}
     result: Any = _EMPTY
+    beyond_otlp: list[str] | None = None
     for key, value in attributes.items():
         if key.startswith(sc.ACTION_PREFIX):
-            if type(value) not in _BUILT_IN:
-                value = exact(value)
+            kind = type(value)
+            if kind is not str:  # most values are: they skip these tests
+                if kind not in _BUILT_IN:
+                    value = exact(value)
+                    kind = type(value)
+                if (kind is int and not _INT64_MIN <= value <= _INT64_MAX) or (
+                    kind is tuple and _beyond_int64(value)
+                ):
+                    beyond_otlp = [*(beyond_otlp or ()), key]
+                    continue
             field = _FIELDS.get(key) or key[_PREFIX_LEN:]
             if field == "result":
                 result = value
             else:
-                record[field] = list(value) if type(value) is tuple else value
-    problems = _NO_PROBLEMS
+                record[field] = list(value) if kind is tuple else value
+    problems = _NO_PROBLEMS if beyond_otlp is None else _beyond_otlp_problems(beyond_otlp)
     if "kind" in record:
         if result is not _EMPTY:
-            result, problems = _own_result(record, result, limit)
+            result, problems = _own_result(record, result, limit, problems)
     else:
         convention = _convention(attributes)
         if convention is None or convention is _NOT_ACTION:
@@ -252,7 +261,7 @@ def map_attributes(
             if result is _EMPTY:
                 result = _third_party_result(record, attributes, convention, limit)
             else:
-                result, problems = _own_result(record, result, limit)
+                result, problems = _own_result(record, result, limit, problems)
             if convention.result_ref_key and "result_ref" not in record:
                 ref = attributes.get(convention.result_ref_key)
                 if ref is not None:
@@ -301,33 +310,57 @@ def _hex(span_or_trace_id: str | int, width: int) -> str:
     return format(span_or_trace_id, f"0{width}x")
 
 
-def _own_result(record: dict[str, Any], value: Any, limit: int | None) -> tuple[Any, tuple[str, ...]]:
-    """``agent.action.result``: JSON text, parsed. Anything else is kept and reported."""
+def _own_result(
+    record: dict[str, Any], value: Any, limit: int | None, problems: tuple[str, ...]
+) -> tuple[Any, tuple[str, ...]]:
+    """``agent.action.result``: JSON text, parsed. Anything else is kept and reported
+    (after ``problems``, those found before)."""
     if type(value) is not str:
         shown = _plain(value)
         return shown, (
+            *problems,
             f"attribute {sc.ACTION_RESULT} is {_describe(shown)}, expected JSON text — "
             "the result cannot be replayed as it was recorded",
         )
     _measure(record, len(value), limit)
     if value == sc.REDACTED:
         record["redacted"] = True
-        return value, ()
+        return value, problems
     try:
         parsed = orjson.loads(value)
     except orjson.JSONDecodeError as error:
         parsed = parse_with_stdlib(value, error)  # JSON that orjson cannot hold: 1e999, huge integers
         if type(parsed) is not Failure:
-            return parsed, ()
+            return parsed, problems
         if limit is not None and len(value) == limit:
-            return value, ()  # cut by the SDK: truncated-result says so
+            return value, problems  # cut by the SDK: truncated-result says so
         return value, (
+            *problems,
             f"attribute {sc.ACTION_RESULT} is not JSON text ({error}) — "
             "the result cannot be replayed as it was recorded",
         )
     if type(parsed) is str and parsed == sc.REDACTED:  # the placeholder as JSON text, as action() writes it
         record["redacted"] = True
-    return exact_integers(value, parsed), ()
+    return exact_integers(value, parsed), problems
+
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+"""OTLP carries integer attributes as signed 64-bit integers (``AnyValue.int_value``)."""
+
+
+def _beyond_int64(values: tuple[Any, ...]) -> bool:
+    return any(type(item) is int and not _INT64_MIN <= item <= _INT64_MAX for item in values)
+
+
+def _beyond_otlp_problems(keys: list[str]) -> tuple[str, ...]:
+    """Attributes holding an integer that OTLP cannot carry: the SDK's OTLP exporter drops
+    such an attribute (with a logged error), so the sidecar never sees it; every front end
+    leaves it out of the record so, and says why."""
+    return tuple(
+        f"attribute {key} holds an integer outside the signed 64-bit range, which OTLP cannot "
+        "carry — an OTLP exporter drops it, so it is left out of the record"
+        for key in keys
+    )
 
 
 def _drop_malformed_digest(record: dict[str, Any], problems: tuple[str, ...]) -> tuple[str, ...]:
