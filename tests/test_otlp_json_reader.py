@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -127,3 +128,92 @@ def test_the_reader_reports_every_value_and_never_raises(
             continue
         checker.feed(*item)  # type: ignore[misc]
     checker.finish()
+
+
+# -- values the encoding does not allow are refused, not coerced ------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "reason"),
+    [
+        ("agent.action.max_attempts", {"intValue": 3.5}, "intValue 3.5 is not an integer"),
+        ("agent.action.max_attempts", {"intValue": True}, "intValue true is not an integer"),
+        ("agent.action.attempts", {"intValue": "3.0"}, "intValue '3.0' is not an integer"),
+        ("agent.action.attempts", {"stringValue": 3}, "stringValue 3 is not a string"),
+        ("agent.action.retryable", {"boolValue": "true"}, "boolValue 'true' is not true or false"),
+        ("agent.action.ttl_s", {"doubleValue": "soon"}, "doubleValue 'soon' is not a number"),
+        ("agent.action.result", {"bytesValue": "not base64!"}, "bytesValue is not base64 text"),
+        (
+            "agent.action.attempts",
+            {"intValue": "3", "stringValue": "x"},
+            "value sets intValue and stringValue",
+        ),
+        ("agent.action.status", {"arrayValue": {"values": [3]}}, "value is a number, not an AnyValue object"),
+        ("session.id", {"kvlistValue": {"values": [{"value": {}}]}}, "entry without a string key"),
+    ],
+)
+def test_a_value_the_encoding_does_not_allow_makes_the_span_unreadable(
+    key: str, value: Any, reason: str
+) -> None:
+    """The reader turned intValue 3.5 into 3 and true into 1 (a valid cap), where the
+    sidecar refused them: the two readers of one contract disagreed on the record."""
+    (item,) = read(request([*PAYMENT, (key, value)]))
+    assert type(item) is readers.Unreadable
+    assert item.reason.startswith(f"resourceSpans[0].scopeSpans[0].spans[0] attribute {key!r}: ")
+    assert reason in item.reason
+
+
+def test_a_bad_value_the_mapping_never_reads_is_of_no_consequence() -> None:
+    ((record, _),) = read(request([*PAYMENT, ("http.status_code", {"intValue": 3.5})]))
+    assert record["action_id"] == "a1"
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"status": {"code": "2"}}, "error"),  # a decimal string, as protobuf's JSON mapping reads it
+        ({"status": {"code": "STATUS_CODE_ERROR"}}, "error"),
+        ({"status": {"code": 2}}, "error"),
+        ({"status": {"code": "1"}}, "ok"),
+        ({"status": {}}, "ok"),
+        ({"status": {"code": 2.0}}, "status.code 2.0 is not a status code"),
+        ({"status": {"code": True}}, "status.code true is not a status code"),
+        ({"status": {"code": "error"}}, "status.code 'error' is not a status code"),
+        ({"startTimeUnixNano": "-5"}, "startTimeUnixNano '-5' is not an unsigned 64-bit integer"),
+        ({"startTimeUnixNano": str(2**64)}, "is not an unsigned 64-bit integer"),
+        ({"startTimeUnixNano": 1.5}, "startTimeUnixNano 1.5 is not an unsigned 64-bit integer"),
+    ],
+)
+def test_status_codes_and_start_times_are_read_as_protobuf_s_json_mapping_allows(
+    fields: dict[str, Any], expected: str
+) -> None:
+    (item,) = read(request(PAYMENT, **fields))
+    if type(item) is readers.Unreadable:
+        assert expected in item.reason
+    else:
+        assert item[0]["status"] == expected  # type: ignore[index]
+
+
+def test_the_legacy_instrumentation_library_spans_are_refused_with_the_reason() -> None:
+    """OTLP renamed them scopeSpans and removed them; the sidecar's decoder drops unknown
+    fields, so it read no span there (200 OK) while the reader read them."""
+    document = request(PAYMENT)
+    group = document["resourceSpans"][0]
+    group["instrumentationLibrarySpans"] = group.pop("scopeSpans")
+    (item,) = read(document)
+    assert type(item) is readers.Unreadable
+    assert item.reason.startswith("resourceSpans[0] holds instrumentationLibrarySpans")
+
+
+def test_a_bad_resource_value_makes_each_of_its_spans_unreadable() -> None:
+    document = request(PAYMENT)
+    document["resourceSpans"][0]["resource"] = {
+        "attributes": [{"key": "service.instance.id", "value": {"intValue": 1.5}}]
+    }
+    document["resourceSpans"][0]["scopeSpans"][0]["spans"] *= 2
+    items = read(document)
+    assert [(type(item), item.occurrence) for item in items] == [
+        (readers.Unreadable, 0),
+        (readers.Unreadable, 1),
+    ]  # type: ignore[union-attr]
+    assert "resource attribute 'service.instance.id': intValue 1.5 is not an integer" in items[0].reason  # type: ignore[union-attr]

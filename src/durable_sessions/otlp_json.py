@@ -27,12 +27,12 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from durable_sessions import forking
+from durable_sessions import semconv as sc
 from durable_sessions.mapping import SpanData, exact
 
 logger = logging.getLogger("durable_sessions")
 
 _HEX_ID = {32: re.compile(r"[0-9a-f]{32}"), 16: re.compile(r"[0-9a-f]{16}")}
-_STATUS_ERROR = (2, "STATUS_CODE_ERROR")
 
 
 class BadSpan(NamedTuple):
@@ -42,94 +42,269 @@ class BadSpan(NamedTuple):
     reason: str
 
 
+class BadValue(ValueError):
+    """A value that the OTLP/JSON encoding does not allow where it stands; the message
+    says what it is and where (``attribute 'agent.action.max_attempts': intValue 3.5 is
+    not an integer``). The sidecar's OTLP/JSON decoder reads with the same functions, so
+    a value one refuses the other refuses in the same words."""
+
+
+LEGACY_SCOPE_SPANS = (
+    "holds instrumentationLibrarySpans, which OTLP renamed scopeSpans and then removed; it is "
+    "not read: export the spans with a current SDK or Collector"
+)
+"""Why a request with the legacy field is refused, by the reader and by the sidecar."""
+
+
 def is_otlp_request(obj: dict[str, Any]) -> bool:
     return "resourceSpans" in obj
 
 
-def spans_of(request: dict[str, Any]) -> Iterator[SpanData | BadSpan]:
-    """Every span of one OTLP/JSON request, or what is wrong with it and where."""
-    resource_spans = request.get("resourceSpans")
+def field(node: dict[str, Any], camel: str, snake: str) -> Any:
+    """A field by its OTLP/JSON name or its protobuf name (protobuf's JSON mapping reads both)."""
+    return node[camel] if camel in node else node.get(snake)
+
+
+def legacy_group(request: dict[str, Any]) -> int | None:
+    """The index of the first ``resourceSpans`` entry holding ``instrumentationLibrarySpans``."""
+    groups = field(request, "resourceSpans", "resource_spans")
+    for r, group in enumerate(groups if isinstance(groups, list) else ()):
+        if isinstance(group, dict) and (
+            "instrumentationLibrarySpans" in group or "instrumentation_library_spans" in group
+        ):
+            return r
+    return None
+
+
+def spans_of(
+    request: dict[str, Any], *, attribute_value_limit: int | None = None
+) -> Iterator[SpanData | BadSpan]:
+    """Every span of one OTLP/JSON request, or what is wrong with it and where.
+
+    ``attribute_value_limit``: the attribute value length limit the spans were recorded
+    under, when known (``SpanData.attribute_value_limit``). A value the mapping reads that
+    the encoding does not allow (``{"intValue": 3.5}``, ``{"boolValue": "true"}``), a status
+    code or start time that is none, makes the span unreadable; so does one in the
+    resource, for each span of that resource. A request holding the legacy
+    ``instrumentationLibrarySpans`` is refused whole (:data:`LEGACY_SCOPE_SPANS`).
+    """
+    resource_spans = field(request, "resourceSpans", "resource_spans")
     if not isinstance(resource_spans, list):
         yield BadSpan("resourceSpans", "is not a list")
+        return
+    legacy = legacy_group(request)
+    if legacy is not None:
+        yield BadSpan(f"resourceSpans[{legacy}]", LEGACY_SCOPE_SPANS)
         return
     for r, group in enumerate(resource_spans):
         where = f"resourceSpans[{r}]"
         if not isinstance(group, dict):
             yield BadSpan(where, "is not an object")
             continue
-        resource = group.get("resource") or {}
-        resource_attributes = attributes_of(
-            resource.get("attributes") if isinstance(resource, dict) else None
-        )
-        scopes = group.get("scopeSpans", group.get("instrumentationLibrarySpans")) or []
+        resource_attributes, resource_problem = resource_of(group)
+        scopes = field(group, "scopeSpans", "scope_spans") or []
         for s, scope in enumerate(scopes if isinstance(scopes, list) else []):
             spans = scope.get("spans") if isinstance(scope, dict) else None
             for n, span in enumerate(spans if isinstance(spans, list) else []):
-                yield _span(span, resource_attributes, f"{where}.scopeSpans[{s}].spans[{n}]")
+                place = f"{where}.scopeSpans[{s}].spans[{n}]"
+                if resource_problem is not None:
+                    yield BadSpan(place, resource_problem)
+                else:
+                    yield _span(span, resource_attributes, place, attribute_value_limit)
 
 
-def _span(span: Any, resource: dict[str, Any], where: str) -> SpanData | BadSpan:
+def resource_of(group: dict[str, Any], *, only_mapped: bool = False) -> tuple[dict[str, Any], str | None]:
+    """The attributes of a ``resourceSpans`` entry's resource (:func:`attributes_of`), and
+    why they cannot be read (every span of the entry is then unreadable), or None."""
+    resource = group.get("resource")
+    try:
+        if resource is not None and not isinstance(resource, dict):
+            raise BadValue(f"is {_json_kind(resource)}, not an object")
+        return attributes_of(resource.get("attributes") if resource else None, only_mapped=only_mapped), None
+    except BadValue as error:
+        return {}, f"resource {error}"
+
+
+def _span(span: Any, resource: dict[str, Any], where: str, limit: int | None) -> SpanData | BadSpan:
     if not isinstance(span, dict):
         return BadSpan(where, "is not an object")
-    trace_id, span_id = span.get("traceId"), span.get("spanId")
+    trace_id, span_id = field(span, "traceId", "trace_id"), field(span, "spanId", "span_id")
     for name, value, width in (("traceId", trace_id, 32), ("spanId", span_id, 16)):
         if not isinstance(value, str) or not _HEX_ID[width].fullmatch(value.lower()):
             return BadSpan(where, f"{name} {value!r} is not {width} hex digits")
+        if not value.strip("0"):  # as the sidecar words it
+            return BadSpan(where, f"{_SNAKE_ID[name]} is all zeros, which OTLP defines as invalid")
     try:
-        start = int(span.get("startTimeUnixNano") or 0)
-    except (TypeError, ValueError):
-        return BadSpan(where, f"startTimeUnixNano {span.get('startTimeUnixNano')!r} is not an integer")
-    status = span.get("status")
-    code = status.get("code") if isinstance(status, dict) else None
+        start, error, attributes = span_fields(span)
+    except BadValue as problem:
+        return BadSpan(where, str(problem))
     name = span.get("name")
     return SpanData(
         name if isinstance(name, str) else "",
-        attributes_of(span.get("attributes")),
+        attributes,
         resource,
-        code in _STATUS_ERROR,
+        error,
         start,
         trace_id.lower(),  # type: ignore[union-attr]
         span_id.lower(),  # type: ignore[union-attr]
+        limit,
     )
 
 
-def attributes_of(key_values: Any) -> dict[str, Any]:
-    """``[{"key": k, "value": {…}}, …]`` as a plain mapping; unreadable entries are skipped."""
+def span_fields(span: dict[str, Any], *, only_mapped: bool = False) -> tuple[int, bool, dict[str, Any]]:
+    """A span's start time (:func:`start_time`), whether its status is ERROR
+    (:func:`status_error`) and its attributes (:func:`attributes_of`); raise
+    :class:`BadValue` for the first of them that cannot be read."""
+    start = start_time(field(span, "startTimeUnixNano", "start_time_unix_nano"))
+    return (
+        start,
+        status_error(span.get("status")),
+        attributes_of(span.get("attributes"), only_mapped=only_mapped),
+    )
+
+
+_SNAKE_ID = {"traceId": "trace_id", "spanId": "span_id"}
+_DECIMAL = re.compile(r"-?[0-9]+")
+_UINT64_END = 2**64
+
+
+def start_time(value: Any) -> int:
+    """``startTimeUnixNano`` (a ``fixed64``): a JSON integer or a decimal string, from 0 to
+    2**64 - 1; absent is 0. Raise :class:`BadValue` otherwise."""
+    if value is None:
+        return 0
+    number = _integer(value)
+    if number is None or not 0 <= number < _UINT64_END:
+        raise BadValue(f"startTimeUnixNano {_shown(value)} is not an unsigned 64-bit integer")
+    return number
+
+
+_STATUS_CODES = {"STATUS_CODE_UNSET": 0, "STATUS_CODE_OK": 1, "STATUS_CODE_ERROR": 2}
+_STATUS_CODE_ERROR = 2
+
+
+def status_error(status: Any) -> bool:
+    """Whether a span's ``status`` says ERROR. Its ``code`` is an enum: a JSON integer, a
+    decimal string (``"2"``) or the name (``"STATUS_CODE_ERROR"``); absent is UNSET.
+    Raise :class:`BadValue` for anything else (``2.0``, ``true``, ``"error"``)."""
+    if status is None:
+        return False
+    if not isinstance(status, dict):
+        raise BadValue(f"status is {_json_kind(status)}, not an object")
+    code = status.get("code")
+    if code is None:
+        return False
+    number = _STATUS_CODES.get(code) if type(code) is str else None
+    if number is None:
+        number = _integer(code)
+    if number is None or not -(2**31) <= number < 2**31:
+        raise BadValue(f"status.code {_shown(code)} is not a status code")
+    return number == _STATUS_CODE_ERROR
+
+
+def _integer(value: Any) -> int | None:
+    """A JSON integer, or a decimal string of one, as an int; None for anything else (a
+    boolean, ``3.0``, ``"3.5"``, ``" 3"``): protobuf's JSON parser turns some of those
+    into integers, and values are never coerced."""
+    if type(value) is int:
+        return value
+    if type(value) is str and _DECIMAL.fullmatch(value):
+        return int(value)
+    return None
+
+
+def attributes_of(key_values: Any, *, only_mapped: bool = False) -> dict[str, Any]:
+    """``[{"key": k, "value": {…}}, …]`` as a plain mapping (a repeated key keeps its last
+    value). Raise :class:`BadValue` for a list that is none, an entry without a string
+    key, or a value the mapping reads (``semconv.is_mapped``) that the encoding does not
+    allow; a value the mapping never reads is None then, as it is of no consequence.
+    ``only_mapped``: leave out the attributes the mapping never reads (the sidecar)."""
     attributes: dict[str, Any] = {}
-    if not isinstance(key_values, list):
+    if key_values is None:
         return attributes
-    for entry in key_values:
-        if isinstance(entry, dict) and isinstance(entry.get("key"), str):
-            attributes[entry["key"]] = any_value(entry.get("value"))
+    if not isinstance(key_values, list):
+        raise BadValue(f"attributes is {_json_kind(key_values)}, not a list")
+    is_mapped = sc.is_mapped
+    for index, entry in enumerate(key_values):
+        key = entry.get("key") if isinstance(entry, dict) else None
+        if type(key) is not str:
+            raise BadValue(f"attributes[{index}] has no string key")
+        if only_mapped and not is_mapped(key):
+            continue
+        try:
+            attributes[key] = any_value(entry.get("value"))
+        except BadValue as error:
+            if is_mapped(key):
+                raise BadValue(f"attribute {key!r}: {error}") from None
+            attributes[key] = None
     return attributes
 
 
+_VALUE_FIELDS = {
+    "stringValue": "stringValue",
+    "string_value": "stringValue",
+    "boolValue": "boolValue",
+    "bool_value": "boolValue",
+    "intValue": "intValue",
+    "int_value": "intValue",
+    "doubleValue": "doubleValue",
+    "double_value": "doubleValue",
+    "arrayValue": "arrayValue",
+    "array_value": "arrayValue",
+    "kvlistValue": "kvlistValue",
+    "kvlist_value": "kvlistValue",
+    "bytesValue": "bytesValue",
+    "bytes_value": "bytesValue",
+}
+
+
 def any_value(value: Any) -> Any:
-    """One OTLP/JSON ``AnyValue`` as a Python value (None when empty or unknown)."""
-    if not isinstance(value, dict) or not value:
+    """One OTLP/JSON ``AnyValue`` as the Python value an SDK attribute would hold: arrays
+    as tuples, key-value lists as dicts, bytes as bytes; None when empty (or null, or of
+    fields this version does not know).
+
+    Each field takes the JSON types protobuf's JSON mapping gives it, and no more: a
+    ``stringValue`` a string, a ``boolValue`` true or false, an ``intValue`` an integer or
+    a decimal string (of any size: the mapping reports one OTLP cannot carry), a
+    ``doubleValue`` a number, a number in a string, ``"NaN"`` or ``"Infinity"``, a
+    ``bytesValue`` base64. Anything else raises :class:`BadValue`: values are never
+    coerced, and a value that means something else on another path is no value.
+    """
+    if value is None:
         return None
-    kind, inner = next(iter(value.items()))
-    if kind == "stringValue" or kind == "boolValue":
-        return inner
-    if kind == "doubleValue":
-        return _double(inner)
-    if kind == "intValue":
-        try:
-            return int(inner)
-        except (TypeError, ValueError):
-            return inner
-    if kind == "arrayValue":
-        values = inner.get("values") if isinstance(inner, dict) else None
-        return tuple(any_value(v) for v in values) if isinstance(values, list) else ()
-    if kind == "kvlistValue":
-        values = inner.get("values") if isinstance(inner, dict) else None
-        return attributes_of(values)
-    if kind == "bytesValue" and isinstance(inner, str):
-        try:
-            return base64.b64decode(inner, validate=True)
-        except ValueError:
-            return inner
-    return None
+    if not isinstance(value, dict):
+        raise BadValue(f"value is {_json_kind(value)}, not an AnyValue object")
+    present = [(_VALUE_FIELDS[name], inner) for name, inner in value.items() if name in _VALUE_FIELDS]
+    if not present:
+        return None
+    if len(present) > 1:
+        raise BadValue(f"value sets {' and '.join(name for name, _ in present)}; an AnyValue holds one")
+    kind, inner = present[0]
+    if inner is None:
+        return None
+    try:
+        return _READERS[kind](inner)
+    except RecursionError:
+        raise BadValue("value is nested too deeply") from None
+
+
+def _string(inner: Any) -> str:
+    if type(inner) is not str:
+        raise BadValue(f"stringValue {_shown(inner)} is not a string")
+    return inner
+
+
+def _bool(inner: Any) -> bool:
+    if type(inner) is not bool:
+        raise BadValue(f"boolValue {_shown(inner)} is not true or false")
+    return inner
+
+
+def _int(inner: Any) -> int:
+    number = _integer(inner)
+    if number is None:
+        raise BadValue(f"intValue {_shown(inner)} is not an integer")
+    return number
 
 
 # Protobuf's JSON mapping writes a double that is not finite as one of these strings.
@@ -138,13 +313,12 @@ _SPECIAL_DOUBLE_NAMES = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 _JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 
 
-def _double(inner: Any) -> Any:
+def _double(inner: Any) -> float:
     """A ``doubleValue`` as a float, as the span processor and the sidecar read it.
 
     Go's protojson (so the Collector's ``file`` exporter) writes the double 3.0 as ``3``,
     which JSON reads as an integer: left so, ``max_attempts`` 3.0 would pass for an integer
     cap here while the sidecar reports it. The mapping also allows a number as a string.
-    Anything else is left as it is, for the rules to report.
     """
     if type(inner) is float:
         return inner
@@ -158,7 +332,84 @@ def _double(inner: Any) -> Any:
             return _SPECIAL_DOUBLES[inner]
         if _JSON_NUMBER.fullmatch(inner):
             return float(inner)
-    return inner
+    raise BadValue(f"doubleValue {_shown(inner)} is not a number")
+
+
+_URL_SAFE = str.maketrans("-_", "+/")
+
+
+def _bytes(inner: Any) -> bytes:
+    """Base64, standard or URL-safe, with or without padding (protobuf's JSON mapping)."""
+    if type(inner) is str and inner.isascii():
+        text = inner.translate(_URL_SAFE)
+        try:
+            return base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
+        except ValueError:
+            pass
+    raise BadValue("bytesValue is not base64 text")  # the value itself may be anything: not shown
+
+
+def _values(inner: Any, kind: str) -> list[Any]:
+    if not isinstance(inner, dict):
+        raise BadValue(f"{kind} is {_json_kind(inner)}, not an object")
+    values = inner.get("values")
+    if values is None:
+        return []
+    if not isinstance(values, list):
+        raise BadValue(f"{kind}.values is {_json_kind(values)}, not a list")
+    return values
+
+
+def _array(inner: Any) -> tuple[Any, ...]:
+    return tuple(any_value(item) for item in _values(inner, "arrayValue"))
+
+
+def _kvlist(inner: Any) -> dict[str, Any]:
+    entries: dict[str, Any] = {}
+    for entry in _values(inner, "kvlistValue"):
+        key = entry.get("key") if isinstance(entry, dict) else None
+        if type(key) is not str:
+            raise BadValue("kvlistValue holds an entry without a string key")
+        entries[key] = any_value(entry.get("value"))
+    return entries
+
+
+_READERS = {
+    "stringValue": _string,
+    "boolValue": _bool,
+    "intValue": _int,
+    "doubleValue": _double,
+    "bytesValue": _bytes,
+    "arrayValue": _array,
+    "kvlistValue": _kvlist,
+}
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, str):
+        return "a string"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    return "a number"
+
+
+def _shown(value: Any) -> str:
+    """A value for a message: a number as written, a string quoted and cut short, a
+    container by its kind (values may be personal data: messages reach logs)."""
+    if type(value) is bool:
+        return "true" if value else "false"
+    if type(value) in (int, float):
+        text = repr(value)
+        return text if len(text) <= 24 else text[:21] + "..."
+    if type(value) is str:
+        return repr(value if len(value) <= 20 else value[:17] + "...")
+    return _json_kind(value)
 
 
 # -- writing -----------------------------------------------------------------------------

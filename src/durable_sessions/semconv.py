@@ -134,6 +134,43 @@ TRACELOOP_NOT_ACTIONS: Final = frozenset({"workflow", "task", "agent"})
 REDACTED: Final = "__REDACTED__"
 """What OpenInference writes instead of a hidden value: not a recorded result."""
 
+# -- what the mapping reads -----------------------------------------------------------
+
+MAPPED_KEYS: Final = frozenset(
+    {
+        *SESSION_ATTRIBUTES,
+        RESOURCE_SESSION_ID,
+        SERVICE_INSTANCE_ID,
+        *NAME_FALLBACKS,
+        GEN_AI_OPERATION_NAME,
+        GEN_AI_SYSTEM,
+        GEN_AI_PROVIDER_NAME,
+        GEN_AI_REQUEST_MODEL,
+        GEN_AI_OUTPUT_MESSAGES,
+        GEN_AI_OUTPUT_MESSAGES_REF,
+        GEN_AI_TOOL_CALL_ID,
+        GEN_AI_TOOL_CALL_RESULT,
+        OPENINFERENCE_SPAN_KIND,
+        OUTPUT_VALUE,
+        TOOL_CALL_ID,
+        TOOL_ID,
+        TRACELOOP_SPAN_KIND,
+        TRACELOOP_ENTITY_OUTPUT,
+    }
+)
+"""The span and resource attributes ``map_attributes`` reads by name (``docs/semconv.md``)."""
+
+MAPPED_PREFIXES: Final = (ACTION_PREFIX, GEN_AI_COMPLETION_PREFIX, LLM_OUTPUT_MESSAGES_PREFIX)
+"""The attribute name prefixes it reads every attribute of: ours (an unknown
+``agent.action.*`` attribute is a record field, which the rules report) and the
+conventions' numbered result parts."""
+
+
+def is_mapped(key: str) -> bool:
+    """The mapping reads attribute ``key`` (:data:`MAPPED_KEYS`, :data:`MAPPED_PREFIXES`)."""
+    return key in MAPPED_KEYS or key.startswith(MAPPED_PREFIXES)
+
+
 # -- instrumentation-only ------------------------------------------------------------
 
 EVENT_VIOLATION: Final = "durable_sessions.violation"

@@ -507,3 +507,61 @@ def test_the_receivers_json_decoding_leaves_out_only_what_the_mapping_never_read
     assert json_span_parts(body, []) == expected
     pruned, _ = parse_json(body, mapped_only=True)
     assert not any(s.events for r in pruned.resource_spans for sc_ in r.scope_spans for s in sc_.spans)
+
+
+def _one_span_document(attribute: tuple[str, Any] | None = None, **span_fields: Any) -> dict[str, Any]:
+    document = otlp_json_document("5b8efff798038103d269b633813fc60c", "eee19b7ec3c1b174")
+    span = document["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+    if attribute is not None:
+        span["attributes"] = [{"key": attribute[0], "value": attribute[1]}]
+    span.update(span_fields)
+    return document
+
+
+@pytest.mark.parametrize(
+    ("attribute", "span_fields", "reason"),
+    [
+        (("agent.action.max_attempts", {"intValue": 3.5}), {}, "intValue 3.5 is not an integer"),
+        (("agent.action.max_attempts", {"intValue": True}), {}, "intValue true is not an integer"),
+        (("agent.action.attempts", {"intValue": "3.0"}), {}, "intValue '3.0' is not an integer"),
+        (("agent.action.attempts", {"stringValue": 3}), {}, "stringValue 3 is not a string"),
+        (None, {"status": {"code": True}}, "status.code true is not a status code"),
+        (None, {"startTimeUnixNano": "-5"}, "startTimeUnixNano '-5' is not an unsigned 64-bit integer"),
+    ],
+)
+def test_a_json_value_the_encoding_does_not_allow_rejects_its_span_as_check_words_it(
+    attribute: tuple[str, Any] | None, span_fields: dict[str, Any], reason: str
+) -> None:
+    """json_format turned "3.0" into 3 and refused 3.5 and true with a 400 for the whole
+    request, where `durable-sessions check` read 3 and 1: both now read with the reader's
+    functions, and reject the one span in the same words."""
+    import io
+
+    from durable_sessions import readers
+
+    body = json.dumps(_one_span_document(attribute, **span_fields)).encode()
+    rejected: list[str] = []
+    assert json_span_parts(body, rejected) == []
+    (item,) = readers.read_otlp_json(io.BytesIO(body + b"\n"), "f")
+    assert type(item) is readers.Unreadable
+    named = f"attribute {attribute[0]!r}: {reason}" if attribute else reason
+    assert rejected == [f"resource_spans[0].scope_spans[0].spans[0] 'step': {named}"]
+    assert item.reason == f"resourceSpans[0].scopeSpans[0].spans[0] {named}"
+
+
+def test_a_status_code_as_a_decimal_string_is_an_error_on_both_readers() -> None:
+    body = json.dumps(
+        _one_span_document(("agent.action.kind", {"stringValue": "clock"}), status={"code": "2"})
+    )
+    [parts] = json_span_parts(body.encode(), [])
+    assert parts[3] is True
+
+
+def test_legacy_instrumentation_library_spans_are_refused_not_dropped() -> None:
+    document = _one_span_document()
+    group = document["resourceSpans"][0]
+    group["instrumentationLibrarySpans"] = group.pop("scopeSpans")
+    with pytest.raises(
+        BadData, match=r"resourceSpans\[0\] holds instrumentationLibrarySpans, which OTLP renamed"
+    ):
+        json_span_parts(json.dumps(document).encode(), [])

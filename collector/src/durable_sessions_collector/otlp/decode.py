@@ -32,6 +32,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
+from durable_sessions import otlp_json
 from durable_sessions import semconv as sc
 from durable_sessions.mapping import SpanData
 from durable_sessions.native import native_module
@@ -70,14 +71,46 @@ def parse_protobuf(body: bytes) -> ExportTraceServiceRequest:
     return request
 
 
+@dataclass(slots=True)
+class JsonAttributes:
+    """The attributes the mapping reads, as read from an OTLP/JSON document by the offline
+    checker's reader (``durable_sessions.otlp_json``): per resource index, and per span
+    position ``(resource, scope, span)``."""
+
+    resources: dict[int, dict[str, Any]] = field(default_factory=dict)
+    spans: dict[tuple[int, int, int], dict[str, Any]] = field(default_factory=dict)
+
+
 def parse_json(
     body: bytes, *, mapped_only: bool = False
 ) -> tuple[ExportTraceServiceRequest, dict[tuple[int, int, int], str]]:
-    """An OTLP/JSON ``ExportTraceServiceRequest`` and the spans whose ids were not hex.
+    """An OTLP/JSON ``ExportTraceServiceRequest`` and the spans that cannot be read.
 
-    Returns the request and, per span position, why its ids were unusable; those spans
-    carry no ids in the request and are rejected by :func:`spans_of`. ``mapped_only``:
-    without what the mapping never reads (see :func:`_drop_unmapped`).
+    Returns the request and, per span position, why the span is unusable: ids that are
+    not hex, or a value the OTLP/JSON encoding does not allow where the mapping reads it
+    (see :func:`read_json`); those spans carry neither ids nor the bad values in the
+    request and are rejected by :func:`spans_of`. ``mapped_only``: without what the
+    mapping never reads (see :func:`read_json`).
+    """
+    request, problems, _ = read_json(body, mapped_only=mapped_only)
+    return request, problems
+
+
+def read_json(
+    body: bytes, *, mapped_only: bool = False
+) -> tuple[ExportTraceServiceRequest, dict[tuple[int, int, int], str], JsonAttributes | None]:
+    """:func:`parse_json`, and with ``mapped_only`` the attributes the mapping reads.
+
+    Values are read as the offline checker reads the same document: with its functions
+    (``otlp_json.span_fields``, ``otlp_json.resource_of``), not with ``json_format``,
+    which coerces some values (``"3.0"`` to 3, status code ``true`` to OK) and refuses
+    the whole request for others. A span whose values cannot be read is rejected with
+    the reader's words; a resource's bad value rejects each of its spans. With
+    ``mapped_only`` the attributes and events are left out of the document before
+    ``json_format`` builds messages of them (they cost about 0.5 s of CPU and 20 times
+    the body's size in memory per MiB of an ordinary SDK request) and returned as read.
+    A request holding the legacy ``instrumentationLibrarySpans`` is refused whole, as
+    the reader refuses it.
     """
     try:
         document = orjson.loads(body)
@@ -87,17 +120,21 @@ def parse_json(
         raise BadData(
             f"request body must be a JSON object (ExportTraceServiceRequest), got {_kind(document)}"
         )
+    legacy = otlp_json.legacy_group(document)
+    if legacy is not None:
+        raise BadData(f"resourceSpans[{legacy}] {otlp_json.LEGACY_SCOPE_SPANS}")
+    read = JsonAttributes() if mapped_only else None
+    resource_problems = _read_resources(document, read)
     problems: dict[tuple[int, int, int], str] = {}
-    if mapped_only:
-        _drop_unmapped_resource_attributes(document)
     for position, span in _json_spans(document):
         if mapped_only:
-            _drop_unmapped(span)
+            span.pop("events", None)
         reasons = [reason for reason in _hex_ids_to_base64(span) if reason]
         links = span.get("links")
         for link in links if isinstance(links, list) else ():  # json_format refuses a non-list
             if isinstance(link, dict):
                 reasons.extend(reason for reason in _hex_ids_to_base64(link, "link ") if reason)
+        reasons.extend(_read_span(position, span, read, resource_problems.get(position[0])))
         if reasons:
             problems[position] = "; ".join(reasons)
     request = ExportTraceServiceRequest()
@@ -105,38 +142,57 @@ def parse_json(
         json_format.ParseDict(document, request, ignore_unknown_fields=True)
     except (json_format.ParseError, ValueError, TypeError, RecursionError) as error:
         raise BadData(f"request body is not an OTLP/JSON ExportTraceServiceRequest: {error}") from None
-    return request, problems
+    return request, problems, read
 
 
-def _drop_unmapped(span: dict[str, Any]) -> None:
-    """Leave out of a span, before ``json_format`` builds protobuf messages of it, what
-    the mapping never reads: its events and the attributes it does not map. Building them
-    cost about 0.5 s of CPU and 20 times the body's size in memory per MiB of an ordinary
-    SDK request."""
-    span.pop("events", None)
-    _keep_mapped_attributes(span)
+def _read_resources(document: dict[str, Any], read: JsonAttributes | None) -> dict[int, str]:
+    """Read each resource's attributes (into ``read``, when given, leaving them out of the
+    document); return why a resource cannot be read, by resource index. A resource that
+    cannot be read is left out of the document: its spans are rejected."""
+    problems: dict[int, str] = {}
+    resources = otlp_json.field(document, "resourceSpans", "resource_spans")
+    for i, resource_spans in enumerate(resources if isinstance(resources, list) else ()):
+        if not isinstance(resource_spans, dict):
+            continue
+        attributes, problem = otlp_json.resource_of(resource_spans, only_mapped=read is not None)
+        if problem is not None:
+            problems[i] = problem
+            resource_spans.pop("resource", None)
+            continue
+        if read is not None:
+            read.resources[i] = attributes
+            if resource_spans.get("resource"):
+                resource_spans["resource"].pop("attributes", None)
+    return problems
 
 
-def _drop_unmapped_resource_attributes(document: dict[str, Any]) -> None:
-    resources = document.get("resourceSpans", document.get("resource_spans"))
-    for resource_spans in resources if isinstance(resources, list) else ():
-        resource = resource_spans.get("resource") if isinstance(resource_spans, dict) else None
-        if isinstance(resource, dict):
-            _keep_mapped_attributes(resource)
+def _read_span(
+    position: tuple[int, int, int],
+    span: dict[str, Any],
+    read: JsonAttributes | None,
+    resource_problem: str | None,
+) -> list[str]:
+    """Read a span's values as the offline checker does (into ``read``, when given, leaving
+    its attributes out of the document); return why it cannot be read, its resource's
+    problem first, as the reader words it."""
+    if resource_problem is not None:
+        _leave_out_values(span)
+        return [resource_problem]
+    try:
+        _start, _error, attributes = otlp_json.span_fields(span, only_mapped=read is not None)
+    except otlp_json.BadValue as error:
+        _leave_out_values(span)
+        return [str(error)]
+    if read is not None:
+        read.spans[position] = attributes
+        span.pop("attributes", None)
+    return []
 
 
-def _keep_mapped_attributes(node: dict[str, Any]) -> None:
-    """Keep the attributes the mapping reads, and any entry that is not a well-formed
-    attribute, so that ``json_format`` still refuses the request for it."""
-    attributes = node.get("attributes")
-    if isinstance(attributes, list):
-        node["attributes"] = [
-            kv
-            for kv in attributes
-            if not (isinstance(kv, dict) and isinstance(key := kv.get("key"), str))
-            or key in MAPPED_KEYS
-            or key.startswith(MAPPED_PREFIXES)
-        ]
+def _leave_out_values(span: dict[str, Any]) -> None:
+    """Leave out of a rejected span the values ``json_format`` may refuse the request for."""
+    for name in ("status", "startTimeUnixNano", "start_time_unix_nano", "attributes"):
+        span.pop(name, None)
 
 
 def _kind(value: Any) -> str:
@@ -225,12 +281,18 @@ def span_parts(
     problems: dict[tuple[int, int, int], str] | None,
     rejected: list[str],
     decode_attributes: Callable[[Any], dict[str, Any]],
+    read: JsonAttributes | None = None,
 ) -> Iterator[SpanParts]:
     """The spans of ``request`` with usable ids, their attributes and their resource's
-    decoded by ``decode_attributes``; each of the others is described in ``rejected``."""
+    decoded by ``decode_attributes`` (or, for an OTLP/JSON request, as ``read`` holds
+    them); each of the others is described in ``rejected``."""
     problems = problems or {}
     for i, resource_spans in enumerate(request.resource_spans):
-        resource = decode_attributes(resource_spans.resource.attributes)
+        resource = (
+            decode_attributes(resource_spans.resource.attributes)
+            if read is None
+            else read.resources.get(i, {})
+        )
         for j, scope_spans in enumerate(resource_spans.scope_spans):
             for k, span in enumerate(scope_spans.spans):
                 trace_id, span_id = span.trace_id, span.span_id
@@ -246,7 +308,7 @@ def span_parts(
                     continue
                 yield (
                     span.name,
-                    decode_attributes(span.attributes),
+                    decode_attributes(span.attributes) if read is None else read.spans.get((i, j, k), {}),
                     resource,
                     span.status.code == STATUS_CODE_ERROR,
                     span.start_time_unix_nano,
@@ -263,34 +325,11 @@ def _id_problem(value: bytes, size: int, name: str) -> str | None:
     return None
 
 
-MAPPED_KEYS = frozenset(
-    {
-        *sc.SESSION_ATTRIBUTES,
-        sc.RESOURCE_SESSION_ID,
-        sc.SERVICE_INSTANCE_ID,
-        *sc.NAME_FALLBACKS,
-        sc.GEN_AI_OPERATION_NAME,
-        sc.GEN_AI_SYSTEM,
-        sc.GEN_AI_PROVIDER_NAME,
-        sc.GEN_AI_REQUEST_MODEL,
-        sc.GEN_AI_OUTPUT_MESSAGES,
-        sc.GEN_AI_OUTPUT_MESSAGES_REF,
-        sc.GEN_AI_TOOL_CALL_ID,
-        sc.GEN_AI_TOOL_CALL_RESULT,
-        sc.OPENINFERENCE_SPAN_KIND,
-        sc.OUTPUT_VALUE,
-        sc.TOOL_CALL_ID,
-        sc.TOOL_ID,
-        sc.TRACELOOP_SPAN_KIND,
-        sc.TRACELOOP_ENTITY_OUTPUT,
-    }
-)
+MAPPED_KEYS = sc.MAPPED_KEYS
 """The span and resource attributes ``map_attributes`` reads by name (``docs/semconv.md``)."""
 
-MAPPED_PREFIXES = (sc.ACTION_PREFIX, sc.GEN_AI_COMPLETION_PREFIX, sc.LLM_OUTPUT_MESSAGES_PREFIX)
-"""The attribute name prefixes it reads every attribute of: ours (an unknown
-``agent.action.*`` attribute is a record field, which the rules report) and the
-conventions' numbered result parts."""
+MAPPED_PREFIXES = sc.MAPPED_PREFIXES
+"""The attribute name prefixes it reads every attribute of (see ``semconv``)."""
 
 
 def attributes_of(key_values) -> dict[str, Any]:  # type: ignore[no-untyped-def]
@@ -331,8 +370,8 @@ def protobuf_span_parts(body: bytes, rejected: list[str]) -> list[SpanParts]:
 
 def json_span_parts(body: bytes, rejected: list[str]) -> list[SpanParts]:
     """:func:`protobuf_span_parts` for an OTLP/JSON request."""
-    request, problems = parse_json(body, mapped_only=True)
-    return list(span_parts(request, problems, rejected, mapped_attributes_of))
+    request, problems, read = read_json(body, mapped_only=True)
+    return list(span_parts(request, problems, rejected, mapped_attributes_of, read))
 
 
 def value_of(value: AnyValue) -> Any:
