@@ -217,3 +217,61 @@ def test_a_bad_resource_value_makes_each_of_its_spans_unreadable() -> None:
         (readers.Unreadable, 1),
     ]  # type: ignore[union-attr]
     assert "resource attribute 'service.instance.id': intValue 1.5 is not an integer" in items[0].reason  # type: ignore[union-attr]
+
+
+# -- the attribute value length limit ----------------------------------------------------
+
+
+def cut_results_file(path: Path, limit: int) -> None:
+    """Two results cut by the SDK at ``limit``: one no longer JSON, one still JSON (a number)."""
+    from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from durable_sessions.otlp_json import FileSpanExporter
+
+    provider = TracerProvider(span_limits=SpanLimits(max_span_attribute_length=limit))
+    provider.add_span_processor(SimpleSpanProcessor(FileSpanExporter(path)))
+    for action, result in (("a1", '{"text": "' + "x" * 40 + '"}'), ("a2", "1" * 50)):
+        with provider.get_tracer("t").start_as_current_span("llm") as span:
+            span.set_attributes(
+                {
+                    "session.id": "s-t",
+                    "agent.action.id": action,
+                    "agent.action.kind": "llm_call",
+                    "agent.action.result": result,
+                }
+            )
+    provider.shutdown()
+
+
+def rules_of(path: Path, *options: str, env: dict[str, str] | None = None) -> list[tuple[str, str]]:
+    result = subprocess.run(
+        [str(DURABLE_SESSIONS), "check", "--format", "json", *options, str(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert result.returncode in (0, 1), result.stderr
+    return [(v["action_id"], v["rule"]) for v in json.loads(result.stdout)["violations"]]
+
+
+def test_check_is_told_the_attribute_length_limit_by_option_or_as_the_sdk_reads_it(tmp_path: Path) -> None:
+    """Without the limit a cut result was an invalid-field (not JSON) or nothing at all
+    (still JSON), where the span processor and the sidecar report truncated-result."""
+    import os
+
+    path = tmp_path / "traces.jsonl"
+    cut_results_file(path, 32)
+    clean = {k: v for k, v in os.environ.items() if "ATTRIBUTE_VALUE_LENGTH_LIMIT" not in k}
+    truncated = [("a1", "truncated-result"), ("a2", "truncated-result")]
+    assert rules_of(path, "--attribute-value-limit", "32", env=clean) == truncated
+    assert rules_of(path, env={**clean, "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "32"}) == truncated
+    assert rules_of(path, env={**clean, "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT": "32"}) == truncated
+    assert rules_of(path, env=clean) == [("a1", "invalid-field")]
+    bad = subprocess.run(
+        [str(DURABLE_SESSIONS), "check", str(path)],
+        capture_output=True,
+        text=True,
+        env={**clean, "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "many"},
+    )
+    assert bad.returncode == 2 and "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT" in bad.stderr

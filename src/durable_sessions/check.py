@@ -101,7 +101,9 @@ class OfflineCheck:
         progress: Progress | None = None,
         start_method: str = "spawn",
         intents: Sequence[str] = (),
+        attribute_value_limit: int | None = None,
     ) -> None:
+        self.attribute_value_limit = attribute_value_limit
         self.paths = list(paths)
         self.intents = list(intents)
         self.rules = tuple(rules)
@@ -134,6 +136,7 @@ class OfflineCheck:
                 max_line_bytes=self.max_line_bytes,
                 progress=self.progress,
                 intents=self.intents,
+                attribute_value_limit=self.attribute_value_limit,
             )
         finally:
             self.actions, self.sessions = checker.actions, checker.sessions
@@ -208,8 +211,12 @@ def check_paths(
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
     progress: Progress | None = None,
     intents: Sequence[str] = (),
+    attribute_value_limit: int | None = None,
 ) -> Iterator[Violation]:
     """Every violation in ``paths``, checked as one stream, then the end-of-input ones.
+
+    ``attribute_value_limit``: the attribute value length limit OTLP/JSON spans were
+    recorded under, when known (a result that long was probably cut: ``truncated-result``).
 
     Sessions may span files (one file per process run, say). ``intents`` are intent logs
     (:mod:`durable_sessions.intent_log`): an intent whose span is among ``paths`` is that
@@ -255,6 +262,7 @@ def check_paths(
                 max_line_bytes=max_line_bytes,
                 redeliveries=redeliveries,
                 completed=completed,
+                attribute_value_limit=attribute_value_limit,
             )
             for count, item in enumerate(items):
                 if type(item) is Unreadable:

@@ -276,6 +276,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="longest line read; longer ones are reported (default: 64 MiB)",
     )
+    check.add_argument(
+        "--attribute-value-limit",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="the attribute value length limit OTLP/JSON spans were recorded under, so that a result "
+        "that long is a truncated-result, as the span processor and the sidecar judge it (default: "
+        "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT or OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT, as the SDK reads "
+        "them; else none)",
+    )
     check.set_defaults(run=run_check)
 
     rules = commands.add_parser(
@@ -357,6 +367,11 @@ def run_check(args: argparse.Namespace, out: Output) -> int:
     except KeyError as error:
         print(f"durable-sessions check: --disable: {error.args[0]}", file=sys.stderr)
         return EXIT_USAGE
+    try:
+        limit = args.attribute_value_limit or sdk_attribute_value_limit()
+    except ValueError as error:
+        print(f"durable-sessions check: {error}", file=sys.stderr)
+        return EXIT_USAGE
     # Every worker reads every line: workers beyond the cores only add to the work
     # (--jobs 1000 made a 25 MB check take minutes, and could run out of descriptors).
     jobs = (
@@ -384,6 +399,7 @@ def run_check(args: argparse.Namespace, out: Output) -> int:
         progress=progress,
         start_method=cli_start_method(),
         intents=args.intents,
+        attribute_value_limit=limit,
     )
     try:
         with cyclic_gc_paused():
@@ -412,6 +428,19 @@ def run_check(args: argparse.Namespace, out: Output) -> int:
     if run.actions == 0:
         print("durable-sessions check: warning: no actions found in the input", file=sys.stderr)
     return EXIT_VIOLATIONS if summary.failed else EXIT_OK
+
+
+def sdk_attribute_value_limit() -> int | None:
+    """The span attribute value length limit the OpenTelemetry SDK would apply in this
+    environment (``OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT``, else
+    ``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT``), read by the SDK itself; None when unset.
+    Raises ``ValueError`` for a value the SDK refuses."""
+    from opentelemetry.sdk.trace import SpanLimits  # the SDK is imported only when asked
+
+    try:
+        return SpanLimits().max_span_attribute_length or None
+    except ValueError as error:
+        raise ValueError(f"the attribute value length limit in the environment: {error}") from None
 
 
 def run_rules(args: argparse.Namespace, out: Output) -> int:

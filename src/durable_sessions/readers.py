@@ -381,12 +381,16 @@ def read_otlp_json(
     *,
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
     redeliveries: Redeliveries | None = None,
+    attribute_value_limit: int | None = None,
 ) -> Iterator[Item]:
     """Records from the spans of an OTLP/JSON file, located by line and span.
 
     Spans that describe no action are skipped; a span that cannot be read (a bad id, a
     start time that is no integer) is reported with its place in the request. A span
     delivered again is skipped (``redeliveries``: share one across the files of a stream).
+    ``attribute_value_limit``: the attribute value length limit the spans were recorded
+    under (``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT``), when known, so that a result the SDK
+    cut is a ``truncated-result``, as the span processor and the sidecar judge it.
     """
     if redeliveries is None:
         redeliveries = Redeliveries()
@@ -396,7 +400,7 @@ def read_otlp_json(
             continue
         request, location = item  # type: ignore[misc]
         bad = 0  # the bad spans of a line share its location: each gets its own occurrence
-        for span in otlp_json.spans_of(request):
+        for span in otlp_json.spans_of(request, attribute_value_limit=attribute_value_limit):
             if type(span) is otlp_json.BadSpan:
                 yield Unreadable(location, f"{span.where} {span.reason}", bad)  # type: ignore[union-attr]
                 bad += 1
@@ -421,15 +425,23 @@ def read(
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
     redeliveries: Redeliveries | None = None,
     completed: CompletedSpans | None = None,
+    attribute_value_limit: int | None = None,
 ) -> Iterator[Item]:
     """Items from an opened source, in the given or sniffed format. The state a stream
     carries from file to file, to share across its files: ``redeliveries``, the OTLP/JSON
-    spans read before; ``completed``, the tracing spans completed before."""
+    spans read before; ``completed``, the tracing spans completed before.
+    ``attribute_value_limit``: see :func:`read_otlp_json`."""
     name = display_name(path)
     if fmt == "auto":
         fmt = sniff_format(source, name, max_line_bytes)
     if fmt == "otlp-json":
-        return read_otlp_json(source, name, max_line_bytes=max_line_bytes, redeliveries=redeliveries)
+        return read_otlp_json(
+            source,
+            name,
+            max_line_bytes=max_line_bytes,
+            redeliveries=redeliveries,
+            attribute_value_limit=attribute_value_limit,
+        )
     if fmt == "tracing":
         return read_tracing(source, name, max_line_bytes=max_line_bytes, completed=completed)
     return read_actions(source, name, max_line_bytes=max_line_bytes)
