@@ -34,6 +34,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
 from durable_sessions import otlp_json
 from durable_sessions import semconv as sc
+from durable_sessions.json_text import exact_integers
 from durable_sessions.mapping import SpanData
 from durable_sessions.native import native_module
 from durable_sessions_collector.quote import quoted
@@ -113,7 +114,8 @@ def read_json(
     the reader refuses it.
     """
     try:
-        document = orjson.loads(body)
+        # integers beyond 64 bits as the reader reads them (orjson turns them into floats)
+        document = exact_integers(body, orjson.loads(body))
     except orjson.JSONDecodeError as error:
         raise BadData(f"request body is not valid JSON: {error}") from None
     if not isinstance(document, dict):

@@ -1,0 +1,458 @@
+"""One span, every front end, the same findings.
+
+The same SDK span goes through the span processor's step (``span_check.check_span``,
+in process and after the hand-over to a checker process), ``durable-sessions check``'s
+reader on the line ``FileSpanExporter`` writes, and the sidecar's decoders (the C
+``_wire`` decoder and the Python reference on the SDK's OTLP protobuf bytes, the
+OTLP/JSON decoder on the file's line), each record checked by a fresh engine. The
+violations must be the same. The hand-written OTLP/JSON half feeds the check reader and
+the sidecar's JSON decoder values no SDK writes: they must refuse the same spans in the
+same words, and judge the others alike. A last case runs a real sidecar.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import io
+import json
+import logging
+import marshal
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from durable_sessions_collector.otlp import decode
+from durable_sessions_collector.otlp.receiver import scrub
+from durable_sessions_collector.store.stored import checked_record, stored_record
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Status, StatusCode
+
+from durable_sessions import instrument, otlp_json, readers
+from durable_sessions.check import check_paths
+from durable_sessions.engine import Checker
+from durable_sessions.mapping import (
+    exact_attributes,
+    map_attributes,
+    sdk_attributes,
+    sdk_span_facts,
+    with_problems,
+)
+from durable_sessions.otlp_json import FileSpanExporter
+from durable_sessions.record import span_location
+from durable_sessions.rules import select_rules
+from durable_sessions.span_check import SpanParts, check_span
+
+RULES = select_rules("all")
+Finding = tuple[str, str, Any, Any, str]
+"""A violation as compared: rule, severity, session id, action id, message."""
+
+
+def findings(violations: list[Any]) -> list[Finding]:
+    # "a tuple" on one path is "a list" on another for the same array value: cosmetic
+    return sorted(
+        (v.rule, v.severity.name, v.session_id, v.action_id, v.message.replace("a tuple", "a list"))
+        for v in violations
+    )
+
+
+def judged(record: dict[str, Any], where: Any) -> list[Finding]:
+    checker = Checker(RULES)
+    return findings(checker.feed(record, where) + checker.finish())
+
+
+# -- the front ends, in process ---------------------------------------------------------
+
+
+def processor(span: ReadableSpan, *, handed_over: bool) -> list[Finding]:
+    """What the span processor finds: ``check_span`` on the span's parts, as inline
+    checking runs it, or after the parts crossed to a checker process (marshal)."""
+    attributes, limit = sdk_attributes(span)
+    error, start, trace_id, span_id, resource = sdk_span_facts(span)
+    resource_attributes = exact_attributes(resource.attributes)
+    if handed_over:
+        attributes = marshal.loads(marshal.dumps(dict(exact_attributes(attributes))))
+        resource_attributes = marshal.loads(marshal.dumps(dict(resource_attributes)))
+    checker = Checker(RULES)
+    parts = SpanParts(attributes, error, start, trace_id, span_id, limit)
+    return findings(check_span(checker, parts, resource_attributes) + checker.finish())
+
+
+def file_line(span: ReadableSpan) -> bytes:
+    return otlp_json._json_line(otlp_json.encode_spans([span]))
+
+
+def check_reader(line: bytes, limit: int | None) -> list[Any]:
+    """``durable-sessions check``'s reader on one OTLP/JSON line: the findings of each
+    record, or ``("unreadable", reason)``."""
+    out: list[Any] = []
+    for item in readers.read_otlp_json(io.BytesIO(line), "f.jsonl", attribute_value_limit=limit):
+        if type(item) is readers.Unreadable:
+            out.append(("unreadable", item.reason.split(" ", 1)[1]))
+        else:
+            out.append(judged(*item))  # type: ignore[misc]
+    return out
+
+
+def sidecar(parts: list[decode.SpanParts], rejected: list[str], limit: int | None) -> list[Any]:
+    """What the sidecar judges of decoded parts: mapped, scrubbed and stored as the
+    receiver and the store do; ``("unreadable", reason)`` for each rejected span."""
+    out: list[Any] = [("unreadable", reason.split(": ", 1)[1]) for reason in rejected]
+    for _name, attributes, resource, error, start, trace_id, span_id in parts:
+        mapped = map_attributes(attributes, resource, error, start, trace_id, span_id, limit, False)
+        if mapped is None:
+            continue
+        record, problems = mapped
+        scrub(record)
+        checked = checked_record(record, stored_record(record))  # type: ignore[arg-type]
+        out.append(judged(with_problems(checked, problems), span_location(trace_id, span_id)))
+    return out
+
+
+def sidecar_json(line: bytes, limit: int | None) -> list[Any]:
+    rejected: list[str] = []
+    parts = decode.json_span_parts(line, rejected)
+    return sidecar(parts, rejected, limit)
+
+
+def sidecar_protobuf(body: bytes, limit: int | None, *, native: bool) -> list[Any] | None:
+    """None when the C decoder is not built or declines the request (the reference then runs)."""
+    rejected: list[str] = []
+    if native:
+        parts = decode._WIRE.span_parts(body) if decode._WIRE is not None else None
+        if parts is None:
+            return None
+    else:
+        parts = list(
+            decode.span_parts(decode.parse_protobuf(body), None, rejected, decode.mapped_attributes_of)
+        )
+    return sidecar(parts, rejected, limit)
+
+
+# -- SDK spans with random contract attributes --------------------------------------------
+
+INT64 = (-(2**63), 2**63 - 1)
+ints = st.sampled_from([0, 1, 3, -1, 2**31, 2**53 + 1, *INT64])
+floats = st.sampled_from([3.0, 0.0, -0.0, 1.5, float("inf"), float("nan"), 1e20])
+texts = st.one_of(
+    st.sampled_from(
+        ["", "3", "true", "ok", "error", "started", "skip", "abort", "__REDACTED__", "sha256:" + "a" * 64]
+    ),
+    st.text(max_size=6),
+)
+scalars = st.one_of(st.booleans(), ints, floats, texts)
+values = st.one_of(
+    scalars,
+    st.lists(st.booleans(), max_size=3).map(tuple),
+    st.lists(ints, max_size=3).map(tuple),
+    st.lists(texts, max_size=3).map(tuple),
+)
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=4),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=3), children, max_size=3)
+    ),
+    max_leaves=5,
+)
+results = st.one_of(
+    json_values.map(json.dumps),
+    st.sampled_from(["1e999", "NaN", "{", "", "__REDACTED__", '"__REDACTED__"', "null", "1" * 20]),
+    values,
+)
+
+
+class Cap(int, enum.Enum):
+    THREE = 3
+
+
+FIELDS = [
+    "id", "status", "result_ref", "result_digest", "idempotency_key", "replay", "replayed", "side_effects",
+    "retryable", "max_attempts", "attempts", "cacheable", "cache_key", "ttl_s", "on_failure", "name", "prompt",
+]  # fmt: skip
+OTHER_KEYS = [
+    "session.id", "gen_ai.conversation.id", "gen_ai.operation.name", "openinference.span.kind",
+    "gen_ai.tool.call.result", "output.value", "gen_ai.request.model", "gen_ai.system",
+]  # fmt: skip
+
+
+@st.composite
+def contract_spans(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Any], bool | None, int | None]:
+    attributes: dict[str, Any] = {}
+    if draw(st.booleans()):
+        attributes["agent.action.kind"] = draw(
+            st.one_of(st.sampled_from(["payment", "llm_call", "tool_call", "user_prompt", "clock"]), values)
+        )
+    for name in draw(st.lists(st.sampled_from(FIELDS), max_size=6, unique=True)):
+        attributes[f"agent.action.{name}"] = draw(
+            st.one_of(values, st.just(Cap.THREE)) if name in ("max_attempts", "attempts") else values
+        )
+    if draw(st.booleans()):
+        attributes["agent.action.result"] = draw(results)
+    for key in draw(st.lists(st.sampled_from(OTHER_KEYS), max_size=3, unique=True)):
+        attributes[key] = draw(
+            st.one_of(st.sampled_from(["chat", "execute_tool", "LLM", "TOOL", "s-1"]), values)
+        )
+    resource = {"service.instance.id": draw(st.sampled_from(["run-1", "run-2"]))}
+    if draw(st.booleans()):
+        resource["session.id"] = draw(texts)
+    return (
+        attributes,
+        resource,
+        draw(st.sampled_from([None, True, False])),
+        draw(st.sampled_from([None, 8, 16])),
+    )
+
+
+def sdk_span(
+    attributes: dict[str, Any], resource: dict[str, Any], error: bool | None, limit: int | None
+) -> ReadableSpan:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(
+        resource=Resource.create(resource), span_limits=SpanLimits(max_span_attribute_length=limit)
+    )
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    span = provider.get_tracer("agree").start_span("act")
+    span.set_attributes(attributes)
+    if error is not None:
+        span.set_status(Status(StatusCode.ERROR if error else StatusCode.OK))
+    span.end()
+    (finished,) = exporter.get_finished_spans()
+    return finished
+
+
+def otlp_carries(span: ReadableSpan) -> bool:
+    """No attribute holds an integer OTLP cannot carry (the SDK's exporter drops it)."""
+
+    def fits(value: Any) -> bool:
+        if isinstance(value, tuple):
+            return all(map(fits, value))
+        return not (type(value) is int and not INT64[0] <= value <= INT64[1])
+
+    return all(fits(value) for value in (span.attributes or {}).values())
+
+
+@pytest.fixture(autouse=True)
+def _quiet_exporter_errors() -> Iterator[None]:
+    logger = logging.getLogger("opentelemetry.exporter.otlp.proto.common._internal")
+    disabled, logger.disabled = logger.disabled, True
+    yield
+    logger.disabled = disabled
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(contract_spans())
+def test_an_sdk_span_is_judged_alike_by_every_front_end(example: Any) -> None:
+    attributes, resource, error, limit = example
+    span = sdk_span(attributes, resource, error, limit)
+    inline = processor(span, handed_over=False)
+    actions = [inline] if inline or _is_action(span) else []
+    assert processor(span, handed_over=True) == inline
+    line = file_line(span)
+    assert check_reader(line, limit) == actions
+    assert sidecar_json(line, limit) == actions
+    if otlp_carries(span):  # else the SDK's OTLP exporter drops the attribute: test_an_integer_…
+        body = encode_spans([span]).SerializeToString()
+        assert sidecar_protobuf(body, limit, native=False) == actions
+        assert sidecar_protobuf(body, limit, native=True) in (None, actions)
+
+
+def _is_action(span: ReadableSpan) -> bool:
+    attributes, _ = sdk_attributes(span)
+    error, start, trace_id, span_id, resource = sdk_span_facts(span)
+    return (
+        map_attributes(attributes, resource.attributes, error, start, trace_id, span_id, None, False)
+        is not None
+    )
+
+
+# -- hand-written OTLP/JSON: check's reader and the sidecar's JSON decoder ------------------
+
+json_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=5),
+    st.sampled_from(
+        ["3", "-1", "3.0", "1e2", "NaN", "Infinity", "2", "STATUS_CODE_ERROR", "AAE=", "AAE", "-_8"]
+    ),
+)
+any_values = st.recursive(
+    st.one_of(
+        st.builds(
+            lambda kind, inner: {kind: inner},
+            st.sampled_from(
+                ["stringValue", "boolValue", "intValue", "doubleValue", "bytesValue", "int_value"]
+            ),
+            json_scalars,
+        ),
+        st.sampled_from([{}, {"unknown": 1}, {"intValue": "3", "stringValue": "x"}, 3, "x", None]),
+    ),
+    lambda children: st.one_of(
+        st.builds(lambda items: {"arrayValue": {"values": items}}, st.lists(children, max_size=3)),
+        st.builds(
+            lambda items: {"kvlistValue": {"values": [{"key": k, "value": v} for k, v in items]}},
+            st.lists(st.tuples(st.text(max_size=3), children), max_size=3),
+        ),
+    ),
+    max_leaves=5,
+)
+JSON_KEYS = [
+    "agent.action." + name for name in ("kind", "status", "max_attempts", "retryable", "result", "id")
+]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(
+    st.lists(st.tuples(st.sampled_from([*JSON_KEYS, "session.id", "http.route"]), any_values), max_size=5),
+    st.lists(
+        st.tuples(st.sampled_from(["session.id", "service.instance.id", "host.name"]), any_values), max_size=2
+    ),
+    st.one_of(st.none(), json_scalars),
+    st.one_of(
+        st.none(), st.sampled_from(["1767225600000000000", 1767225600000000000, "-1", 1.5, str(2**64)])
+    ),
+)
+def test_hand_written_json_is_read_alike_by_check_and_the_sidecar(
+    attributes: list[tuple[str, Any]], resource: list[tuple[str, Any]], code: Any, start: Any
+) -> None:
+    span: dict[str, Any] = {
+        "traceId": "5b8efff798038103d269b633813fc60c",
+        "spanId": "eee19b7ec3c1b174",
+        "name": "act",
+        "attributes": [{"key": "agent.action.kind", "value": {"stringValue": "payment"}}]
+        + [{"key": key, "value": value} for key, value in attributes],
+        "status": {"code": code},
+    }
+    if start is not None:
+        span["startTimeUnixNano"] = start
+    document = {
+        "resourceSpans": [
+            {
+                "resource": {"attributes": [{"key": key, "value": value} for key, value in resource]},
+                "scopeSpans": [{"scope": {"name": "t"}, "spans": [span]}],
+            }
+        ]
+    }
+    line = json.dumps(document).encode()
+    assert check_reader(line + b"\n", None) == sidecar_json(line, None)
+
+
+# -- what the reviewer's crafted spans showed, end to end ---------------------------------
+
+
+@dataclasses.dataclass
+class Quote:
+    price: int
+    currency: str
+
+
+def crafted_spans(path: Path) -> None:
+    """The findings' spans: an array status, a malformed digest beside a result, a
+    dataclass result recorded then replayed as its dict, an int-enum cap, a cap past
+    int64, and a result cut at the limit (32)."""
+    exporter = FileSpanExporter(path)
+    for run in ("run-1", "run-2"):
+        provider = TracerProvider(
+            resource=Resource.create({"service.instance.id": run}),
+            span_limits=SpanLimits(max_span_attribute_length=32),
+        )
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        tracer = provider.get_tracer("crafted")
+
+        def act(session: str, action: str, attributes: dict[str, Any], *, tracer: Any = tracer) -> None:
+            with tracer.start_as_current_span(action) as span:
+                span.set_attributes({"session.id": session, "agent.action.id": action, **attributes})
+
+        with (
+            instrument.session("quote"),
+            instrument.action("quote", kind="external_read", tracer_provider=provider) as recorded,
+        ):
+            if run == "run-2":  # replay hands back the dict the dataclass was recorded as
+                recorded.set(replayed=True)
+            recorded.record(Quote(2400, "GBP") if run == "run-1" else {"price": 2400, "currency": "GBP"})
+        if run == "run-1":
+            act(
+                "s-1",
+                "pay",
+                {
+                    "agent.action.kind": "payment",
+                    "agent.action.idempotency_key": "k",
+                    "agent.action.status": ("ok",),
+                },
+            )
+            act(
+                "s-2",
+                "plan",
+                {
+                    "agent.action.kind": "llm_call",
+                    "agent.action.result": '{"p": 1}',
+                    "agent.action.result_digest": "",
+                },
+            )
+            act(
+                "s-3",
+                "call",
+                {
+                    "agent.action.kind": "tool_call",
+                    "agent.action.retryable": True,
+                    "agent.action.max_attempts": Cap.THREE,
+                },
+            )
+            act(
+                "s-4",
+                "call",
+                {
+                    "agent.action.kind": "tool_call",
+                    "agent.action.retryable": True,
+                    "agent.action.max_attempts": 2**64,
+                },
+            )
+            act(
+                "s-5",
+                "say",
+                {"agent.action.kind": "llm_call", "agent.action.result": '{"text": "' + "x" * 40 + '"}'},
+            )
+    exporter.shutdown()
+
+
+def post_lines(url: str, path: Path) -> None:
+    for line in path.read_bytes().splitlines():
+        request = urllib.request.Request(url, data=line, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert response.status == 200
+
+
+def test_a_real_sidecar_judges_the_file_as_check_does(
+    start_sidecar: Callable[..., Any], tmp_path: Path
+) -> None:
+    from conftest import wait_for
+
+    path = tmp_path / "traces.jsonl"
+    crafted_spans(path)
+    checked = sorted(
+        (v.session_id, v.rule) for v in check_paths([str(path)], Checker(RULES), attribute_value_limit=32)
+    )
+    assert checked == [
+        ("s-1", "missing-field"),
+        ("s-2", "invalid-field"),
+        ("s-4", "invalid-field"),
+        ("s-4", "unbounded-retry"),
+        ("s-5", "truncated-result"),
+    ]
+    running = start_sidecar(evaluation__attribute_value_limit=32)
+    post_lines(running.http_url + "/v1/traces", path)
+    wait_for(lambda: len(running.alerts()) >= len(checked))
+    assert sorted((alert["session_id"], alert["rule"]) for alert in running.alerts()) == checked
