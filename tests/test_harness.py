@@ -572,3 +572,28 @@ def test_results_too_long_for_a_span_stay_in_the_trial(
         env={**os.environ, "DURABLE_SESSIONS_RESULT_DIR": str(chosen)},
     )
     assert chosen.is_dir() and not (tmp_path / "q" / "reference" / "results").exists()
+
+
+def test_a_result_the_agents_sdk_cut_is_judged_as_cut(tmp_path: Path) -> None:
+    """The agent's environment sets the SDK's attribute value limit: a result cut there is
+    a truncated-result warning, as the processor and the sidecar judge it, not an
+    invalid-field error for the JSON it no longer is."""
+    agent = _instrumented(
+        tmp_path,
+        """
+        with session("s-1"):
+            attributes = {"agent.action.id": "r1", "agent.action.kind": "external_read",
+                          "agent.action.result": '{"text": "' + "x" * 300 + '"}'}
+            with provider.get_tracer("t").start_as_current_span("read", attributes=attributes):
+                pass
+            action("a1", "clock")(lambda: 1)()
+        """,
+    )
+    proof = prove(
+        agent,
+        tmp_path / "p",
+        points=("before",),
+        env={**os.environ, "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "100"},
+    )
+    assert [v.rule for v in proof.reference.violations] == ["truncated-result"]
+    assert proof.reference.errors == []

@@ -20,7 +20,7 @@ import signal
 import stat
 import threading
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from durable_sessions.engine import Checker, Line
@@ -201,6 +201,26 @@ class OfflineCheck:
         for found in record_time:  # as one process finds them: file by file, line by line
             yield from sorted(found, key=_line_of)
         yield from sorted(session_end, key=_position_in(self.paths))
+
+
+ATTRIBUTE_LIMIT_VARIABLES = ("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT")
+
+
+def sdk_attribute_value_limit(environ: Mapping[str, str] | None = None) -> int | None:
+    """The span attribute value length limit the OpenTelemetry SDK applies in ``environ``
+    (default: this process's environment): ``OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT``,
+    else ``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT``, as the SDK's ``SpanLimits`` reads them;
+    None when unset. Raises ``ValueError`` for a value the SDK refuses."""
+    from opentelemetry.sdk.trace import SpanLimits  # the SDK is imported only when asked
+
+    environ = os.environ if environ is None else environ
+    name = next((name for name in ATTRIBUTE_LIMIT_VARIABLES if environ.get(name)), None)
+    if name is None:
+        return None
+    try:
+        return SpanLimits(max_span_attribute_length=int(environ[name])).max_span_attribute_length or None
+    except ValueError:
+        raise ValueError(f"${name} must be a non-negative integer, got {environ[name]!r}") from None
 
 
 def check_paths(

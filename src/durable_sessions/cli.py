@@ -31,6 +31,7 @@ from durable_sessions.check import (
     cli_start_method,
     cyclic_gc_paused,
     default_jobs,
+    sdk_attribute_value_limit,
     usable_cores,
 )
 from durable_sessions.engine import Checker
@@ -428,19 +429,6 @@ def run_check(args: argparse.Namespace, out: Output) -> int:
     if run.actions == 0:
         print("durable-sessions check: warning: no actions found in the input", file=sys.stderr)
     return EXIT_VIOLATIONS if summary.failed else EXIT_OK
-
-
-def sdk_attribute_value_limit() -> int | None:
-    """The span attribute value length limit the OpenTelemetry SDK would apply in this
-    environment (``OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT``, else
-    ``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT``), read by the SDK itself; None when unset.
-    Raises ``ValueError`` for a value the SDK refuses."""
-    from opentelemetry.sdk.trace import SpanLimits  # the SDK is imported only when asked
-
-    try:
-        return SpanLimits().max_span_attribute_length or None
-    except ValueError as error:
-        raise ValueError(f"the attribute value length limit in the environment: {error}") from None
 
 
 def run_rules(args: argparse.Namespace, out: Output) -> int:

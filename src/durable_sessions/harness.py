@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from durable_sessions import crash
-from durable_sessions.check import check_paths
+from durable_sessions.check import check_paths, sdk_attribute_value_limit
 from durable_sessions.engine import Checker
 from durable_sessions.instrument import RESULT_DIR_ENV
 from durable_sessions.readers import Item, Unreadable, open_source, read
@@ -295,7 +295,12 @@ class _Runner:
                 f"no spans were written to {traces}: export them with FileSpanExporter"
             )
             return
-        self.trial.violations = list(check_paths([traces], Checker(rules)))
+        # The limit the agent's SDK cut results at: a result cut there is a truncated-result.
+        try:
+            limit = sdk_attribute_value_limit(self.environment)
+        except ValueError:  # the agent's own SDK refused it: the run said so
+            limit = None
+        self.trial.violations = list(check_paths([traces], Checker(rules), attribute_value_limit=limit))
         records = list(_records(traces))
         self.trial.completed = _actions(records, status="ok")
         if ran:
