@@ -465,6 +465,13 @@ def test_bad_configuration_fails_at_setup(
         DurabilitySpanProcessor()
 
 
+@pytest.mark.parametrize("argument", ["strict", "copy_session"])
+def test_a_flag_given_as_a_string_fails_at_setup(argument: str) -> None:
+    """A configuration system handing over "false" turned strict on (a string's truth)."""
+    with pytest.raises(ConfigurationError, match=f"{argument}='false' is not a bool"):
+        DurabilitySpanProcessor(mode="silent", **{argument: "false"})
+
+
 def test_uses_the_global_meter_provider_by_default() -> None:
     processor = DurabilitySpanProcessor(mode="silent")
     provider = TracerProvider()

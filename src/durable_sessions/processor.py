@@ -225,6 +225,13 @@ def _env_int(name: str, default: int) -> int:
     return _at_least_one(name, number, value)
 
 
+def _flag(name: str, value: object) -> None:
+    """A constructor argument that must be a bool: a string's truth value ("false" is
+    true) would turn on what it meant to turn off."""
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"{name}={value!r} is not a bool (True or False)")
+
+
 def _positive_int(name: str, value: object) -> int:
     """A constructor argument that must be an integer of at least 1, as its variable must."""
     try:
@@ -336,6 +343,9 @@ class DurabilitySpanProcessor(SpanProcessor):
                 'mode="raise" needs checking="inline": a checker process cannot raise into span.end()'
             )
         self.checking: Checking = checking  # type: ignore[assignment]
+        _flag("copy_session", copy_session)
+        if strict is not None:
+            _flag("strict", strict)
         if rules is None:
             disabled = disable if disable is not None else _env("DURABLE_SESSIONS_DISABLE") or ""
             if isinstance(disabled, str):  # "a,b", as in the variable: not its characters

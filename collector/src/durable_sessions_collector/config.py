@@ -204,7 +204,17 @@ def store_secrets(url: str) -> list[str]:
             found += [value, decoded, quote(decoded, safe="")]
     if found:
         found.insert(0, url)
-    return list(dict.fromkeys(found))
+    return list(dict.fromkeys(form for secret in found for form in _as_quoted_if_short(secret)))
+
+
+def _as_quoted_if_short(secret: str) -> list[str]:
+    """``secret`` as messages may show it. One shorter than :data:`MIN_SECRET_CHARS` (a
+    password ``a``, or ``postgres``) only where it stands as a value: quoted, as libpq
+    quotes it, or between ``:`` and ``@``; as bare text it would blank out every word
+    holding it."""
+    if len(secret) >= MIN_SECRET_CHARS:
+        return [secret]
+    return [f'"{secret}"', f"'{secret}'", f":{secret}@"]
 
 
 def _hide_store(value: Any) -> Any:

@@ -51,11 +51,35 @@ def test_a_store_error_never_shows_the_password(
     assert redact_store_url(url) in err  # which store is still said
 
 
+@pytest.mark.parametrize("password", ["a", "test"])
+def test_a_short_password_is_hidden_without_garbling_the_error(
+    password: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A password shorter than the log's minimum is hidden where it stands as a value
+    (quoted, or between ':' and '@'), not wherever its letters occur: a password 'a' made
+    'dur***ble-sessions-collector: store: c***nnot open store'."""
+    pytest.importorskip("psycopg")
+    url = f"postgresql://app:{password}@[::1]x:1/analytics"  # libpq quotes the whole URL
+    assert main([*SERVE, "--store", url]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("durable-sessions-collector: store: cannot open store "), err
+    assert redact_store_url(url) in err and "/analytics" in err
+    assert f":{password}@" not in err and f'"{url}"' not in err
+
+
 def test_store_secrets_cover_every_form_libpq_may_quote() -> None:
     """As written, percent-decoded, and encoded again (the store hands the query's values
     to libpq encoded), and the URL itself; nothing for a URL without a password."""
     url = "postgresql://ds:p%40ss@h/db?password=a/b+c&schema=s"
-    assert store_secrets(url) == [url, "p%40ss", "p@ss", "a/b+c", "a/b c", "a%2Fb%20c"]
+
+    def quoted(secret: str) -> list[str]:  # a short one: where it stands as a value
+        return [f'"{secret}"', f"'{secret}'", f":{secret}@"]
+
+    assert store_secrets(url) == [
+        url,
+        *(form for secret in ("p%40ss", "p@ss", "a/b+c", "a/b c") for form in quoted(secret)),
+        "a%2Fb%20c",
+    ]
     assert store_secrets("postgresql://ds@h/db?schema=s") == []
     assert store_secrets("sqlite:///x.db") == []
 
