@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from durable_sessions import readers
 from durable_sessions.engine import Checker
 from durable_sessions.rules import select_rules
+from tests.support import otlp_json_values
 
 DURABLE_SESSIONS = Path(sys.executable).with_name("durable-sessions")
 TRACE_ID, SPAN_ID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
@@ -72,14 +73,7 @@ def test_a_status_that_is_an_array_or_a_key_value_list_is_reported_not_a_crash(t
 
 # -- the reader never raises, whatever the values --------------------------------------
 
-json_scalars = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=False, allow_infinity=False),
-    st.text(max_size=6),
-    st.sampled_from(["3", "-1", "3.0", "1e2", "NaN", "Infinity", "2", "STATUS_CODE_ERROR", "eyJhIjoxfQ=="]),
-)
+json_scalars = otlp_json_values.json_scalars("eyJhIjoxfQ==")
 json_values = st.recursive(
     json_scalars,
     lambda children: st.one_of(
@@ -87,24 +81,7 @@ json_values = st.recursive(
     ),
     max_leaves=8,
 )
-any_values = st.recursive(
-    st.one_of(
-        st.builds(
-            lambda kind, inner: {kind: inner},
-            st.sampled_from(["stringValue", "boolValue", "intValue", "doubleValue", "bytesValue"]),
-            json_values,
-        ),
-        json_values,
-    ),
-    lambda children: st.one_of(
-        st.builds(lambda values: {"arrayValue": {"values": values}}, st.lists(children, max_size=3)),
-        st.builds(
-            lambda values: {"kvlistValue": {"values": [{"key": k, "value": v} for k, v in values]}},
-            st.lists(st.tuples(st.text(max_size=3), children), max_size=3),
-        ),
-    ),
-    max_leaves=6,
-)
+any_values = otlp_json_values.any_values(json_values, json_values, max_leaves=6)
 FIELDS = ["status", "max_attempts", "attempts", "retryable", "result", "result_digest", "kind", "id", "ttl_s"]
 
 

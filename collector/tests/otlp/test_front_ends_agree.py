@@ -50,6 +50,7 @@ from durable_sessions.otlp_json import FileSpanExporter
 from durable_sessions.record import span_location
 from durable_sessions.rules import select_rules
 from durable_sessions.span_check import SpanParts, check_span
+from tests.support import otlp_json_values
 
 RULES = select_rules("all")
 Finding = tuple[str, str, Any, Any, str]
@@ -279,34 +280,11 @@ def _is_action(span: ReadableSpan) -> bool:
 
 # -- hand-written OTLP/JSON: check's reader and the sidecar's JSON decoder ------------------
 
-json_scalars = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(-(2**70), 2**70),
-    st.floats(allow_nan=False, allow_infinity=False),
-    st.text(max_size=5),
-    st.sampled_from(
-        ["3", "-1", "3.0", "1e2", "NaN", "Infinity", "2", "STATUS_CODE_ERROR", "AAE=", "AAE", "-_8"]
-    ),
-)
-any_values = st.recursive(
-    st.one_of(
-        st.builds(
-            lambda kind, inner: {kind: inner},
-            st.sampled_from(
-                ["stringValue", "boolValue", "intValue", "doubleValue", "bytesValue", "int_value"]
-            ),
-            json_scalars,
-        ),
-        st.sampled_from([{}, {"unknown": 1}, {"intValue": "3", "stringValue": "x"}, 3, "x", None]),
-    ),
-    lambda children: st.one_of(
-        st.builds(lambda items: {"arrayValue": {"values": items}}, st.lists(children, max_size=3)),
-        st.builds(
-            lambda items: {"kvlistValue": {"values": [{"key": k, "value": v} for k, v in items]}},
-            st.lists(st.tuples(st.text(max_size=3), children), max_size=3),
-        ),
-    ),
+json_scalars = otlp_json_values.json_scalars("AAE=", "AAE", "-_8")
+any_values = otlp_json_values.any_values(
+    json_scalars,
+    st.sampled_from([{}, {"unknown": 1}, {"intValue": "3", "stringValue": "x"}, 3, "x", None]),
+    kinds=(*otlp_json_values.VALUE_KINDS, "int_value"),
     max_leaves=5,
 )
 JSON_KEYS = [
