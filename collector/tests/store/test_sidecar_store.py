@@ -555,6 +555,33 @@ def test_reads_after_the_server_dropped_the_read_connections_succeed(postgres_ur
         store.close()
 
 
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    "read",
+    [
+        lambda store: store.alert_counts(),
+        lambda store: store.dead_alerts(),
+        lambda store: store.violation_cursor(),
+        lambda store: store.violations_after("pg:0:0"),
+    ],
+    ids=["alert_counts", "dead_alerts", "violation_cursor", "violations_after"],
+)
+def test_alert_and_feed_reads_after_a_dropped_connection_succeed(postgres_url: str, read: Any) -> None:
+    """The metrics' alert counts, ``alerts dead`` and the WatchAlerts feed ran once on a
+    dead pooled connection and failed (a 'failed' log line, a stream's failed poll)."""
+    import psycopg
+
+    store = open_store(postgres_url)
+    try:
+        with store.readers.lend() as connection:
+            pid = connection.info.backend_pid
+        with psycopg.connect(postgres_url.partition("?")[0], autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))  # only this store's own backend
+        read(store)  # raised StoreError before
+    finally:
+        store.close()
+
+
 def test_readers_beyond_max_open_wait_then_fail_retryably(tmp_path: Path) -> None:
     from durable_sessions_collector.store.pool import ReadPool
 

@@ -632,21 +632,21 @@ class PostgresStore:
                 )
 
     def alert_counts(self) -> dict[tuple[str, str], int]:
-        with self._read() as db:
-            return {
-                (channel, state): int(count)
-                for channel, state, count in db.execute(
-                    "SELECT channel, state, COUNT(*) FROM outbox GROUP BY channel, state"
-                )
-            }
+        rows = self._reading(
+            lambda db: db.execute(
+                "SELECT channel, state, COUNT(*) FROM outbox GROUP BY channel, state"
+            ).fetchall()
+        )
+        return {(channel, state): int(count) for channel, state, count in rows}
 
     def dead_alerts(self, channel: str | None = None, limit: int = 100) -> list[DeadAlert]:
-        with self._read() as db:
-            rows = db.execute(
+        rows = self._reading(
+            lambda db: db.execute(
                 "SELECT id, channel, violation_key, payload, attempts, last_error, created_at FROM outbox "
                 "WHERE state = 'dead' AND (%s::text IS NULL OR channel = %s) ORDER BY id LIMIT %s",
                 (channel, channel, limit),
             ).fetchall()
+        )
         return [
             DeadAlert(int(id_), ch, key, json.loads(payload), int(attempts), error, float(created))
             for id_, ch, key, payload, attempts, error, created in rows
@@ -659,16 +659,16 @@ class PostgresStore:
 
     def violation_cursor(self) -> str:
         """A cursor before every violation not yet committed (some just committed may follow)."""
-        with self._read() as db:
-            return f"pg:{_feed_horizon(db)}:0"
+        return f"pg:{self._reading(_feed_horizon)}:0"
 
     def violations_after(self, cursor: str, limit: int = 100) -> tuple[list[dict[str, Any]], str]:
         """Committed violations after ``cursor``, in feed order, and the cursor after them."""
         xid, last_id = cursor_position(cursor, "pg", 2)
-        with self._read() as db:
+
+        def read(db: psycopg.Connection[Any]) -> list[Any]:
             # Two statements: the rows are read with a snapshot taken after the horizon was.
             horizon = _feed_horizon(db)
-            rows = db.execute(
+            return db.execute(
                 "SELECT v.xid::text, v.id, v.key, v.session_id, v.rule, v.severity, v.message, v.action_id, "
                 "v.trace_id, v.span_id, v.at_end, v.resolved, v.created_at, s.verdict "
                 "FROM violations v LEFT JOIN sessions s ON s.session_id = v.session_id "
@@ -676,6 +676,8 @@ class PostgresStore:
                 "ORDER BY v.xid, v.id LIMIT %s",
                 (str(xid), last_id, horizon, limit),
             ).fetchall()
+
+        rows = self._reading(read)
         found = [{**feed_item(row[2:]), "cursor": f"pg:{row[0]}:{row[1]}"} for row in rows]
         return found, (found[-1]["cursor"] if found else cursor)
 
