@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import pytest
 from hypothesis import given, settings
@@ -22,7 +23,7 @@ from durable_sessions.check import check_paths
 from durable_sessions.digest import digest_value
 from durable_sessions.engine import Checker
 from durable_sessions.record import Location, line_location
-from durable_sessions.rules import select_rules
+from durable_sessions.rules import select_rules, state
 from durable_sessions.rules.state import SessionState, Symbols, remembering
 from tests.support.actions import actions, session_memory
 from tests.support.senders import require_native
@@ -90,6 +91,36 @@ def test_native_fold_when_the_symbol_table_is_full(native_remember: Any, steps: 
 @given(steps=actions.map(lambda steps: [({**r, "incarnation": "new-run"}, w) for r, w in steps]))
 def test_native_fold_when_the_incarnation_table_is_full(native_remember: Any, steps: list) -> None:
     fold_both(native_remember, steps, max_actions=100_000, symbols=Symbols, session=FullIncarnations)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    steps=st.lists(st.tuples(st.sampled_from("abcdefgh"), st.sampled_from([None, "k1", "k2", "k3", "k4"]))),
+    max_actions=st.integers(1, 4),
+)
+def test_past_its_limit_a_session_forgets_its_oldest_first(
+    native_remember: Any, steps: list, max_actions: int
+) -> None:
+    """The oldest action ids and keys are looked up a batch at a time (finding a dict's
+    first key one at a time made each action past the limit cost up to 15 times as
+    much): what is forgotten is still the oldest, in both folds, across batches."""
+    with patch.object(state, "FORGET_BATCH", 2):
+        for remember in (SessionState.remember, native_remember):
+            session = SessionState("s-1", max_actions=max_actions)
+            expected_actions: dict[str, None] = {}
+            expected_keys: dict[str, None] = {}
+            for action_id, key in steps:
+                record = {"session_id": "s-1", "action_id": action_id, "kind": "payment", "status": "ok"}
+                if key is not None:
+                    record["idempotency_key"] = key
+                remember(session, record, line_location("run.jsonl", 1), session.recall(action_id))
+                for expected, new in ((expected_actions, action_id), (expected_keys, key)):
+                    if new is not None and new not in expected:
+                        expected[new] = None
+                        if len(expected) > max_actions:
+                            del expected[next(iter(expected))]
+                assert list(session.actions) == list(expected_actions)
+                assert list(session.keys) == list(expected_keys)
 
 
 def test_native_fold_packs_what_the_rules_later_read(native_remember: Any) -> None:

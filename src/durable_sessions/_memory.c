@@ -151,7 +151,7 @@ static PyObject *S_ACTION_ID, *S_STATUS, *S_KIND, *S_INCARNATION, *S_RETRYABLE, 
     *S_SIDE_EFFECTS, *S_RESULT, *S_REDACTED, *S_RESULT_REF, *S_RESULT_DIGEST, *S_ATTEMPTS,
     *S_IDEMPOTENCY_KEY, *S_PROMPT_DIGEST, *S_OPTION, *A_ACTIONS, *A_DETAILS, *A_SYMBOLS,
     *A_PREFIXES, *A_INCARNATION, *A_MAX_ACTIONS, *M_PREFIX, *M_INCARNATION_INDEX, *M_PACK,
-    *M_KEY_AND_ATTEMPTS, *DASH, *OPTION_KEYWORD;
+    *M_KEY_AND_ATTEMPTS, *M_FORGET_OLDEST_ACTION, *DASH, *OPTION_KEYWORD;
 
 /* -- the fold ------------------------------------------------------------------------- */
 
@@ -716,9 +716,10 @@ store_action(Fold *self, Action *a, PyObject *actions)
     return failed;
 }
 
-/* Past max_actions, the oldest action id is forgotten with its details. */
+/* Past max_actions, the oldest action id is forgotten with its details, by the session
+   (SessionState.forget_oldest_action, which looks the oldest up a batch at a time). */
 static int
-trim(PyObject *session, PyObject *actions, PyObject *details)
+trim(PyObject *session, PyObject *actions)
 {
     PyObject *limit = PyObject_GetAttr(session, A_MAX_ACTIONS);
     if (limit == NULL)
@@ -729,20 +730,11 @@ trim(PyObject *session, PyObject *actions, PyObject *details)
         return -1;
     if (PyDict_GET_SIZE(actions) <= max_actions)
         return 0;
-    Py_ssize_t pos = 0;
-    PyObject *oldest, *value;
-    if (!PyDict_Next(actions, &pos, &oldest, &value))
-        return 0;
-    Py_INCREF(oldest);
-    int failed = PyDict_DelItem(actions, oldest);
-    if (!failed && PyDict_DelItem(details, oldest) < 0) {
-        if (PyErr_ExceptionMatches(PyExc_KeyError))
-            PyErr_Clear();
-        else
-            failed = -1;
-    }
-    Py_DECREF(oldest);
-    return failed;
+    PyObject *done = PyObject_CallMethodNoArgs(session, M_FORGET_OLDEST_ACTION);
+    if (done == NULL)
+        return -1;
+    Py_DECREF(done);
+    return 0;
 }
 
 static int
@@ -760,7 +752,7 @@ fold(Fold *self, Action *a)
     int failed = details == NULL || !PyDict_CheckExact(actions) || !PyDict_CheckExact(details);
     if (!failed)
         failed = store_details(self, a, details) < 0 || store_action(self, a, actions) < 0
-              || (a->prior == Py_None && trim(a->session, actions, details) < 0);
+              || (a->prior == Py_None && trim(a->session, actions) < 0);
     else if (!PyErr_Occurred())
         PyErr_SetString(PyExc_TypeError, "SessionState.actions and .details must be dicts");
     Py_XDECREF(actions);
@@ -956,6 +948,7 @@ PyInit__memory(void)
     INTERN(M_INCARNATION_INDEX, "incarnation_index");
     INTERN(M_PACK, "_pack");
     INTERN(M_KEY_AND_ATTEMPTS, "_remember_key_and_attempts");
+    INTERN(M_FORGET_OLDEST_ACTION, "forget_oldest_action");
     INTERN(DASH, "-");
 #undef INTERN
     if ((OPTION_KEYWORD = PyTuple_Pack(1, S_OPTION)) == NULL)

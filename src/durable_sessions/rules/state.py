@@ -11,7 +11,9 @@ the actions that have them; results themselves are never kept. Rules see the unp
 from __future__ import annotations
 
 import functools
+import itertools
 import sys
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -36,6 +38,8 @@ from durable_sessions.record import (
 _intern = sys.intern
 DEFAULT_KEY_WINDOW_S = 86_400
 DEFAULT_MAX_ACTIONS_PER_SESSION = 100_000
+FORGET_BATCH = 1024
+"""How many of a memory's oldest keys a session past its limit looks up at once."""
 
 _RETRYABLE, _RECORDED, _EFFECT_DONE, _HAS_DETAILS, _HAS_OUTCOME = 1, 2, 4, 8, 16
 _FLAG_BITS, _SYMBOL_BITS, _OUTCOME_BITS = 5, 24, 64
@@ -210,6 +214,7 @@ class SessionState:
         "key_window_s",
         "keys",
         "max_actions",
+        "oldest",
         "session_id",
         "symbols",
         "unfinished_effects",
@@ -239,6 +244,8 @@ class SessionState:
         self.incarnation_numbers: dict[str, int] = {}
         self.key_window_s = key_window_s
         self.max_actions = max_actions
+        self.oldest: dict[str, deque[Any]] | None = None
+        """Per memory past ``max_actions``, its next oldest keys (:meth:`_forget_oldest`)."""
 
     def recall(self, action_id: str) -> ActionMemory | None:
         """What the session remembers of ``action_id``, or None if it is new."""
@@ -333,9 +340,27 @@ class SessionState:
             bool(flags & _RECORDED), outcome, bool(flags & _EFFECT_DONE),
         )  # fmt: skip
         if prior is None and len(self.actions) > self.max_actions:
-            forgotten = next(iter(self.actions))
-            del self.actions[forgotten]
-            self.details.pop(forgotten, None)
+            self.forget_oldest_action()
+
+    def forget_oldest_action(self) -> None:
+        """Past ``max_actions``: forget the oldest action id remembered, with its details."""
+        forgotten = self._forget_oldest("actions", self.actions)
+        self.details.pop(forgotten, None)
+
+    def _forget_oldest(self, name: str, memory: dict[Any, Any]) -> Any:
+        """Delete and return ``memory``'s oldest key: its first, since each memory adds a
+        key once and only this method removes one. Finding a dict's first key scans every
+        entry deleted before it (until the dict is next resized): done for each action
+        past the limit, that made it cost up to 15 times as much. The next
+        :data:`FORGET_BATCH` oldest keys are looked up at once instead."""
+        if self.oldest is None:
+            self.oldest = {}
+        batch = self.oldest.get(name)
+        if not batch:
+            batch = self.oldest[name] = deque(itertools.islice(memory, FORGET_BATCH))
+        forgotten = batch.popleft()
+        del memory[forgotten]
+        return forgotten
 
     def _pack(self, kind: str, status: str, incarnation: str | None, where: Location, flags: int) -> int:
         """The action as one integer, or 0 when the symbol table is full."""
@@ -394,7 +419,8 @@ class SessionState:
             use = self.keys.get(given)
             if use is None:
                 self.keys[given] = KeyUse(action_id, where, parse_ts(get("ts")))
-                _trim(self.keys, self.max_actions)
+                if len(self.keys) > self.max_actions:
+                    self._forget_oldest("keys", self.keys)
             elif use.ts is None:  # the first use had no time: the first record that has one
                 use.ts = parse_ts(get("ts"))
         digest = get("prompt_digest")
@@ -407,7 +433,8 @@ class SessionState:
             and is_recorded(record)
         ):
             self.answered_prompts[digest] = (action_id, get("incarnation"))
-            _trim(self.answered_prompts, self.max_actions)
+            if len(self.answered_prompts) > self.max_actions:
+                self._forget_oldest("answered_prompts", self.answered_prompts)
         return key, attempts
 
 
@@ -440,8 +467,3 @@ def _native_fold(module: ModuleType) -> Any:
         outcome_shift=_OUTCOME_SHIFT,
         position_shift=_POSITION_SHIFT,
     )
-
-
-def _trim(memory: dict, limit: int) -> None:
-    if len(memory) > limit:
-        del memory[next(iter(memory))]
