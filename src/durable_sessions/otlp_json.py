@@ -119,7 +119,7 @@ def resource_of(group: dict[str, Any], *, only_mapped: bool = False) -> tuple[di
     resource = group.get("resource")
     try:
         if resource is not None and not isinstance(resource, dict):
-            raise BadValue(f"is {_json_kind(resource)}, not an object")
+            raise BadValue(f"is {json_kind(resource)}, not an object")
         return attributes_of(resource.get("attributes") if resource else None, only_mapped=only_mapped), None
     except BadValue as error:
         return {}, f"resource {error}"
@@ -190,7 +190,7 @@ def status_error(status: Any) -> bool:
     if status is None:
         return False
     if not isinstance(status, dict):
-        raise BadValue(f"status is {_json_kind(status)}, not an object")
+        raise BadValue(f"status is {json_kind(status)}, not an object")
     code = status.get("code")
     if code is None:
         return False
@@ -223,7 +223,7 @@ def attributes_of(key_values: Any, *, only_mapped: bool = False) -> dict[str, An
     if key_values is None:
         return attributes
     if not isinstance(key_values, list):
-        raise BadValue(f"attributes is {_json_kind(key_values)}, not a list")
+        raise BadValue(f"attributes is {json_kind(key_values)}, not a list")
     is_mapped = sc.is_mapped
     for index, entry in enumerate(key_values):
         key = entry.get("key") if isinstance(entry, dict) else None
@@ -273,7 +273,7 @@ def any_value(value: Any) -> Any:
     if value is None:
         return None
     if not isinstance(value, dict):
-        raise BadValue(f"value is {_json_kind(value)}, not an AnyValue object")
+        raise BadValue(f"value is {json_kind(value)}, not an AnyValue object")
     present = [(_VALUE_FIELDS[name], inner) for name, inner in value.items() if name in _VALUE_FIELDS]
     if not present:
         return None
@@ -351,12 +351,12 @@ def _bytes(inner: Any) -> bytes:
 
 def _values(inner: Any, kind: str) -> list[Any]:
     if not isinstance(inner, dict):
-        raise BadValue(f"{kind} is {_json_kind(inner)}, not an object")
+        raise BadValue(f"{kind} is {json_kind(inner)}, not an object")
     values = inner.get("values")
     if values is None:
         return []
     if not isinstance(values, list):
-        raise BadValue(f"{kind}.values is {_json_kind(values)}, not a list")
+        raise BadValue(f"{kind}.values is {json_kind(values)}, not a list")
     return values
 
 
@@ -385,7 +385,9 @@ _READERS = {
 }
 
 
-def _json_kind(value: Any) -> str:
+def json_kind(value: Any) -> str:
+    """What a JSON value is, for a message: "an object", "an array", "a string", "null",
+    "a boolean" or "a number"."""
     if isinstance(value, dict):
         return "an object"
     if isinstance(value, list):
@@ -409,7 +411,7 @@ def _shown(value: Any) -> str:
         return text if len(text) <= 24 else text[:21] + "..."
     if type(value) is str:
         return repr(value if len(value) <= 20 else value[:17] + "...")
-    return _json_kind(value)
+    return json_kind(value)
 
 
 # -- writing -----------------------------------------------------------------------------

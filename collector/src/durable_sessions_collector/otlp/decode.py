@@ -120,7 +120,7 @@ def read_json(
         raise BadData(f"request body is not valid JSON: {error}") from None
     if not isinstance(document, dict):
         raise BadData(
-            f"request body must be a JSON object (ExportTraceServiceRequest), got {_kind(document)}"
+            f"request body must be a JSON object (ExportTraceServiceRequest), got {otlp_json.json_kind(document)}"
         )
     legacy = otlp_json.legacy_group(document)
     if legacy is not None:
@@ -197,12 +197,6 @@ def _leave_out_values(span: dict[str, Any]) -> None:
         span.pop(name, None)
 
 
-def _kind(value: Any) -> str:
-    return {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}.get(
-        type(value), "null" if value is None else type(value).__name__
-    )
-
-
 def _json_spans(document: dict[str, Any]) -> Iterator[tuple[tuple[int, int, int], dict[str, Any]]]:
     resources = document.get("resourceSpans", document.get("resource_spans"))
     if not isinstance(resources, list):
@@ -242,7 +236,7 @@ def _hex_ids_to_base64(node: dict[str, Any], label: str = "") -> Iterator[str | 
                 continue
             if not isinstance(value, str):
                 del node[name]
-                yield f"{label}{camel} must be a hex string, got {_kind(value)}"
+                yield f"{label}{camel} must be a hex string, got {otlp_json.json_kind(value)}"
                 continue
             raw = _hex_bytes(value)
             if raw is None:
