@@ -252,7 +252,7 @@ def _alerts(args: argparse.Namespace, config: Config, out: Output) -> int:
         _complain("--limit must be from 1 to 1000")
         return 2
     try:
-        config.secrets()  # a token file that cannot be read: said before the store is opened
+        redact = _redactor(config)  # a token file that cannot be read: said before the store is opened
     except ConfigError as error:
         _complain(f"invalid configuration: {error}")
         return 2
@@ -265,7 +265,7 @@ def _alerts(args: argparse.Namespace, config: Config, out: Output) -> int:
         if args.alerts_command == "redeliver":
             _redeliver(store, args.channel, config, out)
             return 0
-        _print_dead(store.dead_alerts(args.channel, args.limit), args.json, out, _redactor(config))
+        _print_dead(store.dead_alerts(args.channel, args.limit), args.json, out, redact)
         return 0
     except StoreError as error:
         _complain(f"store: {error}", config)
