@@ -755,10 +755,7 @@ class _Ending:
         if self.runs:
             crash.after(self.boundary)
             if self.entry is not None:
-                completed = _completed(self.entry, self.act)
-                _journal_put(
-                    self.journal, dataclasses.replace(completed, awaited=True) if awaited else completed
-                )
+                _journal_put(self.journal, _completed(self.entry, self.act, awaited=awaited))
         self._landed()
 
     def raised(self, error: BaseException) -> None:
@@ -877,10 +874,13 @@ def _journal_entry(
     )
 
 
-def _completed(entry: Entry, act: Action) -> Entry:
-    """The write-ahead ``entry``, completed ``ok`` with ``act``'s recorded outcome."""
+def _completed(entry: Entry, act: Action, *, awaited: bool = False) -> Entry:
+    """The write-ahead ``entry``, completed ``ok`` with ``act``'s recorded outcome
+    (``awaited``: the outcome of awaiting what the action returned)."""
     data, digest, ref = act._recorded_as
-    return dataclasses.replace(entry, status=sc.STATUS_OK, result=data, result_digest=digest, result_ref=ref)
+    return dataclasses.replace(
+        entry, status=sc.STATUS_OK, result=data, result_digest=digest, result_ref=ref, awaited=awaited
+    )
 
 
 def _journal_put(journal: Journal | None, entry: Entry) -> None:
