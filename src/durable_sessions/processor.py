@@ -25,7 +25,8 @@ exporting processors, so that they still see the span).
 
 Sessions are held in a bounded LRU (``max_sessions``); an evicted session, and every
 session at :meth:`end_sessions` and :meth:`shutdown`, is ended and its end-of-session
-rules run. :meth:`force_flush` reports what was found so far and ends no session. In ``on_start`` the processor copies the session id of the surrounding
+rules run. :meth:`force_flush` reports what was found so far and ends no session. In
+``on_start`` the processor copies the session id of the surrounding
 :func:`durable_sessions.instrument.session` block, or of the parent span, onto spans
 that carry none.
 

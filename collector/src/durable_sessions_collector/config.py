@@ -2,8 +2,8 @@
 
 Every setting has one dotted key (nested in the file: ``evaluation: {idle_s: 5}``), one
 environment variable and one command-line flag; later sources win: defaults < file <
-environment < flags. The table :data:`OPTIONS` is the single source of all three names, of the defaults and of the
-documentation (``durable-sessions-collector config-reference`` prints it, and
+environment < flags. The table :data:`OPTIONS` is the single source of all three names,
+of the defaults and of the documentation (``durable-sessions-collector config-reference`` prints it, and
 ``collector/README.md`` holds a copy).
 
 Invalid configuration stops start-up with :class:`ConfigError`, whose message names the
