@@ -198,13 +198,13 @@ def _leave_out_values(span: dict[str, Any]) -> None:
 
 
 def _json_spans(document: dict[str, Any]) -> Iterator[tuple[tuple[int, int, int], dict[str, Any]]]:
-    resources = document.get("resourceSpans", document.get("resource_spans"))
+    resources = otlp_json.field(document, "resourceSpans", "resource_spans")
     if not isinstance(resources, list):
         return
     for i, resource in enumerate(resources):
         if not isinstance(resource, dict):
             continue
-        scopes = resource.get("scopeSpans", resource.get("scope_spans"))
+        scopes = otlp_json.field(resource, "scopeSpans", "scope_spans")
         if not isinstance(scopes, list):
             continue
         for j, scope in enumerate(scopes):
