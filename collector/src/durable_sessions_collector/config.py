@@ -43,6 +43,7 @@ import yaml
 
 ENV_PREFIX = "DURABLE_SESSIONS_"
 MIB = 1024 * 1024
+GIB = 1024 * MIB
 
 
 class ConfigError(ValueError):
@@ -507,6 +508,10 @@ OPTIONS: tuple[Option, ...] = (
            "in the listen backlog and idle keep-alive connections are closed to make room"),
     Option("receivers.max_request_bytes", "DURABLE_SESSIONS_MAX_REQUEST_BYTES", _positive_int, 64 * MIB,
            "largest accepted Export request, after decompression (both receivers)"),
+    Option("receivers.max_decoding_bytes", "DURABLE_SESSIONS_MAX_DECODING_BYTES", _positive_int, GIB,
+           "memory the Export requests decoded at once may take (both receivers), each weighed as "
+           "its decompressed size times what decoding takes per byte (see Decoding memory); past it "
+           "receivers answer 503 / UNAVAILABLE (retryable); a request alone is always decoded"),
     Option("pipeline.queue_size", "DURABLE_SESSIONS_QUEUE_SIZE", _positive_int, 64,
            "Export requests waiting to be written; past it receivers answer 503 / UNAVAILABLE"),
     Option("pipeline.retry_after_s", "DURABLE_SESSIONS_RETRY_AFTER_S", _positive_int, 1,
@@ -598,6 +603,7 @@ class Config:
     receivers_http_endpoint: str = "127.0.0.1:4320"
     receivers_http_max_connections: int = 256
     receivers_max_request_bytes: int = 64 * MIB
+    receivers_max_decoding_bytes: int = GIB
     pipeline_queue_size: int = 64
     pipeline_retry_after_s: int = 1
     pipeline_max_batch: int = 64

@@ -29,6 +29,7 @@ from durable_sessions_collector.credentials import BearerToken, TlsFiles
 from durable_sessions_collector.evaluator import Evaluator
 from durable_sessions_collector.httpserver import HttpServer, Router
 from durable_sessions_collector.jsonlog import JsonLog
+from durable_sessions_collector.otlp.budget import DecodingBudget
 from durable_sessions_collector.otlp.grpc_receiver import GrpcReceiver, worker_count
 from durable_sessions_collector.otlp.http_receiver import PATH, HttpTraceReceiver
 from durable_sessions_collector.otlp.receiver import TraceReceiver
@@ -171,8 +172,18 @@ class Service:
             )
             if config.alerts_log_enabled:
                 self.log_alerts.deliver_pending()  # left pending by a previous run
+            # One budget for both ports: the memory of the requests they decode at once.
+            self.budget = budget = DecodingBudget(
+                config.receivers_max_decoding_bytes, retry_after_s=config.pipeline_retry_after_s
+            )
+            metrics.decoding_bytes.set_function(lambda: budget.in_use)
+            metrics.decoding_bytes_limit.set(budget.limit)
             receiver = TraceReceiver(
-                self.pipeline, metrics, log, attribute_value_limit=config.evaluation_attribute_value_limit
+                self.pipeline,
+                metrics,
+                log,
+                budget,
+                attribute_value_limit=config.evaluation_attribute_value_limit,
             )
             token = config.bearer_token()
             bearer, tls, credentials = self._credentials(token, metrics)

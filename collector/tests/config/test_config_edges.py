@@ -230,6 +230,7 @@ def test_every_documented_option_has_a_working_environment_override(tmp_path: Pa
         "receivers.http.endpoint": ("localhost:5001", "localhost:5001"),
         "receivers.http.max_connections": ("17", 17),
         "receivers.max_request_bytes": ("1024", 1024),
+        "receivers.max_decoding_bytes": ("4096", 4096),
         "pipeline.queue_size": ("3", 3),
         "pipeline.retry_after_s": ("7", 7),
         "pipeline.max_batch": ("5", 5),
@@ -1034,7 +1035,7 @@ def documented_metrics() -> dict[str, set[str]]:
 
 def test_metrics_names_and_labels_match_the_readme(start_sidecar) -> None:  # type: ignore[no-untyped-def]
     documented = documented_metrics()
-    assert len(documented) == 25
+    assert len(documented) == 28
     with WebhookServer() as hook:
         sidecar = start_sidecar(alerts__webhook__url=hook.url)
         agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")

@@ -32,6 +32,7 @@ def test_defaults_bind_loopback_with_the_otlp_limits() -> None:
     assert config.receivers_grpc_endpoint == "127.0.0.1:4319"
     assert config.receivers_http_endpoint == "127.0.0.1:4320"
     assert config.receivers_max_request_bytes == 64 * 1024 * 1024
+    assert config.receivers_max_decoding_bytes == 1024 * 1024 * 1024
     assert config.evaluation_idle_s == 30 and config.evaluation_strict is False
     assert set(config.sources.values()) == {"default"}
 

@@ -27,7 +27,7 @@ import json
 from typing import Any
 
 import pytest
-from durable_sessions_collector.otlp import http_receiver
+from durable_sessions_collector.otlp import receiver
 from durable_sessions_collector.store.stored import hidden
 from google.protobuf import json_format
 from google.rpc import code_pb2, error_details_pb2, status_pb2
@@ -553,13 +553,16 @@ def test_an_internal_error_on_v1_traces_is_a_500_with_a_status(sidecar, monkeypa
     def broken(*_: Any) -> None:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(http_receiver, "json_span_parts", broken)
+    monkeypatch.setattr(receiver, "json_span_parts", broken)
     status, headers, data = post(sidecar, json_request(json_span("bug", "b")), JSON)
     assert (status, headers["Content-Type"]) == (500, JSON)
     answer = strict_status(headers, data)
     assert (answer.code, answer.message) == (code_pb2.INTERNAL, "internal error; see the sidecar log")
     [line] = [line for line in sidecar.log.lines() if line["event"] == "http-handler-failed"]
     assert line["error"] == "RuntimeError: a bug"
+    # The decoding budget was given back: nothing is weighed as being decoded.
+    assert sidecar.service.budget.in_use == 0
+    assert sidecar.metric("durable_sessions_decoding_bytes") == 0
 
 
 @pytest.mark.parametrize("path", ["/v1/traces/", "/v1/logs", "/v1/metrics", "/v1/trace"])

@@ -224,6 +224,26 @@ class Metrics:
             "Idle keep-alive connections the HTTP port closed to make room for a waiting one",
             registry=registry,
         )
+        self.decoding_bytes = Gauge(
+            "durable_sessions_decoding_bytes",
+            "Memory the Export requests being decoded are weighed at (receivers.max_decoding_bytes)",
+            registry=registry,
+        )
+        self.decoding_bytes_limit = Gauge(
+            "durable_sessions_decoding_bytes_limit",
+            "Memory the Export requests decoded at once may be weighed at (receivers.max_decoding_bytes); "
+            "one request alone may pass it",
+            registry=registry,
+        )
+        self.decoding_refused = Counter(
+            "durable_sessions_decoding_refused",
+            "Export requests refused before decoding (503 / UNAVAILABLE, retried by the client): "
+            "the decoding budget had no room for them",
+            ["transport"],
+            registry=registry,
+        )
+        for transport in ("grpc", "http"):  # at 0 from the start, for increase()
+            self.decoding_refused.labels(transport)
         self.credential_reloads = Counter(
             "durable_sessions_credential_reloads",
             "Changed credential files (credential: token, tls) loaded or refused (outcome: loaded, failed)",

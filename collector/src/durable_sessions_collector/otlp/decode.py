@@ -353,6 +353,12 @@ def _wire_decoder() -> Any:
 _WIRE = _wire_decoder()
 
 
+def wire_in_use() -> bool:
+    """Whether binary requests are read by ``_wire`` (built, and not turned off by
+    ``DURABLE_SESSIONS_NATIVE``) before the reference path."""
+    return _WIRE is not None
+
+
 def protobuf_span_parts(body: bytes, rejected: list[str]) -> list[SpanParts]:
     """The parts of a binary request's spans, as :func:`span_parts` gives them with
     :func:`mapped_attributes_of`; spans with unusable ids are described in ``rejected``.

@@ -9,7 +9,8 @@ permanent *and* misattributes to the server). Answers, per the OTLP specificatio
   spans, when some were not (the valid ones are stored);
 - ``INVALID_ARGUMENT``: the request cannot be decoded (not retried by clients);
 - ``RESOURCE_EXHAUSTED``: over ``max_request_bytes`` (grpcio enforces the receive limit);
-- ``UNAVAILABLE`` with ``RetryInfo``: the write queue is full or the store failed; the
+- ``UNAVAILABLE`` with ``RetryInfo``: the write queue is full, the decoding budget has
+  no room for the request (:mod:`.budget`), or the store failed; the
   ``RetryInfo`` is sent both in ``grpc-status-details-bin`` (``google.rpc.Status``, as
   Go clients read it) and as ``google.rpc.retryinfo-bin`` (as the Python SDK reads it).
 """
@@ -25,7 +26,8 @@ from google.rpc import code_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from durable_sessions_collector.jsonlog import JsonLog
-from durable_sessions_collector.otlp.decode import BadData, protobuf_span_parts
+from durable_sessions_collector.otlp.budget import DecodingRefused
+from durable_sessions_collector.otlp.decode import BadData
 from durable_sessions_collector.otlp.receiver import TraceReceiver, retry_info, rpc_status, spread_retry
 from durable_sessions_collector.pipeline import Overloaded, Unavailable
 
@@ -182,10 +184,13 @@ class GrpcReceiver:
         try:
             rejected: list[str] = []
             try:
-                spans = protobuf_span_parts(body, rejected)
+                spans = self.receiver.decode(body, rejected, TRANSPORT)
             except BadData as error:
                 metrics.requests.labels(TRANSPORT, "invalid").inc()
                 context.abort_with_status(invalid_argument_status(str(error)))
+            except DecodingRefused as error:
+                metrics.requests.labels(TRANSPORT, "unavailable").inc()
+                context.abort_with_status(unavailable_status(str(error), error.retry_after_s))
             try:
                 outcome = self.receiver.export(spans, rejected, TRANSPORT)
             except Overloaded as error:

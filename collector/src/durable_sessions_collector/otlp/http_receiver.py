@@ -13,7 +13,7 @@ Answers, per the OTLP specification (the response has the request's Content-Type
 | ``Transfer-Encoding`` other than chunked | 501 | connection closed |
 | body over ``max_request_bytes`` (after decompression) | 413 | decompression stops at the limit |
 | ``Content-Type`` not protobuf/JSON, unknown ``Content-Encoding`` | 415 | |
-| write queue full, store failure | 503 | ``Retry-After`` seconds, ``RetryInfo`` in the Status |
+| write queue full, decoding budget in use, store failure | 503 | ``Retry-After`` seconds, ``RetryInfo`` in the Status |
 | a method other than POST | 405 | ``Allow``; the Status in JSON unless the request says protobuf |
 """
 
@@ -27,8 +27,9 @@ from google.rpc import code_pb2
 
 from durable_sessions_collector.httpserver import BodyError, BodyTooLarge, Request, Response
 from durable_sessions_collector.jsonlog import JsonLog
+from durable_sessions_collector.otlp.budget import DecodingRefused
 from durable_sessions_collector.otlp.content_encoding import DECODERS, ENCODINGS, TooLarge, decompress
-from durable_sessions_collector.otlp.decode import BadData, json_span_parts, protobuf_span_parts
+from durable_sessions_collector.otlp.decode import BadData, SpanParts
 from durable_sessions_collector.otlp.receiver import TraceReceiver, rpc_status, spread_retry
 from durable_sessions_collector.pipeline import Overloaded, Unavailable
 
@@ -102,25 +103,10 @@ class HttpTraceReceiver:
                 f"unsupported Content-Encoding {encoding!r}; send {', '.join(ENCODINGS)} or none",
                 media_type,
             )
-        try:
-            raw = request.read_body(self.limit)
-            body = decompress(raw, encoding, self.limit)
-        except (BodyTooLarge, TooLarge) as error:
-            count(TRANSPORT, "too_large").inc()
-            return status_body(413, str(error), media_type)
-        except BodyError as error:
-            count(TRANSPORT, "unsupported" if error.status == 501 else "invalid").inc()
-            request.handler.close_connection = True
-            return status_body(error.status, str(error), media_type)  # 400, or 501 (transfer coding)
-        except BadData as error:
-            count(TRANSPORT, "invalid").inc()
-            return status_body(400, str(error), media_type)
         rejected: list[str] = []
-        try:
-            spans = (json_span_parts if json_encoding else protobuf_span_parts)(body, rejected)
-        except BadData as error:
-            count(TRANSPORT, "invalid").inc()
-            return status_body(400, str(error), media_type)
+        spans = self._decoded(request, encoding, media_type, rejected)
+        if isinstance(spans, Response):
+            return spans
         try:
             outcome = self.receiver.export(spans, rejected, TRANSPORT)
         except Overloaded as error:
@@ -135,3 +121,27 @@ class HttpTraceReceiver:
             return status_body(503, "internal error in the sidecar (see its log); retry later", media_type, 1)
         count(TRANSPORT, "partial" if outcome.rejected else "ok").inc()
         return _encode(200, outcome.response(), media_type)
+
+    def _decoded(
+        self, request: Request, encoding: str, media_type: str, rejected: list[str]
+    ) -> list[SpanParts] | Response:
+        """The request's spans (see :meth:`TraceReceiver.decode`), or the answer when its
+        body cannot be read, decompressed or decoded, or the decoding budget has no room
+        for it. The body is not held once its spans are decoded, while they are committed."""
+        count = self.metrics.requests.labels
+        try:
+            body = decompress(request.read_body(self.limit), encoding, self.limit)
+            return self.receiver.decode(body, rejected, TRANSPORT, json=media_type == JSON)
+        except (BodyTooLarge, TooLarge) as error:
+            count(TRANSPORT, "too_large").inc()
+            return status_body(413, str(error), media_type)
+        except BodyError as error:
+            count(TRANSPORT, "unsupported" if error.status == 501 else "invalid").inc()
+            request.handler.close_connection = True
+            return status_body(error.status, str(error), media_type)  # 400, or 501 (transfer coding)
+        except BadData as error:
+            count(TRANSPORT, "invalid").inc()
+            return status_body(400, str(error), media_type)
+        except DecodingRefused as error:
+            count(TRANSPORT, "unavailable").inc()
+            return status_body(503, str(error), media_type, error.retry_after_s)

@@ -16,7 +16,13 @@ from durable_sessions.record import span_location
 from durable_sessions_collector.alerts.metrics import Metrics
 from durable_sessions_collector.evaluator import Arrival, arrival
 from durable_sessions_collector.jsonlog import JsonLog
-from durable_sessions_collector.otlp.decode import MAX_NAMED_REJECTIONS, SpanParts
+from durable_sessions_collector.otlp.budget import DecodingBudget, DecodingRefused
+from durable_sessions_collector.otlp.decode import (
+    MAX_NAMED_REJECTIONS,
+    SpanParts,
+    json_span_parts,
+    protobuf_span_parts,
+)
 from durable_sessions_collector.pipeline import Job, Overloaded, Pipeline, Unavailable
 
 MAX_MESSAGE_CHARS = 4000
@@ -82,15 +88,37 @@ def rejection_message(rejected: list[str], total: int) -> str:
 
 
 class TraceReceiver:
-    """Turns an Export request's spans into committed action records."""
+    """Decodes an Export request within the decoding budget, and turns its spans into
+    committed action records."""
 
     def __init__(
-        self, pipeline: Pipeline, metrics: Metrics, log: JsonLog, *, attribute_value_limit: int | None = None
+        self,
+        pipeline: Pipeline,
+        metrics: Metrics,
+        log: JsonLog,
+        budget: DecodingBudget,
+        *,
+        attribute_value_limit: int | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.metrics = metrics
         self.log = log
+        self.budget = budget
         self.attribute_value_limit = attribute_value_limit
+
+    def decode(
+        self, body: bytes, rejected: list[str], transport: str, *, json: bool = False
+    ) -> list[SpanParts]:
+        """The parts of the spans of ``body`` (OTLP/JSON with ``json``, else binary protobuf),
+        decoded while the budget holds their weight; spans with unusable ids are described
+        in ``rejected``. Raise :class:`DecodingRefused` (counted) when the budget has no room
+        for them now, :class:`BadData` when ``body`` is not an Export request."""
+        try:
+            with self.budget.reserved(len(body), json=json):
+                return (json_span_parts if json else protobuf_span_parts)(body, rejected)
+        except DecodingRefused:
+            self.metrics.decoding_refused.labels(transport).inc()
+            raise
 
     def export(self, spans: list[SpanParts], rejected: list[str], transport: str) -> Outcome:
         """Store the actions among a request's ``spans`` (``rejected``: why its other spans

@@ -1,0 +1,89 @@
+"""The receivers' budget for the memory of the Export requests being decoded at once
+(``receivers.max_decoding_bytes``), shared by the OTLP/gRPC and OTLP/HTTP ports.
+
+Decoding takes several times a request's body in memory: ``orjson`` reads a whole
+OTLP/JSON document into Python objects before anything is left out, and the protobuf
+paths build the span parts (the reference path also upb's message). Each port serves
+many requests at once (the HTTP port a thread per connection, up to
+``receivers.http.max_connections``; the gRPC port a worker per call), so a burst of large
+Exports could take more memory than the machine has. Every request is weighed before it
+is decoded, and a request is decoded only if its weight fits in what the budget has left,
+or if it is the only one being decoded (a request up to ``receivers.max_request_bytes``
+always goes through, alone); the others are refused at once with the write queue's
+retryable answer (503 + ``Retry-After``, ``UNAVAILABLE`` + ``RetryInfo``), as the
+OpenTelemetry Collector's ``memory_limiter`` refuses data. The weight is held until the
+decoding ends, however it ends.
+
+A request's weight is its body's size, after decompression, times the peak memory that
+decoding it takes per body byte, the body itself included (``benchmarks/otlp_decode_memory.py``
+measures them; the factors below are the largest it found for what SDKs send, rounded up).
+What is not counted: a body while it is received and decompressed (at most the body, and
+its compressed form, per connection) and while its spans wait to be committed (bounded by
+the write queue), and grpcio's own copy of a gRPC message.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from durable_sessions_collector.otlp import decode
+from durable_sessions_collector.pipeline import Overloaded
+
+JSON_FACTOR = 22
+"""OTLP/JSON: the body and 21.0 times it (spans of many short attributes; SDK action
+spans 14.4, spans of long foreign attributes and events 5.8)."""
+
+WIRE_FACTOR = 5
+"""Protobuf through ``_wire``: the body and 3.7 times it (SDK action spans; 1.1 with many
+short foreign attributes, 0.2 with long ones). A request ``_wire`` declines (anything
+unusual) is decoded by the reference path, at up to 7.3 times, but weighed as this."""
+
+REFERENCE_FACTOR = 9
+"""Protobuf through the reference path (``_wire`` not built, or
+``DURABLE_SESSIONS_NATIVE=false``): the body and 7.3 times it."""
+
+
+class DecodingRefused(Overloaded):
+    """The request does not fit in the decoding budget now: the client should retry after
+    ``retry_after_s`` or more (answered as a full write queue is)."""
+
+
+class DecodingBudget:
+    """Weighs the requests being decoded against ``limit`` bytes; thread-safe."""
+
+    def __init__(self, limit: int, *, retry_after_s: int) -> None:
+        self.limit = limit
+        self.retry_after_s = retry_after_s
+        self.protobuf_factor = WIRE_FACTOR if decode.wire_in_use() else REFERENCE_FACTOR
+        self.in_use = 0
+        """Bytes weighed by the requests being decoded (may pass ``limit`` for one request alone)."""
+        self._decoding = 0
+        self._lock = threading.Lock()
+
+    def weight(self, size: int, *, json: bool) -> int:
+        """The memory a body of ``size`` bytes (decompressed) takes while it is decoded."""
+        return size * (JSON_FACTOR if json else self.protobuf_factor)
+
+    @contextmanager
+    def reserved(self, size: int, *, json: bool) -> Iterator[None]:
+        """Hold the weight of a body of ``size`` bytes while the ``with`` block decodes it;
+        raise :class:`DecodingRefused` when it fits neither in what is left nor alone."""
+        weight = self.weight(size, json=json)
+        with self._lock:
+            if self._decoding and self.in_use + weight > self.limit:
+                raise DecodingRefused(
+                    self.retry_after_s,
+                    f"decoding memory budget in use ({self._decoding} Export requests weighing "
+                    f"{self.in_use} of {self.limit} bytes, receivers.max_decoding_bytes; this one "
+                    f"{weight}); retry after the delay given (RetryInfo, Retry-After)",
+                )
+            self.in_use += weight
+            self._decoding += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.in_use -= weight
+                self._decoding -= 1
