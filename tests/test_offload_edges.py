@@ -605,3 +605,59 @@ def test_the_checker_finds_a_package_imported_from_a_directory_put_on_sys_path(t
     assert done.returncode == 0, done.stderr
     assert done.stdout.split(" ", 2)[:2] == ["True", "process"], done.stdout + done.stderr
     assert "unkeyed-side-effect" in done.stdout and done.stdout.strip().endswith(" 0"), done.stdout
+
+
+_GROUP_SIGNAL_SCRIPT = textwrap.dedent(
+    """
+    import signal, sys, threading
+    from opentelemetry.sdk.trace import TracerProvider
+    from durable_sessions import semconv as sc
+    from durable_sessions.processor import DurabilitySpanProcessor
+
+    stop = threading.Event()
+    signal.signal(getattr(signal, sys.argv[1]), lambda *_: stop.set())  # a graceful shutdown
+    found = []
+    processor = DurabilitySpanProcessor(mode="silent", checking="process", on_violation=found.append)
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    assert processor.wait_checked(30)
+    print("ready", flush=True)
+    assert stop.wait(30)
+    attributes = {sc.SESSION_ID: "s", sc.ACTION_ID: "p1", sc.ACTION_KIND: "payment"}  # unkeyed
+    with provider.get_tracer("t").start_as_current_span("pay", attributes=attributes):
+        pass
+    provider.shutdown()
+    print("found", sorted({v.rule for v in found}), "errors", processor.internal_errors, flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGHUP"])
+def test_a_signal_to_the_process_group_leaves_the_checker_to_the_applications_shutdown(
+    sender: str, signal_name: str
+) -> None:
+    """A supervisor that stops a service signals its whole process group (systemd's default
+    ``KillMode=control-group``, supervisord's ``stopasgroup``, ``kill -- -PGID``, a closed
+    terminal's SIGHUP): the checker process must outlive the signal, so that the spans the
+    application ends while it shuts down gracefully are still checked, with no internal
+    error. The checker ends when the application closes its input, as after Ctrl-C."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    app = subprocess.Popen(
+        [sys.executable, "-c", _GROUP_SIGNAL_SCRIPT, signal_name],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,  # a process group of its own, as a service has
+    )
+    try:
+        assert app.stdout is not None and app.stdout.readline().strip() == "ready"
+        os.killpg(app.pid, getattr(signal, signal_name))
+        out, err = app.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(app.pid, signal.SIGKILL)
+    assert app.returncode == 0, err
+    assert out.splitlines()[-1] == "found ['unkeyed-side-effect'] errors 0", err
+    assert "failing open" not in err

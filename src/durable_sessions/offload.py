@@ -605,11 +605,21 @@ class _Session:
         return []  # SYNC: only the findings before it
 
 
+_GROUP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+"""Signals the checker process ignores: they reach it with its application's process group."""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run as the checker process: frames in on stdin, findings out on stdout."""
     args = sys.argv[1:] if argv is None else argv
-    # Ctrl-C is for the application; this process ends when the application closes the pipe.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # This process ends when the application closes the pipe, never before it. Signals
+    # sent to the whole process group are the application's to act on: Ctrl-C, the
+    # SIGTERM of a supervisor that stops a group (systemd's default KillMode, supervisord's
+    # stopasgroup), a closed terminal's SIGHUP. Killed by them, the checker would miss the
+    # spans the application ends while it shuts down gracefully.
+    for name in _GROUP_SIGNALS:
+        with contextlib.suppress(AttributeError, OSError, ValueError):  # absent on this platform
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
     # Checking is background work: where it competes with the application for a CPU,
     # the application goes first.
     with contextlib.suppress(OSError, AttributeError):
