@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -147,6 +148,30 @@ def test_shutdown_ends_sessions_and_reaps_the_checker_process(sender: str) -> No
     provider.shutdown()
     assert [v.rule for v in seen] == ["unresolved-side-effect"]
     assert child.poll() == 0
+
+
+def open_descriptors() -> set[str]:
+    """What this process's open file descriptors are open on (``pipe:[inode]``, a path)."""
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the descriptor listdir itself used, closed since
+            found.add(os.readlink(f"/proc/self/fd/{fd}"))
+    return found
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="lists descriptors through /proc")
+def test_shutdown_closes_every_pipe_to_the_checker_process(sender: str) -> None:
+    """A process that builds processors and shuts them down (a provider per tenant, a test
+    suite) must not keep a pipe per checker it ever started for as long as it keeps the
+    processor object."""
+    before = open_descriptors()
+    processors = []
+    for _ in range(3):
+        processor = DurabilitySpanProcessor(mode="silent", checking="process")
+        assert processor.wait_checked(30)
+        processor.shutdown()
+        processors.append(processor)  # kept, as a provider keeps its processors
+    assert {fd for fd in open_descriptors() - before if fd.startswith("pipe:")} == set()
 
 
 def test_a_dead_checker_process_fails_open(caplog: pytest.LogCaptureFixture, sender: str) -> None:

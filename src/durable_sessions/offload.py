@@ -414,6 +414,9 @@ class CheckerProcess:
             self._process.wait()
         self._reader.join(timeout_s)
         self._alive = False
+        if not self._reader.is_alive():  # its input, read to the end: closed, not kept until collected
+            with contextlib.suppress(OSError):
+                self._process.stdout.close()  # type: ignore[union-attr]
 
     # -- internals -----------------------------------------------------------------
 
