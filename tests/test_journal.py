@@ -761,6 +761,61 @@ def test_a_block_in_a_generator_closed_early_is_journaled_as_completed(journal: 
         assert (entry.status, entry.outcome) == ("ok", ["receipt", "more"])
 
 
+def test_a_side_effect_in_a_generator_closed_before_its_outcome_is_in_doubt(journal: SqliteJournal) -> None:
+    """A consumer that stops a generator inside a side effect's block, before the block
+    recorded an outcome, cut the effect short: it may not have happened (here it did not).
+    Journaled ``ok`` without an outcome, it was replayed as ``None`` from then on, and the
+    payment was never made; it is in doubt instead, as after a cancellation."""
+    charges: list[int] = []
+    agent = Agent(journal)
+
+    def checkout(**fields: Any) -> Any:
+        with agent.action("p1", "payment", **fields) as act:
+            if act.replayed or act.skipped:
+                return
+            yield "confirm?"  # the consumer stops here: nothing is charged
+            charges.append(2400)
+            act.record({"charged": 2400})
+
+    with session("s-1", journal=journal):
+        steps = checkout()
+        assert next(steps) == "confirm?"
+        steps.close()
+    assert journal.get("s-1", "p1").status == "started"
+    assert agent.attributes("p1")[sc.ACTION_STATUS] == "started"  # the span says what the journal says
+    restart()
+    with session("s-1", journal=journal), pytest.raises(ActionInDoubt):
+        list(checkout())
+    key = instrument.idempotency_key("s-1", "p1")
+    journal.discard("s-1", "p1")
+    with session("s-1", journal=journal):  # under a key, a resumed run makes the payment
+        steps = checkout(idempotency_key=key)
+        next(steps)
+        steps.close()
+    restart()
+    with session("s-1", journal=journal):
+        assert list(checkout(idempotency_key=key)) == ["confirm?"]
+    assert charges == [2400]
+
+
+def test_a_read_in_a_generator_closed_before_its_outcome_ends_normally(journal: SqliteJournal) -> None:
+    """Not a side effect: a consumer's early stop is a normal end, and the read runs again."""
+    agent = Agent(journal)
+
+    def pages() -> Any:
+        with agent.action("r1", "external_read") as act:
+            yield "page 1"
+            yield "page 2"
+            act.record("done")
+
+    with session("s-1", journal=journal):
+        steps = pages()
+        next(steps)
+        steps.close()
+    assert journal.get("s-1", "r1").status == "ok"
+    assert sc.ACTION_STATUS not in agent.attributes("r1")
+
+
 # -- fork ------------------------------------------------------------------------------------
 
 

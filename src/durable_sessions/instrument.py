@@ -16,9 +16,10 @@
   with its digest, or, when the JSON is longer than ``max_result_chars`` or would not
   fit under the span's attribute length limit, writes it to a :class:`ResultStore` and
   records the reference. An ``Exception`` sets the span status to ERROR and
-  ``agent.action.status`` to ``error``; ``GeneratorExit`` is a normal end; any other
-  ``BaseException`` (``KeyboardInterrupt``, ``SystemExit``, cancellation) leaves an
-  action without a recorded outcome ``started``. Every exception propagates unchanged.
+  ``agent.action.status`` to ``error``; ``GeneratorExit`` is a normal end (but for a
+  journaled side effect without a recorded outcome); any other ``BaseException``
+  (``KeyboardInterrupt``, ``SystemExit``, cancellation) leaves an action without a
+  recorded outcome ``started``. Every exception propagates unchanged.
 - :func:`session` makes every span started inside it carry ``session.id``: nested
   blocks, asyncio tasks (which copy the context) and threads that run in a copied
   context (``contextvars.copy_context().run``, or OpenTelemetry's threading
@@ -71,6 +72,7 @@ from durable_sessions.journal import (
     Entry,
     Journal,
     Plan,
+    is_side_effect,
     journaled_key,
     plan,
 )
@@ -496,9 +498,11 @@ class action:
 
     An ``Exception`` marks the action failed (span status ERROR, ``status=error``, an
     ``exception`` event). ``GeneratorExit`` (a consumer that stopped early) ends it
-    normally. Any other ``BaseException`` (``KeyboardInterrupt``, ``SystemExit``, a
-    cancelled task) interrupts it: the span status stays UNSET and, unless an outcome
-    was recorded or a status set, ``agent.action.status`` is ``started``.
+    normally, unless it is a journaled side effect that has recorded no outcome yet,
+    which it interrupts. Any other ``BaseException`` (``KeyboardInterrupt``,
+    ``SystemExit``, a cancelled task) interrupts it: the span status stays UNSET and,
+    unless an outcome was recorded or a status set, ``agent.action.status`` is
+    ``started``; with a journal, the action is in doubt for a later run.
     """
 
     def __init__(
@@ -697,7 +701,8 @@ class action:
                     boundary = crash.before()
                 else:
                     _served(act, step)
-                act._ending = _Ending(act, journal, journal_entry, boundary, runs)
+                side_effect = journal_entry is not None and _touches_world(self.kind, self.fields)
+                act._ending = _Ending(act, journal, journal_entry, boundary, runs, side_effect)
                 try:
                     yield act
                 except BaseException as error:
@@ -736,16 +741,24 @@ def _is_async_callable(func: Callable[..., Any]) -> bool:
 class _Ending:
     """How one run of an action ends: its span's status, its journal entry, its crash point."""
 
-    __slots__ = ("act", "boundary", "entry", "journal", "runs")
+    __slots__ = ("act", "boundary", "entry", "journal", "runs", "side_effect")
 
     def __init__(
-        self, act: Action, journal: Journal | None, entry: Entry | None, boundary: int, runs: bool
+        self,
+        act: Action,
+        journal: Journal | None,
+        entry: Entry | None,
+        boundary: int,
+        runs: bool,
+        side_effect: bool = False,
     ) -> None:
         self.act = act
         self.journal = journal
         self.entry = entry
         self.boundary = boundary
         self.runs = runs
+        self.side_effect = side_effect
+        """Whether the run is a journaled side effect (whose early end leaves it in doubt)."""
         if entry is not None:
             _take_off((entry.session_id, entry.action_id))
 
@@ -759,12 +772,19 @@ class _Ending:
         self._landed()
 
     def raised(self, error: BaseException) -> None:
-        """The body raised ``error`` (which the caller re-raises)."""
+        """The body raised ``error`` (which the caller re-raises).
+
+        ``GeneratorExit`` (the consumer of a generator stopped early) is a normal end, but
+        for a journaled side effect that had recorded no outcome yet: stopped before or
+        after its effect, nobody can tell, and journaled ``ok`` it would be replayed as
+        ``None`` for ever, an effect that never happened included. It is cut short, as by
+        a cancellation, and in doubt for a later run.
+        """
         if isinstance(error, Exception):
             _fail(self.act.span, error)
             if self.entry is not None:
                 _journal_put(self.journal, dataclasses.replace(self.entry, status=sc.STATUS_ERROR))
-        elif isinstance(error, GeneratorExit):  # the consumer of a generator stopped early: a normal end
+        elif isinstance(error, GeneratorExit) and (self.act.recorded or not self.side_effect):
             self.ok()
         else:
             _interrupted(self.act)
@@ -778,6 +798,15 @@ class _Ending:
     def _landed(self) -> None:
         if self.entry is not None:
             _land((self.entry.session_id, self.entry.action_id))
+
+
+def _touches_world(kind: str, fields: dict[str, Any]) -> bool:
+    """:func:`~durable_sessions.journal.is_side_effect`, failing open: a kind that cannot be
+    looked up (an unhashable value the rules report) is read as no side-effecting kind."""
+    try:
+        return is_side_effect(kind, fields)
+    except Exception:
+        return fields.get("side_effects") is True
 
 
 def _awaited(act: Action, awaitable: Awaitable[Any], record: bool) -> Awaitable[Any]:
