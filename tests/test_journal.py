@@ -1087,6 +1087,46 @@ def test_the_replay_of_a_sync_function_that_returned_a_coroutine_is_awaitable(jo
     assert charges == [1]
 
 
+def test_a_sync_function_that_returned_a_coroutine_is_awaitable_when_skipped_or_resolved(
+    journal: SqliteJournal,
+) -> None:
+    """Cut short while its coroutine was awaited, the action is in doubt. Stepped over
+    (``replay="skip"``) or settled with ``journal.resolve``, the resumed call's caller still
+    awaits what it returns: a bare ``None`` or value there was a TypeError in its code."""
+    sent: list[str] = []
+
+    async def sending(to: str) -> dict[str, str]:
+        await asyncio.sleep(10)  # cancelled here: did it send?
+        sent.append(to)
+        return {"sent": to}
+
+    notify = action("n1", "email", replay="skip")(lambda: sending("ana"))
+    remind = action("n2", "email")(lambda: sending("bo"))
+
+    async def cut_short(call: Any) -> None:
+        pending = asyncio.ensure_future(call())
+        await asyncio.sleep(0.01)
+        pending.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await pending
+
+    async def first_run() -> None:
+        with session("s-1", journal=journal):
+            await cut_short(notify)
+            await cut_short(remind)
+
+    asyncio.run(first_run())
+    journal.resolve("s-1", "n2", {"sent": "bo"})  # the operator found it was sent
+    restart()
+
+    async def resumed() -> tuple[Any, Any]:
+        with session("s-1", journal=journal):
+            return await notify(), await remind()
+
+    assert asyncio.run(resumed()) == (None, {"sent": "bo"})
+    assert sent == []
+
+
 def test_a_journal_of_an_earlier_version_gets_the_awaited_column(tmp_path: Path) -> None:
     """A file written before the column existed: read-only it reads as not awaited, and
     opened for writing it gets the column."""

@@ -370,7 +370,8 @@ class Action:
         self._handed_over = False
         """Whether an awaitable the decorated function returned ends the run (:func:`_awaited`)."""
         self._replay_awaitable = False
-        """Whether the replayed outcome came from awaiting what the function returned."""
+        """Whether the function's first run returned an awaitable (its replayed or skipped
+        call returns one too, for the caller's ``await``)."""
 
     def record(self, result: Any) -> Any:
         """Record ``result`` (any JSON-serialisable value, ``None`` included); return it.
@@ -584,10 +585,8 @@ class action:
         @functools.wraps(func)
         def run(*args: Any, **kwargs: Any) -> Any:
             with self._start(self._id_for(args, kwargs)) as act:
-                if act.replayed and act._replay_awaitable:
-                    return _resolved(act.result)  # the first run's caller awaited it: so does this one
-                if act.replayed or act.skipped:
-                    return act.result
+                if act.replayed or act.skipped:  # the first run's caller awaited it: so does this one
+                    return _resolved(act.result) if act._replay_awaitable else act.result
                 value = func(*args, **kwargs)
                 # A coroutine's effect runs when it is awaited: so does the action. Only a
                 # coroutine: a Task or a Future given back as a coroutine would break a
@@ -819,9 +818,15 @@ def _awaited(act: Action, awaitable: Awaitable[Any], record: bool) -> Awaitable[
     """
     act._handed_over = True
     context = contextvars.copy_context()  # the span is current here, and the session
+    ending = act._ending
+    if ending is not None and ending.entry is not None:
+        # Noted before the effect runs (it runs when awaited): a run cut short mid-await is
+        # in doubt, and its skip, or the outcome an operator resolves it with, must be
+        # handed back awaitable too.
+        ending.entry = dataclasses.replace(ending.entry, awaited=True)
+        _journal_put(ending.journal, ending.entry)
 
     async def finish() -> Any:
-        ending = act._ending
         try:
             try:
                 value = await _InContext(context, awaitable)
@@ -878,6 +883,7 @@ def _served(act: Action, step: Plan) -> None:
         act._replay(step.entry)
     else:
         act.skipped = True
+        act._replay_awaitable = step.entry is not None and step.entry.awaited
 
 
 def _journal_entry(

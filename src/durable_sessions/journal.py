@@ -72,8 +72,9 @@ class Entry:
     idempotency_key: str | None = None
     incarnation: str | None = None
     awaited: bool = False
-    """Whether the outcome came from awaiting what the action returned (a sync function
-    that returned a coroutine): its replay is handed back awaitable, as the first run was."""
+    """Whether what the action returned was awaited (a sync function that returned a
+    coroutine; noted before the await, so an entry still ``started`` has it too): its
+    replay, or its skip, is handed back awaitable, as the first run was."""
 
     @property
     def is_recorded(self) -> bool:
