@@ -344,6 +344,31 @@ def test_generator_exit_from_an_early_break_is_not_a_failure() -> None:
     strict.provider.shutdown()
 
 
+class Unprintable(Exception):
+    """An exception whose text cannot be made (a library's bug, a lazy message that fails)."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+    __repr__ = __str__
+
+
+def test_an_exception_whose_text_fails_still_marks_the_action_failed(env: Env) -> None:
+    """Its ``str()`` raising inside the marking left the span without ``status=error`` and
+    with status UNSET: the failed action read as a success to the rules and the exporter."""
+
+    @action("fetch", "external_read", tracer_provider=env.provider)
+    def fetch() -> None:
+        raise Unprintable()
+
+    with pytest.raises(Unprintable), session("s"):
+        fetch()
+    span = env.action_span()
+    assert span.attributes[sc.ACTION_STATUS] == "error"
+    assert span.status.status_code is StatusCode.ERROR
+    assert span.status.description.startswith("Unprintable: ")
+
+
 @pytest.mark.parametrize("interruption", [KeyboardInterrupt("^C"), SystemExit(0)])
 def test_interrupted_action_is_started_not_failed(env: Env, interruption: BaseException) -> None:
     """KeyboardInterrupt and SystemExit are not errors of the action (OpenTelemetry does

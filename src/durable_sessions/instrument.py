@@ -949,13 +949,25 @@ _RUNNING: contextvars.ContextVar[tuple[tuple[action, Any, Action], ...]] = conte
 
 
 def _fail(span: Span, error: Exception) -> None:
-    """Mark the span's action failed, with the exception as an event."""
+    """Mark the span's action failed, with the exception as an event.
+
+    Each step fails open on its own: an exception whose ``str()`` raises (the SDK's event
+    needs its text) still leaves the action ``error``, never an apparent success.
+    """
     try:
-        span.record_exception(error)
         span.set_attribute(sc.ACTION_STATUS, sc.STATUS_ERROR)
-        span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+        span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {_text(error)}"))
+        span.record_exception(error)
     except Exception:  # fail open
         logger.debug("durable_sessions: could not mark the span failed", exc_info=True)
+
+
+def _text(error: BaseException) -> str:
+    """``str(error)``, or a placeholder when the exception cannot give its text."""
+    try:
+        return str(error)
+    except Exception:
+        return "<exception str() failed>"  # as the interpreter shows it in a traceback
 
 
 def _interrupted(act: Action) -> None:
