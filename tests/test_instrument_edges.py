@@ -26,6 +26,7 @@ from opentelemetry.trace import StatusCode
 
 from durable_sessions import semconv as sc
 from durable_sessions.instrument import FileResultStore, action, idempotency_key, resource, session
+from durable_sessions.journal import SqliteJournal
 from durable_sessions.processor import DurabilitySpanProcessor
 from durable_sessions.violation import Violation
 
@@ -367,6 +368,25 @@ def test_an_exception_whose_text_fails_still_marks_the_action_failed(env: Env) -
     assert span.attributes[sc.ACTION_STATUS] == "error"
     assert span.status.status_code is StatusCode.ERROR
     assert span.status.description.startswith("Unprintable: ")
+
+
+def test_arguments_of_the_wrong_type_fail_open(
+    env: Env, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An action id no journal can key (a list, from a callable id that returned one) and a
+    digest that is not text: logged or reported, never an exception in the agent's code."""
+
+    @action(lambda order: order["lines"], "external_read", tracer_provider=env.provider)
+    def lines(order: dict[str, Any]) -> int:
+        return len(order["lines"])
+
+    journal = SqliteJournal(tmp_path / "journal.db")
+    with caplog.at_level(logging.ERROR, logger="durable_sessions"), session("s", journal=journal):
+        assert lines({"lines": ["a", "b"]}) == 2
+        with action("ref", "external_read", tracer_provider=env.provider) as act:
+            act.record_ref("s3://bucket/result.json", digest=b"sha256:00")  # type: ignore[arg-type]
+    assert "is not journaled" in caplog.text
+    assert "missing-field" in env.rules()
 
 
 @pytest.mark.parametrize("interruption", [KeyboardInterrupt("^C"), SystemExit(0)])

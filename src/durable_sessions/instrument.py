@@ -461,8 +461,8 @@ class Action:
         """Record the outcome by reference (a URI you stored it under), with its digest if known."""
         self.span.set_attribute(sc.ACTION_RESULT_REF, ref)
         if digest is not None:
-            if not digest.startswith(PREFIX):
-                logger.warning("durable_sessions: digest %r does not start with %r", digest, PREFIX)
+            if not (isinstance(digest, str) and digest.startswith(PREFIX)):
+                logger.warning("durable_sessions: digest %r is not text starting with %r", digest, PREFIX)
             self.span.set_attribute(sc.ACTION_RESULT_DIGEST, digest)
         self._recorded_as = (None, digest, ref)
         self.recorded = True
@@ -654,6 +654,13 @@ class action:
         """
         session_id = current_session()
         journal = (self.journal or current_journal()) if journaled and session_id is not None else None
+        if journal is not None and not _hashable(action_id):
+            logger.error(
+                "durable_sessions: action id %r is a %s, which cannot key a journal entry; it is not journaled",
+                action_id,
+                type(action_id).__name__,
+            )
+            journal = None
         in_doubt: ActionInDoubt | None = None
         this_process = incarnation() if journal is not None else None
         try:
@@ -728,6 +735,15 @@ class action:
         elif step.decision == "replay":  # at start, so that on_start sees no effect about to run
             attributes[sc.ACTION_REPLAYED] = True
         return attributes
+
+
+def _hashable(value: object) -> bool:
+    """Whether ``value`` can key the journal's bookkeeping (a list action id cannot)."""
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
 
 
 def _is_async_callable(func: Callable[..., Any]) -> bool:
