@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 pytest_plugins = ["pytester"]
@@ -239,3 +241,35 @@ def test_strict_warns_of_a_provider_set_late_and_checks_the_tests_after_it(pytes
     result.stdout.fnmatch_lines(
         ["*durability: the global TracerProvider was set during this test*", "*FAILED*test_double_charge*"]
     )
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="lists descriptors through /proc")
+def test_strict_lets_go_of_each_tests_processor(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A test without the fixture gets a processor of its own in strict mode; it was never
+    shut down, so what it holds (here the intent log the environment names, a descriptor per
+    test) stayed open for the rest of the run."""
+    intents = pytester.path / "intents.jsonl"
+    monkeypatch.setenv("DURABLE_SESSIONS_INTENT_LOG", str(intents))
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(
+        f"""
+        import os
+        import pytest
+
+        @pytest.mark.parametrize("n", range(5))
+        def test_many(n):
+            pass
+
+        def test_open_descriptors_last():
+            names = []
+            for fd in os.listdir("/proc/self/fd"):
+                try:
+                    names.append(os.readlink(f"/proc/self/fd/{{fd}}"))
+                except OSError:
+                    pass
+            assert names.count({str(intents)!r}) <= 1  # this test's own processor
+        """
+    )
+    pytester.runpytest_subprocess("--durability=strict").assert_outcomes(passed=6)

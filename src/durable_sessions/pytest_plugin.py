@@ -229,7 +229,11 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     finally:
         if owned:
             _router.active = previous
-    violations = collector.finish()
+    try:
+        violations = collector.finish()
+    finally:
+        if owned:  # the fixture shuts its own down; this one is the hook's (an intent log it opened)
+            collector.processor.shutdown()
     if violations and outcome.excinfo is None:
         outcome.force_exception(pytest.fail.Exception(_describe(violations), pytrace=False))
     elif collector.unchecked:
