@@ -787,6 +787,30 @@ def test_an_intent_write_that_fails_later_fails_open(tmp_path: Path) -> None:
     processor._intents._fd = -1
 
 
+@pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="fills the disk with RLIMIT_FSIZE")
+def test_an_intent_cut_short_by_a_full_disk_does_not_take_the_next_one_with_it(tmp_path: Path) -> None:
+    """A write the disk had room for only part of leaves a partial line. The next intent
+    was appended to it, one line that does not read, and the side effect it announced (a
+    payment the process then died inside) was lost to the check."""
+    body = """
+    import resource, signal
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a full disk: writes fail, nothing kills
+    with session("s-1"):
+        action("p1", "payment", idempotency_key="k-1")(lambda: None)()
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (os.path.getsize("intents.jsonl") + 40, hard))
+        action("p2", "payment", idempotency_key="k-2")(lambda: None)()  # room for 40 bytes of it
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))  # room again
+        with action("p3", "payment"):
+            os._exit(0)  # the process dies inside the payment
+    """
+    assert _run_intent_agent(tmp_path, body).returncode == 0
+    lines = (tmp_path / "intents.jsonl").read_text().splitlines()
+    assert [json.loads(line)["action_id"] for line in (lines[0], lines[-1])] == ["p1", "p3"]
+    checked = _check_with_intents(tmp_path)
+    assert "unresolved-side-effect" in checked.stdout and "'p3'" in checked.stdout, checked.stdout
+
+
 def test_intents_pair_with_their_spans_whatever_the_case_of_their_ids(tmp_path: Path) -> None:
     assert _run_intent_agent(tmp_path, PAYMENT.format(key=', idempotency_key="k-1"')).returncode == 0
     intents = tmp_path / "intents.jsonl"

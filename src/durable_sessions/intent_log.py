@@ -62,16 +62,25 @@ class IntentLog:
         self.path = os.fspath(path)
         self._lock = threading.Lock()
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self._torn = False
+        """Whether this log's last line was cut short (a full disk took part of it)."""
         forking.after_fork(self, _fresh_lock)
 
     def write(self, record: Mapping[str, Any]) -> None:
+        """Append ``record`` as one line, durable when this returns; an ``OSError`` (a full
+        disk) leaves at most a part of it, which the next line does not run into."""
         line = orjson.dumps(record, option=orjson.OPT_NON_STR_KEYS) + b"\n"
         with self._lock:
+            if self._torn:  # end the partial line, or this record would read as part of it
+                line = b"\n" + line
             # O_APPEND: each write lands at the end, so lines of two processes sharing the
             # file do not overwrite each other.
             view = memoryview(line)
-            while view:
-                view = view[os.write(self._fd, view) :]
+            try:
+                while view:
+                    view = view[os.write(self._fd, view) :]
+            finally:
+                self._torn = bool(view) and (self._torn or len(view) < len(line))
             os.fsync(self._fd)
 
     def close(self) -> None:
