@@ -11,6 +11,10 @@ import hashlib
 import inspect
 import json
 import logging
+import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -538,6 +542,32 @@ def test_result_not_shorter_than_the_attribute_limit_goes_to_the_store(tmp_path:
     limited.processor.end_sessions()
     assert limited.rules() == []
     limited.provider.shutdown()
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="fills the disk with RLIMIT_FSIZE")
+def test_a_result_the_disk_has_no_room_for_leaves_no_partial_file(tmp_path: Path) -> None:
+    """A full disk fails the result store (logged, not recorded, the agent goes on); the
+    part it managed to write, under a temporary name no one would ever read or remove,
+    stayed behind, taking the room the disk lacked."""
+    script = textwrap.dedent(
+        """
+        import resource, signal, sys
+        from opentelemetry.sdk.trace import TracerProvider
+        from durable_sessions.instrument import FileResultStore, action, session
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a full disk: writes fail, nothing kills
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+        store = FileResultStore(sys.argv[1])
+        with session("s"), action("big", "llm_call", tracer_provider=TracerProvider(), result_store=store) as act:
+            act.record("x" * 100_000)
+        print("recorded" if act.recorded else "not recorded")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "results")], capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout == "not recorded\n", done.stderr
+    assert "could not record the result of action 'big'" in done.stderr
+    assert [path.name for path in (tmp_path / "results").rglob("*") if path.is_file()] == []
 
 
 def test_attribute_limit_from_the_environment_is_honoured(

@@ -53,7 +53,7 @@ import sys
 import threading
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -269,8 +269,13 @@ class FileResultStore:
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / (_safe_name(action_id) + ".json")
         partial = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-        partial.write_bytes(data)
-        os.replace(partial, path)
+        try:
+            partial.write_bytes(data)
+            os.replace(partial, path)
+        except BaseException:  # a full disk: what was written of it is nobody's to read
+            with suppress(OSError):
+                partial.unlink(missing_ok=True)
+            raise
         return path.resolve().as_uri()
 
 
