@@ -107,3 +107,38 @@ def test_a_dataclass_result_is_recorded_as_text_that_hashes_to_its_digest() -> N
     text = span.attributes["agent.action.result"]
     assert text == '{"currency":"GBP","legs":[],"price":2400}'
     assert span.attributes["agent.action.result_digest"] == digest_bytes(text.encode())
+
+
+@pytest.mark.parametrize("in_order", [False, True])
+def test_an_outcome_whose_keys_share_a_text_is_refused_whoever_writes_it(in_order: bool) -> None:
+    """orjson writes the first; a key past 64 bits makes the standard library write the
+    second (in order: sorted, its int and str keys cannot even be compared)."""
+    with pytest.raises(ValueError, match="share the text '1'"):
+        outcome_json({1: "int", "1": "text"}, in_order=in_order)
+    with pytest.raises((ValueError, TypeError)):
+        outcome_json({10**20: "big", "100000000000000000000": "text"}, in_order=in_order)
+
+
+@settings(max_examples=300, deadline=None)
+@given(JSON_VALUES)
+def test_an_outcome_in_order_is_the_canonical_one_read_in_its_own_order(value: Any) -> None:
+    """The journal's text (keys in order) and the span's (sorted) are one outcome."""
+    kept = json.loads(outcome_json(value, in_order=True))
+    assert kept == value and key_order(kept) == key_order(value)
+    assert canonical_json(kept) == outcome_json(value)
+
+
+def key_order(value: Any) -> Any:
+    """The keys of every dictionary in ``value``, in their order."""
+    if isinstance(value, dict):
+        return [(key, key_order(member)) for key, member in value.items()]
+    if isinstance(value, list):
+        return [key_order(member) for member in value]
+    return None
+
+
+def test_an_outcome_past_the_recursion_limit_is_written_in_order_too() -> None:
+    deep = nested(3000, 1)  # a list of {"k": ..., "a": level} at the top
+    assert outcome_json(deep, in_order=True).startswith(b'[{"k":[{"k":')
+    assert outcome_json(deep).startswith(b'[{"a":2998,"k":[{"a":2996,')
+    assert len(outcome_json(deep, in_order=True)) == len(outcome_json(deep))

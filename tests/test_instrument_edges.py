@@ -488,6 +488,27 @@ def test_nan_and_infinity_are_refused_not_recorded_as_null(
 @pytest.mark.parametrize(
     "value",
     [
+        {1: "the int", "1": "the text"},
+        {"plan": [{True: "yes", "true": "also yes"}]},
+        {None: 0, "null": 1},
+        {uuid.UUID(int=1): "uuid", "00000000-0000-0000-0000-000000000001": "text"},
+    ],
+)
+def test_a_dictionary_whose_keys_share_a_text_is_refused(
+    env: Env, caplog: pytest.LogCaptureFixture, value: Any
+) -> None:
+    """Keys become text in JSON; two keys with one text were written twice, and reading the
+    record back (a journal's replay) kept only the last: a replay silently lost an entry."""
+    with session("s"), action("a1", "llm_call", tracer_provider=env.provider) as act:
+        assert act.record(value) is value
+        assert act.recorded is False
+    assert "not JSON-serialisable" in caplog.text and "share the text" in caplog.text
+    assert sc.ACTION_RESULT not in env.action_span().attributes
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
         {"wei": 10**20, "b": [2**64, -(2**63) - 1]},
         2**200,
         "nest",

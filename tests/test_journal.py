@@ -946,6 +946,40 @@ def test_replayed_outcomes_are_converted_as_recovery_md_lists(journal: SqliteJou
     assert all(journal.get("s-1", name).status == "ok" for name in recorded)
 
 
+def test_a_replayed_dictionary_keeps_the_order_of_its_keys(journal: SqliteJournal) -> None:
+    """The journal kept the canonical JSON (keys sorted) and the replay read it back, so a
+    ranking's first key, a dataclass's first field, the order an agent shows its options in,
+    all changed after a restart. The digest stays the canonical one: it is the same outcome."""
+
+    @dataclasses.dataclass
+    class Flight:
+        to: str
+        at: str
+
+    ranked = {"zurich": 120, "athens": 90, "deep": [{"b": 2, "a": 1}], "flight": Flight("LIS", "09:00")}
+    ordered = ["zurich", "athens", "deep", "flight"]
+    agent = Agent(journal)
+    runs = []
+    for _ in range(2):
+        restart()
+        with session("s-1", journal=journal):
+            runs.append(agent.action("rank", "llm_call")(lambda: ranked)())
+            with agent.action("pick", "user_prompt") as act:
+                runs.append(act.result if act.replayed else act.record({"z": 1, "a": 2}))
+    _, _, replayed, picked_again = runs
+    assert list(replayed) == ordered and list(replayed["deep"][0]) == ["b", "a"]
+    assert list(replayed["flight"]) == ["to", "at"] and list(picked_again) == ["z", "a"]
+    spans = [span for span in agent.spans() if span.attributes[sc.ACTION_ID] == "rank"]
+    assert spans[1].attributes[sc.ACTION_REPLAYED] is True
+    assert spans[0].attributes[sc.ACTION_RESULT_DIGEST] == spans[1].attributes[sc.ACTION_RESULT_DIGEST]
+    assert spans[0].attributes[sc.ACTION_RESULT_DIGEST] == digest_value(ranked)
+    journal.discard("s-1", "rank")
+    journal.put(Entry("s-1", "rank", "llm_call", "started"))
+    resolved = journal.resolve("s-1", "rank", {"b": 1, "a": 2})  # an operator's outcome keeps its order too
+    assert resolved.result_digest == digest_value({"a": 2, "b": 1})
+    assert list(journal.get("s-1", "rank").outcome) == ["b", "a"]
+
+
 FIXED_INSTANCE_AGENT = """
 import os, sys
 from pathlib import Path

@@ -7,12 +7,14 @@ JSON: keys sorted, no insignificant whitespace, UTF-8.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import hashlib
 import json
 import math
 import re
+from collections import Counter
 from typing import Any
 
 import orjson
@@ -45,20 +47,32 @@ def canonical_json(value: Any) -> bytes:
     digested by a reader have one digest. Raises ``TypeError`` or ``ValueError`` for a
     value neither can write (``ValueError`` for NaN and ±Infinity there).
     """
+    return _json(value, CANONICAL)
+
+
+IN_ORDER = CANONICAL & ~orjson.OPT_SORT_KEYS
+"""The options of :func:`canonical_json` but for the order of keys: each dictionary's own."""
+
+
+def _json(value: Any, option: int) -> bytes:
+    """``value`` as compact UTF-8 JSON written with orjson's ``option`` (:data:`CANONICAL`
+    or :data:`IN_ORDER`), else, where orjson refuses valid JSON, as the standard library
+    writes it with keys in the same order."""
     try:
-        return orjson.dumps(value, default=_dataclass_fields, option=CANONICAL)
+        return orjson.dumps(value, default=_dataclass_fields, option=option)
     except orjson.JSONEncodeError:
+        sort_keys = bool(option & orjson.OPT_SORT_KEYS)
         try:
             text = json.dumps(
                 value,
-                sort_keys=True,
+                sort_keys=sort_keys,
                 separators=(",", ":"),
                 ensure_ascii=False,
                 allow_nan=False,
                 default=_dataclass_fields,
             )
         except RecursionError:
-            text = _canonical_text(value)
+            text = _canonical_text(value, sort_keys=sort_keys)
         return text.encode("utf-8", "surrogatepass")
 
 
@@ -71,8 +85,8 @@ class _Punctuation(str):
 _encode_string = json.encoder.encode_basestring  # type: ignore[attr-defined]
 
 
-def _canonical_text(value: Any) -> str:
-    """``json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+def _canonical_text(value: Any, *, sort_keys: bool = True) -> str:
+    """``json.dumps(value, sort_keys=sort_keys, separators=(",", ":"), ensure_ascii=False,
     allow_nan=False)`` of a value of string keys, without recursion: a result nested 1,000
     deep (readers accept 1,024 levels) is past Python's recursion limit, and a digest must
     still be made."""
@@ -93,21 +107,22 @@ def _canonical_text(value: Any) -> str:
                 raise ValueError(f"{item!r} is not JSON")
             parts.append(float.__repr__(item))
         elif isinstance(item, dict | list | tuple):
-            pending.extend(reversed(_members(item)))
+            pending.extend(reversed(_members(item, sort_keys)))
         elif dataclasses.is_dataclass(item) and not isinstance(item, type):
-            pending.extend(reversed(_members(_dataclass_fields(item))))
+            pending.extend(reversed(_members(_dataclass_fields(item), sort_keys)))
         else:
             raise TypeError(f"a {type(item).__name__} is not JSON")
     return "".join(parts)
 
 
-def _members(container: dict[Any, Any] | list[Any] | tuple[Any, ...]) -> list[Any]:
-    """A container's punctuation and members, in writing order (keys sorted)."""
+def _members(container: dict[Any, Any] | list[Any] | tuple[Any, ...], sort_keys: bool) -> list[Any]:
+    """A container's punctuation and members, in writing order (keys sorted, if ``sort_keys``)."""
     if isinstance(container, dict):
         if any(type(key) is not str for key in container):
             raise TypeError("only string keys are written without recursion")
         members: list[Any] = [_Punctuation("{")]
-        for index, (key, member) in enumerate(sorted(container.items())):
+        items = sorted(container.items()) if sort_keys else container.items()
+        for index, (key, member) in enumerate(items):
             members += [_Punctuation(("," if index else "") + _encode_string(key) + ":"), member]
         return [*members, _Punctuation("}")]
     members = [_Punctuation("[")]
@@ -116,17 +131,42 @@ def _members(container: dict[Any, Any] | list[Any] | tuple[Any, ...]) -> list[An
     return [*members, _Punctuation("]")]
 
 
-def outcome_json(value: Any) -> bytes:
-    """The canonical JSON of an outcome to record (:func:`canonical_json`).
+def outcome_json(value: Any, *, in_order: bool = False) -> bytes:
+    """The canonical JSON of an outcome to record (:func:`canonical_json`); with
+    ``in_order``, the same JSON with each dictionary's keys in its own order (what a journal
+    keeps, since a replay hands the value back: its digest is the canonical JSON's).
 
-    NaN and ±Infinity raise ``ValueError``: orjson would write ``null``, which a replay
-    would serve instead of the number.
+    Raises ``ValueError`` for what reading the JSON back would not give: NaN and ±Infinity
+    (orjson would write ``null``, which a replay would serve instead of the number), and a
+    dictionary two of whose keys have one text (``1`` and ``"1"``: read back, only the
+    last would be left). Keys other than text are the one way to such a pair, so the
+    common value is written once, as before.
     """
-    data = canonical_json(value)
+    option = IN_ORDER if in_order else CANONICAL
+    try:
+        data = orjson.dumps(value, default=_dataclass_fields, option=option & ~orjson.OPT_NON_STR_KEYS)
+    except orjson.JSONEncodeError:  # keys other than text, or JSON orjson does not write
+        data = _json(value, option)
+        _refuse_shared_key_texts(data)
     # orjson writes a non-finite float as null: only output holding null can hide one.
     if b"null" in data and _has_non_finite(value):
         raise ValueError("NaN and Infinity are not JSON: orjson would write them as null")
     return data
+
+
+def _refuse_shared_key_texts(data: bytes) -> None:
+    """Raise ``ValueError`` when an object in the JSON ``data`` has a key twice."""
+    # Past the recursion limit, only _canonical_text wrote it, and it writes text keys alone.
+    with contextlib.suppress(RecursionError):
+        json.loads(data.decode("utf-8", "surrogatepass"), object_pairs_hook=_distinct_keys)
+
+
+def _distinct_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    found = dict(pairs)
+    if len(found) < len(pairs):
+        shared = next(key for key, count in Counter(key for key, _ in pairs).items() if count > 1)
+        raise ValueError(f"keys of a dictionary share the text {shared!r}: read back, only one would be left")
+    return found
 
 
 def _has_non_finite(value: Any) -> bool:

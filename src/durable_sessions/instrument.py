@@ -370,7 +370,7 @@ class Action:
         self._max_result_chars = max_result_chars
         self._store = store
         self._recorded_as: tuple[bytes | None, str | None, str | None] = (None, None, None)
-        """(JSON, digest, reference) of the recorded outcome, for the journal."""
+        """(JSON, keys in their order; digest; reference) of the recorded outcome, for the journal."""
         self._ending: _Ending | None = None
         self._handed_over = False
         """Whether an awaitable the decorated function returned ends the run (:func:`_awaited`)."""
@@ -386,10 +386,12 @@ class Action:
         ``max_result_chars`` or not shorter than the span's attribute length limit. A
         value that cannot be serialised (NaN and ±Infinity included: JSON has no such
         numbers) is logged and left unrecorded, so the rules report the action instead of
-        your code failing.
+        your code failing. A journal keeps the same JSON with each dictionary's keys in
+        their own order, which its replay hands back.
         """
         try:
             data = outcome_json(result)
+            kept = outcome_json(result, in_order=True) if self._journaled() else data
         except Exception as error:  # fail open: whatever the value's types raise, the agent goes on
             logger.warning(
                 "durable_sessions: result of action %r is not JSON-serialisable (%s); it is not recorded",
@@ -408,12 +410,16 @@ class Action:
             )
             return result
         self.span.set_attribute(sc.ACTION_RESULT_DIGEST, digest)
-        self._recorded_as = (data, digest, ref)
+        self._recorded_as = (kept, digest, ref)
         self.recorded = True
         if self.replayed:  # the block ran the action again after all: the span must not say replayed
             self.replayed = False
             self.span.set_attribute(sc.ACTION_REPLAYED, False)
         return result
+
+    def _journaled(self) -> bool:
+        """Whether this run's outcome goes to a journal."""
+        return self._ending is not None and self._ending.entry is not None
 
     def _replay(self, entry: Entry) -> None:
         """Serve the journal's recorded outcome: the span says replayed, with the same result."""

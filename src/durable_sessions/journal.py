@@ -65,7 +65,7 @@ class Entry:
     status: Status
     attempts: int = 1
     result: bytes | None = None
-    """The outcome as canonical JSON, when one was recorded."""
+    """The outcome as JSON (keys in the order they had), when one was recorded."""
     result_digest: str | None = None
     result_ref: str | None = None
     """Where the span pointed for the outcome, when it was too long to carry."""
@@ -400,9 +400,10 @@ class SqliteJournal:
                 f"action {action_id!r} of session {session_id!r} completed already; its recorded outcome stands "
                 "(discard it first to record another)"
             )
-        data = outcome_json(outcome)
+        digest = digest_bytes(outcome_json(outcome))
+        data = outcome_json(outcome, in_order=True)  # replayed as given, keys in their order
         resolved = dataclasses.replace(
-            entry, status=sc.STATUS_OK, result=data, result_digest=digest_bytes(data), result_ref=None
+            entry, status=sc.STATUS_OK, result=data, result_digest=digest, result_ref=None
         )
         self.put(resolved)
         return resolved
