@@ -20,9 +20,10 @@
   journaled side effect without a recorded outcome); any other ``BaseException``
   (``KeyboardInterrupt``, ``SystemExit``, cancellation) leaves an action without a
   recorded outcome ``started``. Every exception propagates unchanged.
-- :func:`session` makes every span started inside it carry ``session.id``: nested
-  blocks, asyncio tasks (which copy the context) and threads that run in a copied
-  context (``contextvars.copy_context().run``, or OpenTelemetry's threading
+- :func:`session` makes every action started inside it carry ``session.id``, and, on a
+  provider with the span processor (which copies it in ``on_start``), every other span
+  too: nested blocks, asyncio tasks (which copy the context) and threads that run in a
+  copied context (``contextvars.copy_context().run``, or OpenTelemetry's threading
   instrumentation) see it; the span processor also copies it from a parent span.
 - :func:`idempotency_key` derives the key from session and action identity only, so it
   is the same after a restart.
@@ -95,7 +96,9 @@ T = TypeVar("T")
 
 @contextmanager
 def session(session_id: str, *, journal: Journal | None = None) -> Iterator[str]:
-    """Within the block, every span started carries ``session.id = session_id``.
+    """Within the block, every action carries ``session.id = session_id``, and so does
+    every other span started, on a provider with the
+    :class:`~durable_sessions.processor.DurabilitySpanProcessor` (its ``on_start`` copies it).
 
     Blocks nest (the innermost wins) and the value travels with the OpenTelemetry
     context, so asyncio tasks created inside inherit it. ``session_id`` must be a ``str``
