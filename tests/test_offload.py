@@ -139,6 +139,24 @@ def test_end_session_answers_with_the_end_of_session_findings(sender: str) -> No
     provider.shutdown()
 
 
+def test_end_session_of_an_id_no_session_can_have_leaves_the_checker_checking(sender: str) -> None:
+    """A list killed the checker process (the engine could not look it up, and nothing
+    caught that there), so every later span went unchecked for the life of the application;
+    an object marshal cannot carry held ``end_session`` for its whole 30 s timeout with the
+    Python sender, waiting for an answer to a request that was never sent."""
+    seen: list[Violation] = []
+    processor = DurabilitySpanProcessor(mode="silent", checking="process", on_violation=seen.append)
+    provider, _ = provider_with(processor)
+    started = time.monotonic()
+    assert processor.end_session(["s-9"]) == []  # type: ignore[arg-type]
+    assert processor.end_session(object()) == []  # type: ignore[arg-type]
+    assert time.monotonic() - started < 10
+    start_unfinished_email(provider, "s-9")
+    assert [v.rule for v in processor.end_session("s-9")] == ["unresolved-side-effect"]
+    assert processor.spans_dropped == 0
+    provider.shutdown()
+
+
 def test_shutdown_ends_sessions_and_reaps_the_checker_process(sender: str) -> None:
     seen: list[Violation] = []
     processor = DurabilitySpanProcessor(mode="silent", checking="process", on_violation=seen.append)

@@ -379,6 +379,8 @@ class CheckerProcess:
 
     def end_session(self, session_id: str, timeout_s: float) -> list[Violation] | None:
         """End one session; its end-of-session violations, or None if no answer came in time."""
+        if not _can_marshal((END_SESSION, 0, session_id)):
+            return []  # an id no attribute value can be, so no session's: nothing to ask (or wait) for
         return self._ask(lambda token: (END_SESSION, token, session_id), timeout_s)
 
     def sync(self, timeout_s: float) -> bool:
@@ -594,7 +596,11 @@ class _Session:
                 if found:
                     replies.append((FOUND, found, self.spans))
                     found = []
-                ended = [violation_fields(v) for v in self._ended(message)]
+                try:
+                    ended = [violation_fields(v) for v in self._ended(message)]
+                except Exception as error:  # a session id the engine cannot look up (a list)
+                    replies.append((FAILED, f"ending sessions failed: {error!r}"))
+                    ended = []  # answered all the same: its caller is waiting
                 replies.append((DONE, message[1], ended, self.checker.actions, self.spans))
         if found:
             replies.append((FOUND, found, self.spans))
