@@ -228,7 +228,8 @@ def test_a_checker_process_that_cannot_start_gives_way_to_inline_checking(
     processor = DurabilitySpanProcessor(mode="log", checking="process", on_violation=seen.append)
     provider, exporter = provider_with(processor)
     deadline = time.monotonic() + 10
-    while processor.checking != "inline" and time.monotonic() < deadline:
+    # The switch to inline checking is made, then logged (outside the lock): wait for both.
+    while (processor.checking != "inline" or not caplog.text) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert processor.checking == "inline"
     assert "could not start; checking inline instead" in caplog.text
