@@ -438,6 +438,53 @@ class SessionState:
         return key, attempts
 
 
+# -- the packed layout taken apart, for a snapshot of a session (rules/snapshot_memory.py)
+
+_FLAGS_MASK = (1 << _FLAG_BITS) - 1
+_SHAPE_MASK = (1 << _OUTCOME_SHIFT) - 1
+
+
+def split_packed(packed: list[int]) -> tuple[list[int], list[int], list[int]]:
+    """Packed actions taken apart: their *shapes* (the bits below the outcome: flags,
+    kind, status, incarnation and file), their outcomes (64 bits) and their positions (a
+    line, or a span id read as hex: any int). :func:`join_packed` is the inverse."""
+    return (
+        [p & _SHAPE_MASK for p in packed],
+        [p >> _OUTCOME_SHIFT & _OUTCOME_MASK for p in packed],
+        [p >> _POSITION_SHIFT for p in packed],
+    )
+
+
+def join_packed(shapes: list[int], outcomes: list[int], positions: list[int]) -> list[int]:
+    """The packed actions of these shapes, outcomes and positions (:func:`split_packed`)."""
+    return [
+        shape | outcome << _OUTCOME_SHIFT | position << _POSITION_SHIFT
+        for shape, outcome, position in zip(shapes, outcomes, positions, strict=True)
+    ]
+
+
+def shape_parts(shape: int) -> tuple[int, int, int, int, int]:
+    """A shape as (flags, kind, status, incarnation, file): the kind's and status's symbol
+    numbers, the incarnation's index in its session + 1 and the file's number + 1 (each 0
+    for none)."""
+    return (
+        shape & _FLAGS_MASK,
+        shape >> _KIND_SHIFT & _SYMBOL_MASK,
+        shape >> _STATUS_SHIFT & _SYMBOL_MASK,
+        shape >> _INCARNATION_SHIFT & _SYMBOL_MASK,
+        shape >> _FILE_SHIFT & _SYMBOL_MASK,
+    )
+
+
+def join_shape(flags: int, prefix: int, incarnation: int) -> int:
+    """A shape from its flags, :meth:`Symbols.prefix` of its kind, status and file, and its
+    incarnation's index + 1 (0 for none); ``flags`` must be below ``FLAG_LIMIT``."""
+    return flags | prefix | incarnation << _INCARNATION_SHIFT
+
+
+FLAG_LIMIT = 1 << _FLAG_BITS
+
+
 Remember = Callable[[SessionState, ActionRecord, Location, "ActionMemory | None"], None]
 
 
