@@ -20,6 +20,7 @@ from durable_sessions.json_text import may_hold_long_integer
 from durable_sessions.native import native_module
 from durable_sessions.record import NOWHERE, ActionRecord, Location, line_location, missing_fields
 from durable_sessions.rules import CATALOGUE, Rule, select_rules
+from durable_sessions.rules import snapshot as snapshot_format
 from durable_sessions.rules.base import Facts, Finding
 from durable_sessions.rules.record_rules import describe
 from durable_sessions.rules.state import (
@@ -199,6 +200,56 @@ class Checker:
     def forget(self, session_id: str) -> None:
         """Drop ``session_id`` without judging its end (it will be rebuilt or is gone)."""
         self._sessions.pop(session_id, None)
+
+    def snapshot(self, session_id: str) -> bytes | None:
+        """The whole state of the held session ``session_id`` as bytes that
+        :meth:`restore` reads (the format: :mod:`durable_sessions.rules.snapshot`), or
+        None when the session is not held — or holds a record value that is not JSON
+        (only records given by Python code do), which no snapshot carries exactly. The
+        session is left as it was."""
+        session = self._sessions.get(session_id)
+        if session is None:
+            return None
+        return snapshot_format.encode(session, self._snapshot_settings())
+
+    def restore(self, session_id: str, data: bytes) -> bool:
+        """Hold ``session_id`` again with exactly the state ``data`` is a snapshot of
+        (:meth:`snapshot`, by this checker or another): fed the same records afterwards,
+        it finds what the snapshot's checker would have found, and :meth:`end_session`
+        the same. The session counts as seen (``sessions``); ``actions`` counts records
+        checked, and none is.
+
+        Returns False, holding nothing new, for data this checker does not restore: of
+        another format version; taken under another ``max_actions_per_session`` or
+        another selection of rules (``key_window_s`` may differ: the restored session
+        judges by this checker's); of another session; or anything else than a snapshot
+        (truncated, altered, garbage). Bad data never raises: a store can hold anything.
+        Raises ValueError for a caller's error: ``session_id`` is not a non-empty string,
+        the session is held already, or ``max_sessions`` are held (restoring one more
+        would end the least recently active, whose findings would have nowhere to go).
+        """
+        if type(session_id) is not str or not session_id:
+            raise ValueError(f"restore: session_id must be a non-empty string, not {session_id!r}")
+        if session_id in self._sessions:
+            raise ValueError(f"restore: session {session_id!r} is held already (end or forget it first)")
+        if self.max_sessions is not None and len(self._sessions) >= self.max_sessions:
+            raise ValueError(f"restore: {self.max_sessions} sessions are held already (max_sessions)")
+        try:
+            session = snapshot_format.decode(
+                data,
+                session_id=session_id,
+                settings=self._snapshot_settings(),
+                symbols=self._symbols,
+                key_window_s=self.key_window_s,
+            )
+        except snapshot_format.Refused:
+            return False
+        self._sessions[session_id] = session
+        self.sessions += 1
+        return True
+
+    def _snapshot_settings(self) -> snapshot_format.Settings:
+        return snapshot_format.Settings.of(self.max_actions_per_session, self.rules)
 
     def __contains__(self, session_id: object) -> bool:
         """Whether ``session_id`` is held in memory right now."""
