@@ -20,8 +20,9 @@ with any change to what is written, or to what a session's state means (a field 
 ``SessionState`` added or read otherwise, the packed flags): a snapshot of another
 version is refused, and the caller rebuilds the session as it did before snapshots.
 
-A snapshot is refused too when it was taken under settings that change what the state
-holds: ``max_actions_per_session`` (what was forgotten), and the selected rules (the
+A snapshot is refused too when it was taken by other code (:data:`ENGINE`: another
+release, or any edit of the engine or the rules), or under settings that change what the
+state holds: ``max_actions_per_session`` (what was forgotten), and the selected rules (the
 rules that keep state of their own, such as ``retry-not-escalated``'s exhausted
 retries, keep none when not selected: any difference in the selected ids refuses it,
 rather than a list of those rules to keep in step). ``key_window_s`` does not: the
@@ -33,12 +34,14 @@ session re-fed to it would. ``max_sessions`` is no part of a session's state.
 from __future__ import annotations
 
 import array
+import contextlib
 import hashlib
 import struct
 import sys
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -64,6 +67,27 @@ class Refused(ValueError):
     """A snapshot this checker does not restore, and why (the message)."""
 
 
+def _engine_digest() -> str:
+    """A digest of the code that decides what a session's state holds and means: the
+    engine and the rules, as installed. A rule whose memory changes between two releases
+    could otherwise misread the other's snapshots with no change to the format; so
+    another release, or any edit of that code, refuses the snapshots of this one (a
+    store's sessions are then re-fed once). Where a source cannot be read (a build
+    without them), its name stands in for it, with the package's version."""
+    from durable_sessions import __version__
+
+    here = Path(__file__).resolve().parent
+    digest = hashlib.sha256(__version__.encode())
+    for path in sorted([*here.glob("*.py"), here.parent / "engine.py"]):
+        digest.update(path.name.encode())
+        with contextlib.suppress(OSError):
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+ENGINE = _engine_digest()
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     """What a snapshot's checker and the restoring one must agree on (see the module's
@@ -72,14 +96,16 @@ class Settings:
     max_actions: int
     rules: str
     """A digest of the selected rule ids (in any order)."""
+    engine: str
+    """:data:`ENGINE` of the checker's code."""
 
     @classmethod
     def of(cls, max_actions: int, rules: Iterable[Rule]) -> Settings:
         ids = "\n".join(sorted(rule.id for rule in rules))
-        return cls(max_actions, hashlib.sha256(ids.encode()).hexdigest()[:16])
+        return cls(max_actions, hashlib.sha256(ids.encode()).hexdigest()[:16], ENGINE)
 
     def as_json(self) -> dict[str, Any]:
-        return {"max_actions": self.max_actions, "rules": self.rules}
+        return {"max_actions": self.max_actions, "rules": self.rules, "engine": self.engine}
 
 
 def encode(session: SessionState, settings: Settings) -> bytes | None:
@@ -129,7 +155,9 @@ def _session_from(
     if type(document) is not dict:
         raise Malformed("snapshot: the document is not an object")
     if document.pop("settings", None) != settings.as_json():
-        raise Refused("snapshot: taken with other max_actions_per_session or other rules selected")
+        raise Refused(
+            "snapshot: taken by other code, or with other max_actions_per_session or rules selected"
+        )
     if document.pop("session", None) != session_id:
         raise Refused(f"snapshot: of another session than {session_id!r}")
     session = SessionState(
