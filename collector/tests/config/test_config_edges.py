@@ -1035,7 +1035,7 @@ def documented_metrics() -> dict[str, set[str]]:
 
 def test_metrics_names_and_labels_match_the_readme(start_sidecar) -> None:  # type: ignore[no-untyped-def]
     documented = documented_metrics()
-    assert len(documented) == 28
+    assert len(documented) == 29
     with WebhookServer() as hook:
         sidecar = start_sidecar(alerts__webhook__url=hook.url)
         agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")

@@ -49,7 +49,15 @@ def test_replicas_create_the_schema_once_concurrently(postgres_url: str) -> None
                 "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (schema,)
             )
         }
-        assert tables == {"meta", "actions", "sessions", "violations", "outbox", "forgetting"}
+        assert tables == {
+            "meta",
+            "actions",
+            "sessions",
+            "violations",
+            "outbox",
+            "forgetting",
+            "session_states",
+        }
         assert db.execute(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'").fetchone() == (
             str(SCHEMA_VERSION),
         )
@@ -60,11 +68,12 @@ def test_replicas_create_the_schema_once_concurrently(postgres_url: str) -> None
         open_store(postgres_url)
 
 
-def test_a_version_1_store_gets_the_forgetting_table_while_a_replica_writes(postgres_url: str) -> None:
+def test_a_version_1_store_gets_the_newer_tables_while_a_replica_writes(postgres_url: str) -> None:
     replica = open_store(postgres_url)
     dsn, schema = split_url(postgres_url)
     with psycopg.connect(dsn) as db:  # as version 1 left it
         db.execute(f"DROP TABLE {schema}.forgetting")
+        db.execute(f"DROP TABLE {schema}.session_states")
         db.execute(f"UPDATE {schema}.meta SET value = '1' WHERE key = 'schema_version'")
     with replica.writer() as writer:  # a replica of version 1, inside a write transaction
         writer.add_action(action_row({"session_id": "s", "status": "ok"}, "t" * 32, "a"), 1.0)
@@ -74,6 +83,7 @@ def test_a_version_1_store_gets_the_forgetting_table_while_a_replica_writes(post
         assert db.execute(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'").fetchone() == (
             str(SCHEMA_VERSION),
         )
+        assert db.execute(f"SELECT to_regclass('{schema}.session_states')").fetchone() != (None,)
     assert upgraded.count_actions() == 1  # type: ignore[attr-defined]
     again = open_store(postgres_url)
     assert again.migrated_from is None

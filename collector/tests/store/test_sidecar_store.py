@@ -374,7 +374,7 @@ def test_a_version_1_store_is_migrated_keeping_its_rows(tmp_path: Path) -> None:
     assert store.get_session("sess").summary.actions == 2  # type: ignore[union-attr]
     store.close()
     with sqlite3.connect(path) as db:
-        assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("3",)
+        assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("4",)
         assert db.execute("SELECT id FROM actions ORDER BY id").fetchall() == [(3,), (7,), (9,), (10,)]
         indexes = {
             name
@@ -397,6 +397,7 @@ def test_a_version_2_store_gets_the_forgetting_table_keeping_its_rows(tmp_path: 
     store.close()
     with sqlite3.connect(path) as db:  # as version 2 left it
         db.execute("DROP TABLE forgetting")
+        db.execute("DROP TABLE session_states")
         db.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
     db.close()
     store = open_store(f"sqlite:///{path}")
@@ -406,8 +407,9 @@ def test_a_version_2_store_gets_the_forgetting_table_keeping_its_rows(tmp_path: 
         assert writer.prune(10.0, 10, max_actions=10).full is False  # reads the new table
     store.close()
     with sqlite3.connect(path) as db:
-        assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("3",)
+        assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("4",)
         assert db.execute("SELECT count(*) FROM forgetting").fetchone() == (0,)
+        assert db.execute("SELECT count(*) FROM session_states").fetchone() == (0,)
     db.close()
 
 
@@ -418,7 +420,7 @@ def test_a_store_of_an_unknown_version_is_refused_untouched(tmp_path: Path) -> N
         db.execute("UPDATE meta SET value = '99'")
     db.close()
     with pytest.raises(
-        StoreError, match="schema version 99, this sidecar reads 3; it was made by a newer sidecar"
+        StoreError, match="schema version 99, this sidecar reads 4; it was made by a newer sidecar"
     ):
         open_store(f"sqlite:///{path}")
     with sqlite3.connect(path) as db:

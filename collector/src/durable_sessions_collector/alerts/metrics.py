@@ -182,6 +182,12 @@ class Metrics:
         self.sessions_rebuilt = Counter(
             "durable_sessions_sessions_rebuilt", "Sessions rebuilt from the store", registry=registry
         )
+        self.sessions_restored = Counter(
+            "durable_sessions_sessions_restored",
+            "Sessions rebuilt from the engine state kept in the store, re-fed only the records stored "
+            "after it (also counted in durable_sessions_sessions_rebuilt_total)",
+            registry=registry,
+        )
         self.sessions_ended = Counter(
             "durable_sessions_sessions_ended", "End-of-session evaluations (idle sessions)", registry=registry
         )

@@ -8,8 +8,11 @@ Collector's ``tail_sampling`` ``decision_wait``), and again after later spans re
 Memory stays flat: at most ``max_sessions`` sessions are held in the engine. A session
 that is not held — evicted, ended, or from before a restart — is rebuilt by re-feeding
 its stored records in arrival order, which is the order the engine first saw them in,
-so the rebuilt state is the state it had. What the rules find while rebuilding is not
-reported: with the rules of the run that stored the records it was found, and stored,
+so the rebuilt state is the state it had. A long session's state is kept in the store
+as well (when it is evicted or ended, when the sidecar stops, and as it grows), so that
+its rebuild restores that state and re-feeds only the records stored after it: the
+time of a rebuild is then that of the records since, not of the whole session. What
+the rules find while rebuilding is not reported: with the rules of the run that stored the records it was found, and stored,
 when they arrived; a rule enabled since (``evaluation.strict``) judges the spans that
 arrive after it, not records stored before, so that a change of settings raises no
 alert for old actions.
@@ -19,6 +22,7 @@ Used by the pipeline's writer thread only: the engine is not thread-safe.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -31,6 +35,10 @@ from durable_sessions.violation import Violation
 from durable_sessions_collector.store import ActionRow, Writer, action_row
 from durable_sessions_collector.store.base import NO_SESSION, StoredSession, refuse_nul
 
+KEEP_STATE_AFTER = 1_000
+"""Records a session is fed beyond the state kept of it before that state is kept again.
+Below it, re-feeding the records costs less than keeping and restoring the state."""
+
 
 @dataclass(slots=True)
 class Held:
@@ -41,6 +49,19 @@ class Held:
     first_seen: float | None
     """Its stored row's ``first_seen`` (:class:`StoredSession`): None when it has no row yet,
     or the store is this process's alone (whose :meth:`Writer.lock_sessions` tells nothing)."""
+    kept: int = 0
+    """How many of its records the state kept in the store holds (0: none is kept)."""
+
+    def unkept(self) -> int:
+        """Records fed since the state was last kept."""
+        return self.fed - self.kept
+
+    def grown(self, keep_after: int) -> bool:
+        """Whether the session has grown enough since its state was kept to keep it again
+        while it is held: by ``keep_after`` records and by half, so that keeping costs a
+        constant per record however long the session, and a crash leaves at most a third
+        of it to re-feed."""
+        return self.fed - self.kept >= max(keep_after, self.kept // 2)
 
 
 class Arrival(NamedTuple):
@@ -67,6 +88,7 @@ class Evaluator:
         key_window_s: float = 86_400,
         max_sessions: int = 10_000,
         max_actions_per_session: int = 100_000,
+        keep_state_after: int = KEEP_STATE_AFTER,
     ) -> None:
         self.rules = select_rules(strict=strict)
         # Eviction is done here, not by the engine: an evicted session is not over, so
@@ -77,6 +99,7 @@ class Evaluator:
             max_actions_per_session=max_actions_per_session,
         )
         self.max_sessions = max_sessions
+        self.keep_state_after = keep_state_after
         self._held: OrderedDict[str, Held] = OrderedDict()
         # What a shared store held of the sessions of this transaction when it locked them
         # (see forget_stale): a session rebuilt meanwhile is held as that row's.
@@ -85,6 +108,8 @@ class Evaluator:
         """Sessions rebuilt from the store so far."""
         self.refed = 0
         """Stored records re-fed to rebuild them so far: the work rebuilding has cost."""
+        self.restored = 0
+        """Sessions rebuilt from a kept state so far (``keep_state_after``)."""
 
     @property
     def held(self) -> int:
@@ -121,14 +146,41 @@ class Evaluator:
         # digest to digest). The row is encoded already: the problems are checked, not
         # stored (a rebuilt session's records come without them, and its violations are
         # stored already).
-        return True, self.checker.feed(with_problems(row.record, mapped.problems), mapped.where)
+        violations = self.checker.feed(with_problems(row.record, mapped.problems), mapped.where)
+        if session_id is not None and self._held[session_id].grown(self.keep_state_after):
+            self._keep(writer, session_id)
+        return True, violations
 
     def end(self, writer: Writer, session_id: str) -> list[Violation]:
-        """Run the end-of-session rules of ``session_id`` and forget it (rebuilt if needed);
-        return what they find."""
+        """Run the end-of-session rules of ``session_id`` and forget it (rebuilt if needed,
+        its state kept if it is long); return what they find."""
         self._hold(writer, session_id)
-        self._held.pop(session_id, None)
+        self._release(writer, session_id)
         return self.checker.end_session(session_id)
+
+    def unkept(self) -> list[str]:
+        """The long held sessions (of ``keep_state_after`` records or more) fed records
+        since their state was last kept, most such records first: what a stop keeps
+        (:meth:`keep_states`)."""
+        unkept = [
+            (held.unkept(), session_id)
+            for session_id, held in self._held.items()
+            if held.fed >= self.keep_state_after and held.unkept()
+        ]
+        return [session_id for _, session_id in sorted(unkept, reverse=True)]
+
+    def keep_states(self, writer: Writer, session_ids: Iterable[str], until: float) -> int:
+        """Keep the state of those of ``session_ids`` still held (after
+        :meth:`forget_stale`), in the store, until ``time.monotonic()`` passes ``until``;
+        return how many were kept. For a stop: the next start restores them."""
+        kept = 0
+        for session_id in session_ids:
+            if time.monotonic() >= until:
+                break
+            if session_id in self._held:
+                self._keep(writer, session_id)
+                kept += 1
+        return kept
 
     def forget_stale(self, stored: Mapping[str, StoredSession]) -> int:
         """Forget the held sessions the store holds otherwise than the engine was fed —
@@ -159,15 +211,39 @@ class Evaluator:
         if session_id in held:
             held.move_to_end(session_id)
             return
+        held[session_id] = self._rebuild(writer, session_id)
+        while len(held) > self.max_sessions:
+            evicted = next(iter(held))
+            self._release(writer, evicted)
+            self.checker.end_session(evicted)  # not over: its end-of-session findings wait for idleness
+
+    def _rebuild(self, writer: Writer, session_id: str) -> Held:
+        """The session as the store holds it: its kept state restored, if there is one
+        this engine can take, and the records stored after it re-fed."""
+        kept = writer.kept_state(session_id)
+        restored = kept is not None and self.checker.restore(session_id, kept.state)
+        start, after = (kept.fed, kept.through_id) if restored else (0, 0)  # type: ignore[union-attr]
         feed = self.checker.feed
         count = 0
-        for record, where in writer.session_records(session_id):
+        for record, where in writer.session_records(session_id, after):
             feed(record, where)
             count += 1
         self.refed += count
-        held[session_id] = Held(count, self._locked.get(session_id, NO_SESSION).first_seen)
-        if count:
+        if start or count:
             self.rebuilt += 1
-        while len(held) > self.max_sessions:
-            evicted, _ = held.popitem(last=False)
-            self.checker.end_session(evicted)  # not over: its end-of-session findings wait for idleness
+            self.restored += restored
+        return Held(start + count, self._locked.get(session_id, NO_SESSION).first_seen, kept=start)
+
+    def _release(self, writer: Writer, session_id: str) -> None:
+        """Stop holding ``session_id``, keeping its state in the store first if it has been
+        fed enough records since it was last kept."""
+        held = self._held.pop(session_id, None)
+        if held is not None and held.unkept() >= self.keep_state_after:
+            self._keep(writer, session_id, held)
+
+    def _keep(self, writer: Writer, session_id: str, held: Held | None = None) -> None:
+        held = held or self._held[session_id]
+        state = self.checker.snapshot(session_id)
+        if state is not None:
+            writer.keep_state(session_id, held.fed, state)
+            held.kept = held.fed

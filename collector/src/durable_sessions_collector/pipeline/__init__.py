@@ -44,6 +44,9 @@ PRUNE_ACTIONS = 20_000
 it. A session holding more is deleted but for its actions, which later passes delete."""
 PRUNE_EVERY_S = 60.0
 """Seconds between two retention passes, unless the last one deleted a full batch."""
+KEEP_STATES_AT_STOP_S = 5.0
+"""Longest a stop spends keeping the state of the long sessions held (half of the writer's
+stop timeout): the next start restores them rather than re-feeding all their records."""
 
 
 class Overloaded(Exception):
@@ -121,6 +124,7 @@ class Pipeline:
         self.accepting_since = time.monotonic()
         """time.monotonic() when the receivers began accepting spans (:meth:`accepting`)."""
         self._rebuilt_reported = 0
+        self._restored_reported = 0
         self._more_idle = False  # the last sweep left idle sessions for the next one
         self._backlog = True  # alerts left pending by an earlier run are delivered first
         metrics.queue_capacity.set(queue_size)
@@ -226,11 +230,13 @@ class Pipeline:
             if self.retention_s > 0 and ticked - self.last_prune >= PRUNE_EVERY_S:
                 self._prune_pass(ticked)
         # Drain what was accepted before the stop was asked for.
+        until = time.monotonic() + KEEP_STATES_AT_STOP_S
         while True:
             try:
                 self._write([self.queue.get_nowait()])
             except queue.Empty:
                 break
+        self.keep_states(until)
 
     def _write(self, batch: list[Job]) -> None:
         """Commit ``batch`` in one transaction, then release its receivers.
@@ -380,6 +386,24 @@ class Pipeline:
         self._raised(fresh)
         return len(idle)
 
+    def keep_states(self, until: float) -> int:
+        """Keep, in one transaction, the state of the held sessions fed many records since
+        it was last kept (see the evaluator), longest first, until ``time.monotonic()``
+        passes ``until``; return how many were kept. A failure is logged: the next start
+        re-feeds what it would have restored."""
+        sessions = self.evaluator.unkept()
+        if not sessions:
+            return 0
+        try:
+            with self.store.writer() as writer:
+                self._lock(writer, sessions)
+                kept = self.evaluator.keep_states(writer, sessions, until)
+        except Exception as error:
+            self.log.error("keep-states-failed", error=f"{type(error).__name__}: {error}")
+            return 0
+        self.log.info("session-states-kept", sessions=kept)
+        return kept
+
     def _prune_pass(self, ticked: float) -> None:
         """One retention pass, from the writer loop: a failure is logged and retried at the
         next pass, and never stops the writer."""
@@ -444,6 +468,9 @@ class Pipeline:
         if self.evaluator.rebuilt > self._rebuilt_reported:
             self.metrics.sessions_rebuilt.inc(self.evaluator.rebuilt - self._rebuilt_reported)
             self._rebuilt_reported = self.evaluator.rebuilt
+        if self.evaluator.restored > self._restored_reported:
+            self.metrics.sessions_restored.inc(self.evaluator.restored - self._restored_reported)
+            self._restored_reported = self.evaluator.restored
         if fresh:
             self._backlog = True
         self._deliver()

@@ -159,6 +159,17 @@ class StoredSession(NamedTuple):
 NO_SESSION = StoredSession(0, None)
 
 
+class KeptState(NamedTuple):
+    """The engine's state of a session as kept in the store (:meth:`Writer.keep_state`)."""
+
+    fed: int
+    """How many of the session's stored records the state holds: its first ``fed``."""
+    through_id: int
+    """The id of the last of them: the records after it are the ones to re-feed."""
+    state: bytes
+    """What ``Checker.snapshot`` gave."""
+
+
 @dataclass(frozen=True, slots=True)
 class SessionSummary:
     session_id: str
@@ -410,8 +421,19 @@ class Writer(Protocol):
     def is_stored(self, row: ActionRow) -> bool:
         """Whether :meth:`add_action` would find ``row`` stored already (a redelivery)."""
 
-    def session_records(self, session_id: str) -> Iterator[tuple[ActionRecord, Location]]:
-        """The stored records of ``session_id`` in arrival order (this transaction's included)."""
+    def session_records(self, session_id: str, after_id: int = 0) -> Iterator[tuple[ActionRecord, Location]]:
+        """The stored records of ``session_id`` in arrival order (this transaction's
+        included), those stored after the record of id ``after_id`` only."""
+
+    def keep_state(self, session_id: str, fed: int, state: bytes) -> None:
+        """Keep ``state``, the engine's state of ``session_id`` after all of its stored
+        records, which are ``fed``; it replaces the state kept before."""
+
+    def kept_state(self, session_id: str) -> KeptState | None:
+        """The state kept of ``session_id``, if it still holds the session's first records:
+        None when none is kept, or when the store no longer holds exactly ``fed`` records
+        of the session up to ``through_id`` (retention deleted the session and spans
+        started it afresh; another replica wrote to it before the state was kept)."""
 
     def add_violation(self, violation: Violation, *, at_end: bool, now: float) -> bool:
         """Store ``violation``; True when it is new (its key was not stored), so it alerts."""

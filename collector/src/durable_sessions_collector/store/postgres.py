@@ -84,6 +84,7 @@ from durable_sessions_collector.store.base import (
     DeadAlert,
     DetailPages,
     IndexReport,
+    KeptState,
     Pruned,
     RecordRefused,
     SessionDetail,
@@ -103,7 +104,7 @@ from durable_sessions_collector.store.pool import ReadPool
 
 _T = TypeVar("_T")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 CLAIM_LEASE_S = 60.0
 CLOCK_READ_EVERY_S = 10.0
 """Seconds between two readings of the server's clock (:class:`ServerClock`)."""
@@ -117,6 +118,16 @@ FORGETTING = """
 CREATE TABLE IF NOT EXISTS forgetting (
     session_id TEXT PRIMARY KEY,
     through_id BIGINT NOT NULL
+)
+"""
+# The engine's state of a long session (see the SQLite store). Version 3 added it; a
+# version 1 or 2 store gets it at start.
+SESSION_STATES = """
+CREATE TABLE IF NOT EXISTS session_states (
+    session_id TEXT PRIMARY KEY,
+    fed BIGINT NOT NULL,
+    through_id BIGINT NOT NULL,
+    state BYTEA NOT NULL
 )
 """
 # An outbox row this replica's claim still holds (see Alert.claim), joined as ``held``:
@@ -192,7 +203,7 @@ CREATE TABLE IF NOT EXISTS outbox (
 );
 CREATE INDEX IF NOT EXISTS outbox_due ON outbox (channel, state, next_attempt_at);
 """
-    + f"{FORGETTING};"
+    + f"{FORGETTING};{SESSION_STATES};"
 )
 
 # Retention finds the old rows of no session through these (only such rows are in them).
@@ -223,14 +234,15 @@ def _t(value: str | None) -> str | None:
 def _migrate(connection: psycopg.Connection[Any]) -> str | None:
     """Bring a store of an earlier version to this one, in the caller's transaction (under
     the schema lock); return the version migrated from. Another version is left for the
-    caller to refuse. Version 1 → 2 adds the ``forgetting`` table: no existing table is
-    locked, so the other replicas write on."""
+    caller to refuse. Version 2 added the ``forgetting`` table, version 3 the
+    ``session_states`` table: no existing table is locked, so the other replicas write on."""
     row = connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-    if row is None or row[0] != "1":
+    if row is None or row[0] not in ("1", "2"):
         return None
     connection.execute(FORGETTING)
+    connection.execute(SESSION_STATES)
     connection.execute("UPDATE meta SET value = %s WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
-    return "1"
+    return str(row[0])
 
 
 def _schema_exists(connection: psycopg.Connection[Any], schema: str) -> bool:
@@ -750,7 +762,7 @@ class ServerClock:
 # of them from before it has a transaction id until it ends: its first write is to one
 # of them (the sidecar writes nothing else, and uses no savepoint, whose rollback would
 # release a lock early), and a statement locks its table before it writes.
-STORE_TABLES = ("meta", "actions", "sessions", "violations", "outbox", "forgetting")
+STORE_TABLES = ("meta", "actions", "sessions", "violations", "outbox", "forgetting", "session_states")
 
 # The oldest transaction still running that holds a lock on a table of the store (see
 # STORE_TABLES), as the current snapshot knows it; else the snapshot's xmax, the first
@@ -896,12 +908,12 @@ class PostgresWriter:
         ).fetchone()
         return found is not None
 
-    def session_records(self, session_id: str) -> Iterator[tuple[ActionRecord, Location]]:
+    def session_records(self, session_id: str, after_id: int = 0) -> Iterator[tuple[ActionRecord, Location]]:
         # A page of SESSION_RECORDS_PAGE rows at a time, by id along actions_by_session,
         # not the whole session at once: a session of a million actions is rebuilt in the
         # memory of one page. Each page is a query of its own, so a rebuild given up
         # halfway (a failed transaction) leaves no server-side cursor behind.
-        after = 0
+        after = after_id
         while True:
             rows = self._db.execute(
                 "SELECT id, trace_id, span_id, record FROM actions "
@@ -913,6 +925,27 @@ class PostgresWriter:
             if len(rows) < SESSION_RECORDS_PAGE:
                 return
             after = rows[-1][0]  # the next page starts after the last id read
+
+    def keep_state(self, session_id: str, fed: int, state: bytes) -> None:
+        self._db.execute(
+            "INSERT INTO session_states (session_id, fed, through_id, state) "
+            f"SELECT %s, %s, max(id), %s FROM actions WHERE session_id = %s AND {NOT_FORGOTTEN} "
+            "HAVING max(id) IS NOT NULL ON CONFLICT (session_id) DO UPDATE "
+            "SET fed = excluded.fed, through_id = excluded.through_id, state = excluded.state",
+            (session_id, fed, state, session_id, session_id),
+        )
+
+    def kept_state(self, session_id: str) -> KeptState | None:
+        kept = self._db.execute(
+            "SELECT fed, through_id, state FROM session_states WHERE session_id = %s", (session_id,)
+        ).fetchone()
+        if kept is None:
+            return None
+        (held,) = self._db.execute(  # type: ignore[misc]
+            f"SELECT count(*) FROM actions WHERE session_id = %s AND {NOT_FORGOTTEN} AND id <= %s",
+            (session_id, session_id, kept[1]),
+        ).fetchone()
+        return KeptState(kept[0], kept[1], bytes(kept[2])) if held == kept[0] else None
 
     def add_violation(self, violation: Violation, *, at_end: bool, now: float) -> bool:
         cursor = self._db.execute(
@@ -1073,7 +1106,7 @@ class PostgresWriter:
                 "AND violation_key IN (SELECT key FROM violations WHERE session_id = ANY(%s))",
                 (channels, sessions),
             )
-            for table in ("violations", "sessions"):
+            for table in ("violations", "sessions", "session_states"):
                 db.execute(
                     sql.SQL("DELETE FROM {} WHERE session_id = ANY(%s)").format(sql.Identifier(table)),
                     (sessions,),

@@ -32,6 +32,7 @@ from durable_sessions_collector.store.base import (
     DeadAlert,
     DetailPages,
     IndexReport,
+    KeptState,
     Pruned,
     SessionDetail,
     SessionSummary,
@@ -47,7 +48,7 @@ from durable_sessions_collector.store.base import (
 )
 from durable_sessions_collector.store.pool import ReadPool
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 META = """
 CREATE TABLE IF NOT EXISTS meta (
     key TEXT PRIMARY KEY,
@@ -94,6 +95,17 @@ FORGETTING = """
 CREATE TABLE IF NOT EXISTS forgetting (
     session_id TEXT PRIMARY KEY,
     through_id INTEGER NOT NULL
+)
+"""
+# The engine's state of a long session, kept so that a rebuild restores it and re-feeds
+# only the records stored after ``through_id`` (see the evaluator). Version 4 added it; a
+# version 2 or 3 store gets it at start.
+SESSION_STATES = """
+CREATE TABLE IF NOT EXISTS session_states (
+    session_id TEXT PRIMARY KEY,
+    fed INTEGER NOT NULL,
+    through_id INTEGER NOT NULL,
+    state BLOB NOT NULL
 )
 """
 NOT_FORGOTTEN = "id > coalesce((SELECT through_id FROM forgetting WHERE session_id = ?), 0)"
@@ -147,6 +159,7 @@ CREATE TABLE IF NOT EXISTS outbox (
 );
 CREATE INDEX IF NOT EXISTS outbox_due ON outbox (channel, state, next_attempt_at);
 {FORGETTING};
+{SESSION_STATES};
 {SESSIONLESS_BY_AGE}"""
 
 
@@ -163,6 +176,7 @@ PRUNE_SESSION_ALERTS = (
 PRUNE_SESSION_ROWS = (
     "DELETE FROM violations WHERE session_id = ?",
     "DELETE FROM sessions WHERE session_id = ?",
+    "DELETE FROM session_states WHERE session_id = ?",
 )
 PRUNE_SESSION_ACTIONS = f"DELETE FROM actions WHERE {SESSION_KEY} = ?"
 FORGET_SESSION = (
@@ -211,7 +225,7 @@ def _prepare(connection: sqlite3.Connection, path: str) -> str | None:
         version = str(SCHEMA_VERSION) if found is None else found[0]
         if version == "1":
             _migrate_from_1(connection)
-        elif version not in ("2", str(SCHEMA_VERSION)):  # 2 → 3: SCHEMA adds FORGETTING
+        elif version not in ("2", "3", str(SCHEMA_VERSION)):  # SCHEMA adds FORGETTING (3), SESSION_STATES (4)
             raise version_refused(path, version, SCHEMA_VERSION)
         for statement in SCHEMA.split(";"):
             connection.execute(statement)
@@ -589,15 +603,37 @@ class SqliteWriter:
         ).fetchone()
         return found is not None
 
-    def session_records(self, session_id: str) -> Iterator[tuple[ActionRecord, Location]]:
+    def session_records(self, session_id: str, after_id: int = 0) -> Iterator[tuple[ActionRecord, Location]]:
         # Row by row from the cursor, not fetchall(): a session of a million actions is
         # rebuilt in the memory of one record (and SQLite's sorter, which spills to disk).
         rows = self._db.execute(
-            f"SELECT trace_id, span_id, record FROM actions WHERE {SESSION_KEY} = ? AND {NOT_FORGOTTEN} ORDER BY id",
-            (session_id, session_id),
+            f"SELECT trace_id, span_id, record FROM actions WHERE {SESSION_KEY} = ? AND {NOT_FORGOTTEN} "
+            "AND id > ? ORDER BY id",
+            (session_id, session_id, after_id),
         )
         for trace_id, span_id, record in rows:
             yield decode_record(record), Location(None, None, trace_id, span_id)
+
+    def keep_state(self, session_id: str, fed: int, state: bytes) -> None:
+        self._db.execute(
+            "INSERT INTO session_states (session_id, fed, through_id, state) "
+            f"SELECT ?, ?, max(id), ? FROM actions WHERE {SESSION_KEY} = ? AND {NOT_FORGOTTEN} "
+            "HAVING max(id) IS NOT NULL ON CONFLICT (session_id) DO UPDATE "
+            "SET fed = excluded.fed, through_id = excluded.through_id, state = excluded.state",
+            (session_id, fed, state, session_id, session_id),
+        )
+
+    def kept_state(self, session_id: str) -> KeptState | None:
+        kept = self._db.execute(
+            "SELECT fed, through_id, state FROM session_states WHERE session_id = ?", (session_id,)
+        ).fetchone()
+        if kept is None:
+            return None
+        (held,) = self._db.execute(
+            f"SELECT count(*) FROM actions WHERE {SESSION_KEY} = ? AND {NOT_FORGOTTEN} AND id <= ?",
+            (session_id, session_id, kept[1]),
+        ).fetchone()
+        return KeptState(*kept) if held == kept[0] else None
 
     def add_violation(self, violation: Violation, *, at_end: bool, now: float) -> bool:
         cursor = self._db.execute(
