@@ -7,10 +7,13 @@ arrives or when the idle sweep ends it. This stores one session of ``--actions``
 ``--store postgresql://…``, in a fresh schema there, dropped afterwards — then, in a new
 child process each round, has the sidecar's evaluator end it (rebuild, then its
 end-of-session rules) and reports the time per action and how far the process's peak
-RSS (``VmHWM``) rose during the rebuild. ``--baseline TREE`` runs the same rounds with
-another source tree's ``collector/src`` (e.g. ``git archive origin/main collector/src |
-tar -x -C TREE``), alternating, on the same store, so that before and after are measured
-in the same run.
+RSS (``VmHWM``) rose during the rebuild. Each round measures both ways a session is
+rebuilt: ``re-fed`` (every stored record fed to the engine again: no state of the
+session is kept in the store, as for a session below 1,000 records, or a state another
+release kept) and ``restored`` (the engine's state kept in the store restored, no record
+re-fed). ``--baseline TREE`` adds the ``re-fed`` rounds of another source tree's
+``collector/src`` (e.g. ``git archive origin/main collector/src | tar -x -C TREE``; one
+that reads this store's schema version), alternating, on the same store.
 
 Run::
 
@@ -69,13 +72,27 @@ def fill(store_url: str, actions: int) -> None:
     store.close()
 
 
-def measure(store_url: str) -> dict[str, float]:
-    """In this (fresh) process: end the stored session through a new evaluator."""
+def keep_state(store_url: str, state: bytes | None) -> bytes:
+    """Keep ``state`` as the session's state (None: one no engine restores); return the
+    state kept before."""
+    from durable_sessions_collector.store import open_store
+
+    store = open_store(store_url)
+    with store.writer() as writer:
+        kept = writer.kept_state(SESSION)
+        writer.keep_state(SESSION, store.count_actions() if state else 0, state or b"")
+    store.close()
+    return kept.state if kept else b""
+
+
+def measure(store_url: str, mode: str = "re-fed") -> dict[str, float]:
+    """In this (fresh) process: end the stored session through a new evaluator, which keeps
+    no state of it (``re-fed``) or restores the state kept (``restored``)."""
     from durable_sessions_collector.evaluator import Evaluator
     from durable_sessions_collector.store import open_store
 
     store = open_store(store_url)
-    evaluator = Evaluator()
+    evaluator = Evaluator(keep_state_after=2**62) if mode == "re-fed" else Evaluator()
     before = _peak_kib()
     started = time.perf_counter()
     with store.writer() as writer:
@@ -83,6 +100,7 @@ def measure(store_url: str) -> dict[str, float]:
     elapsed = time.perf_counter() - started
     actions = store.count_actions()
     store.close()
+    assert evaluator.restored == (mode == "restored"), "the rebuild was not the one measured"
     return {
         "s": elapsed,
         "us_per_action": elapsed / actions * 1e6,
@@ -90,10 +108,10 @@ def measure(store_url: str) -> dict[str, float]:
     }
 
 
-def _child(tree: Path, store_url: str) -> dict[str, float]:
+def _child(tree: Path, store_url: str, mode: str = "re-fed") -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree / "collector" / "src"), str(HERE / "src")])}
     out = subprocess.run(
-        [sys.executable, __file__, "--measure", store_url],
+        [sys.executable, __file__, "--measure", store_url, *(["--mode", mode] if mode != "re-fed" else [])],
         env=env,
         capture_output=True,
         text=True,
@@ -109,9 +127,10 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path)
     parser.add_argument("--store", help="a PostgreSQL URL (default: a SQLite file)")
     parser.add_argument("--measure", help=argparse.SUPPRESS)
+    parser.add_argument("--mode", default="re-fed", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
-        print(json.dumps(measure(args.measure)))
+        print(json.dumps(measure(args.measure, args.mode)))
         return
     drop = None
     with tempfile.TemporaryDirectory(prefix="rebuild-") as work:
@@ -123,11 +142,15 @@ def main() -> None:
             started = time.perf_counter()
             fill(store_url, args.actions)
             print(f"stored one session of {args.actions:,} actions in {time.perf_counter() - started:.1f} s")
-            trees = [("this tree", HERE)] + ([("baseline", args.baseline)] if args.baseline else [])
-            results: dict[str, list[dict[str, float]]] = {name: [] for name, _ in trees}
+            _child(HERE, store_url, "keep")  # keeps the session's state, as its idle end does
+            state = keep_state(store_url, None)
+            runs = [("re-fed", HERE, "re-fed"), ("restored", HERE, "restored")]
+            runs += [("baseline", args.baseline, "re-fed")] if args.baseline else []
+            results: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in runs}
             for round_ in range(args.rounds):
-                for name, tree in trees:
-                    result = _child(tree, store_url)
+                for name, tree, mode in runs:
+                    keep_state(store_url, state if mode == "restored" else None)
+                    result = _child(tree, store_url, mode)
                     results[name].append(result)
                     print(
                         f"round {round_ + 1} {name:>9}: {result['s']:.2f} s, {result['us_per_action']:.1f} µs/action, "
