@@ -3,7 +3,7 @@
 A session not in memory (ended at idle, evicted, or from before a restart) is rebuilt by
 re-feeding its stored records to the engine, in the writer thread, when its next span
 arrives or when the idle sweep ends it. This stores one session of ``--actions`` actions
-(one ``llm_call`` span each, as an agent's long conversation) in a SQLite file — or, with
+(one ``llm_call`` span each with its answer's digest, as an agent's long conversation) in a SQLite file — or, with
 ``--store postgresql://…``, in a fresh schema there, dropped afterwards — then, in a new
 child process each round, has the sidecar's evaluator end it (rebuild, then its
 end-of-session rules) and reports the time per action and how far the process's peak
@@ -36,8 +36,8 @@ import time
 from pathlib import Path
 
 from collector_ingest import _postgres_schema  # a fresh schema, as its other modes make
+from session_snapshot import SESSION, TRACE, llm_call
 
-SESSION = "week-long"
 HERE = Path(__file__).resolve().parent.parent
 
 
@@ -58,16 +58,7 @@ def fill(store_url: str, actions: int) -> None:
     for start in range(0, actions, 10_000):
         with store.writer() as writer:
             for n in range(start, min(actions, start + 10_000)):
-                record = {
-                    "session_id": SESSION,
-                    "action_id": f"a{n}",
-                    "kind": "llm_call",
-                    "status": "ok",
-                    "incarnation": "run-1",
-                    "seq": n,
-                    "ts": now + n / 1000,
-                }
-                writer.add_action(action_row(record, "ab" * 16, f"{n + 1:016x}"), now)  # type: ignore[arg-type]
+                writer.add_action(action_row(llm_call(n, now), TRACE, f"{n + 1:016x}"), now)  # type: ignore[arg-type]
             writer.touch_session(SESSION, now, min(actions, start + 10_000) - start)
     store.close()
 

@@ -42,23 +42,22 @@ TRACE = "ab" * 16
 Step = tuple[dict[str, Any], Location]
 
 
+def llm_call(n: int, start_ts: float = 1_700_000_000) -> dict[str, Any]:
+    """Action ``n`` of an agent's long conversation: a model call and its recorded answer."""
+    return {
+        "session_id": SESSION,
+        "action_id": f"a{n}",
+        "kind": "llm_call",
+        "status": "ok",
+        "incarnation": "run-1",
+        "seq": n,
+        "ts": start_ts + n / 1000,
+        "result_digest": digest_text(f"answer {n}"),
+    }
+
+
 def llm_calls(actions: int) -> list[Step]:
-    return [
-        (
-            {
-                "session_id": SESSION,
-                "action_id": f"a{n}",
-                "kind": "llm_call",
-                "status": "ok",
-                "incarnation": "run-1",
-                "seq": n,
-                "ts": 1_700_000_000 + n / 1000,
-                "result_digest": digest_text(f"answer {n}"),
-            },
-            span_location(TRACE, f"{n + 1:016x}"),
-        )
-        for n in range(actions)
-    ]
+    return [(llm_call(n), span_location(TRACE, f"{n + 1:016x}")) for n in range(actions)]
 
 
 def _mixed_record(n: int) -> dict[str, Any]:
