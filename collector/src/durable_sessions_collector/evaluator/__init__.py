@@ -90,6 +90,9 @@ class Evaluator:
         max_actions_per_session: int = 100_000,
         keep_state_after: int = KEEP_STATE_AFTER,
     ) -> None:
+        """``keep_state_after``: records a session is fed beyond the state kept of it before
+        that state is kept again in the store (:data:`KEEP_STATE_AFTER`; a session shorter
+        than that is always rebuilt by re-feeding its records)."""
         self.rules = select_rules(strict=strict)
         # Eviction is done here, not by the engine: an evicted session is not over, so
         # its end-of-session rules must not fire; it is rebuilt when needed.
