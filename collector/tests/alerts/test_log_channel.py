@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 
 from conftest import wait_for
-from durable_sessions_collector.alerts import LOG
+from durable_sessions_collector.alerts import LOG, RESOLVED, change_payload, outbox_key
 from durable_sessions_collector.alerts.log import LogAlerts, WrittenJournal
 from durable_sessions_collector.jsonlog import JsonLog
 from durable_sessions_collector.store import SqliteStore
@@ -54,6 +54,25 @@ def test_lines_written_before_a_crash_are_marked_at_the_next_start_not_written_a
         assert violation_lines(stream) == ["c"]
         assert store.pending_alerts(LOG, 10.0) == []
         assert journal.keys() == set()  # every key in it is marked: it starts empty again
+    finally:
+        store.close()
+
+
+def test_a_resolution_of_a_violation_whose_line_is_in_the_journal_is_still_written(tmp_path: Path) -> None:
+    # The journal names outbox rows, not violations: a violation's resolution is another
+    # row (and line) with the same violation key in its payload.
+    store = store_with_pending(tmp_path / "s.db", ["a"])
+    journal = WrittenJournal(str(tmp_path / "s.db.log-written"))
+    try:
+        assert written_but_not_marked(store, journal) == ["a"]
+        resolution = change_payload({"key": "a", "rule": "unkeyed-side-effect"}, RESOLVED, "ok", 2.0)
+        with store.writer() as writer:  # committed before the crash, its line not yet written
+            writer.enqueue_alert(LOG, outbox_key(resolution), resolution, 2.0)
+        stream = io.StringIO()
+        assert LogAlerts(store, JsonLog(stream), journal=journal).deliver_pending() == 2
+        [line] = [json.loads(text) for text in stream.getvalue().splitlines()]
+        assert (line["event"], line["key"], line["status"]) == ("violation-resolved", "a", "resolved")
+        assert store.pending_alerts(LOG, 10.0) == []
     finally:
         store.close()
 

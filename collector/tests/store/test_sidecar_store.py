@@ -108,7 +108,9 @@ def test_violations_are_unique_and_drive_the_verdict(store) -> None:  # type: ig
         assert writer.add_violation(violation("unresolved-side-effect", span="s2"), at_end=True, now=1.0)
     with store.writer() as writer:
         # At the next end the end-of-session finding is gone: resolved, out of the verdict.
-        assert writer.resolve_end_violations("sess", keep=set()) == 1
+        settled = writer.resolve_end_violations("sess", keep=set())
+        assert [(v["rule"], v["resolved"]) for v in settled.resolved] == [("unresolved-side-effect", True)]
+        assert settled.held_again == set()
         writer.end_session("sess", 5.0)
         assert writer.refresh_verdict("sess") == "unrecoverable"
     [summary] = store.list_sessions("unrecoverable")
@@ -144,6 +146,36 @@ def test_a_session_is_rebuilt_from_its_rows_a_page_at_a_time(store, monkeypatch)
         assert [where.span_id for _, where in writer.session_records("sess")] == [
             f"{n:016x}" for n in range(count)
         ]
+
+
+def test_an_end_of_session_violation_resolves_and_holds_again_once_per_change(store) -> None:  # type: ignore[no-untyped-def]
+    """resolve_end_violations reports each change of a violation's status once: the
+    transaction that makes it writes its alerts (add_violation of a stored one is no change)."""
+    effect = violation("unresolved-side-effect", span="s2")
+    ended = [(1.0, {effect.key}), (2.0, set()), (3.0, set()), (4.0, {effect.key}), (5.0, {effect.key})]
+    changes = []
+    for now, keep in ended:
+        with store.writer() as writer:
+            writer.touch_session("sess", now, 1)
+            if keep:
+                writer.add_violation(effect, at_end=True, now=now)
+            settled = writer.resolve_end_violations("sess", keep)
+            writer.end_session("sess", now)
+            changes.append(
+                ([v["key"] for v in settled.resolved], settled.held_again, writer.refresh_verdict("sess"))
+            )
+    assert changes == [
+        ([], set(), "unrecoverable"),  # new: alerted as new, no change
+        ([effect.key], set(), "ok"),  # resolved
+        ([], set(), "ok"),  # still resolved: no change
+        ([], {effect.key}, "unrecoverable"),  # holds again
+        ([], set(), "unrecoverable"),  # still holds: no change
+    ]
+    detail = store.get_session("sess")
+    assert detail is not None
+    assert [(v["key"], v["resolved"], v["at_session_end"]) for v in detail.violations] == [
+        (effect.key, False, True)
+    ]
 
 
 def test_a_reopened_session_has_no_end(store) -> None:  # type: ignore[no-untyped-def]

@@ -1,4 +1,6 @@
-"""The ``log`` alert channel: one JSON line per new violation."""
+"""The ``log`` alert channel: one JSON line per new violation (``"event": "violation"``),
+and one per change of an end-of-session violation's status: ``"violation-resolved"``
+(level ``INFO``) when later spans settled it, ``"violation"`` when it holds again."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from durable_sessions_collector.alerts import LOG
+from durable_sessions_collector.alerts import LOG, RESOLVED
 from durable_sessions_collector.jsonlog import JsonLog
 from durable_sessions_collector.store import Alert, Store
 
@@ -108,7 +110,7 @@ class LogAlerts:
                     self._written_before.clear()
                     self._forget_marked()
                 return delivered
-            unwritten = [alert for alert in pending if alert.payload.get("key") not in self._written_before]
+            unwritten = [alert for alert in pending if alert.violation_key not in self._written_before]
             self._flushed = self._write(unwritten)
             with self.store.writer() as writer:
                 writer.mark_delivered(pending, now)
@@ -132,11 +134,15 @@ class LogAlerts:
     def _write(self, alerts: list[Alert]) -> bool:
         """Write the alerts' lines; return whether they are out (not just queued)."""
         for alert in alerts:
-            self.log.write("WARNING", "violation", force=True, wait=False, **alert.payload)
+            if alert.payload.get("status") == RESOLVED:
+                self.log.write("INFO", "violation-resolved", force=True, wait=False, **alert.payload)
+            else:
+                self.log.write("WARNING", "violation", force=True, wait=False, **alert.payload)
         journal = self.journal
         # While the stream is blocked the rows are marked before their lines are out, so
         # the journal has nothing to save; queued appends would only pile up behind it.
+        # A row's key is its outbox key: a violation's changes of status have their own.
         if alerts and journal is not None and not self.log.stuck():
-            data = journal.encode([str(alert.payload.get("key")) for alert in alerts])
+            data = journal.encode([alert.violation_key for alert in alerts])
             self.log.then(lambda: journal.append_encoded(data))
         return self.log.flush()

@@ -8,12 +8,15 @@ One Export carries one log record:
 - resource ``service.name=durable-sessions-collector`` (and ``service.version``), scope
   ``durable_sessions_collector``;
 - ``severity_number``/``severity_text``: ``ERROR`` for an ``error`` violation (the session
-  is unrecoverable), ``WARN`` for a ``warning`` (at risk);
-- ``body``: the violation's message; ``event_name``: ``durable_sessions.violation``;
+  is unrecoverable), ``WARN`` for a ``warning`` (at risk), ``INFO`` for a resolution (an
+  end-of-session violation that later spans settled);
+- ``body``: the violation's message (``resolved: `` and the message for a resolution);
+  ``event_name``: ``durable_sessions.violation``;
 - attributes ``session.id``, ``durable_sessions.rule``, ``durable_sessions.severity``,
   ``agent.action.id``, ``durable_sessions.verdict`` (the session's verdict),
-  ``durable_sessions.violation.key`` and ``durable_sessions.alert.idempotency_key`` (the
-  webhook's ``Idempotency-Key``: the same on every attempt, restart and replica);
+  ``durable_sessions.violation.key``, ``durable_sessions.alert.status`` (``firing`` or
+  ``resolved``) and ``durable_sessions.alert.idempotency_key`` (the webhook's
+  ``Idempotency-Key``: the same on every attempt, restart and replica);
 - ``trace_id``/``span_id`` of the violating span when known, so that a backend links the
   alert to its trace; ``time_unix_nano`` and ``observed_time_unix_nano``: detection time.
 
@@ -65,7 +68,7 @@ from opentelemetry.proto.logs.v1 import logs_pb2
 from opentelemetry.proto.resource.v1 import resource_pb2
 
 from durable_sessions_collector import __version__
-from durable_sessions_collector.alerts import OTLP, idempotency_key
+from durable_sessions_collector.alerts import FIRING, OTLP, RESOLVED, idempotency_key
 from durable_sessions_collector.alerts.metrics import Metrics
 from durable_sessions_collector.alerts.outbox import DEFAULT_POLICY, Attempt, DeliveryPolicy, OutboxDelivery
 from durable_sessions_collector.config import is_loopback
@@ -76,6 +79,8 @@ SERVICE_NAME = "durable-sessions-collector"
 SCOPE_NAME = "durable_sessions_collector"
 EVENT_NAME = "durable_sessions.violation"
 
+INFO = (logs_pb2.SEVERITY_NUMBER_INFO, "INFO")
+"""A resolution's severity, and an unknown one's."""
 SEVERITIES = {
     "error": (logs_pb2.SEVERITY_NUMBER_ERROR, "ERROR"),
     "warning": (logs_pb2.SEVERITY_NUMBER_WARN, "WARN"),
@@ -129,8 +134,10 @@ def _id(value: Any, length: int) -> bytes:
 
 def log_record(payload: dict[str, Any]) -> logs_pb2.LogRecord:
     """The log record of one alert (its outbox payload)."""
-    severity = str(payload.get("severity") or "")
-    number, text = SEVERITIES.get(severity, (logs_pb2.SEVERITY_NUMBER_INFO, "INFO"))
+    status = payload.get("status") or FIRING  # an alert queued before statuses fired
+    # A resolution is news, not a problem: INFO whatever the violation's severity.
+    severity = SEVERITIES.get(str(payload.get("severity") or ""), INFO)
+    number, text = INFO if status == RESOLVED else severity
     detected = payload.get("detected_at")
     at = int(detected * 1e9) if isinstance(detected, int | float) and detected > 0 else 0
     attributes = [
@@ -138,18 +145,18 @@ def log_record(payload: dict[str, Any]) -> logs_pb2.LogRecord:
         for name, field in ATTRIBUTES
         if payload.get(field) is not None
     ]
-    attributes.append(
-        common_pb2.KeyValue(
-            key="durable_sessions.alert.idempotency_key",
-            value=common_pb2.AnyValue(string_value=idempotency_key(payload)),
-        )
-    )
+    for name, value in (
+        ("durable_sessions.alert.status", str(status)),
+        ("durable_sessions.alert.idempotency_key", idempotency_key(payload)),
+    ):
+        attributes.append(common_pb2.KeyValue(key=name, value=common_pb2.AnyValue(string_value=value)))
+    message = str(payload.get("message") or "")
     record = logs_pb2.LogRecord(
         time_unix_nano=at,
         observed_time_unix_nano=at,
         severity_number=number,
         severity_text=text,
-        body=common_pb2.AnyValue(string_value=str(payload.get("message") or "")),
+        body=common_pb2.AnyValue(string_value=f"resolved: {message}" if status == RESOLVED else message),
         attributes=attributes,
         trace_id=_id(payload.get("trace_id"), 16),
         span_id=_id(payload.get("span_id"), 8),

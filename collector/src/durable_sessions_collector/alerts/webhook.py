@@ -5,11 +5,13 @@ so an alert survives a crash or a restart and is delivered once it can be. Each 
 is POSTed to ``alerts.webhook.url`` with:
 
 - ``Content-Type: application/json``; the body is the alert (session, rule, severity,
-  action, message, the session's verdict, trace and span ids, detection time) — never
-  a result or a prompt, which the sidecar does not even store;
+  action, message, the session's verdict, trace and span ids, detection time, and
+  ``status``: ``firing``, or ``resolved`` for an end-of-session violation later spans
+  settled) — never a result or a prompt, which the sidecar does not even store;
 - ``Idempotency-Key``: derived from session + rule + action only (:func:`idempotency_key`),
-  the same on every attempt and after every restart, so a receiver can drop a repeat
-  (a crash between a successful POST and marking it delivered sends it again);
+  and for a change of status the change, the same on every attempt and after every
+  restart, so a receiver can drop a repeat (a crash between a successful POST and
+  marking it delivered sends it again);
 - ``Authorization: Basic …`` when the URL has ``user:password@`` (removed from the URL).
 
 ``alerts.webhook.timeout_s`` bounds a whole attempt — connecting (and TLS), sending, the
@@ -60,7 +62,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from durable_sessions_collector import __version__
-from durable_sessions_collector.alerts import WEBHOOK, idempotency_key
+from durable_sessions_collector.alerts import FIRING, WEBHOOK, idempotency_key
 from durable_sessions_collector.alerts.metrics import Metrics
 from durable_sessions_collector.alerts.outbox import (
     DEFAULT_POLICY,
@@ -334,6 +336,7 @@ class WebhookAlerts(OutboxDelivery):
             "span_id": payload.get("span_id"),
             "violation_key": payload.get("key"),
             "detected_at": payload.get("detected_at"),
+            "status": payload.get("status") or FIRING,  # an alert queued before statuses fired
         }
 
     def post(self, alert: Alert) -> Attempt:

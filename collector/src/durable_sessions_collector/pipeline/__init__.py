@@ -21,9 +21,10 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from durable_sessions.violation import Violation
-from durable_sessions_collector.alerts import alert_payload
+from durable_sessions_collector.alerts import FIRING, RESOLVED, alert_payload, change_payload, outbox_key
 from durable_sessions_collector.alerts.metrics import Metrics
 from durable_sessions_collector.evaluator import Arrival, Evaluator
 from durable_sessions_collector.jsonlog import JsonLog
@@ -355,8 +356,14 @@ class Pipeline:
     def sweep(self, now: float) -> int:
         """End up to ``IDLE_BATCH`` sessions idle for ``idle_s`` (their end-of-session rules
         run), in one transaction, stopping early once rebuilding them has re-fed
-        ``SWEEP_REFEED`` stored records; return how many were ended."""
+        ``SWEEP_REFEED`` stored records; return how many were ended.
+
+        An end-of-session violation that the session's later spans settled is resolved,
+        and one that was resolved and is found again holds again: each such change is
+        alerted (:func:`~durable_sessions_collector.alerts.change_payload`) from the
+        outbox rows written in the same transaction."""
         fresh: list[Violation] = []
+        changes: list[dict[str, Any]] = []
         verdicts: dict[str, str] = {}
         self._more_idle = False
         with self.store.writer() as writer:
@@ -374,15 +381,27 @@ class Pipeline:
                     for violation in violations:
                         if writer.add_violation(violation, at_end=True, now=now):
                             fresh.append(violation)
-                    writer.resolve_end_violations(session_id, {v.key for v in violations})
+                    settled = writer.resolve_end_violations(session_id, {v.key for v in violations})
                     writer.end_session(session_id, now)
-                    verdicts[session_id] = writer.refresh_verdict(session_id)
+                    verdict = verdicts[session_id] = writer.refresh_verdict(session_id)
+                    changes += [
+                        change_payload({**v, "session_id": session_id}, RESOLVED, verdict, now)
+                        for v in settled.resolved
+                    ]
+                    changes += [
+                        change_payload(alert_payload(v, verdict, now), FIRING, verdict, now)
+                        for v in violations
+                        if v.key in settled.held_again
+                    ]
                 self._enqueue(writer, fresh, verdicts, now)
+                self._enqueue_changes(writer, changes)
             except BaseException:
                 self.evaluator.discard(idle)
                 raise
         self._more_idle = self._more_idle or len(idle) == IDLE_BATCH
         self.metrics.sessions_ended.inc(len(idle))
+        if changes:
+            self._backlog = True
         self._raised(fresh)
         return len(idle)
 
@@ -461,6 +480,14 @@ class Pipeline:
             payload = alert_payload(violation, verdicts.get(violation.session_id or ""), now)
             for channel in self.channels:
                 writer.enqueue_alert(channel, violation.key, payload, due)
+
+    def _enqueue_changes(self, writer: Writer, changes: list[dict[str, Any]]) -> None:
+        """Queue the alerts of violations' changes of status (see :meth:`sweep`) on every
+        channel, each under a key of its own (:func:`~durable_sessions_collector.alerts.outbox_key`)."""
+        due = self.clock()  # as in _enqueue: the delivering replica's clock
+        for payload in changes:
+            for channel in self.channels:
+                writer.enqueue_alert(channel, outbox_key(payload), payload, due)
 
     def _raised(self, fresh: list[Violation]) -> None:
         for violation in fresh:

@@ -15,7 +15,9 @@ What is kept:
   duplicates one; end-of-session violations that a later end no longer produces (the
   missing completion arrived after all) are marked resolved and leave the verdict;
 - **outbox**: one row per (alert channel, violation), written in the same transaction
-  as the violation, so an alert is raised once, also across restarts.
+  as the violation, so an alert is raised once, also across restarts; and one per
+  (alert channel, change of an end-of-session violation's status), written in the
+  transaction that makes the change.
 
 Everything is kept until :meth:`Writer.prune` deletes what is older than the retention
 (``retention.sessions_s``): ended sessions with their rows, and rows of no session.
@@ -331,6 +333,15 @@ class Alert:
     applies only while the row still holds it). None on a store of one writer."""
 
 
+class Settled(NamedTuple):
+    """What one :meth:`Writer.resolve_end_violations` changed."""
+
+    resolved: list[dict[str, Any]]
+    """The violations resolved now, as :func:`violation_detail` shows them."""
+    held_again: set[str]
+    """The keys of the violations that were resolved and hold again."""
+
+
 @dataclass(frozen=True)
 class DeadAlert:
     """A dead-lettered alert: delivery gave up after its attempts, or on a refusal."""
@@ -436,10 +447,14 @@ class Writer(Protocol):
         started it afresh; another replica wrote to it before the state was kept)."""
 
     def add_violation(self, violation: Violation, *, at_end: bool, now: float) -> bool:
-        """Store ``violation``; True when it is new (its key was not stored), so it alerts."""
+        """Store ``violation``; True when it is new (its key was not stored), so it alerts.
+        A stored one is left as it is: resolved or not (:meth:`resolve_end_violations`)."""
 
-    def resolve_end_violations(self, session_id: str, keep: set[str]) -> int:
-        """Mark the session's stored end-of-session violations not in ``keep`` resolved."""
+    def resolve_end_violations(self, session_id: str, keep: set[str]) -> Settled:
+        """At the session's end, ``keep`` being the keys of the end-of-session violations
+        found (each stored already): mark its stored end-of-session violations not in
+        ``keep`` resolved, and those in ``keep`` that were resolved unresolved again (they
+        hold once more). Returns what changed, to alert on in the same transaction."""
 
     def touch_session(self, session_id: str, now: float, added: int) -> None:
         """Record activity: ``added`` new actions at ``now``; the session is open again."""

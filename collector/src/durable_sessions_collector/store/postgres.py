@@ -89,6 +89,7 @@ from durable_sessions_collector.store.base import (
     RecordRefused,
     SessionDetail,
     SessionSummary,
+    Settled,
     StoredSession,
     StoreError,
     action_page,
@@ -97,6 +98,7 @@ from durable_sessions_collector.store.base import (
     feed_item,
     forget_some,
     version_refused,
+    violation_detail,
     violation_page,
     within_budget,
 )
@@ -964,22 +966,22 @@ class PostgresWriter:
                 now,
             ),
         )
-        if cursor.rowcount == 1:
-            return True
-        if at_end:
-            # The same end-of-session finding again: it holds once more.
-            self._db.execute(
-                "UPDATE violations SET resolved = 0 WHERE key = %s AND resolved = 1", (_t(violation.key),)
-            )
-        return False
+        return cursor.rowcount == 1
 
-    def resolve_end_violations(self, session_id: str, keep: set[str]) -> int:
-        cursor = self._db.execute(
+    def resolve_end_violations(self, session_id: str, keep: set[str]) -> Settled:
+        keys = [_t(key) for key in keep]
+        resolved = self._db.execute(
             "UPDATE violations SET resolved = 1 WHERE session_id = %s AND at_end = 1 AND resolved = 0 "
-            "AND NOT (key = ANY(%s))",
-            (_t(session_id), [_t(key) for key in keep]),
-        )
-        return cursor.rowcount
+            f"AND NOT (key = ANY(%s)) RETURNING {VIOLATION_COLUMNS}",
+            (_t(session_id), keys),
+        ).fetchall()
+        held_again = self._db.execute(
+            "UPDATE violations SET resolved = 0 WHERE session_id = %s AND at_end = 1 AND resolved = 1 "
+            "AND key = ANY(%s) RETURNING key",
+            (_t(session_id), keys),
+        ).fetchall()
+        found = sorted((violation_detail(row) for row in resolved), key=lambda v: (v["created_at"], v["key"]))
+        return Settled(found, {key for (key,) in held_again})
 
     def touch_session(self, session_id: str, now: float, added: int) -> None:
         # A session re-opened by a later span is active again: its old end is no more

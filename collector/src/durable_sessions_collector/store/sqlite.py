@@ -36,6 +36,7 @@ from durable_sessions_collector.store.base import (
     Pruned,
     SessionDetail,
     SessionSummary,
+    Settled,
     StoreError,
     action_page,
     cursor_position,
@@ -43,6 +44,7 @@ from durable_sessions_collector.store.base import (
     feed_item,
     forget_some,
     version_refused,
+    violation_detail,
     violation_page,
     within_budget,
 )
@@ -652,21 +654,23 @@ class SqliteWriter:
                 now,
             ),
         )
-        if cursor.rowcount == 1:
-            return True
-        if at_end:
-            # The same end-of-session finding again: it holds once more.
-            self._db.execute("UPDATE violations SET resolved = 0 WHERE key = ?", (violation.key,))
-        return False
+        return cursor.rowcount == 1
 
-    def resolve_end_violations(self, session_id: str, keep: set[str]) -> int:
+    def resolve_end_violations(self, session_id: str, keep: set[str]) -> Settled:
         rows = self._db.execute(
-            "SELECT key FROM violations WHERE session_id = ? AND at_end = 1 AND resolved = 0", (session_id,)
+            f"SELECT {VIOLATION_COLUMNS} FROM violations WHERE session_id = ? AND at_end = 1 ORDER BY id",
+            (session_id,),
         ).fetchall()
-        stale = [key for (key,) in rows if key not in keep]
-        for key in stale:
-            self._db.execute("UPDATE violations SET resolved = 1 WHERE key = ?", (key,))
-        return len(stale)
+        found = [violation_detail(row) for row in rows]
+        resolved = [v for v in found if not v["resolved"] and v["key"] not in keep]
+        held_again = {v["key"] for v in found if v["resolved"] and v["key"] in keep}
+        self._db.executemany(
+            "UPDATE violations SET resolved = 1 WHERE key = ?", [(v["key"],) for v in resolved]
+        )
+        self._db.executemany(
+            "UPDATE violations SET resolved = 0 WHERE key = ?", [(key,) for key in held_again]
+        )
+        return Settled([{**v, "resolved": True} for v in resolved], held_again)
 
     def touch_session(self, session_id: str, now: float, added: int) -> None:
         # A session re-opened by a later span is active again: its old end is no more
