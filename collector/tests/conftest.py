@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from durable_sessions_collector.config import load
 from durable_sessions_collector.service import Service
-from postgres_support import postgres_url  # noqa: F401  (the fixture: a fresh PostgreSQL schema)
+from postgres_support import postgres_url, store_url  # noqa: F401  (fixtures: a fresh PostgreSQL schema; a store of each kind)
 from prometheus_client.parser import text_string_to_metric_families
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pytest
@@ -67,3 +68,12 @@ def postgres_url() -> Iterator[str]:
         yield with_schema(dsn, schema)
     finally:
         drop_schema(dsn, schema)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A store URL, once of each kind: a SQLite file in ``tmp_path``, then a PostgreSQL
+    schema of the test's own (:func:`postgres_url`)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'sessions.db'}"
+    return str(request.getfixturevalue("postgres_url"))

@@ -24,7 +24,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import pytest
 from conftest import Sidecar, wait_for
 from durable_sessions_collector.alerts import idempotency_key
 from opentelemetry.proto.logs.v1 import logs_pb2
@@ -170,16 +169,9 @@ def resolution_with_a_restart_between(start_sidecar, store: str | Path) -> None:
 
 
 def test_a_late_completion_after_a_restart_is_reported_resolved_once_on_every_channel(
-    start_sidecar, tmp_path: Path
+    start_sidecar, store_url: str
 ) -> None:  # type: ignore[no-untyped-def]
-    resolution_with_a_restart_between(start_sidecar, tmp_path / "sessions.db")
-
-
-@pytest.mark.postgres
-def test_a_late_completion_after_a_restart_is_reported_resolved_once_on_every_channel_postgres(
-    start_sidecar, postgres_url: str
-) -> None:  # type: ignore[no-untyped-def]
-    resolution_with_a_restart_between(start_sidecar, postgres_url)
+    resolution_with_a_restart_between(start_sidecar, store_url)
 
 
 def firing_resolved_firing(start_sidecar, store: str | Path) -> None:  # type: ignore[no-untyped-def]
@@ -223,16 +215,9 @@ def firing_resolved_firing(start_sidecar, store: str | Path) -> None:  # type: i
 
 
 def test_a_violation_that_fires_resolves_and_fires_again_is_delivered_three_times_once_each(
-    start_sidecar, tmp_path: Path
+    start_sidecar, store_url: str
 ) -> None:  # type: ignore[no-untyped-def]
-    firing_resolved_firing(start_sidecar, tmp_path / "sessions.db")
-
-
-@pytest.mark.postgres
-def test_a_violation_that_fires_resolves_and_fires_again_is_delivered_three_times_once_each_postgres(
-    start_sidecar, postgres_url: str
-) -> None:  # type: ignore[no-untyped-def]
-    firing_resolved_firing(start_sidecar, postgres_url)
+    firing_resolved_firing(start_sidecar, store_url)
 
 
 # --- SIGKILL --------------------------------------------------------------------------------

@@ -18,14 +18,9 @@ from durable_sessions.engine import Checker
 from durable_sessions.rules import select_rules
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    url = (
-        f"sqlite:///{tmp_path / 's.db'}"
-        if request.param == "sqlite"
-        else request.getfixturevalue("postgres_url")
-    )
-    opened = open_store(url)
+@pytest.fixture
+def store(store_url: str) -> Iterator[Store]:
+    opened = open_store(store_url)
     yield opened
     opened.close()
 

@@ -15,7 +15,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
-import pytest
 from conftest import wait_for
 from durable_sessions_collector.store import stored
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -227,13 +226,6 @@ def test_postgres_a_dropped_table_fails_the_batch_without_splitting_it(start_sid
             raise AssertionError("a write the store failed was answered OK")
     events = [line.get("event") for line in sidecar.log.lines()]
     assert events.count("store-write-failed") == 1 and "request-write-failed" not in events
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 's.db'}"
-    return str(request.getfixturevalue("postgres_url"))
 
 
 def test_an_id_holding_nul_is_refused_alike_by_both_stores(start_sidecar, store_url) -> None:  # type: ignore[no-untyped-def]

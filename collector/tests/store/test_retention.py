@@ -42,13 +42,6 @@ HOUR = 3600.0
 TABLES = ("sessions", "actions", "violations", "outbox")
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'sessions.db'}"
-    return str(request.getfixturevalue("postgres_url"))
-
-
 # --- helpers ---------------------------------------------------------------------------------
 
 
