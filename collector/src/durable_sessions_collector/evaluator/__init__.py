@@ -12,8 +12,8 @@ so the rebuilt state is the state it had. A long session's state is kept in the 
 as well (when it is evicted or ended, when the sidecar stops, and as it grows), so that
 its rebuild restores that state and re-feeds only the records stored after it: the
 time of a rebuild is then that of the records since, not of the whole session. What
-the rules find while rebuilding is not reported: with the rules of the run that stored the records it was found, and stored,
-when they arrived; a rule enabled since (``evaluation.strict``) judges the spans that
+the rules find while rebuilding is not reported: with the rules of the run that stored
+the records it was found, and stored, when they arrived; a rule enabled since (``evaluation.strict``) judges the spans that
 arrive after it, not records stored before, so that a change of settings raises no
 alert for old actions.
 
@@ -50,7 +50,8 @@ class Held:
     """Its stored row's ``first_seen`` (:class:`StoredSession`): None when it has no row yet,
     or the store is this process's alone (whose :meth:`Writer.lock_sessions` tells nothing)."""
     kept: int = 0
-    """How many of its records the state kept in the store holds (0: none is kept)."""
+    """How many of its records it had been fed when its state was last kept in the store
+    (0: never), or found to be one no snapshot carries (see :meth:`Evaluator._keep`)."""
 
     def unkept(self) -> int:
         """Records fed since the state was last kept."""
@@ -61,7 +62,7 @@ class Held:
         while it is held: by ``keep_after`` records and by half, so that keeping costs a
         constant per record however long the session, and a crash leaves at most a third
         of it to re-feed."""
-        return self.fed - self.kept >= max(keep_after, self.kept // 2)
+        return self.unkept() >= max(keep_after, self.kept // 2)
 
 
 class Arrival(NamedTuple):
@@ -150,8 +151,8 @@ class Evaluator:
         # stored (a rebuilt session's records come without them, and its violations are
         # stored already).
         violations = self.checker.feed(with_problems(row.record, mapped.problems), mapped.where)
-        if session_id is not None and self._held[session_id].grown(self.keep_state_after):
-            self._keep(writer, session_id)
+        if session_id is not None and held.grown(self.keep_state_after):
+            self._keep(writer, session_id, held)
         return True, violations
 
     def end(self, writer: Writer, session_id: str) -> list[Violation]:
@@ -249,4 +250,6 @@ class Evaluator:
         state = self.checker.snapshot(session_id)
         if state is not None:
             writer.keep_state(session_id, held.fed, state)
-            held.kept = held.fed
+        # Also when no snapshot carries the state (a record value that is not JSON): it is
+        # tried again once the session has grown as much again, not at its next record.
+        held.kept = held.fed
