@@ -394,7 +394,7 @@ class Pipeline:
                         if v.key in settled.held_again
                     ]
                 self._enqueue(writer, fresh, verdicts, now)
-                self._enqueue_changes(writer, changes)
+                self._enqueue_alerts(writer, changes)
             except BaseException:
                 self.evaluator.discard(idle)
                 raise
@@ -473,21 +473,20 @@ class Pipeline:
             self.evaluator.forget_stale(stored)
 
     def _enqueue(self, writer: Writer, fresh: list[Violation], verdicts: dict[str, str], now: float) -> None:
+        payloads = [alert_payload(v, verdicts.get(v.session_id or ""), now) for v in fresh]
+        self._enqueue_alerts(writer, payloads)
+
+    def _enqueue_alerts(self, writer: Writer, payloads: list[dict[str, Any]]) -> None:
+        """Queue each alert on every channel, under its outbox key
+        (:func:`~durable_sessions_collector.alerts.outbox_key`: a new violation's key, or
+        that and the change of status)."""
         # An alert falls due by this host's clock: the delivering replica compares due
         # times with its own (alerts.outbox).
         due = self.clock()
-        for violation in fresh:
-            payload = alert_payload(violation, verdicts.get(violation.session_id or ""), now)
+        for payload in payloads:
+            key = outbox_key(payload)
             for channel in self.channels:
-                writer.enqueue_alert(channel, violation.key, payload, due)
-
-    def _enqueue_changes(self, writer: Writer, changes: list[dict[str, Any]]) -> None:
-        """Queue the alerts of violations' changes of status (see :meth:`sweep`) on every
-        channel, each under a key of its own (:func:`~durable_sessions_collector.alerts.outbox_key`)."""
-        due = self.clock()  # as in _enqueue: the delivering replica's clock
-        for payload in changes:
-            for channel in self.channels:
-                writer.enqueue_alert(channel, outbox_key(payload), payload, due)
+                writer.enqueue_alert(channel, key, payload, due)
 
     def _raised(self, fresh: list[Violation]) -> None:
         for violation in fresh:
