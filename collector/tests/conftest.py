@@ -7,6 +7,7 @@ import json
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -65,10 +66,22 @@ class Sidecar:
             body, status, content_type = error.read(), error.code, error.headers.get("Content-Type", "")
         return status, json.loads(body) if content_type.startswith("application/json") else body.decode()
 
-    def session(self, session_id: str) -> dict[str, Any]:
-        status, document = self.get("/api/sessions/" + urllib.request.quote(session_id, safe=""))
+    def session(self, session_id: str, **arguments: str) -> dict[str, Any]:
+        """The first page of the session's detail, or the page ``arguments`` ask for."""
+        query = "?" + urllib.parse.urlencode(arguments) if arguments else ""
+        status, document = self.get("/api/sessions/" + urllib.request.quote(session_id, safe="") + query)
         assert status == 200, document
         return document
+
+    def violations(self, session_id: str, page: int | None = None) -> list[dict[str, Any]]:
+        """Every violation of the session, walking its detail's pages (of ``page`` each)."""
+        size = {} if page is None else {"violations_limit": str(page)}
+        document = self.session(session_id, **size)
+        found = list(document["violations"])
+        while token := document["next_violations_page_token"]:
+            document = self.session(session_id, violations_page_token=token, **size)
+            found += document["violations"]
+        return found
 
     def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         status, text = self.get("/metrics")

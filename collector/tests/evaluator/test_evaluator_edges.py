@@ -151,18 +151,21 @@ class Run:
             return list(check_paths([str(self.file)], checker, fmt="otlp-json"))
         return list(OfflineCheck([str(self.file)], select_rules(), fmt="otlp-json"))
 
-    def sidecar_findings(self) -> tuple[dict[str, set[Finding]], dict[str, str], set[str]]:
-        """Unresolved findings and verdict per session, and every stored violation key."""
+    def sidecar_findings(
+        self, page: int | None = None
+    ) -> tuple[dict[str, set[Finding]], dict[str, str], set[str]]:
+        """Unresolved findings and verdict per session, and every stored violation key
+        (read in pages of ``page`` violations)."""
         findings: dict[str, set[Finding]] = {}
         verdicts: dict[str, str] = {}
         keys: set[str] = set()
         for summary in self.wait_all_ended():
-            detail = self.sidecar.session(summary["session_id"])
-            verdicts[summary["session_id"]] = detail["verdict"]
-            keys |= {v["key"] for v in detail["violations"]}
+            verdicts[summary["session_id"]] = self.sidecar.session(summary["session_id"])["verdict"]
+            violations = self.sidecar.violations(summary["session_id"], page)
+            keys |= {v["key"] for v in violations}
             findings[summary["session_id"]] = {
                 (v["rule"], v["action_id"], v["span_id"], v["severity"], same_place(v["message"]))
-                for v in detail["violations"]
+                for v in violations
                 if not v["resolved"]
             }
         return findings, verdicts, keys

@@ -17,6 +17,9 @@ from test_sidecar_evaluator import stream
 from durable_sessions.engine import Checker
 from durable_sessions.rules import select_rules
 
+PAGE = 10
+"""Violations per page read back from the sidecar's session detail: fewer than the tests' sessions have."""
+
 
 @pytest.fixture
 def store(store_url: str) -> Iterator[Store]:
@@ -127,8 +130,7 @@ def test_a_long_session_held_at_a_stop_is_restored_at_the_next_start(start_sidec
     rng = random.Random(5)
     store = tmp_path / "sessions.db"
     run = Run(start_sidecar(store, evaluation__idle_s=600), tmp_path)
-    # Random actions around many clean model calls: a long session, with fewer violations
-    # than the first page of its detail holds.
+    # Random actions around many clean model calls: a long session.
     clean = [
         action_span(10_000 + n, {"session.id": "s0", "id": f"c{n}", "kind": "llm_call", "status": "ok",
                                  "result_digest": f"sha256:{n:064x}"})
@@ -145,9 +147,9 @@ def test_a_long_session_held_at_a_stop_is_restored_at_the_next_start(start_sidec
     second = random_phase(rng, 1, 60, 20_000)
     for start in range(0, len(second), 20):
         run.send(second[start : start + 20])
-    found, verdicts, keys = run.sidecar_findings()
+    found, verdicts, keys = run.sidecar_findings(page=PAGE)
     expected = by_session(run.offline()).get("s0", set())
-    assert found == {"s0": expected} and 0 < len(expected) < 900
+    assert found == {"s0": expected} and len(expected) > PAGE  # read over several pages
     assert verdicts["s0"] == verdict_of(found["s0"])
     assert sorted(run.alerted_keys()) == sorted(keys)
     assert run.sidecar.metric("durable_sessions_sessions_restored_total") == 1
