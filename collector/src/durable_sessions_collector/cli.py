@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
@@ -46,7 +45,7 @@ from durable_sessions_collector.config import (
     store_secrets,
 )
 from durable_sessions_collector.redaction import RedactingStream
-from durable_sessions_collector.store import DeadAlert, Store, StoreError, open_store
+from durable_sessions_collector.store import DeadAlert, Store, StoreError, open_store, store_time
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -281,7 +280,7 @@ def _redeliver(store: Store, channel: str | None, config: Config, out: Output) -
     total = 0
     for name in (channel,) if channel else (WEBHOOK, OTLP):
         with store.writer() as writer:
-            count = writer.redeliver_dead(name, time.time())
+            count = writer.redeliver_dead(name, store_time(store))
         total += count
         if count and not configured[name]:
             _complain(

@@ -42,7 +42,7 @@ from typing import Any, Protocol, runtime_checkable
 from durable_sessions_collector.alerts import idempotency_key
 from durable_sessions_collector.alerts.metrics import DEAD_LETTER, RETRY, Metrics
 from durable_sessions_collector.jsonlog import JsonLog
-from durable_sessions_collector.store import Alert, Store
+from durable_sessions_collector.store import Alert, Store, store_time
 
 BATCH = 100
 MAX_ERROR_CHARS = 500
@@ -107,8 +107,11 @@ class OutboxDelivery:
         policy: DeliveryPolicy,
         *,
         rng: random.Random | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
+        self.clock = clock
+        """This host's clock: the time of a store without a clock of its own (see :meth:`now`)."""
         self.log = log
         self.metrics = metrics
         self.max_attempts = policy.max_attempts
@@ -137,6 +140,13 @@ class OutboxDelivery:
 
     def close(self) -> None:
         """Release what :meth:`send` holds open (called after the thread stopped)."""
+
+    def now(self) -> float:
+        """The time due times, claims and deliveries are read and written on: the store's
+        clock when it has one (PostgreSQL: the server's), so that a replica whose host
+        clock is off neither takes another's claim before its lease ends nor leaves due
+        alerts waiting; else :attr:`clock`."""
+        return store_time(self.store, self.clock)
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -174,9 +184,8 @@ class OutboxDelivery:
                 self.log.error(
                     "alert-delivery-failed", channel=self.channel, error=f"{type(error).__name__}: {error}"
                 )
-                self._next_due = time.time() + 1.0
-            now = time.time()
-            wait = 1.0 if self._next_due is None else min(1.0, max(0.01, self._next_due - now))
+                self._next_due = None  # try again in a second
+            wait = 1.0 if self._next_due is None else min(1.0, max(0.01, self._next_due - self.now()))
             self._wake.wait(wait)
             self._wake.clear()
 
@@ -187,17 +196,16 @@ class OutboxDelivery:
         delivered = 0
         self._next_due = None
         while not self._stopping.is_set() and not self._paused():
-            now = time.time()
-            due = self.store.pending_alerts(self.channel, now, limit=BATCH)
+            due = self.store.pending_alerts(self.channel, self.now(), limit=BATCH)
             if not due:
                 break
             for index, alert in enumerate(due):
                 if self._stopping.is_set() or self._paused():
                     # Due again when the pause ends (at once when stopping), not at the
                     # end of the claim's lease: for this replica or another.
-                    self.store.release_alerts(due[index:], max(time.time(), self._paused_until))
+                    self.store.release_alerts(due[index:], max(self.now(), self._paused_until))
                     return delivered
-                held = self.store.hold_alert(alert, time.time(), self.timeout_s)
+                held = self.store.hold_alert(alert, self.now(), self.timeout_s)
                 if held is not None:  # else another replica claimed it when our lease ran out
                     delivered += self._deliver(held)
             if len(due) < BATCH:
@@ -205,7 +213,7 @@ class OutboxDelivery:
         return delivered
 
     def _paused(self) -> bool:
-        if time.time() < self._paused_until:
+        if self.now() < self._paused_until:
             self._next_due = self._paused_until
             return True
         return False
@@ -218,7 +226,7 @@ class OutboxDelivery:
         except Exception as error:  # a bug in a channel still counts as an attempt: capped, not endless
             attempt = Attempt("retry", f"{type(error).__name__}: {error}")
         self.metrics.alert_delivery_duration.labels(channel).observe(time.perf_counter() - start)
-        now = time.time()
+        now = self.now()
         attempts = alert.attempts + 1
         key = idempotency_key(alert.payload)
         if attempt.outcome == "delivered":

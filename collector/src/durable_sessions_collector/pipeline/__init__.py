@@ -28,7 +28,7 @@ from durable_sessions_collector.alerts import FIRING, RESOLVED, alert_payload, c
 from durable_sessions_collector.alerts.metrics import Metrics
 from durable_sessions_collector.evaluator import Arrival, Evaluator
 from durable_sessions_collector.jsonlog import JsonLog
-from durable_sessions_collector.store import Pruned, RecordRefused, Store, StoreError, Writer
+from durable_sessions_collector.store import Pruned, RecordRefused, Store, StoreError, Writer, store_time
 
 IDLE_BATCH = 500
 SWEEP_REFEED = 20_000
@@ -104,7 +104,7 @@ class Pipeline:
         self.store = store
         self.clock = clock
         """This host's clock: the time of a store without a clock of its own (see
-        :meth:`now`), and of when alerts fall due."""
+        :meth:`now`)."""
         self.evaluator = evaluator
         self.metrics = metrics
         self.log = log
@@ -462,8 +462,7 @@ class Pipeline:
         <durable_sessions_collector.store.base.Store.now>`; PostgreSQL: the server's,
         which every replica shares, so that one whose host clock is off neither ends
         another's live sessions nor keeps idle ones), else :attr:`clock`."""
-        shared = self.store.now()
-        return self.clock() if shared is None else shared
+        return store_time(self.store, self.clock)
 
     def _lock(self, writer: Writer, session_ids: Iterable[str | None]) -> None:
         """With a store shared by replicas: lock the sessions for this transaction and
@@ -479,10 +478,9 @@ class Pipeline:
     def _enqueue_alerts(self, writer: Writer, payloads: list[dict[str, Any]]) -> None:
         """Queue each alert on every channel, under its outbox key
         (:func:`~durable_sessions_collector.alerts.outbox_key`: a new violation's key, or
-        that and the change of status)."""
-        # An alert falls due by this host's clock: the delivering replica compares due
-        # times with its own (alerts.outbox).
-        due = self.clock()
+        that and the change of status), due now on the clock every replica delivering it
+        compares due times with (:meth:`now`)."""
+        due = self.now()
         for payload in payloads:
             key = outbox_key(payload)
             for channel in self.channels:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -608,6 +609,15 @@ class Store(Protocol):
         thread (join it to wait for the builds), or None when there is nothing to build."""
 
     def close(self) -> None: ...
+
+
+def store_time(store: Store, host_clock: Callable[[], float] = time.time) -> float:
+    """The time on ``store``'s own clock when it has one (:meth:`Store.now`), else on
+    ``host_clock``: every time a sidecar writes to the store or compares with what is
+    stored (activity, due times, claims) is read here, so that replicas whose hosts'
+    clocks disagree still agree on them."""
+    shared = store.now()
+    return host_clock() if shared is None else shared
 
 
 def cursor_position(cursor: str, kind: str, numbers: int = 1) -> tuple[int, ...]:
