@@ -597,21 +597,28 @@ def test_reads_after_the_server_dropped_the_read_connections_succeed(postgres_ur
         lambda store: store.dead_alerts(),
         lambda store: store.violation_cursor(),
         lambda store: store.violations_after("pg:0:0"),
+        lambda store: store.pending_alerts("webhook", 10.0) == [],  # the claim, once the other is gone
+        lambda store: store.hold_alert(store.claimed, 10.0, 5.0).claim > store.claimed.claim,
+        lambda store: store.release_alerts([store.claimed], 10.0),
     ],
-    ids=["alert_counts", "dead_alerts", "violation_cursor", "violations_after"],
+    ids=["alert_counts", "dead_alerts", "violation_cursor", "violations_after", "claim", "hold", "release"],
 )
 def test_alert_and_feed_reads_after_a_dropped_connection_succeed(postgres_url: str, read: Any) -> None:
-    """The metrics' alert counts, ``alerts dead`` and the WatchAlerts feed ran once on a
-    dead pooled connection and failed (a 'failed' log line, a stream's failed poll)."""
+    """The metrics' alert counts, ``alerts dead``, the WatchAlerts feed and the outbox's
+    claims ran once on a dead pooled connection and failed (a 'failed' log line, a
+    stream's failed poll, an alert delivery that stopped for a second)."""
     import psycopg
 
     store = open_store(postgres_url)
     try:
+        with store.writer() as writer:
+            writer.enqueue_alert("webhook", "k", {"key": "k"}, 1.0)
+        [store.claimed] = store.pending_alerts("webhook", 2.0)  # type: ignore[attr-defined]
         with store.readers.lend() as connection:
             pid = connection.info.backend_pid
         with psycopg.connect(postgres_url.partition("?")[0], autocommit=True) as admin:
             admin.execute("SELECT pg_terminate_backend(%s)", (pid,))  # only this store's own backend
-        read(store)  # raised StoreError before
+        assert read(store) is not False  # raised StoreError before
     finally:
         store.close()
 

@@ -500,12 +500,10 @@ class PostgresStore:
 
     @contextmanager
     def _read(self) -> Iterator[psycopg.Connection[Any]]:
-        """A read connection for one read (everything fetched before it is given back).
-
-        Not retried: for a statement that must not run twice (a claim); other reads go
-        through :meth:`_reading`. When the server had dropped the connection, the other
-        idle ones are dropped too (it has most likely dropped them all), and the error is
-        a :class:`ReadConnectionLost`."""
+        """A read connection for one read (everything fetched before it is given back),
+        used through :meth:`_reading`. When the server had dropped the connection, the
+        other idle ones are dropped too (it has most likely dropped them all), and the
+        error is a :class:`ReadConnectionLost`."""
         try:
             with self.readers.lend() as connection:
                 try:
@@ -600,15 +598,20 @@ class PostgresStore:
         A claimed row is not returned again — by this replica or another — before
         ``now + claim_lease_s`` unless ``mark_failed`` sets an earlier retry time. Each
         alert carries its claim (:attr:`Alert.claim`), which :meth:`hold_alert` renews.
+
+        Run again on a new connection when the server had dropped the first, like a
+        read (:meth:`_reading`): if the lost claim had committed, its rows are sent after
+        its lease, by this replica or another; none is sent twice or lost.
         """
-        with self._read() as db:
-            rows = db.execute(
+        rows = self._reading(
+            lambda db: db.execute(
                 "UPDATE outbox SET next_attempt_at = %s WHERE id IN ("
                 " SELECT id FROM outbox WHERE channel = %s AND state = 'pending' AND next_attempt_at <= %s"
                 " ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED"
                 ") RETURNING id, channel, violation_key, payload, attempts, next_attempt_at",
                 (now + self.claim_lease_s, channel, now, limit),
             ).fetchall()
+        )
         return sorted(
             (
                 Alert(int(id_), ch, key, json.loads(payload), attempts, float(claim))
@@ -623,13 +626,16 @@ class PostgresStore:
         Rows are claimed a batch at a time and sent one by one: the lease of the last
         may run out while the first are sent (a slow receiver, a few timeouts), and
         another replica claim it. The renewal applies only while the row still holds
-        this replica's claim, so exactly one of the two sends it."""
-        with self._read() as db:
-            row = db.execute(
+        this replica's claim, so exactly one of the two sends it. Run again after a dropped
+        connection (:meth:`pending_alerts`): a lost renewal that had committed makes the
+        second find the claim changed, and the row is sent after the lease."""
+        row = self._reading(
+            lambda db: db.execute(
                 "UPDATE outbox SET next_attempt_at = %s "
                 "WHERE id = %s AND state = 'pending' AND next_attempt_at = %s RETURNING next_attempt_at",
                 (now + attempt_s + self.claim_lease_s, alert.id, alert.claim),
             ).fetchone()
+        )
         return None if row is None else dataclasses.replace(alert, claim=float(row[0]))
 
     def release_alerts(self, alerts: Sequence[Alert], due_at: float) -> None:
@@ -638,12 +644,13 @@ class PostgresStore:
         Without it the rows a paused or stopping channel did not get to would wait out
         the rest of the lease (60 s), although the receiver is back long before."""
         if alerts:
-            with self._read() as db:
-                db.execute(
+            self._reading(
+                lambda db: db.execute(
                     "UPDATE outbox SET next_attempt_at = %s "
                     f"FROM unnest(%s::bigint[], %s::float8[]) AS held (id, claim) WHERE {STILL_HELD}",
                     (due_at, [alert.id for alert in alerts], [alert.claim for alert in alerts]),
                 )
+            )
 
     def alert_counts(self) -> dict[tuple[str, str], int]:
         rows = self._reading(
