@@ -25,13 +25,16 @@ from pathlib import Path
 from typing import Any
 
 from conftest import Sidecar, wait_for
-from durable_sessions_collector.alerts import idempotency_key
+from durable_sessions_collector.alerts import idempotency_key, outbox_key
+from durable_sessions_collector.store import open_store
 from opentelemetry.proto.logs.v1 import logs_pb2
 from otlp_log_server import OtlpLogServer
 from sidecar_clients import Agent, grpc_exporter
 from webhook_server import WebhookServer, free_port
 
 SESSION, ACTION = "late", "mail-1"
+LEASE = 60.0
+"""Past a PostgreSQL store's claim of a row (its lease): due again for the next claim."""
 FAST = {
     "alerts__webhook__backoff_s": 0.05,
     "alerts__webhook__max_backoff_s": 0.2,
@@ -218,6 +221,52 @@ def test_a_violation_that_fires_resolves_and_fires_again_is_delivered_three_time
     start_sidecar, store_url: str
 ) -> None:  # type: ignore[no-untyped-def]
     firing_resolved_firing(start_sidecar, store_url)
+
+
+def test_a_resolution_waits_for_its_violations_alert_being_retried(start_sidecar, store_url: str) -> None:  # type: ignore[no-untyped-def]
+    """The firing alert fails once (a 500 for its body: the channel goes on) and waits out
+    its backoff; the resolution committed meanwhile is sent after it, not before."""
+    with WebhookServer(fail_first=1, fail_status=500) as hook:
+        sidecar = start_sidecar(store_url, alerts__webhook__url=hook.url, alerts__webhook__backoff_s=3)
+        started(sidecar)
+        ended(sidecar)
+        wait_for(lambda: len(hook.requests) == 1)  # refused: retried in 1.5 s at the soonest
+        failed(sidecar)
+        assert [v["resolved"] for v in ended(sidecar)["violations"]] == [True]
+        wait_for(lambda: len(hook.accepted) == 2, timeout=15)
+    assert [r.body["status"] for r in hook.requests] == ["firing", "firing", "resolved"]
+
+
+def test_the_outbox_gives_a_violations_alerts_in_order(store_url: str) -> None:
+    store = open_store(store_url)
+    try:
+        fired, other = {"key": "s|r|a|1", "status": "firing"}, {"key": "s|r|a|2", "status": "firing"}
+        resolved = {**fired, "status": "resolved", "transition": "resolved:2000000"}
+        again = {**fired, "transition": "firing:3000000"}
+        with store.writer() as writer:
+            for payload in (fired, other, resolved, again):
+                writer.enqueue_alert("webhook", outbox_key(payload), payload, 1.0)
+
+        def due(now: float) -> list[str]:
+            return [alert.violation_key for alert in store.pending_alerts("webhook", now)]
+
+        [first, second] = store.pending_alerts("webhook", 2.0)
+        assert [first.violation_key, second.violation_key] == ["s|r|a|1", "s|r|a|2"]
+        with store.writer() as writer:  # the firing alert failed: retried at 100
+            writer.mark_failed(first, "HTTP 500", 100.0)
+            writer.mark_delivered([second], 2.0)
+        assert due(99.0) == []  # its resolution waits for it
+        assert due(100.0 + LEASE) == ["s|r|a|1"]
+        [first] = store.pending_alerts("webhook", 200.0 + LEASE)
+        with store.writer() as writer:
+            writer.mark_delivered([first], 201.0)
+        [resolution] = store.pending_alerts("webhook", 300.0 + LEASE)
+        assert resolution.violation_key == "s|r|a|1:resolved:2000000"
+        with store.writer() as writer:  # a dead letter holds nothing back
+            writer.mark_failed(resolution, "HTTP 400", None)
+        assert due(400.0 + LEASE) == ["s|r|a|1:firing:3000000"]
+    finally:
+        store.close()
 
 
 # --- SIGKILL --------------------------------------------------------------------------------

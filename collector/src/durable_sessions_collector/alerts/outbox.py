@@ -199,6 +199,7 @@ class OutboxDelivery:
             due = self.store.pending_alerts(self.channel, self.now(), limit=BATCH)
             if not due:
                 break
+            sent = delivered
             for index, alert in enumerate(due):
                 if self._stopping.is_set() or self._paused():
                     # Due again when the pause ends (at once when stopping), not at the
@@ -208,7 +209,7 @@ class OutboxDelivery:
                 held = self.store.hold_alert(alert, self.now(), self.timeout_s)
                 if held is not None:  # else another replica claimed it when our lease ran out
                     delivered += self._deliver(held)
-            if len(due) < BATCH:
+            if len(due) < BATCH and delivered == sent:  # else a change held back behind one sent is due
                 break
         return delivered
 

@@ -42,6 +42,7 @@ import orjson
 from durable_sessions.record import ActionRecord, Location
 from durable_sessions.report import Verdict
 from durable_sessions.violation import Violation
+from durable_sessions_collector.alerts import FIRING, RESOLVED
 from durable_sessions_collector.quote import quoted
 from durable_sessions_collector.store.stored import checked_record, stored_record
 
@@ -647,6 +648,33 @@ OUTBOX_CHANNELS = (
 )
 """The alert channels of the outbox's rows, one index seek each (both stores index the
 outbox by channel first): ``SELECT DISTINCT channel`` would read the whole index."""
+
+
+def violation_of_outbox_key(outbox_key: str) -> str:
+    """SQL for the key of the violation an outbox row is about, from the row's key
+    (``outbox_key``, SQL), which is the violation's key, or for a change of status that
+    and ``:`` and the change (:func:`~durable_sessions_collector.alerts.outbox_key`:
+    ``:resolved:<µs>``, ``:firing:<µs>``). A violation's key ends with a span id or an
+    occurrence, never with such a change, so it is never cut."""
+    stem = f"rtrim({outbox_key}, '0123456789')"
+    cut = " ".join(  # no LIKE: its '%' is a placeholder to psycopg
+        f"WHEN substr({stem}, length({stem}) - {len(status) + 1}) = ':{status}:'"
+        f" THEN substr({stem}, 1, length({stem}) - {len(status) + 2})"
+        for status in (RESOLVED, FIRING)
+    )
+    return f"(CASE {cut} ELSE {outbox_key} END)"
+
+
+IN_VIOLATION_ORDER = (
+    f"({violation_of_outbox_key('o.violation_key')} = o.violation_key"
+    " OR NOT EXISTS (SELECT 1 FROM outbox AS e WHERE e.channel = o.channel AND e.state = 'pending'"
+    f" AND e.id < o.id AND {violation_of_outbox_key('e.violation_key')} = {violation_of_outbox_key('o.violation_key')}))"
+)
+"""SQL that holds an outbox row ``o`` back while an earlier row of the same violation is
+pending on its channel, so that a violation's alerts (fired, resolved, fired again) reach
+each channel in the order they happened, also when one of them is retried after a
+failure. A violation's first alert has no earlier row: only a change of status, which is
+rare, looks for one (among the channel's pending rows)."""
 
 
 def violation_detail(row: tuple[Any, ...] | list[Any]) -> dict[str, Any]:

@@ -73,6 +73,7 @@ from durable_sessions_collector.config import redact_store_url
 from durable_sessions_collector.store.base import (
     ACTION_ORDER,
     FIRST_PAGES,
+    IN_VIOLATION_ORDER,
     INDEX_BUILT,
     INDEX_FAILED,
     INDEX_LEFT_TO_ANOTHER,
@@ -606,8 +607,8 @@ class PostgresStore:
         rows = self._reading(
             lambda db: db.execute(
                 "UPDATE outbox SET next_attempt_at = %s WHERE id IN ("
-                " SELECT id FROM outbox WHERE channel = %s AND state = 'pending' AND next_attempt_at <= %s"
-                " ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED"
+                " SELECT id FROM outbox AS o WHERE channel = %s AND state = 'pending' AND next_attempt_at <= %s"
+                f" AND {IN_VIOLATION_ORDER} ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED"
                 ") RETURNING id, channel, violation_key, payload, attempts, next_attempt_at",
                 (now + self.claim_lease_s, channel, now, limit),
             ).fetchall()

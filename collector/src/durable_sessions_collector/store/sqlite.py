@@ -25,6 +25,7 @@ from durable_sessions.violation import Severity, Violation
 from durable_sessions_collector.store.base import (
     ACTION_ORDER,
     FIRST_PAGES,
+    IN_VIOLATION_ORDER,
     OUTBOX_CHANNELS,
     VIOLATION_COLUMNS,
     ActionRow,
@@ -469,8 +470,9 @@ class SqliteStore:
     def pending_alerts(self, channel: str, now: float, limit: int = 100) -> list[Alert]:
         with self._read() as db:
             rows = db.execute(
-                "SELECT id, channel, violation_key, payload, attempts FROM outbox "
-                "WHERE channel = ? AND state = 'pending' AND next_attempt_at <= ? ORDER BY id LIMIT ?",
+                "SELECT id, channel, violation_key, payload, attempts FROM outbox AS o "
+                "WHERE channel = ? AND state = 'pending' AND next_attempt_at <= ? "
+                f"AND {IN_VIOLATION_ORDER} ORDER BY id LIMIT ?",
                 (channel, now, limit),
             ).fetchall()
         return [
