@@ -718,6 +718,40 @@ def test_an_awaitable_returned_by_a_sync_function_runs_inside_the_action(
     assert boundaries.read_text().split() == ["2"]  # only the refund passed its ``after``
 
 
+@pytest.mark.filterwarnings("ignore:coroutine .* was never awaited:RuntimeWarning")
+def test_an_awaitable_never_awaited_ends_its_action_as_failed(journal: SqliteJournal) -> None:
+    """Its effect never ran: the span is exported as an error and the journal says so, so
+    the next process runs it. Left ``started``, the span was never exported and the next
+    process found an unkeyed payment in doubt that had never been made."""
+    agent = Agent(journal)
+    charges: list[int] = []
+
+    async def charged(amount: int) -> dict[str, int]:
+        charges.append(amount)
+        return {"charged": amount}
+
+    pay = agent.action("p1", "payment")(lambda amount: charged(amount))
+
+    async def forgotten() -> None:
+        with session("s-1", journal=journal):
+            pay(2400)  # the caller forgot ``await``
+            gc.collect()
+
+    async def resumed() -> Any:
+        with session("s-1", journal=journal):
+            return await pay(2400)
+
+    asyncio.run(forgotten())
+    assert journal.get("s-1", "p1").status == "error"
+    (span,) = agent.spans()
+    assert span.status.status_code is trace.StatusCode.ERROR and "never awaited" in span.status.description
+    assert span.attributes[sc.ACTION_STATUS] == "error"
+    restart()
+    assert asyncio.run(resumed()) == {"charged": 2400}
+    assert charges == [2400]
+    assert journal.get("s-1", "p1").status == "ok" and journal.get("s-1", "p1").attempts == 2
+
+
 def test_a_callable_object_with_async_call_is_a_coroutine_function(journal: SqliteJournal) -> None:
     """Seen at decoration, so that a replay is awaited as the first run was."""
     calls = []

@@ -53,6 +53,7 @@ import os
 import sys
 import threading
 import uuid
+import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
@@ -844,7 +845,8 @@ def _awaited(act: Action, awaitable: Awaitable[Any], record: bool) -> Awaitable[
     The effect of an awaitable (an ``async def __call__``, an async client's method called
     without ``await``) happens when it is awaited, not when the function returns: the span
     stays open, current in the awaitable's steps, and the outcome, the ``after`` crash
-    point and the journal's completion come after the await.
+    point and the journal's completion come after the await. One never awaited is ended
+    when it is collected (:func:`_never_awaited`).
     """
     act._handed_over = True
     context = contextvars.copy_context()  # the span is current here, and the session
@@ -857,6 +859,7 @@ def _awaited(act: Action, awaitable: Awaitable[Any], record: bool) -> Awaitable[
         _journal_put(ending.journal, ending.entry)
 
     async def finish() -> Any:
+        unawaited.detach()
         try:
             try:
                 value = await _InContext(context, awaitable)
@@ -876,7 +879,28 @@ def _awaited(act: Action, awaitable: Awaitable[Any], record: bool) -> Awaitable[
         finally:
             act.span.end()
 
-    return finish()
+    coroutine = finish()
+    unawaited = weakref.finalize(coroutine, _never_awaited, act, ending)
+    return coroutine
+
+
+def _never_awaited(act: Action, ending: _Ending | None) -> None:
+    """End the action of a coroutine collected (or left at exit) without being awaited.
+
+    Its effect never ran, so the action failed, and a later run may run it again: left
+    open, its span would never be exported and its journal entry would stay ``started``,
+    in doubt, and in flight in this process for ever. Python's own "never awaited"
+    warning still names the coroutine. Runs wherever the last reference goes: fails open.
+    """
+    error = RuntimeError("the awaitable it returned was never awaited: its effect did not run")
+    try:
+        if ending is not None:
+            ending.raised(error)
+        else:
+            _fail(act.span, error)
+        act.span.end()
+    except Exception:  # fail open
+        logger.debug("durable_sessions: could not end an action never awaited", exc_info=True)
 
 
 async def _resolved(value: Any) -> Any:
