@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import json
 import os
@@ -251,6 +252,43 @@ def test_session_crosses_threads_with_a_copied_context(env: Env) -> None:
         plain.join()
     assert seen == ["s-threads", None]  # a plain thread starts with an empty context
     assert env.span().attributes[sc.SESSION_ID] == "s-threads"
+
+
+def test_a_block_exited_in_another_context_ends_its_span(env: Env, caplog: pytest.LogCaptureFixture) -> None:
+    """An ``ExitStack`` entered by one task and closed by another (a fixture's set-up and
+    tear-down) ends the block's span with its outcome, where it was left open for ever."""
+    stack = contextlib.ExitStack()
+    fetch = action("r1", "external_read", tracer_provider=env.provider)
+
+    async def set_up() -> None:
+        stack.enter_context(fetch).record({"rows": 3})
+
+    async def tear_down() -> None:
+        stack.close()
+
+    async def run() -> None:
+        await asyncio.create_task(set_up())
+        await asyncio.create_task(tear_down())
+
+    asyncio.run(run())
+    assert json.loads(env.span().attributes[sc.ACTION_RESULT]) == {"rows": 3}
+    assert "not entered in" not in caplog.text and "Failed to detach" not in caplog.text
+
+
+def test_an_exit_in_another_context_with_several_blocks_open_ends_none(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Which of two open blocks a foreign exit means cannot be told: none is ended (and
+    it says so), and each block's own exit still ends its own span."""
+    fetch = action("r1", "external_read", tracer_provider=env.provider)
+    first, second = contextvars.copy_context(), contextvars.copy_context()
+    first.run(fetch.__enter__)
+    second.run(fetch.__enter__)
+    fetch.__exit__(None, None, None)  # in neither
+    assert env.spans() == [] and "with 2 blocks open" in caplog.text
+    first.run(fetch.__exit__, None, None, None)
+    second.run(fetch.__exit__, None, None, None)
+    assert len(env.spans()) == 2
 
 
 # -- keys and incarnations ---------------------------------------------------------------

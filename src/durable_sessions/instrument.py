@@ -543,12 +543,16 @@ class action:
         self.tracer_provider = tracer_provider
         self.journal = journal
         self.fields = fields
+        self._open: list[tuple[Any, Action]] = []  # every block open, in any context
 
     # context manager -------------------------------------------------------------------
     #
     # One ``action`` object may be entered by several asyncio tasks or threads at once,
     # and re-entered within one. The running span of each ``with`` block is kept in the
     # execution context (``_RUNNING``), so each exit ends the span its own block started.
+    # A block exited in another context than it was entered in (an ``ExitStack`` closed
+    # by another task, a test fixture's set-up and tear-down) is found in ``_open`` when
+    # it is the object's only open block; with several, which one ends is unknowable.
 
     def __enter__(self) -> Action:
         if callable(self.action_id):
@@ -556,22 +560,41 @@ class action:
         manager = self._start(self.action_id)
         act = manager.__enter__()
         _RUNNING.set((*_RUNNING.get(), (self, manager, act)))
+        self._open.append((manager, act))
         return act
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        block = self._running_here()
+        if block is not None:
+            self._open.remove(block)
+            block[0].__exit__(exc_type, exc, tb)
+            return
+        block = self._entered_elsewhere()
+        if block is not None:
+            self._open.remove(block)
+            with _foreign_detach_unlogged():
+                block[0].__exit__(exc_type, exc, tb)
+
+    def _running_here(self) -> tuple[Any, Action] | None:
+        """This object's innermost block open in this context, taken off ``_RUNNING``."""
         running = _RUNNING.get()
         for index in range(len(running) - 1, -1, -1):
             if running[index][0] is self:
-                break
-        else:  # entered in another execution context: its span cannot be found here
-            logger.warning(
-                "durable_sessions: action %r exited in a context it was not entered in; its span is not ended",
-                self.action_id,
-            )
-            return
-        manager = running[index][1]
-        _RUNNING.set(running[:index] + running[index + 1 :])
-        manager.__exit__(exc_type, exc, tb)
+                _RUNNING.set(running[:index] + running[index + 1 :])
+                return running[index][1:]
+        return None
+
+    def _entered_elsewhere(self) -> tuple[Any, Action] | None:
+        """The block to end on an exit in a context it was not entered in, if one can tell."""
+        if len(self._open) == 1:
+            return self._open[0]
+        logger.warning(
+            "durable_sessions: action %r exited in a context it was not entered in, with %d blocks "
+            "open; its span is not ended",
+            self.action_id,
+            len(self._open),
+        )
+        return None
 
     # decorator ---------------------------------------------------------------------------
     #
@@ -828,6 +851,26 @@ class _Ending:
     def _landed(self) -> None:
         if self.entry is not None:
             _land((self.entry.session_id, self.entry.action_id))
+
+
+class _ForeignDetach(logging.Filter):
+    """Drops this thread's "Failed to detach context" from the OpenTelemetry API: a span
+    ended in another context than it was attached in cannot be detached there, which is
+    expected there, not an error (the context it was attached in is gone or not ours)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.thread == threading.get_ident() and record.msg == "Failed to detach context")
+
+
+@contextmanager
+def _foreign_detach_unlogged() -> Iterator[None]:
+    otel_context_log = logging.getLogger("opentelemetry.context")
+    unlogged = _ForeignDetach()
+    otel_context_log.addFilter(unlogged)
+    try:
+        yield
+    finally:
+        otel_context_log.removeFilter(unlogged)
 
 
 def _touches_world(kind: str, fields: dict[str, Any]) -> bool:
