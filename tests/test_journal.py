@@ -1231,22 +1231,25 @@ def ask():
         time.sleep(0.01)
     return f"answer-{name}"
 
-with session("s-1", journal=SqliteJournal(str(state / "journal.db"))):
+exclusive = sys.argv[3] == "exclusive"
+with session("s-1", journal=SqliteJournal(str(state / "journal.db")), exclusive=exclusive):
     print("went on with", ask())
 """
 
 
-def test_two_processes_on_one_session_the_first_recorded_outcome_wins(tmp_path: Path) -> None:
-    """An overlapping restart: both processes ask, and the journal kept the *last* answer,
-    one the first process never acted on (a review). The first outcome recorded stands,
-    and the process whose outcome is not kept says so."""
+@pytest.mark.parametrize("exclusive", ["exclusive", "not-exclusive"])
+def test_two_processes_on_one_session_the_first_recorded_outcome_wins(tmp_path: Path, exclusive: str) -> None:
+    """An overlapping restart. By default the second process is refused
+    (:class:`SessionInUse`) and asks nothing. With ``exclusive=False`` both ask, and the
+    journal kept the *last* answer, one the first process never acted on (a review): the
+    first outcome recorded stands, and the process whose outcome is not kept says so."""
     import subprocess
     import sys
 
     script = tmp_path / "agent.py"
     script.write_text(TWO_PROCESSES_AGENT)
     slow = subprocess.Popen(
-        [sys.executable, str(script), str(tmp_path), "slow"],
+        [sys.executable, str(script), str(tmp_path), "slow", exclusive],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -1256,20 +1259,26 @@ def test_two_processes_on_one_session_the_first_recorded_outcome_wins(tmp_path: 
         while not (tmp_path / "slow-asked").exists() and time.monotonic() < deadline:
             time.sleep(0.01)
         fast = subprocess.run(
-            [sys.executable, str(script), str(tmp_path), "fast"],
+            [sys.executable, str(script), str(tmp_path), "fast", exclusive],
             capture_output=True,
             text=True,
             timeout=60,
             check=False,
         )
-        assert fast.stdout == "went on with answer-fast\n", fast.stderr
         (tmp_path / "go").touch()
         out, err = slow.communicate(timeout=60)
     finally:
         slow.kill()
-    assert out == "went on with answer-slow\n"  # both asked: one session, two processes at once
-    assert "was completed by another run first" in err and "one session in one process at a time" in err
+    assert out == "went on with answer-slow\n"
     kept = SqliteJournal(tmp_path / "journal.db").get("s-1", "q1")
+    if exclusive == "exclusive":
+        assert fast.returncode == 1 and fast.stdout == ""
+        assert "SessionInUse: session 's-1' is open in another live process" in fast.stderr
+        assert not (tmp_path / "fast-asked").exists()
+        assert (kept.status, kept.outcome) == ("ok", "answer-slow")
+        return
+    assert fast.stdout == "went on with answer-fast\n", fast.stderr
+    assert "was completed by another run first" in err and "one session in one process at a time" in err
     assert (kept.status, kept.outcome) == ("ok", "answer-fast")
 
 

@@ -55,7 +55,7 @@ import threading
 import uuid
 import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager, suppress
+from contextlib import AbstractContextManager, ExitStack, contextmanager, suppress
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -78,6 +78,7 @@ from durable_sessions.journal import (
     journaled_key,
     plan,
 )
+from durable_sessions.session_lock import SessionInUse
 
 logger = logging.getLogger("durable_sessions")
 
@@ -96,7 +97,7 @@ T = TypeVar("T")
 
 
 @contextmanager
-def session(session_id: str, *, journal: Journal | None = None) -> Iterator[str]:
+def session(session_id: str, *, journal: Journal | None = None, exclusive: bool = True) -> Iterator[str]:
     """Within the block, every action carries ``session.id = session_id``, and so does
     every other span started, on a provider with the
     :class:`~durable_sessions.processor.DurabilitySpanProcessor` (its ``on_start`` copies it).
@@ -108,16 +109,44 @@ def session(session_id: str, *, journal: Journal | None = None) -> Iterator[str]
     With a ``journal`` (:mod:`durable_sessions.journal`), the actions inside record their
     outcomes in it and, in a process that resumes the session, replay them instead of
     running again. An inner block without a journal keeps the outer block's.
+
+    A block with a journal also holds the session for this process while it is open
+    (``journal.hold``, :mod:`durable_sessions.session_lock`): entered while another live
+    process has it open, it raises :class:`~durable_sessions.session_lock.SessionInUse`
+    rather than run the session's actions a second time beside it. ``exclusive=False``
+    does not hold it, for a helper process that runs some of the session's actions while
+    the process that opened it waits.
     """
     session_id = _identity("session", "session_id", session_id)
     values = context_api.set_value(SESSION_CONTEXT_KEY, session_id)
     if journal is not None:
         values = context_api.set_value(JOURNAL_CONTEXT_KEY, journal, values)
-    token = context_api.attach(values)
-    try:
-        yield session_id
-    finally:
-        context_api.detach(token)
+    with _held(journal if exclusive else None, session_id):
+        token = context_api.attach(values)
+        try:
+            yield session_id
+        finally:
+            context_api.detach(token)
+
+
+@contextmanager
+def _held(journal: Journal | None, session_id: str) -> Iterator[None]:
+    """``journal.hold(session_id)`` around the block, where the journal has one; any error
+    of its own but :class:`SessionInUse` is logged and the block runs (fail open)."""
+    hold = getattr(journal, "hold", None)
+    with ExitStack() as holding:
+        if hold is not None:
+            try:
+                holding.enter_context(hold(session_id))
+            except SessionInUse:
+                raise
+            except Exception:
+                logger.warning(
+                    "durable_sessions: the journal could not hold session %r; it runs unheld",
+                    session_id,
+                    exc_info=True,
+                )
+        yield
 
 
 def current_session(context: context_api.Context | None = None) -> str | None:

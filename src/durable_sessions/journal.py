@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from durable_sessions import semconv as sc
+from durable_sessions import session_lock
 from durable_sessions.digest import digest_bytes, outcome_json
 from durable_sessions.record import is_side_effecting
 
@@ -412,6 +413,17 @@ class SqliteJournal:
         """Forget an action: the next process runs it as if for the first time."""
         self._existing(session_id, action_id)
         self._execute("DELETE FROM journal WHERE session_id = ? AND action_id = ?", (session_id, action_id))
+
+    def hold(self, session_id: str) -> contextlib.AbstractContextManager[None]:
+        """Hold ``session_id`` for this process while the ``with`` block runs: another
+        process's hold raises :class:`~durable_sessions.session_lock.SessionInUse`. The lock
+        file is beside the journal (:mod:`durable_sessions.session_lock`); a journal opened
+        read-only holds nothing."""
+        if self.readonly:
+            return contextlib.nullcontext()
+        with contextlib.suppress(OSError):  # else the lock file cannot be opened: logged there
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        return session_lock.held(session_lock.lock_path_of(self.path), session_id)
 
     def close(self) -> None:
         with self._lock:

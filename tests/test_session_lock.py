@@ -1,0 +1,135 @@
+"""One live process per session: the lock a journaled ``session`` block holds."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from durable_sessions.instrument import session
+from durable_sessions.journal import SqliteJournal
+from durable_sessions.session_lock import SessionInUse, lock_path_of
+
+ENTER = """
+import sys
+from durable_sessions.instrument import session
+from durable_sessions.journal import SqliteJournal
+from durable_sessions.session_lock import SessionInUse
+try:
+    with session(sys.argv[2], journal=SqliteJournal(sys.argv[1])):
+        print("entered")
+except SessionInUse:
+    print("refused")
+"""
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from durable_sessions.instrument import session
+from durable_sessions.journal import SqliteJournal
+with session(sys.argv[2], journal=SqliteJournal(sys.argv[1])):
+    Path(sys.argv[3]).touch()
+    time.sleep(600)
+"""
+
+
+def another_process_enters(journal: Path, session_id: str) -> str:
+    """What another process gets entering ``session_id``: ``entered`` or ``refused``."""
+    done = subprocess.run(
+        [sys.executable, "-c", ENTER, str(journal), session_id], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+@pytest.fixture
+def journal_path(tmp_path: Path) -> Path:
+    return tmp_path / "state" / "journal.db"
+
+
+def test_the_session_of_a_process_killed_with_sigkill_can_be_resumed_at_once(
+    journal_path: Path, tmp_path: Path
+) -> None:
+    """The kernel lets go of a dead holder's lock: no lease to wait out after a crash."""
+    ready = tmp_path / "ready"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(journal_path), "s-1", str(ready)])
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        refused = pytest.raises(SessionInUse, match="'s-1' is open in another live process")
+        with refused, session("s-1", journal=SqliteJournal(journal_path)):
+            pass
+        assert another_process_enters(journal_path, "s-2") == "entered"  # other sessions are free
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=30)
+    with session("s-1", journal=SqliteJournal(journal_path)) as resumed:
+        assert resumed == "s-1"
+
+
+def test_blocks_and_threads_of_one_process_share_the_hold_until_the_last_ends(journal_path: Path) -> None:
+    journal = SqliteJournal(journal_path)
+    with session("s-1", journal=journal):
+        with session("s-1", journal=journal):
+            entered_in_thread: list[str] = []
+
+            def enter() -> None:
+                with session("s-1", journal=SqliteJournal(journal_path)):
+                    entered_in_thread.append("s-1")
+
+            thread = threading.Thread(target=enter)
+            thread.start()
+            thread.join()
+            assert entered_in_thread == ["s-1"]
+        assert another_process_enters(journal_path, "s-1") == "refused"  # the outer block still holds it
+    assert another_process_enters(journal_path, "s-1") == "entered"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="open file description locks are Linux's")
+def test_a_child_forked_inside_the_block_shares_the_hold_and_never_drops_it(journal_path: Path) -> None:
+    """A worker forked inside the block may enter the session; its end does not let go of
+    the parent's lock."""
+    journal = SqliteJournal(journal_path)
+    with session("s-1", journal=journal):
+        pid = os.fork()
+        if pid == 0:  # the child
+            try:
+                with session("s-1", journal=journal):
+                    pass
+                os._exit(0)
+            except BaseException:
+                os._exit(1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert another_process_enters(journal_path, "s-1") == "refused"
+    assert another_process_enters(journal_path, "s-1") == "entered"
+
+
+def test_exclusive_false_neither_holds_nor_is_refused(journal_path: Path) -> None:
+    with session("s-1", journal=SqliteJournal(journal_path), exclusive=False):
+        assert another_process_enters(journal_path, "s-1") == "entered"
+
+
+def test_a_lock_that_cannot_be_taken_fails_open(journal_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A lock file that cannot be opened (here a directory in its place) is logged and the
+    block runs, as without a lock."""
+    journal_path.parent.mkdir(parents=True)
+    lock_path_of(journal_path).mkdir()
+    logged = caplog.at_level(logging.WARNING, logger="durable_sessions")
+    with logged, session("s-1", journal=SqliteJournal(journal_path)) as entered:
+        assert entered == "s-1"
+    assert "cannot lock session 's-1'" in caplog.text and "runs unlocked" in caplog.text
+
+
+def test_a_journal_opened_read_only_holds_nothing(journal_path: Path) -> None:
+    SqliteJournal(journal_path).entries()  # the file exists
+    with session("s-1", journal=SqliteJournal(journal_path, readonly=True)):
+        assert another_process_enters(journal_path, "s-1") == "entered"
