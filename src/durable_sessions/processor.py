@@ -713,9 +713,6 @@ class DurabilitySpanProcessor(SpanProcessor):
             raise DurabilityViolationError(violations)
 
     def _internal_error(self, where: str, error: Exception) -> None:
-        self.internal_errors += 1
-        with contextlib.suppress(Exception):
-            self._error_counter.add(1, {"where": where})
         if not self._error_logged:
             self._error_logged = True
             logger.warning(
@@ -724,6 +721,9 @@ class DurabilitySpanProcessor(SpanProcessor):
                 where,
                 exc_info=error,
             )
+        with contextlib.suppress(Exception):
+            self._error_counter.add(1, {"where": where})
+        self.internal_errors += 1  # last: who sees the count sees the error logged and metered
 
 
 __all__ = [
