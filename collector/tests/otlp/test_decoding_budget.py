@@ -25,7 +25,8 @@ import grpc
 import pytest
 from conftest import Sidecar, wait_for
 from durable_sessions_collector.config import ConfigError, load
-from durable_sessions_collector.otlp.budget import JSON_FACTOR
+from durable_sessions_collector.otlp import decode
+from durable_sessions_collector.otlp.budget import JSON_FACTOR, REFERENCE_FACTOR, WIRE_FACTOR
 from google.protobuf import json_format
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -34,6 +35,8 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from sidecar_clients import export_call, grpc_exporter, http_exporter, otlp_json
+
+from tests.support.senders import require_native
 
 JSON = "application/json"
 PROTOBUF = "application/x-protobuf"
@@ -286,3 +289,29 @@ def test_the_budget_is_a_positive_number_of_bytes(value: str, shown: str) -> Non
     config = load(None, env={}, overrides={"receivers_max_decoding_bytes": "2048"})
     assert config.receivers_max_decoding_bytes == 2048
     assert config.sources["receivers.max_decoding_bytes"] == "--max-decoding-bytes"
+
+
+def test_a_request_wire_declines_is_weighed_again_for_the_reference_path(
+    start_sidecar, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """``_wire`` leaves anything unusual (here an unknown field) to protobuf's parser and a
+    Python walk, which take up to 9 times the body where ``_wire`` takes 5: weighed as
+    ``_wire`` would, a request it declines could pass the budget by 80%."""
+    require_native("_wire", package="durable_sessions_collector.otlp")
+    plain = protobuf(action_spans("plain-a", 200))
+    declined = protobuf(action_spans("unkno-a", 200)) + b"\xf8\x01\x07"  # field 31, unknown
+    assert decode.wire_span_parts(declined) is None and decode.wire_span_parts(plain) is not None
+    assert len(plain) + 3 == len(declined)
+    held = 22 * 1000
+    # Room beside what is held for either at _wire's weight, not at the reference path's.
+    budget = held + WIRE_FACTOR * len(declined) + len(declined)
+    assert held + REFERENCE_FACTOR * len(declined) > budget
+    sidecar = start_sidecar(receivers__max_decoding_bytes=budget, pipeline__retry_after_s=1)
+    with decoding(sidecar, held):
+        assert post(sidecar, plain)[0] == 200
+        assert_http_refusal(post(sidecar, declined), PROTOBUF, 1)
+        assert sidecar.metric("durable_sessions_decoding_bytes") == held
+    assert refused(sidecar, "http") == 1
+    assert post(sidecar, declined)[0] == 200  # alone, it is decoded whatever it weighs
+    assert stored_actions(tmp_path / "sessions.db") == 400
+    assert sidecar.metric("durable_sessions_decoding_bytes") == 0

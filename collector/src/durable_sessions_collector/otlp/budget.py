@@ -38,7 +38,7 @@ spans 14.4, spans of long foreign attributes and events 5.8)."""
 WIRE_FACTOR = 5
 """Protobuf through ``_wire``: the body and 3.7 times it (SDK action spans; 1.1 with many
 short foreign attributes, 0.2 with long ones). A request ``_wire`` declines (anything
-unusual) is decoded by the reference path, at up to 7.3 times, but weighed as this."""
+unusual) goes on to the reference path weighed again, as :data:`REFERENCE_FACTOR`."""
 
 REFERENCE_FACTOR = 9
 """Protobuf through the reference path (``_wire`` not built, or
@@ -66,24 +66,49 @@ class DecodingBudget:
         """The memory a body of ``size`` bytes (decompressed) takes while it is decoded."""
         return size * (JSON_FACTOR if json else self.protobuf_factor)
 
+    def reference_weight(self, size: int) -> int:
+        """The memory a binary body of ``size`` bytes takes on the reference path."""
+        return size * REFERENCE_FACTOR
+
     @contextmanager
-    def reserved(self, size: int, *, json: bool) -> Iterator[None]:
+    def reserved(self, size: int, *, json: bool) -> Iterator[Reservation]:
         """Hold the weight of a body of ``size`` bytes while the ``with`` block decodes it;
         raise :class:`DecodingRefused` when it fits neither in what is left nor alone."""
-        weight = self.weight(size, json=json)
+        reservation = Reservation(self)
         with self._lock:
-            if self._decoding and self.in_use + weight > self.limit:
-                raise DecodingRefused(
-                    self.retry_after_s,
-                    f"decoding memory budget in use ({self._decoding} Export requests weighing "
-                    f"{self.in_use} of {self.limit} bytes, receivers.max_decoding_bytes; this one "
-                    f"{weight}); retry after the delay given (RetryInfo, Retry-After)",
-                )
-            self.in_use += weight
             self._decoding += 1
         try:
-            yield
+            reservation.grow(self.weight(size, json=json))
+            yield reservation
         finally:
             with self._lock:
-                self.in_use -= weight
+                self.in_use -= reservation.weight
                 self._decoding -= 1
+
+    def _take(self, weight: int, held: int) -> None:
+        """Add ``weight`` to what one request holds (``held`` already), under the lock."""
+        with self._lock:
+            if self._decoding > 1 and self.in_use + weight > self.limit:
+                raise DecodingRefused(
+                    self.retry_after_s,
+                    f"decoding memory budget in use ({self._decoding - 1} other Export requests weighing "
+                    f"{self.in_use - held} of {self.limit} bytes, receivers.max_decoding_bytes; this one "
+                    f"{held + weight}); retry after the delay given (RetryInfo, Retry-After)",
+                )
+            self.in_use += weight
+
+
+class Reservation:
+    """The weight one request holds in a :class:`DecodingBudget` while it is decoded."""
+
+    def __init__(self, budget: DecodingBudget) -> None:
+        self.budget = budget
+        self.weight = 0
+
+    def grow(self, weight: int) -> None:
+        """Hold ``weight`` in all, where it is more than held now (a request ``_wire``
+        declined, going on to the reference path); raise :class:`DecodingRefused` when
+        the rest does not fit beside the other requests being decoded."""
+        if weight > self.weight:
+            self.budget._take(weight - self.weight, self.weight)
+            self.weight = weight

@@ -363,10 +363,18 @@ def protobuf_span_parts(body: bytes, rejected: list[str]) -> list[SpanParts]:
     """The parts of a binary request's spans, as :func:`span_parts` gives them with
     :func:`mapped_attributes_of`; spans with unusable ids are described in ``rejected``.
     Raise :class:`BadData` when ``body`` is not an ``ExportTraceServiceRequest``."""
-    if _WIRE is not None:
-        parts: list[SpanParts] | None = _WIRE.span_parts(body)
-        if parts is not None:
-            return parts
+    parts = wire_span_parts(body)
+    return reference_span_parts(body, rejected) if parts is None else parts
+
+
+def wire_span_parts(body: bytes) -> list[SpanParts] | None:
+    """The parts of a binary request's spans as ``_wire`` reads them from its bytes, or
+    None where it is not built or declines the request (anything unusual, any error)."""
+    return None if _WIRE is None else _WIRE.span_parts(body)  # type: ignore[no-any-return]
+
+
+def reference_span_parts(body: bytes, rejected: list[str]) -> list[SpanParts]:
+    """:func:`protobuf_span_parts` by protobuf's parser and a Python walk of the message."""
     return list(span_parts(parse_protobuf(body), None, rejected, mapped_attributes_of))
 
 

@@ -21,7 +21,8 @@ from durable_sessions_collector.otlp.decode import (
     MAX_NAMED_REJECTIONS,
     SpanParts,
     json_span_parts,
-    protobuf_span_parts,
+    reference_span_parts,
+    wire_span_parts,
 )
 from durable_sessions_collector.pipeline import Job, Overloaded, Pipeline, Unavailable
 
@@ -114,8 +115,14 @@ class TraceReceiver:
         in ``rejected``. Raise :class:`DecodingRefused` (counted) when the budget has no room
         for them now, :class:`BadData` when ``body`` is not an Export request."""
         try:
-            with self.budget.reserved(len(body), json=json):
-                return (json_span_parts if json else protobuf_span_parts)(body, rejected)
+            with self.budget.reserved(len(body), json=json) as reservation:
+                if json:
+                    return json_span_parts(body, rejected)
+                parts = wire_span_parts(body)
+                if parts is None:  # declined: the reference path takes more memory
+                    reservation.grow(self.budget.reference_weight(len(body)))
+                    parts = reference_span_parts(body, rejected)
+                return parts
         except DecodingRefused:
             self.metrics.decoding_refused.labels(transport).inc()
             raise
