@@ -26,7 +26,14 @@ import pytest
 from conftest import Sidecar, wait_for
 from durable_sessions_collector.config import ConfigError, load
 from durable_sessions_collector.otlp import decode
-from durable_sessions_collector.otlp.budget import JSON_FACTOR, REFERENCE_FACTOR, WIRE_FACTOR
+from durable_sessions_collector.otlp.budget import (
+    JSON_FACTOR,
+    REFERENCE_FACTOR,
+    TURN_RETRY_AFTERS,
+    WIRE_FACTOR,
+    DecodingBudget,
+    DecodingRefused,
+)
 from google.protobuf import json_format
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -315,3 +322,44 @@ def test_a_request_wire_declines_is_weighed_again_for_the_reference_path(
     assert post(sidecar, declined)[0] == 200  # alone, it is decoded whatever it weighs
     assert stored_actions(tmp_path / "sessions.db") == 400
     assert sidecar.metric("durable_sessions_decoding_bytes") == 0
+
+
+def test_a_heavy_request_refused_gets_its_turn_before_lighter_ones(start_sidecar, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Under steady traffic a request that fits only alone was refused until its client
+    gave up: the budget was never empty when it came back. Refused, it now gets a turn:
+    lighter requests are refused while they would not leave it room, and it goes in when
+    it comes back."""
+    heavy = otlp_json(action_spans("heavy", 100))
+    light = protobuf(action_spans("light", 2))
+    budget = 64 * 1024
+    sidecar = start_sidecar(receivers__max_decoding_bytes=budget, pipeline__retry_after_s=1)
+    assert len(heavy) * JSON_FACTOR > budget
+    with decoding(sidecar, 1000):  # the steady traffic
+        assert_http_refusal(post(sidecar, heavy, JSON), JSON, 1)
+        refusal = post(sidecar, light)
+        assert_http_refusal(refusal, PROTOBUF, 1)
+        assert b"waits its turn" in refusal[2]
+    assert post(sidecar, light)[0] == 503  # alone, but the heavy one needs all of it
+    assert post(sidecar, heavy, JSON)[0] == 200  # its client's retry
+    assert post(sidecar, light)[0] == 200
+    assert stored_actions(tmp_path / "sessions.db") == 102
+
+
+def test_a_turn_ends_after_its_window_when_its_client_gave_up() -> None:
+    now = [0.0]
+    budget = DecodingBudget(1000, retry_after_s=2, clock=lambda: now[0])
+
+    def admitted(size: int, *, json: bool) -> bool:
+        try:
+            with budget.reserved(size, json=json):
+                return True
+        except DecodingRefused:
+            return False
+
+    with budget.reserved(10, json=True):  # 220 bytes being decoded
+        assert not admitted(600, json=False)  # 3,000 or more: heavier than the whole budget
+    assert not admitted(10, json=True)  # alone, yet its turn holds the budget
+    now[0] += TURN_RETRY_AFTERS * 2 - 0.1
+    assert not admitted(10, json=True)
+    now[0] += 0.2  # its client never came back
+    assert admitted(10, json=True) and budget.in_use == 0

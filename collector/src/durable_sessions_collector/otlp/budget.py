@@ -14,6 +14,13 @@ retryable answer (503 + ``Retry-After``, ``UNAVAILABLE`` + ``RetryInfo``), as th
 OpenTelemetry Collector's ``memory_limiter`` refuses data. The weight is held until the
 decoding ends, however it ends.
 
+A heavy request (over half the budget) that is refused is given a turn: for the next
+:data:`TURN_RETRY_AFTERS` retry delays, lighter requests are decoded only while they
+leave room for it, so when its client sends it again the budget has emptied enough
+for it. Without the turn, under steady traffic, a request that fits only alone would be
+refused until its client gave up. A turn ends when a request as heavy is decoded, or at
+the end of its window (a client that gave up holds no room for long).
+
 A request's weight is its body's size, after decompression, times the peak memory that
 decoding it takes per body byte, the body itself included (``benchmarks/otlp_decode_memory.py``
 measures them; the factors below are the largest it found for what SDKs send, rounded up).
@@ -25,7 +32,8 @@ the write queue), and grpcio's own copy of a gRPC message.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from durable_sessions_collector.otlp import decode
@@ -45,6 +53,12 @@ REFERENCE_FACTOR = 9
 ``DURABLE_SESSIONS_NATIVE=false``): the body and 7.3 times it."""
 
 
+TURN_RETRY_AFTERS = 4
+"""How long a refused heavy request's turn lasts, in retry delays: its client is told to
+retry after one to two of them (the answer's spread), and decoding what went in before
+takes a moment."""
+
+
 class DecodingRefused(Overloaded):
     """The request does not fit in the decoding budget now: the client should retry after
     ``retry_after_s`` or more (answered as a full write queue is)."""
@@ -53,7 +67,9 @@ class DecodingRefused(Overloaded):
 class DecodingBudget:
     """Weighs the requests being decoded against ``limit`` bytes; thread-safe."""
 
-    def __init__(self, limit: int, *, retry_after_s: int) -> None:
+    def __init__(
+        self, limit: int, *, retry_after_s: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.limit = limit
         self.retry_after_s = retry_after_s
         self.protobuf_factor = WIRE_FACTOR if decode.wire_in_use() else REFERENCE_FACTOR
@@ -61,6 +77,12 @@ class DecodingBudget:
         """Bytes weighed by the requests being decoded (may pass ``limit`` for one request alone)."""
         self._decoding = 0
         self._lock = threading.Lock()
+        self._clock = clock
+        self._turn: tuple[int, int] = (0, 0)
+        """The heavy request whose turn it is until ``_turn_ends``: the weight it asks for
+        first (it is recognised by it; 0: no turn), and the room it needs (more, where
+        ``_wire`` declined it)."""
+        self._turn_ends = 0.0
 
     def weight(self, size: int, *, json: bool) -> int:
         """The memory a body of ``size`` bytes (decompressed) takes while it is decoded."""
@@ -86,16 +108,33 @@ class DecodingBudget:
                 self._decoding -= 1
 
     def _take(self, weight: int, held: int) -> None:
-        """Add ``weight`` to what one request holds (``held`` already), under the lock."""
+        """Add ``weight`` to what one request holds (``held`` already), or refuse it."""
+        total = held + weight
         with self._lock:
-            if self._decoding > 1 and self.in_use + weight > self.limit:
-                raise DecodingRefused(
-                    self.retry_after_s,
-                    f"decoding memory budget in use ({self._decoding - 1} other Export requests weighing "
-                    f"{self.in_use - held} of {self.limit} bytes, receivers.max_decoding_bytes; this one "
-                    f"{held + weight}); retry after the delay given (RetryInfo, Retry-After)",
-                )
+            now = self._clock()
+            first, room = self._turn if now < self._turn_ends else (0, 0)
+            lighter = total < first
+            if lighter:  # than the request whose turn it is: leave it its room
+                fits = self.in_use + weight + room <= self.limit
+            else:
+                fits = self._decoding == 1 or self.in_use + weight <= self.limit
+            if not fits:
+                if total > self.limit // 2 and not lighter:
+                    self._turn = (held or total, total)
+                    self._turn_ends = now + TURN_RETRY_AFTERS * self.retry_after_s
+                raise self._refusal(total, held, room if lighter else 0)
+            if first and not lighter:
+                self._turn = (0, 0)
             self.in_use += weight
+
+    def _refusal(self, total: int, held: int, waiting: int) -> DecodingRefused:
+        turn = f"; a request of {waiting} bytes waits its turn" if waiting else ""
+        return DecodingRefused(
+            self.retry_after_s,
+            f"decoding memory budget in use ({self._decoding - 1} other Export requests weighing "
+            f"{self.in_use - held} of {self.limit} bytes, receivers.max_decoding_bytes; this one "
+            f"{total}{turn}); retry after the delay given (RetryInfo, Retry-After)",
+        )
 
 
 class Reservation:
