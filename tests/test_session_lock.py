@@ -93,6 +93,16 @@ def test_blocks_and_threads_of_one_process_share_the_hold_until_the_last_ends(jo
     assert another_process_enters(journal_path, "s-1") == "entered"
 
 
+def test_two_spellings_of_one_journal_are_one_hold(
+    journal_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(journal_path.parent.parent)
+    with session("s-1", journal=SqliteJournal(journal_path)):
+        with session("s-1", journal=SqliteJournal(Path("state") / ".." / "state" / "journal.db")):
+            pass
+        assert another_process_enters(journal_path, "s-1") == "refused"
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="open file description locks are Linux's")
 def test_a_child_forked_inside_the_block_shares_the_hold_and_never_drops_it(journal_path: Path) -> None:
     """A worker forked inside the block may enter the session; its end does not let go of
@@ -133,3 +143,17 @@ def test_a_journal_opened_read_only_holds_nothing(journal_path: Path) -> None:
     SqliteJournal(journal_path).entries()  # the file exists
     with session("s-1", journal=SqliteJournal(journal_path, readonly=True)):
         assert another_process_enters(journal_path, "s-1") == "entered"
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts /proc/self/fd")
+def test_a_process_that_opens_many_journals_in_turn_keeps_no_descriptor_of_theirs(tmp_path: Path) -> None:
+    def open_descriptors() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    before = open_descriptors()
+    for n in range(50):
+        journal = SqliteJournal(tmp_path / f"j{n}" / "journal.db")
+        with session("s-1", journal=journal):
+            pass
+        journal.close()
+    assert open_descriptors() - before < 5

@@ -423,7 +423,8 @@ class SqliteJournal:
             return contextlib.nullcontext()
         with contextlib.suppress(OSError):  # else the lock file cannot be opened: logged there
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        return session_lock.held(session_lock.lock_path_of(self.path), session_id)
+        # Resolved: two spellings of one file are one lock file, held once by this process.
+        return session_lock.held(session_lock.lock_path_of(self.path.resolve()), session_id)
 
     def close(self) -> None:
         with self._lock:

@@ -132,10 +132,15 @@ class _SessionLocks:
             if hold.blocks > 0 or self._holds.get(key) is not hold:
                 return
             del self._holds[key]
-            if hold.inherited:
-                return
-            with contextlib.suppress(OSError):  # the process keeps a lock it cannot drop; it goes at exit
-                _set_lock(self._files[key[0]], fcntl.F_UNLCK, key[1])
+            if not hold.inherited:
+                with contextlib.suppress(OSError):  # the process keeps a lock it cannot drop; it goes at exit
+                    _set_lock(self._files[key[0]], fcntl.F_UNLCK, key[1])
+            if not any(path == key[0] for path, _ in self._holds):
+                # No lock left on the file: its descriptor goes too (a process that opens
+                # many journals in turn must not run out of descriptors).
+                descriptor = self._files.pop(key[0], None)  # none in a child, for an inherited hold
+                if descriptor is not None:
+                    os.close(descriptor)
 
     def _file(self, lock_path: Path) -> int:
         descriptor = self._files.get(lock_path)
