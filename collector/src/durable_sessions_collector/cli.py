@@ -406,8 +406,10 @@ def _print_session(detail: dict[str, Any], out: Output) -> None:
     live = [v for v in detail["violations"] if not v.get("resolved")]
     print("violations:" if live else "violations: none", file=out)
     for v in live:
+        # A finding of a rule the sidecar no longer runs stays listed, but not in the verdict.
+        uncounted = "  (not counted: rule not run)" if v.get("not_counted") else ""
         print(
-            f"  {v.get('severity')}  {v.get('rule')}  action {v.get('action_id')}: {v.get('message')}",
+            f"  {v.get('severity')}  {v.get('rule')}  action {v.get('action_id')}: {v.get('message')}{uncounted}",
             file=out,
         )
 

@@ -534,7 +534,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("evaluation.key_window_s", "DURABLE_SESSIONS_KEY_WINDOW_S", _positive_number, 86400.0,
            "how long a provider keeps idempotency keys (key-outlived-window)"),
     Option("evaluation.strict", "DURABLE_SESSIONS_STRICT", _boolean, False,
-           "also run the strict-only rules (dead-end)"),
+           "also run the strict-only rules (dead-end); verdicts count only the rules run"),
     Option("evaluation.max_sessions", "DURABLE_SESSIONS_MAX_SESSIONS", _positive_int, 10_000,
            "sessions held in memory; others are rebuilt from the store when their spans arrive"),
     Option("evaluation.max_actions_per_session", "DURABLE_SESSIONS_MAX_ACTIONS_PER_SESSION", _positive_int,

@@ -36,6 +36,7 @@ from durable_sessions_collector.otlp.receiver import TraceReceiver
 from durable_sessions_collector.pipeline import Pipeline
 from durable_sessions_collector.security import GrpcAuthInterceptor, HttpAuth, RedactingStream
 from durable_sessions_collector.store import INDEX_FAILED, SqliteStore, StoreError, open_store
+from durable_sessions_collector.verdict_rules import adopt, log_adopted
 
 JOURNAL_SUFFIX = ".log-written"
 """Beside a SQLite store: the keys of alert lines written and not yet marked delivered."""
@@ -111,6 +112,11 @@ class Service:
                 max_sessions=config.evaluation_max_sessions,
                 max_actions_per_session=config.evaluation_max_actions_per_session,
             )
+            # The verdicts count the rules this sidecar runs: a change since the last start
+            # is recorded now, and its recount left to the writer thread (it may be long).
+            counted = frozenset(rule.id for rule in self.evaluator.rules)
+            adopted = adopt(store, counted)
+            log_adopted(log, adopted, counted, shared=store.shared)
             channels = tuple(
                 channel
                 for channel, enabled in (
@@ -169,6 +175,7 @@ class Service:
                 retry_after_s=config.pipeline_retry_after_s,
                 channels=channels,
                 after_commit=self._after_commit if channels else None,
+                recounting=adopted.recount is not None,
             )
             if config.alerts_log_enabled:
                 self.log_alerts.deliver_pending()  # left pending by a previous run

@@ -295,6 +295,7 @@ def violation_message(violation: dict[str, Any]) -> pb.Violation:
         span_id=_text(violation.get("span_id")),
         at_session_end=bool(violation.get("at_session_end")),
         resolved=bool(violation.get("resolved")),
+        not_counted=bool(violation.get("not_counted")),
         created_at=timestamp(violation.get("created_at")),
     )
 

@@ -11,7 +11,10 @@ a committed span. New violations are raised after the commit (see :mod:`..alerts
 Between batches the writer ends the sessions that have been idle for ``idle_s`` —
 counted from when this sidecar began accepting spans at the earliest (see
 :meth:`Pipeline.accepting`) — and, with a retention (``retention_s`` > 0), deletes
-ended sessions older than it (see :meth:`Pipeline.prune`).
+ended sessions older than it (see :meth:`Pipeline.prune`). After the rules the verdicts
+count changed, it recounts the verdicts a bounded step at a time (see
+:meth:`Pipeline.recount`), and on a store replicas share looks now and then whether
+another replica changed them (:meth:`Pipeline.check_rules`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from durable_sessions_collector.alerts.metrics import Metrics
 from durable_sessions_collector.evaluator import Arrival, Evaluator
 from durable_sessions_collector.jsonlog import JsonLog
 from durable_sessions_collector.store import Pruned, RecordRefused, Store, StoreError, Writer, store_time
+from durable_sessions_collector.verdict_rules import recount_step, stored_rules
 
 IDLE_BATCH = 500
 SWEEP_REFEED = 20_000
@@ -45,6 +49,11 @@ PRUNE_ACTIONS = 20_000
 it. A session holding more is deleted but for its actions, which later passes delete."""
 PRUNE_EVERY_S = 60.0
 """Seconds between two retention passes, unless the last one deleted a full batch."""
+RECOUNT_RETRY_S = 1.0
+"""Seconds before a step of a recount of verdicts that failed is tried again."""
+RULES_CHECK_EVERY_S = 60.0
+"""Seconds between two looks, on a store replicas share, at the selection of rules its
+verdicts count: another replica started with another selection is logged."""
 KEEP_STATES_AT_STOP_S = 5.0
 """Longest a stop spends keeping the state of the long sessions held (half of the writer's
 stop timeout): the next start restores them rather than re-feeding all their records."""
@@ -100,7 +109,10 @@ class Pipeline:
         channels: tuple[str, ...] = (),
         after_commit: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.time,
+        recounting: bool = False,
     ) -> None:
+        """``recounting``: the store has a recount of verdicts pending (see
+        :func:`~durable_sessions_collector.verdict_rules.adopt`)."""
         self.store = store
         self.clock = clock
         """This host's clock: the time of a store without a clock of its own (see
@@ -128,6 +140,12 @@ class Pipeline:
         self._restored_reported = 0
         self._more_idle = False  # the last sweep left idle sessions for the next one
         self._backlog = True  # alerts left pending by an earlier run are delivered first
+        self.recounting = recounting
+        self.recounted = 0
+        """Sessions whose verdicts the recount has recounted so far."""
+        self._recount_after = -float("inf")  # time.monotonic() before which no step is tried
+        self.last_rules_check = time.monotonic()  # the start compared them already
+        self._conflict_logged: frozenset[str] | None = None
         metrics.queue_capacity.set(queue_size)
         metrics.watch(self.queue.qsize, lambda: evaluator.held)
 
@@ -230,6 +248,11 @@ class Pipeline:
                     self._deliver()
             if self.retention_s > 0 and ticked - self.last_prune >= PRUNE_EVERY_S:
                 self._prune_pass(ticked)
+            if self.recounting and ticked >= self._recount_after:
+                self._recount_pass(ticked)
+            if self.store.shared and ticked - self.last_rules_check >= RULES_CHECK_EVERY_S:
+                self.last_rules_check = ticked
+                self.check_rules()
         # Drain what was accepted before the stop was asked for.
         until = time.monotonic() + KEEP_STATES_AT_STOP_S
         while True:
@@ -436,6 +459,52 @@ class Pipeline:
         # batch, as the sweep does, rather than making Exports wait for the whole backlog.
         if not full:
             self.last_prune = ticked
+
+    def _recount_pass(self, ticked: float) -> None:
+        """One step of the recount, from the writer loop: a failure is logged and the step
+        tried again after :data:`RECOUNT_RETRY_S` (its place is in the store)."""
+        try:
+            self.recount()
+        except Exception as error:
+            self.metrics.commit_failures.inc()
+            self.log.error("verdict-recount-failed", error=f"{type(error).__name__}: {error}")
+            self._recount_after = ticked + RECOUNT_RETRY_S
+
+    def recount(self) -> bool:
+        """Recount, in one transaction, the verdicts of the sessions with findings of the
+        changed rules among the next sessions of the recount the store has pending (see
+        :func:`~durable_sessions_collector.verdict_rules.recount_step`); log
+        ``verdict-recount-done`` when it is over. Returns whether it is over."""
+        with self.store.writer() as writer:
+            done, recounted = recount_step(writer, self._lock)
+        self.recounted += recounted
+        if done:
+            self.recounting = False
+            self.log.info("verdict-recount-done", sessions=self.recounted)
+        return done
+
+    def check_rules(self) -> None:
+        """Log ``verdict-rules-conflict`` (an error, once per selection found) when the
+        store's verdicts count another selection of rules than this sidecar's: another
+        replica started with other settings, and the two now write verdicts that count
+        differently. A failure to read it is left to the next look."""
+        try:
+            with self.store.writer() as writer:
+                stored = stored_rules(writer)
+        except Exception:  # the writes report the store's failures
+            return
+        ours = self.store.counted
+        if stored is None or ours is None or stored == ours or stored == self._conflict_logged:
+            return
+        self._conflict_logged = stored
+        self.log.error(
+            "verdict-rules-conflict",
+            stored=sorted(stored),
+            ours=sorted(ours),
+            note="another replica sharing the store runs another selection of rules (evaluation.strict); "
+            "each counts its own in the verdicts it writes, so verdicts change with the replica that "
+            "wrote last: run every replica with the same settings, then restart them",
+        )
 
     def prune(self, now: float) -> Pruned:
         """Delete, in one transaction, up to ``PRUNE_BATCH`` ended sessions last seen

@@ -17,7 +17,10 @@ What is kept:
 - **outbox**: one row per (alert channel, violation), written in the same transaction
   as the violation, so an alert is raised once, also across restarts; and one per
   (alert channel, change of an end-of-session violation's status), written in the
-  transaction that makes the change.
+  transaction that makes the change;
+- **meta**: the schema version, the rules whose findings the verdicts count
+  (:data:`VERDICT_RULES`: a verdict counts only unresolved violations of those) and a
+  recount of verdicts left to finish after they changed (:data:`RECOUNT`).
 
 Everything is kept until :meth:`Writer.prune` deletes what is older than the retention
 (``retention.sessions_s``): ended sessions with their rows, and rows of no session.
@@ -40,8 +43,8 @@ from typing import Any, Literal, NamedTuple, Protocol
 import orjson
 
 from durable_sessions.record import ActionRecord, Location
-from durable_sessions.report import Verdict
-from durable_sessions.violation import Violation
+from durable_sessions.report import Verdict, verdict_of
+from durable_sessions.violation import Severity, Violation
 from durable_sessions_collector.alerts import FIRING, RESOLVED
 from durable_sessions_collector.quote import quoted
 from durable_sessions_collector.store.stored import checked_record, stored_record
@@ -258,6 +261,68 @@ sorted them), then arrival. The smallest 64-bit integer is written as a sum: the
 -9223372036854775808 is a numeric, not a bigint, to PostgreSQL."""
 
 
+VERDICT_RULES = "verdict_rules"
+"""The ``meta`` key of the rules whose findings the store's verdicts count: their ids as
+a sorted JSON list (:func:`encode_rules`). Absent in a store no sidecar has recorded it
+in yet, whose verdicts counted every finding."""
+
+RECOUNT = "verdict_recount"
+"""The ``meta`` key of a recount of verdicts left to finish after the counted rules
+changed: ``{"rules": [changed rule ids], "after": last session id recounted}``
+(:func:`encode_recount`). Absent when none is left; each step of the recount moves
+``after`` in the transaction that recounts, so a crash resumes where it stopped."""
+
+
+def encode_rules(rules: Iterable[str]) -> str:
+    """A selection of rules as :data:`VERDICT_RULES` holds it: sorted, so equal selections
+    are equal text."""
+    return json.dumps(sorted(rules), separators=(",", ":"))
+
+
+def decode_rules(text: str | None) -> frozenset[str] | None:
+    """The selection :func:`encode_rules` wrote; None for no text."""
+    return None if text is None else frozenset(json.loads(text))
+
+
+def encode_recount(rules: Iterable[str], after: str) -> str:
+    return json.dumps({"rules": sorted(rules), "after": after}, separators=(",", ":"))
+
+
+def decode_recount(text: str | None) -> tuple[frozenset[str], str] | None:
+    """(changed rules, the session id the recount goes on after) from :data:`RECOUNT`."""
+    if text is None:
+        return None
+    found = json.loads(text)
+    return frozenset(found["rules"]), str(found["after"])
+
+
+def counts_in_verdict(rule: str, counted: frozenset[str] | None) -> bool:
+    """Whether a finding of ``rule`` counts in its session's verdict when the verdicts
+    count ``counted`` (None: every rule, as a store of one sidecar that never chose)."""
+    return counted is None or rule in counted
+
+
+def tally(rows: Iterable[tuple[str, str, int]], counted: frozenset[str] | None) -> tuple[int, int, Verdict]:
+    """(errors, warnings, verdict) of a session from its unresolved violations counted by
+    (rule, severity, count), counting only the rules of ``counted``
+    (:func:`counts_in_verdict`). One per rule and severity is few rows: filtering them
+    here keeps the store's statement the same for every selection."""
+    errors = warnings = 0
+    for rule, severity, count in rows:
+        if counts_in_verdict(rule, counted):
+            if severity == "error":
+                errors += int(count)
+            elif severity == "warning":
+                warnings += int(count)
+    severities = ([Severity.ERROR] if errors else []) + ([Severity.WARNING] if warnings else [])
+    return errors, warnings, verdict_of(severities)
+
+
+UNRESOLVED_BY_RULE = "SELECT rule, severity, COUNT(*) FROM violations WHERE session_id = {p} AND resolved = 0 GROUP BY rule, severity"
+"""A session's unresolved violations counted by rule and severity, for :func:`tally`
+(``{p}``: the store's placeholder)."""
+
+
 def split_page(
     rows: list[Any], limit: int, size_of: Callable[[Any], int] | None = None
 ) -> tuple[list[Any], bool]:
@@ -308,16 +373,22 @@ def action_page(
 
 
 def violation_page(
-    rows: list[tuple[Any, ...]], limit: int, session_id: str
+    rows: list[tuple[Any, ...]], limit: int, session_id: str, counted: frozenset[str] | None = None
 ) -> tuple[list[dict[str, Any]], int | None]:
     """A page of violations of ``session_id`` from ``rows`` — ``(id, *VIOLATION_COLUMNS)``,
     one more than ``limit`` when there are more — and the id after which the next page
-    starts. Each violation's size counts the session id, which the gRPC answer repeats."""
+    starts. Each violation's size counts the session id, which the gRPC answer repeats.
+    Each says ``not_counted`` when its rule is not among ``counted``, the rules the
+    verdicts count (:func:`counts_in_verdict`): it stays listed, and leaves the verdict
+    and the counts of errors and warnings alone."""
     repeated = text_bytes(session_id)
     rows, more = split_page(
         rows, limit, lambda row: repeated + text_bytes(*(v for v in row[1:] if isinstance(v, (str, bytes))))
     )
-    return [violation_detail(row[1:]) for row in rows], (rows[-1][0] if more and rows else None)
+    violations = [violation_detail(row[1:]) for row in rows]
+    for violation in violations:
+        violation["not_counted"] = not counts_in_verdict(violation["rule"], counted)
+    return violations, (rows[-1][0] if more and rows else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -456,7 +527,11 @@ class Writer(Protocol):
         """At the session's end, ``keep`` being the keys of the end-of-session violations
         found (each stored already): mark its stored end-of-session violations not in
         ``keep`` resolved, and those in ``keep`` that were resolved unresolved again (they
-        hold once more). Returns what changed, to alert on in the same transaction."""
+        hold once more). Returns what changed, to alert on in the same transaction.
+
+        Only violations of the rules the verdicts count (:attr:`Store.counted`) are
+        touched: the others' rules did not run, so not finding them again says nothing,
+        and they are left as they are."""
 
     def touch_session(self, session_id: str, now: float, added: int) -> None:
         """Record activity: ``added`` new actions at ``now``; the session is open again."""
@@ -465,7 +540,29 @@ class Writer(Protocol):
         """The session's end-of-session rules ran at ``now``."""
 
     def refresh_verdict(self, session_id: str) -> Verdict:
-        """Recount the session's unresolved violations and store its verdict."""
+        """Recount the session's unresolved violations of the rules the verdicts count
+        (:attr:`Store.counted`, as the writer was begun) and store its verdict and its
+        counts of errors and warnings."""
+
+    def read_meta(self, key: str) -> str | None:
+        """The value of ``key`` in the ``meta`` table; None when it has none."""
+
+    def write_meta(self, key: str, value: str | None) -> None:
+        """Set ``key`` of the ``meta`` table to ``value``; None deletes it."""
+
+    def lock_verdict_rules(self) -> None:
+        """Before :data:`VERDICT_RULES` or :data:`RECOUNT` is read to be changed: on a
+        store several replicas share, take a lock for the rest of the transaction, so that
+        replicas starting together change them one after the other. Taken before any
+        session's lock (:meth:`lock_sessions`), never after one."""
+
+    def sessions_with_rules(
+        self, rules: frozenset[str], after: str, window: int
+    ) -> tuple[list[str], str | None]:
+        """Of the ``window`` sessions whose ids follow ``after`` (in the store's order of
+        ids), those with a violation of one of ``rules``; and the last id of the window,
+        None when no session follows ``after``. Bounded by ``window`` sessions, however
+        few have such violations: a step of a recount."""
 
     def enqueue_alert(self, channel: str, violation_key: str, payload: dict[str, Any], now: float) -> None:
         """Add an alert for ``channel`` to the outbox (once per channel and violation)."""
@@ -539,6 +636,12 @@ class Store(Protocol):
 
     shared: bool
     """Several sidecars may write it at once (PostgreSQL): another may leave alerts behind."""
+
+    counted: frozenset[str] | None
+    """The rules whose unresolved findings the verdicts of the writers begun from now on
+    count, and which a session's detail shows as counted (None, as opened: every rule).
+    Set by the sidecar at start-up from its selection of rules (see
+    :mod:`~durable_sessions_collector.verdict_rules`)."""
 
     def writer(self) -> AbstractContextManager[Writer]:
         """A transaction: committed when the block ends, rolled back if it raises."""

@@ -67,8 +67,8 @@ import psycopg
 from psycopg import sql
 
 from durable_sessions.record import ActionRecord, Location
-from durable_sessions.report import Verdict, verdict_of
-from durable_sessions.violation import Severity, Violation
+from durable_sessions.report import Verdict
+from durable_sessions.violation import Violation
 from durable_sessions_collector.config import redact_store_url
 from durable_sessions_collector.store.base import (
     ACTION_ORDER,
@@ -79,6 +79,7 @@ from durable_sessions_collector.store.base import (
     INDEX_LEFT_TO_ANOTHER,
     NO_SESSION,
     OUTBOX_CHANNELS,
+    UNRESOLVED_BY_RULE,
     VIOLATION_COLUMNS,
     ActionRow,
     Alert,
@@ -98,6 +99,7 @@ from durable_sessions_collector.store.base import (
     decode_record,
     feed_item,
     forget_some,
+    tally,
     version_refused,
     violation_detail,
     violation_page,
@@ -314,6 +316,7 @@ class PostgresStore:
         self.url = url
         self.name = redact_store_url(url)
         self.migrated_from: str | None = None
+        self.counted: frozenset[str] | None = None
         self.dsn, self.schema = split_url(url)
         self.claim_lease_s = claim_lease_s
         self._write_lock = threading.Lock()
@@ -458,7 +461,7 @@ class PostgresStore:
                     f"store {self.name!r}: cannot begin a transaction: {_reason(error)}"
                 ) from None
             try:
-                yield PostgresWriter(connection, self._lock_class)
+                yield PostgresWriter(connection, self._lock_class, self._scope, self.counted)
             except BaseException as error:
                 with contextlib.suppress(psycopg.Error):
                     transaction.__exit__(type(error), error, error.__traceback__)
@@ -557,7 +560,9 @@ class PostgresStore:
             return None
         row, action_rows, violation_rows = rows
         actions, next_actions = action_page(action_rows, pages.actions_limit)
-        violations, next_violations = violation_page(violation_rows, pages.violations_limit, session_id)
+        violations, next_violations = violation_page(
+            violation_rows, pages.violations_limit, session_id, self.counted
+        )
         return SessionDetail(_summary(row), actions, violations, next_actions, next_violations)
 
     def _session_rows(
@@ -861,14 +866,25 @@ def _summary(row: Sequence[Any]) -> SessionSummary:
     )
 
 
+_UNRESOLVED_BY_RULE = UNRESOLVED_BY_RULE.format(p="%s")
+
+
 class PostgresWriter:
     """One write transaction on the store's write connection."""
 
-    __slots__ = ("_db", "_lock_class")
+    __slots__ = ("_counted", "_db", "_lock_class", "_scope")
 
-    def __init__(self, connection: psycopg.Connection[Any], lock_class: int) -> None:
+    def __init__(
+        self,
+        connection: psycopg.Connection[Any],
+        lock_class: int,
+        scope: str = "",
+        counted: frozenset[str] | None = None,
+    ) -> None:
         self._db = connection
         self._lock_class = lock_class
+        self._scope = scope
+        self._counted = counted
 
     def lock_sessions(self, session_ids: Sequence[str]) -> dict[str, StoredSession]:
         """Lock the sessions for this transaction; return what the store holds of each.
@@ -978,15 +994,17 @@ class PostgresWriter:
 
     def resolve_end_violations(self, session_id: str, keep: set[str]) -> Settled:
         keys = [_t(key) for key in keep]
+        # NULL (every rule counted) makes the condition true for every row.
+        counted = None if self._counted is None else [_t(rule) for rule in self._counted]
         resolved = self._db.execute(
             "UPDATE violations SET resolved = 1 WHERE session_id = %s AND at_end = 1 AND resolved = 0 "
-            f"AND NOT (key = ANY(%s)) RETURNING {VIOLATION_COLUMNS}",
-            (_t(session_id), keys),
+            f"AND NOT (key = ANY(%s)) AND (%s::text[] IS NULL OR rule = ANY(%s)) RETURNING {VIOLATION_COLUMNS}",
+            (_t(session_id), keys, counted, counted),
         ).fetchall()
         held_again = self._db.execute(
             "UPDATE violations SET resolved = 0 WHERE session_id = %s AND at_end = 1 AND resolved = 1 "
-            "AND key = ANY(%s) RETURNING key",
-            (_t(session_id), keys),
+            "AND key = ANY(%s) AND (%s::text[] IS NULL OR rule = ANY(%s)) RETURNING key",
+            (_t(session_id), keys, counted, counted),
         ).fetchall()
         found = sorted((violation_detail(row) for row in resolved), key=lambda v: (v["created_at"], v["key"]))
         return Settled(found, {key for (key,) in held_again})
@@ -1007,21 +1025,52 @@ class PostgresWriter:
         )
 
     def refresh_verdict(self, session_id: str) -> Verdict:
-        counts = dict(
-            self._db.execute(
-                "SELECT severity, COUNT(*) FROM violations WHERE session_id = %s AND resolved = 0 "
-                "GROUP BY severity",
-                (_t(session_id),),
-            ).fetchall()
-        )
-        errors, warnings = int(counts.get("error", 0)), int(counts.get("warning", 0))
-        severities = ([Severity.ERROR] if errors else []) + ([Severity.WARNING] if warnings else [])
-        verdict = verdict_of(severities)
+        rows = self._db.execute(_UNRESOLVED_BY_RULE, (_t(session_id),)).fetchall()
+        errors, warnings, verdict = tally(rows, self._counted)
         self._db.execute(
             "UPDATE sessions SET errors = %s, warnings = %s, verdict = %s WHERE session_id = %s",
             (errors, warnings, verdict, _t(session_id)),
         )
         return verdict
+
+    def read_meta(self, key: str) -> str | None:
+        found = self._db.execute("SELECT value FROM meta WHERE key = %s", (key,)).fetchone()
+        return None if found is None else str(found[0])
+
+    def write_meta(self, key: str, value: str | None) -> None:
+        if value is None:
+            self._db.execute("DELETE FROM meta WHERE key = %s", (key,))
+        else:
+            self._db.execute(
+                "INSERT INTO meta (key, value) VALUES (%s, %s) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (key, value),
+            )
+
+    def lock_verdict_rules(self) -> None:
+        """A transaction-scoped advisory lock of this schema's selection of rules: one key
+        (the one-number form, which the sessions' two-number locks never take)."""
+        self._db.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+            (f"durable-sessions verdict rules {self._scope}",),
+        )
+
+    def sessions_with_rules(
+        self, rules: frozenset[str], after: str, window: int
+    ) -> tuple[list[str], str | None]:
+        (last,) = self._db.execute(  # type: ignore[misc]
+            "SELECT max(session_id) FROM (SELECT session_id FROM sessions WHERE session_id > %s "
+            "ORDER BY session_id LIMIT %s) AS w",
+            (_t(after), window),
+        ).fetchone()
+        if last is None or not rules:
+            return [], last
+        found = self._db.execute(
+            "SELECT DISTINCT session_id FROM violations WHERE session_id > %s AND session_id <= %s "
+            "AND rule = ANY(%s) ORDER BY session_id",
+            (_t(after), last, [_t(rule) for rule in rules]),
+        ).fetchall()
+        return [session_id for (session_id,) in found], last
 
     def enqueue_alert(self, channel: str, violation_key: str, payload: dict[str, Any], now: float) -> None:
         self._db.execute(

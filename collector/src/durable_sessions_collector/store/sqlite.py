@@ -20,13 +20,14 @@ from contextlib import contextmanager
 from typing import Any
 
 from durable_sessions.record import ActionRecord, Location
-from durable_sessions.report import Verdict, verdict_of
-from durable_sessions.violation import Severity, Violation
+from durable_sessions.report import Verdict
+from durable_sessions.violation import Violation
 from durable_sessions_collector.store.base import (
     ACTION_ORDER,
     FIRST_PAGES,
     IN_VIOLATION_ORDER,
     OUTBOX_CHANNELS,
+    UNRESOLVED_BY_RULE,
     VIOLATION_COLUMNS,
     ActionRow,
     Alert,
@@ -40,10 +41,12 @@ from durable_sessions_collector.store.base import (
     Settled,
     StoreError,
     action_page,
+    counts_in_verdict,
     cursor_position,
     decode_record,
     feed_item,
     forget_some,
+    tally,
     version_refused,
     violation_detail,
     violation_page,
@@ -111,6 +114,7 @@ CREATE TABLE IF NOT EXISTS session_states (
     state BLOB NOT NULL
 )
 """
+_UNRESOLVED_BY_RULE = UNRESOLVED_BY_RULE.format(p="?")
 NOT_FORGOTTEN = "id > coalesce((SELECT through_id FROM forgetting WHERE session_id = ?), 0)"
 """Of a session's actions, those not left over from an earlier session of its id being
 deleted (the session id is the parameter)."""
@@ -359,6 +363,7 @@ class SqliteStore:
 
     def __init__(self, path: str, *, exclusive: bool = True) -> None:
         self.path = path
+        self.counted: frozenset[str] | None = None
         if not exclusive and not os.path.isfile(path):  # a visitor creates nothing, not even a file
             raise StoreError(f"no SQLite store at {path}")
         directory = os.path.dirname(os.path.abspath(path))
@@ -400,7 +405,7 @@ class SqliteStore:
             except sqlite3.Error as error:
                 raise StoreError(f"store {self.path!r}: cannot begin a transaction: {error}") from None
             try:
-                yield SqliteWriter(connection)
+                yield SqliteWriter(connection, self.counted)
             except BaseException as error:
                 with contextlib.suppress(sqlite3.Error):
                     connection.execute("ROLLBACK")
@@ -458,7 +463,9 @@ class SqliteStore:
             finally:
                 reader.execute("COMMIT")
         actions, next_actions = action_page(action_rows, pages.actions_limit)
-        violations, next_violations = violation_page(violation_rows, pages.violations_limit, session_id)
+        violations, next_violations = violation_page(
+            violation_rows, pages.violations_limit, session_id, self.counted
+        )
         return SessionDetail(_summary(row), actions, violations, next_actions, next_violations)
 
     def verdict_counts(self) -> dict[str, int]:
@@ -572,10 +579,11 @@ def _summary(row: tuple[Any, ...]) -> SessionSummary:
 class SqliteWriter:
     """One write transaction on the store's write connection."""
 
-    __slots__ = ("_db",)
+    __slots__ = ("_counted", "_db")
 
-    def __init__(self, connection: sqlite3.Connection) -> None:
+    def __init__(self, connection: sqlite3.Connection, counted: frozenset[str] | None = None) -> None:
         self._db = connection
+        self._counted = counted
 
     def lock_sessions(self, session_ids: list[str]) -> None:
         """Nothing to do: this process is the store's only writer, so what the evaluator
@@ -663,7 +671,8 @@ class SqliteWriter:
             f"SELECT {VIOLATION_COLUMNS} FROM violations WHERE session_id = ? AND at_end = 1 ORDER BY id",
             (session_id,),
         ).fetchall()
-        found = [violation_detail(row) for row in rows]
+        counted = self._counted
+        found = [v for v in map(violation_detail, rows) if counts_in_verdict(v["rule"], counted)]
         resolved = [v for v in found if not v["resolved"] and v["key"] not in keep]
         held_again = {v["key"] for v in found if v["resolved"] and v["key"] in keep}
         self._db.executemany(
@@ -688,20 +697,47 @@ class SqliteWriter:
         self._db.execute("UPDATE sessions SET open = 0, ended_at = ? WHERE session_id = ?", (now, session_id))
 
     def refresh_verdict(self, session_id: str) -> Verdict:
-        counts = dict(
-            self._db.execute(
-                "SELECT severity, COUNT(*) FROM violations WHERE session_id = ? AND resolved = 0 GROUP BY severity",
-                (session_id,),
-            ).fetchall()
-        )
-        errors, warnings = counts.get("error", 0), counts.get("warning", 0)
-        severities = ([Severity.ERROR] if errors else []) + ([Severity.WARNING] if warnings else [])
-        verdict = verdict_of(severities)
+        rows = self._db.execute(_UNRESOLVED_BY_RULE, (session_id,)).fetchall()
+        errors, warnings, verdict = tally(rows, self._counted)
         self._db.execute(
             "UPDATE sessions SET errors = ?, warnings = ?, verdict = ? WHERE session_id = ?",
             (errors, warnings, verdict, session_id),
         )
         return verdict
+
+    def read_meta(self, key: str) -> str | None:
+        found = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if found is None else str(found[0])
+
+    def write_meta(self, key: str, value: str | None) -> None:
+        if value is None:
+            self._db.execute("DELETE FROM meta WHERE key = ?", (key,))
+        else:
+            self._db.execute(
+                "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (key, value),
+            )
+
+    def lock_verdict_rules(self) -> None:
+        """Nothing to do: the transaction is ``BEGIN IMMEDIATE``, which one writer holds at a time."""
+
+    def sessions_with_rules(
+        self, rules: frozenset[str], after: str, window: int
+    ) -> tuple[list[str], str | None]:
+        (last,) = self._db.execute(
+            "SELECT max(session_id) FROM (SELECT session_id FROM sessions WHERE session_id > ? "
+            "ORDER BY session_id LIMIT ?)",
+            (after, window),
+        ).fetchone()
+        if last is None or not rules:
+            return [], last
+        marks = ", ".join("?" * len(rules))
+        found = self._db.execute(
+            "SELECT DISTINCT session_id FROM violations WHERE session_id > ? AND session_id <= ? "
+            f"AND rule IN ({marks}) ORDER BY session_id",
+            (after, last, *sorted(rules)),
+        ).fetchall()
+        return [session_id for (session_id,) in found], last
 
     def enqueue_alert(self, channel: str, violation_key: str, payload: dict[str, Any], now: float) -> None:
         self._db.execute(
