@@ -128,14 +128,14 @@ def test_an_admin_command_neither_creates_nor_migrates_a_store(tmp_path: Path, c
         db.execute("INSERT INTO meta VALUES ('schema_version', '1')")
     code, _, err = run(capsys, "dead", "--store", f"sqlite:///{old}")
     assert (
-        code == 2 and "has schema version 1, this command reads 4; a sidecar of this version migrates" in err
+        code == 2 and "has schema version 1, this command reads 5; a sidecar of this version migrates" in err
     )
     with sqlite3.connect(old) as db:
         assert db.execute("SELECT value FROM meta").fetchone() == ("1",)  # left as it was
         db.execute("UPDATE meta SET value = '99'")
     db.close()
     code, _, err = run(capsys, "dead", "--store", f"sqlite:///{old}")  # a store of a newer sidecar
-    assert code == 2 and "has schema version 99, this command reads 4; it was made by a newer sidecar" in err
+    assert code == 2 and "has schema version 99, this command reads 5; it was made by a newer sidecar" in err
     empty = tmp_path / "empty.db"
     empty.write_bytes(b"")
     code, _, err = run(capsys, "redeliver", "--store", f"sqlite:///{empty}")

@@ -57,6 +57,7 @@ def test_replicas_create_the_schema_once_concurrently(postgres_url: str) -> None
             "outbox",
             "forgetting",
             "session_states",
+            "violation_changes",
         }
         assert db.execute(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'").fetchone() == (
             str(SCHEMA_VERSION),
@@ -74,6 +75,7 @@ def test_a_version_1_store_gets_the_newer_tables_while_a_replica_writes(postgres
     with psycopg.connect(dsn) as db:  # as version 1 left it
         db.execute(f"DROP TABLE {schema}.forgetting")
         db.execute(f"DROP TABLE {schema}.session_states")
+        db.execute(f"DROP TABLE {schema}.violation_changes")
         db.execute(f"UPDATE {schema}.meta SET value = '1' WHERE key = 'schema_version'")
     with replica.writer() as writer:  # a replica of version 1, inside a write transaction
         writer.add_action(action_row({"session_id": "s", "status": "ok"}, "t" * 32, "a"), 1.0)
@@ -84,11 +86,48 @@ def test_a_version_1_store_gets_the_newer_tables_while_a_replica_writes(postgres
             str(SCHEMA_VERSION),
         )
         assert db.execute(f"SELECT to_regclass('{schema}.session_states')").fetchone() != (None,)
+        assert db.execute(f"SELECT to_regclass('{schema}.violation_changes')").fetchone() != (None,)
     assert upgraded.count_actions() == 1  # type: ignore[attr-defined]
     again = open_store(postgres_url)
     assert again.migrated_from is None
     for store in (replica, upgraded, again):
         store.close()
+
+
+def test_a_version_3_store_gets_the_feed_of_changes_and_its_cursors_still_resume(postgres_url: str) -> None:
+    store = open_store(postgres_url)
+    effect = Violation(
+        "unresolved-side-effect", Severity.ERROR, "m", "sess", "a1", trace_id="t" * 32, span_id="s2"
+    )
+    other = Violation("re-asked", Severity.ERROR, "m", "sess", "a1", trace_id="t" * 32, span_id="s1")
+    start = store.violation_cursor()
+    with store.writer() as writer:
+        writer.touch_session("sess", 1.0, 1)
+        writer.add_violation(other, at_end=False, now=1.0)
+    [first] = [item["cursor"] for item in store.violations_after(start)[0]]
+    with store.writer() as writer:
+        writer.add_violation(effect, at_end=True, now=1.0)
+    store.close()
+    dsn, schema = split_url(postgres_url)
+    with psycopg.connect(dsn) as db:  # as version 3 left it
+        db.execute(f"DROP TABLE {schema}.violation_changes")
+        db.execute(f"UPDATE {schema}.meta SET value = '3' WHERE key = 'schema_version'")
+    assert first.count(":") == 2  # a violation's cursor is version 3's pg:XID:ID
+    store = open_store(postgres_url)
+    assert store.migrated_from == "3"
+    with store.writer() as writer:
+        writer.resolve_end_violations("sess", set(), now=2.0)
+    items, after = store.violations_after(first)
+    assert [(i["rule"], i["status"], i["detected_at"]) for i in items] == [
+        ("unresolved-side-effect", "firing", 1.0),
+        ("unresolved-side-effect", "resolved", 2.0),
+    ]
+    assert after.count(":") == 3 and store.violations_after(after) == ([], after)
+    store.close()
+    with psycopg.connect(dsn) as db:
+        assert db.execute(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'").fetchone() == (
+            "4",
+        )
 
 
 def test_libpq_parameters_of_the_url_reach_the_server_as_written(postgres_url: str) -> None:
@@ -301,6 +340,43 @@ def test_the_feed_does_not_pass_a_transaction_that_commits_later(postgres_url: s
     thread.join()
     items, _ = second.violations_after(cursor)
     assert [item["rule"] for item in items] == ["slow", "fast"]
+    first.close()
+    second.close()
+
+
+def test_the_feed_does_not_pass_a_change_that_commits_later(postgres_url: str) -> None:
+    """A resolution written by a transaction that began first and commits last is given
+    before what a later transaction resolved or found, never skipped by a cursor past them."""
+    first, second = open_store(postgres_url), open_store(postgres_url)
+    with first.writer() as writer:
+        for session in ("a", "b"):
+            writer.touch_session(session, 1.0, 1)
+            writer.add_violation(violation("unresolved-side-effect", session), at_end=True, now=1.0)
+    cursor = first.violation_cursor()
+    changed = threading.Event()
+    release = threading.Event()
+
+    def slow() -> None:  # the older transaction id, and the first change id: commits last
+        with first.writer() as writer:
+            writer.resolve_end_violations("a", set(), now=2.0)
+            changed.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=slow)
+    thread.start()
+    assert changed.wait(10)
+    with second.writer() as writer:
+        writer.resolve_end_violations("b", set(), now=3.0)
+        writer.add_violation(violation("fast", "b", "s-fast"), at_end=False, now=3.0)
+    assert second.violations_after(cursor) == ([], cursor)  # both wait until "a" is decided
+    release.set()
+    thread.join()
+    items, _ = second.violations_after(cursor)
+    assert [(item["session_id"], item["rule"], item["status"]) for item in items] == [
+        ("a", "unresolved-side-effect", "resolved"),
+        ("b", "fast", "firing"),  # a transaction's new violations, then its changes
+        ("b", "unresolved-side-effect", "resolved"),
+    ]
     first.close()
     second.close()
 

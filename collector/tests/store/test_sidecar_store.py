@@ -108,7 +108,7 @@ def test_violations_are_unique_and_drive_the_verdict(store) -> None:  # type: ig
         assert writer.add_violation(violation("unresolved-side-effect", span="s2"), at_end=True, now=1.0)
     with store.writer() as writer:
         # At the next end the end-of-session finding is gone: resolved, out of the verdict.
-        settled = writer.resolve_end_violations("sess", keep=set())
+        settled = writer.resolve_end_violations("sess", keep=set(), now=5.0)
         assert [(v["rule"], v["resolved"]) for v in settled.resolved] == [("unresolved-side-effect", True)]
         assert settled.held_again == set()
         writer.end_session("sess", 5.0)
@@ -159,7 +159,7 @@ def test_an_end_of_session_violation_resolves_and_holds_again_once_per_change(st
             writer.touch_session("sess", now, 1)
             if keep:
                 writer.add_violation(effect, at_end=True, now=now)
-            settled = writer.resolve_end_violations("sess", keep)
+            settled = writer.resolve_end_violations("sess", keep, now=now)
             writer.end_session("sess", now)
             changes.append(
                 ([v["key"] for v in settled.resolved], settled.held_again, writer.refresh_verdict("sess"))
@@ -345,6 +345,99 @@ def test_violation_feed_is_in_commit_order_from_a_cursor(store) -> None:  # type
         store.violations_after("nonsense:1")
 
 
+def feed_of(store: Store, cursor: str, limit: int = 100) -> tuple[list[tuple[str, str, float]], str]:
+    """The feed after ``cursor`` as (rule, status, detected_at), and the cursor after it."""
+    items, after = store.violations_after(cursor, limit)  # type: ignore[attr-defined]
+    return [(i["rule"], i["status"], i["detected_at"]) for i in items], after
+
+
+def end_once(store: Store, keep: set[str], now: float) -> None:
+    """One end of "sess": its end-of-session findings are ``keep``."""
+    with store.writer() as writer:
+        writer.touch_session("sess", now, 1)
+        writer.resolve_end_violations("sess", keep, now=now)
+        writer.end_session("sess", now)
+        writer.refresh_verdict("sess")
+
+
+def test_the_feed_gives_changes_of_status_in_commit_order_from_a_cursor(store) -> None:  # type: ignore[no-untyped-def]
+    """A resolution and a second firing are feed items of their own, between the new
+    violations committed before and after them, each read once from any cursor."""
+    effect = violation("unresolved-side-effect", span="s2")
+    start = store.violation_cursor()
+    with store.writer() as writer:
+        writer.touch_session("sess", 1.0, 1)
+        writer.add_violation(effect, at_end=True, now=1.0)
+        writer.resolve_end_violations("sess", {effect.key}, now=1.0)  # new: no change
+        writer.refresh_verdict("sess")
+    end_once(store, set(), 2.0)  # resolved
+    end_once(store, set(), 2.5)  # still resolved: nothing
+    with store.writer() as writer:
+        writer.add_violation(violation("re-asked", span="s3"), at_end=False, now=3.0)
+    end_once(store, {effect.key}, 4.0)  # holds again
+    with pytest.raises(RuntimeError), store.writer() as writer:  # rolled back: no change
+        writer.resolve_end_violations("sess", set(), now=4.5)
+        raise RuntimeError("boom")
+    expected = [
+        ("unresolved-side-effect", "firing", 1.0),
+        ("unresolved-side-effect", "resolved", 2.0),
+        ("re-asked", "firing", 3.0),
+        ("unresolved-side-effect", "firing", 4.0),
+    ]
+    found, end = feed_of(store, start)
+    assert found == expected
+    assert feed_of(store, end) == ([], end)
+    assert store.violation_cursor() != start
+    # One at a time: each cursor resumes right after its item, none missed or repeated.
+    cursor, one_by_one, cursors = start, [], []
+    for _ in expected:
+        [item], cursor = feed_of(store, cursor, limit=1)
+        one_by_one.append(item)
+        cursors.append(cursor)
+    assert one_by_one == expected and feed_of(store, cursor) == ([], cursor)
+    for position, after in enumerate(cursors):
+        assert feed_of(store, after)[0] == expected[position + 1 :]
+    items, _ = store.violations_after(cursors[0], 1)
+    # The violation as stored now (it holds), the session's verdict now, the change's time.
+    assert (items[0]["key"], items[0]["resolved"], items[0]["session_verdict"]) == (
+        effect.key,
+        False,
+        "unrecoverable",
+    )
+    with pytest.raises(ValueError, match="not a cursor"):
+        store.violations_after(start.split(":")[0] + ":1:2:3:4")
+
+
+def test_retention_deletes_a_sessions_changes_and_the_feed_goes_on(store) -> None:  # type: ignore[no-untyped-def]
+    effect = violation("unresolved-side-effect", span="s2")
+    with store.writer() as writer:
+        writer.touch_session("sess", 1.0, 1)
+        writer.add_violation(effect, at_end=True, now=1.0)
+    end_once(store, set(), 2.0)
+    end_once(store, {effect.key}, 3.0)
+    other = Violation(
+        "re-asked", Severity.ERROR, "re-asked broken", "newer", "a1", trace_id="t" * 32, span_id="s9"
+    )
+    with store.writer() as writer:  # the newest violation, of a session kept
+        writer.touch_session("newer", 20.0, 1)
+        writer.add_violation(other, at_end=False, now=20.0)
+    cursor = store.violation_cursor()
+    with store.writer() as writer:
+        assert writer.prune(10.0, 10).sessions == ["sess"]
+        assert writer._db.execute("SELECT count(*) FROM violation_changes").fetchone()[0] == 0
+    assert feed_of(store, cursor)[0] == []
+    if not store.shared:  # SQLite: no change id is given again behind a cursor
+        assert store.violation_cursor() == cursor
+    with store.writer() as writer:  # the session starts afresh: its changes follow the cursor
+        writer.touch_session("sess", 30.0, 1)
+        writer.add_violation(effect, at_end=True, now=30.0)
+    end_once(store, set(), 31.0)
+    assert feed_of(store, cursor)[0] == [
+        ("unresolved-side-effect", "firing", 30.0),
+        ("unresolved-side-effect", "resolved", 31.0),
+    ]
+
+
 def test_lock_sessions_tells_a_shared_store_from_a_private_one(store_url: str, store) -> None:  # type: ignore[no-untyped-def]
     with store.writer() as writer:
         writer.add_action(row("s1"), 1.0)
@@ -406,7 +499,7 @@ def test_a_version_1_store_is_migrated_keeping_its_rows(tmp_path: Path) -> None:
     assert store.get_session("sess").summary.actions == 2  # type: ignore[union-attr]
     store.close()
     with sqlite3.connect(path) as db:
-        assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("4",)
+        assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("5",)
         assert db.execute("SELECT id FROM actions ORDER BY id").fetchall() == [(3,), (7,), (9,), (10,)]
         indexes = {
             name
@@ -430,6 +523,7 @@ def test_a_version_2_store_gets_the_forgetting_table_keeping_its_rows(tmp_path: 
     with sqlite3.connect(path) as db:  # as version 2 left it
         db.execute("DROP TABLE forgetting")
         db.execute("DROP TABLE session_states")
+        db.execute("DROP TABLE violation_changes")
         db.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
     db.close()
     store = open_store(f"sqlite:///{path}")
@@ -439,9 +533,40 @@ def test_a_version_2_store_gets_the_forgetting_table_keeping_its_rows(tmp_path: 
         assert writer.prune(10.0, 10, max_actions=10).full is False  # reads the new table
     store.close()
     with sqlite3.connect(path) as db:
-        assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("4",)
+        assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("5",)
         assert db.execute("SELECT count(*) FROM forgetting").fetchone() == (0,)
         assert db.execute("SELECT count(*) FROM session_states").fetchone() == (0,)
+        assert db.execute("SELECT count(*) FROM violation_changes").fetchone() == (0,)
+    db.close()
+
+
+def test_a_version_4_store_gets_the_feed_of_changes_and_its_cursors_still_resume(tmp_path: Path) -> None:
+    path = tmp_path / "v4.db"
+    url = f"sqlite:///{path}"
+    effect = violation("unresolved-side-effect", span="s2")
+    store = open_store(url)
+    with store.writer() as writer:
+        writer.touch_session("sess", 1.0, 1)
+        writer.add_violation(violation("re-asked"), at_end=False, now=1.0)
+        writer.add_violation(effect, at_end=True, now=1.0)
+    store.close()
+    with sqlite3.connect(path) as db:  # as version 4 left it, and a WatchAlerts cursor of it
+        db.execute("DROP TABLE violation_changes")
+        db.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
+        (first,) = db.execute("SELECT min(id) FROM violations").fetchone()
+    db.close()
+    old_cursor = f"sqlite:{first}"  # version 4's format: the last violation id passed
+    store = open_store(url)
+    assert store.migrated_from == "4"
+    assert feed_of(store, old_cursor)[0] == [("unresolved-side-effect", "firing", 1.0)]
+    end_once(store, set(), 2.0)
+    found, after = feed_of(store, old_cursor)
+    assert found == [("unresolved-side-effect", "firing", 1.0), ("unresolved-side-effect", "resolved", 2.0)]
+    assert after.startswith("sqlite:") and after.count(":") == 2
+    store.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == ("5",)
+        assert db.execute("SELECT status FROM violation_changes").fetchall() == [("resolved",)]
     db.close()
 
 
@@ -452,7 +577,7 @@ def test_a_store_of_an_unknown_version_is_refused_untouched(tmp_path: Path) -> N
         db.execute("UPDATE meta SET value = '99'")
     db.close()
     with pytest.raises(
-        StoreError, match="schema version 99, this sidecar reads 4; it was made by a newer sidecar"
+        StoreError, match="schema version 99, this sidecar reads 5; it was made by a newer sidecar"
     ):
         open_store(f"sqlite:///{path}")
     with sqlite3.connect(path) as db:

@@ -7,10 +7,12 @@ Served on the gRPC port beside the OTLP ``TraceService``:
   when unknown, ``INVALID_ARGUMENT`` for an empty id);
 - ``ListSessions``: most recently active first, an optional verdict, keyset paging with
   an opaque ``page_token`` (see :mod:`.paging`, shared with the HTTP API);
-- ``WatchAlerts``: a server stream of violations as they are committed, read from the
-  store's violation feed (so a replica also sees what the others commit), polled every
-  ``poll_s``. The initial metadata ``x-durable-sessions-cursor`` is the starting point;
-  each Alert carries the cursor to resume after it. At most ``max_watchers`` streams at
+- ``WatchAlerts``: a server stream of violations, and of changes of their status
+  (``ALERT_STATUS_RESOLVED``, ``ALERT_STATUS_FIRING`` again), as they are committed, read
+  from the store's violation feed (so a replica also sees what the others commit), polled
+  every ``poll_s``. The verdict and rule filters apply to changes as to new violations.
+  The initial metadata ``x-durable-sessions-cursor`` is the starting point; each Alert
+  carries the cursor to resume after it. At most ``max_watchers`` streams at
   once (each holds a worker thread of the port); more are answered ``RESOURCE_EXHAUSTED``.
   A rule name the catalogue lacks is ``INVALID_ARGUMENT`` (a misspelt one matched
   nothing, for ever). With a bearer token, an open stream is ended ``UNAUTHENTICATED``
@@ -35,6 +37,7 @@ from google.protobuf import struct_pb2, timestamp_pb2
 from google.protobuf.message import DecodeError
 
 from durable_sessions.rules import CATALOGUE
+from durable_sessions_collector.alerts import FIRING, RESOLVED
 from durable_sessions_collector.api.paging import DEFAULT_PAGE, MAX_PAGE, list_page, session_page
 from durable_sessions_collector.api.v1 import sessions_pb2 as pb
 from durable_sessions_collector.api.v1 import sessions_pb2_grpc as pb_grpc
@@ -57,6 +60,8 @@ VERDICTS = {"ok": pb.VERDICT_OK, "at_risk": pb.VERDICT_AT_RISK, "unrecoverable":
 VERDICT_NAMES = {number: name for name, number in VERDICTS.items()}
 SEVERITIES = {"warning": pb.SEVERITY_WARNING, "error": pb.SEVERITY_ERROR}
 STATES = {"active": pb.SESSION_STATE_ACTIVE, "ended": pb.SESSION_STATE_ENDED}
+ALERT_STATUSES = {FIRING: pb.ALERT_STATUS_FIRING, RESOLVED: pb.ALERT_STATUS_RESOLVED}
+"""A feed item's ``status`` as the Alert's."""
 
 
 class SessionApi(pb_grpc.SessionServiceServicer):
@@ -188,11 +193,7 @@ class SessionApi(pb_grpc.SessionServiceServicer):
                     continue
                 if verdicts and item["session_verdict"] not in verdicts:
                     continue
-                yield pb.Alert(
-                    violation=violation_message(item),
-                    session_verdict=VERDICTS.get(item["session_verdict"] or "", pb.VERDICT_UNSPECIFIED),
-                    cursor=item["cursor"],
-                )
+                yield alert_message(item)
             if len(items) < FEED_BATCH:
                 done.wait(feed.wait_s)
         if self._stopping.is_set() and not done.is_set():
@@ -280,6 +281,18 @@ def action_message(action: dict[str, Any]) -> pb.Action:
         kind=_text(action.get("kind")),
         status=_text(action.get("status")),
         record=record,
+    )
+
+
+def alert_message(item: dict[str, Any]) -> pb.Alert:
+    """An item of the store's violation feed (:func:`~durable_sessions_collector.store.base.feed_item`)
+    as the ``Alert`` it is sent as."""
+    return pb.Alert(
+        violation=violation_message(item),
+        session_verdict=VERDICTS.get(item["session_verdict"] or "", pb.VERDICT_UNSPECIFIED),
+        cursor=item["cursor"],
+        status=ALERT_STATUSES[item["status"]],
+        detected_at=timestamp(item["detected_at"]),
     )
 
 

@@ -404,7 +404,7 @@ class Pipeline:
                     for violation in violations:
                         if writer.add_violation(violation, at_end=True, now=now):
                             fresh.append(violation)
-                    settled = writer.resolve_end_violations(session_id, {v.key for v in violations})
+                    settled = writer.resolve_end_violations(session_id, {v.key for v in violations}, now=now)
                     writer.end_session(session_id, now)
                     verdict = verdicts[session_id] = writer.refresh_verdict(session_id)
                     changes += [

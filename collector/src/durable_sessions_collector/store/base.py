@@ -31,6 +31,8 @@ together or not at all, and an Export is acknowledged only after its writer comm
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import json
 import math
 import threading
@@ -523,11 +525,13 @@ class Writer(Protocol):
         """Store ``violation``; True when it is new (its key was not stored), so it alerts.
         A stored one is left as it is: resolved or not (:meth:`resolve_end_violations`)."""
 
-    def resolve_end_violations(self, session_id: str, keep: set[str]) -> Settled:
+    def resolve_end_violations(self, session_id: str, keep: set[str], *, now: float) -> Settled:
         """At the session's end, ``keep`` being the keys of the end-of-session violations
         found (each stored already): mark its stored end-of-session violations not in
         ``keep`` resolved, and those in ``keep`` that were resolved unresolved again (they
-        hold once more). Returns what changed, to alert on in the same transaction.
+        hold once more). Each change is written to the violation feed too, detected at
+        ``now`` (``violation_changes``, read by :meth:`Store.violations_after`). Returns
+        what changed, to alert on in the same transaction.
 
         Only violations of the rules the verdicts count (:attr:`Store.counted`) are
         touched: the others' rules did not run, so not finding them again says nothing,
@@ -691,9 +695,11 @@ class Store(Protocol):
         """A cursor at the end of the violation feed: what commits from now on follows it."""
 
     def violations_after(self, cursor: str, limit: int = 100) -> tuple[list[dict[str, Any]], str]:
-        """Committed violations after ``cursor`` in commit order (see :func:`feed_item`;
-        each with the ``cursor`` to resume after it), and the cursor after the last one;
-        ValueError for a cursor of another store."""
+        """The feed after ``cursor`` in commit order: committed new violations and changes
+        of a violation's status (:meth:`Writer.resolve_end_violations`), at most ``limit``
+        (see :func:`feed_item`; each with the ``cursor`` to resume after it), and the
+        cursor after the last one; ValueError for a cursor of another store. A cursor
+        of an earlier version of the store still resumes where it was."""
 
     def check(self) -> None:
         """Raise :class:`StoreError` when the store cannot be read."""
@@ -724,12 +730,15 @@ def store_time(store: Store, host_clock: Callable[[], float] = time.time) -> flo
     return host_clock() if shared is None else shared
 
 
-def cursor_position(cursor: str, kind: str, numbers: int = 1) -> tuple[int, ...]:
-    """The integers of a ``KIND:N[:M…]`` violation-feed cursor of this store's ``kind``;
-    ValueError, quoting it shortened, for anything else (each must fit 64 signed bits)."""
+def cursor_position(cursor: str, kind: str, numbers: int | tuple[int, ...] = 1) -> tuple[int, ...]:
+    """The integers of a ``KIND:N[:M…]`` violation-feed cursor of this store's ``kind``,
+    ``numbers`` of them (or any of these counts: a store whose cursors grew reads its
+    older ones too); ValueError, quoting it shortened, for anything else (each must fit
+    64 signed bits)."""
     parts = cursor.split(":")
     digits = parts[1:]
-    if parts[0] != kind or len(digits) != numbers or not all(_is_position(text) for text in digits):
+    counts = (numbers,) if isinstance(numbers, int) else numbers
+    if parts[0] != kind or len(digits) not in counts or not all(_is_position(text) for text in digits):
         raise ValueError(f"not a cursor of this store: {quoted(cursor)}")
     return tuple(int(text) for text in digits)
 
@@ -797,11 +806,90 @@ def violation_detail(row: tuple[Any, ...] | list[Any]) -> dict[str, Any]:
     }
 
 
-def feed_item(row: tuple[Any, ...] | list[Any]) -> dict[str, Any]:
-    """A violation of the feed, from (key, session_id, rule, severity, message, action_id,
-    trace_id, span_id, at_end, resolved, created_at, the session's verdict now)."""
+def feed_item(
+    row: tuple[Any, ...] | list[Any], status: str = FIRING, detected_at: float | None = None
+) -> dict[str, Any]:
+    """An item of the feed, from :data:`FEED_COLUMNS` (key, session_id, rule, severity,
+    message, action_id, trace_id, span_id, at_end, resolved, created_at, the session's
+    verdict now): the violation as stored now, its ``session_verdict`` now, and what the
+    item reports — its ``status`` (``firing``: a new violation, or one that holds again;
+    ``resolved``) and when that was found, ``detected_at`` (a new violation's
+    ``created_at`` unless given)."""
     key, session_id, *columns, verdict = row
-    return {**violation_detail((key, *columns)), "session_id": session_id, "session_verdict": verdict}
+    found = violation_detail((key, *columns))
+    return {
+        **found,
+        "session_id": session_id,
+        "session_verdict": verdict,
+        "status": status,
+        "detected_at": found["created_at"] if detected_at is None else detected_at,
+    }
+
+
+# --- the violation feed (WatchAlerts): new violations and changes of their status ---------
+
+
+def status_changes(
+    resolved: list[dict[str, Any]], held_again: set[str], now: float
+) -> list[tuple[str, float, str]]:
+    """The rows of ``violation_changes`` one :meth:`Writer.resolve_end_violations` writes,
+    as (status, detected_at, violation key): the violations ``resolved`` (in their order),
+    then those that hold again (by key: a set has no order of its own)."""
+    return [(RESOLVED, now, violation["key"]) for violation in resolved] + [
+        (FIRING, now, key) for key in sorted(held_again)
+    ]
+
+
+FEED_COLUMNS = (
+    "v.key, v.session_id, v.rule, v.severity, v.message, v.action_id, v.trace_id, v.span_id, "
+    "v.at_end, v.resolved, v.created_at, s.verdict"
+)
+"""What :func:`feed_item` reads of a violation ``v`` and its session ``s``."""
+FEED_VIOLATIONS = "FROM violations v LEFT JOIN sessions s ON s.session_id = v.session_id"
+"""The feed's new violations, each with its session (none for a violation of no session)."""
+FEED_CHANGES = (
+    "FROM violation_changes c JOIN violations v ON v.id = c.violation_id "
+    "LEFT JOIN sessions s ON s.session_id = v.session_id"
+)
+"""The feed's changes of status ``c``, each with its violation (a change whose violation
+is gone is left out) and session."""
+
+FEED_VIOLATION = 0
+FEED_CHANGE = 1
+"""The kinds of feed rows, in the order rows of one place in commit order are given
+(a transaction's new violations before its changes)."""
+
+
+class FeedRow(NamedTuple):
+    """One row of the feed before its cursor is set."""
+
+    order: tuple[int, int, int]
+    """Its place in commit order, ``(position, kind, id)``: the position is the store's
+    (SQLite: a violation id; PostgreSQL: a transaction id), then :data:`FEED_VIOLATION` or
+    :data:`FEED_CHANGE`, then the row's id in its table."""
+    item: dict[str, Any]
+    """What :func:`feed_item` makes of it."""
+
+
+def violation_feed_row(row: Sequence[Any]) -> FeedRow:
+    """A new violation of the feed, from (position, id, *:data:`FEED_COLUMNS`)."""
+    position, id_, *columns = row
+    return FeedRow((int(position), FEED_VIOLATION, int(id_)), feed_item(columns))
+
+
+def change_feed_row(row: Sequence[Any]) -> FeedRow:
+    """A change of a violation's status, from (position, id, status, detected_at,
+    *:data:`FEED_COLUMNS`)."""
+    position, id_, status, detected_at, *columns = row
+    return FeedRow((int(position), FEED_CHANGE, int(id_)), feed_item(columns, status, detected_at))
+
+
+def first_of_feed(violations: list[FeedRow], changes: list[FeedRow], limit: int) -> list[FeedRow]:
+    """The first ``limit`` rows of the feed, in commit order, from its first ``limit`` new
+    violations and its first ``limit`` changes (fewer of either: all there are), each in
+    its own order. Each list is taken from its start, so a cursor after the last row given
+    passes every row of both before it, and none after it."""
+    return list(itertools.islice(heapq.merge(violations, changes, key=lambda row: row.order), limit))
 
 
 _ORJSON_EXACT = frozenset({str, int, bool, type(None)})

@@ -8,8 +8,8 @@ The same tables and statements as the SQLite store, plus what sharing needs:
 
 - **Schema**: created idempotently (``CREATE … IF NOT EXISTS``) in one transaction
   under an advisory lock, so replicas starting together do not race; the version is in
-  ``meta.schema_version``. A store of version 1 is migrated (:func:`_migrate`), one of
-  another version is refused.
+  ``meta.schema_version``. A store of an earlier version is migrated (:func:`_migrate`),
+  one of another version is refused.
 - **Deduplication**: ``INSERT … ON CONFLICT DO NOTHING`` on ``(trace_id, span_id,
   status)`` and on the violation key. PostgreSQL makes a second inserter of the same key
   wait for the first transaction and then do nothing, so a span delivered to two
@@ -41,12 +41,13 @@ The same tables and statements as the SQLite store, plus what sharing needs:
   row still holds it. A replica that dies holding a claim leaves it to another after the
   lease; a replica whose claim ran out before it got to the row leaves it to the one that
   claimed it next.
-- **Violation feed** (``WatchAlerts``): each violation row carries the id of the
-  transaction that wrote it (``xid8``). A reader only returns rows of transactions older
-  than every transaction still running that holds a lock on a table of the store
-  (:func:`_feed_horizon`: those are the ones that may write a violation), ordered by
-  ``(xid, id)``, so a cursor never passes a violation that commits later, and a
-  transaction of another application or database does not hold the feed back.
+- **Violation feed** (``WatchAlerts``): each violation row, and each row of a change of
+  a violation's status (``violation_changes``), carries the id of the transaction that
+  wrote it (``xid8``). A reader only returns rows of transactions older than every
+  transaction still running that holds a lock on a table of the store
+  (:func:`_feed_horizon`: those are the ones that may write a violation or a change),
+  ordered by ``(xid, kind, id)``, so a cursor never passes a row that commits later, and
+  a transaction of another application or database does not hold the feed back.
 """
 
 from __future__ import annotations
@@ -70,8 +71,14 @@ from durable_sessions.record import ActionRecord, Location
 from durable_sessions.report import Verdict
 from durable_sessions.violation import Violation
 from durable_sessions_collector.config import redact_store_url
+from durable_sessions_collector.quote import quoted
 from durable_sessions_collector.store.base import (
     ACTION_ORDER,
+    FEED_CHANGE,
+    FEED_CHANGES,
+    FEED_COLUMNS,
+    FEED_VIOLATION,
+    FEED_VIOLATIONS,
     FIRST_PAGES,
     IN_VIOLATION_ORDER,
     INDEX_BUILT,
@@ -85,6 +92,7 @@ from durable_sessions_collector.store.base import (
     Alert,
     DeadAlert,
     DetailPages,
+    FeedRow,
     IndexReport,
     KeptState,
     Pruned,
@@ -95,13 +103,16 @@ from durable_sessions_collector.store.base import (
     StoredSession,
     StoreError,
     action_page,
+    change_feed_row,
     cursor_position,
     decode_record,
-    feed_item,
+    first_of_feed,
     forget_some,
+    status_changes,
     tally,
     version_refused,
     violation_detail,
+    violation_feed_row,
     violation_page,
     within_budget,
 )
@@ -109,7 +120,7 @@ from durable_sessions_collector.store.pool import ReadPool
 
 _T = TypeVar("_T")
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 CLAIM_LEASE_S = 60.0
 CLOCK_READ_EVERY_S = 10.0
 """Seconds between two readings of the server's clock (:class:`ServerClock`)."""
@@ -134,6 +145,22 @@ CREATE TABLE IF NOT EXISTS session_states (
     through_id BIGINT NOT NULL,
     state BYTEA NOT NULL
 )
+"""
+# The violation feed's changes of status (resolved, firing again), written with the flip
+# of violations.resolved (PostgresWriter.resolve_end_violations), each with the id of its
+# transaction, as a violation has (see the feed). Version 4 added it; an older store gets
+# it at start.
+VIOLATION_CHANGES = """
+CREATE TABLE IF NOT EXISTS violation_changes (
+    id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    violation_id BIGINT NOT NULL,
+    session_id TEXT,
+    status TEXT NOT NULL,
+    detected_at DOUBLE PRECISION NOT NULL,
+    xid XID8 NOT NULL DEFAULT pg_current_xact_id()
+);
+CREATE INDEX IF NOT EXISTS violation_changes_feed ON violation_changes (xid, id);
+CREATE INDEX IF NOT EXISTS violation_changes_by_session ON violation_changes (session_id)
 """
 # An outbox row this replica's claim still holds (see Alert.claim), joined as ``held``:
 # pending, and its next_attempt_at still the one the claim set (a later claim by
@@ -208,7 +235,7 @@ CREATE TABLE IF NOT EXISTS outbox (
 );
 CREATE INDEX IF NOT EXISTS outbox_due ON outbox (channel, state, next_attempt_at);
 """
-    + f"{FORGETTING};{SESSION_STATES};"
+    + f"{FORGETTING};{SESSION_STATES};{VIOLATION_CHANGES};"
 )
 
 # Retention finds the old rows of no session through these (only such rows are in them).
@@ -240,12 +267,14 @@ def _migrate(connection: psycopg.Connection[Any]) -> str | None:
     """Bring a store of an earlier version to this one, in the caller's transaction (under
     the schema lock); return the version migrated from. Another version is left for the
     caller to refuse. Version 2 added the ``forgetting`` table, version 3 the
-    ``session_states`` table: no existing table is locked, so the other replicas write on."""
+    ``session_states`` table, version 4 the ``violation_changes`` table: no existing table
+    is locked, so the other replicas write on."""
     row = connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-    if row is None or row[0] not in ("1", "2"):
+    if row is None or row[0] not in ("1", "2", "3"):
         return None
     connection.execute(FORGETTING)
     connection.execute(SESSION_STATES)
+    connection.execute(VIOLATION_CHANGES)
     connection.execute("UPDATE meta SET value = %s WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
     return str(row[0])
 
@@ -685,27 +714,45 @@ class PostgresStore:
     # --- the violation feed (WatchAlerts) ------------------------------------------------
 
     def violation_cursor(self) -> str:
-        """A cursor before every violation not yet committed (some just committed may follow)."""
+        """A cursor before every violation and change not yet committed (some just
+        committed may follow)."""
         return f"pg:{self._reading(_feed_horizon)}:0"
 
     def violations_after(self, cursor: str, limit: int = 100) -> tuple[list[dict[str, Any]], str]:
-        """Committed violations after ``cursor``, in feed order, and the cursor after them."""
-        xid, last_id = cursor_position(cursor, "pg", 2)
+        """Committed violations and changes after ``cursor``, in feed order, and the cursor
+        after them (see :meth:`Store.violations_after
+        <durable_sessions_collector.store.base.Store.violations_after>`).
 
-        def read(db: psycopg.Connection[Any]) -> list[Any]:
-            # Two statements: the rows are read with a snapshot taken after the horizon was.
+        The feed's order is ``(xid, kind, id)`` (:class:`FeedRow`): a transaction's new
+        violations, then its changes. A cursor names the place of the row it follows:
+        ``pg:XID:ID`` a violation's (version 3's cursors, all of them), ``pg:XID:ID:1`` a
+        change's."""
+        after = _feed_place(cursor)
+
+        def read(db: psycopg.Connection[Any]) -> list[FeedRow]:
+            # The rows are read in statements after the one that read the horizon, so
+            # their snapshots see every transaction below it ended: both tables are read
+            # up to the same horizon, and the two reads agree on what lies below it.
             horizon = _feed_horizon(db)
-            return db.execute(
-                "SELECT v.xid::text, v.id, v.key, v.session_id, v.rule, v.severity, v.message, v.action_id, "
-                "v.trace_id, v.span_id, v.at_end, v.resolved, v.created_at, s.verdict "
-                "FROM violations v LEFT JOIN sessions s ON s.session_id = v.session_id "
-                "WHERE (v.xid, v.id) > (%s::xid8, %s) AND v.xid < %s::xid8 "
+            violations = db.execute(
+                f"SELECT v.xid::text, v.id, {FEED_COLUMNS} {FEED_VIOLATIONS} "
+                "WHERE v.xid >= %s::xid8 AND (v.xid, %s, v.id) > (%s::xid8, %s, %s) AND v.xid < %s::xid8 "
                 "ORDER BY v.xid, v.id LIMIT %s",
-                (str(xid), last_id, horizon, limit),
+                (str(after[0]), FEED_VIOLATION, str(after[0]), *after[1:], horizon, limit),
             ).fetchall()
+            changes = db.execute(
+                f"SELECT c.xid::text, c.id, c.status, c.detected_at, {FEED_COLUMNS} {FEED_CHANGES} "
+                "WHERE c.xid >= %s::xid8 AND (c.xid, %s, c.id) > (%s::xid8, %s, %s) AND c.xid < %s::xid8 "
+                "ORDER BY c.xid, c.id LIMIT %s",
+                (str(after[0]), FEED_CHANGE, str(after[0]), *after[1:], horizon, limit),
+            ).fetchall()
+            return first_of_feed(
+                [violation_feed_row(row) for row in violations],
+                [change_feed_row(row) for row in changes],
+                limit,
+            )
 
-        rows = self._reading(read)
-        found = [{**feed_item(row[2:]), "cursor": f"pg:{row[0]}:{row[1]}"} for row in rows]
+        found = [{**row.item, "cursor": _feed_cursor(row)} for row in self._reading(read)]
         return found, (found[-1]["cursor"] if found else cursor)
 
     def check(self) -> None:
@@ -777,7 +824,16 @@ class ServerClock:
 # of them from before it has a transaction id until it ends: its first write is to one
 # of them (the sidecar writes nothing else, and uses no savepoint, whose rollback would
 # release a lock early), and a statement locks its table before it writes.
-STORE_TABLES = ("meta", "actions", "sessions", "violations", "outbox", "forgetting", "session_states")
+STORE_TABLES = (
+    "meta",
+    "actions",
+    "sessions",
+    "violations",
+    "outbox",
+    "forgetting",
+    "session_states",
+    "violation_changes",
+)
 
 # The oldest transaction still running that holds a lock on a table of the store (see
 # STORE_TABLES), as the current snapshot knows it; else the snapshot's xmax, the first
@@ -798,6 +854,20 @@ SELECT coalesce(
     pg_snapshot_xmax(snapshot))::text
 FROM pg_current_snapshot() AS snapshot
 """
+
+
+def _feed_place(cursor: str) -> tuple[int, int, int]:
+    """The ``(xid, kind, id)`` a feed cursor names (see :meth:`PostgresStore.violations_after`)."""
+    xid, id_, *kind = cursor_position(cursor, "pg", (2, 3))
+    if kind and kind[0] != FEED_CHANGE:
+        raise ValueError(f"not a cursor of this store: {quoted(cursor)}")
+    return xid, (kind[0] if kind else FEED_VIOLATION), id_
+
+
+def _feed_cursor(row: FeedRow) -> str:
+    """The cursor after ``row``: a violation's as version 3 wrote it, a change's with its kind."""
+    xid, kind, id_ = row.order
+    return f"pg:{xid}:{id_}" if kind == FEED_VIOLATION else f"pg:{xid}:{id_}:{kind}"
 
 
 def _feed_horizon(db: psycopg.Connection[Any]) -> str:
@@ -992,7 +1062,7 @@ class PostgresWriter:
         )
         return cursor.rowcount == 1
 
-    def resolve_end_violations(self, session_id: str, keep: set[str]) -> Settled:
+    def resolve_end_violations(self, session_id: str, keep: set[str], *, now: float) -> Settled:
         keys = [_t(key) for key in keep]
         # NULL (every rule counted) makes the condition true for every row.
         counted = None if self._counted is None else [_t(rule) for rule in self._counted]
@@ -1007,7 +1077,15 @@ class PostgresWriter:
             (_t(session_id), keys, counted, counted),
         ).fetchall()
         found = sorted((violation_detail(row) for row in resolved), key=lambda v: (v["created_at"], v["key"]))
-        return Settled(found, {key for (key,) in held_again})
+        settled = Settled(found, {key for (key,) in held_again})
+        changes = status_changes(*settled, now)
+        if changes:
+            self._db.cursor().executemany(
+                "INSERT INTO violation_changes (violation_id, session_id, status, detected_at) "
+                "SELECT id, session_id, %s, %s FROM violations WHERE key = %s",
+                [(status, at, _t(key)) for status, at, key in changes],
+            )
+        return settled
 
     def touch_session(self, session_id: str, now: float, added: int) -> None:
         # A session re-opened by a later span is active again: its old end is no more
@@ -1165,7 +1243,7 @@ class PostgresWriter:
                 "AND violation_key IN (SELECT key FROM violations WHERE session_id = ANY(%s))",
                 (channels, sessions),
             )
-            for table in ("violations", "sessions", "session_states"):
+            for table in ("violation_changes", "violations", "sessions", "session_states"):
                 db.execute(
                     sql.SQL("DELETE FROM {} WHERE session_id = ANY(%s)").format(sql.Identifier(table)),
                     (sessions,),

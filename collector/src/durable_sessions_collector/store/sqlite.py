@@ -24,6 +24,10 @@ from durable_sessions.report import Verdict
 from durable_sessions.violation import Violation
 from durable_sessions_collector.store.base import (
     ACTION_ORDER,
+    FEED_CHANGES,
+    FEED_COLUMNS,
+    FEED_VIOLATION,
+    FEED_VIOLATIONS,
     FIRST_PAGES,
     IN_VIOLATION_ORDER,
     OUTBOX_CHANNELS,
@@ -33,6 +37,7 @@ from durable_sessions_collector.store.base import (
     Alert,
     DeadAlert,
     DetailPages,
+    FeedRow,
     IndexReport,
     KeptState,
     Pruned,
@@ -41,20 +46,23 @@ from durable_sessions_collector.store.base import (
     Settled,
     StoreError,
     action_page,
+    change_feed_row,
     counts_in_verdict,
     cursor_position,
     decode_record,
-    feed_item,
+    first_of_feed,
     forget_some,
+    status_changes,
     tally,
     version_refused,
     violation_detail,
+    violation_feed_row,
     violation_page,
     within_budget,
 )
 from durable_sessions_collector.store.pool import ReadPool
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 META = """
 CREATE TABLE IF NOT EXISTS meta (
     key TEXT PRIMARY KEY,
@@ -115,6 +123,24 @@ CREATE TABLE IF NOT EXISTS session_states (
 )
 """
 _UNRESOLVED_BY_RULE = UNRESOLVED_BY_RULE.format(p="?")
+# The violation feed's changes of status (resolved, firing again), written with the flip
+# of violations.resolved (SqliteWriter.resolve_end_violations). ``after_violation`` is the
+# largest violation id when it was written (retention keeps the newest violation, so it
+# never goes back): it places the change among the new violations in commit order.
+# AUTOINCREMENT: retention deletes a session's changes, and a deleted largest id given
+# again would put a change behind a WatchAlerts cursor already past it. Version 5 added
+# it; an older store gets it at start.
+VIOLATION_CHANGES = """
+CREATE TABLE IF NOT EXISTS violation_changes (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    violation_id INTEGER NOT NULL,
+    session_id TEXT,
+    status TEXT NOT NULL,
+    detected_at REAL NOT NULL,
+    after_violation INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS violation_changes_by_session ON violation_changes (session_id)
+"""
 NOT_FORGOTTEN = "id > coalesce((SELECT through_id FROM forgetting WHERE session_id = ?), 0)"
 """Of a session's actions, those not left over from an earlier session of its id being
 deleted (the session id is the parameter)."""
@@ -167,6 +193,7 @@ CREATE TABLE IF NOT EXISTS outbox (
 CREATE INDEX IF NOT EXISTS outbox_due ON outbox (channel, state, next_attempt_at);
 {FORGETTING};
 {SESSION_STATES};
+{VIOLATION_CHANGES};
 {SESSIONLESS_BY_AGE}"""
 
 
@@ -181,6 +208,7 @@ PRUNE_SESSION_ALERTS = (
     "AND violation_key IN (SELECT key FROM violations WHERE session_id = ?)"
 )
 PRUNE_SESSION_ROWS = (
+    "DELETE FROM violation_changes WHERE session_id = ?",
     "DELETE FROM violations WHERE session_id = ?",
     "DELETE FROM sessions WHERE session_id = ?",
     "DELETE FROM session_states WHERE session_id = ?",
@@ -232,7 +260,8 @@ def _prepare(connection: sqlite3.Connection, path: str) -> str | None:
         version = str(SCHEMA_VERSION) if found is None else found[0]
         if version == "1":
             _migrate_from_1(connection)
-        elif version not in ("2", "3", str(SCHEMA_VERSION)):  # SCHEMA adds FORGETTING (3), SESSION_STATES (4)
+        elif version not in ("2", "3", "4", str(SCHEMA_VERSION)):
+            # SCHEMA adds FORGETTING (3), SESSION_STATES (4), VIOLATION_CHANGES (5)
             raise version_refused(path, version, SCHEMA_VERSION)
         for statement in SCHEMA.split(";"):
             connection.execute(statement)
@@ -514,26 +543,50 @@ class SqliteStore:
             return int(db.execute("SELECT COUNT(*) FROM actions").fetchone()[0])
 
     # --- the violation feed (WatchAlerts) ------------------------------------------------
-    # One writer commits at a time, so violation ids grow in commit order: the cursor is an id.
+    # One writer commits at a time, so violation ids, and change ids, each grow in commit
+    # order: the cursor is the last violation id and the last change id passed,
+    # ``sqlite:V:C``. Version 4's ``sqlite:V`` is read as ``sqlite:V:0``: it was taken
+    # before the store had any change.
 
     def violation_cursor(self) -> str:
-        """A cursor after every violation committed so far."""
+        """A cursor after every violation and change committed so far."""
         with self._read() as db:
-            last = db.execute("SELECT COALESCE(MAX(id), 0) FROM violations").fetchone()[0]
-        return f"sqlite:{last}"
+            violations, changes = db.execute(
+                "SELECT (SELECT coalesce(max(id), 0) FROM violations), "
+                # The largest change id ever given (retention may have deleted its row).
+                "coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'violation_changes'), 0)"
+            ).fetchone()
+        return f"sqlite:{violations}:{changes}"
 
     def violations_after(self, cursor: str, limit: int = 100) -> tuple[list[dict[str, Any]], str]:
-        """Committed violations after ``cursor``, in commit order, and the cursor after them."""
-        (after,) = cursor_position(cursor, "sqlite")
-        with self._read() as db:
-            rows = db.execute(
-                "SELECT v.id, v.key, v.session_id, v.rule, v.severity, v.message, v.action_id, v.trace_id, "
-                "v.span_id, v.at_end, v.resolved, v.created_at, s.verdict "
-                "FROM violations v LEFT JOIN sessions s ON s.session_id = v.session_id "
-                "WHERE v.id > ? ORDER BY v.id LIMIT ?",
-                (after, limit),
-            ).fetchall()
-        found = [{**feed_item(row[1:]), "cursor": f"sqlite:{row[0]}"} for row in rows]
+        """Committed violations and changes after ``cursor``, in commit order, and the
+        cursor after them (see :meth:`Store.violations_after
+        <durable_sessions_collector.store.base.Store.violations_after>`)."""
+        violations, changes = (*cursor_position(cursor, "sqlite", (1, 2)), 0)[:2]
+        with self._read() as reader:
+            reader.execute("BEGIN")  # both tables from one snapshot
+            try:
+                rows = first_of_feed(
+                    [
+                        violation_feed_row(row)
+                        for row in reader.execute(
+                            f"SELECT v.id, v.id, {FEED_COLUMNS} {FEED_VIOLATIONS} WHERE v.id > ? ORDER BY v.id LIMIT ?",
+                            (violations, limit),
+                        )
+                    ],
+                    [
+                        change_feed_row(row)
+                        for row in reader.execute(
+                            f"SELECT c.after_violation, c.id, c.status, c.detected_at, {FEED_COLUMNS} {FEED_CHANGES} "
+                            "WHERE c.id > ? ORDER BY c.id LIMIT ?",
+                            (changes, limit),
+                        )
+                    ],
+                    limit,
+                )
+            finally:
+                reader.execute("COMMIT")
+        found = list(_with_cursors(rows, violations, changes))
         return found, (found[-1]["cursor"] if found else cursor)
 
     def check(self) -> None:
@@ -554,6 +607,18 @@ class SqliteStore:
         with self._write_lock:
             self._write.close()
         self.ownership.release()
+
+
+def _with_cursors(rows: list[FeedRow], violations: int, changes: int) -> Iterator[dict[str, Any]]:
+    """The feed's items, each with the cursor after it: the last violation id and the last
+    change id passed, from ``violations`` and ``changes`` before the first."""
+    for row in rows:
+        _, kind, id_ = row.order
+        if kind == FEED_VIOLATION:
+            violations = id_
+        else:
+            changes = id_
+        yield {**row.item, "cursor": f"sqlite:{violations}:{changes}"}
 
 
 def _close_quietly(connection: sqlite3.Connection) -> None:
@@ -666,7 +731,7 @@ class SqliteWriter:
         )
         return cursor.rowcount == 1
 
-    def resolve_end_violations(self, session_id: str, keep: set[str]) -> Settled:
+    def resolve_end_violations(self, session_id: str, keep: set[str], *, now: float) -> Settled:
         rows = self._db.execute(
             f"SELECT {VIOLATION_COLUMNS} FROM violations WHERE session_id = ? AND at_end = 1 ORDER BY id",
             (session_id,),
@@ -680,6 +745,11 @@ class SqliteWriter:
         )
         self._db.executemany(
             "UPDATE violations SET resolved = 0 WHERE key = ?", [(key,) for key in held_again]
+        )
+        self._db.executemany(
+            "INSERT INTO violation_changes (violation_id, session_id, status, detected_at, after_violation) "
+            "SELECT id, session_id, ?, ?, (SELECT max(id) FROM violations) FROM violations WHERE key = ?",
+            status_changes(resolved, held_again, now),
         )
         return Settled([{**v, "resolved": True} for v in resolved], held_again)
 

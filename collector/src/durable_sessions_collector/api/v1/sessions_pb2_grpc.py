@@ -70,11 +70,12 @@ class SessionServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def WatchAlerts(self, request, context):
-        """New violations as they are committed, optionally only some rules or verdicts.
-        The stream's initial metadata carries `x-durable-sessions-cursor`, the point the
-        watch starts from: every violation committed after the client has received it is
-        sent. Each Alert carries the cursor to resume from after it (delivery is at least
-        once around a resume point; the violation key identifies duplicates). The stream
+        """New violations and changes of a violation's status (resolved, firing again) as
+        they are committed, optionally only some rules or verdicts. The stream's initial
+        metadata carries `x-durable-sessions-cursor`, the point the watch starts from: every
+        violation and change committed after the client has received it is sent. Each Alert
+        carries the cursor to resume from after it (delivery is at least once around a
+        resume point; the violation key, status and detected_at identify duplicates). The stream
         runs until the client cancels it, or until the sidecar stops: then it ends
         UNAVAILABLE, and the client watches again from the last cursor it received.
         """

@@ -1,0 +1,153 @@
+"""WatchAlerts streams changes of a violation's status too: a resolution and a second
+firing reach a watcher as alerts of their own, in commit order, filtered like new
+violations, and a watcher that reconnects from a cursor (to another sidecar process on
+the same store) gets what followed it, nothing missed and nothing twice.
+
+Real sidecars (SQLite, and PostgreSQL when configured) over real gRPC channels, spans
+from the real SDK exporter. The scenario is the resolved-alerts one: an email started
+and never completed is ``unresolved-side-effect`` when the session goes idle; its
+completion (status ``error``: nothing was sent) resolves it at the next end; a later
+keyed start of the same action makes it hold again (and is itself a
+``duplicate-action-id``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+from conftest import Sidecar, wait_for
+from durable_sessions_collector.api.grpc_api import CURSOR_METADATA
+from durable_sessions_collector.api.v1 import sessions_pb2 as pb
+from durable_sessions_collector.api.v1 import sessions_pb2_grpc as pb_grpc
+from sidecar_clients import Agent, grpc_exporter
+
+SESSION, ACTION, EFFECT = "late", "mail-1", "unresolved-side-effect"
+FIRING, RESOLVED = pb.ALERT_STATUS_FIRING, pb.ALERT_STATUS_RESOLVED
+
+
+def send(sidecar: Sidecar, **fields: Any) -> None:
+    agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "run-1")
+    agent.action(SESSION, ACTION, "email", **fields)
+    agent.shutdown()
+
+
+def ended(sidecar: Sidecar) -> dict[str, Any]:
+    """The session once its end-of-session rules ran on what was sent."""
+    return wait_for(lambda: (found := sidecar.session(SESSION))["state"] == "ended" and found)  # type: ignore[no-any-return]
+
+
+class Watch:
+    """One WatchAlerts stream of a sidecar."""
+
+    def __init__(self, sidecar: Sidecar, timeout: float = 30, **request: Any) -> None:
+        self.channel = grpc.insecure_channel(sidecar.grpc_endpoint)
+        self.call = pb_grpc.SessionServiceStub(self.channel).WatchAlerts(
+            pb.WatchAlertsRequest(**request), timeout=timeout
+        )
+        self.start = dict(self.call.initial_metadata())[CURSOR_METADATA]  # established
+
+    def take(self, count: int) -> list[pb.Alert]:
+        return [next(self.call) for _ in range(count)]
+
+    def rest(self) -> list[pb.Alert]:
+        """Every alert until the stream's deadline: what a watcher would get besides."""
+        found = []
+        with pytest.raises(grpc.RpcError) as ended:
+            found.extend(self.call)
+        assert ended.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        return found
+
+    def close(self) -> None:
+        self.call.cancel()
+        self.channel.close()
+
+
+@pytest.fixture
+def watches() -> Iterator[list[Watch]]:
+    opened: list[Watch] = []
+    yield opened
+    for watch in opened:
+        watch.close()
+
+
+def described(alerts: list[pb.Alert]) -> list[tuple[str, int]]:
+    return [(alert.violation.rule, alert.status) for alert in alerts]
+
+
+def seconds(alert: pb.Alert) -> float:
+    return alert.detected_at.ToNanoseconds() / 1e9
+
+
+def test_a_watcher_sees_fire_resolve_fire_again_and_resumes_from_a_cursor(  # type: ignore[no-untyped-def]
+    start_sidecar, store_url: str, watches: list[Watch]
+) -> None:
+    first = start_sidecar(store_url)
+    watch = Watch(first)
+    watches.append(watch)
+
+    send(first, status="started")
+    [violation] = ended(first)["violations"]
+    [fired] = watch.take(1)
+    assert (fired.violation.key, fired.status, fired.session_verdict) == (
+        violation["key"],
+        FIRING,
+        pb.VERDICT_UNRECOVERABLE,
+    )
+    assert fired.detected_at == fired.violation.created_at
+
+    send(first, status="error", error=True)  # nothing was sent: settled
+    settled = ended(first)
+    assert [v["resolved"] for v in settled["violations"]] == [True]
+    [resolved] = watch.take(1)
+    assert (resolved.violation.key, resolved.status, resolved.session_verdict) == (
+        violation["key"],
+        RESOLVED,
+        pb.VERDICT_OK,
+    )
+    assert resolved.violation.resolved and resolved.cursor != fired.cursor
+    assert seconds(resolved) == pytest.approx(settled["ended_at"], abs=1e-6)  # that end found it
+    [logged] = [line for line in first.log.lines() if line["event"] == "violation-resolved"]
+    assert seconds(resolved) == pytest.approx(logged["detected_at"], abs=1e-6)  # as the log channel says
+
+    # The filters apply to changes as to new violations: by rule, and by the session's verdict now (ok).
+    by_verdict = [
+        Watch(first, cursor=watch.start, verdicts=[v], timeout=2) for v in (pb.VERDICT_OK, pb.VERDICT_AT_RISK)
+    ]
+    watches.extend(by_verdict)
+    assert described(by_verdict[0].rest()) == [(EFFECT, FIRING), (EFFECT, RESOLVED)]
+    assert by_verdict[1].rest() == []
+
+    # The watcher goes away after the resolution; the sidecar is restarted meanwhile.
+    watch.close()
+    first.stop()
+    second = start_sidecar(store_url)
+    send(second, status="started", idempotency_key="mail-1-key")  # run again, keyed: holds again
+    again = ended(second)
+    assert again["verdict"] == "unrecoverable"
+
+    resumed = Watch(second, cursor=resolved.cursor, timeout=3)
+    watches.append(resumed)
+    followed = resumed.rest()
+    # In commit order: the new start's own violation (at ingest), then the end that found
+    # the email holding again. Nothing from before the cursor, nothing twice.
+    assert described(followed) == [("duplicate-action-id", FIRING), (EFFECT, FIRING)]
+    fired_again = followed[1]
+    assert fired_again.violation.key == violation["key"] and not fired_again.violation.resolved
+    assert seconds(fired_again) == pytest.approx(again["ended_at"], abs=1e-6)
+    assert seconds(fired_again) > seconds(resolved) > seconds(fired)
+
+    # From the start, only the email's rule: its three alerts, each once, in order.
+    only_effect = Watch(second, cursor=watch.start, rules=[EFFECT], timeout=3)
+    watches.append(only_effect)
+    everything = only_effect.rest()
+    assert described(everything) == [(EFFECT, FIRING), (EFFECT, RESOLVED), (EFFECT, FIRING)]
+    assert [a.cursor for a in everything[:2]] == [fired.cursor, resolved.cursor]
+    assert everything[2].cursor == fired_again.cursor
+    # And from each cursor, exactly what followed it.
+    for position, alert in enumerate(everything):
+        after = Watch(second, cursor=alert.cursor, rules=[EFFECT], timeout=2)
+        watches.append(after)
+        assert [a.cursor for a in after.rest()] == [a.cursor for a in everything[position + 1 :]]
