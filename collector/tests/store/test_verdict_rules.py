@@ -201,10 +201,10 @@ def test_the_end_of_a_session_leaves_findings_of_rules_not_run_alone(store_url) 
         # One of the rule not run was resolved before (by a run that ran it).
         store.counted = None
         with store.writer() as writer:
-            writer.resolve_end_violations("s", {not_run.key, ran.key})
+            writer.resolve_end_violations("s", {not_run.key, ran.key}, now=2.0)
         store.counted = frozenset({"retry-not-escalated"})
         with store.writer() as writer:
-            settled = writer.resolve_end_violations("s", {settled_before.key})
+            settled = writer.resolve_end_violations("s", {settled_before.key}, now=3.0)
             verdict = writer.refresh_verdict("s")
         assert [v["key"] for v in settled.resolved] == [ran.key]
         assert settled.held_again == set()  # the resolved one of the rule not run stays so
