@@ -399,6 +399,7 @@ class HttpServer:
                 # The stdlib reads with no timeout at all: an idle keep-alive connection, a
                 # client trickling its headers, or one stalled mid-body held a thread forever.
                 self.continue_pending = False
+                self.command, self.headers_read = None, False  # not the last request's (see _refusal)
                 self.reader.deadline = None
                 self.reader.timeout = self.idle_timeout_s
                 self.reader.idle_in = server.connections  # until the next request's first byte
@@ -431,6 +432,7 @@ class HttpServer:
                     parsed = super().parse_request()
                 finally:
                     self.rfile = recorder.stream
+                self.headers_read = parsed
                 if parsed and (problem := header_problem(recorder.lines)) is not None:
                     self.send_error(400, problem)
                     return False
@@ -473,7 +475,7 @@ class HttpServer:
                 reason = message or HTTPStatus(code).phrase
                 self.log_error("code %d, message %s", code, reason)
                 self.close_connection = True
-                server._send(self, Response.json(code, {"error": reason}))
+                server._send(self, server._refusal(self, code, reason))
 
             def log_message(self, format: str, *args: Any) -> None:
                 server.log.debug("http-request", line=format % args)
@@ -552,6 +554,18 @@ class HttpServer:
         if self.connections.stopping:
             handler.close_connection = True
         self._send(handler, response)
+
+    def _refusal(self, handler: BaseHTTPRequestHandler, status: int, message: str) -> Response:
+        """The answer to a request refused before it was routed (a header the port cannot
+        read, a method it does not know): on a path whose protocol has its own error body
+        (OTLP/HTTP's ``Status``), that body; JSON where the request line was not read."""
+        if getattr(handler, "command", None) is None:  # the request line was not read
+            return Response.json(status, {"error": message})
+        path = urlsplit(handler.path).path
+        methods, params = self.router.match(path)
+        headers = handler.headers if getattr(handler, "headers_read", False) else {}
+        request = Request(handler.command, path, {}, headers, handler, params)
+        return _error(methods, request, status, message)
 
     @staticmethod
     def _send(handler: BaseHTTPRequestHandler, response: Response) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 from conftest import wait_for
 from durable_sessions_collector import __version__, httpserver
+from google.rpc import code_pb2, status_pb2
 
 TOKEN = "edge-token-0123456789abcdef"
 
@@ -383,8 +384,9 @@ def test_a_malformed_header_line_is_refused_and_closes_the_connection(sidecar, f
         data, closed = read_until_closed(sock, 5)
     assert closed
     [(status, headers, body)] = responses(data)
-    assert (status, headers["connection"]) == (400, "close")
-    assert message in json.loads(body)["error"]
+    assert (status, headers["connection"], headers["content-type"]) == (400, "close", "application/json")
+    refusal = json.loads(body)  # a google.rpc.Status, as OTLP/HTTP wants for every 4xx there
+    assert refusal["code"] == code_pb2.INVALID_ARGUMENT and message in refusal["message"], refusal
     assert_healthy(sidecar)
 
 
@@ -519,12 +521,26 @@ def test_other_request_forms(sidecar) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_an_unknown_method_is_answered_in_json(sidecar) -> None:  # type: ignore[no-untyped-def]
+    """JSON everywhere; on the OTLP path a ``google.rpc.Status`` in the request's
+    encoding (JSON when it names none), as for every error there."""
+    for path, content_type, expected in (
+        (b"/api/sessions", b"", {"error": "Unsupported method ('BREW\"')"}),
+        (b"/v1/traces", b"", {"code": code_pb2.UNIMPLEMENTED, "message": "Unsupported method ('BREW\"')"}),
+    ):
+        with connect(sidecar) as sock:
+            sock.sendall(b'BREW" %s HTTP/1.1\r\nHost: sidecar\r\n%s\r\n' % (path, content_type))
+            data, closed = read_until_closed(sock, 5)
+        [(status, headers, body)] = responses(data)
+        assert (status, headers["content-type"], closed) == (501, "application/json", True)
+        assert json.loads(body) == expected
     with connect(sidecar) as sock:
-        sock.sendall(b'BREW" /v1/traces HTTP/1.1\r\nHost: sidecar\r\n\r\n')
+        sock.sendall(
+            b"BREW /v1/traces HTTP/1.1\r\nHost: sidecar\r\nContent-Type: application/x-protobuf\r\n\r\n"
+        )
         data, closed = read_until_closed(sock, 5)
     [(status, headers, body)] = responses(data)
-    assert (status, headers["content-type"], closed) == (501, "application/json", True)
-    assert json.loads(body) == {"error": "Unsupported method ('BREW\"')"}
+    assert (status, headers["content-type"]) == (501, "application/x-protobuf")
+    assert status_pb2.Status.FromString(body).code == code_pb2.UNIMPLEMENTED
 
 
 @pytest.mark.parametrize(
