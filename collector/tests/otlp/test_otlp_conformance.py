@@ -432,26 +432,30 @@ def test_bad_data_is_400_with_a_status_message_in_the_requests_encoding(
 
 
 @pytest.mark.parametrize("links", [5, True, 1.5], ids=["number", "boolean", "float"])
-def test_json_links_of_the_wrong_type_are_400_bad_data(sidecar, links) -> None:  # type: ignore[no-untyped-def]
-    """A span whose ``links`` is a JSON number or boolean is bad data: 400 with a Status
-    naming ``links``, in the request's encoding, and the sidecar stays healthy. Link ids
-    are converted from hex before the protobuf JSON parser sees the document, so that step
-    must tell a ``links`` that is not a list from one that is: an internal error there
-    would answer 500, blaming the server for what is wrong with the data, with no Status.
+def test_json_links_of_the_wrong_type_reject_their_span(sidecar, links) -> None:  # type: ignore[no-untyped-def]
+    """A span whose ``links`` is a JSON number or boolean cannot be decoded: it is rejected
+    with a message naming ``links``, and the request's other spans are kept (200 with
+    ``partial_success``), as a span with a bad id is. Link ids are converted from hex
+    before the protobuf JSON parser sees the document, so that step must tell a ``links``
+    that is not a list from one that is: an internal error there would answer 500,
+    blaming the server for what is wrong with the data.
 
-    Spec, Bad Data: "If the processing of the request fails because the request contains
-    data that cannot be decoded or is otherwise invalid and such failure is permanent, then
-    the server MUST respond with HTTP 400 Bad Request." Failures: "The response body for
-    all HTTP 4xx and HTTP 5xx responses MUST be a Protobuf-encoded Status message".
-    (``"links": "ab"`` or ``{}`` already get the 400 from ``json_format``.)
+    Spec, Partial Success: "If the request is only partially accepted (i.e. when the server
+    accepts only parts of the data and rejects the rest), the server MUST respond with
+    HTTP 200 OK", with ``rejected_spans`` and an ``error_message``. Until 2026-12 the
+    whole request was refused (400, Bad Data), its valid spans with it.
     """
-    body = json_request(json_span("links", "l", links=links))
+    body = json_request(
+        json_span("links", "l", links=links), json_span("links", "kept", span_id="EEE19B7EC3C1B175")
+    )
     status, headers, data = post(sidecar, body, JSON)
-    assert status == 400, (status, data)
+    assert status == 200, (status, data)
     assert headers["Content-Type"] == JSON
-    assert "links" in strict_status(headers, data).message
+    partial = json.loads(data)["partialSuccess"]
+    assert partial["rejectedSpans"] == "1" and "spans[0]" in partial["errorMessage"]
+    assert "Failed to parse links field" in partial["errorMessage"]
     assert sidecar.get("/healthz") == (200, {"status": "ok"})
-    assert sidecar.get("/api/sessions/links")[0] == 404  # nothing of the request was stored
+    assert [a["action_id"] for a in actions(sidecar, "links")] == ["kept"]
 
 
 # --- BadRequest details ----------------------------------------------------------------------

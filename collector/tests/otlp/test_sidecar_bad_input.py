@@ -104,7 +104,11 @@ VALID = request(span(1)).SerializeToString()
         (b"{not json", "application/json", "not valid JSON"),
         (b"[1, 2]", "application/json", "must be a JSON object"),
         (b'{"resourceSpans": "nope"}', "application/json", "not an OTLP/JSON ExportTraceServiceRequest"),
-        (b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"name": 5}]}]}]}', "application/json", "name"),
+        (
+            b'{"resourceSpans": [{"schemaUrl": 5, "scopeSpans": [{"spans": []}]}]}',
+            "application/json",
+            "schemaUrl",
+        ),
     ],
     ids=[
         "truncated-protobuf",
@@ -112,7 +116,7 @@ VALID = request(span(1)).SerializeToString()
         "invalid-json",
         "json-array",
         "json-wrong-shape",
-        "json-wrong-type",
+        "json-wrong-type-outside-spans",
     ],
 )
 def test_undecodable_http_bodies_are_400_with_a_message(sidecar, body, content_type, expected) -> None:  # type: ignore[no-untyped-def]
@@ -267,6 +271,30 @@ def json_span(trace_id: str, span_id: str, action_id: str, kind: int = 1) -> dic
         ],
         "status": {"code": 1},
     }
+
+
+def test_a_json_span_with_a_field_json_format_refuses_rejects_only_that_span(sidecar) -> None:  # type: ignore[no-untyped-def]
+    """Fields the mapping never reads (a count of dropped events, the name) were parsed for the
+    whole request at once: one bad span was a 400 that lost its valid neighbours."""
+    trace = "5B8EFFF798038103D269B633813FC60C"
+    spans = [
+        json_span(trace, "EEE19B7EC3C1B101", "k1"),
+        {**json_span(trace, "EEE19B7EC3C1B102", "k2"), "droppedEventsCount": "many"},
+        {**json_span(trace, "EEE19B7EC3C1B103", "k3"), "name": 5},
+        json_span(trace, "EEE19B7EC3C1B104", "k4"),
+    ]
+    for span_ in spans:
+        span_["attributes"][0]["value"]["stringValue"] = "json-fields"
+    document = {"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]}
+    status, _, data = post(sidecar, json.dumps(document).encode(), "application/json")
+    assert status == 200, data
+    partial = json.loads(data)["partialSuccess"]
+    assert partial["rejectedSpans"] == "2"
+    message = partial["errorMessage"]
+    assert "spans[1] '': not an OTLP/JSON span: " in message and "droppedEventsCount" in message
+    assert "spans[2] '': not an OTLP/JSON span: Failed to parse name field" in message
+    assert [a["action_id"] for a in sidecar.session("json-fields")["actions"]] == ["k1", "k4"]
+    assert_healthy(sidecar)
 
 
 def test_ten_thousand_attributes_are_accepted(sidecar) -> None:  # type: ignore[no-untyped-def]

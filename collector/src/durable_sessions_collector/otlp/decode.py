@@ -30,7 +30,7 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
-from opentelemetry.proto.trace.v1.trace_pb2 import Status
+from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from durable_sessions import otlp_json
 from durable_sessions import semconv as sc
@@ -139,12 +139,42 @@ def read_json(
         reasons.extend(_read_span(position, span, read, resource_problems.get(position[0])))
         if reasons:
             problems[position] = "; ".join(reasons)
-    request = ExportTraceServiceRequest()
     try:
-        json_format.ParseDict(document, request, ignore_unknown_fields=True)
-    except (json_format.ParseError, ValueError, TypeError, RecursionError) as error:
-        raise BadData(f"request body is not an OTLP/JSON ExportTraceServiceRequest: {error}") from None
+        request = _request_of(document)
+    except _UNPARSABLE as error:
+        # Whatever json_format refuses in a span (a field the mapping never reads, say)
+        # rejects that span, not the request: its valid neighbours are kept.
+        if not _set_aside_unparsable_spans(document, problems):
+            raise BadData(f"request body is not an OTLP/JSON ExportTraceServiceRequest: {error}") from None
+        try:
+            request = _request_of(document)
+        except _UNPARSABLE as again:
+            raise BadData(f"request body is not an OTLP/JSON ExportTraceServiceRequest: {again}") from None
     return request, problems, read
+
+
+_UNPARSABLE = (json_format.ParseError, ValueError, TypeError, RecursionError)
+"""What ``json_format`` raises for a document it cannot make a message of."""
+
+
+def _request_of(document: dict[str, Any]) -> ExportTraceServiceRequest:
+    request = ExportTraceServiceRequest()
+    json_format.ParseDict(document, request, ignore_unknown_fields=True)
+    return request
+
+
+def _set_aside_unparsable_spans(document: dict[str, Any], problems: dict[tuple[int, int, int], str]) -> bool:
+    """Empty each span ``json_format`` cannot parse on its own, saying why in ``problems``
+    (an emptied span has no ids: it is rejected with that reason); whether any was."""
+    found = False
+    for position, span in _json_spans(document):
+        try:
+            json_format.ParseDict(span, Span(), ignore_unknown_fields=True)
+        except _UNPARSABLE as error:
+            problems[position] = f"not an OTLP/JSON span: {error}"
+            span.clear()
+            found = True
+    return found
 
 
 def _read_resources(document: dict[str, Any], read: JsonAttributes | None) -> dict[int, str]:
