@@ -32,6 +32,7 @@ and ``durable_sessions_alert_latency_seconds{channel}`` (detection to delivery).
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
@@ -74,8 +75,13 @@ class Attempt:
 
 
 def backoff_delay(attempts: int, base_s: float, max_s: float, rng: random.Random) -> float:
-    """Wait after the ``attempts``-th failure: exponential, capped, ±50% jitter."""
-    delay = min(max_s, base_s * (2 ** max(0, attempts - 1)))
+    """Wait after the ``attempts``-th failure: exponential, capped, ±50% jitter. Any
+    count of attempts has a delay: past about 1,024 the doubling is beyond a float, and
+    the cap is the delay (``max_attempts`` has no upper bound)."""
+    try:
+        delay = min(max_s, math.ldexp(base_s, max(0, attempts - 1)))
+    except OverflowError:
+        delay = max_s
     return min(max_s, delay * rng.uniform(0.5, 1.5))
 
 
