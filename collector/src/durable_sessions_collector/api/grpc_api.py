@@ -317,12 +317,19 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else ("" if value is None else str(value))
 
 
+_EXACT_INT = 2**53
+"""The largest magnitude up to which every integer is a double exactly."""
+
+
 def _plain(value: Any) -> Any:
-    """A value a ``google.protobuf.Struct`` holds (numbers become doubles)."""
+    """A value a ``google.protobuf.Struct`` holds. Numbers become doubles, but for an
+    integer a double cannot hold exactly, which becomes its decimal text, as protobuf's
+    JSON mapping writes an int64: a ``seq`` (a span's start in nanoseconds, about 1.8e18)
+    read as a double was another number than the HTTP API's, off by up to 256 ns."""
     if value is None or isinstance(value, bool | str | float):
         return value
     if isinstance(value, int):
-        return float(value)
+        return float(value) if -_EXACT_INT <= value <= _EXACT_INT else str(value)
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
