@@ -504,6 +504,40 @@ def test_spans_of_a_session_being_forgotten_start_it_afresh(store: Store) -> Non
         assert [where.span_id for _, where in writer.session_records("huge")] == ["n"]
 
 
+def test_a_session_started_afresh_while_its_newest_old_action_is_forgotten_keeps_its_spans(
+    store: Store,
+) -> None:
+    # SQLite gives the largest id in the table plus one to a new row. A pass deleted the
+    # forgotten session's actions in index order (by trace id), so its newest, holding the
+    # table's largest id, could go first: the next action of the session started afresh
+    # was given an id the forgetting still covered. It was shown nowhere, never re-fed,
+    # and the next pass deleted it, acknowledged as it was. Now the action of the largest
+    # id goes last, with the forgetting row.
+    with store.writer() as writer:
+        for n in range(1, 11):  # the newest action has the smallest trace id
+            row = {"session_id": "job", "action_id": f"a{n}", "kind": "tool_call", "status": "ok"}
+            assert writer.add_action(action_row(row, f"{100 - n:032x}", f"{n:016x}"), 1.0)
+        writer.touch_session("job", 1.0, 10)
+        writer.end_session("job", 1.0)
+    with store.writer() as writer:
+        assert writer.prune(100.0, 10, max_actions=3).sessions == ["job"]
+    with store.writer() as writer:
+        assert writer.prune(100.0, 10, max_actions=3).orphans == 3
+    with store.writer() as writer:  # the session's id comes back (a job run again, say)
+        row = {"session_id": "job", "action_id": "new", "kind": "tool_call", "status": "ok"}
+        assert writer.add_action(action_row(row, "f" * 32, "n" * 16), 200.0)
+        writer.touch_session("job", 200.0, 1)
+    detail = store.get_session("job")
+    assert detail is not None and [action["span_id"] for action in detail.actions] == ["n" * 16]
+    while True:
+        with store.writer() as writer:
+            if not writer.prune(100.0, 10, max_actions=3).full:
+                break
+    assert query_counts(store)["actions"] == 1
+    with store.writer() as writer:
+        assert [where.span_id for _, where in writer.session_records("job")] == ["n" * 16]
+
+
 def query_counts(store: Store) -> dict[str, int]:
     url = f"sqlite:///{store.path}" if hasattr(store, "path") else store.url  # type: ignore[attr-defined]
     return {
@@ -544,6 +578,8 @@ def test_sqlite_prune_statements_read_through_indexes(tmp_path: Path) -> None:
         (sqlite_store.PRUNABLE_SESSIONS, (1.0, 10)),
         (sqlite_store.PRUNE_SESSION_ALERTS, ("log", "s")),
         *((statement, ("s",)) for statement in sqlite_store.PRUNE_SESSION_ROWS),
+        (sqlite_store.FORGET_ACTIONS, ("s", 5, 10)),
+        (sqlite_store.FORGET_LAST_ACTION, (5, "s")),
         (sqlite_store.PRUNE_SESSIONLESS_ACTIONS, (1.0, 10)),
         (sqlite_store.PRUNE_SESSIONLESS_VIOLATIONS, (1.0, 5, 10)),
         (sqlite_store.PRUNE_ORPHAN_ALERTS, ("log", 1.0, 10)),

@@ -478,21 +478,22 @@ def _oversized(found: list[tuple[str, int]], max_actions: int | None) -> str | N
 def forget_some(
     forgetting: list[tuple[str, int]],
     budget: int | None,
-    delete_actions: Callable[[str, int, int | None], int],
+    delete_actions: Callable[[str, int, int | None], tuple[int, bool]],
     forgotten: Callable[[str, int], None],
 ) -> tuple[int, bool]:
     """Delete up to ``budget`` actions (None: all) of sessions being forgotten, each given
     as (session id, ``through_id``): ``delete_actions(session, through_id, most)`` deletes
-    up to ``most`` of its actions up to that id and returns how many; ``forgotten`` drops
-    a session none are left of. Returns the actions deleted and whether any are left."""
+    up to ``most`` of its actions up to that id and returns how many, and whether none are
+    left; ``forgotten`` drops a session none are left of. Returns the actions deleted and
+    whether any are left."""
     deleted = 0
     for session_id, through_id in forgetting:
         most = None if budget is None else budget - deleted
         if most is not None and most <= 0:
             return deleted, True
-        count = delete_actions(session_id, through_id, most)
+        count, done = delete_actions(session_id, through_id, most)
         deleted += count
-        if most is not None and count >= most:
+        if not done:
             return deleted, True
         forgotten(session_id, through_id)
     return deleted, False

@@ -1284,11 +1284,12 @@ class PostgresWriter:
         more_forgetting = forgetting_left or len(forgetting) == limit or oversized in sessions
         return Pruned(sessions, sum(counts), more_sessions or more_forgetting or limit in counts[1:])
 
-    def _forget_actions(self, session_id: str, through_id: int, most: int | None) -> int:
-        return self._db.execute(
+    def _forget_actions(self, session_id: str, through_id: int, most: int | None) -> tuple[int, bool]:
+        count = self._db.execute(
             "DELETE FROM actions WHERE id IN (SELECT id FROM actions WHERE session_id = %s AND id <= %s LIMIT %s)",
             (session_id, through_id, most),
         ).rowcount
+        return count, most is None or count < most  # an identity never gives an id twice
 
     def _forgotten(self, session_id: str, through_id: int) -> None:
         self._db.execute(

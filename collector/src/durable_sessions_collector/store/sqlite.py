@@ -220,8 +220,13 @@ FORGET_SESSION = (
 )
 FORGETTING_SESSIONS = "SELECT session_id, through_id FROM forgetting ORDER BY session_id LIMIT ?"
 FORGET_ACTIONS = (
-    f"DELETE FROM actions WHERE id IN (SELECT id FROM actions WHERE {SESSION_KEY} = ? AND id <= ? LIMIT ?)"
+    f"DELETE FROM actions WHERE id IN (SELECT id FROM actions WHERE {SESSION_KEY} = ? AND id < ? LIMIT ?)"
 )
+FORGET_LAST_ACTION = f"DELETE FROM actions WHERE id = ? AND {SESSION_KEY} = ?"
+"""The action of id ``through_id`` goes last, with its ``forgetting`` row: SQLite gives the
+largest id in the table plus one to a new row, so once it was gone a new action of the
+session (started afresh) could be given an id up to ``through_id``, and be read as one
+being forgotten — shown nowhere, never re-fed, then deleted."""
 FORGOTTEN = "DELETE FROM forgetting WHERE session_id = ? AND through_id = ?"
 PRUNE_SESSIONLESS_ACTIONS = (
     "DELETE FROM actions WHERE id IN "
@@ -888,10 +893,15 @@ class SqliteWriter:
         more_forgetting = forgetting_left or len(forgetting) == limit or oversized in sessions
         return Pruned(sessions, sum(counts), more_sessions or more_forgetting or limit in counts[1:])
 
-    def _forget_actions(self, session_id: str, through_id: int, most: int | None) -> int:
-        return self._db.execute(
+    def _forget_actions(self, session_id: str, through_id: int, most: int | None) -> tuple[int, bool]:
+        """Up to ``most`` of the session's actions up to ``through_id``, that one last
+        (:data:`FORGET_LAST_ACTION`); how many, and whether none are left."""
+        below = self._db.execute(
             FORGET_ACTIONS, (session_id, through_id, -1 if most is None else most)
         ).rowcount
+        if most is not None and below >= most:
+            return below, False
+        return below + self._db.execute(FORGET_LAST_ACTION, (through_id, session_id)).rowcount, True
 
     def _forgotten(self, session_id: str, through_id: int) -> None:
         self._db.execute(FORGOTTEN, (session_id, through_id))
