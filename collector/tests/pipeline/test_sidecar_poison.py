@@ -176,6 +176,55 @@ def test_postgres_only_the_span_it_refuses_is_rejected(start_sidecar, postgres_u
     assert sidecar.session("pg-mixed")["action_count"] == 2
 
 
+def test_postgres_a_span_the_store_fails_while_a_request_is_split_is_retried_not_rejected(  # type: ignore[no-untyped-def]
+    start_sidecar, postgres_url
+) -> None:
+    # A request is written span by span after one of its spans was refused. A span the
+    # store itself then failed (here a trigger raising disk_full, SQLSTATE 53100, for one
+    # span: a failover or a full disk at that moment) was listed with the refused one,
+    # and the client, told it was rejected, never sent it again: acknowledged and lost.
+    # Now the request is answered retryable; the retry stores it, and the spans committed
+    # the first time are dropped as duplicates.
+    sidecar = start_sidecar(postgres_url)
+    _pg(
+        postgres_url,
+        "ALTER TABLE actions ADD CONSTRAINT no_poison CHECK (action_id IS DISTINCT FROM 'poison')",
+    )
+    _pg(
+        postgres_url,
+        "CREATE FUNCTION full_disk() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "IF NEW.action_id = 'unlucky' THEN RAISE EXCEPTION 'could not extend file' USING ERRCODE = '53100'; "
+        "END IF; RETURN NEW; END $$",
+    )
+    _pg(
+        postgres_url,
+        "CREATE TRIGGER full_disk BEFORE INSERT ON actions FOR EACH ROW EXECUTE FUNCTION full_disk()",
+    )
+    body = request("pg-split", "m1", "poison", "unlucky")
+    with grpc.insecure_channel(sidecar.grpc_endpoint) as channel:
+        export = channel.unary_unary(
+            EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString
+        )
+        try:
+            answer = export(body, timeout=30)
+        except grpc.RpcError as error:
+            assert error.code() == grpc.StatusCode.UNAVAILABLE, error.details()
+        else:
+            raise AssertionError(f"answered OK, rejecting: {answer.partial_success}")
+        _pg(postgres_url, "DROP TRIGGER full_disk ON actions")  # the disk has room again
+        retried = export(body, timeout=30)
+    assert retried.partial_success.rejected_spans == 1  # the span the store refuses, alone
+    assert span_id("pg-split", "poison").hex() in retried.partial_success.error_message
+    assert [a["action_id"] for a in sidecar.session("pg-split")["actions"]] == ["m1", "unlucky"]
+    # Every span counted once per request: m1 stored the first time, a duplicate the next.
+    metric = sidecar.metric
+    assert metric("durable_sessions_spans_received_total", transport="grpc") == 6
+    assert metric("durable_sessions_actions_stored_total") == 2
+    assert metric("durable_sessions_spans_duplicate_total") == 1
+    assert metric("durable_sessions_spans_rejected_total", transport="grpc", reason="unavailable") == 2
+    assert metric("durable_sessions_spans_rejected_total", transport="grpc", reason="unstorable") == 1
+
+
 def test_postgres_a_value_past_its_index_limit_is_rejected_not_retried(  # type: ignore[no-untyped-def]
     start_sidecar, postgres_url, monkeypatch
 ) -> None:

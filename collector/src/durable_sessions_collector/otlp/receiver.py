@@ -194,7 +194,8 @@ class TraceReceiver:
             return self.pipeline.wait(job)
         except Unavailable:
             if job.error is not None:  # not committed (after a timeout it still may be, and counts then)
-                rejected(transport, "unavailable").inc(len(items))
+                # Spans of it a store failure did not stop are committed, and counted so.
+                rejected(transport, "unavailable").inc(len(items) - job.stored - job.duplicates)
             raise
 
 

@@ -269,7 +269,8 @@ class Pipeline:
         full) fails the batch, and its clients retry. Any other failure comes from
         something in the records, so it must not fail the requests batched with it
         forever: the requests are written one at a time, and a failing request span by
-        span, so that only the spans that cannot be stored are rejected.
+        span, so that only the spans that cannot be stored are rejected. A request one of
+        whose spans the store fails meanwhile (a StoreError) is retryable as a whole.
         """
         for job in batch:
             job.stored = job.duplicates = 0
@@ -333,6 +334,7 @@ class Pipeline:
         self.metrics.commit_failures.inc()
         self.log.error("store-write-failed", error=f"{type(error).__name__}: {error}", requests=len(batch))
         for job in batch:
+            job.stored = job.duplicates = 0  # counted before the write failed: nothing is committed
             job.error = error
             job.done.set()
 
@@ -358,6 +360,7 @@ class Pipeline:
             spans=len(job.items),
             note="writing its spans one at a time",
         )
+        job.stored = job.duplicates = 0  # counted before the write failed; the parts count again
         unstorable: list[str] = []
         retryable: list[BaseException] = []
         for arrived in job.items:
@@ -370,7 +373,13 @@ class Pipeline:
             elif not part.unstorable:
                 job.stored += part.stored
                 job.duplicates += part.duplicates
-        if len(unstorable) == len(job.items) and retryable:
+        failed = [error for error in retryable if isinstance(error, StoreError)]
+        if failed:
+            # The store failed a span (unreachable, locked, full): the request is retried
+            # whole, its committed spans dropped as duplicates then. Listed with the
+            # rejected ones, that span was never sent again: lost, though acknowledged.
+            job.error = failed[-1]
+        elif len(unstorable) == len(job.items) and retryable:
             job.error = retryable[-1]  # nothing could be stored: retryable, as a store failure is
         else:
             job.unstorable = unstorable
