@@ -141,6 +141,28 @@ def test_libpq_parameters_of_the_url_reach_the_server_as_written(postgres_url: s
     store.close()
 
 
+def test_a_store_that_cannot_be_opened_keeps_no_connection(postgres_url: str) -> None:
+    # An administrative command on a schema with no store, and a sidecar on a store of a
+    # newer version, are refused; the connection that found out is closed, not left open
+    # for as long as the error (and its traceback) is kept, by a caller that logs or
+    # retries, on a server whose connections are few.
+    name = f"ds-open-{time.monotonic_ns()}"
+    url = postgres_url + f"&application_name={name}"
+    with pytest.raises(StoreError, match="no store in") as missing:
+        PostgresStore(url, existing=True)
+    open_store(url).close()
+    with psycopg.connect(split_url(url)[0], autocommit=True) as admin:
+        admin.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(split_url(url)[1])))
+        admin.execute("UPDATE meta SET value = %s WHERE key = 'schema_version'", (str(SCHEMA_VERSION + 1),))
+        with pytest.raises(StoreError, match="newer") as newer:
+            PostgresStore(url)
+        sessions = admin.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND pid <> pg_backend_pid()",
+            (name,),
+        ).fetchone()
+    assert sessions == (0,), (missing.value, newer.value)
+
+
 def test_split_url_cuts_out_the_schema_and_passes_the_rest_as_written() -> None:
     assert split_url("postgresql:///db?host=/run/pg&schema=s1&user=app") == (
         "postgresql:///db?host=/run/pg&user=app",

@@ -360,6 +360,18 @@ class PostgresStore:
         self._index_connection: psycopg.Connection[Any] | None = None
         try:
             connection = self._connect(create_schema=not existing)
+        except psycopg.Error as error:
+            raise StoreError(f"cannot open store {self.name!r}: {_reason(error)}") from None
+        try:
+            self._open(connection, existing)
+        except BaseException:
+            connection.close()  # a store that cannot be opened keeps no connection to its server
+            raise
+        self._write = connection
+
+    def _open(self, connection: psycopg.Connection[Any], existing: bool) -> None:
+        """Create, migrate or check the store's schema on its write connection."""
+        try:
             with connection.transaction():
                 connection.execute("SELECT pg_advisory_xact_lock(%s)", (DDL_LOCK,))
                 # A store that exists is left alone here: CREATE ... IF NOT EXISTS still locks
@@ -382,7 +394,6 @@ class PostgresStore:
         except psycopg.Error as error:
             raise StoreError(f"cannot open store {self.name!r}: {_reason(error)}") from None
         if row is None or int(row[0]) != SCHEMA_VERSION:
-            connection.close()
             raise version_refused(
                 self.name, row and row[0], SCHEMA_VERSION, "command" if existing else "sidecar"
             )
@@ -391,7 +402,6 @@ class PostgresStore:
             connection.execute("SELECT hashtext(%s)", (scope[0] if scope else "",)).fetchone()[0]  # type: ignore[index]
         )
         self._scope = scope[0] if scope else ""
-        self._write = connection
 
     def build_indexes(self, report: IndexReport) -> threading.Thread | None:
         """See :meth:`Store.build_indexes <durable_sessions_collector.store.base.Store.build_indexes>`.
