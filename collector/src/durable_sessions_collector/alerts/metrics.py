@@ -258,7 +258,7 @@ class Metrics:
         )
         self.commit_failures = Counter(
             "durable_sessions_store_commit_failures",
-            "Store transactions that failed: Export write batches, idle sweeps, retention passes",
+            "Store transactions that failed: Export write batches, idle sweeps, retention passes, verdict recount steps",
             registry=registry,
         )
         registry.register(_StoreCollector(store))
