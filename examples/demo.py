@@ -9,6 +9,11 @@
 3. wait until the sidecar has judged every session (each ends after 1 s idle);
 4. print the unrecoverable sessions and their violations, read from the HTTP API;
 5. stop the sidecar. Exits 0 when all of that worked.
+
+The demo is self-contained: the sidecar and the agents do not read the caller's
+``DURABLE_SESSIONS_*`` or ``OTEL_*`` variables (a shell set up for a real sidecar would
+otherwise point the demo at its store, its webhook and its token), and the HTTP API is
+exported to and read without the ``http_proxy`` a shell may set for the outside world.
 """
 
 from __future__ import annotations
@@ -54,6 +59,24 @@ class DemoError(Exception):
     pass
 
 
+def own_environment(**extra: str) -> dict[str, str]:
+    """The caller's environment without the variables that configure the sidecar
+    (``DURABLE_SESSIONS_*``: its store, ports, token, alert channels) or the OpenTelemetry
+    SDK (``OTEL_*``: sampler, headers, protocol), plus ``extra``. Environment variables
+    override the demo's configuration file, so ``DURABLE_SESSIONS_STORE`` would put the
+    demo's sessions into the caller's real store and fire its real webhook."""
+    kept = {k: v for k, v in os.environ.items() if not k.startswith(("DURABLE_SESSIONS_", "OTEL_"))}
+    # gRPC sends even loopback channels through $http_proxy unless $no_grpc_proxy or
+    # $no_proxy (read in that order) exempts the host.
+    for name in ("no_grpc_proxy", "no_proxy"):
+        kept[name] = f"{kept[name]},127.0.0.1" if kept.get(name) else "127.0.0.1"
+    return {**kept, **extra}
+
+
+# The sidecar is on loopback: a proxy from the caller's environment would not reach it.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 class Sidecar:
     """``durable-sessions-collector serve`` in a subprocess; its JSON log goes to a file."""
 
@@ -70,6 +93,7 @@ class Sidecar:
         self._log = self.log_path.open("wb")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "durable_sessions_collector", "serve", "--config", str(config)],
+            env=own_environment(),
             stdin=subprocess.DEVNULL,
             stdout=self._log,
             stderr=self._log,
@@ -98,7 +122,7 @@ class Sidecar:
 
     def get(self, path: str) -> Any:
         url = f"http://127.0.0.1:{self.http_port}{path}"
-        with urllib.request.urlopen(url, timeout=10) as response:
+        with _OPENER.open(url, timeout=10) as response:
             return json.loads(response.read())
 
     def stop(self) -> None:
@@ -158,14 +182,13 @@ def main() -> int:
                 f"sidecar running: OTLP/gRPC on 127.0.0.1:{sidecar.grpc_port}, HTTP API on "
                 f"127.0.0.1:{sidecar.http_port}, SQLite store in {directory}\n"
             )
-            env = {
-                **os.environ,
-                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://127.0.0.1:{sidecar.grpc_port}",
-                "OTEL_EXPORTER_OTLP_TRACES_INSECURE": "true",
-                "OTEL_BSP_SCHEDULE_DELAY": "200",
-                "DEMO_STATE_DIR": str(directory / "agent-state"),
-                "PYTHONUNBUFFERED": "1",
-            }
+            env = own_environment(
+                OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=f"http://127.0.0.1:{sidecar.grpc_port}",
+                OTEL_EXPORTER_OTLP_TRACES_INSECURE="true",
+                OTEL_BSP_SCHEDULE_DELAY="200",
+                DEMO_STATE_DIR=str(directory / "agent-state"),
+                PYTHONUNBUFFERED="1",
+            )
             print("agents (each its own process, exporting OTLP/gRPC to the sidecar):")
             run_agents(FIRST_WAVE, env)
             run_agents(SECOND_WAVE, env)

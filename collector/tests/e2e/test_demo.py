@@ -47,3 +47,29 @@ def test_demo_prints_the_unrecoverable_sessions_and_their_rules(tmp_path: Path) 
     assert "booking-ok" not in listed
     assert "the sidecar raised 4 alert(s)" in out
     assert "sidecar stopped" in out
+
+
+def test_demo_ignores_the_callers_sidecar_sdk_and_proxy_settings(tmp_path: Path) -> None:
+    """A shell set up for a real sidecar (docs/deployment.md) runs the same demo: its
+    ``DURABLE_SESSIONS_STORE`` used to receive the demo's sessions (environment variables
+    override the demo's file), its token made the sidecar refuse the agents, a sampler
+    dropped their spans, and an ``http_proxy`` took the loopback requests and exports."""
+    store = tmp_path / "production.db"
+    result = subprocess.run(
+        [sys.executable, str(DEMO)],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        cwd=tmp_path,
+        env={
+            **os.environ,
+            "DURABLE_SESSIONS_STORE": f"sqlite:///{store}",
+            "DURABLE_SESSIONS_AUTH_TOKEN": "a-production-token-0123456789",
+            "OTEL_TRACES_SAMPLER": "always_off",
+            "http_proxy": "http://127.0.0.1:9",  # the discard port: nothing listens
+            "HTTP_PROXY": "http://127.0.0.1:9",
+        },
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "unrecoverable sessions (4 of 5):" in result.stdout
+    assert not store.exists(), "the demo wrote into the caller's store"
