@@ -368,6 +368,14 @@ ENCODED = {
     "xz": (lzma.compress, "it is xz-compressed"),
     "zstd": (lambda data: b"\x28\xb5\x2f\xfd" + data, "it is zstd-compressed"),
     "utf-16": (lambda data: data.decode().encode("utf-16"), "it is UTF-16 text; logs must be UTF-8"),
+    # No byte order mark (Python's "utf-16-le", .NET's UnicodeEncoding without a preamble): it
+    # was read as garbage, one 'line is not valid JSON' error a line, exit 1.
+    "utf-16-le": (lambda data: data.decode().encode("utf-16-le"), "it is UTF-16 text; logs must be UTF-8"),
+    "utf-16-be": (lambda data: data.decode().encode("utf-16-be"), "it is UTF-16 text; logs must be UTF-8"),
+    "utf-16-le-blank-first": (
+        lambda data: ("\n" + data.decode()).encode("utf-16-le"),
+        "it is UTF-16 text; logs must be UTF-8",
+    ),
 }
 
 

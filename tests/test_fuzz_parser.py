@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from durable_sessions import kinds, readers
@@ -393,7 +393,11 @@ def test_check_paths_never_raises(files: list[list[bytes]], fmt: str, tracing_li
         paths, lengths = [], {}
         for index, lines in enumerate([*files, tracing_lines]):
             path = str(Path(tmp) / f"log{index}.jsonl")
-            Path(path).write_bytes(b"\n".join(lines))
+            data = b"\n".join(lines)
+            # A start like compressed or UTF-16 text (a BOM, or NULs beside ASCII) is refused
+            # whole, by design (test_cli_operations), not read line by line.
+            assume(not any(magic.match(data[:10]) for magic, _ in readers._UNDECODABLE))
+            Path(path).write_bytes(data)
             paths.append(path)
             lengths[path] = len(lines)
         checker = Checker(ALL_RULES)

@@ -89,6 +89,10 @@ _UNDECODABLE = tuple(
         (rb"\xfd7zXZ\x00", "xz-compressed; decompress it first (xz -dc)"),
         (rb"\x28\xb5\x2f\xfd", "zstd-compressed; decompress it first (zstd -dc)"),
         (rb"\xff\xfe|\xfe\xff", "UTF-16 text; logs must be UTF-8 (iconv -f UTF-16 -t UTF-8)"),
+        # UTF-16 without a byte order mark: two ASCII characters, each with a NUL byte
+        # beside it. UTF-8 JSON lines (and comments) hold no NUL byte.
+        (rb"(?:[\x01-\x7f]\x00){2}", "UTF-16 text; logs must be UTF-8 (iconv -f UTF-16LE -t UTF-8)"),
+        (rb"(?:\x00[\x01-\x7f]){2}", "UTF-16 text; logs must be UTF-8 (iconv -f UTF-16BE -t UTF-8)"),
     )
 )
 
