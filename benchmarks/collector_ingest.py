@@ -898,6 +898,9 @@ def pages(args: argparse.Namespace) -> None:
                 token = page.next_page_token
                 if not token:
                     break
+            if len(times) == 1:  # every session of this verdict fits on one page (a small --sessions)
+                print(f"{name}, {pb.Verdict.Name(verdict)}: one page {times[0]:.1f} ms")
+                continue
             print(f"{name}, {pb.Verdict.Name(verdict)}: first page {times[0]:.1f} ms, then median "
                   f"{statistics.median(times[1:]):.1f} ms, max {max(times[1:]):.1f} ms ({len(times)} pages)")  # fmt: skip
         channel.close()

@@ -192,6 +192,22 @@ def test_benchmark_commands_use_existing_scripts_and_options() -> None:
             assert f'"{mode}"' in source, f"{script} has no mode {mode}"
 
 
+def test_benchmark_pages_command_runs_on_a_store_smaller_than_its_pages() -> None:
+    """docs/benchmarks.md's ``collector_ingest.py pages`` command, with fewer sessions than
+    documented: when the unrecoverable sessions fit on one page it crashed with
+    ``StatisticsError: no median for empty data`` after filling the store."""
+    small = ["--sessions", "300", "--pages", "3", "--page-size", "100"]
+    completed = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "collector_ingest.py"), "pages", *small],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert "VERDICT_UNSPECIFIED: first page" in completed.stdout
+    assert "VERDICT_UNRECOVERABLE: one page" in completed.stdout
+
+
 def test_make_targets_named_in_the_docs_exist() -> None:
     makefile = read(ROOT / "Makefile")
     named = set()
