@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -206,6 +207,54 @@ def test_benchmark_pages_command_runs_on_a_store_smaller_than_its_pages() -> Non
     assert completed.returncode == 0, completed.stderr
     assert "VERDICT_UNSPECIFIED: first page" in completed.stdout
     assert "VERDICT_UNRECOVERABLE: one page" in completed.stdout
+
+
+def _providing_distribution(module: str) -> str | None:
+    """The installed distribution whose files hold ``module`` (None: stdlib or not installed)."""
+    import importlib.metadata
+    import importlib.util
+
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        return None
+    origin = os.path.realpath(spec.origin)
+    for name in importlib.metadata.packages_distributions().get(module.split(".")[0], ()):
+        files = importlib.metadata.distribution(name).files or ()
+        if any(os.path.realpath(f.locate()) == origin for f in files if f.name == Path(origin).name):
+            return name
+    return None
+
+
+def test_what_the_examples_import_is_installed_by_the_readme_install_section() -> None:
+    """README "Install": every third-party module ``examples/`` imports is a dependency of
+    one of the two distributions or named there. The demo's agents import the SDK's
+    OTLP/gRPC exporter, which only the test extras installed: after the two documented
+    commands each agent failed with ModuleNotFoundError."""
+    import ast
+    import importlib.metadata
+
+    def normal(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    install = read(README).split("## Install", 1)[1].split("\n## ", 1)[0]
+    named = {normal(d) for d in ("durable-sessions", "durable-sessions-collector")}
+    for dist in ("durable-sessions", "durable-sessions-collector"):
+        for requirement in importlib.metadata.requires(dist) or ():
+            if "extra ==" not in requirement:
+                named.add(normal(re.match(r"[A-Za-z0-9_.-]+", requirement).group()))
+    modules = set()
+    for path in (ROOT / "examples").rglob("*.py"):
+        for node in ast.walk(ast.parse(read(path))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                modules.add(node.module)
+            elif isinstance(node, ast.Import):
+                modules.update(alias.name for alias in node.names)
+    missing = {}
+    for module in sorted(modules - {"_common"}):
+        dist = _providing_distribution(module)
+        if dist is not None and normal(dist) not in named and dist not in install:
+            missing[module] = dist
+    assert not missing, missing
 
 
 def test_make_targets_named_in_the_docs_exist() -> None:
