@@ -98,7 +98,11 @@ class Sidecar:
             stdout=self._log,
             stderr=self._log,
         )
-        started = self._wait_for_start()
+        try:
+            started = self._wait_for_start()
+        except DemoError:
+            self.stop()  # not left running, on ports and a store no one will read
+            raise
         self.grpc_port, self.http_port = started["grpc_port"], started["http_port"]
 
     def lines(self) -> list[dict[str, Any]]:

@@ -73,3 +73,45 @@ def test_demo_ignores_the_callers_sidecar_sdk_and_proxy_settings(tmp_path: Path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "unrecoverable sessions (4 of 5):" in result.stdout
     assert not store.exists(), "the demo wrote into the caller's store"
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if text.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:  # ended meanwhile
+                continue
+    return found
+
+
+def test_a_sidecar_that_does_not_start_in_time_is_stopped_not_left_running(tmp_path: Path) -> None:
+    """The demo gives up on a sidecar that has not logged ``started`` within 20 s; it
+    returned 1 and left that process running, to serve later from a deleted directory."""
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    # Runs before the sidecar's own code: a start-up slower than the demo waits for.
+    (slow / "sitecustomize.py").write_text(
+        "import sys, time\n"
+        "if 'durable_sessions_collector' in sys.orig_argv and 'serve' in sys.orig_argv:\n"
+        "    time.sleep(60)\n"
+    )
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    python_path = os.pathsep.join(filter(None, [str(slow), os.environ.get("PYTHONPATH")]))
+    result = subprocess.run(
+        [sys.executable, str(DEMO)],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": python_path, "TMPDIR": str(temporary)},
+    )
+    leaked = _processes_mentioning(str(temporary))
+    for pid in leaked:  # this test's own sidecar, when the demo left it
+        os.kill(pid, 9)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "did not start within 20 s" in result.stderr
+    assert not leaked, "the demo left its sidecar running"
