@@ -113,6 +113,22 @@ def _positive_int(value: Any, text: bool) -> int:
     return value
 
 
+MAX_MESSAGE_BYTES = 2**31 - 1
+"""Largest message protobuf parses and grpcio's receive limit takes (a C ``int``): a larger
+``receivers.max_request_bytes`` made start-up fail with a bare ``OverflowError``."""
+
+
+def _request_bytes(value: Any, text: bool) -> int:
+    """A positive integer of at most :data:`MAX_MESSAGE_BYTES`."""
+    number = _positive_int(value, text)
+    if number > MAX_MESSAGE_BYTES:
+        raise ValueError(
+            f"expected a positive integer of at most {MAX_MESSAGE_BYTES} (2 GiB - 1, the largest "
+            f"message protobuf and gRPC take), got {value!r}"
+        )
+    return number
+
+
 def _optional_positive_int(value: Any, text: bool) -> int | None:
     if value is None or (text and isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
         return None
@@ -506,8 +522,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("receivers.http.max_connections", "DURABLE_SESSIONS_HTTP_MAX_CONNECTIONS", _positive_int, 256,
            "connections the HTTP port serves at once (a thread each); past it new connections wait "
            "in the listen backlog and idle keep-alive connections are closed to make room"),
-    Option("receivers.max_request_bytes", "DURABLE_SESSIONS_MAX_REQUEST_BYTES", _positive_int, 64 * MIB,
-           "largest accepted Export request, after decompression (both receivers)"),
+    Option("receivers.max_request_bytes", "DURABLE_SESSIONS_MAX_REQUEST_BYTES", _request_bytes, 64 * MIB,
+           "largest accepted Export request, after decompression (both receivers); at most "
+           "2147483647 (2 GiB - 1), the largest message protobuf and gRPC take"),
     Option("receivers.max_decoding_bytes", "DURABLE_SESSIONS_MAX_DECODING_BYTES", _positive_int, GIB,
            "memory the Export requests decoded at once may take (both receivers), each weighed as "
            "its decompressed size times what decoding takes per byte (see Decoding memory); past it "

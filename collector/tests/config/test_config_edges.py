@@ -554,6 +554,19 @@ def test_fuzz_any_environment_value_loads_or_is_a_config_error(option: Any, text
         ),
         ("evaluation: {idle_s: [1\n", [], "not valid YAML"),
         (None, [], "cannot read configuration file"),
+        # Over gRPC's receive limit (a C int): start-up ended in an OverflowError traceback,
+        # exit code 1, after the store was opened.
+        (
+            "receivers: {max_request_bytes: 2147483648}\n",
+            [],
+            "receivers.max_request_bytes: expected a positive integer of at most 2147483647",
+        ),
+        (
+            "",
+            ["--max-request-bytes", "4294967296"],
+            "receivers.max_request_bytes: expected a positive integer of at most 2147483647 (2 GiB - 1, "
+            "the largest message protobuf and gRPC take), got '4294967296' (from --max-request-bytes)",
+        ),
     ],
 )
 def test_invalid_configuration_stops_serve_with_exit_code_2(
@@ -567,6 +580,13 @@ def test_invalid_configuration_stops_serve_with_exit_code_2(
     assert expected in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "s.db").exists()  # stopped before opening anything
+
+
+def test_the_largest_request_limit_grpc_takes_is_served(start_sidecar) -> None:  # type: ignore[no-untyped-def]
+    """2 GiB - 1 is the largest ``receivers.max_request_bytes``, and both ports start with it."""
+    sidecar = start_sidecar(receivers__max_request_bytes=str(2**31 - 1))
+    assert sidecar.service.grpc_port and sidecar.service.http_port
+    assert sidecar.get("/healthz")[0] == 200
 
 
 def test_invalid_variable_stops_serve_naming_key_and_variable(tmp_path: Path) -> None:
