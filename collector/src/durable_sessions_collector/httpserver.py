@@ -195,13 +195,17 @@ class Request:
 
     def read_body(self, limit: int) -> bytes:
         """The request body, at most ``limit`` bytes; raise BodyTooLarge or BodyError."""
+        return self._read_body(limit, keep=True)
+
+    def _read_body(self, limit: int, *, keep: bool) -> bytes:
+        """The body (b"" without ``keep``: read and dropped a piece at a time)."""
         try:
-            return self._read_body(limit)
+            return self._read_framed(limit, keep)
         except (BodyTooLarge, BodyError):
             self.body_failed = True
             raise
 
-    def _read_body(self, limit: int) -> bytes:
+    def _read_framed(self, limit: int, keep: bool) -> bytes:
         length = body_length(self.headers)
         handler = self.handler
         if length is not None and length > limit:
@@ -215,8 +219,8 @@ class Request:
         try:
             _send_continue(handler)
             if length is None:
-                return self._read_chunked(limit)
-            data = handler.rfile.read(length)
+                return self._read_chunked(limit, keep)
+            data = self._read_exactly(length, keep)
         except DeadlineExceeded:
             raise BodyError(
                 f"request body not received within {handler.body_timeout_s:g} s"  # type: ignore[attr-defined]
@@ -228,12 +232,29 @@ class Request:
             ) from None
         except OSError as error:  # the client went away (reset, broken pipe): not a server error
             raise BodyError(f"request body not received: {error.strerror or error}") from None
-        if len(data) != length:
-            raise BodyError(f"request body ended after {len(data)} of {length} bytes")
+        if data is None:
+            raise BodyError(f"request body ended before its {length} bytes")
         self.body_consumed = True
         return data
 
-    def _read_chunked(self, limit: int) -> bytes:
+    def _read_exactly(self, size: int, keep: bool) -> bytes | None:
+        """The body's next ``size`` bytes, None if it ends before. Without ``keep`` they are
+        read a piece at a time and dropped (b"" is returned): a body read only to be
+        discarded (a request refused with 401, 404 or 415) is never held whole, so a
+        client without the token cannot make the port hold ``max_request_bytes`` per
+        connection."""
+        rfile = self.handler.rfile
+        if keep:
+            data = rfile.read(size)
+            return data if len(data) == size else None
+        while size > 0:
+            got = rfile.read(min(CHUNK, size))
+            if not got:
+                return None
+            size -= len(got)
+        return b""
+
+    def _read_chunked(self, limit: int, keep: bool) -> bytes:
         # Strict chunk syntax (RFC 9112 section 7.1): int(x, 16) also takes "-1" (which read
         # to the end of the stream), "0x10" and "1_0"; chunk data must end where its size says.
         rfile = self.handler.rfile
@@ -249,8 +270,8 @@ class Request:
             total += size
             if total > limit:
                 raise BodyTooLarge(f"request body is over the {limit}-byte limit")
-            chunk = rfile.read(size)
-            if len(chunk) != size:
+            chunk = self._read_exactly(size, keep)
+            if chunk is None:
                 raise BodyError("request body ended inside a chunk")
             parts.append(chunk)
             if rfile.readline(3) not in (b"\r\n", b"\n"):
@@ -287,7 +308,7 @@ class Request:
             # stall timeout (30 s) before the 400 went out.
             return
         with contextlib.suppress(BodyTooLarge, BodyError):
-            self.read_body(limit)
+            self._read_body(limit, keep=False)
 
 
 @dataclass

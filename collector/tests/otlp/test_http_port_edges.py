@@ -21,6 +21,7 @@ import ssl
 import struct
 import threading
 import time
+import tracemalloc
 from typing import Any
 
 import pytest
@@ -813,3 +814,64 @@ def test_stopping_serves_a_connection_whose_request_has_arrived_but_not_been_see
     for pair in (arriving, idle):
         for side in pair:
             side.close()
+
+
+DISCARDED_BYTES = 24 * 1024 * 1024
+
+
+def _send_discarded_body(sock: socket.socket, head: bytes, chunked: bool) -> None:
+    """``head``, then a body of :data:`DISCARDED_BYTES` sent in pieces (the test's own
+    memory stays small), as one chunk when ``chunked``."""
+    piece = b"\0" * (1024 * 1024)
+    sock.sendall(head + (b"%x\r\n" % DISCARDED_BYTES if chunked else b""))
+    for _ in range(DISCARDED_BYTES // len(piece)):
+        sock.sendall(piece)
+    sock.sendall(b"\r\n0\r\n\r\n" if chunked else b"")
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+@pytest.mark.parametrize(
+    ("path", "headers", "status"),
+    [
+        ("/v1/traces", {}, 401),  # no token
+        ("/v1/traces", {"Authorization": f"Bearer {TOKEN}", "Content-Type": "text/plain"}, 415),
+        ("/nowhere", {"Authorization": f"Bearer {TOKEN}"}, 404),
+    ],
+    ids=["401", "415", "404"],
+)
+def test_a_refused_requests_body_is_discarded_without_being_held(  # type: ignore[no-untyped-def]
+    start_sidecar, path: str, headers: dict[str, str], status: int, chunked: bool
+) -> None:
+    """The body of a request refused before it is read (no token, a Content-Type or path
+    the port does not serve) is read to keep the connection in step, and dropped a piece
+    at a time. It was read whole into memory first: a client without the token could
+    make the port hold ``max_request_bytes`` (64 MiB) on each of its 256 connections."""
+    sidecar = start_sidecar(auth__token=TOKEN)
+    lines = [f"POST {path} HTTP/1.1", "Host: sidecar", "Connection: close"]
+    lines += [f"{name}: {value}" for name, value in {"Content-Type": "application/json", **headers}.items()]
+    lines.append("Transfer-Encoding: chunked" if chunked else f"Content-Length: {DISCARDED_BYTES}")
+    head = ("\r\n".join(lines) + "\r\n\r\n").encode()
+    tracemalloc.start()  # the sidecar runs in this process: its allocations are traced
+    try:
+        with connect(sidecar) as sock:
+            _send_discarded_body(sock, head, chunked)
+            data, closed = read_until_closed(sock, 10)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    [(answered, _, _)] = responses(data)
+    assert closed and answered == status
+    assert peak < DISCARDED_BYTES // 4, f"{peak} bytes held while discarding a {DISCARDED_BYTES}-byte body"
+
+
+def test_a_discarded_body_keeps_the_connection_in_step(sidecar) -> None:  # type: ignore[no-untyped-def]
+    """After a body discarded piece by piece (a 404's), the next request on the connection
+    is read from where that body ended."""
+    body = export_body("after-discard", "d1")
+    with connect(sidecar) as sock:
+        _send_discarded_body(sock, post_head(DISCARDED_BYTES, path="/nowhere"), chunked=False)
+        sock.sendall(post_head(len(body), Connection="close") + body)
+        data, closed = read_until_closed(sock, 10)
+    assert closed
+    assert [status for status, _, _ in responses(data)] == [404, 200]
+    assert [a["action_id"] for a in sidecar.session("after-discard")["actions"]] == ["d1"]
