@@ -103,10 +103,12 @@ def _non_negative_number(value: Any, text: bool) -> float:
     return number
 
 
-def _positive_int(value: Any, text: bool) -> int:
+def _positive_int(value: Any, _text: bool) -> int:
+    """A positive integer; a string of digits is one, from the file too (quoted there, as
+    templating tools write values), as :func:`_number` reads a string."""
     if isinstance(value, bool):
         raise ValueError(f"expected a positive integer, got {value!r}")
-    if text and isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and value.strip().isdigit():
         value = int(value.strip())
     if not isinstance(value, int) or value < 1:
         raise ValueError(f"expected a positive integer, got {value!r}")
@@ -130,15 +132,17 @@ def _request_bytes(value: Any, text: bool) -> int:
 
 
 def _optional_positive_int(value: Any, text: bool) -> int | None:
-    if value is None or (text and isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
         return None
     return _positive_int(value, text)
 
 
-def _boolean(value: Any, text: bool) -> bool:
+def _boolean(value: Any, _text: bool) -> bool:
+    """true or false; a string spells one as a variable does, from the file too (quoted
+    there: ``strict: "false"``)."""
     if isinstance(value, bool):
         return value
-    if text and isinstance(value, str):
+    if isinstance(value, str):
         lowered = value.strip().lower()
         if lowered in ("1", "true", "yes", "on"):
             return True
@@ -449,7 +453,7 @@ def _otlp_endpoint(value: Any, text: bool) -> str | None:
 
 
 def _optional_boolean(value: Any, text: bool) -> bool | None:
-    if value is None or (text and isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
         return None
     return _boolean(value, text)
 

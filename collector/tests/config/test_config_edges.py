@@ -650,6 +650,31 @@ def test_a_number_in_the_file_means_what_it_means_in_a_variable(
     assert from_file == float(raw) == getattr(load(None, env={option.env: raw}), option.attr)
 
 
+@pytest.mark.parametrize(
+    ("text", "key", "raw", "expected"),
+    [
+        ('pipeline: {queue_size: "64"}\n', "pipeline.queue_size", "64", 64),
+        ("receivers: {max_request_bytes: '1048576'}\n", "receivers.max_request_bytes", "1048576", 1048576),
+        ('evaluation: {attribute_value_limit: "4096"}\n', "evaluation.attribute_value_limit", "4096", 4096),
+        ('evaluation: {strict: "true"}\n', "evaluation.strict", "true", True),
+        ("alerts: {log: {enabled: 'off'}}\n", "alerts.log.enabled", "off", False),
+        ('alerts: {otlp: {insecure: "false"}}\n', "alerts.otlp.insecure", "false", False),
+    ],
+)
+def test_a_quoted_integer_or_boolean_in_the_file_means_what_it_means_in_a_variable(
+    tmp_path: Path, text: str, key: str, raw: str, expected: Any
+) -> None:
+    """Templating tools (Helm's ``quote``, envsubst into ``"${VAR}"``) write every value as a
+    string. A quoted number was read already; a quoted integer or boolean was refused
+    with a message that contradicted itself: "expected a positive integer, got '64'"."""
+    path = tmp_path / "collector.yaml"
+    path.write_text(text)
+    option = next(o for o in OPTIONS if o.key == key)
+    from_file = getattr(load(path, env={}), option.attr)
+    assert from_file == expected == getattr(load(None, env={option.env: raw}), option.attr)
+    assert type(from_file) is type(expected)
+
+
 def test_a_blank_header_value_in_the_file_stops_serve_naming_the_key(tmp_path: Path) -> None:
     """A header value of spaces is empty, in the file as in the variable's key=value form: an
     error naming alerts.otlp.headers (exit code 2), not a crash while the log's secrets are
