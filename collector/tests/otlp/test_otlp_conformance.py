@@ -24,10 +24,12 @@ from __future__ import annotations
 import gzip
 import http.client
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 from durable_sessions_collector.otlp import receiver
+from durable_sessions_collector.otlp.content_encoding import ENCODINGS
 from durable_sessions_collector.store.stored import hidden
 from google.protobuf import json_format
 from google.rpc import code_pb2, error_details_pb2, status_pb2
@@ -616,6 +618,17 @@ def test_chunked_gzip_json_body_is_accepted(sidecar) -> None:  # type: ignore[no
     finally:
         connection.close()
     assert [a["action_id"] for a in actions(sidecar, "chunked")] == ["c"]
+
+
+def test_the_readmes_table_of_answers_names_every_accepted_coding() -> None:
+    """The table said "accepted: gzip, zstd, deflate, zlib, none" after snappy and lz4 were
+    accepted: a reader with a Collector set to either took it for a 415."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    [row] = [
+        line for line in readme.splitlines() if line.startswith("| wrong `Content-Type` / `Content-Encoding`")
+    ]
+    accepted = row.partition("(accepted: ")[2].partition(")")[0]
+    assert set(accepted.replace(" or ", ", ").split(", ")) == {*ENCODINGS, "identity", "none"}
 
 
 @pytest.mark.parametrize("coding", ["zstd", "zlib", "deflate", "gzip", "snappy", "snappy-block", "lz4"])
