@@ -28,6 +28,9 @@ import pytest
 from conftest import wait_for
 from durable_sessions_collector import __version__, httpserver
 from google.rpc import code_pb2, status_pb2
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import KeyValue
+from sidecar_clients import any_value, one_action_export
 
 TOKEN = "edge-token-0123456789abcdef"
 
@@ -875,3 +878,31 @@ def test_a_discarded_body_keeps_the_connection_in_step(sidecar) -> None:  # type
     assert closed
     assert [status for status, _, _ in responses(data)] == [404, 200]
     assert [a["action_id"] for a in sidecar.session("after-discard")["actions"]] == ["d1"]
+
+
+def test_a_body_in_tiny_chunks_is_held_at_its_own_size(sidecar) -> None:  # type: ignore[no-untyped-def]
+    """Each chunk of a chunked body was kept as its own bytes object until the body was
+    joined: a body sent one byte per chunk held about 40 times its size (a 34-byte object
+    and a list slot per byte), past what ``max_request_bytes`` promises. The chunks go
+    into one buffer now."""
+    request = ExportTraceServiceRequest.FromString(one_action_export(1, "tiny-chunks"))
+    pad = KeyValue(key="foreign.pad", value=any_value("p" * 100_000))  # read by no rule
+    request.resource_spans[0].resource.attributes.append(pad)
+    body = request.SerializeToString()
+    head = (
+        b"POST /v1/traces HTTP/1.1\r\nHost: sidecar\r\nContent-Type: application/x-protobuf\r\n"
+        b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    )
+    wire = head + b"".join(b"1\r\n%c\r\n" % byte for byte in body) + b"0\r\n\r\n"
+    tracemalloc.start()  # the sidecar runs in this process: its allocations are traced
+    try:
+        with connect(sidecar) as sock:
+            sock.sendall(wire)
+            data, closed = read_until_closed(sock, 60)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    [(status, _, _)] = responses(data)
+    assert closed and status == 200
+    assert [a["action_id"] for a in sidecar.session("tiny-chunks")["actions"]] == ["a1"]
+    assert peak < 12 * len(body), f"{peak} bytes held for a {len(body)}-byte body in 1-byte chunks"
