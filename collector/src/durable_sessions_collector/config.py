@@ -33,6 +33,7 @@ import contextlib
 import ipaddress
 import math
 import os
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,10 +64,22 @@ def _endpoint(value: Any, _text: bool) -> str:
     return value.strip()
 
 
+MAX_SECONDS = 1e9
+"""Longest duration a setting may give, about 31 years. A thread cannot wait much longer
+(``threading.TIMEOUT_MAX``, about 292 years): ``pipeline.ack_timeout_s: 1e12``, meant as
+"never", was accepted and then failed every Export with an ``OverflowError`` (503)."""
+
+
 def _positive_number(value: Any, text: bool) -> float:
     number = _number(value, text)
     if number <= 0:
         raise ValueError(f"expected a positive number, got {value!r}")
+    return _at_most_max_seconds(number, value)
+
+
+def _at_most_max_seconds(number: float, value: Any) -> float:
+    if number > MAX_SECONDS:
+        raise ValueError(f"expected at most {MAX_SECONDS:.0f} seconds (about 31 years), got {value!r}")
     return number
 
 
@@ -80,7 +93,10 @@ def _number(value: Any, _text: bool) -> float:
     if isinstance(value, bool):
         raise ValueError(f"expected a positive number, got {value!r}")
     number = None
-    if isinstance(value, int | float):
+    if isinstance(value, int) and abs(value) > MAX_SECONDS:
+        # float() raised OverflowError past 1e308: any such int is merely too large (or small)
+        number = sys.float_info.max if value > 0 else -sys.float_info.max
+    elif isinstance(value, int | float):
         number = float(value)
     elif isinstance(value, str):
         with contextlib.suppress(ValueError):
@@ -100,7 +116,7 @@ def _non_negative_number(value: Any, text: bool) -> float:
         number = -1.0
     if number < 0:
         raise ValueError(f"expected a number of 0 or more, got {value!r}")
-    return number
+    return _at_most_max_seconds(number, value)
 
 
 def _positive_int(value: Any, _text: bool) -> int:
@@ -129,6 +145,11 @@ def _request_bytes(value: Any, text: bool) -> int:
             f"message protobuf and gRPC take), got {value!r}"
         )
     return number
+
+
+def _seconds_int(value: Any, text: bool) -> int:
+    """A positive whole number of seconds, at most :data:`MAX_SECONDS`."""
+    return int(_at_most_max_seconds(_positive_int(value, text), value))
 
 
 def _optional_positive_int(value: Any, text: bool) -> int | None:
@@ -535,7 +556,7 @@ OPTIONS: tuple[Option, ...] = (
            "receivers answer 503 / UNAVAILABLE (retryable); a request alone is always decoded"),
     Option("pipeline.queue_size", "DURABLE_SESSIONS_QUEUE_SIZE", _positive_int, 64,
            "Export requests waiting to be written; past it receivers answer 503 / UNAVAILABLE"),
-    Option("pipeline.retry_after_s", "DURABLE_SESSIONS_RETRY_AFTER_S", _positive_int, 1,
+    Option("pipeline.retry_after_s", "DURABLE_SESSIONS_RETRY_AFTER_S", _seconds_int, 1,
            "least seconds a client is told to wait when the queue is full (Retry-After, RetryInfo): "
            "each refusal gets between this and twice this, at random"),
     Option("pipeline.max_batch", "DURABLE_SESSIONS_MAX_BATCH", _positive_int, 64,

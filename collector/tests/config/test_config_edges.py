@@ -556,6 +556,25 @@ def test_fuzz_any_environment_value_loads_or_is_a_config_error(option: Any, text
         (None, [], "cannot read configuration file"),
         # Over gRPC's receive limit (a C int): start-up ended in an OverflowError traceback,
         # exit code 1, after the store was opened.
+        # Longer than a thread can wait: every Export failed (503) with an OverflowError.
+        (
+            "pipeline: {ack_timeout_s: 1e12}\n",
+            [],
+            "pipeline.ack_timeout_s: expected at most 1000000000 seconds (about 31 years), got '1e12'",
+        ),
+        # An integer past float's range: a traceback (OverflowError) while the file was read.
+        (
+            "evaluation: {idle_s: 1" + "0" * 400 + "}\n",
+            [],
+            "evaluation.idle_s: expected at most 1000000000 seconds",
+        ),
+        ("", ["--retention-s", "2e9"], "retention.sessions_s: expected at most 1000000000 seconds"),
+        # Past protobuf's Duration range: a 503's RetryInfo could not be written, a 500 went out.
+        (
+            "pipeline: {retry_after_s: 1000000000000}\n",
+            [],
+            "pipeline.retry_after_s: expected at most 1000000000",
+        ),
         (
             "receivers: {max_request_bytes: 2147483648}\n",
             [],
@@ -580,6 +599,28 @@ def test_invalid_configuration_stops_serve_with_exit_code_2(
     assert expected in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "s.db").exists()  # stopped before opening anything
+
+
+def test_the_longest_ack_timeout_is_waited_for(start_sidecar) -> None:  # type: ignore[no-untyped-def]
+    """1e9 s is the longest duration a setting may give; an Export then waits for its
+    commit as with the default, and is answered OK."""
+    sidecar = start_sidecar(pipeline__ack_timeout_s="1e9")
+    attributes = {"session.id": "long-ack", "agent.action.id": "a", "agent.action.kind": "tool_call"}
+    span = {
+        "traceId": "5b8efff798038103d269b633813fc60c",
+        "spanId": "eee19b7ec3c1b174",
+        "name": "step",
+        "startTimeUnixNano": "1700000000000000000",
+        "attributes": [{"key": k, "value": {"stringValue": v}} for k, v in attributes.items()],
+    }
+    request = urllib.request.Request(
+        sidecar.http_url + "/v1/traces",
+        data=json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert (response.status, json.loads(response.read())) == (200, {})
+    assert [a["action_id"] for a in sidecar.session("long-ack")["actions"]] == ["a"]
 
 
 def test_the_largest_request_limit_grpc_takes_is_served(start_sidecar) -> None:  # type: ignore[no-untyped-def]
