@@ -524,16 +524,20 @@ class HttpServer:
         self._thread: threading.Thread | None = None
 
     def start(self) -> int:
-        self._thread = threading.Thread(
+        thread = threading.Thread(
             target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="http", daemon=True
         )
-        self._thread.start()
+        thread.start()
+        self._thread = thread  # only once it runs: stop() waits for it then
         return self.port
 
     def stop(self, grace: float = 2.0) -> None:
         """Stop accepting, close idle keep-alive connections, and give the requests being
-        served up to ``grace`` seconds to be answered (with ``Connection: close``)."""
-        self.httpd.shutdown()
+        served up to ``grace`` seconds to be answered (with ``Connection: close``). A port
+        never started is only closed: ``shutdown()`` waits for a ``serve_forever`` that never
+        ran, and a start-up that failed after binding the port hung in its teardown."""
+        if self._thread is not None:
+            self.httpd.shutdown()
         self.httpd.server_close()
         if not self.connections.stop(grace):
             self.log.warning(

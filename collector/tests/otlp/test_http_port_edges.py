@@ -15,6 +15,7 @@ connection closed) and section 7.1 (chunked coding); RFC 9110 section 10.1.1 (Ex
 
 from __future__ import annotations
 
+import io
 import json
 import socket
 import ssl
@@ -27,6 +28,7 @@ from typing import Any
 import pytest
 from conftest import wait_for
 from durable_sessions_collector import __version__, httpserver
+from durable_sessions_collector.jsonlog import JsonLog
 from google.rpc import code_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
@@ -906,3 +908,19 @@ def test_a_body_in_tiny_chunks_is_held_at_its_own_size(sidecar) -> None:  # type
     assert closed and status == 200
     assert [a["action_id"] for a in sidecar.session("tiny-chunks")["actions"]] == ["a1"]
     assert peak < 12 * len(body), f"{peak} bytes held for a {len(body)}-byte body in 1-byte chunks"
+
+
+def test_a_port_never_started_stops_at_once() -> None:
+    """A start-up that fails after the HTTP port is bound (before its serving thread runs)
+    tears the port down: ``stop()`` waited for a ``serve_forever`` that never ran, so
+    ``serve`` hung for ever instead of exiting with its error."""
+    server = httpserver.HttpServer(
+        "127.0.0.1:0", httpserver.Router(), JsonLog(io.StringIO()), body_limit=1024
+    )
+    port = server.port
+    stopping = threading.Thread(target=server.stop, daemon=True)
+    stopping.start()
+    stopping.join(10)
+    assert not stopping.is_alive(), "stop() of a port never started did not return"
+    with pytest.raises(ConnectionRefusedError):  # and the port is closed
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
