@@ -119,6 +119,12 @@ def _non_negative_number(value: Any, text: bool) -> float:
     return _at_most_max_seconds(number, value)
 
 
+MAX_COUNT = 2**53
+"""Largest count or size a setting may give: the largest integer a float, and so a
+Prometheus gauge (``durable_sessions_decoding_bytes_limit``, ``…_http_connections_limit``),
+holds exactly. A larger one (past 1e308) ended start-up in an ``OverflowError``."""
+
+
 def _positive_int(value: Any, _text: bool) -> int:
     """A positive integer; a string of digits is one, from the file too (quoted there, as
     templating tools write values), as :func:`_number` reads a string."""
@@ -128,6 +134,8 @@ def _positive_int(value: Any, _text: bool) -> int:
         value = int(value.strip())
     if not isinstance(value, int) or value < 1:
         raise ValueError(f"expected a positive integer, got {value!r}")
+    if value > MAX_COUNT:
+        raise ValueError(f"expected a positive integer of at most {MAX_COUNT} (2^53), got {value!r}")
     return value
 
 

@@ -569,6 +569,18 @@ def test_fuzz_any_environment_value_loads_or_is_a_config_error(option: Any, text
             "evaluation.idle_s: expected at most 1000000000 seconds",
         ),
         ("", ["--retention-s", "2e9"], "retention.sessions_s: expected at most 1000000000 seconds"),
+        # Past a float's range, as the metrics' gauges take it: an OverflowError traceback
+        # at start (and a hang, the HTTP port bound and never started).
+        (
+            "",
+            ["--http-max-connections", "1" + "0" * 400],
+            "receivers.http.max_connections: expected a positive integer of at most 9007199254740992 (2^53)",
+        ),
+        (
+            "receivers: {max_decoding_bytes: 9007199254740993}\n",
+            [],
+            "receivers.max_decoding_bytes: expected a positive integer of at most",
+        ),
         # Past protobuf's Duration range: a 503's RetryInfo could not be written, a 500 went out.
         (
             "pipeline: {retry_after_s: 1000000000000}\n",
