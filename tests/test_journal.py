@@ -425,6 +425,60 @@ def test_long_results_replay_by_reference(journal: SqliteJournal, tmp_path: Path
     assert sc.ACTION_RESULT not in second
 
 
+def test_a_failing_result_store_does_not_lose_the_journaled_outcome(
+    journal: SqliteJournal, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A result too long for the span, whose store fails (a read-only disk), was journaled
+    ``ok`` without an outcome: the next process asked the person again. The journal keeps
+    it; the span carries its digest, which counts as recorded."""
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("a file where the store wants a directory")
+    store = FileResultStore(blocked / "results")
+    answer = {"budget": "x" * 100}
+    agents = [Agent(journal), Agent(journal)]
+    for agent in agents:
+        restart()
+
+        @action("a1", "user_prompt", max_result_chars=10, result_store=store, tracer_provider=agent.provider)
+        def ask(calls: list[str] = agent.calls) -> Any:
+            calls.append("asked")
+            return answer
+
+        with caplog.at_level(logging.WARNING, "durable_sessions"), session("s-1", journal=journal):
+            assert ask() == answer
+    assert [agent.calls for agent in agents] == [["asked"], []]  # asked once, replayed after
+    assert journal.get("s-1", "a1").outcome == answer
+    first, second = (agent.attributes("a1") for agent in agents)
+    assert first[sc.ACTION_RESULT_DIGEST] == second[sc.ACTION_RESULT_DIGEST] == digest_value(answer)
+    assert second[sc.ACTION_REPLAYED] is True
+    assert "the journal keeps the outcome" in caplog.text
+
+
+def test_a_result_no_span_can_carry_is_journaled_and_replayed(journal: SqliteJournal) -> None:
+    """Text with a lone surrogate is JSON the journal keeps (and replays exactly), but no
+    span attribute can carry it: it was journaled without an outcome and ran again."""
+    calls: list[int] = []
+    for _ in range(2):
+        restart()
+        with session("s-1", journal=journal):
+            got = action("a1", "llm_call")(lambda: calls.append(1) or "half \ud800 a pair")()
+        assert got == "half \ud800 a pair"
+    assert calls == [1]
+
+
+def test_a_failing_result_store_without_a_journal_leaves_the_result_unrecorded(tmp_path: Path) -> None:
+    """Without a journal nothing keeps the outcome: the span says nothing was recorded."""
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("")
+    agent = Agent(SqliteJournal(tmp_path / "unused.db"))
+    with session("s-1"):
+        agent.action("a1", "llm_call", max_result_chars=10, result_store=FileResultStore(blocked))(
+            lambda: "x" * 100
+        )()
+    attributes = agent.attributes("a1")
+    assert sc.ACTION_RESULT_DIGEST not in attributes and sc.ACTION_RESULT_REF not in attributes
+
+
 def test_without_a_session_or_journal_nothing_is_journaled(journal: SqliteJournal) -> None:
     calls = []
     for _ in range(2):

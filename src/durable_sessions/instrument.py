@@ -37,7 +37,8 @@ process: a session or key that changes across a restart is what durability forbi
 
 Nothing here raises into the caller's code because of the instrumentation itself: a
 result that cannot be serialised is logged and left unrecorded (so the rules report
-it), and a failing result store is logged the same way.
+it), and a failing result store is logged the same way (with a journal, which keeps
+the result whatever the store does, the span carries the result's digest).
 """
 
 from __future__ import annotations
@@ -420,7 +421,9 @@ class Action:
         value that cannot be serialised (NaN and ±Infinity included: JSON has no such
         numbers) is logged and left unrecorded, so the rules report the action instead of
         your code failing. A journal keeps the same JSON with each dictionary's keys in
-        their own order, which its replay hands back.
+        their own order, which its replay hands back. A result store that fails is logged;
+        the result is then left unrecorded, unless a journal keeps it, in which case the
+        span carries its digest only.
         """
         try:
             data = outcome_json(result)
@@ -436,12 +439,23 @@ class Action:
         try:
             ref = self._set_outcome(data, None)
         except Exception as error:  # fail open: a broken store must not break the agent
+            if not self._journaled():
+                logger.warning(
+                    "durable_sessions: could not record the result of action %r (%s); it is not recorded",
+                    self.action_id,
+                    error,
+                )
+                return result
+            # The journal keeps the outcome in full whatever the store does: losing it
+            # would ask the person again (or replay a payment as None) after a restart.
+            # The span carries its digest, which says where the outcome is kept.
             logger.warning(
-                "durable_sessions: could not record the result of action %r (%s); it is not recorded",
+                "durable_sessions: could not put the result of action %r on its span (%s); the span "
+                "carries only the digest, and the journal keeps the outcome",
                 self.action_id,
                 error,
             )
-            return result
+            ref = None
         self.span.set_attribute(sc.ACTION_RESULT_DIGEST, digest)
         self._recorded_as = (kept, digest, ref)
         self.recorded = True
@@ -461,17 +475,26 @@ class Action:
         self.span.set_attribute(sc.ACTION_REPLAYED, True)
         try:
             self.result = entry.outcome
-            if entry.result is not None:
-                self._set_outcome(entry.result, entry.result_ref)
-            elif entry.result_ref is not None:  # recorded by reference only (record_ref)
-                self.span.set_attribute(sc.ACTION_RESULT_REF, entry.result_ref)
-            if entry.result_digest is not None:
-                self.span.set_attribute(sc.ACTION_RESULT_DIGEST, entry.result_digest)
         except Exception:  # fail open: a journal row that does not read is replayed as None
             logger.warning(
                 "durable_sessions: the journal's outcome of action %r does not read",
                 self.action_id,
                 exc_info=True,
+            )
+            return
+        if entry.result_digest is not None:
+            self.span.set_attribute(sc.ACTION_RESULT_DIGEST, entry.result_digest)
+        try:
+            if entry.result is not None:
+                self._set_outcome(entry.result, entry.result_ref)
+            elif entry.result_ref is not None:  # recorded by reference only (record_ref)
+                self.span.set_attribute(sc.ACTION_RESULT_REF, entry.result_ref)
+        except Exception as error:  # fail open: a store that fails leaves the span the digest
+            logger.warning(
+                "durable_sessions: could not put the replayed result of action %r on its span (%s); "
+                "the span carries only the digest",
+                self.action_id,
+                error,
             )
 
     def _set_outcome(self, data: bytes, ref: str | None) -> str | None:
