@@ -247,6 +247,27 @@ def test_a_checker_process_that_cannot_start_gives_way_to_inline_checking(
     assert len(exporter.get_finished_spans()) == 2
 
 
+@pytest.mark.parametrize("executable", [None, ""])
+def test_no_sys_executable_gives_way_to_inline_checking(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, executable: str | None
+) -> None:
+    """An embedded interpreter that cannot say where a Python is has ``sys.executable``
+    None (or empty): the constructor raised TypeError into the application's setup,
+    where the docs promise inline checking when no checker process can be started."""
+    monkeypatch.setattr(sys, "executable", executable)
+    seen: list[Violation] = []
+    processor = DurabilitySpanProcessor(mode="log", checking="process", on_violation=seen.append)
+    provider, _ = provider_with(processor)
+    assert processor.checking == "inline" and processor.internal_errors == 1
+    assert "sys.executable is not set" in caplog.text
+    with provider.get_tracer("t").start_as_current_span(
+        "pay", attributes={sc.SESSION_ID: "s", sc.ACTION_ID: "p1", sc.ACTION_KIND: "payment"}
+    ):
+        pass
+    assert [v.rule for v in seen] == ["unkeyed-side-effect"]
+    provider.shutdown()
+
+
 def test_a_full_queue_drops_and_counts_instead_of_blocking(sender: str) -> None:
     errors: list[str] = []
     checker = checker_process(

@@ -26,6 +26,7 @@ raise into the application, so ``mode="raise"`` needs the inline mode.
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import json
 import marshal
@@ -282,7 +283,8 @@ class CheckerProcess:
     """The application's side of a checker process.
 
     ``report`` receives the violations the process finds, on the reader thread.
-    ``on_error`` is told when the process cannot be written to or read from, or dies;
+    Raises ``OSError`` when no process can be started (``sys.executable`` unset, or no
+    program). ``on_error`` is told when the process cannot be written to or read from, or dies;
     the checking then stops, and later spans are dropped and counted, never raised
     about. A span carrying a value ``marshal`` cannot represent is dropped and counted.
 
@@ -327,6 +329,10 @@ class CheckerProcess:
         """Actions the process had checked at its latest answer (``sync``, ``finish``, …)."""
         self._checked = 0  # spans the process has said it checked
         self._lost = False  # whether it stopped (or was stopped) before checking all it was sent
+        if not sys.executable:  # None or "": the interpreter cannot say where a Python is (embedded)
+            raise FileNotFoundError(
+                errno.ENOENT, "sys.executable is not set: no Python to run the checker in"
+            )
         self._process = subprocess.Popen(
             [sys.executable, "-m", "durable_sessions.offload", json.dumps(config)],
             stdin=subprocess.PIPE,
