@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import datetime
@@ -14,6 +15,7 @@ import logging
 import math
 import multiprocessing
 import os
+import pickle
 import signal
 import sqlite3
 import threading
@@ -385,6 +387,34 @@ def test_what_a_forked_process_completed_is_replayed_here(
     with session("s-1", journal=journal):
         assert action("w1", "external_read")(lambda: ran.append(1) or {"city": "Oslo"})() == {"city": "Paris"}
     assert ran == []
+
+
+def _pay_in_a_worker(path: str) -> None:
+    with session("s-1", journal=SqliteJournal(path)):
+        action("a1", "payment")(lambda: {"charged": 5})()
+
+
+def test_an_action_in_doubt_in_a_process_pool_worker_reaches_the_caller(journal: SqliteJournal) -> None:
+    """Agents run sessions in process pools. An exception pickles as its message by
+    default, which ActionInDoubt's constructor cannot take: unpickling it in the parent
+    failed, the executor took that for a dead worker and broke the pool (BrokenProcessPool,
+    every other worker killed midway), and ActionInDoubt never reached the caller."""
+    journal.put(Entry("s-1", "a1", "payment", "started", idempotency_key="k-1"))
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as pool:
+        with pytest.raises(ActionInDoubt) as raised:
+            pool.submit(_pay_in_a_worker, str(journal.path)).result(timeout=60)
+        assert raised.value.entry == journal.get("s-1", "a1")
+        assert raised.value.key_now is None and "'k-1'" in str(raised.value)
+        assert pool.submit(os.getpid).result(timeout=60) != os.getpid()  # the pool still works
+
+
+def test_attempts_exhausted_pickles_as_itself() -> None:
+    entry = Entry("s-1", "a1", "llm_call", "error", 3)
+    error = AttemptsExhausted(entry, 3)
+    error.add_note("escalated to the on-call person")
+    copy = pickle.loads(pickle.dumps(error))
+    assert (type(copy), copy.entry, copy.max_attempts, str(copy)) == (AttemptsExhausted, entry, 3, str(error))
+    assert copy.__notes__ == ["escalated to the on-call person"]
 
 
 def test_a_crash_loop_is_counted_by_the_write_ahead_entries(journal: SqliteJournal) -> None:

@@ -6,6 +6,7 @@ import enum
 import json
 import logging
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -162,6 +163,18 @@ def test_raise_mode_raises_into_the_code_that_ended_the_span() -> None:
     assert [v.rule for v in caught.value.violations] == ["unkeyed-side-effect"]
     assert "unkeyed-side-effect" in str(caught.value)
     assert len(s.exporter.get_finished_spans()) == 1  # added before it: still exported
+
+
+def test_a_durability_violation_error_pickles_as_itself() -> None:
+    """A test run in a process pool (pytest-xdist's workers, a multiprocessing helper)
+    hands the error back pickled; it pickled as its message, which the constructor read
+    as violations, and unpickling it raised AttributeError instead."""
+    s = Setup(mode="raise")
+    with pytest.raises(DurabilityViolationError) as caught, session("s-1"):
+        s.action("a1", "payment")
+    copy = pickle.loads(pickle.dumps(caught.value))
+    assert type(copy) is DurabilityViolationError
+    assert (copy.violations, str(copy)) == (caught.value.violations, str(caught.value))
 
 
 def test_raise_mode_raises_end_of_session_findings_from_end_sessions() -> None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
+import multiprocessing
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -157,3 +160,21 @@ def test_a_process_that_opens_many_journals_in_turn_keeps_no_descriptor_of_their
             pass
         journal.close()
     assert open_descriptors() - before < 5
+
+
+def _enter_in_a_worker(path: str) -> None:
+    with session("trip-42", journal=SqliteJournal(path)):
+        pass
+
+
+def test_session_in_use_in_a_process_pool_worker_reaches_the_caller(tmp_path: Path) -> None:
+    """SessionInUse pickled as its message, which its constructor cannot take: a process
+    pool's worker that raised it broke the pool (BrokenProcessPool) instead."""
+    journal = SqliteJournal(tmp_path / "journal.db")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as pool:
+        pool.submit(os.getpid).result(timeout=60)  # the worker is forked before the hold: it shares none
+        with session("trip-42", journal=journal), pytest.raises(SessionInUse) as raised:
+            pool.submit(_enter_in_a_worker, str(journal.path)).result(timeout=60)
+        assert raised.value.session_id == "trip-42"
+        assert raised.value.lock_path == lock_path_of(journal.path.resolve())
+        assert pickle.loads(pickle.dumps(raised.value)).args == raised.value.args

@@ -123,6 +123,22 @@ class ActionInDoubt(Exception):
             "JOURNAL_FILE SESSION ACTION OUTCOME_JSON' or 'durable-sessions journal discard JOURNAL_FILE SESSION ACTION'"
         )
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as what it was made from (see :func:`_reduced`)."""
+        return _reduced(self, self.entry, self.key_now)
+
+
+def _reduced(error: BaseException, *arguments: Any) -> tuple[Any, ...]:
+    """What pickles ``error`` as ``type(error)(*arguments)`` and its attributes.
+
+    A process pool hands a worker's exception back pickled, and an exception pickles by
+    default as ``type(error)(message)``: the constructor of an exception made from other
+    arguments than its message failed in the parent (``ActionInDoubt`` read the message as
+    its entry), and ``concurrent.futures`` took that for a dead worker, broke the pool and
+    killed the other workers, their sessions' actions midway.
+    """
+    return type(error), arguments, error.__dict__
+
 
 def _why_a_repeat_is_unsafe(journaled: str | None, key_now: str | None) -> str:
     """Why running the action again may do it twice, for :class:`ActionInDoubt`."""
@@ -154,6 +170,10 @@ class AttemptsExhausted(Exception):
             f"{max_attempts} attempts (the last {'failed' if entry.status == sc.STATUS_ERROR else 'never finished'}); "
             "escalate instead of trying again, or journal.discard(session_id, action_id) to start over"
         )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as what it was made from (see :func:`_reduced`)."""
+        return _reduced(self, self.entry, self.max_attempts)
 
 
 class AlreadyCompleted(ValueError):

@@ -152,6 +152,11 @@ class DurabilityViolationError(AssertionError):
         lines = "\n".join(f"  {format_violation(v)}" for v in violations)
         super().__init__(f"{len(violations)} durability violation(s):\n{lines}")
 
+    def __reduce__(self) -> tuple[object, ...]:
+        """Pickled as the violations it was made from, not as its message, which the
+        constructor cannot take (a test run in a process pool got an unpickling error)."""
+        return type(self), (self.violations,), self.__dict__
+
 
 class ConfigurationError(ValueError):
     """A constructor argument or environment variable has an unusable value."""

@@ -65,6 +65,12 @@ class SessionInUse(RuntimeError):
             "run one session in one process at a time, or pass exclusive=False to a helper process's block"
         )
 
+    def __reduce__(self) -> tuple[object, ...]:
+        """Pickled as what it was made from: by default an exception pickles as its
+        message, which this constructor cannot take, and a process pool that handed it
+        back from a worker broke (``durable_sessions.journal._reduced`` says how)."""
+        return type(self), (self.session_id, self.lock_path), self.__dict__
+
 
 def lock_path_of(journal_path: Path) -> Path:
     """The lock file of the journal at ``journal_path``."""
