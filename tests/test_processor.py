@@ -644,6 +644,33 @@ def test_a_child_forked_while_another_thread_holds_the_lock_can_end_spans() -> N
     s.provider.shutdown()
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_does_not_end_its_parents_sessions(tmp_path: Path) -> None:
+    """A helper forked mid-session that shut its provider down (to flush its exporters)
+    ended the parent's sessions with them: the last attempt that had just failed was
+    reported retry-not-escalated there, while the parent went on to escalate it."""
+    s = Setup(mode="silent")
+    with session("s-1"):
+        s.action("a1", "llm_call", error=True, status="error", retryable=True, max_attempts=3, attempts=3)
+    found = tmp_path / "child-found.txt"
+    pid = os.fork()
+    if pid == 0:  # the helper: one action of its own, then a shutdown, then it exits
+        try:
+            with session("s-2"):
+                s.action("h1", "payment")  # unkeyed: the child's own finding
+            s.provider.shutdown()
+            found.write_text("\n".join(v.rule + " " + v.session_id for v in s._found))
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert found.read_text().splitlines() == ["unkeyed-side-effect s-2"]
+    with session("s-1"):
+        s.action("a2", "user_prompt", result='"use the other model"')  # the parent escalates
+    s.provider.shutdown()
+    assert [v.rule for v in s._found] == []
+
+
 # -- intent records --------------------------------------------------------------------
 
 

@@ -311,6 +311,18 @@ def _fresh_locks(processor: DurabilitySpanProcessor) -> None:
     processor._log._lock = threading.Lock()
 
 
+def _in_forked_child(processor: DurabilitySpanProcessor) -> None:
+    """A forked child gets fresh locks (:func:`_fresh_locks`) and, checking inline, none of
+    its parent's sessions, as the SDK's batch processor drops its parent's queue: those
+    sessions go on in the parent, which ends them. Kept, the child's ``shutdown`` (a
+    helper flushing its exporters before it exits) ended them midway and reported
+    end-of-session findings the parent was about to settle: a retry it was about to
+    escalate, a side effect it was about to complete."""
+    _fresh_locks(processor)
+    if processor.checker is not None:
+        processor.checker = processor._new_checker()
+
+
 class DurabilitySpanProcessor(SpanProcessor):
     """Maps ended spans to action records and checks them against the durability rules.
 
@@ -387,7 +399,7 @@ class DurabilitySpanProcessor(SpanProcessor):
         self.violations_reported = 0
         self._lock = threading.Lock()
         self._log = _RateLimitedLog(logger, log_limit_per_minute)
-        forking.after_fork(self, _fresh_locks)
+        forking.after_fork(self, _in_forked_child)
         self._error_logged = False
         self._shut_down = False
         meter = (meter_provider or metrics.get_meter_provider()).get_meter("durable_sessions", __version__)
