@@ -178,3 +178,38 @@ def test_session_in_use_in_a_process_pool_worker_reaches_the_caller(tmp_path: Pa
         assert raised.value.session_id == "trip-42"
         assert raised.value.lock_path == lock_path_of(journal.path.resolve())
         assert pickle.loads(pickle.dumps(raised.value)).args == raised.value.args
+
+
+FORK_AND_DIE = """
+import os, signal, sys, time
+from pathlib import Path
+from durable_sessions.instrument import session
+from durable_sessions.journal import SqliteJournal
+with session(sys.argv[2], journal=SqliteJournal(sys.argv[1])):
+    if os.fork() == 0:  # an idle pool worker: it lives until told to go
+        while not Path(sys.argv[3]).exists():
+            time.sleep(0.05)
+        os._exit(0)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="open file description locks are Linux's")
+def test_a_child_forked_inside_the_block_keeps_the_hold_after_its_parent_died(
+    journal_path: Path, tmp_path: Path
+) -> None:
+    """What recovery.md says: the hold goes with the last process that shares it, so a
+    child that outlives its crashed parent keeps the session held until it ends."""
+    go = tmp_path / "go"
+    parent = subprocess.run(
+        [sys.executable, "-c", FORK_AND_DIE, str(journal_path), "s-1", str(go)], timeout=60
+    )
+    assert parent.returncode == -signal.SIGKILL
+    try:
+        assert another_process_enters(journal_path, "s-1") == "refused"
+    finally:
+        go.touch()
+    deadline = time.monotonic() + 30
+    while another_process_enters(journal_path, "s-1") == "refused":
+        assert time.monotonic() < deadline, "the orphaned child never let the session go"
+        time.sleep(0.1)

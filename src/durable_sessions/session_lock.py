@@ -12,7 +12,9 @@ at an offset that the session id's SHA-256 gives, so one file serves every sessi
 The kernel releases it when its holder dies (a SIGKILL included), so a process that
 resumes a crashed session never waits for a lease to run out. On Linux the range is an
 *open file description* lock (``F_OFD_SETLK``): a child forked inside the block shares
-its parent's hold, and may enter the session too. Elsewhere it is a POSIX record lock
+its parent's hold, and may enter the session too; the kernel releases a shared hold only
+when every process sharing it is gone, so such a child that outlives a crashed parent
+keeps the session held until it ends. Elsewhere it is a POSIX record lock
 (``lockf``), which a forked child does not share. Blocks nest, and threads of one
 process share the hold; it is let go when the last block of the process ends.
 
