@@ -33,9 +33,16 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from durable_sessions import crash, instrument
 from durable_sessions import semconv as sc
-from durable_sessions.digest import digest_value
+from durable_sessions.digest import digest_value, outcome_json
 from durable_sessions.instrument import FileResultStore, action, resource, session
-from durable_sessions.journal import ActionInDoubt, AttemptsExhausted, Entry, SqliteJournal, plan
+from durable_sessions.journal import (
+    ActionInDoubt,
+    AttemptsExhausted,
+    Entry,
+    SqliteJournal,
+    loads_without_recursion,
+    plan,
+)
 
 _REAL_INCARNATION = instrument.incarnation
 
@@ -507,6 +514,65 @@ def test_a_failing_result_store_without_a_journal_leaves_the_result_unrecorded(t
         )()
     attributes = agent.attributes("a1")
     assert sc.ACTION_RESULT_DIGEST not in attributes and sc.ACTION_RESULT_REF not in attributes
+
+
+def _nested(depth: int) -> Any:
+    value: Any = {"leaf": 2**70}
+    for level in range(depth):
+        value = [value] if level % 2 else {"down": value, "level": level}
+    return value
+
+
+@pytest.mark.parametrize("depth", [900, 5000])
+def test_an_outcome_nested_deeper_than_the_recursion_limit_is_replayed_whole(
+    journal: SqliteJournal, depth: int, tmp_path: Path
+) -> None:
+    """An outcome is recorded at any depth, but the journal read it back with json.loads,
+    which raised RecursionError short of 1,000 levels (the sooner the deeper the caller's
+    stack): the action was replayed as None, and its function not run again."""
+    deep = _nested(depth)
+    calls: list[int] = []
+
+    def replay_from_a_deep_stack(frames: int) -> Any:  # as a replay inside a framework's call stack
+        if frames:
+            return replay_from_a_deep_stack(frames - 1)
+        with session("s-1", journal=journal):
+            store = FileResultStore(tmp_path / "results")  # too long for a span, at 5,000 levels
+            return action("a1", "llm_call", result_store=store)(lambda: calls.append(1) or deep)()
+
+    def same(value: Any) -> bool:  # == recurses too: compare the JSON, keys in their order
+        return outcome_json(value, in_order=True) == outcome_json(deep, in_order=True)
+
+    assert same(replay_from_a_deep_stack(0))
+    restart()
+    assert same(replay_from_a_deep_stack(200))
+    assert calls == [1]
+    assert same(loads_without_recursion(journal.get("s-1", "a1").result.decode()))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"b": [1, 2.5, -0.0, 1e400, -3E-2, 123456789012345678901234567890], "a": {}, "b": null}',
+        ' [ "\\u00e9\\ud800\\n", true, false, null, [], [[{}]], {"x": [{"y": []}]} ] ',
+        '"text"',
+        "7",
+        "[NaN, Infinity, -Infinity]",
+    ],
+)
+def test_reading_without_recursion_reads_as_json_does(text: str) -> None:
+    read = loads_without_recursion(text)
+    assert repr(read) == repr(json.loads(text))  # values, types and key order alike
+
+
+@pytest.mark.parametrize(
+    "text", ["", "[1,]", "[1 2]", '{"a" 1}', "{1: 2}", "[1]]", "[", '{"a": 1,}', "tru", '["\x01"]']
+)
+def test_reading_without_recursion_refuses_what_json_refuses(text: str) -> None:
+    with pytest.raises(ValueError):
+        json.loads(text)
+    with pytest.raises(ValueError):
+        loads_without_recursion(text)
 
 
 def test_without_a_session_or_journal_nothing_is_journaled(journal: SqliteJournal) -> None:

@@ -39,10 +39,14 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import os
+import re
 import sqlite3
 import threading
 import weakref
+from json.decoder import scanstring
+from json.scanner import NUMBER_RE
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -84,9 +88,102 @@ class Entry:
 
     @property
     def outcome(self) -> Any:
-        """The recorded outcome as a value (``None`` when none was recorded)."""
+        """The recorded outcome as a value (``None`` when none was recorded), at any depth
+        of nesting the recording wrote."""
+        if self.result is None:
+            return None
         # The standard library, not orjson: an integer beyond 64 bits comes back exact.
-        return None if self.result is None else json.loads(self.result)
+        try:
+            return json.loads(self.result)
+        except RecursionError:  # nested deeper than the recursion limit leaves room for
+            return loads_without_recursion(self.result.decode("utf-8", "surrogatepass"))
+
+
+_SPACE = re.compile(r"[ \t\n\r]*")
+_CONSTANTS = {"true": True, "false": False, "null": None, "NaN": math.nan, "Infinity": math.inf}
+
+
+def loads_without_recursion(text: str) -> Any:
+    """``json.loads(text)`` for JSON of any depth: what it gives, without recursion.
+
+    An outcome is recorded at any depth (:func:`~durable_sessions.digest.outcome_json`
+    writes deep JSON without recursion), but ``json.loads`` recurses once per level and
+    raises ``RecursionError`` some way short of 1,000 levels, the nearer the deeper the
+    caller's own stack: such an outcome was replayed as ``None``. Values, numbers and key
+    order are read as ``json.loads`` reads them. Raises ``ValueError`` for text that is
+    not JSON.
+    """
+    open_: list[list[Any] | dict[str, Any]] = []  # the containers being read, innermost last
+    keys: list[str] = []  # the key being read in each open dictionary
+    position = _SPACE.match(text).end()  # type: ignore[union-attr]
+    while True:
+        value, position = _read_value(text, position, open_, keys)
+        if value is _OPENED:
+            continue
+        while True:  # put the value in its container; close the containers it ends
+            if not open_:
+                if _SPACE.match(text, position).end() != len(text):  # type: ignore[union-attr]
+                    raise ValueError(f"extra data at {position}")
+                return value
+            container = open_[-1]
+            if type(container) is list:
+                container.append(value)
+            else:
+                container[keys.pop()] = value  # type: ignore[call-overload]
+            position = _SPACE.match(text, position).end()  # type: ignore[union-attr]
+            mark = text[position : position + 1]
+            if mark == ",":
+                position = _after_separator(text, position + 1, container, keys)
+                break
+            if mark != ("]" if type(container) is list else "}"):
+                raise ValueError(f"expected ',' or a closing bracket at {position}")
+            value, position = open_.pop(), position + 1
+
+
+_OPENED = object()
+
+
+def _read_value(
+    text: str, position: int, open_: list[list[Any] | dict[str, Any]], keys: list[str]
+) -> tuple[Any, int]:
+    """The value at ``position`` and where it ends; for a container with members,
+    ``_OPENED`` and where its first member starts (it is pushed on ``open_``)."""
+    position = _SPACE.match(text, position).end()  # type: ignore[union-attr]
+    mark = text[position : position + 1]
+    if mark in ("[", "{"):
+        empty = _SPACE.match(text, position + 1).end()  # type: ignore[union-attr]
+        if text[empty : empty + 1] == ("]" if mark == "[" else "}"):
+            return ([] if mark == "[" else {}), empty + 1
+        container: list[Any] | dict[str, Any] = [] if mark == "[" else {}
+        open_.append(container)
+        return _OPENED, _after_separator(text, position + 1, container, keys)
+    if mark == '"':
+        return scanstring(text, position + 1)
+    number = NUMBER_RE.match(text, position)
+    if number is not None:
+        integer, fraction, exponent = number.groups()
+        if fraction or exponent:
+            return float(integer + (fraction or "") + (exponent or "")), number.end()
+        return int(integer), number.end()
+    for word, constant in (*_CONSTANTS.items(), ("-Infinity", -math.inf)):
+        if text.startswith(word, position):
+            return constant, position + len(word)
+    raise ValueError(f"expected a JSON value at {position}")
+
+
+def _after_separator(text: str, position: int, container: list[Any] | dict[str, Any], keys: list[str]) -> int:
+    """Where the next member's value starts: past its key and ``:`` in a dictionary."""
+    if type(container) is list:
+        return position
+    position = _SPACE.match(text, position).end()  # type: ignore[union-attr]
+    if text[position : position + 1] != '"':
+        raise ValueError(f"expected a key at {position}")
+    key, position = scanstring(text, position + 1)
+    position = _SPACE.match(text, position).end()  # type: ignore[union-attr]
+    if text[position : position + 1] != ":":
+        raise ValueError(f"expected ':' at {position}")
+    keys.append(key)
+    return position + 1
 
 
 class Journal(Protocol):
