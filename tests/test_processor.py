@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -483,6 +484,23 @@ def test_a_flag_given_as_a_string_fails_at_setup(argument: str) -> None:
     """A configuration system handing over "false" turned strict on (a string's truth)."""
     with pytest.raises(ConfigurationError, match=f"{argument}='false' is not a bool"):
         DurabilitySpanProcessor(mode="silent", **{argument: "false"})
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"on_violation": "alerts.page"}, "on_violation='alerts.page' is not callable"),
+        ({"disable": ["unkeyed-side-effect", None]}, "is not a list of rule ids"),
+        ({"disable": 5}, "disable=5 is not a list of rule ids"),
+        ({"intent_log": 5}, "intent_log=5 is not a path"),
+    ],
+)
+def test_arguments_of_the_wrong_type_fail_at_setup(arguments: dict[str, Any], message: str) -> None:
+    """ConfigurationError at setup, as the docs promise: a callback that is no callable was
+    accepted and failed at each violation later (counted as internal errors, reports lost);
+    the others raised AttributeError or TypeError."""
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        DurabilitySpanProcessor(mode="silent", **arguments)
 
 
 def test_uses_the_global_meter_provider_by_default() -> None:

@@ -256,6 +256,17 @@ def _at_least_one(name: str, number: int, given: object) -> int:
     return number
 
 
+def _rule_ids(name: str, value: object) -> list[str]:
+    """A constructor argument that must be rule ids: text, or an iterable of texts."""
+    try:
+        ids = list(value)  # type: ignore[call-overload]
+    except TypeError:
+        ids = None
+    if ids is None or not all(isinstance(rule, str) for rule in ids):
+        raise ConfigurationError(f"{name}={value!r} is not a list of rule ids")
+    return ids
+
+
 def _env_seconds(name: str, default: float) -> float:
     value = _env(name)
     if value is None:
@@ -295,6 +306,8 @@ def _open_intent_log(path: str | os.PathLike[str] | None) -> IntentLog | None:
     path = path if path is not None else _env("DURABLE_SESSIONS_INTENT_LOG")
     if not path:
         return None
+    if not isinstance(path, str | bytes | os.PathLike):
+        raise ConfigurationError(f"intent_log={path!r} is not a path")
     try:
         return IntentLog(path)
     except OSError as error:
@@ -364,10 +377,13 @@ class DurabilitySpanProcessor(SpanProcessor):
         _flag("copy_session", copy_session)
         if strict is not None:
             _flag("strict", strict)
+        if on_violation is not None and not callable(on_violation):
+            raise ConfigurationError(f"on_violation={on_violation!r} is not callable")
         if rules is None:
             disabled = disable if disable is not None else _env("DURABLE_SESSIONS_DISABLE") or ""
             if isinstance(disabled, str):  # "a,b", as in the variable: not its characters
                 disabled = disabled.split(",")
+            disabled = _rule_ids("disable", disabled)
             try:
                 rules = select_rules(
                     preset or _env("DURABLE_SESSIONS_PRESET") or "all",  # type: ignore[arg-type]
