@@ -661,3 +661,37 @@ def test_a_signal_to_the_process_group_leaves_the_checker_to_the_applications_sh
     assert app.returncode == 0, err
     assert out.splitlines()[-1] == "found ['unkeyed-side-effect'] errors 0", err
     assert "failing open" not in err
+
+
+_EVERY_PROCESS = """
+# What opentelemetry-instrument's sitecustomize (and the configurator it loads) does: run
+# in every Python process started with this PYTHONPATH, the checker process included.
+import os
+from durable_sessions.processor import DurabilitySpanProcessor
+_PROCESSOR = DurabilitySpanProcessor(mode="silent", checking="process")
+with open(os.environ["STARTED_LOG"], "a") as log:
+    log.write(f"{os.getpid()} {_PROCESSOR.checking}\\n")
+"""
+
+
+def test_a_processor_built_in_every_process_does_not_start_a_chain_of_checkers(tmp_path: Path) -> None:
+    """A processor built by a sitecustomize runs in the checker process too, which started
+    a checker of its own, which started another: a chain that grew for as long as it ran,
+    after the application had exited too. In a checker process it now checks inline."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_EVERY_PROCESS)
+    started = tmp_path / "started.log"
+    env = {**os.environ, "PYTHONPATH": str(site), "STARTED_LOG": str(started)}
+    app = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(3)"], env=env, start_new_session=True
+    )
+    try:
+        assert app.wait(60) == 0
+        time.sleep(1)  # what a chain would have grown by meanwhile
+        lines = started.read_text().splitlines()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(app.pid, signal.SIGKILL)  # the whole chain: it is in the app's group
+    assert [line.split()[1] for line in lines] == ["process", "inline"]  # the app, then its one checker
+    assert lines[0].split()[0] == str(app.pid)

@@ -535,13 +535,25 @@ _EXIT_WAIT_S = 1.0
 """How long the reader waits for the exit code of a checker whose output closed."""
 
 
-def _checker_environment() -> dict[str, str] | None:
-    """The checker process's environment: this one, with the directory this package was
-    imported from first on ``PYTHONPATH`` when a new interpreter would not find it there
-    (a vendored copy, a zipapp, a layer added to ``sys.path`` at run time). None (this
-    environment as it is) when the package is in a site-packages directory, which must
-    not go ahead of the standard library."""
+IN_CHECKER_ENV = "DURABLE_SESSIONS_IN_CHECKER"
+"""Set in a checker process's environment: a span processor built there starts no other.
+
+Whatever runs in every Python process (``opentelemetry-instrument``'s ``sitecustomize``
+and the configurator it loads, a ``.pth`` hook) runs in the checker process too; one
+that builds ``DurabilitySpanProcessor(checking="process")`` started a checker from the
+checker, and so on: a chain of processes that grew while the application ran and went
+on growing after it exited (they ignore the signals a terminal or supervisor sends)."""
+
+
+def _checker_environment() -> dict[str, str]:
+    """The checker process's environment: this one, marked (:data:`IN_CHECKER_ENV`), with
+    the directory this package was imported from first on ``PYTHONPATH`` when a new
+    interpreter would not find it there (a vendored copy, a zipapp, a layer added to
+    ``sys.path`` at run time), and not when the package is in a site-packages directory,
+    which must not go ahead of the standard library."""
     import site
+
+    env = {**os.environ, IN_CHECKER_ENV: "1"}
 
     package = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(package)
@@ -550,8 +562,7 @@ def _checker_environment() -> dict[str, str] | None:
     except AttributeError:  # a virtualenv's old site module
         sites = []
     if any(os.path.abspath(directory) == root for directory in sites):
-        return None
-    env = dict(os.environ)
+        return env
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     return env
 

@@ -87,7 +87,7 @@ from durable_sessions.instrument import SESSION_CONTEXT_KEY
 from durable_sessions.intent_log import IntentLog, intent_record
 from durable_sessions.mapping import exact_attributes, sdk_attributes, sdk_resource_attributes, sdk_span_facts
 from durable_sessions.native import native_module
-from durable_sessions.offload import RESOURCE, SPAN, CheckerProcess
+from durable_sessions.offload import IN_CHECKER_ENV, RESOURCE, SPAN, CheckerProcess
 from durable_sessions.rules import Rule, select_rules
 from durable_sessions.rules.state import DEFAULT_KEY_WINDOW_S
 from durable_sessions.span_check import SpanParts, check_span, may_be_action
@@ -439,6 +439,11 @@ class DurabilitySpanProcessor(SpanProcessor):
 
     def _start_checking(self) -> None:
         rules, key_window_s, max_sessions = self._checker_options
+        if self.checking == "process" and os.environ.get(IN_CHECKER_ENV):
+            # Built inside a checker process (a sitecustomize that reaches every Python
+            # process): another checker from here would start another, and so on.
+            logger.debug("durable_sessions: in a checker process; this processor checks inline")
+            self.checking = "inline"
         if self.checking == "process" and self.mode != "off":
             try:
                 self._offload = CheckerProcess(
