@@ -686,6 +686,8 @@ def test_an_outcome_recorded_by_reference_is_replayed_with_its_reference(journal
         with session("s-1", journal=journal), agent.action("a1", "llm_call") as act:
             if not act.replayed:
                 act.record_ref("s3://bucket/a1.json", digest="sha256:" + "0" * 64)
+    # The block of the replay is told where the outcome is: the journal holds only that.
+    assert (act.replayed, act.result, act.result_ref) == (True, None, "s3://bucket/a1.json")
     replayed = agents[1].attributes("a1")
     assert replayed[sc.ACTION_REPLAYED] is True
     assert replayed[sc.ACTION_RESULT_REF] == "s3://bucket/a1.json"

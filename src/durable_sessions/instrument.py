@@ -363,6 +363,10 @@ class Action:
         with action("a01", "user_prompt") as act:
             budget = act.result if act.replayed else act.record(ask("Budget?"))
 
+    An outcome recorded by reference (:meth:`record_ref`, or a result too long for the
+    span) is where ``result_ref`` says, also on a replay, where ``result`` is ``None`` for
+    an outcome the journal holds by reference only: fetch it from there.
+
     ``skipped`` says the same of an in-doubt ``replay="skip"`` side effect, which
     recovery steps over (``result`` is ``None``). ``attempt`` counts this action's
     attempts across processes, this one included.
@@ -380,6 +384,7 @@ class Action:
         "recorded",
         "replayed",
         "result",
+        "result_ref",
         "session_id",
         "skipped",
         "span",
@@ -400,6 +405,7 @@ class Action:
         self.replayed = False
         self.skipped = False
         self.result: Any = None
+        self.result_ref: str | None = None
         self.attempt = 1
         self._max_result_chars = max_result_chars
         self._store = store
@@ -458,6 +464,7 @@ class Action:
             ref = None
         self.span.set_attribute(sc.ACTION_RESULT_DIGEST, digest)
         self._recorded_as = (kept, digest, ref)
+        self.result_ref = ref
         self.recorded = True
         if self.replayed:  # the block ran the action again after all: the span must not say replayed
             self.replayed = False
@@ -471,6 +478,7 @@ class Action:
     def _replay(self, entry: Entry) -> None:
         """Serve the journal's recorded outcome: the span says replayed, with the same result."""
         self.replayed = True
+        self.result_ref = entry.result_ref
         self._replay_awaitable = entry.awaited
         self.span.set_attribute(sc.ACTION_REPLAYED, True)
         try:
@@ -532,6 +540,7 @@ class Action:
                 logger.warning("durable_sessions: digest %r is not text starting with %r", digest, PREFIX)
             self.span.set_attribute(sc.ACTION_RESULT_DIGEST, digest)
         self._recorded_as = (None, digest, ref)
+        self.result_ref = ref
         self.recorded = True
 
     def set(self, **fields: Any) -> None:
