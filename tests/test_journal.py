@@ -357,6 +357,35 @@ def test_an_action_in_flight_in_this_process_is_no_action_in_doubt(
     assert "completed by another run first" not in caplog.text
 
 
+def test_an_action_still_in_flight_when_its_inner_retry_is_cut_short_is_no_action_in_doubt(
+    journal: SqliteJournal,
+) -> None:
+    """An inner retry cancelled by a timeout left its entry ``started`` and, ending, took
+    the action off the in-flight set although the outer run still ran it: the next retry
+    from inside it raised ActionInDoubt, where the docs say an action this process is
+    running, entered again, runs."""
+    agent = Agent(journal)
+
+    @agent.action("p1", "payment", retryable=True, max_attempts=5)
+    async def pay(attempt: int = 1) -> dict[str, int]:
+        agent.calls.append(str(attempt))
+        if attempt == 1:
+            with contextlib.suppress(asyncio.TimeoutError):
+                return await asyncio.wait_for(pay(2), timeout=0.05)  # cut short mid-call
+            return await pay(3)
+        if attempt == 2:
+            await asyncio.sleep(30)
+        return {"charged": 2400}
+
+    async def run() -> dict[str, int]:
+        with session("s-1", journal=journal):
+            return await pay()
+
+    assert asyncio.run(run()) == {"charged": 2400}
+    assert agent.calls == ["1", "2", "3"]
+    assert journal.get("s-1", "p1").status == "ok"
+
+
 def test_attempts_in_one_process_count_up_to_the_cap(journal: SqliteJournal) -> None:
     agent = Agent(journal)
 

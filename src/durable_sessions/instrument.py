@@ -55,6 +55,7 @@ import sys
 import threading
 import uuid
 import weakref
+from collections import Counter
 from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Iterator, Mapping
 from contextlib import AbstractContextManager, ExitStack, contextmanager, suppress
 from pathlib import Path
@@ -220,21 +221,24 @@ _incarnation: str | None = None
 """What :func:`incarnation` found in this process (None: not looked up yet)."""
 
 
-_in_flight: set[tuple[str, str]] = set()
-"""The (session, action) pairs whose journaled run is under way in this process: a
-``started`` entry of one of them is no action a dead process left in doubt, but the
-same action entered again while it runs (a retry from inside itself, another thread)."""
+_in_flight: Counter[tuple[str, str]] = Counter()
+"""How many journaled runs of each (session, action) pair are under way in this process:
+a ``started`` entry of one of them is no action a dead process left in doubt, but the
+same action entered again while it runs (a retry from inside itself, another thread).
+Counted, not a set: one of two runs ending (cut short, say) leaves the other in flight."""
 _in_flight_lock = threading.Lock()
 
 
 def _take_off(key: tuple[str, str]) -> None:
     with _in_flight_lock:
-        _in_flight.add(key)
+        _in_flight[key] += 1
 
 
 def _land(key: tuple[str, str]) -> None:
     with _in_flight_lock:
-        _in_flight.discard(key)
+        _in_flight[key] -= 1
+        if _in_flight[key] <= 0:
+            del _in_flight[key]
 
 
 def _is_in_flight(session_id: str, action_id: str) -> bool:
@@ -855,7 +859,7 @@ def _is_async_callable(func: Callable[..., Any]) -> bool:
 class _Ending:
     """How one run of an action ends: its span's status, its journal entry, its crash point."""
 
-    __slots__ = ("act", "boundary", "entry", "journal", "runs", "side_effect")
+    __slots__ = ("act", "boundary", "entry", "flying", "journal", "runs", "side_effect")
 
     def __init__(
         self,
@@ -873,6 +877,8 @@ class _Ending:
         self.runs = runs
         self.side_effect = side_effect
         """Whether the run is a journaled side effect (whose early end leaves it in doubt)."""
+        self.flying = entry is not None
+        """Whether this run is counted in flight (landed once, however it ends)."""
         if entry is not None:
             _take_off((entry.session_id, entry.action_id))
 
@@ -910,7 +916,8 @@ class _Ending:
         self._landed()
 
     def _landed(self) -> None:
-        if self.entry is not None:
+        if self.flying and self.entry is not None:
+            self.flying = False
             _land((self.entry.session_id, self.entry.action_id))
 
 
