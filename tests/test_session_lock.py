@@ -213,3 +213,20 @@ def test_a_child_forked_inside_the_block_keeps_the_hold_after_its_parent_died(
     while another_process_enters(journal_path, "s-1") == "refused":
         assert time.monotonic() < deadline, "the orphaned child never let the session go"
         time.sleep(0.1)
+
+
+class _RecordAndReplayOnly:
+    """A journal of the protocol's two methods (its own database's, say): no ``hold``."""
+
+    def __init__(self, path: Path) -> None:
+        self._journal = SqliteJournal(path)
+        self.get, self.put = self._journal.get, self._journal.put
+
+
+def test_a_journal_without_hold_holds_nothing(journal_path: Path) -> None:
+    """What recovery.md says of a journal of get and put only: its session blocks hold no
+    session, so another live process is not refused."""
+    with session("s-1", journal=_RecordAndReplayOnly(journal_path)):  # type: ignore[arg-type]
+        assert another_process_enters(journal_path, "s-1") == "entered"
+    with session("s-1", journal=SqliteJournal(journal_path)):
+        assert another_process_enters(journal_path, "s-1") == "refused"

@@ -190,7 +190,11 @@ class Journal(Protocol):
     """Where entries are kept. ``put`` returns only once the entry is durable, and keeps
     the idempotency key of an entry that is still ``started``: it is the key the far side
     may have seen, which :func:`plan` checks a resumed run's key against. A recorded
-    outcome (``ok``) stands: a later put of the same action leaves it as it is."""
+    outcome (``ok``) stands: a later put of the same action leaves it as it is.
+
+    A journal may also have ``hold(session_id)``, a context manager that holds the session
+    for this process (as :meth:`SqliteJournal.hold`); a ``session`` block without it holds
+    nothing, and a second live process running the session is not stopped."""
 
     def get(self, session_id: str, action_id: str) -> Entry | None: ...
 
