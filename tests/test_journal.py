@@ -404,6 +404,38 @@ def test_attempts_in_one_process_count_up_to_the_cap(journal: SqliteJournal) -> 
     assert [span.attributes.get(sc.ACTION_ATTEMPTS, 1) for span in agent.spans()] == [1, 2, 3]
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_relative_journal_path_names_one_file_whatever_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A journal given a relative path opened it relative to the working directory of
+    each connection: a forked child that changed directory (a daemon's chdir) reconnected
+    to another, empty journal, and ran again what the parent had completed."""
+    home, elsewhere = tmp_path / "home", tmp_path / "elsewhere"
+    home.mkdir()
+    elsewhere.mkdir()
+    monkeypatch.chdir(home)
+    journal = SqliteJournal("state/journal.db")
+    with session("s-1", journal=journal):
+        action("a1", "clock")(lambda: "09:00")()
+    pid = os.fork()
+    if pid == 0:  # the daemon: a new working directory, then the session goes on
+        code = 1
+        try:
+            os.chdir(elsewhere)
+            with session("s-1", journal=journal, exclusive=False):
+                replayed = action("a1", "clock")(lambda: "10:00")()
+                action("a2", "clock")(lambda: "10:01")()
+            code = 0 if replayed == "09:00" else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0  # the child replayed the parent's outcome
+    assert journal.get("s-1", "a2").outcome == "10:01"  # and wrote to the same file
+    assert not (elsewhere / "state").exists()
+    assert journal.path == home / "state" / "journal.db"
+
+
 def _child_completes(path: str) -> None:
     with session("s-1", journal=SqliteJournal(path)):
         action("w1", "external_read")(lambda: {"city": "Paris"})()

@@ -441,13 +441,17 @@ class SqliteJournal:
     Every ``put`` is its own transaction, committed with ``synchronous = FULL`` before
     it returns: a write-ahead ``started`` entry is on disk before the side effect runs.
     A fork waits for a call under way in another thread; the forked child opens its own
-    connection on first use.
+    connection on first use, to the same file whatever its working directory.
     """
 
     def __init__(
         self, path: str | os.PathLike[str], *, timeout_s: float = 30.0, readonly: bool = False
     ) -> None:
-        self.path = Path(path)
+        # Made absolute now: a relative path resolved at each connection named another file
+        # once the working directory changed (a daemon's chdir, a forked child's own).
+        self.path = Path(os.path.abspath(path))
+        """The journal's file, as an absolute path (a relative one is of the working
+        directory the journal was made in)."""
         self.timeout_s = timeout_s
         self.readonly = readonly
         """Opened to be read only (``mode=ro``): nothing is created, set or written."""
