@@ -597,3 +597,28 @@ def test_a_result_the_agents_sdk_cut_is_judged_as_cut(tmp_path: Path) -> None:
     )
     assert [v.rule for v in proof.reference.violations] == ["truncated-result"]
     assert proof.reference.errors == []
+
+
+def test_actions_not_come_back_to_are_reported_whatever_the_type_of_their_ids(tmp_path: Path) -> None:
+    """A span's action id may be a number (an attribute set as one). Two missing actions,
+    one id a number and one text, could not be sorted for the report: prove raised
+    TypeError instead of saying the agent did not come back."""
+    agent = _instrumented(
+        tmp_path,
+        """
+        marker = os.path.join(os.environ["DURABLE_SESSIONS_DIR"], "ran-before")
+        resumed = os.path.exists(marker)
+        open(marker, "w").close()
+        with session("s-1", journal=journal):
+            action("a1", "clock")(lambda: "09:00")()
+            if not resumed:  # the bug the proof is for: a resumed run forgets the rest
+                action(2, "clock")(lambda: "09:01")()
+                action("a3", "clock")(lambda: "09:02")()
+        provider.shutdown()
+        """,
+    )
+    proof = prove(agent, tmp_path / "p", points=("before",), max_boundaries=1)
+    (trial,) = proof.trials
+    assert not trial.passed
+    (missing,) = [p for p in trial.problems if "did not come back where it was" in p]
+    assert "a3 (session s-1)" in missing and "2 (session s-1)" in missing

@@ -311,7 +311,8 @@ class _Runner:
             self.trial.stepped_over = (_actions(records, status="started", replay="skip") & expected) - (
                 self.trial.completed
             )
-            missing = sorted(expected - self.trial.completed - self.trial.stepped_over)
+            # key=str: action ids a span sets itself may be numbers beside texts
+            missing = sorted(expected - self.trial.completed - self.trial.stepped_over, key=str)
             if missing:
                 listed = ", ".join(f"{action} (session {session})" for session, action in missing[:10])
                 more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
