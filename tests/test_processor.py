@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import gc
 import json
 import logging
 import os
@@ -842,7 +843,25 @@ def test_an_intent_write_that_fails_later_fails_open(tmp_path: Path) -> None:
     ):
         pass
     assert processor.internal_errors == 1
+    processor._intents._closer.detach()  # closed here already: its number may be another file's now
     processor._intents._fd = -1
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="lists descriptors in /proc")
+def test_a_processor_dropped_without_shutdown_leaves_no_intent_log_descriptor(tmp_path: Path) -> None:
+    """The intent log held a raw descriptor that only shutdown closed: each processor
+    dropped without its shutdown (a reconfiguration, a test) leaked one."""
+    path = tmp_path / "intents.jsonl"
+
+    def open_on_it() -> int:
+        return sum(os.path.realpath(f"/proc/self/fd/{fd}") == str(path) for fd in os.listdir("/proc/self/fd"))
+
+    for _ in range(3):
+        processor = DurabilitySpanProcessor(mode="silent", intent_log=path)
+        assert open_on_it() == 1
+        del processor
+        gc.collect()
+    assert open_on_it() == 0
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="fills the disk with RLIMIT_FSIZE")

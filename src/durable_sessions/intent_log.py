@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -62,6 +63,9 @@ class IntentLog:
         self.path = os.fspath(path)
         self._lock = threading.Lock()
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        # Closed when the log is collected unclosed too (a processor dropped without its
+        # shutdown): a raw descriptor has no finaliser of its own, and each one leaked.
+        self._closer = weakref.finalize(self, os.close, self._fd)
         self._torn = False
         """Whether this log's last line was cut short (a full disk took part of it)."""
         forking.after_fork(self, _fresh_lock)
@@ -86,7 +90,7 @@ class IntentLog:
     def close(self) -> None:
         with self._lock:
             if self._fd >= 0:
-                os.close(self._fd)
+                self._closer()  # os.close, once
                 self._fd = -1
 
 
