@@ -196,6 +196,45 @@ def test_a_bad_resource_value_makes_each_of_its_spans_unreadable() -> None:
     assert "resource attribute 'service.instance.id': intValue 1.5 is not an integer" in items[0].reason  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize(
+    ("broken", "place", "reason"),
+    [
+        (lambda group: group.update(scopeSpans={"spans": group["scopeSpans"][0]["spans"]}),
+         "resourceSpans[0].scopeSpans", "is an object, not a list"),
+        (lambda group: group.update(scopeSpans=""), "resourceSpans[0].scopeSpans", "is a string, not a list"),
+        (lambda group: group["scopeSpans"].__setitem__(0, "junk"), "resourceSpans[0].scopeSpans[0]",
+         "is a string, not an object"),
+        (lambda group: group["scopeSpans"][0].update(spans={"0": group["scopeSpans"][0]["spans"][0]}),
+         "resourceSpans[0].scopeSpans[0].spans", "is an object, not a list"),
+    ],
+)  # fmt: skip
+def test_a_scope_or_span_list_that_cannot_be_read_is_reported_not_passed_over(
+    tmp_path: Path, broken: Any, place: str, reason: str
+) -> None:
+    """Such a request held spans no one can read: they were dropped without a word, so a
+    file of them passed as clean (exit 0, "no actions found"). The well-formed line after
+    it is still checked."""
+    document = request([("session.id", {"stringValue": "s-1"}), *PAYMENT[1:3]])  # an unkeyed payment
+    broken(document["resourceSpans"][0])
+    path = tmp_path / "traces.jsonl"
+    path.write_text(json.dumps(document) + "\n" + json.dumps(request(PAYMENT[:3])) + "\n")
+    code, report, stderr = check_file(path)
+    assert code == 1, stderr
+    assert [(v["line"], v["rule"]) for v in report["violations"]] == [
+        (1, "unreadable-line"),
+        (2, "unkeyed-side-effect"),
+    ]
+    assert report["violations"][0]["message"].startswith(f"{place} {reason} — ")
+
+
+@pytest.mark.parametrize(
+    "empty", [{"scopeSpans": None}, {"scopeSpans": []}, {"scopeSpans": [{"spans": None}]}]
+)
+def test_absent_or_null_scope_and_span_lists_hold_no_span(empty: dict[str, Any]) -> None:
+    """protobuf's JSON mapping reads null as the empty list: nothing to report."""
+    assert read({"resourceSpans": [{"resource": {}, **empty}]}) == []
+
+
 # -- the attribute value length limit ----------------------------------------------------
 
 

@@ -85,8 +85,11 @@ def spans_of(
     under, when known (``SpanData.attribute_value_limit``). A value the mapping reads that
     the encoding does not allow (``{"intValue": 3.5}``, ``{"boolValue": "true"}``), a status
     code or start time that is none, makes the span unreadable; so does one in the
-    resource, for each span of that resource. A request holding the legacy
-    ``instrumentationLibrarySpans`` is refused whole (:data:`LEGACY_SCOPE_SPANS`).
+    resource, for each span of that resource. A ``scopeSpans`` that is not a list, an
+    entry of it that is not an object, or ``spans`` that are not a list, is one BadSpan
+    naming it: the spans it held cannot be known, so they must not pass as none. A
+    request holding the legacy ``instrumentationLibrarySpans`` is refused whole
+    (:data:`LEGACY_SCOPE_SPANS`).
     """
     resource_spans = field(request, "resourceSpans", "resource_spans")
     if not isinstance(resource_spans, list):
@@ -102,15 +105,35 @@ def spans_of(
             yield BadSpan(where, "is not an object")
             continue
         resource_attributes, resource_problem = resource_of(group)
-        scopes = field(group, "scopeSpans", "scope_spans") or []
-        for s, scope in enumerate(scopes if isinstance(scopes, list) else []):
-            spans = scope.get("spans") if isinstance(scope, dict) else None
-            for n, span in enumerate(spans if isinstance(spans, list) else []):
+        scopes = field(group, "scopeSpans", "scope_spans")
+        if scopes is not None and not isinstance(scopes, list):
+            yield BadSpan(f"{where}.scopeSpans", f"is {json_kind(scopes)}, not a list")
+            continue
+        for s, scope in enumerate(scopes or ()):
+            spans = _scope_spans(scope, f"{where}.scopeSpans[{s}]")
+            if type(spans) is BadSpan:
+                yield spans
+                continue
+            for n, span in enumerate(spans):  # type: ignore[arg-type]
                 place = f"{where}.scopeSpans[{s}].spans[{n}]"
                 if resource_problem is not None:
                     yield BadSpan(place, resource_problem)
                 else:
                     yield _span(span, resource_attributes, place, attribute_value_limit)
+
+
+def _scope_spans(scope: Any, where: str) -> list[Any] | BadSpan:
+    """The spans of one ``scopeSpans`` entry (absent or null: none, as protobuf's JSON
+    mapping reads them), or why the entry cannot be read: its spans are then unknown,
+    and must be reported rather than passed over as if there were none."""
+    if not isinstance(scope, dict):
+        return BadSpan(where, f"is {json_kind(scope)}, not an object")
+    spans = scope.get("spans")
+    if spans is None:
+        return []
+    if not isinstance(spans, list):
+        return BadSpan(f"{where}.spans", f"is {json_kind(spans)}, not a list")
+    return spans
 
 
 def resource_of(group: dict[str, Any], *, only_mapped: bool = False) -> tuple[dict[str, Any], str | None]:
