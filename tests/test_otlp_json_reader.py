@@ -235,6 +235,22 @@ def test_absent_or_null_scope_and_span_lists_hold_no_span(empty: dict[str, Any])
     assert read({"resourceSpans": [{"resource": {}, **empty}]}) == []
 
 
+def test_a_file_in_the_proto_field_names_is_detected_as_otlp_json(tmp_path: Path) -> None:
+    """The reader takes ``resource_spans``, ``scope_spans``, ``start_time_unix_nano`` (as
+    docs/readers.md says), but detection looked for ``resourceSpans`` only: such a file
+    was read as an action log, four missing-field errors a line and its spans unchecked."""
+    span = request(PAYMENT[:3])["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+    span["trace_id"], span["span_id"] = span.pop("traceId"), span.pop("spanId")
+    span["start_time_unix_nano"] = span.pop("startTimeUnixNano")
+    path = tmp_path / "traces.jsonl"
+    path.write_text(json.dumps({"resource_spans": [{"scope_spans": [{"spans": [span]}]}]}) + "\n")
+    code, report, stderr = check_file(path)
+    assert code == 1, stderr
+    assert [(v["line"], v["rule"], v["action_id"]) for v in report["violations"]] == [
+        (1, "unkeyed-side-effect", "a1")
+    ]
+
+
 # -- the attribute value length limit ----------------------------------------------------
 
 

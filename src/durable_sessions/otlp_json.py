@@ -57,7 +57,10 @@ LEGACY_SCOPE_SPANS = (
 
 
 def is_otlp_request(obj: dict[str, Any]) -> bool:
-    return "resourceSpans" in obj
+    """Whether ``obj`` looks like an ``ExportTraceServiceRequest``: it holds
+    ``resourceSpans``, or ``resource_spans`` as protobuf writes it with its field names
+    kept (``MessageToJson(..., preserving_proto_field_name=True)``), which is read alike."""
+    return "resourceSpans" in obj or "resource_spans" in obj
 
 
 def field(node: dict[str, Any], camel: str, snake: str) -> Any:
