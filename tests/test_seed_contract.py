@@ -10,9 +10,11 @@ project's (``examples/logs/actions.{good,bad}.jsonl``), plus the exact output fo
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -253,3 +255,20 @@ def test_a_trace_file_gets_a_hint_on_standard_error_and_the_seeds_output(tmp_pat
         check=False,
     )
     assert (clean.returncode, clean.stderr) == (0, "")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_an_action_log_read_from_a_fifo_is_checked_whole(fixtures: FixtureSet, tmp_path: Path) -> None:
+    """``--actions <(zcat bad.jsonl.gz)`` and named pipes can be read once. The look for a
+    trace file took the first block of the pipe and threw it away, so the check read
+    nothing and passed the bad log: ``replay-check OK: 0 action(s) replay-safe``, exit 0."""
+    expected = replay_check("--actions", str(fixtures.bad))
+    fifo = tmp_path / "actions.fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_bytes(fixtures.bad.read_bytes()), daemon=True)
+    writer.start()
+    try:
+        result = replay_check("--actions", str(fifo))
+    finally:
+        writer.join(timeout=60)
+    assert (result.returncode, result.stdout, result.stderr) == (1, expected.stdout, "")

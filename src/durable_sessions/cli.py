@@ -17,6 +17,7 @@ import os
 import shlex
 import signal
 import sqlite3
+import stat
 import sys
 import tempfile
 import threading
@@ -191,9 +192,16 @@ def _replay_check(args: argparse.Namespace, out: Output) -> int:
 def _hint_at_trace_files(path: str) -> None:
     """replay-check reads action logs only, as the seed's did: each line of a trace file
     is an action with every required field missing. Say so once, on standard error (the
-    seed's output stays as it was), and what reads such a file."""
-    if path == "-":
-        return
+    seed's output stays as it was), and what reads such a file.
+
+    Only a regular file is looked at: a pipe or FIFO (``--actions <(zcat log.gz)``) can be
+    read once, and what this look read would be gone for the check, which then passed
+    an unread log as ``OK: 0 action(s)``."""
+    try:
+        if path == "-" or not stat.S_ISREG(os.stat(path).st_mode):
+            return
+    except (OSError, ValueError):
+        return  # the check itself reports a path that cannot be read
     try:
         with open(path, "rb") as source:
             found = sniff_format(source, path, DEFAULT_MAX_LINE_BYTES)
