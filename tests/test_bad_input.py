@@ -589,6 +589,61 @@ def test_stdin_dash() -> None:
     assert [f.line for f in seed.found] == [1, 2, 3]
 
 
+def otlp_line(*spans: tuple[str, str, str]) -> bytes:
+    """An OTLP/JSON request of spans ``(action_id, kind, name)`` in session s-1."""
+    encoded = [
+        {
+            "traceId": "4bf92f3577b34da6a3ce929d0e0e4736",
+            "spanId": f"{index:016x}",
+            "name": name,
+            "attributes": [
+                {"key": "session.id", "value": {"stringValue": "s-1"}},
+                {"key": "agent.action.id", "value": {"stringValue": action_id}},
+                {"key": "agent.action.kind", "value": {"stringValue": kind}},
+                {"key": "agent.action.idempotency_key", "value": {"stringValue": f"k-{action_id}"}},
+            ],
+        }
+        for index, (action_id, kind, name) in enumerate(spans, 1)
+    ]
+    return json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": encoded}]}]}).encode()
+
+
+def test_a_first_line_longer_than_a_pipe_s_buffer_is_detected_on_stdin() -> None:
+    """A Collector's request of a few dozen spans is tens of KiB on one line. Detection on
+    a pipe saw only the first 8 KiB buffer, so ``cat traces.jsonl | durable-sessions check -``
+    read the file as an action log: four missing-field errors a line, no span checked."""
+    padding = [(f"t{n}", "tool_call", "x" * 1000) for n in range(100)]
+    data = otlp_line(*padding, ("a1", "llm_call", "model")) + b"\n"
+    assert len(data) > 100_000
+    run = check("-", stdin=data)
+    assert (run.returncode, [(f.line, f.rule, f.action) for f in run.found]) == (
+        1,
+        [(1, "unrecorded-result", "a1")],
+    ), run.stdout
+
+
+def test_a_long_first_tracing_event_after_comments_is_detected_on_stdin() -> None:
+    event = {"trace_id": "t-1", "span": "s1", "step": 1, "kind": "step_complete", "status": "ok"}
+    long_event = {**event, "meta": {"note": "x" * 50_000}}
+    data = (
+        b"# run 1\n\n"
+        + json.dumps(long_event).encode()
+        + b"\n"
+        + json.dumps({**event, "span": "s2"}).encode()
+    )
+    run = check("-", stdin=data)
+    assert [(f.line, f.rule, f.action) for f in run.found] == [
+        (3, "unrecorded-result", "s1"),
+        (4, "unrecorded-result", "s2"),
+    ], run.stdout
+
+
+def test_a_first_line_over_the_limit_on_stdin_is_reported_and_the_next_read() -> None:
+    data = b'{"session_id":"s-1","pad":"' + b"x" * 5000 + b'"}\n' + AFTER + b"\n"
+    run = check("--max-line-bytes", "1000", "-", stdin=data)
+    assert [(f.line, f.rule) for f in run.found] == [(1, "unreadable-line"), (2, "unkeyed-side-effect")]
+
+
 def test_stdin_empty() -> None:
     run = check("-", stdin=b"")
     assert run.returncode == 0

@@ -37,6 +37,7 @@ from durable_sessions.readers import (
     open_source,
     parse_line,
     read,
+    sniff,
     sniff_format,
 )
 from durable_sessions.record import Location
@@ -257,7 +258,9 @@ def check_paths(
         with open_source(path) as source:
             size = _size(source)
             name = display_name(path)
-            file_fmt = sniff_format(source, name, max_line_bytes) if fmt == "auto" else fmt
+            file_fmt = fmt
+            if fmt == "auto":  # a pipe's first lines are read to tell: read on from the stream returned
+                file_fmt, source = sniff(source, name, max_line_bytes)
             if intents and file_fmt == "actions" and fmt == "auto" and _holds_nothing(source):
                 file_fmt = "otlp-json"  # no span ended before the crash: every intent is unfinished
             if intents and file_fmt != "otlp-json":

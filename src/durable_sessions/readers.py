@@ -17,6 +17,7 @@ that cannot be opened or read at all raises :class:`InputError`.
 
 from __future__ import annotations
 
+import io
 import re
 import sys
 from collections.abc import Iterator
@@ -301,13 +302,67 @@ def sniff_format(source: IO[bytes], name: str, max_line_bytes: int) -> Format:
     request or a tracing event, else ``actions``.
 
     A seekable file is read up to its first object and rewound; a pipe can only be
-    peeked at, so there the first object must fit in the read buffer. A UTF-8 BOM that
-    starts the source is ignored, as the readers ignore it.
+    peeked at, so there the first object must fit in the read buffer (:func:`sniff`
+    reads a pipe's first object whole). A UTF-8 BOM that starts the source is ignored,
+    as the readers ignore it.
     """
     try:
         head = _head_lines(source, max_line_bytes)
     except OSError as error:
         raise InputError(f"cannot read {name!r}: {error.strerror or error}") from None
+    return _format_of(head)
+
+
+def sniff(source: IO[bytes], name: str, max_line_bytes: int) -> tuple[Format, IO[bytes]]:
+    """The format of ``source`` (as :func:`sniff_format` decides it) and the stream to read
+    it from: ``source`` itself when it can be rewound.
+
+    Standard input, a pipe or a FIFO cannot be rewound, and a peek sees one buffer (8 KiB
+    for standard input): a first line longer than that, as an OTLP/JSON request of a few
+    dozen spans is, went undetected and the whole stream was read as an action log. So
+    its lines up to the first object are read whole here, and the stream returned gives
+    them back before the rest.
+    """
+    if _seekable(source):
+        return sniff_format(source, name, max_line_bytes), source
+    head: list[bytes] = []
+    try:
+        while len(head) < _HEAD_LINES and (line := source.readline(max_line_bytes + 1)):
+            head.append(line)
+            stripped = _content(line, len(head))
+            if stripped and not stripped.startswith(b"#"):
+                break
+    except OSError as error:
+        raise InputError(f"cannot read {name!r}: {error.strerror or error}") from None
+    return _format_of(head), io.BufferedReader(_Replay(b"".join(head), source))
+
+
+class _Replay(io.RawIOBase):
+    """``head``, then what ``rest`` gives: a stream read from the start again after
+    :func:`sniff` read its first lines. Reads from ``rest`` return what it has at hand
+    (``read1``), so that lines are checked as they come."""
+
+    def __init__(self, head: bytes, rest: IO[bytes]) -> None:
+        self._head = memoryview(head)
+        self._rest = rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self._head:
+            count = min(len(buffer), len(self._head))
+            buffer[:count] = self._head[:count]
+            self._head = self._head[count:]
+            return count
+        read1 = getattr(self._rest, "read1", self._rest.read)
+        data = read1(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def _format_of(head: list[bytes]) -> Format:
+    """The format the first object among ``head`` (the first lines of a source) says."""
     for number, line in enumerate(head, 1):
         stripped = _content(line, number)
         if not stripped or stripped.startswith(b"#"):
@@ -321,12 +376,19 @@ def sniff_format(source: IO[bytes], name: str, max_line_bytes: int) -> Format:
     return "actions"
 
 
-def _head_lines(source: IO[bytes], max_line_bytes: int, limit: int = 64) -> list[bytes]:
+_HEAD_LINES = 64
+"""How many lines format detection looks at, at most, for the first object."""
+
+
+def _seekable(source: IO[bytes]) -> bool:
     try:
-        seekable = source.seekable()
-    except (OSError, ValueError):
-        seekable = False
-    if not seekable:
+        return bool(source.seekable())
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _head_lines(source: IO[bytes], max_line_bytes: int, limit: int = _HEAD_LINES) -> list[bytes]:
+    if not _seekable(source):
         peek = getattr(source, "peek", None)
         return peek(65536).splitlines() if peek else []
     start = source.tell()
@@ -437,7 +499,7 @@ def read(
     ``attribute_value_limit``: see :func:`read_otlp_json`."""
     name = display_name(path)
     if fmt == "auto":
-        fmt = sniff_format(source, name, max_line_bytes)
+        fmt, source = sniff(source, name, max_line_bytes)
     if fmt == "otlp-json":
         return read_otlp_json(
             source,
