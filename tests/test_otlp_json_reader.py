@@ -251,6 +251,39 @@ def test_a_file_in_the_proto_field_names_is_detected_as_otlp_json(tmp_path: Path
     ]
 
 
+KEY_VALUE_LIST = {"kvlistValue": {"values": [{"key": "kind", "value": {"stringValue": "LLM"}}]}}
+
+
+@pytest.mark.parametrize(
+    "marker", ["gen_ai.operation.name", "openinference.span.kind", "traceloop.span.kind"]
+)
+@pytest.mark.parametrize(
+    "value", [KEY_VALUE_LIST, {"arrayValue": {"values": [KEY_VALUE_LIST]}}, {"intValue": "7"}]
+)
+def test_a_convention_marker_that_is_no_string_marks_no_action_and_crashes_nothing(
+    tmp_path: Path, marker: str, value: dict[str, Any]
+) -> None:
+    """A key-value list (a dict) as ``gen_ai.operation.name`` or a span kind was looked up
+    in the conventions' tables: TypeError, a traceback, the file's other spans unchecked.
+    It names no operation the conventions know, as an unknown string does not: no action."""
+    path = tmp_path / "traces.jsonl"
+    marked = request([("session.id", {"stringValue": "s-1"}), (marker, value)])
+    path.write_text(json.dumps(marked) + "\n" + json.dumps(request(PAYMENT[:3])) + "\n")
+    code, report, stderr = check_file(path)
+    assert "Traceback" not in stderr
+    assert (code, [(v["line"], v["rule"]) for v in report["violations"]]) == (1, [(2, "unkeyed-side-effect")])
+
+
+def test_a_convention_marker_that_is_no_string_is_mapped_as_the_sidecar_decodes_it() -> None:
+    """The sidecar's protobuf decoder gives a key-value list as a dict too: the mapping it
+    shares maps such a span to no action rather than raising."""
+    from durable_sessions.mapping import map_attributes
+
+    for marker in ("gen_ai.operation.name", "openinference.span.kind", "traceloop.span.kind"):
+        attributes = {marker: {"kind": "LLM"}, "session.id": "s-1"}
+        assert map_attributes(attributes, {}, False, 0, TRACE_ID, SPAN_ID, None, True) is None
+
+
 # -- the attribute value length limit ----------------------------------------------------
 
 

@@ -120,10 +120,18 @@ _TRACELOOP = {"tool": _Convention(kinds.TOOL_CALL, result_key=sc.TRACELOOP_ENTIT
 
 
 def _convention(attributes: Mapping[str, Any]) -> _Convention | None:
-    """The convention that recognises the span: an action, ``_NOT_ACTION``, or None."""
+    """The convention that recognises the span: an action, ``_NOT_ACTION``, or None.
+
+    A convention's marker that is not a string names no operation or span kind it
+    knows, as an unknown string does not (``_NOT_ACTION``): OTLP carries any value there,
+    and a key-value list (a dict) cannot even be looked up, which was a TypeError that
+    stopped the check with a traceback.
+    """
     get = attributes.get
     operation = get(sc.GEN_AI_OPERATION_NAME)
     if operation is not None:
+        if type(operation) is not str:
+            return _NOT_ACTION
         if operation in sc.GEN_AI_LLM_OPERATIONS:
             return _GENAI_LLM
         if operation in sc.GEN_AI_TOOL_OPERATIONS:
@@ -133,10 +141,10 @@ def _convention(attributes: Mapping[str, Any]) -> _Convention | None:
         return _NOT_ACTION
     openinference = get(sc.OPENINFERENCE_SPAN_KIND)
     if openinference is not None:
-        return _OPENINFERENCE.get(openinference, _NOT_ACTION)  # type: ignore[arg-type]
+        return _OPENINFERENCE.get(openinference, _NOT_ACTION) if type(openinference) is str else _NOT_ACTION
     traceloop = get(sc.TRACELOOP_SPAN_KIND)
     if traceloop is not None:
-        return _TRACELOOP.get(traceloop, _NOT_ACTION)  # type: ignore[arg-type]
+        return _TRACELOOP.get(traceloop, _NOT_ACTION) if type(traceloop) is str else _NOT_ACTION
     if (get(sc.GEN_AI_SYSTEM) is not None or get(sc.GEN_AI_PROVIDER_NAME) is not None) and get(
         sc.GEN_AI_REQUEST_MODEL
     ) is not None:
