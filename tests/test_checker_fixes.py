@@ -441,6 +441,29 @@ def test_a_key_window_counts_re_sends_from_the_first_known_time(
 
 
 @pytest.mark.parametrize(("native", "jobs"), WAYS)
+def test_a_ts_in_milliseconds_is_an_invalid_field_not_a_key_window_overrun(
+    tmp_path: Path, native: bool, jobs: str
+) -> None:
+    """``ts`` is epoch seconds (docs/readers.md); a logger's milliseconds, read as seconds,
+    made a payment completed two minutes after its start "re-sent 33.3 h after its first
+    use", a warning that sends the reader after a bug that is not there. Such a number
+    is now reported as what it is, and no rule reads it as a time."""
+    log = write(
+        tmp_path / "log.jsonl",
+        action("p", status="started", idempotency_key="pay-s-1-p", ts=1_767_225_600_000),
+        action("p", idempotency_key="pay-s-1-p", ts=1_767_225_720_000.0),
+        action("q", status="started", idempotency_key="pay-s-1-q", ts=1_767_225_600),
+        action("q", idempotency_key="pay-s-1-q", ts=1_767_225_720.5),
+    )
+    found = check_way(native, jobs, log)
+    assert [(v["line"], v["rule"]) for v in found] == [(1, "invalid-field"), (2, "invalid-field")]
+    assert (
+        "ts is the integer 1767225600000, expected an ISO-8601 date-time or epoch seconds (not milliseconds)"
+        in (found[0]["message"])
+    )
+
+
+@pytest.mark.parametrize(("native", "jobs"), WAYS)
 def test_a_session_id_given_again_with_an_escaped_key_is_routed_as_parsed(
     tmp_path: Path, native: bool, jobs: str
 ) -> None:

@@ -13,7 +13,6 @@ silently repaired.
 
 from __future__ import annotations
 
-import math
 from datetime import UTC, datetime
 from typing import Any, NamedTuple, TypedDict
 
@@ -163,8 +162,19 @@ def is_int(value: Any) -> bool:
     return type(value) is int
 
 
+MAX_EPOCH_S = 1e11
+"""Epoch seconds are below this (the year 5138): a larger ``ts`` is in milliseconds, or
+finer, which no rule may read as seconds."""
+
+
+def is_epoch_seconds(value: float) -> bool:
+    """A number that can be epoch seconds: finite and within :data:`MAX_EPOCH_S` of 0."""
+    return -MAX_EPOCH_S < value < MAX_EPOCH_S
+
+
 def parse_ts(value: Any) -> float | None:
-    """Seconds since the epoch from an ISO-8601 string or a number; None if unusable."""
+    """Seconds since the epoch from an ISO-8601 string or a number; None if unusable
+    (a number that cannot be epoch seconds, :func:`is_epoch_seconds`, included)."""
     if value is None or type(value) is bool:
         return None
     if type(value) is str:
@@ -180,5 +190,5 @@ def parse_ts(value: Any) -> float | None:
             seconds = float(value)
         except OverflowError:
             return None
-        return seconds if math.isfinite(seconds) else None
+        return seconds if is_epoch_seconds(seconds) else None
     return None

@@ -16,6 +16,7 @@ from durable_sessions.record import (
     ON_FAILURE_VALUES,
     STATUSES,
     ActionRecord,
+    is_epoch_seconds,
     is_int,
     is_recorded,
     is_redacted,
@@ -505,11 +506,13 @@ _FIELD_SPECS: dict[str, FieldSpec] = {
     "on_failure": FieldSpec(
         (str,), "ask_user, abort or compensate", _checks({str: ON_FAILURE_VALUES.__contains__})
     ),
-    # An ISO-8601 date or date-time (checked up to the date), or finite epoch seconds.
+    # An ISO-8601 date or date-time (checked up to the date), or finite epoch seconds:
+    # a number beyond MAX_EPOCH_S is milliseconds or finer, which read as seconds made a
+    # two-minute retry "33.3 h" after its first use (key-outlived-window).
     "ts": FieldSpec(
         (str, float, int),
-        "an ISO-8601 date-time or epoch seconds",
-        _checks({str: _STARTS_WITH_DATE, float: math.isfinite}),
+        "an ISO-8601 date-time or epoch seconds (not milliseconds)",
+        _checks({str: _STARTS_WITH_DATE, float: is_epoch_seconds, int: is_epoch_seconds}),
     ),
     # Set by the span mapping (always a tuple, which no JSON log can produce): what the
     # span said that no field can carry. A list read from a log is not honoured.
