@@ -366,7 +366,10 @@ def shared_key(
 
     ## Why is this bad?
     The far side collapses requests that share a key: the second action's effect is
-    silently dropped and it receives the first one's response.
+    silently dropped and it receives the first one's response. Keys are compared within
+    one session, as every session rule judges its session on its own: the same key in
+    two sessions (`pay-a07`, made from the action id alone) is not reported, though the
+    far side collapses those too. Make keys from the session and the action id.
 
     ## Example
     ```json
