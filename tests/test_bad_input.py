@@ -321,6 +321,29 @@ def test_forty_digit_integer_does_not_crash(tmp_path: Path) -> None:
     assert replay_check(path).returncode == 1
 
 
+def test_an_integer_beyond_python_s_digit_limit_is_reported_as_such_not_as_not_json(tmp_path: Path) -> None:
+    """5,000 digits is JSON, but more than Python reads (4,300 by default): the line was
+    "not valid JSON (number is infinity when parsed as double ...)", orjson's words, which
+    sends the reader hunting for a syntax error that is not there."""
+    path = tmp_path / "huge.jsonl"
+    path.write_bytes(
+        record("a1", kind="llm_call", result=0).replace(b"0}", b"1" * 5000 + b"}") + b"\n" + AFTER
+    )
+    run = check(path)
+    assert [(f.line, f.rule) for f in run.found] == [(1, "unreadable-line"), (2, "unkeyed-side-effect")]
+    assert run.at(1)[0].message.startswith(
+        "line holds an integer of more than 4300 digits, the most Python reads (PYTHONINTMAXSTRDIGITS raises that)"
+    )
+    unlimited = subprocess.run(
+        [str(DURABLE_SESSIONS), "check", str(path)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONINTMAXSTRDIGITS": "0"},
+        check=False,
+    )
+    assert ":1:" not in unlimited.stdout and ":2: error[unkeyed-side-effect]" in unlimited.stdout
+
+
 def test_forty_digit_integer_is_reported_not_silently_accepted(tmp_path: Path) -> None:
     """Integers beyond 64 bits are read exactly (docs/readers.md), not as the fast JSON
     parser's floating-point numbers: a 40-digit ``attempts`` is an integer, over the cap."""

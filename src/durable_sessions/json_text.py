@@ -11,6 +11,7 @@ reads as that double, losing its last digits: :func:`exact_integers` reads it ag
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +43,14 @@ def parse_with_stdlib(text: bytes | str, error: orjson.JSONDecodeError) -> Any:
         value = json.loads(text, parse_constant=_reject_constant)
     except RecursionError:
         return Failure("line is JSON nested too deeply to read")
-    except ValueError:
+    except ValueError as refused:
+        if "integer string conversion" in str(refused):
+            # Valid JSON that Python will not read: orjson's own words ("number is
+            # infinity when parsed as double") said it was not JSON at all.
+            return Failure(
+                f"line holds an integer of more than {sys.get_int_max_str_digits()} digits, the most "
+                "Python reads (PYTHONINTMAXSTRDIGITS raises that)"
+            )
         return Failure(f"line is not valid JSON ({error})")
     try:
         orjson.dumps(value)
