@@ -325,13 +325,8 @@ def sniff(source: IO[bytes], name: str, max_line_bytes: int) -> tuple[Format, IO
     """
     if _seekable(source):
         return sniff_format(source, name, max_line_bytes), source
-    head: list[bytes] = []
     try:
-        while len(head) < _HEAD_LINES and (line := source.readline(max_line_bytes + 1)):
-            head.append(line)
-            stripped = _content(line, len(head))
-            if stripped and not stripped.startswith(b"#"):
-                break
+        head = _lines_to_first_object(source, max_line_bytes, _HEAD_LINES)
     except OSError as error:
         raise InputError(f"cannot read {name!r}: {error.strerror or error}") from None
     return _format_of(head), io.BufferedReader(_Replay(b"".join(head), source))
@@ -392,15 +387,21 @@ def _head_lines(source: IO[bytes], max_line_bytes: int, limit: int = _HEAD_LINES
         peek = getattr(source, "peek", None)
         return peek(65536).splitlines() if peek else []
     start = source.tell()
-    lines = []
     try:
-        while len(lines) < limit and (line := source.readline(max_line_bytes + 1)):
-            lines.append(line)
-            stripped = _content(line, len(lines))
-            if stripped and not stripped.startswith(b"#"):
-                break
+        return _lines_to_first_object(source, max_line_bytes, limit)
     finally:
         source.seek(start)
+
+
+def _lines_to_first_object(source: IO[bytes], max_line_bytes: int, limit: int) -> list[bytes]:
+    """The lines ``source`` gives up to its first line of content (neither blank nor a
+    ``#`` comment), that line included; at most ``limit`` lines."""
+    lines: list[bytes] = []
+    while len(lines) < limit and (line := source.readline(max_line_bytes + 1)):
+        lines.append(line)
+        stripped = _content(line, len(lines))
+        if stripped and not stripped.startswith(b"#"):
+            break
     return lines
 
 
