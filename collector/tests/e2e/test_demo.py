@@ -19,16 +19,22 @@ UNRECOVERABLE = {
 }
 
 
-def test_demo_prints_the_unrecoverable_sessions_and_their_rules(tmp_path: Path) -> None:
-    started = time.monotonic()
-    result = subprocess.run(
+def run_demo(directory: Path, timeout: float, **environment: str) -> subprocess.CompletedProcess[str]:
+    """``examples/demo.py`` run in ``directory`` (the demo must not depend on the working
+    directory), with ``environment`` added to this process's."""
+    return subprocess.run(
         [sys.executable, str(DEMO)],
         capture_output=True,
         text=True,
-        timeout=60,
-        cwd=tmp_path,  # the demo must not depend on the working directory
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        timeout=timeout,
+        cwd=directory,
+        env={**os.environ, **environment},
     )
+
+
+def test_demo_prints_the_unrecoverable_sessions_and_their_rules(tmp_path: Path) -> None:
+    started = time.monotonic()
+    result = run_demo(tmp_path, 60, PYTHONUNBUFFERED="1")
     elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stdout + result.stderr
     assert elapsed < 30, f"the demo took {elapsed:.1f} s"
@@ -55,20 +61,14 @@ def test_demo_ignores_the_callers_sidecar_sdk_and_proxy_settings(tmp_path: Path)
     override the demo's file), its token made the sidecar refuse the agents, a sampler
     dropped their spans, and an ``http_proxy`` took the loopback requests and exports."""
     store = tmp_path / "production.db"
-    result = subprocess.run(
-        [sys.executable, str(DEMO)],
-        capture_output=True,
-        text=True,
-        timeout=90,
-        cwd=tmp_path,
-        env={
-            **os.environ,
-            "DURABLE_SESSIONS_STORE": f"sqlite:///{store}",
-            "DURABLE_SESSIONS_AUTH_TOKEN": "a-production-token-0123456789",
-            "OTEL_TRACES_SAMPLER": "always_off",
-            "http_proxy": "http://127.0.0.1:9",  # the discard port: nothing listens
-            "HTTP_PROXY": "http://127.0.0.1:9",
-        },
+    result = run_demo(
+        tmp_path,
+        90,
+        DURABLE_SESSIONS_STORE=f"sqlite:///{store}",
+        DURABLE_SESSIONS_AUTH_TOKEN="a-production-token-0123456789",
+        OTEL_TRACES_SAMPLER="always_off",
+        http_proxy="http://127.0.0.1:9",  # the discard port: nothing listens
+        HTTP_PROXY="http://127.0.0.1:9",
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "unrecoverable sessions (4 of 5):" in result.stdout
@@ -101,14 +101,7 @@ def test_a_sidecar_that_does_not_start_in_time_is_stopped_not_left_running(tmp_p
     temporary = tmp_path / "tmp"
     temporary.mkdir()
     python_path = os.pathsep.join(filter(None, [str(slow), os.environ.get("PYTHONPATH")]))
-    result = subprocess.run(
-        [sys.executable, str(DEMO)],
-        capture_output=True,
-        text=True,
-        timeout=90,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": python_path, "TMPDIR": str(temporary)},
-    )
+    result = run_demo(tmp_path, 90, PYTHONPATH=python_path, TMPDIR=str(temporary))
     leaked = _processes_mentioning(str(temporary))
     for pid in leaked:  # this test's own sidecar, when the demo left it
         os.kill(pid, 9)
