@@ -17,7 +17,7 @@ import urllib.request
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
-from durable_sessions_collector.config import EncryptedKeyError, redact_url, refuse_passphrase
+from durable_sessions_collector.config import EncryptedKeyError, is_loopback, redact_url, refuse_passphrase
 from durable_sessions_collector.store.base import MAX_DETAIL_PAGE
 
 DEFAULT_ENDPOINT = "http://127.0.0.1:4320"
@@ -87,6 +87,7 @@ class ApiClient:
                 raise ApiUsageError(f"cannot load the CA file {ca_file!r}: {error}") from None
             if cert_file:
                 _load_client_certificate(self._context, cert_file, key_file)
+        self._opener = _opener(is_loopback(f"{parts.hostname}:{parts.port}"), self._context)
 
     def get(self, path: str, query: dict[str, Any] | None = None) -> Any:
         url = self.endpoint + path
@@ -107,7 +108,7 @@ class ApiClient:
             headers["Authorization"] = f"Bearer {self.token}"
         request = urllib.request.Request(url, headers=headers)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s, context=self._context) as response:
+            with self._opener.open(request, timeout=self.timeout_s) as response:
                 return bytes(response.read())
         # ValueError: http.client refuses a header value with a line break in a message that
         # repeats the value, here the token.
@@ -257,6 +258,19 @@ class ApiClient:
         if token:
             seen.add(token)
         return token or ""
+
+
+def _opener(loopback: bool, context: ssl.SSLContext | None) -> urllib.request.OpenerDirector:
+    """What requests go through: ``https_proxy``/``http_proxy``/``no_proxy`` apply, except
+    to a loopback sidecar, which is reached directly, as Go's ``ProxyFromEnvironment`` (and
+    so the Collector and its tools) does: a proxy would reach its own loopback, not this
+    host's, and be handed the bearer token on the way."""
+    handlers: list[urllib.request.BaseHandler] = []
+    if context is not None:
+        handlers.append(urllib.request.HTTPSHandler(context=context))
+    if loopback:
+        handlers.append(urllib.request.ProxyHandler({}))
+    return urllib.request.build_opener(*handlers)
 
 
 def _load_client_certificate(context: ssl.SSLContext, cert_file: str, key_file: str | None) -> None:

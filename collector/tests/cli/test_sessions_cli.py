@@ -6,7 +6,10 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import uuid
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -211,6 +214,65 @@ def test_a_token_option_after_the_subcommand_wins_over_either_before_it(
     with pytest.raises(SystemExit) as refused:
         main([*base, "list", "--token", TOKEN, "--token-file", str(good)])
     assert refused.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+
+
+class Proxy:
+    """A forward proxy that records each request (its target and Authorization header)
+    and answers 502."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str | None]] = []
+        seen = self.seen
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                seen.append((self.path, self.headers.get("Authorization")))
+                self.send_error(502)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        ).start()
+
+    def use(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Name this proxy in ``http_proxy`` (both spellings), with no ``no_proxy``."""
+        for name in ("http_proxy", "HTTP_PROXY"):
+            monkeypatch.setenv(name, self.url)
+        for name in ("no_proxy", "NO_PROXY"):
+            monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def proxy() -> Iterator[Proxy]:
+    proxy = Proxy()
+    yield proxy
+    proxy.server.shutdown()
+    proxy.server.server_close()
+
+
+def test_a_loopback_sidecar_is_asked_directly_not_through_the_proxy(
+    sidecar, capsys, proxy, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    # A shell's http_proxy is for the outside world: through it, 127.0.0.1 is the proxy's
+    # own host, and a token went to the proxy in the clear.
+    populate(sidecar)
+    proxy.use(monkeypatch)
+    code, out, err = run(capsys, "sessions", "--endpoint", sidecar.http_url, "list")
+    assert (code, proxy.seen) == (0, []), err
+    assert sorted(line.split()[0] for line in out.splitlines()[1:]) == ["bad-1", "good-1"]
+
+
+def test_a_sidecar_on_another_host_is_asked_through_the_proxy(capsys, proxy, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    proxy.use(monkeypatch)
+    code, _, err = run(
+        capsys, "sessions", "--endpoint", "http://sidecar.invalid:4320", "--token", TOKEN, "list"
+    )
+    assert code == 1 and "502" in err, err
+    assert proxy.seen == [("http://sidecar.invalid:4320/api/sessions?limit=100", f"Bearer {TOKEN}")]
 
 
 def test_an_unreachable_sidecar_is_a_clear_error() -> None:
