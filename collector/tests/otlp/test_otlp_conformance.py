@@ -399,6 +399,18 @@ def test_unsupported_content_type_is_415_with_a_status(sidecar, content_type) ->
     assert "unsupported Content-Type" in strict_status(headers, data).message
 
 
+@pytest.mark.parametrize(
+    "content_type", ["application/json; charset=utf-16", 'application/json;charset="latin1"']
+)
+def test_json_in_another_charset_than_utf8_is_415_naming_it(sidecar, content_type) -> None:  # type: ignore[no-untyped-def]
+    # OTLP/JSON is UTF-8 (RFC 8259 section 8.1); UTF-16 text read as UTF-8 was a 400
+    # "not valid JSON", which says the body is wrong rather than how it is encoded.
+    body = json_request(json_span("cs", "x")).decode().encode("utf-16" if "16" in content_type else "latin1")
+    status, headers, data = post(sidecar, body, content_type)
+    assert status == 415
+    assert "unsupported charset" in strict_status(headers, data).message
+
+
 @pytest.mark.parametrize("content_type", [JSON, PROTOBUF])
 def test_unknown_content_encoding_is_415_in_the_requests_encoding(sidecar, content_type) -> None:  # type: ignore[no-untyped-def]
     # RFC 9110 section 15.5.16: 415 covers "the request's indicated Content-Type or

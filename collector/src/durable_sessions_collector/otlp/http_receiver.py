@@ -12,7 +12,7 @@ Answers, per the OTLP specification (the response has the request's Content-Type
 | body framing invalid or ambiguous, body stalled | 400 | connection closed (``httpserver``) |
 | ``Transfer-Encoding`` other than chunked | 501 | connection closed |
 | body over ``max_request_bytes`` (after decompression) | 413 | decompression stops at the limit |
-| ``Content-Type`` not protobuf/JSON, unknown ``Content-Encoding`` | 415 | |
+| ``Content-Type`` not protobuf/JSON, JSON not in UTF-8, unknown ``Content-Encoding`` | 415 | |
 | write queue full, decoding budget in use, store failure | 503 | ``Retry-After`` seconds, ``RetryInfo`` in the Status |
 | a method other than POST | 405 | ``Allow``; the Status in JSON unless the request says protobuf |
 """
@@ -38,6 +38,15 @@ PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 PROTOBUF_TYPES = {"application/x-protobuf", "application/protobuf"}
 TRANSPORT = "http"
+
+
+def _charset(content_type: str) -> str | None:
+    """The ``charset`` parameter of a Content-Type header, lower-cased and unquoted."""
+    for parameter in content_type.split(";")[1:]:
+        name, _, value = parameter.partition("=")
+        if name.strip().lower() == "charset":
+            return value.strip().strip('"').lower()
+    return None
 
 
 def status_body(status: int, message: str, media_type: str, retry_after_s: int | None = None) -> Response:
@@ -95,6 +104,10 @@ class HttpTraceReceiver:
             count(TRANSPORT, "unsupported").inc()
             shown = media_type or "none"
             return status_body(415, f"unsupported Content-Type {shown!r}; send {PROTOBUF} or {JSON}", JSON)
+        charset = _charset(request.header("Content-Type"))
+        if json_encoding and charset not in (None, "utf-8", "utf8"):
+            count(TRANSPORT, "unsupported").inc()
+            return status_body(415, f"unsupported charset {charset!r}: OTLP/JSON is UTF-8", JSON)
         encoding = request.header("Content-Encoding").strip().lower()
         if encoding not in ("", "identity", *DECODERS):
             count(TRANSPORT, "unsupported").inc()
