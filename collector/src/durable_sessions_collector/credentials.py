@@ -87,8 +87,8 @@ class BearerToken:
     changes). ``accepts(credentials)`` compares in constant time; after a change, the
     replaced token is accepted :data:`TOKEN_OVERLAP_S` longer.
 
-    ``on_new_token`` is called with each token loaded from the file, before it is used
-    (the log's redactor registers it); ``on_reload`` with ``"loaded"`` or ``"failed"`` for
+    ``on_new_token`` is called with ``token`` and each token loaded from the file, before
+    it is used (the log's redactor registers it); ``on_reload`` with ``"loaded"`` or ``"failed"`` for
     each change of the file.
     """
 
@@ -102,6 +102,9 @@ class BearerToken:
         on_reload: Callable[[str], object] = lambda _outcome: None,
         overlap_s: float | None = None,
     ) -> None:
+        # The token in use is redacted too, as each one loaded later: the file can change
+        # between a Service's construction, which registers its secrets, and its start.
+        on_new_token(token)
         self._current = token.encode("utf-8")
         self._previous: bytes | None = None
         self._previous_until = 0.0

@@ -9,6 +9,7 @@ TLS handshakes with Python's ssl module and grpcio, real OTLP exporters.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import shutil
 import ssl
@@ -22,6 +23,8 @@ import grpc
 import pytest
 from conftest import wait_for
 from durable_sessions_collector import credentials
+from durable_sessions_collector.config import load
+from durable_sessions_collector.service import Service
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
@@ -103,6 +106,32 @@ def test_a_rotated_token_file_is_followed_and_the_old_token_honoured_for_the_ove
     assert reloads(sidecar, "token") == {"loaded": 1, "failed": 0}
     text = "\n".join(map(str, sidecar.log.lines()))
     assert OLD_TOKEN not in text and NEW_TOKEN not in text
+
+
+def test_a_token_file_changed_before_an_embedded_service_starts_is_redacted(tmp_path: Path) -> None:
+    # A program that embeds Service constructs it (its secrets go to the log's redactor)
+    # and starts it later, when the token file is read again for the ports.
+    token_file = tmp_path / "token"
+    token_file.write_text(OLD_TOKEN)
+    config = load(
+        None,
+        env={},
+        overrides={
+            "receivers.grpc.endpoint": "127.0.0.1:0",
+            "receivers.http.endpoint": "127.0.0.1:0",
+            "store": f"sqlite:///{tmp_path / 'sessions.db'}",
+            "auth.token_file": str(token_file),
+        },
+    )
+    log = io.StringIO()
+    service = Service(config, log_stream=log)
+    replace(token_file, NEW_TOKEN)
+    service.start()
+    try:
+        service.log.info("a-line-with-the-token", text=f"it is {NEW_TOKEN}")
+    finally:
+        service.stop()
+    assert NEW_TOKEN not in log.getvalue() and "a-line-with-the-token" in log.getvalue()
 
 
 def test_a_bad_token_file_keeps_the_token_in_use_and_says_why(start_sidecar, tmp_path: Path) -> None:
