@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 import random
 import time
@@ -269,18 +270,27 @@ def test_members_of_every_size_one_after_the_other_are_one_body(encoding: str) -
     assert decompress(body, encoding, 64 * 1024 * 1024) == b"".join(parts)
 
 
+def _decoding_time(encoding: str, count: int) -> float:
+    """CPU seconds to decode ``count`` members (or frames) of ``b"ab"``, best of two."""
+    body = _compressor(encoding)(b"ab") * count
+    best = math.inf
+    for _ in range(2):
+        start = time.process_time()
+        decoded = decompress(body, encoding, 64 * 1024 * 1024)
+        best = min(best, time.process_time() - start)
+    assert decoded == b"ab" * count
+    return best
+
+
 @pytest.mark.parametrize("encoding", ["gzip", "zstd", "lz4"])
 def test_a_body_of_many_small_members_is_decoded_in_time_linear_in_its_size(encoding: str) -> None:
     """Each member or frame was followed by a copy of the rest of the body (the decoder's
     ``unused_data``): 1.6 MB of tiny zstd frames took 17 s of CPU, 16 MB half an hour,
-    from one request. Now the leftover is at most the piece fed."""
-    member = _compressor(encoding)(b"ab")
-    count = 4_000_000 // len(member)
-    start = time.process_time()
-    decoded = decompress(member * count, encoding, 64 * 1024 * 1024)
-    elapsed = time.process_time() - start
-    assert decoded == b"ab" * count
-    assert elapsed < 10, f"{count} {encoding} members of {len(member)} bytes took {elapsed:.1f} s"
+    from one request. Now the leftover is at most the piece fed. Eight times the members
+    cost about eight times as much (up to 64 times, copied); a ratio within one run, so
+    the machine's speed, or a sanitizer's slowing, does not decide it."""
+    ratio = _decoding_time(encoding, 32_000) / _decoding_time(encoding, 4_000)
+    assert ratio < 16, f"eight times the {encoding} members took {ratio:.1f} times as long"
 
 
 @settings(max_examples=300, deadline=None)
