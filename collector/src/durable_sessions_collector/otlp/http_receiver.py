@@ -40,13 +40,17 @@ PROTOBUF_TYPES = {"application/x-protobuf", "application/protobuf"}
 TRANSPORT = "http"
 
 
-def _charset(content_type: str) -> str | None:
-    """The ``charset`` parameter of a Content-Type header, lower-cased and unquoted."""
-    for parameter in content_type.split(";")[1:]:
+def _content_type(header: str) -> tuple[str, str | None]:
+    """A Content-Type header's media type and ``charset`` parameter (None when absent),
+    both lower-cased, the charset unquoted."""
+    media_type, *parameters = header.split(";")
+    charset = None
+    for parameter in parameters:
         name, _, value = parameter.partition("=")
         if name.strip().lower() == "charset":
-            return value.strip().strip('"').lower()
-    return None
+            charset = value.strip().strip('"').lower()
+            break
+    return media_type.strip().lower(), charset
 
 
 def status_body(status: int, message: str, media_type: str, retry_after_s: int | None = None) -> Response:
@@ -93,18 +97,17 @@ class HttpTraceReceiver:
         """The HTTP port's own error answers on this path (405, 500): the OTLP specification
         wants a ``google.rpc.Status`` for every 4xx and 5xx there, in the request's
         encoding (JSON when it has none, as a GET has not)."""
-        media_type = request.header("Content-Type").split(";", 1)[0].strip().lower()
+        media_type = _content_type(request.header("Content-Type"))[0]
         return status_body(status, message, media_type if media_type in PROTOBUF_TYPES else JSON)
 
     def _handle(self, request: Request) -> Response:
         count = self.metrics.requests.labels
-        media_type = request.header("Content-Type").split(";", 1)[0].strip().lower()
+        media_type, charset = _content_type(request.header("Content-Type"))
         json_encoding = media_type == JSON
         if not json_encoding and media_type not in PROTOBUF_TYPES:
             count(TRANSPORT, "unsupported").inc()
             shown = media_type or "none"
             return status_body(415, f"unsupported Content-Type {shown!r}; send {PROTOBUF} or {JSON}", JSON)
-        charset = _charset(request.header("Content-Type"))
         if json_encoding and charset not in (None, "utf-8", "utf8"):
             count(TRANSPORT, "unsupported").inc()
             return status_body(415, f"unsupported charset {charset!r}: OTLP/JSON is UTF-8", JSON)
