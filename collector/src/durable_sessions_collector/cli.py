@@ -325,9 +325,9 @@ def _print_dead(
             (
                 str(alert.id),
                 printable(alert.channel),
-                printable(_cell(alert.payload.get("rule"))),
-                printable(_cell(alert.payload.get("session_id"))),
-                printable(_cell(alert.payload.get("action_id"))),
+                _cell(alert.payload.get("rule")),
+                _cell(alert.payload.get("session_id")),
+                _cell(alert.payload.get("action_id")),
                 str(alert.attempts),
                 _when(alert.created_at),
                 printable(redact(alert.last_error) or "-"),
@@ -367,8 +367,10 @@ def _when(ts: Any) -> str:
 
 
 def _cell(value: Any) -> str:
-    """A value of the API's JSON as text; the client checked only the keys it needs."""
-    return "-" if value is None else str(value)
+    """A value of the API's JSON as text (the client checked only the keys it needs),
+    escaped by :func:`printable`: ids, kinds and messages are the text of spans, which
+    anyone who can export to the sidecar writes."""
+    return "-" if value is None else printable(str(value))
 
 
 def _print_sessions(sessions: list[dict[str, Any]], out: Output) -> None:
@@ -395,23 +397,24 @@ def _print_session(detail: dict[str, Any], out: Output) -> None:
           f"first seen {_when(detail.get('first_seen'))}, last seen {_when(detail.get('last_seen'))}", file=out)  # fmt: skip
     print("actions:", file=out)
     for action in detail["actions"]:
-        extras = [f"incarnation {action['incarnation']}"] if action.get("incarnation") else []
+        extras = [f"incarnation {_cell(action['incarnation'])}"] if action.get("incarnation") else []
         for flag in ("replayed", "retryable"):
             if action.get(flag) is True:
                 extras.append(flag)
         if action.get("idempotency_key"):
             extras.append("keyed")
         suffix = f" ({', '.join(extras)})" if extras else ""
-        print(f"  {action.get('action_id')}  {action.get('kind')}  {action.get('status')}{suffix}", file=out)
+        what = "  ".join(_cell(action.get(key)) for key in ("action_id", "kind", "status"))
+        print(f"  {what}{suffix}", file=out)
     live = [v for v in detail["violations"] if not v.get("resolved")]
     print("violations:" if live else "violations: none", file=out)
     for v in live:
         # A finding of a rule the sidecar no longer runs stays listed, but not in the verdict.
         uncounted = "  (not counted: rule not run)" if v.get("not_counted") else ""
-        print(
-            f"  {v.get('severity')}  {v.get('rule')}  action {v.get('action_id')}: {v.get('message')}{uncounted}",
-            file=out,
+        severity, rule, action_id, message = (
+            _cell(v.get(key)) for key in ("severity", "rule", "action_id", "message")
         )
+        print(f"  {severity}  {rule}  action {action_id}: {message}{uncounted}", file=out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

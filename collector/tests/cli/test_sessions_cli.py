@@ -308,3 +308,26 @@ def test_an_unwritable_output_is_one_line_and_exit_code_2(sidecar) -> None:  # t
     assert result.stderr == (
         "durable-sessions-collector sessions: cannot write to standard output: No space left on device\n"
     )
+
+
+def test_ids_and_messages_from_spans_are_printed_escaped(sidecar, capsys) -> None:  # type: ignore[no-untyped-def]
+    # A span's attributes are anyone's text: raw, a newline in a session id forged a row of
+    # its own and an escape sequence drove the terminal of whoever ran the command.
+    session, action = "evil\nforged  ok\x1b[2J", "a\x1b]0;title\x07"
+    agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "run\x1b[8m1")
+    agent.action(session, action, "tool_call", retryable=True)  # unbounded-retry, quoting the id
+    agent.shutdown()
+    endpoint = ("--endpoint", sidecar.http_url)
+
+    code, out, _ = run(capsys, "sessions", *endpoint, "list")
+    assert code == 0 and "\x1b" not in out and "\x07" not in out
+    assert out.splitlines()[1].split()[:2] == ["evil\\nforged", "ok\\x1b[2J"]
+    assert len(out.splitlines()) == 2  # the header and one session
+
+    code, out, _ = run(capsys, "sessions", *endpoint, "show", session)
+    assert code == 0 and "\x1b" not in out and "\x07" not in out
+    lines = out.splitlines()
+    assert lines[0] == "session evil\\nforged  ok\\x1b[2J: unrecoverable (active)"
+    assert lines[3] == "  a\\x1b]0;title\\x07  tool_call  ok (incarnation run\\x1b[8m1, retryable)"
+    assert lines[5].startswith("  error  unbounded-retry  action a\\x1b]0;title\\x07: ")
+    assert len(lines) == 6
