@@ -151,3 +151,33 @@ def test_a_watcher_sees_fire_resolve_fire_again_and_resumes_from_a_cursor(  # ty
         after = Watch(second, cursor=alert.cursor, rules=[EFFECT], timeout=2)
         watches.append(after)
         assert [a.cursor for a in after.rest()] == [a.cursor for a in everything[position + 1 :]]
+
+
+def test_a_cursor_of_a_store_lost_since_resumes_from_the_new_stores_start(  # type: ignore[no-untyped-def]
+    start_sidecar, tmp_path, watches: list[Watch]
+) -> None:
+    def unbounded_retries(sidecar: Sidecar, *sessions: str) -> None:
+        agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "run-1")
+        for session in sessions:
+            agent.action(session, "t1", "tool_call", retryable=True)
+        agent.shutdown()
+
+    store = tmp_path / "sessions.db"
+    first = start_sidecar(store)
+    watch = Watch(first)
+    watches.append(watch)
+    unbounded_retries(first, "old-1", "old-2", "old-3")
+    last = watch.take(3)[-1]
+    watch.close()
+    first.stop()
+    # The SQLite file is lost with the sidecar (an emptyDir volume goes with its pod): the
+    # new store numbers its violations from 1 again, below the watcher's cursor.
+    for path in tmp_path.glob("sessions.db*"):
+        path.unlink()
+    second = start_sidecar(store)
+    unbounded_retries(second, "new-1", "new-2")
+
+    resumed = Watch(second, cursor=last.cursor, timeout=3)
+    watches.append(resumed)
+    # Both committed after the watcher's cursor was given: both are sent.
+    assert [alert.violation.session_id for alert in resumed.rest()] == ["new-1", "new-2"]

@@ -556,21 +556,26 @@ class SqliteStore:
     def violation_cursor(self) -> str:
         """A cursor after every violation and change committed so far."""
         with self._read() as db:
-            violations, changes = db.execute(
-                "SELECT (SELECT coalesce(max(id), 0) FROM violations), "
-                # The largest change id ever given (retention may have deleted its row).
-                "coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'violation_changes'), 0)"
-            ).fetchone()
+            violations, changes = _feed_end(db)
         return f"sqlite:{violations}:{changes}"
 
     def violations_after(self, cursor: str, limit: int = 100) -> tuple[list[dict[str, Any]], str]:
         """Committed violations and changes after ``cursor``, in commit order, and the
         cursor after them (see :meth:`Store.violations_after
-        <durable_sessions_collector.store.base.Store.violations_after>`)."""
+        <durable_sessions_collector.store.base.Store.violations_after>`).
+
+        A cursor past the end of the feed was not given by this store, whose ids only grow
+        (retention keeps the newest violation): it is one of a store deleted since (a file
+        lost with its pod, removed to judge everything anew). Every row of this store was
+        committed after it was given, so the feed is read from its start; read from the
+        cursor, the new store's first violations, numbered from 1 again, were never sent."""
         violations, changes = (*cursor_position(cursor, "sqlite", (1, 2)), 0)[:2]
         with self._read() as reader:
             reader.execute("BEGIN")  # both tables from one snapshot
             try:
+                end_violations, end_changes = _feed_end(reader)
+                if violations > end_violations or changes > end_changes:
+                    violations, changes = 0, 0
                 rows = first_of_feed(
                     [
                         violation_feed_row(row)
@@ -612,6 +617,15 @@ class SqliteStore:
         with self._write_lock:
             self._write.close()
         self.ownership.release()
+
+
+def _feed_end(db: sqlite3.Connection) -> tuple[int, int]:
+    """The last violation id and the last change id given (0: none yet)."""
+    return db.execute(  # type: ignore[no-any-return]
+        "SELECT (SELECT coalesce(max(id), 0) FROM violations), "
+        # The largest change id ever given (retention may have deleted its row).
+        "coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'violation_changes'), 0)"
+    ).fetchone()
 
 
 def _with_cursors(rows: list[FeedRow], violations: int, changes: int) -> Iterator[dict[str, Any]]:
