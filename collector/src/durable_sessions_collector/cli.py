@@ -229,11 +229,13 @@ def _sessions(args: argparse.Namespace, out: Output) -> int:
             if not 1 <= args.limit <= 1000:
                 _complain("--limit must be from 1 to 1000")
                 return 2
-            sessions = client.list_sessions(args.verdict, args.limit, every_page=args.all)
+            sessions, token = client.list_page(args.verdict, args.limit, every_page=args.all)
             if args.json:
-                print(json.dumps({"sessions": sessions}, indent=2), file=out)
+                print(json.dumps({"sessions": sessions, "next_page_token": token}, indent=2), file=out)
             else:
                 _print_sessions(sessions, out)
+                if token:  # the table alone reads as every session there is (a page may end early, by size)
+                    _complain(f"more sessions than the {len(sessions)} shown; --all lists every one")
             return 0
         detail = client.session(args.session_id)
     except ApiError as error:

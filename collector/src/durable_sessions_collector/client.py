@@ -215,6 +215,13 @@ class ApiClient:
     ) -> list[dict[str, Any]]:
         """The first page of at most ``limit`` sessions, or with ``every_page`` all of them,
         asked ``limit`` at a time."""
+        return self.list_page(verdict, limit, every_page=every_page)[0]
+
+    def list_page(
+        self, verdict: str | None = None, limit: int | None = None, *, every_page: bool = False
+    ) -> tuple[list[dict[str, Any]], str]:
+        """As :meth:`list_sessions`, with the token of the page after them: empty when
+        there is none, as after ``every_page``."""
         sessions: list[dict[str, Any]] = []
         token = None
         seen: set[str] = set()
@@ -226,7 +233,7 @@ class ApiClient:
             sessions.extend(page["sessions"])
             token = self._next(page.get("next_page_token"), seen)
             if not (every_page and token):
-                return sessions
+                return sessions, token
 
     def session(self, session_id: str) -> dict[str, Any]:
         """The session with all of its actions and violations, asked a page at a time."""

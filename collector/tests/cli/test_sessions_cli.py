@@ -96,14 +96,24 @@ def test_list_all_follows_the_pages(sidecar, capsys) -> None:  # type: ignore[no
         agent.action(f"s-{n}", "u1", "user_prompt", result='{"x": 1}')
     agent.shutdown()
     endpoint = ("--endpoint", sidecar.http_url)
-    code, out, _ = run(capsys, "sessions", *endpoint, "list", "--limit", "2")
+    code, out, err = run(capsys, "sessions", *endpoint, "list", "--limit", "2")
     assert code == 0 and len(out.splitlines()) == 1 + 2  # the first page
+    # It says there are more: the table alone read as every session there is.
+    assert err == "durable-sessions-collector: more sessions than the 2 shown; --all lists every one\n"
+    code, out, _ = run(capsys, "sessions", *endpoint, "--json", "list", "--limit", "2")
+    document = json.loads(out)
+    assert code == 0 and len(document["sessions"]) == 2 and document["next_page_token"]
+    listed = [s["session_id"] for s in document["sessions"]]
+    code, out, err = run(capsys, "sessions", *endpoint, "list", "--limit", "5")
+    assert code == 0 and len(out.splitlines()) == 1 + 5 and err == ""  # all of them: nothing to say
     code, out, _ = run(capsys, "sessions", *endpoint, "list", "--limit", "2", "--all")
     assert code == 0 and sorted(line.split()[0] for line in out.splitlines()[1:]) == [
         f"s-{n}" for n in range(5)
     ]
-    code, out, _ = run(capsys, "sessions", *endpoint, "--json", "list", "--limit", "2", "--all")
-    assert code == 0 and len(json.loads(out)["sessions"]) == 5
+    code, out, err = run(capsys, "sessions", *endpoint, "--json", "list", "--limit", "2", "--all")
+    document = json.loads(out)
+    assert code == 0 and len(document["sessions"]) == 5 and document["next_page_token"] == "" and err == ""
+    assert [s["session_id"] for s in document["sessions"][:2]] == listed
 
 
 def test_show_asks_for_every_page_of_actions_and_violations(sidecar, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -146,7 +156,7 @@ def test_token_and_tls_ca_options(start_sidecar, tmp_path, capsys, monkeypatch) 
     monkeypatch.setenv("DURABLE_SESSIONS_CA_FILE", str(ca))
     code, out, err = run(capsys, "sessions", "--json", "list")
     assert code == 0, err
-    assert json.loads(out) == {"sessions": []}
+    assert json.loads(out) == {"sessions": [], "next_page_token": ""}
     assert TOKEN not in out + err
 
 
