@@ -586,7 +586,9 @@ class HttpServer:
         """The answer to a request refused before it was routed (a header the port cannot
         read, a method it does not know): on a path whose protocol has its own error body
         (OTLP/HTTP's ``Status``), that body; JSON where the request line was not read."""
-        if getattr(handler, "command", None) is None:  # the request line was not read
+        # The request line was not read: None before it, "" when the stdlib refused it as
+        # too long (the 414 it answers has no path to look up).
+        if not getattr(handler, "command", None):
             return Response.json(status, {"error": message})
         path = urlsplit(handler.path).path
         methods, params = self.router.match(path)

@@ -192,6 +192,17 @@ def test_unknown_sessions_and_paths_answer_404_json(sidecar) -> None:  # type: i
     assert status == 404 and b"/nowhere" in body
 
 
+def test_a_request_line_too_long_to_read_is_a_414_json(sidecar) -> None:  # type: ignore[no-untyped-def]
+    # The stdlib refuses a request line over 64 KiB before it has a path: the port's answer
+    # looked that path up, so the connection was dropped unanswered (the CLI then asked
+    # whether it was the gRPC port) and the sidecar logged an AttributeError.
+    status, headers, body = raw_request(sidecar, "GET", "/api/sessions/" + quote("é" * 12_000, safe=""))
+    assert status == 414 and headers["Content-Type"] == "application/json"
+    assert json.loads(body) == {"error": "Request-URI Too Long"}
+    assert [line for line in sidecar.log.lines() if line["level"] == "error"] == []
+    assert sidecar.get("/api/sessions")[0] == 200  # and the port serves on
+
+
 def test_query_parameters_are_validated(sidecar) -> None:  # type: ignore[no-untyped-def]
     unkeyed_payment(sidecar, "bad")
     agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
