@@ -19,6 +19,7 @@ from urllib.parse import quote, urlencode, urlsplit
 
 from durable_sessions_collector.config import EncryptedKeyError, is_loopback, redact_url, refuse_passphrase
 from durable_sessions_collector.store.base import MAX_DETAIL_PAGE
+from durable_sessions_collector.store.stored import stored_text
 
 DEFAULT_ENDPOINT = "http://127.0.0.1:4320"
 _UNSENDABLE = re.compile(r"[\x00-\x20\x7f]")
@@ -27,6 +28,11 @@ _UNSENDABLE = re.compile(r"[\x00-\x20\x7f]")
 DETAIL_PAGE = MAX_DETAIL_PAGE
 """Actions, and violations, asked for in one request of ``sessions show`` (the API's
 largest page)."""
+
+LONGEST_PATH = 65_536 - 1_024
+"""The longest path asked for: the sidecar's HTTP port reads a request line of 64 KiB
+(http.server's limit, a 414 past it), which also holds the method, the query (its page
+tokens) and the version."""
 
 
 class ApiError(Exception):
@@ -238,6 +244,9 @@ class ApiClient:
     def session(self, session_id: str) -> dict[str, Any]:
         """The session with all of its actions and violations, asked a page at a time."""
         path = "/api/sessions/" + quote(session_id, safe="")
+        if len(path) > LONGEST_PATH:
+            # An id this long is stored, listed, and found, by its digest form.
+            path = "/api/sessions/" + quote(stored_text(session_id), safe="")
         names = ("actions", "violations")
         next_names = tuple(f"next_{name}_page_token" for name in names)
         query = {"actions_limit": DETAIL_PAGE, "violations_limit": DETAIL_PAGE}

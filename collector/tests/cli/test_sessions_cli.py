@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from durable_sessions_collector.cli import main
+from durable_sessions_collector.store.stored import stored_text
 from sidecar_clients import Agent, grpc_exporter
 from tls_certs import make_cert, mutual_tls_pki
 from webhook_server import free_port
@@ -341,3 +342,16 @@ def test_ids_and_messages_from_spans_are_printed_escaped(sidecar, capsys) -> Non
     assert lines[3] == "  a\\x1b]0;title\\x07  tool_call  ok (incarnation run\\x1b[8m1, retryable)"
     assert lines[5].startswith("  error  unbounded-retry  action a\\x1b]0;title\\x07: ")
     assert len(lines) == 6
+
+
+def test_show_finds_a_session_whose_id_is_too_long_for_a_url(sidecar, capsys) -> None:  # type: ignore[no-untyped-def]
+    # 12,000 'é' are 108,000 characters percent-encoded, past the 64 KiB request line the
+    # HTTP port reads: asked by the form it is stored and listed under instead.
+    session = "é" * 12_000
+    agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
+    agent.action(session, "a1", "payment")  # unkeyed-side-effect
+    agent.shutdown()
+    code, out, err = run(capsys, "sessions", "--endpoint", sidecar.http_url, "show", session)
+    assert code == 0, err
+    assert out.startswith(f"session {stored_text(session)}: unrecoverable (active)")
+    assert "  error  unkeyed-side-effect  action a1: " in out
