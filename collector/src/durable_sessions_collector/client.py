@@ -91,6 +91,7 @@ class ApiClient:
                 self._context = ssl.create_default_context(cafile=ca_file)
             except (OSError, ssl.SSLError) as error:
                 raise ApiUsageError(f"cannot load the CA file {ca_file!r}: {error}") from None
+            self._context.sslsocket_class = _HandshakeNoted
             if cert_file:
                 _load_client_certificate(self._context, cert_file, key_file)
         self._opener = _opener(is_loopback(f"{parts.hostname}:{parts.port}"), self._context)
@@ -113,6 +114,8 @@ class ApiClient:
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
         request = urllib.request.Request(url, headers=headers)
+        if self._context is not None:  # each request has a connection, and a handshake, of its own
+            self._context.handshake_done = False  # type: ignore[attr-defined]
         try:
             with self._opener.open(request, timeout=self.timeout_s) as response:
                 return bytes(response.read())
@@ -155,8 +158,9 @@ class ApiClient:
         return ApiError(f"no answer from the sidecar at {shown}: {error}")
 
     def _tls_failure(self, shown: str, error: ssl.SSLError) -> ApiError:
-        """What a failed TLS handshake means: the sidecar asked for a client certificate
-        and got none, or refused the one sent, or the endpoint does not speak TLS.
+        """What a failed TLS handshake means: the endpoint does not speak TLS (it closed the
+        connection before the handshake was over), the sidecar asked for a client
+        certificate and got none, or refused the one sent.
 
         In TLS 1.3 the client's handshake is over before the sidecar has checked its
         certificate: the sidecar's alert (``CERTIFICATE_REQUIRED``, ``UNKNOWN_CA``) comes
@@ -167,6 +171,13 @@ class ApiClient:
             "pass one with --cert-file and --key-file "
             "(or $DURABLE_SESSIONS_CLIENT_CERT_FILE and $DURABLE_SESSIONS_CLIENT_KEY_FILE)"
         )
+        if isinstance(error, ssl.SSLEOFError) and not getattr(self._context, "handshake_done", False):
+            # Closed before the handshake was over: not a sidecar's refusal of a client
+            # certificate (it comes after), but a port that does not speak TLS.
+            return ApiError(
+                f"{shown} closed the connection during the TLS handshake ({why}); does it serve TLS? "
+                f"A sidecar without tls.cert_file is asked with http://"
+            )
         if "CERTIFICATE_REQUIRED" in why:
             return ApiError(
                 f"{shown} requires a client certificate (mutual TLS: the sidecar has tls.client_ca_file) "
@@ -274,6 +285,17 @@ class ApiClient:
         if token:
             seen.add(token)
         return token or ""
+
+
+class _HandshakeNoted(ssl.SSLSocket):
+    """A TLS socket that notes on its context (``handshake_done``) that its handshake is
+    over. A connection then closed without a word is the sidecar refusing the client's
+    certificate (TLS 1.3 checks it after the client's side of the handshake ends); closed
+    before, it is a port that does not speak TLS, such as a sidecar's plain HTTP port."""
+
+    def do_handshake(self, block: bool = False) -> None:
+        super().do_handshake(block)
+        self.context.handshake_done = True  # type: ignore[attr-defined]
 
 
 def _opener(loopback: bool, context: ssl.SSLContext | None) -> urllib.request.OpenerDirector:

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from durable_sessions_collector.cli import main
 from durable_sessions_collector.client import ApiClient, ApiUsageError
-from tls_certs import make_cert
+from tls_certs import make_cert, make_client_cert
 
 TOKEN = "cli-" + uuid.uuid4().hex
 ENV_NAMES = (
@@ -230,6 +230,23 @@ def test_plain_http_to_a_tls_sidecar_hints_at_the_scheme(start_sidecar, tmp_path
     for _ in range(3):  # the TLS port resets the connection, or closes it
         code, _, err = run(capsys, "sessions", "--endpoint", sidecar.http_url, "list")
         assert code == 1 and err.endswith(SCHEME_HINT + "\n"), err
+
+
+def test_https_to_a_plain_sidecar_hints_at_the_scheme(sidecar, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    # The plain port closes a TLS handshake at once. Read as the end of a finished
+    # handshake, that sent the user after a client certificate the sidecar never asked for.
+    ca, _, _ = make_cert(tmp_path)
+    client_cert, client_key = make_client_cert(tmp_path, tmp_path / "client")
+    endpoint = f"https://127.0.0.1:{sidecar.service.http_port}"
+    for certificate in ((), ("--cert-file", str(client_cert), "--key-file", str(client_key))):
+        code, _, err = run(
+            capsys, "sessions", "--endpoint", endpoint, "--ca-file", str(ca), *certificate, "list"
+        )
+        assert code == 1
+        assert err.startswith(
+            f"durable-sessions-collector: {endpoint} closed the connection during the TLS handshake ("
+        )
+        assert err.endswith("); does it serve TLS? A sidecar without tls.cert_file is asked with http://\n")
 
 
 def test_a_reset_connection_hints_at_the_scheme(capsys) -> None:  # type: ignore[no-untyped-def]
