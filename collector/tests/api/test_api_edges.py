@@ -246,6 +246,12 @@ def test_query_parameters_are_validated(sidecar) -> None:  # type: ignore[no-unt
     ):  # fmt: skip
         status, document = sidecar.get(path)
         assert (status, document["error"]) == (400, error), path
+    # But a blank page token is the first page, as an empty one is over gRPC.
+    first = sidecar.get("/api/sessions")
+    assert sidecar.get("/api/sessions?page_token=") == first and first[0] == 200
+    assert sidecar.get("/api/sessions/bad?actions_page_token=&violations_page_token=") == sidecar.get(
+        "/api/sessions/bad"
+    )
     # A limit of 5,000 digits (int() refuses past 4,300: a 500), and one with leading zeros.
     status, document = sidecar.get("/api/sessions?limit=" + "9" * 5000)
     assert status == 400 and "limit must be an integer from 1 to 1000" in document["error"]
