@@ -12,7 +12,7 @@ Exit codes: 0 after a clean stop, 2 for invalid configuration or a port that can
 bound (the message names the key), 1 for any other failure to start. ``sessions``: 0,
 1 when the sidecar cannot answer (unreachable, 401, no such session), 2 for bad usage
 (an endpoint that is not an http(s) URL with a numeric port, an unreadable token, CA
-file or client certificate, a bad --verdict or --limit). ``alerts``: 0, 2 for bad usage
+file or client certificate, a bad --verdict or --limit, an empty SESSION_ID). ``alerts``: 0, 2 for bad usage
 or a store that cannot be opened (missing, not a store, another schema version), 1 when
 the store fails during the command. The commands that print (``config``,
 ``config-reference``, ``sessions``) end as ``durable-sessions`` does: 141 quietly when
@@ -237,6 +237,9 @@ def _sessions(args: argparse.Namespace, out: Output) -> int:
                 if token:  # the table alone reads as every session there is (a page may end early, by size)
                     _complain(f"more sessions than the {len(sessions)} shown; --all lists every one")
             return 0
+        if not args.session_id:  # no session has one: it would be asked as the path /api/sessions/
+            _complain("SESSION_ID must not be empty")
+            return 2
         detail = client.session(args.session_id)
     except ApiError as error:
         _complain(str(error))

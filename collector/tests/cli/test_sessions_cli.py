@@ -344,6 +344,13 @@ def test_ids_and_messages_from_spans_are_printed_escaped(sidecar, capsys) -> Non
     assert len(lines) == 6
 
 
+def test_show_of_an_empty_id_is_bad_usage(sidecar, capsys) -> None:  # type: ignore[no-untyped-def]
+    # No session has an empty id (a span whose session.id is empty starts none); asked, the
+    # path was /api/sessions/, answered 404 'no such path' with the exit code of a session not found.
+    code, out, err = run(capsys, "sessions", "--endpoint", sidecar.http_url, "show", "")
+    assert (code, out, err) == (2, "", "durable-sessions-collector: SESSION_ID must not be empty\n")
+
+
 def test_show_finds_a_session_whose_id_is_too_long_for_a_url(sidecar, capsys) -> None:  # type: ignore[no-untyped-def]
     # 12,000 'é' are 108,000 characters percent-encoded, past the 64 KiB request line the
     # HTTP port reads: asked by the form it is stored and listed under instead.
