@@ -17,6 +17,7 @@ import urllib.request
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
+from durable_sessions.report import printable
 from durable_sessions_collector.config import EncryptedKeyError, is_loopback, redact_url, refuse_passphrase
 from durable_sessions_collector.store.base import MAX_DETAIL_PAGE
 from durable_sessions_collector.store.stored import stored_text
@@ -348,10 +349,12 @@ def _not_http(shown: str, reason: Exception) -> ApiError:
 
 
 def _error_text(body: bytes) -> str:
+    """The reason an error answer gives, on one line (:func:`printable`): the sidecar's
+    ``error``, or the start of another server's page (a proxy's HTML)."""
     try:
         document = json.loads(body)
     except ValueError:
-        return body[:200].decode("utf-8", "replace") or "no details"
+        return printable(body[:200].decode("utf-8", "replace")) or "no details"
     if isinstance(document, dict) and isinstance(document.get("error"), str):
-        return document["error"]
-    return str(document)[:200]
+        return printable(document["error"])
+    return printable(str(document)[:200])

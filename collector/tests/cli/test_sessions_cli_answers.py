@@ -130,13 +130,13 @@ def test_an_endpoint_with_a_space_is_a_usage_error(endpoint: str, capsys) -> Non
 
 
 class JsonServer:
-    """A real HTTP server that answers every GET with 200 and ``body`` as JSON."""
+    """A real HTTP server that answers every GET with ``status`` and ``body`` (as JSON unless told)."""
 
-    def __init__(self, body: bytes) -> None:
+    def __init__(self, body: bytes, status: int = 200, content_type: str = "application/json") -> None:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
@@ -157,8 +157,8 @@ class JsonServer:
 
 
 @contextmanager
-def serving(body: bytes) -> Iterator[str]:
-    server = JsonServer(body)
+def serving(body: bytes, status: int = 200, content_type: str = "application/json") -> Iterator[str]:
+    server = JsonServer(body, status, content_type)
     try:
         yield server.url
     finally:
@@ -188,6 +188,20 @@ def test_json_unlike_the_api_is_a_one_line_error(body: bytes, command: tuple[str
         assert (code, out) == (1, "")
         assert err.startswith(f"durable-sessions-collector: {url} did not answer like the sidecar's API (")
         assert err.endswith("is it the sidecar's HTTP port?\n") and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", [("list",), ("show", "x")])
+def test_an_error_page_unlike_the_apis_is_quoted_on_one_line(command: tuple[str, ...], capsys) -> None:  # type: ignore[no-untyped-def]
+    # A proxy's or another server's page: its lines (and any escape sequence) were written
+    # as they came, where the reason is one line.
+    page = b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n\x1b[2J</html>\r\n"
+    with serving(page, 502, "text/html") as url:
+        code, out, err = run(capsys, "sessions", "--endpoint", url, *command)
+    assert (code, out) == (1, "")
+    assert err == (
+        f"durable-sessions-collector: {url} answered 502: <html>\\r\\n<head><title>502 Bad Gateway</title>"
+        "</head>\\r\\n\\x1b[2J</html>\\r\\n\n"
+    )
 
 
 @pytest.mark.parametrize(
