@@ -485,6 +485,90 @@ def test_an_interrupted_proof_takes_the_run_under_way_with_it(tmp_path: Path, se
     assert not _alive(pid)
 
 
+# Runs `durable-sessions prove` with a profile hook that raises a real signal in this
+# process just after the C call that `when` names returns: where a signal arriving at
+# that moment is acted on (Python runs handlers after a call returns), which a test
+# cannot otherwise aim a signal at.
+_INTERRUPTING_PROVE = """
+import os, signal, sys
+from durable_sessions.cli import main
+
+def interrupt(frame, event, called):
+    if event == "c_return" and ({when}):
+        sys.setprofile(None)
+        signal.raise_signal(signal.{sent})
+
+sys.setprofile(interrupt)
+sys.exit(main(["prove", "--timeout-s", "60", "--", *sys.argv[1:]]))
+"""
+
+
+def _prove_interrupted(tmp_path: Path, when: str, sent: signal.Signals, agent: list[str]) -> int:
+    """The exit code of a proof of ``agent`` sent ``sent`` as ``when`` says; it must end
+    within 30 s of it (the run it interrupts sleeps a minute)."""
+    driver = tmp_path / "interrupting_prove.py"
+    driver.write_text(_INTERRUPTING_PROVE.format(when=when, sent=sent.name))
+    proving = subprocess.Popen(
+        [sys.executable, str(driver), *agent], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        return proving.wait(timeout=30)
+    finally:
+        proving.kill()
+        proving.wait()
+
+
+def _sleeping_agent(tmp_path: Path) -> tuple[list[str], Path]:
+    """An agent that says its process id in a file, then sleeps a minute; and the file."""
+    pid_file = tmp_path / "agent.pid"
+    body = f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(60)\n"
+    return _script(tmp_path, body), pid_file
+
+
+@pytest.mark.parametrize("sent", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_an_interrupt_as_the_wait_for_the_run_takes_its_lock_still_ends_the_proof(
+    tmp_path: Path, sent: signal.Signals
+) -> None:
+    """Popen.wait(timeout) takes its lock with acquire(False) just before the try that
+    releases it: a Ctrl-C acted on between the two left the lock held, and the reaping
+    after the kill (process.wait()) waited on it for ever. prove, sent SIGINT, never
+    exited (test_an_interrupted_proof_takes_the_run_under_way_with_it, once, under load)."""
+    agent, pid_file = _sleeping_agent(tmp_path)
+    when = (
+        f"frame.f_code.co_name == '_wait' and getattr(called, '__name__', '') == 'acquire'"
+        f" and os.path.exists({str(pid_file)!r}) and os.path.getsize({str(pid_file)!r})"
+    )
+    assert _prove_interrupted(tmp_path, when, sent, agent) == 128 + sent
+    assert not _alive(int(pid_file.read_text()))
+
+
+@pytest.mark.parametrize("sent", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_an_interrupt_while_the_run_is_being_started_takes_the_run_with_it(
+    tmp_path: Path, sent: signal.Signals
+) -> None:
+    """A Ctrl-C acted on inside Popen, once the agent is started (its exec is done) but
+    before the harness holds the process to kill it, left the agent running, in a
+    session of its own that no terminal signal reaches."""
+    agent, _ = _sleeping_agent(tmp_path)
+    when = "frame.f_code.co_name == '_execute_child' and called is os.read"
+    assert _prove_interrupted(tmp_path, when, sent, agent) == 128 + sent
+    leftovers = [pid for pid in _processes_running(agent[-1]) if _alive(pid)]
+    assert not leftovers, "the agent was left running"
+
+
+def _processes_running(script: str) -> list[int]:
+    """The processes whose command line names ``script``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if script.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:  # ended meanwhile
+                continue
+    return found
+
+
 def _alive(pid: int) -> bool:
     """A process that runs: neither gone nor a zombie waiting to be reaped."""
     try:

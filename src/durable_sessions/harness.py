@@ -42,10 +42,11 @@ import dataclasses
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from durable_sessions import crash
 from durable_sessions.check import check_paths, sdk_attribute_value_limit
@@ -236,19 +237,12 @@ class _Runner:
         started = time.monotonic()
         with open(log, "wb") as output:
             try:
-                process = subprocess.Popen(
-                    self.argv,
-                    env={**self.environment, **counting, **(extra_env or {})},
-                    stdin=subprocess.DEVNULL,
-                    stdout=output,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
+                returncode = _ran(
+                    self.argv, {**self.environment, **counting, **(extra_env or {})}, output, self.timeout_s
                 )
             except OSError as error:
                 output.write(f"could not start {self.argv[0]}: {error.strerror or error}".encode())
-                returncode: int | None = _NOT_STARTED
-            else:
-                returncode = _waited(process, self.timeout_s)
+                returncode = _NOT_STARTED
         text = log.read_bytes()[-_OUTPUT_TAIL_CHARS * 4 :].decode("utf-8", "replace")[-_OUTPUT_TAIL_CHARS:]
         run = Run(returncode, time.monotonic() - started, text)
         self.trial.runs.append(run)
@@ -351,21 +345,81 @@ def _actions(records: list[dict[str, Any]], **fields: str) -> set[tuple[str, str
 _NOT_STARTED = 127  # as a shell reports a command it could not run
 
 
-def _waited(process: subprocess.Popen[bytes], timeout_s: float) -> int | None:
-    """The process's exit status (``None`` past the timeout); its process group is killed after.
+def _ran(argv: Sequence[str], env: Mapping[str, str], output: IO[bytes], timeout_s: float) -> int | None:
+    """Run ``argv`` in a session of its own, its output to ``output``: its exit status
+    (``None`` past the timeout). Raises ``OSError`` when it cannot be started.
 
-    The group is killed however the wait ends, an interrupt of the harness (Ctrl-C,
+    Its process group is killed however the run ends, an interrupt of the harness (Ctrl-C,
     SIGTERM) included: the run is a session of its own, which a terminal's signal never
     reaches, and would go on unsupervised in a directory the proof then deletes.
     """
+    process = None
     try:
+        # An interrupt acted on inside Popen once the child is started left no process
+        # to kill: it waits until the process is held.
+        with _interrupts_held():
+            process = subprocess.Popen(
+                argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         return process.wait(timeout_s)
     except subprocess.TimeoutExpired:
         return None
     finally:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+        if process is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            _reap(process)
+
+
+def _reap(process: subprocess.Popen[bytes]) -> None:
+    """Wait for ``process`` (killed) to end, and keep its status as ``process.wait()`` does.
+
+    Not ``process.wait()``: its timed wait takes a lock with ``acquire(False)`` just
+    before the ``try`` that releases it, and an interrupt acted on between the two leaves
+    the lock held, on which ``wait()`` then waited for ever.
+    """
+    if process.returncode is not None:
+        return
+    try:
+        _, status = os.waitpid(process.pid, 0)
+    except ChildProcessError:  # reaped by the wait the interrupt cut short
+        return
+    process.returncode = os.waitstatus_to_exitcode(status)
+
+
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """Run the block with SIGINT and SIGTERM held back, then act on one that came meanwhile
+    (its handler runs as the block ends, as it would have run in it)."""
+    came: list[int] = []
+    with _held(signal.SIGINT, came), _held(signal.SIGTERM, came):
+        yield
+    if came:
+        signal.raise_signal(came[0])
+
+
+@contextlib.contextmanager
+def _held(number: int, came: list[int]) -> Iterator[None]:
+    """Note signal ``number`` in ``came`` instead of running its handler while the block runs.
+
+    Only a handler that is Python code is held, in the main thread, which alone runs
+    them: ``SIG_IGN`` stays (a process started meanwhile inherits it), and ``SIG_DFL``
+    ends this process at once whatever it is doing.
+    """
+    handler = signal.getsignal(number)
+    if not callable(handler) or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signal.signal(number, lambda signum, frame: came.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(number, handler)
 
 
 # -- reporting ------------------------------------------------------------------------------
