@@ -7,7 +7,9 @@ import os
 import random
 import re
 import signal
+import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -266,6 +268,47 @@ def test_no_sys_executable_gives_way_to_inline_checking(
         pass
     assert [v.rule for v in seen] == ["unkeyed-side-effect"]
     provider.shutdown()
+
+
+# The native sender writes from a thread of its own, not a Python one.
+@pytest.mark.parametrize(
+    ("sender", "failing"), [("native", "reader"), ("python", "reader"), ("python", "writer")]
+)
+def test_a_checker_whose_setup_fails_is_killed_and_reaped(
+    monkeypatch: pytest.MonkeyPatch, sender: str, failing: str
+) -> None:
+    """Setup after Popen that fails (a thread that cannot start: the process's thread
+    limit) raised with the checker process left running, waiting on its input for ever
+    when the native sender's copy of the pipe kept it open."""
+    use_sender(monkeypatch, sender)
+    started: list[subprocess.Popen[bytes]] = []
+
+    class RecordedPopen(subprocess.Popen):  # type: ignore[type-arg]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            started.append(self)
+
+    start = threading.Thread.start
+
+    def start_unless_failing(thread: threading.Thread) -> None:
+        if thread.name == f"durable_sessions.offload.{failing}":
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    monkeypatch.setattr(subprocess, "Popen", RecordedPopen)
+    monkeypatch.setattr(threading.Thread, "start", start_unless_failing)
+    try:
+        with pytest.raises(RuntimeError, match="can't start new thread"):
+            checker_process(report=lambda violations: None, on_error=lambda where, error: None)
+        (process,) = started
+        assert process.returncode is not None, "the checker process was left running"
+        with pytest.raises(ChildProcessError):  # reaped: no zombie left
+            os.waitpid(process.pid, os.WNOHANG)
+        assert process.stdout is not None and process.stdout.closed
+    finally:
+        for process in started:
+            process.kill()
+            process.wait()
 
 
 def test_a_full_queue_drops_and_counts_instead_of_blocking(sender: str) -> None:

@@ -284,9 +284,11 @@ class CheckerProcess:
 
     ``report`` receives the violations the process finds, on the reader thread.
     Raises ``OSError`` when no process can be started (``sys.executable`` unset, or no
-    program). ``on_error`` is told when the process cannot be written to or read from, or dies;
-    the checking then stops, and later spans are dropped and counted, never raised
-    about. A span carrying a value ``marshal`` cannot represent is dropped and counted.
+    program); a setup that fails once the process is started (a thread that cannot
+    start) kills and reaps it before raising. ``on_error`` is told when the process
+    cannot be written to or read from, or dies; the checking then stops, and later spans
+    are dropped and counted, never raised about. A span carrying a value ``marshal``
+    cannot represent is dropped and counted.
 
     Spans go over through the native sender's ``on_end`` (see :meth:`span_handler`)
     when it was built, otherwise as messages given to :meth:`submit`.
@@ -339,9 +341,16 @@ class CheckerProcess:
             stdout=subprocess.PIPE,
             env=_checker_environment(),
         )
+        try:
+            self._connect({"queue_limit": queue_limit, "batch_size": batch_size, "interval_s": interval_s})
+        except BaseException:  # a thread that cannot start: the process would wait for input for ever
+            self._abandon()
+            raise
+
+    def _connect(self, sizes: dict[str, Any]) -> None:
+        """Start the sender and the reader on the started process's pipes."""
         stdin: IO[bytes] = self._process.stdin  # type: ignore[assignment]
         pipe = _file_id(stdin.fileno())
-        sizes = {"queue_limit": queue_limit, "batch_size": batch_size, "interval_s": interval_s}
         self._sender = _native_sender(stdin, **sizes) or _ThreadSender(stdin, self._fail, **sizes)
         self.native = not isinstance(self._sender, _ThreadSender)
         """Whether the native sender (:mod:`durable_sessions._native`) is in use."""
@@ -352,6 +361,19 @@ class CheckerProcess:
             target=self._read_loop, name="durable_sessions.offload.reader", daemon=True
         )
         self._reader.start()
+
+    def _abandon(self) -> None:
+        """Kill and reap the process of a setup that failed, and close its pipes."""
+        _checkers.discard(self)
+        self._alive = False
+        self._process.kill()
+        sender = getattr(self, "_sender", None)
+        if sender is not None:  # its writes fail at once now: it ends, closing its copy of the pipe
+            sender.close(_EXIT_WAIT_S)
+        self._process.wait()
+        for stream in (self._process.stdin, self._process.stdout):
+            with contextlib.suppress(OSError):
+                stream.close()  # type: ignore[union-attr]
 
     @property
     def dropped(self) -> int:
