@@ -8,7 +8,9 @@
    unbounded retry, a question asked again after a restart);
 3. wait until the sidecar has judged every session (each ends after 1 s idle);
 4. print the unrecoverable sessions and their violations, read from the HTTP API;
-5. stop the sidecar. Exits 0 when all of that worked.
+5. stop the sidecar. Exits 0 when all of that worked; otherwise 1, after a message
+   saying what went wrong (an agent that fails, or runs past ``AGENT_TIMEOUT_S``, is
+   named), with the sidecar stopped.
 
 The demo is self-contained: the sidecar and the agents do not read the caller's
 ``DURABLE_SESSIONS_*`` or ``OTEL_*`` variables (a shell set up for a real sidecar would
@@ -36,6 +38,8 @@ EXAMPLES = Path(__file__).resolve().parent
 AGENTS = EXAMPLES / "agents"
 IDLE_S = 1.0
 TIMEOUT_S = 25.0
+AGENT_TIMEOUT_S = 60.0
+"""How long an example agent may run before the demo stops it and gives up."""
 
 # (script, phase): the first wave runs side by side; the second is the restarted processes.
 FIRST_WAVE = [
@@ -56,7 +60,11 @@ SESSIONS = {
 
 
 class DemoError(Exception):
-    pass
+    """The demo cannot go on; the message says why."""
+
+
+class AgentHung(DemoError):
+    """An example agent ran past :data:`AGENT_TIMEOUT_S` and was stopped."""
 
 
 def own_environment(**extra: str) -> dict[str, str]:
@@ -141,15 +149,24 @@ class Sidecar:
 
 
 def run_agents(wave: list[tuple[str, int]], env: dict[str, str]) -> None:
+    """Run the agents of ``wave`` side by side and print what they print. Raises
+    :class:`DemoError` when one fails, :class:`AgentHung` when one runs past
+    :data:`AGENT_TIMEOUT_S` (it is killed)."""
+
     def run(item: tuple[str, int]) -> subprocess.CompletedProcess[str]:
         script, phase = item
-        return subprocess.run(
-            [sys.executable, str(AGENTS / script), "--phase", str(phase)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        try:
+            return subprocess.run(
+                [sys.executable, str(AGENTS / script), "--phase", str(phase)],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=AGENT_TIMEOUT_S,
+            )
+        except subprocess.TimeoutExpired:  # run() has killed it
+            raise AgentHung(
+                f"agent {script} (run {phase}) did not finish within {AGENT_TIMEOUT_S:g} s; it was stopped"
+            ) from None
 
     with ThreadPoolExecutor(len(wave)) as pool:
         results = list(pool.map(run, wave))
@@ -214,7 +231,8 @@ def main() -> int:
             print(f"\nthe sidecar raised {alerts} alert(s), one JSON line each in its log")
         except (DemoError, urllib.error.URLError, OSError) as error:
             print(f"demo: {error}", file=sys.stderr)
-            print(f"sidecar log:\n{sidecar.log_path.read_text()[-4000:]}", file=sys.stderr)
+            if not isinstance(error, AgentHung):  # the sidecar's log says nothing of an agent's hang
+                print(f"sidecar log:\n{sidecar.log_path.read_text()[-4000:]}", file=sys.stderr)
             return 1
         finally:
             sidecar.stop()

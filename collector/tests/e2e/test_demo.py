@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from types import ModuleType
+
+import pytest
 
 DEMO = Path(__file__).resolve().parents[3] / "examples" / "demo.py"
 
@@ -108,3 +114,59 @@ def test_a_sidecar_that_does_not_start_in_time_is_stopped_not_left_running(tmp_p
     assert result.returncode == 1, result.stdout + result.stderr
     assert "did not start within 20 s" in result.stderr
     assert not leaked, "the demo left its sidecar running"
+
+
+def _demo_module() -> ModuleType:
+    """``examples/demo.py`` imported, to call its functions with a setting changed."""
+    spec = importlib.util.spec_from_file_location("durable_sessions_demo", DEMO)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_an_agent_that_hangs_is_named_in_one_line_and_the_sidecar_is_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An example agent that ran past its timeout stopped the demo with a traceback of
+    subprocess.TimeoutExpired, its command line and the threads' frames."""
+    hanging = tmp_path / "hanging"
+    hanging.mkdir()
+    pid_file = tmp_path / "agent.pid"
+    # Runs before the agent's own code (agents get the caller's PYTHONPATH); the sidecar
+    # and the other agents go on as usual.
+    (hanging / "sitecustomize.py").write_text(
+        "import os, sys, time\n"
+        "if any(arg.endswith('booking.py') for arg in sys.orig_argv):\n"
+        f"    open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+        "    time.sleep(120)\n"
+    )
+    python_path = os.pathsep.join(filter(None, [str(hanging), os.environ.get("PYTHONPATH")]))
+    monkeypatch.setenv("PYTHONPATH", python_path)
+    temporary = tmp_path / "tmp"  # where the demo keeps its sidecar's store and log
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    demo = _demo_module()
+    monkeypatch.setattr(demo, "AGENT_TIMEOUT_S", 5.0)
+
+    code = demo.main()
+
+    leaked = _processes_mentioning(str(temporary))
+    hung = int(pid_file.read_text())
+    for pid in [*leaked, hung]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 9)
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err == "demo: agent booking.py (run 1) did not finish within 5 s; it was stopped\n"
+    assert not leaked, "the demo left its sidecar running"
+    assert not _running(hung), "the demo left the hung agent running"
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a process that runs (neither gone nor a zombie)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "zombie" not in status
