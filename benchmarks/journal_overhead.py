@@ -13,7 +13,10 @@ process (the median round is reported; the ratios are what count on a shared mac
 - ``intent-log``: no journal, a ``DurabilitySpanProcessor(intent_log=...)`` on the
   provider and side-effecting actions (``payment``): one ``fsync``-ed line each;
 - ``processor``: the same processor and actions without the intent log (the baseline of
-  ``intent-log``).
+  ``intent-log``);
+- ``result-store``: no journal, each result written to a ``FileResultStore`` (as a result
+  too long for a span is): a file written, ``fsync``-ed and renamed into place, and its
+  directory ``fsync``-ed.
 
 Run::
 
@@ -36,7 +39,7 @@ from collections.abc import Callable, Sequence
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from durable_sessions.instrument import action, session
+from durable_sessions.instrument import FileResultStore, action, session
 from durable_sessions.journal import SqliteJournal
 from durable_sessions.processor import DurabilitySpanProcessor
 
@@ -55,11 +58,20 @@ def _provider(*processors: object) -> TracerProvider:
 
 
 def _run(
-    provider: TracerProvider, kind: str, count: int, session_id: str, journal: SqliteJournal | None
+    provider: TracerProvider,
+    kind: str,
+    count: int,
+    session_id: str,
+    journal: SqliteJournal | None,
+    store: FileResultStore | None = None,
 ) -> float:
-    """Seconds per action for ``count`` actions of ``kind`` in one session."""
+    """Seconds per action for ``count`` actions of ``kind`` in one session; with ``store``,
+    each result goes to it (as one too long for a span would)."""
+    to_store = {"result_store": store, "max_result_chars": 1} if store is not None else {}
     steps = [
-        action(f"a{n}", kind, tracer_provider=provider, idempotency_key=f"k{n}")(lambda n=n: {"n": n})
+        action(f"a{n}", kind, tracer_provider=provider, idempotency_key=f"k{n}", **to_store)(
+            lambda n=n: {"n": n}
+        )
         for n in range(count)
     ]
     start = time.perf_counter()
@@ -76,12 +88,14 @@ def _round(directory: str, number: int, count: int) -> dict[str, float]:
         mode="silent", intent_log=os.path.join(directory, f"intents-{number}.jsonl")
     )
     checked = DurabilitySpanProcessor(mode="silent")
+    store = FileResultStore(os.path.join(directory, "results"))
     setups: list[tuple[str, Callable[[], float]]] = [
         ("baseline", lambda: _run(plain, "llm_call", count, f"b{number}", None)),
         ("journal", lambda: _run(plain, "llm_call", count, f"j{number}", journal)),
         ("replay", lambda: _run(plain, "llm_call", count, f"j{number}", journal)),
         ("processor", lambda: _run(_provider(checked), "payment", count, f"p{number}", None)),
         ("intent-log", lambda: _run(_provider(intents), "payment", count, f"i{number}", None)),
+        ("result-store", lambda: _run(plain, "llm_call", count, f"r{number}", None, store)),
     ]
     results = {name: measure() for name, measure in setups}
     journal.close()
@@ -107,7 +121,12 @@ def main() -> None:
         f"{tempfile.gettempdir()}"
     )
     print(f"{'setup':<12} {'µs per action':>14} {'against':>22}")
-    against = {"journal": "baseline", "replay": "baseline", "intent-log": "processor"}
+    against = {
+        "journal": "baseline",
+        "replay": "baseline",
+        "intent-log": "processor",
+        "result-store": "baseline",
+    }
     for name, seconds in median.items():
         base = against.get(name)
         ratio = f"{seconds / median[base]:.1f}× {base}" if base else ""

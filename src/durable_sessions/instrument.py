@@ -57,7 +57,7 @@ import uuid
 import weakref
 from collections import Counter
 from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Iterator, Mapping
-from contextlib import AbstractContextManager, ExitStack, contextmanager, suppress
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -66,7 +66,7 @@ from opentelemetry import trace as trace_api
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.trace import Span, Status, StatusCode, Tracer
 
-from durable_sessions import __version__, crash
+from durable_sessions import __version__, crash, disk
 from durable_sessions import semconv as sc
 from durable_sessions.digest import PREFIX, digest_bytes, outcome_json
 from durable_sessions.journal import (
@@ -296,24 +296,19 @@ class ResultStore(Protocol):
 
 
 class FileResultStore:
-    """Writes each result to ``<directory>/<session>/<action>.json`` (atomically) and
-    returns its ``file://`` URI. Path components are hashed when unsafe for a file name."""
+    """Writes each result to ``<directory>/<session>/<action>.json`` (atomically, and
+    durably: the file and the directories made for it survive a power loss once ``put``
+    returns) and returns its ``file://`` URI. Path components are hashed when unsafe for
+    a file name."""
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = Path(directory)
 
     def put(self, session_id: str | None, action_id: str, data: bytes) -> str:
         folder = self.directory / _safe_name(session_id or "no-session")
-        folder.mkdir(parents=True, exist_ok=True)
+        disk.make_directories(folder)
         path = folder / (_safe_name(action_id) + ".json")
-        partial = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-        try:
-            partial.write_bytes(data)
-            os.replace(partial, path)
-        except BaseException:  # a full disk: what was written of it is nobody's to read
-            with suppress(OSError):
-                partial.unlink(missing_ok=True)
-            raise
+        disk.write_atomically(path, data)
         return path.resolve().as_uri()
 
 

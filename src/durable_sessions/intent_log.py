@@ -5,11 +5,13 @@ no trace of the payment at all, although the charge may have gone through. With 
 intent log, :class:`~durable_sessions.processor.DurabilitySpanProcessor` writes, when a
 side-effecting action span *starts*, its action record with ``status: started`` as one
 JSON line, flushed and ``fsync``-ed before ``span start`` returns, so before your code
-runs the effect. Each line is the action record in the seed's JSONL format, with the
-span's ``trace_id`` and ``span_id``. Check it with the traces of the same processes
-(``durable-sessions check traces.jsonl --intents intents.jsonl``): an intent whose span
-is in the traces adds nothing, and a side effect whose span never ended, with nothing
-making a retry safe, is reported (``unresolved-side-effect``).
+runs the effect; the log's directory is synced when the log is opened, so that the file
+itself survives a power loss too (:mod:`durable_sessions.disk`). Each line is the action
+record in the seed's JSONL format, with the span's ``trace_id`` and ``span_id``. Check
+it with the traces of the same processes (``durable-sessions check traces.jsonl
+--intents intents.jsonl``): an intent whose span is in the traces adds nothing, and a
+side effect whose span never ended, with nothing making a retry safe, is reported
+(``unresolved-side-effect``).
 
 Only side effects are written (a kind in :data:`durable_sessions.kinds.SIDE_EFFECTING`,
 or ``agent.action.side_effects: true`` among the span's start attributes): each costs one
@@ -26,7 +28,7 @@ from typing import Any
 
 import orjson
 
-from durable_sessions import forking, kinds
+from durable_sessions import disk, forking, kinds
 from durable_sessions import semconv as sc
 from durable_sessions.mapping import map_attributes
 
@@ -66,6 +68,14 @@ class IntentLog:
         # Closed when the log is collected unclosed too (a processor dropped without its
         # shutdown): a raw descriptor has no finaliser of its own, and each one leaked.
         self._closer = weakref.finalize(self, os.close, self._fd)
+        # Once per log, not per record: each record's fsync keeps its data, and this the
+        # file's name. Also when the file was there: whoever made it may not have synced
+        # it yet (another process starting beside this one).
+        try:
+            disk.sync_entry(self.path)
+        except OSError:
+            self._closer()
+            raise
         self._torn = False
         """Whether this log's last line was cut short (a full disk took part of it)."""
         forking.after_fork(self, _fresh_lock)

@@ -50,8 +50,8 @@ from json.scanner import NUMBER_RE
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from durable_sessions import disk, session_lock
 from durable_sessions import semconv as sc
-from durable_sessions import session_lock
 from durable_sessions.digest import digest_bytes, outcome_json
 from durable_sessions.record import is_side_effecting
 
@@ -547,7 +547,7 @@ class SqliteJournal:
         if self.readonly:
             return contextlib.nullcontext()
         with contextlib.suppress(OSError):  # else the lock file cannot be opened: logged there
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            disk.make_directories(self.path.parent)
         # Resolved: two spellings of one file are one lock file, held once by this process.
         return session_lock.held(session_lock.lock_path_of(self.path.resolve()), session_id)
 
@@ -590,7 +590,8 @@ class SqliteJournal:
                 check_same_thread=False,
             )
         if self._connection is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # SQLite syncs the directory its files are in; the ones made above it, this does.
+            disk.make_directories(self.path.parent)
             # Autocommit (isolation_level None): each statement is a durable transaction.
             connection = sqlite3.connect(
                 self.path, timeout=self.timeout_s, isolation_level=None, check_same_thread=False

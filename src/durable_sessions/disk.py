@@ -1,0 +1,100 @@
+"""Files and directories that survive a power loss: their names as well as their data.
+
+``fsync`` on a file makes its data durable, not its name: the entry that creating or
+renaming a file puts in a directory is the directory's data, durable only once the
+directory is ``fsync``-ed. Without that, a power loss can take away a file (or undo a
+rename) whose every write was ``fsync``-ed. These functions sync the directory once per
+entry they create or rename, never per write.
+
+On Windows, where a directory cannot be opened to sync (NTFS journals its metadata),
+and on a file system that cannot sync a directory (some network and FUSE file systems
+say ``EINVAL`` or ``ENOTSUP``, as SQLite also finds), the directory is not synced: there
+is nothing more a program can do there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import threading
+from typing import AnyStr
+
+_UNSYNCABLE = frozenset({errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EACCES, errno.EPERM})
+"""Errors that say a directory cannot be opened or synced here, rather than that it failed."""
+
+
+def sync_directory(path: AnyStr | os.PathLike[AnyStr]) -> None:
+    """``fsync`` the directory ``path``: the entries created, renamed or removed in it so
+    far survive a power loss when this returns. Raises ``OSError`` when the sync fails
+    (``EIO``); a file system that cannot sync a directory is left as it is."""
+    if os.name == "nt":
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as error:
+        if error.errno in _UNSYNCABLE:
+            return
+        raise
+    try:
+        os.fsync(fd)
+    except OSError as error:
+        if error.errno not in _UNSYNCABLE:
+            raise
+    finally:
+        os.close(fd)
+
+
+def sync_entry(path: AnyStr | os.PathLike[AnyStr]) -> None:
+    """Make the entry of ``path`` in its directory durable, once it was created or renamed there."""
+    sync_directory(os.path.dirname(os.path.abspath(path)))
+
+
+def make_directories(path: AnyStr | os.PathLike[AnyStr]) -> None:
+    """``os.makedirs(path, exist_ok=True)``, each directory it makes durable in its parent.
+
+    One ``stat`` when ``path`` exists already. A directory another process makes at the
+    same time is synced too: that process may not have synced it yet.
+    """
+    directory = os.path.abspath(path)
+    missing = []
+    while not os.path.isdir(directory):
+        missing.append(directory)
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            break
+        directory = parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory)
+        except FileExistsError:
+            if not os.path.isdir(directory):  # a file of that name: as os.makedirs raises
+                raise
+        sync_entry(directory)
+
+
+def write_atomically(path: AnyStr | os.PathLike[AnyStr], data: bytes) -> None:
+    """Write ``data`` to ``path`` whole or not at all, and durably: to a file beside it,
+    ``fsync``-ed, renamed over ``path``, and the directory synced. A write that fails (a
+    full disk) leaves neither a part of ``data`` nor the file it was written to."""
+    target = os.fspath(path)
+    suffix = f".{os.getpid()}.{threading.get_ident()}.tmp"
+    partial = target + (suffix if isinstance(target, str) else os.fsencode(suffix))
+    try:
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o666)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)  # the data first: a rename made durable before it would name an empty file
+        finally:
+            os.close(fd)
+        os.replace(partial, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(partial)
+        raise
+    sync_entry(target)
+
+
+__all__ = ["make_directories", "sync_directory", "sync_entry", "write_atomically"]
