@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable
+from typing import Any
 
 import cramjam
 import lz4.frame
@@ -61,60 +62,114 @@ def decompress(body: bytes, encoding: str, limit: int) -> bytes:
     return DECODERS[encoding](body, limit)
 
 
+class _Member:
+    """The decoder of one gzip member, zstd frame or LZ4 frame, fed the body in pieces
+    from where the member starts (see :func:`_members`). ``_decoder`` is the coding's
+    own (zlib's, zstandard's, lz4's): each says ``eof`` and keeps the ``unused_data``
+    fed after the member's end."""
+
+    _decoder: Any
+
+    @property
+    def eof(self) -> bool:
+        """Whether the member's end has been fed."""
+        return bool(self._decoder.eof)
+
+    def piece(self, step: int, room: int) -> int:
+        """How much of the body to feed next: ``step``, or less where the decoder cannot
+        be told how much to produce and a step could decode past ``room`` bytes."""
+        return step
+
+    def feed(self, data: memoryview, room: int) -> bytes:
+        """The output of ``data``: all of it, or when that is over ``room`` bytes, more
+        than ``room`` (the caller stops there)."""
+        raise NotImplementedError
+
+    def unused(self) -> int:
+        """How many of the bytes fed come after the member's end."""
+        return len(self._decoder.unused_data or b"")
+
+
+def _members(
+    body: bytes,
+    limit: int,
+    coding: str,
+    member: Callable[[], _Member],
+    errors: tuple[type[Exception], ...],
+    *,
+    first_only: bool = False,
+) -> bytes:
+    """``body`` as members one after the other, each decoded by a new ``member()`` (with
+    ``first_only``, the first alone: what follows it is ignored); at most ``limit`` bytes.
+    Raise :class:`TooLarge` past the limit, :class:`BadData` for a body that ends inside
+    a member or that ``member`` raises one of ``errors`` for."""
+    out = bytearray()
+    view, at = memoryview(body), 0
+    try:
+        while at < len(view):
+            decoder = member()
+            step = _FIRST_PIECE
+            while not decoder.eof:
+                if at >= len(view):
+                    raise BadData(f"request body is a truncated {coding} stream")
+                data = view[at : at + decoder.piece(step, limit - len(out))]
+                at, step = at + len(data), min(2 * step, _MAX_PIECE)
+                out += decoder.feed(data, limit - len(out))
+                if len(out) > limit:
+                    raise _too_large(limit, coding)
+            at -= decoder.unused()  # the next member starts there
+            if first_only:
+                break
+    except errors as error:
+        raise BadData(f"request body is not valid {coding} data: {error}") from None
+    return bytes(out)
+
+
+class _ZlibMember(_Member):
+    """A gzip member, or a zlib or deflate stream."""
+
+    def __init__(self, wbits: int) -> None:
+        self._decoder = zlib.decompressobj(wbits)
+
+    def feed(self, data: memoryview, room: int) -> bytes:
+        out = self._decoder.decompress(data, room + 1)
+        # Output held back by max_length: take it, up to the limit.
+        while self._decoder.unconsumed_tail and len(out) <= room:
+            out += self._decoder.decompress(self._decoder.unconsumed_tail, room + 1 - len(out))
+        return out
+
+
 def _zlib_stream(name: str, wbits: int) -> Callable[[bytes, int], bytes]:
     def decode(body: bytes, limit: int) -> bytes:
         bits = wbits
         if name == "deflate" and body[:1] and (body[0] & 0x0F) != 8:
             bits = -zlib.MAX_WBITS  # raw deflate, as some clients send it
-        out = bytearray()
-        view, at = memoryview(body), 0
-        try:
-            while at < len(view):
-                decompressor = zlib.decompressobj(bits)
-                step = _FIRST_PIECE
-                while not decompressor.eof:
-                    if at >= len(view):
-                        raise BadData(f"request body is a truncated {name} stream")
-                    data = view[at : at + step]
-                    at, step = at + len(data), min(2 * step, _MAX_PIECE)
-                    while data:  # output held back by max_length: take it, up to the limit
-                        out += decompressor.decompress(data, limit + 1 - len(out))
-                        if len(out) > limit:
-                            raise _too_large(limit, name)
-                        data = decompressor.unconsumed_tail
-                at -= len(decompressor.unused_data)  # the next member starts there
-                if name != "gzip":
-                    break  # one stream: what follows it is ignored
-        except zlib.error as error:
-            raise BadData(f"request body is not valid {name} data: {error}") from None
-        return bytes(out)
+        # One zlib or deflate stream: what follows it is ignored.
+        return _members(
+            body, limit, name, lambda: _ZlibMember(bits), (zlib.error,), first_only=name != "gzip"
+        )
 
     return decode
 
 
+class _ZstdFrame(_Member):
+    """A zstd frame. zstandard's decompressobj cannot be told how much to produce, so the
+    input is fed in pieces small enough that one cannot decode past the room left."""
+
+    def __init__(self, decompressor: zstandard.ZstdDecompressor) -> None:
+        self._decoder = decompressor.decompressobj()
+
+    def piece(self, step: int, room: int) -> int:
+        return min(step, max(_ZSTD_MIN_STEP, (room + 1) // _ZSTD_MAX_RATIO))
+
+    def feed(self, data: memoryview, room: int) -> bytes:
+        out: bytes = self._decoder.decompress(data)
+        return out
+
+
 def _zstd(body: bytes, limit: int) -> bytes:
-    # zstandard's decompressobj cannot be told how much to produce, so the input is fed
-    # in steps small enough that one step cannot decode past the remaining budget.
-    decoder = zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW)
-    out = bytearray()
-    view, at = memoryview(body), 0
-    try:
-        while at < len(view):
-            frame = decoder.decompressobj()
-            step = _ZSTD_MIN_STEP
-            while not frame.eof:
-                if at >= len(view):
-                    raise BadData("request body is a truncated zstd stream")
-                room = max(_ZSTD_MIN_STEP, (limit + 1 - len(out)) // _ZSTD_MAX_RATIO)
-                data = view[at : at + min(step, room)]
-                at, step = at + len(data), min(2 * step, _MAX_PIECE)
-                out += frame.decompress(data)
-                if len(out) > limit:
-                    raise _too_large(limit, "zstd")
-            at -= len(frame.unused_data)  # the next frame starts there
-    except zstandard.ZstdError as error:
-        raise BadData(f"request body is not valid zstd data: {error}") from None
-    return bytes(out)
+    decompressor = zstandard.ZstdDecompressor(max_window_size=ZSTD_MAX_WINDOW)
+    return _members(body, limit, "zstd", lambda: _ZstdFrame(decompressor), (zstandard.ZstdError,))
 
 
 SNAPPY_STREAM_IDENTIFIER = b"\xff\x06\x00\x00sNaPpY"
@@ -169,30 +224,25 @@ def _snappy_length(block: bytes) -> int:
     raise BadData("request body is not valid snappy data: no length")
 
 
+class _Lz4Frame(_Member):
+    """An LZ4 frame."""
+
+    def __init__(self) -> None:
+        self._decoder = lz4.frame.LZ4FrameDecompressor()
+
+    def feed(self, data: memoryview, room: int) -> bytes:
+        # At most a piece of output at once: lz4 allocates max_length for each call,
+        # which made a frame cost 30 µs with the whole limit (64 MiB) as max_length.
+        out: bytes = self._decoder.decompress(data, max_length=min(room + 1, _MAX_PIECE))
+        # Output held back by max_length: take it, up to the limit.
+        while len(out) <= room and not self._decoder.eof and not self._decoder.needs_input:
+            out += self._decoder.decompress(b"", max_length=min(room + 1 - len(out), _MAX_PIECE))
+        return out
+
+
 def _lz4(body: bytes, limit: int) -> bytes:
-    out = bytearray()
-    view, at = memoryview(body), 0
-    try:
-        while at < len(view):
-            frame = lz4.frame.LZ4FrameDecompressor()
-            step = _FIRST_PIECE
-            while not frame.eof:
-                if at >= len(view):
-                    raise BadData("request body is a truncated lz4 stream")
-                data = view[at : at + step]
-                at, step = at + len(data), min(2 * step, _MAX_PIECE)
-                # At most a piece of output at once: lz4 allocates max_length for each call,
-                # which made a frame cost 30 µs with the whole limit (64 MiB) as max_length.
-                out += frame.decompress(data, max_length=min(limit + 1 - len(out), _MAX_PIECE))
-                # Output held back by max_length: take it, up to the limit.
-                while len(out) <= limit and not frame.eof and not frame.needs_input:
-                    out += frame.decompress(b"", max_length=min(limit + 1 - len(out), _MAX_PIECE))
-                if len(out) > limit:
-                    raise _too_large(limit, "lz4")
-            at -= len(frame.unused_data or b"")  # the next frame starts there
-    except RuntimeError as error:  # what lz4.frame raises for data that is not a frame
-        raise BadData(f"request body is not valid lz4 data: {error}") from None
-    return bytes(out)
+    # What lz4.frame raises for data that is not a frame: RuntimeError.
+    return _members(body, limit, "lz4", _Lz4Frame, (RuntimeError,))
 
 
 DECODERS: dict[str, Callable[[bytes, int], bytes]] = {
