@@ -224,19 +224,44 @@ def _snappy_length(block: bytes) -> int:
     raise BadData("request body is not valid snappy data: no length")
 
 
+_LZ4_MAGIC = b"\x04\x22\x4d\x18"
+
+
+def _lz4_content_size(header: memoryview) -> int | None:
+    """The decoded size an LZ4 frame's header declares (its FLG byte's bit 3 says whether
+    it does), or None."""
+    if header[:4] != _LZ4_MAGIC or len(header) < 14 or not header[4] & 0x08:
+        return None
+    return int.from_bytes(header[6:14], "little")
+
+
 class _Lz4Frame(_Member):
-    """An LZ4 frame."""
+    """An LZ4 frame, its output asked for in buffers of the frame's size.
+
+    lz4 allocates each call's ``max_length`` whole: asked for a mebibyte each time, a
+    body of many small frames cost one allocation of a mebibyte per frame. A call asks
+    for what the frame's header declares it decodes to (lz4 checks the output against
+    that), or, without one, for a piece that doubles while the frame fills it; never
+    more than a piece, nor more than the room left (which keeps the limit exact)."""
 
     def __init__(self) -> None:
         self._decoder = lz4.frame.LZ4FrameDecompressor()
+        self._size = 0
 
     def feed(self, data: memoryview, room: int) -> bytes:
-        # At most a piece of output at once: lz4 allocates max_length for each call,
-        # which made a frame cost 30 µs with the whole limit (64 MiB) as max_length.
-        out: bytes = self._decoder.decompress(data, max_length=min(room + 1, _MAX_PIECE))
+        if not self._size:  # the frame's first piece: its header
+            self._size = _lz4_content_size(data) or _FIRST_PIECE
+        out = self._output(data, room + 1)
         # Output held back by max_length: take it, up to the limit.
         while len(out) <= room and not self._decoder.eof and not self._decoder.needs_input:
-            out += self._decoder.decompress(b"", max_length=min(room + 1 - len(out), _MAX_PIECE))
+            out += self._output(b"", room + 1 - len(out))
+        return out
+
+    def _output(self, data: memoryview | bytes, most: int) -> bytes:
+        asked = min(most, self._size, _MAX_PIECE)
+        out: bytes = self._decoder.decompress(data, max_length=asked)
+        if len(out) == asked:  # filled: ask for twice as much next
+            self._size *= 2
         return out
 
 
