@@ -193,6 +193,11 @@ class Request:
     def header(self, name: str, default: str = "") -> str:
         return self.headers.get(name, default)
 
+    def header_list(self, name: str) -> str:
+        """The field lines of ``name`` as one comma-separated list, as RFC 9110 section 5.3
+        reads several lines of one name (``header`` gives the first)."""
+        return ", ".join(self.headers.get_all(name) or ())
+
     def read_body(self, limit: int) -> bytes:
         """The request body, at most ``limit`` bytes; raise BodyTooLarge or BodyError."""
         return self._read_body(limit, keep=True)

@@ -421,6 +421,65 @@ def test_unknown_content_encoding_is_415_in_the_requests_encoding(sidecar, conte
 
 
 @pytest.mark.parametrize(
+    "header",
+    [
+        "gzip, identity",
+        "identity, gzip",
+        "Identity,GZIP",
+        " gzip ,, identity ",
+        "Identity",
+        "identity, identity",
+    ],
+)
+def test_identity_in_a_content_encoding_is_no_coding(sidecar, header: str) -> None:  # type: ignore[no-untyped-def]
+    # RFC 9110 section 8.4.1 and 18.6: "identity" is no coding at all; a list of codings
+    # (section 5.6.1) may name it, and empty elements, beside the one that was applied.
+    # "gzip, identity" was a 415, which the Collector does not retry: the data was dropped.
+    session = f"identity-{header}"
+    body = json_request(json_span(session, "a"))
+    status, _, data = post(
+        sidecar, gzip.compress(body) if "gzip" in header.lower() else body, Content_Encoding=header
+    )
+    assert (status, json.loads(data)) == (200, {})
+    assert [a["action_id"] for a in actions(sidecar, session)] == ["a"]
+
+
+@pytest.mark.parametrize(
+    ("lines", "status"), [(["identity", "gzip"], 200), (["gzip", "identity"], 200), (["gzip", "gzip"], 415)]
+)
+def test_content_encoding_on_several_lines_is_one_list(sidecar, lines: list[str], status: int) -> None:  # type: ignore[no-untyped-def]
+    # RFC 9110 section 5.3: field lines of one name are one list. Only the first was read:
+    # "identity" then "gzip" had the gzip body read as JSON (400), "gzip" twice decoded once.
+    session = "lines-" + "-".join(lines)
+    body = gzip.compress(json_request(json_span(session, "a")))
+    connection = http.client.HTTPConnection("127.0.0.1", sidecar.service.http_port, timeout=30)
+    try:
+        connection.putrequest("POST", "/v1/traces")
+        for name, value in [("Content-Type", JSON), ("Content-Length", str(len(body)))]:
+            connection.putheader(name, value)
+        for line in lines:
+            connection.putheader("Content-Encoding", line)
+        connection.endheaders(body)
+        response = connection.getresponse()
+        assert (response.status, response.read().startswith(b"{")) == (status, True)
+    finally:
+        connection.close()
+    if status == 200:
+        assert [a["action_id"] for a in actions(sidecar, session)] == ["a"]
+
+
+@pytest.mark.parametrize("header", ["gzip, gzip", "identity, gzip, zstd", "gzip, br"])
+def test_stacked_codings_are_415_naming_the_header(sidecar, header: str) -> None:  # type: ignore[no-untyped-def]
+    # One coding is decoded; a body coded twice (or with a coding not decoded) is refused
+    # with the codings that are, before its body is read.
+    status, headers, data = post(sidecar, gzip.compress(gzip.compress(b"{}")), Content_Encoding=header)
+    assert status == 415
+    assert strict_status(headers, data).message == (
+        f"unsupported Content-Encoding {header!r}; send gzip, zstd, deflate, zlib, snappy, lz4 or none"
+    )
+
+
+@pytest.mark.parametrize(
     ("body", "content_type", "expected"),
     [
         (b"{not json", JSON, "not valid JSON"),

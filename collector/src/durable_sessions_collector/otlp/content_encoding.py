@@ -55,11 +55,23 @@ def _too_large(limit: int, coding: str) -> TooLarge:
 
 
 def decompress(body: bytes, encoding: str, limit: int) -> bytes:
-    """``body`` decoded per ``encoding`` (a lower-case ``Content-Encoding`` value, one of
-    :data:`ENCODINGS` or ``""``/``identity``), never more than ``limit`` bytes."""
+    """``body`` decoded per ``encoding`` (a coding :func:`coding_of` gives: one of
+    :data:`ENCODINGS`, or ``""``/``identity`` for none), never more than ``limit`` bytes."""
     if encoding in ("", "identity"):
         return body
     return DECODERS[encoding](body, limit)
+
+
+def coding_of(header: str) -> str | None:
+    """The coding a ``Content-Encoding`` header names, lower-cased, for :func:`decompress`:
+    ``""`` for none; None when it names one this module does not decode, or several (a
+    body coded twice is not decoded). ``identity``, no coding at all (RFC 9110 section
+    18.6), is left out of the list, as are its empty elements (section 5.6.1)."""
+    listed = (coding.strip() for coding in header.lower().split(","))
+    codings = [coding for coding in listed if coding not in ("", "identity")]
+    if not codings:
+        return ""
+    return codings[0] if len(codings) == 1 and codings[0] in DECODERS else None
 
 
 class _Member:

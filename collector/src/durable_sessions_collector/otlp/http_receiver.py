@@ -12,7 +12,7 @@ Answers, per the OTLP specification (the response has the request's Content-Type
 | body framing invalid or ambiguous, body stalled | 400 | connection closed (``httpserver``) |
 | ``Transfer-Encoding`` other than chunked | 501 | connection closed |
 | body over ``max_request_bytes`` (after decompression) | 413 | decompression stops at the limit |
-| ``Content-Type`` not protobuf/JSON, JSON not in UTF-8, unknown ``Content-Encoding`` | 415 | |
+| ``Content-Type`` not protobuf/JSON, JSON not in UTF-8, unknown ``Content-Encoding`` or several (``identity`` is none) | 415 | |
 | write queue full, decoding budget in use, store failure | 503 | ``Retry-After`` seconds, ``RetryInfo`` in the Status |
 | a method other than POST | 405 | ``Allow``; the Status in JSON unless the request says protobuf |
 """
@@ -28,7 +28,7 @@ from google.rpc import code_pb2
 from durable_sessions_collector.httpserver import BodyError, BodyTooLarge, Request, Response
 from durable_sessions_collector.jsonlog import JsonLog
 from durable_sessions_collector.otlp.budget import DecodingRefused
-from durable_sessions_collector.otlp.content_encoding import DECODERS, ENCODINGS, TooLarge, decompress
+from durable_sessions_collector.otlp.content_encoding import ENCODINGS, TooLarge, coding_of, decompress
 from durable_sessions_collector.otlp.decode import BadData, SpanParts
 from durable_sessions_collector.otlp.receiver import TraceReceiver, rpc_status, spread_retry
 from durable_sessions_collector.pipeline import Overloaded, Unavailable
@@ -111,12 +111,13 @@ class HttpTraceReceiver:
         if json_encoding and charset not in (None, "utf-8", "utf8"):
             count(TRANSPORT, "unsupported").inc()
             return status_body(415, f"unsupported charset {charset!r}: OTLP/JSON is UTF-8", JSON)
-        encoding = request.header("Content-Encoding").strip().lower()
-        if encoding not in ("", "identity", *DECODERS):
+        codings = request.header_list("Content-Encoding")
+        encoding = coding_of(codings)
+        if encoding is None:
             count(TRANSPORT, "unsupported").inc()
             return status_body(
                 415,
-                f"unsupported Content-Encoding {encoding!r}; send {', '.join(ENCODINGS)} or none",
+                f"unsupported Content-Encoding {codings.strip().lower()!r}; send {', '.join(ENCODINGS)} or none",
                 media_type,
             )
         rejected: list[str] = []
