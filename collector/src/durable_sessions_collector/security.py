@@ -31,7 +31,7 @@ import grpc
 
 from durable_sessions_collector.config import EncryptedKeyError, refuse_passphrase
 from durable_sessions_collector.httpserver import Request, Response
-from durable_sessions_collector.otlp.http_receiver import JSON, PROTOBUF, PROTOBUF_TYPES, status_body
+from durable_sessions_collector.otlp.http_receiver import answer_media_type, status_body
 
 # Re-exported: RedactingStream lived here before the command line needed it without grpc.
 from durable_sessions_collector.redaction import RedactingStream as RedactingStream
@@ -88,10 +88,7 @@ class HttpAuth:
         challenge = f'Bearer realm="{REALM}"' + ("" if header is None else ', error="invalid_token"')
         if request.path == "/v1/traces":
             # OTLP/HTTP: the error body is a google.rpc.Status in the request's encoding.
-            media_type = request.header("Content-Type").split(";", 1)[0].strip().lower()
-            response = status_body(
-                401, message, media_type if media_type in PROTOBUF_TYPES | {JSON} else PROTOBUF
-            )
+            response = status_body(401, message, answer_media_type(request))
         else:
             response = Response.json(401, {"error": message})
         response.headers["WWW-Authenticate"] = challenge

@@ -329,10 +329,23 @@ def test_standard_error_stays_json_when_grpcio_has_something_to_say(tls_files, t
     assert [line for line in lines if not line.startswith("{")] == []
 
 
-@pytest.mark.parametrize("media_type", ["application/x-protobuf", "application/protobuf", "application/json"])
-def test_a_refused_export_is_a_status_in_the_requests_content_type(start_sidecar, media_type: str) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(
+    ("media_type", "answered_in"),
+    [
+        ("application/x-protobuf", "application/x-protobuf"),
+        ("application/protobuf", "application/protobuf"),
+        ("application/json; charset=utf-8", "application/json"),
+        (None, "application/json"),
+        ("text/plain", "application/json"),
+    ],
+)
+def test_a_refused_export_is_a_status_in_the_requests_content_type(  # type: ignore[no-untyped-def]
+    start_sidecar, media_type: str | None, answered_in: str
+) -> None:
     """OTLP/HTTP: the response has the request's Content-Type; a 401 to an
-    ``application/protobuf`` request was labelled ``application/x-protobuf``."""
+    ``application/protobuf`` request was labelled ``application/x-protobuf``. A request
+    naming none (or another) is answered in JSON, as its 415 and 405 are; its 401 was
+    binary protobuf, which a client without a Content-Type (curl, a probe) cannot read."""
     import http.client
 
     from google.protobuf import json_format
@@ -340,14 +353,16 @@ def test_a_refused_export_is_a_status_in_the_requests_content_type(start_sidecar
 
     sidecar = start_sidecar(auth__token=TOKEN)
     connection = http.client.HTTPConnection("127.0.0.1", sidecar.service.http_port, timeout=10)
-    body = b"{}" if media_type == "application/json" else b""
-    connection.request("POST", "/v1/traces", body=body, headers={"Content-Type": media_type})
+    body = b"" if media_type and "protobuf" in media_type else b"{}"
+    connection.request(
+        "POST", "/v1/traces", body=body, headers={"Content-Type": media_type} if media_type else {}
+    )
     response = connection.getresponse()
     answer = response.read()
     connection.close()
-    assert response.status == 401 and response.getheader("Content-Type") == media_type
+    assert response.status == 401 and response.getheader("Content-Type") == answered_in
     status = status_pb2.Status()
-    if media_type == "application/json":
+    if answered_in == "application/json":
         json_format.Parse(answer, status)
     else:
         status.ParseFromString(answer)

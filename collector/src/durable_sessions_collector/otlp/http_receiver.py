@@ -53,6 +53,14 @@ def _content_type(header: str) -> tuple[str, str | None]:
     return media_type.strip().lower(), charset
 
 
+def answer_media_type(request: Request) -> str:
+    """The media type to answer ``request`` in before its body is read (401, 405, 500):
+    its own when protobuf or JSON, as OTLP/HTTP wants; JSON when it names none or another,
+    as the 415 for such a type is."""
+    media_type = _content_type(request.header("Content-Type"))[0]
+    return media_type if media_type in PROTOBUF_TYPES else JSON
+
+
 def status_body(status: int, message: str, media_type: str, retry_after_s: int | None = None) -> Response:
     """A 4xx/5xx answer: a ``google.rpc.Status`` in ``media_type``, the request's. With
     ``retry_after_s``, a delay spread above it (see :func:`spread_retry`), in whole
@@ -96,9 +104,8 @@ class HttpTraceReceiver:
     def error_response(self, request: Request, status: int, message: str) -> Response:
         """The HTTP port's own error answers on this path (405, 500): the OTLP specification
         wants a ``google.rpc.Status`` for every 4xx and 5xx there, in the request's
-        encoding (JSON when it has none, as a GET has not)."""
-        media_type = _content_type(request.header("Content-Type"))[0]
-        return status_body(status, message, media_type if media_type in PROTOBUF_TYPES else JSON)
+        encoding (JSON when it has none, as a GET has not: :func:`answer_media_type`)."""
+        return status_body(status, message, answer_media_type(request))
 
     def _handle(self, request: Request) -> Response:
         count = self.metrics.requests.labels
