@@ -10,8 +10,9 @@ which is the reference and words every error.
 Both receivers share this module. Request-level problems (a body that is not an
 ``ExportTraceServiceRequest``, JSON that does not parse) raise :class:`BadData`, which
 the receivers answer with ``INVALID_ARGUMENT`` / HTTP 400. Span-level problems (an id of
-the wrong length, a JSON id that is not hex) reject that span only: the rest of the
-request is kept and the answer is a partial success that names the rejected spans.
+the wrong length, a JSON id that is not hex, nesting too deep for protobuf's parsers)
+reject that span only: the rest of the request is kept and the answer is a partial
+success that names the rejected spans.
 
 OTLP/JSON differs from protobuf's canonical JSON mapping: ``traceId``/``spanId``/
 ``parentSpanId`` are hex strings, not base64. They are converted here before the
@@ -21,6 +22,7 @@ document is handed to ``json_format``, which would otherwise decode them as base
 from __future__ import annotations
 
 import base64
+import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +39,7 @@ from durable_sessions import semconv as sc
 from durable_sessions.json_text import exact_integers
 from durable_sessions.mapping import SpanData
 from durable_sessions.native import native_module
+from durable_sessions_collector.otlp.envelope import without_too_deep_spans
 from durable_sessions_collector.quote import quoted
 
 STATUS_CODE_ERROR = Status.STATUS_CODE_ERROR
@@ -70,6 +73,22 @@ def parse_protobuf(body: bytes) -> ExportTraceServiceRequest:
             f"request body is not a valid protobuf ExportTraceServiceRequest ({len(body)} bytes): {error}"
         ) from None
     return request
+
+
+def parse_protobuf_spans(body: bytes) -> tuple[ExportTraceServiceRequest, dict[tuple[int, int, int], str]]:
+    """:func:`parse_protobuf`, and the spans that cannot be read, as :func:`parse_json`
+    gives them: those nested too deeply for protobuf's parser, which refuses a message
+    nested too deeply whole (see :mod:`.envelope`). Raise :class:`BadData` when the
+    request is refused for anything else."""
+    try:
+        return parse_protobuf(body), {}
+    except BadData:
+        readable = without_too_deep_spans(body)
+        if readable is not None:
+            rest, problems = readable
+            with contextlib.suppress(BadData):  # a resource or scope is refused too: the request is
+                return parse_protobuf(rest), problems
+        raise
 
 
 @dataclass(slots=True)
@@ -156,20 +175,28 @@ def read_json(
 _UNPARSABLE = (json_format.ParseError, ValueError, TypeError, RecursionError)
 """What ``json_format`` raises for a document it cannot make a message of."""
 
+_JSON_MAX_DEPTH = 100
+"""How many messages deep ``json_format`` reads a request (its default ``max_recursion_depth``)."""
+_SPAN_DEPTH = 3
+"""The messages above a span in a request: the request, its ResourceSpans and ScopeSpans."""
+
 
 def _request_of(document: dict[str, Any]) -> ExportTraceServiceRequest:
     request = ExportTraceServiceRequest()
-    json_format.ParseDict(document, request, ignore_unknown_fields=True)
+    json_format.ParseDict(document, request, ignore_unknown_fields=True, max_recursion_depth=_JSON_MAX_DEPTH)
     return request
 
 
 def _set_aside_unparsable_spans(document: dict[str, Any], problems: dict[tuple[int, int, int], str]) -> bool:
     """Empty each span ``json_format`` cannot parse on its own, saying why in ``problems``
-    (an emptied span has no ids: it is rejected with that reason); whether any was."""
+    (an emptied span has no ids: it is rejected with that reason); whether any was. A
+    span is read as deep as it is in the request: one nested too deeply there is refused
+    here too, not left to refuse the request."""
     found = False
+    depth = _JSON_MAX_DEPTH - _SPAN_DEPTH
     for position, span in _json_spans(document):
         try:
-            json_format.ParseDict(span, Span(), ignore_unknown_fields=True)
+            json_format.ParseDict(span, Span(), ignore_unknown_fields=True, max_recursion_depth=depth)
         except _UNPARSABLE as error:
             problems[position] = f"not an OTLP/JSON span: {error}"
             span.clear()
@@ -405,7 +432,8 @@ def wire_span_parts(body: bytes) -> list[SpanParts] | None:
 
 def reference_span_parts(body: bytes, rejected: list[str]) -> list[SpanParts]:
     """:func:`protobuf_span_parts` by protobuf's parser and a Python walk of the message."""
-    return list(span_parts(parse_protobuf(body), None, rejected, mapped_attributes_of))
+    request, problems = parse_protobuf_spans(body)
+    return list(span_parts(request, problems, rejected, mapped_attributes_of))
 
 
 def json_span_parts(body: bytes, rejected: list[str]) -> list[SpanParts]:
