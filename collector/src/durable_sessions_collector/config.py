@@ -181,7 +181,18 @@ def _boolean(value: Any, _text: bool) -> bool:
 
 
 def _store_url(value: Any, _text: bool) -> str:
-    if isinstance(value, str) and value.startswith(("postgresql://", "postgres://")):
+    """A SQLite path or a PostgreSQL URL. A PostgreSQL URL is read without surrounding
+    whitespace (a Kubernetes Secret, a YAML block scalar, ends it with a newline) and
+    refused with a control character in it: libpq reads a line break or a tab into the
+    password, and quotes it so in its errors, where Python's URL parser (and so the
+    log's redactor) drops it and sees another password."""
+    if isinstance(value, str) and value.strip().startswith(("postgresql://", "postgres://")):
+        value = value.strip()
+        if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+            raise ValueError(
+                "the URL holds a control character (a line break, a tab): percent-encode it "
+                f"(a line break is %0A), got {redact_store_url(value)!r}"
+            )
         try:
             parts = urlsplit(value)
             parts.port  # noqa: B018 - raises ValueError for a port that is not a number

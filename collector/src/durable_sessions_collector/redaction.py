@@ -25,7 +25,12 @@ class RedactingStream(io.TextIOBase):
     In a JSON line (the log's), secrets are replaced inside its strings (keys and values)
     only, each string decoded and encoded again, so the line stays one valid JSON object
     whatever the secret (digits, ``true``, a backslash): a ``ts`` or a count is never
-    touched. Any other text has every occurrence replaced, raw or JSON-escaped.
+    touched. Any other text has every occurrence replaced, raw or JSON-escaped, line by
+    line: a secret holding a line break is replaced where it is escaped (in a JSON
+    string), not across two lines of text. No configured secret holds one where a message
+    can quote it: a token is RFC 6750 characters, a header value printable ASCII, and a
+    control character inside the webhook or store URL is refused (a percent-encoded
+    ``%0A`` is decoded only where nothing prints it).
     """
 
     def __init__(self, target: TextIO | None, secrets: Iterable[str]) -> None:

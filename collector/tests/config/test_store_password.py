@@ -111,3 +111,28 @@ def test_a_short_store_password_leaves_the_log_lines_intact(postgres_url: str) -
     started = next(line for line in log.lines() if line["event"] == "started")
     assert started["level"] == "info"
     assert started["store"] == redact_store_url(store) and ":***@" in started["store"]
+
+
+@pytest.mark.parametrize("command", [SERVE, ("alerts", "dead")])
+@pytest.mark.parametrize("control", ["\n", "\r", "\t"])
+def test_a_line_break_in_the_store_url_is_refused_and_never_shown(
+    command: tuple[str, ...], control: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """libpq reads a raw line break into the password (Python's urlsplit drops it, so the
+    redactor was given another password) and quotes it raw in its error, which the
+    sidecar cuts at its first line: 'invalid percent-encoded token: "Sup3r' showed the
+    password up to the break. The URL is refused before libpq reads it."""
+    url = f"postgresql://ds:Sup3r{control}Secret%Pw@127.0.0.1:1/db"
+    assert main([*command, "--store", url]) == 2
+    err = capsys.readouterr().err
+    assert "Sup3r" not in err and "Secret%Pw" not in err, err
+    assert "store: " in err and "percent-encode" in err and "%0A" in err, err
+
+
+def test_a_store_url_with_surrounding_whitespace_is_read_without_it() -> None:
+    """A Kubernetes Secret, or a YAML block scalar, ends its value with a newline: libpq
+    read it into the last part (database "db\\n" does not exist)."""
+    url = "postgresql://ds:Sup3rSecretPw@127.0.0.1:1/db?schema=s"
+    config = load(None, env={"DURABLE_SESSIONS_STORE": f" {url}\n"})
+    assert config.store == url
+    assert url in config.secrets() and f"{url}\n" not in config.secrets()
