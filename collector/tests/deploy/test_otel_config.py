@@ -15,7 +15,14 @@ ROOT = Path(__file__).resolve().parents[3]
 CONFIG = ROOT / "otel-config.yaml"
 DEPLOYMENT = ROOT / "docs" / "deployment.md"
 SECTIONS = ("receivers", "processors", "exporters", "connectors")
-DEPRECATED_TYPES = {"otlp": "otlp_grpc", "otlphttp": "otlp_http", "logging": "debug"}  # exporter types
+# Exporter types renamed, each kept as a deprecated alias: otlp and otlphttp in contrib
+# 0.144, loadbalancing in 0.153 (opentelemetry-collector-contrib#48533).
+DEPRECATED_TYPES = {
+    "otlp": "otlp_grpc",
+    "otlphttp": "otlp_http",
+    "logging": "debug",
+    "loadbalancing": "load_balancing",
+}
 
 
 def component_type(component_id: str) -> str:
@@ -47,8 +54,12 @@ def check_references(config: dict[str, Any]) -> None:
                 )
                 assert reference in service.get("extensions", []), f"{reference} is not in service.extensions"
     for name in config.get("exporters") or {}:  # (the receiver is still called otlp)
-        kind = component_type(name)
-        assert kind not in DEPRECATED_TYPES, f"{name}: use {DEPRECATED_TYPES[kind]} (Collector 0.144 naming)"
+        check_exporter_name(name)
+
+
+def check_exporter_name(name: str) -> None:
+    kind = component_type(name)
+    assert kind not in DEPRECATED_TYPES, f"{name}: {kind} is a deprecated alias of {DEPRECATED_TYPES[kind]}"
 
 
 def extension_references(node: Any) -> list[str]:
@@ -103,10 +114,12 @@ def test_otel_config_pipeline_references_only_defined_components() -> None:
     assert float(exporter["timeout"].removesuffix("s")) > ack_timeout
 
 
-def test_the_commented_loadbalancing_and_token_setups_are_valid() -> None:
+def test_the_commented_load_balancing_and_token_setups_are_valid() -> None:
     text = CONFIG.read_text()
-    balancing = yaml.safe_load(commented_block(text, "loadbalancing/durable_sessions:"))
-    settings = balancing["loadbalancing/durable_sessions"]
+    balancing = yaml.safe_load(commented_block(text, "load_balancing/durable_sessions:"))
+    [name] = balancing
+    check_exporter_name(name)
+    settings = balancing[name]
     assert settings["routing_key"] == "attributes"
     assert settings["routing_attributes"] == ["session.id"]
     assert set(settings["protocol"]) == {"otlp"}
