@@ -198,7 +198,7 @@ def _store_url(value: Any, _text: bool) -> str:
             parts.port  # noqa: B018 - raises ValueError for a port that is not a number
         except ValueError:
             raise ValueError(
-                f"expected postgresql://USER@HOST:PORT/DB, got {redact_store_url(value)!r}"
+                f"expected postgresql://USER@HOST:PORT/DB{_userinfo_hint(value)}, got {redact_store_url(value)!r}"
             ) from None
         schemas = [v for k, v in parse_qsl(parts.query, keep_blank_values=True) if k == "schema"]
         if schemas and not all(v.isidentifier() and v.isascii() and len(v) <= 63 for v in schemas):
@@ -218,47 +218,86 @@ def _store_url(value: Any, _text: bool) -> str:
 _DSN_SECRET_PARAMS = frozenset({"password", "sslpassword"})
 
 
+def _cut_store_url(url: str) -> tuple[str, str | None, str] | None:
+    """``url`` cut as libpq cuts it: (``scheme://``, the user info or None, what follows
+    it), or None without ``://``. Never raises.
+
+    libpq reads the user info up to an ``@`` before the first ``/``, whatever comes
+    between: a ``#`` or ``?`` there is part of the password, where ``urlsplit`` ends the
+    authority, and so would show the rest of the password as a fragment or a query. Of
+    several ``@``, the last is taken: more is hidden, never less."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return None
+    slash = rest.find("/")
+    at = rest.rfind("@", 0, len(rest) if slash < 0 else slash)
+    if at < 0:
+        return f"{scheme}://", None, rest
+    return f"{scheme}://", rest[:at], rest[at + 1 :]
+
+
+def _userinfo_hint(url: str) -> str:
+    """What to change when ``url``'s user info holds a ``#`` or ``?`` (which Python's URL
+    parser takes for the end of the authority), else nothing."""
+    cut = _cut_store_url(url)
+    if cut is None or cut[1] is None or not {"#", "?"} & set(cut[1]):
+        return ""
+    return " (percent-encode a # or ? in the user name or password: %23, %3F)"
+
+
+def _store_password(userinfo: str | None) -> str | None:
+    """The password of a store URL's user info (None without one)."""
+    if userinfo is None or ":" not in userinfo:
+        return None
+    return userinfo.partition(":")[2]
+
+
+def _store_query(rest: str) -> str:
+    """The query of what follows a store URL's user info (the host on)."""
+    return rest.partition("?")[2].partition("#")[0]
+
+
 def redact_store_url(url: str) -> str:
     """``url`` with its passwords replaced by ``***``: the one of the authority
     (``user:PASSWORD@host``) and the ``?password=`` (``sslpassword``) query values.
 
     Any scheme (an unsupported one is quoted back in errors), and never raises: the URL is
-    cut by hand (as ``urlsplit`` cuts it) so that a malformed one is redacted too. The user,
-    host, database and other parameters stay, so the message still says which store."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
+    cut by hand, as libpq cuts it (:func:`_cut_store_url`), so that a malformed one is
+    redacted too. The user, host, database and other parameters stay, so the message
+    still says which store."""
+    cut = _cut_store_url(url)
+    if cut is None:
         return url
-    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
-    authority, tail = rest[:end], rest[end:]
-    userinfo, at, hostport = authority.rpartition("@")
-    if at and ":" in userinfo:
-        authority = f"{userinfo.partition(':')[0]}:{SECRET}@{hostport}"
-    path, question, query = tail.partition("?")
+    head, userinfo, rest = cut
+    if userinfo is not None:
+        hidden = _store_password(userinfo) is not None
+        head += f"{userinfo.partition(':')[0]}:{SECRET}@" if hidden else f"{userinfo}@"
+    before, question, query = rest.partition("?")
     query, hash_, fragment = query.partition("#")
     pairs = []
     for pair in query.split("&"):
         name, equals, _ = pair.partition("=")
         pairs.append(f"{name}={SECRET}" if equals and unquote(name) in _DSN_SECRET_PARAMS else pair)
-    return f"{scheme}://{authority}{path}{question}{'&'.join(pairs)}{hash_}{fragment}"
+    return f"{head}{before}{question}{'&'.join(pairs)}{hash_}{fragment}"
 
 
 def store_secrets(url: str) -> list[str]:
     """What no message about the store at ``url`` may show, whatever their length: the
-    passwords of a PostgreSQL URL (in the authority or as ``?password=``) as written,
-    percent-decoded and percent-encoded (the store hands query values to libpq encoded
-    again), and the URL itself when it holds a password. libpq quotes in its errors the
-    part of the URL it could not read: the password, or the whole URL.
+    passwords of a PostgreSQL URL (in the authority, read as libpq reads it, or as
+    ``?password=``) as written, percent-decoded and percent-encoded (the store hands query
+    values to libpq encoded again), and the URL itself when it holds a password. libpq
+    quotes in its errors the part of the URL it could not read: the password, or the
+    whole URL.
 
-    A URL that cannot be cut into parts is itself the secret. The log's redactor takes
-    only those of at least :data:`MIN_SECRET_CHARS` (:meth:`Config.secrets`)."""
-    if not url.startswith(("postgresql://", "postgres://")):
+    The log's redactor takes only those of at least :data:`MIN_SECRET_CHARS`
+    (:meth:`Config.secrets`)."""
+    cut = _cut_store_url(url)
+    if cut is None or not url.startswith(("postgresql://", "postgres://")):
         return []
-    try:
-        parts = urlsplit(url)
-        found = [parts.password, unquote(parts.password)] if parts.password else []
-    except ValueError:
-        return [url]
-    for pair in parts.query.split("&"):
+    _, userinfo, rest = cut
+    password = _store_password(userinfo)
+    found = [password, unquote(password)] if password else []
+    for pair in _store_query(rest).split("&"):
         name, equals, value = pair.partition("=")
         if equals and value and unquote(name) in _DSN_SECRET_PARAMS:
             decoded = unquote(value.replace("+", " "))

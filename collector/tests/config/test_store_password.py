@@ -136,3 +136,43 @@ def test_a_store_url_with_surrounding_whitespace_is_read_without_it() -> None:
     config = load(None, env={"DURABLE_SESSIONS_STORE": f" {url}\n"})
     assert config.store == url
     assert url in config.secrets() and f"{url}\n" not in config.secrets()
+
+
+@pytest.mark.parametrize("command", [SERVE, ("alerts", "dead")])
+@pytest.mark.parametrize("mark", ["#", "?"])
+def test_a_hash_or_question_mark_in_the_password_is_never_shown(
+    command: tuple[str, ...], mark: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """libpq reads the user info up to the '@' (a '#' or '?' before it is part of the
+    password); the redactor cut the URL at the '#' or '?', as Python's URL parser does,
+    found no '@' before it and showed the URL whole: 'expected
+    postgresql://USER@HOST:PORT/DB, got 'postgresql://ds:Sup3r#Secret@127.0.0.1:1/db''."""
+    url = f"postgresql://ds:Sup3r{mark}Secret@127.0.0.1:1/db"
+    assert main([*command, "--store", url]) == 2
+    err = capsys.readouterr().err
+    assert "Secret" not in err, err
+    assert "postgresql://ds:***@127.0.0.1:1/db" in err and "%23" in err, err
+
+
+@pytest.mark.postgres
+def test_a_password_with_a_hash_is_hidden_in_the_log(postgres_url: str) -> None:
+    """A password that urlsplit reads as a port ('1234' of '1234#…') passes the
+    configuration and libpq connects with it whole; the ``started`` line showed it, and
+    the redactor, given no password, could not hide it."""
+    password = "1234#Sup3rSecret"
+    store = with_password(postgres_url, password)  # trust authentication: any password is taken
+    config = load(
+        None,
+        env={},
+        overrides={
+            "store": store,
+            "receivers.grpc.endpoint": "127.0.0.1:0",
+            "receivers.http.endpoint": "127.0.0.1:0",
+        },
+    )
+    assert password in config.secrets()
+    log = LineBuffer()
+    Service(config, log_stream=log).start().stop()
+    assert "Sup3rSecret" not in repr(log.lines())
+    started = next(line for line in log.lines() if line["event"] == "started")
+    assert started["store"] == redact_store_url(store) and ":***@" in started["store"]
