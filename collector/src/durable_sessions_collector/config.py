@@ -542,17 +542,21 @@ _METADATA_KEY_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_.")
 
 def _headers(value: Any, text: bool) -> tuple[tuple[str, str], ...] | None:
     """gRPC metadata: a mapping, or ``key=value,key=value`` (``OTEL_EXPORTER_OTLP_HEADERS``
-    syntax, URL-encoded values). Errors never repeat a value (it may be a credential)."""
+    syntax, URL-encoded values). Errors never repeat a value (it may be a credential), nor
+    an item without ``=`` or a key that is not one word: a header line (``Authorization:
+    Bearer …``) or a value cut at a comma holds the credential there."""
     if value is None or value == "" or value == {}:
         return None
     if isinstance(value, str):
         pairs = []
-        for item in value.split(","):
-            if not item.strip():
-                continue
+        items = [item for item in value.split(",") if item.strip()]
+        for number, item in enumerate(items, 1):
             name, sep, raw = item.partition("=")
-            if not sep:
-                raise ValueError(f"expected key=value pairs separated by commas, got {name.strip()!r} alone")
+            if not sep:  # a header line ('Authorization: Bearer …'), or a value cut at a comma
+                raise ValueError(
+                    f"expected key=value pairs separated by commas (a comma in a value is %2C), "
+                    f"item {number} of {len(items)} has no '=' (not shown)"
+                )
             pairs.append((unquote(name).strip(), unquote(raw).strip()))
     elif isinstance(value, dict):
         # Values stripped as in the string form: a value of spaces is empty, so an error.
@@ -562,14 +566,16 @@ def _headers(value: Any, text: bool) -> tuple[tuple[str, str], ...] | None:
     else:
         raise ValueError("expected a mapping of header names to values, or key=value,key=value")
     headers: dict[str, str] = {}
-    for name, raw in pairs:
+    for number, (name, raw) in enumerate(pairs, 1):
         key = name.lower()
-        if (
-            not key
-            or any(c not in _METADATA_KEY_CHARS for c in key)
-            or key.startswith("grpc-")
-            or key.endswith("-bin")
-        ):
+        if any(c not in _METADATA_KEY_CHARS for c in key):
+            # Not shown: a header line's key=value reading ('Authorization: Bearer dG9r=')
+            # takes the credential into the key.
+            raise ValueError(
+                f"the key of item {number} of {len(pairs)} is not a valid gRPC metadata key "
+                "(lowercase letters, digits, -_.; not shown); write key=value, e.g. authorization=Bearer%20…"
+            )
+        if not key or key.startswith("grpc-") or key.endswith("-bin"):
             raise ValueError(f"{name!r} is not a valid gRPC metadata key (lowercase letters, digits, -_.)")
         if not isinstance(raw, str) or not raw or any(not " " <= c <= "~" for c in raw):
             raise ValueError(f"header {key!r}: expected a non-empty printable ASCII string (value not shown)")

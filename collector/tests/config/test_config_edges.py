@@ -755,6 +755,33 @@ def test_a_blank_header_value_in_the_file_stops_serve_naming_the_key(tmp_path: P
     assert "invalid configuration: alerts.otlp.headers: header 'x-api-key'" in result.stderr
 
 
+@pytest.mark.parametrize(
+    "headers",
+    [
+        "Authorization: Bearer s3cretT0kenValue",  # a header line, not key=value
+        "Authorization: Bearer s3cretT0kenValue==",  # the same, its base64 padding read as '='
+        "x-api-key=abc,s3cretT0kenValue",  # a comma in the value, not percent-encoded
+    ],
+)
+def test_a_malformed_headers_setting_never_shows_its_values(headers: str, tmp_path: Path) -> None:
+    """alerts.otlp.headers errors named the item they could not read, and so printed the
+    credential: 'got 'Authorization: Bearer <token>' alone', or as the key before a
+    base64 token's '='. They say which item and what is wrong, not what it holds."""
+    env = {**clean_env(), "DURABLE_SESSIONS_ALERTS_OTLP_HEADERS": headers}
+    result = cli("serve", "--alerts-otlp-endpoint", "127.0.0.1:4317", "--store",
+                 f"sqlite:///{tmp_path / 's.db'}", env=env, timeout=30)  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "invalid configuration: alerts.otlp.headers: " in result.stderr
+    assert "s3cretT0kenValue" not in result.stderr, result.stderr
+    assert "item " in result.stderr and "key=value" in result.stderr, result.stderr
+
+
+def test_an_invalid_header_key_is_named() -> None:
+    """A key that is one word (no space or ':', so no credential) is still named."""
+    with pytest.raises(ConfigError, match=r"'grpc-timeout' is not a valid gRPC metadata key"):
+        load(None, env={"DURABLE_SESSIONS_ALERTS_OTLP_HEADERS": "grpc-timeout=1S"})
+
+
 def test_an_ipv6_http_endpoint_is_served(tmp_path: Path) -> None:
     """``[::1]:PORT`` is a valid endpoint for both ports: the HTTP port listens on ::1 (and
     answers there) as the gRPC port does."""
