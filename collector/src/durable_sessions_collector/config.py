@@ -525,6 +525,11 @@ def _otlp_endpoint(value: Any, text: bool) -> str | None:
                 f"alerts.otlp.headers), got {redact_url(value)!r}"
             )
         return value
+    if "@" in value:  # user info: a credential the log would show with every delivery
+        raise ValueError(
+            "expected host:port or http(s)://host:port (no credentials: use alerts.otlp.headers), "
+            f"got {SECRET + '@' + value.rpartition('@')[2]!r}"
+        )
     _endpoint(value, text)
     if value.rpartition(":")[2] == "0":
         raise ValueError(f"expected host:port with a port from 1 to 65535, got {value!r}")

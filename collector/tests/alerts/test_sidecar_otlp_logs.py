@@ -272,6 +272,8 @@ def test_otlp_settings_from_environment_and_file(tmp_path) -> None:  # type: ign
         ({"alerts.otlp.endpoint": "ftp://x:1"}, "alerts.otlp.endpoint: expected host:port or http(s)://"),
         ({"alerts.otlp.endpoint": "http://collector"}, "alerts.otlp.endpoint: expected host:port"),
         ({"alerts.otlp.endpoint": "http://u:pw@c:4317"}, "no credentials"),
+        # accepted, then written in the clear in every delivery line's endpoint
+        ({"alerts.otlp.endpoint": "u:pw@c:4317"}, "no credentials"),
         ({"alerts.otlp.endpoint": "collector"}, "alerts.otlp.endpoint: expected host:port"),
         ({"alerts.otlp.headers": "novalue"}, "alerts.otlp.headers: expected key=value pairs"),
         ({"alerts.otlp.headers": "bad key=1"}, "not a valid gRPC metadata key"),
