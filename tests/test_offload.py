@@ -270,6 +270,49 @@ def test_no_sys_executable_gives_way_to_inline_checking(
     provider.shutdown()
 
 
+_NO_THREADS_SCRIPT = """
+import os, threading
+from opentelemetry.sdk.trace import TracerProvider
+from durable_sessions import semconv as sc
+from durable_sessions.processor import DurabilitySpanProcessor
+
+provider = TracerProvider()  # its resource detectors run on threads
+# A stack no address space holds: every Python thread fails to start, as in a process at
+# its thread or memory limit (pthread_create says EAGAIN). The native sender's thread,
+# made with the default stack, still starts: with it, the reader thread is the one that fails.
+threading.stack_size(1 << 47)
+seen = []
+processor = DurabilitySpanProcessor(mode="log", checking="process", on_violation=seen.append)
+threading.stack_size(0)
+provider.add_span_processor(processor)
+attributes = {sc.SESSION_ID: "s", sc.ACTION_ID: "p1", sc.ACTION_KIND: "payment"}
+with provider.get_tracer("t").start_as_current_span("pay", attributes=attributes):
+    pass
+try:
+    os.waitpid(-1, os.WNOHANG)
+    children = "left"
+except ChildProcessError:
+    children = "none"
+print(processor.checking, [v.rule for v in seen], processor.internal_errors, children)
+provider.shutdown()
+"""
+
+
+def test_a_thread_that_cannot_start_gives_way_to_inline_checking(sender: str) -> None:
+    """A process at its thread limit: the checker's reader (or the pure-Python sender's
+    writer) cannot start. ``RuntimeError: can't start new thread`` reached the code that
+    built the processor, where a checker process that cannot be started gives way to
+    inline checking (logged once, counted)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _NO_THREADS_SCRIPT], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    # Checked inline, at once; the checker process killed and reaped.
+    assert done.stdout.split("\n")[0] == "inline ['unkeyed-side-effect'] 1 none", done.stderr
+    assert "starting the checker process (checking inline instead)" in done.stderr
+    assert done.stderr.count("failing open") == 1
+
+
 # The native sender writes from a thread of its own, not a Python one.
 @pytest.mark.parametrize(
     ("sender", "failing"), [("native", "reader"), ("python", "reader"), ("python", "writer")]

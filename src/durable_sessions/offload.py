@@ -284,8 +284,9 @@ class CheckerProcess:
 
     ``report`` receives the violations the process finds, on the reader thread.
     Raises ``OSError`` when no process can be started (``sys.executable`` unset, or no
-    program); a setup that fails once the process is started (a thread that cannot
-    start) kills and reaps it before raising. ``on_error`` is told when the process
+    program); a setup that fails once the process is started kills and reaps it before
+    raising (a thread that cannot start: ``RuntimeError`` for the reader and the
+    pure-Python sender's writer, ``OSError`` for the native sender's). ``on_error`` is told when the process
     cannot be written to or read from, or dies; the checking then stops, and later spans
     are dropped and counted, never raised about. A span carrying a value ``marshal``
     cannot represent is dropped and counted.

@@ -454,7 +454,9 @@ class DurabilitySpanProcessor(SpanProcessor):
                     on_error=self._internal_error,
                     on_unstartable=self._check_inline_instead,
                 )
-            except OSError as error:  # no process could be started: check here rather than not at all
+            except Exception as error:  # fail open: check here rather than not at all
+                # OSError: no process could be started; RuntimeError: a thread it needs
+                # could not (a process at its thread limit), the process already reaped.
                 self._internal_error("starting the checker process (checking inline instead)", error)
                 self.checking = "inline"
         if self.checking == "inline":
