@@ -663,6 +663,76 @@ def test_a_signal_to_the_process_group_leaves_the_checker_to_the_applications_sh
     assert "failing open" not in err
 
 
+_HELD_IN_STARTUP = """
+# Run in the checker process before its main(): its start-up held until the application,
+# which has signalled its process group meanwhile, writes to the FIFO.
+import os
+if os.environ.get("DURABLE_SESSIONS_IN_CHECKER"):
+    with open(os.environ["STARTUP_FIFO"], "rb") as fifo:
+        fifo.read(1)
+"""
+
+_SIGNAL_IN_STARTUP_SCRIPT = textwrap.dedent(
+    """
+    import os, signal, sys
+    from opentelemetry.sdk.trace import TracerProvider
+    from durable_sessions import semconv as sc
+    from durable_sessions.processor import DurabilitySpanProcessor
+
+    signal.signal(signal.SIGTERM, lambda *_: None)  # the application shuts down gracefully
+    startup = os.open(os.environ["STARTUP_FIFO"], os.O_RDWR)  # open at once, read by the checker
+    found = []
+    processor = DurabilitySpanProcessor(mode="silent", checking="process", on_violation=found.append)
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    os.killpg(0, signal.SIGTERM)  # a supervisor stops the group while the checker starts
+    os.write(startup, b"x")  # the checker goes on starting
+    ready = processor.wait_checked(60)
+    attributes = {sc.SESSION_ID: "s", sc.ACTION_ID: "p1", sc.ACTION_KIND: "payment"}  # unkeyed
+    with provider.get_tracer("t").start_as_current_span("pay", attributes=attributes):
+        pass
+    checking = processor.checking
+    provider.shutdown()
+    print(ready, checking, sorted({v.rule for v in found}), "errors", processor.internal_errors, flush=True)
+    """
+)
+
+
+def test_a_signal_to_the_process_group_while_the_checker_starts_leaves_it_running(
+    sender: str, tmp_path: Path
+) -> None:
+    """The checker ignores the group's signals from its main() on; one that came while it
+    was starting (the application stopped by its supervisor just after it started) killed
+    it, and the processor checked inline, logging a checker that "could not start"."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_HELD_IN_STARTUP)
+    fifo = tmp_path / "startup.fifo"
+    os.mkfifo(fifo)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(site), str(ROOT / "src")]),
+        "STARTUP_FIFO": str(fifo),
+    }
+    app = subprocess.Popen(
+        [sys.executable, "-c", _SIGNAL_IN_STARTUP_SCRIPT],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,  # a process group of its own, as a service has
+    )
+    try:
+        out, err = app.communicate(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(app.pid, signal.SIGKILL)
+    assert app.returncode == 0, err
+    assert out.splitlines()[-1] == "True process ['unkeyed-side-effect'] errors 0", err
+    assert "failing open" not in err
+
+
 _EVERY_PROCESS = """
 # What opentelemetry-instrument's sitecustomize (and the configurator it loads) does: run
 # in every Python process started with this PYTHONPATH, the checker process included.

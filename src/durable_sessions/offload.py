@@ -38,7 +38,7 @@ import sys
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import IO, Any
 
 from opentelemetry.trace import SpanContext, StatusCode
@@ -336,12 +336,13 @@ class CheckerProcess:
             raise FileNotFoundError(
                 errno.ENOENT, "sys.executable is not set: no Python to run the checker in"
             )
-        self._process = subprocess.Popen(
-            [sys.executable, "-m", "durable_sessions.offload", json.dumps(config)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=_checker_environment(),
-        )
+        with _group_signals_blocked():  # the checker starts with them held, until it ignores them
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "durable_sessions.offload", json.dumps(config)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=_checker_environment(),
+            )
         try:
             self._connect({"queue_limit": queue_limit, "batch_size": batch_size, "interval_s": interval_s})
         except BaseException:  # a thread that cannot start: the process would wait for input for ever
@@ -558,6 +559,35 @@ _EXIT_WAIT_S = 1.0
 """How long the reader waits for the exit code of a checker whose output closed."""
 
 
+_GROUP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+"""Signals the checker process ignores: they reach it with its application's process group."""
+
+
+def _group_signals() -> list[signal.Signals]:
+    """:data:`_GROUP_SIGNALS` that this platform has."""
+    return [getattr(signal, name) for name in _GROUP_SIGNALS if hasattr(signal, name)]
+
+
+@contextlib.contextmanager
+def _group_signals_blocked() -> Iterator[None]:
+    """Block :data:`_GROUP_SIGNALS` in the calling thread while the block runs.
+
+    A process started meanwhile inherits the blocked mask through ``exec``: a signal sent
+    to the group while the checker is still starting (its interpreter and imports take a
+    moment) waits, and is discarded when the checker ignores it, instead of killing it
+    first. Other threads of the application take a signal meanwhile; this one acts on it
+    once the block ends.
+    """
+    if not hasattr(signal, "pthread_sigmask"):  # not POSIX
+        yield
+        return
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _group_signals())
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
 IN_CHECKER_ENV = "DURABLE_SESSIONS_IN_CHECKER"
 """Set in a checker process's environment: a span processor built there starts no other.
 
@@ -654,10 +684,6 @@ class _Session:
         return []  # SYNC: only the findings before it
 
 
-_GROUP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
-"""Signals the checker process ignores: they reach it with its application's process group."""
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run as the checker process: frames in on stdin, findings out on stdout."""
     args = sys.argv[1:] if argv is None else argv
@@ -666,9 +692,11 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM of a supervisor that stops a group (systemd's default KillMode, supervisord's
     # stopasgroup), a closed terminal's SIGHUP. Killed by them, the checker would miss the
     # spans the application ends while it shuts down gracefully.
-    for name in _GROUP_SIGNALS:
-        with contextlib.suppress(AttributeError, OSError, ValueError):  # absent on this platform
-            signal.signal(getattr(signal, name), signal.SIG_IGN)
+    # They were blocked since the process started (_group_signals_blocked): one that came
+    # meanwhile is pending, and ignoring it discards it. They stay blocked, and ignored.
+    for number in _group_signals():
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(number, signal.SIG_IGN)
     # Checking is background work: where it competes with the application for a CPU,
     # the application goes first.
     with contextlib.suppress(OSError, AttributeError):
