@@ -609,20 +609,25 @@ def test_the_checker_finds_a_package_imported_from_a_directory_put_on_sys_path(t
 
 _GROUP_SIGNAL_SCRIPT = textwrap.dedent(
     """
-    import signal, sys, threading
+    import os, select, signal, sys
     from opentelemetry.sdk.trace import TracerProvider
     from durable_sessions import semconv as sc
     from durable_sessions.processor import DurabilitySpanProcessor
 
-    stop = threading.Event()
-    signal.signal(getattr(signal, sys.argv[1]), lambda *_: stop.set())  # a graceful shutdown
+    # A graceful shutdown, told through a pipe the signal writes to. A handler that set a
+    # threading.Event could run while this thread held the Event's lock on its way into
+    # wait(), and wait for that lock for ever.
+    told, tell = os.pipe()
+    os.set_blocking(tell, False)
+    signal.set_wakeup_fd(tell)
+    signal.signal(getattr(signal, sys.argv[1]), lambda *_: None)
     found = []
     processor = DurabilitySpanProcessor(mode="silent", checking="process", on_violation=found.append)
     provider = TracerProvider()
     provider.add_span_processor(processor)
     assert processor.wait_checked(30)
     print("ready", flush=True)
-    assert stop.wait(30)
+    assert select.select([told], [], [], 30)[0]
     attributes = {sc.SESSION_ID: "s", sc.ACTION_ID: "p1", sc.ACTION_KIND: "payment"}  # unkeyed
     with provider.get_tracer("t").start_as_current_span("pay", attributes=attributes):
         pass
