@@ -764,6 +764,28 @@ def test_a_journal_row_that_does_not_read_fails_open(
     assert "could not read action 'a1' from the journal" in caplog.text
 
 
+@pytest.mark.parametrize(
+    ("status", "fields"),
+    [("ok", {}), ("started", {"side_effects": True, "replay": "skip"})],
+    ids=["replayed", "skipped"],
+)
+def test_a_journal_row_whose_attempts_do_not_read_is_served_and_fails_open(
+    journal: SqliteJournal, caplog: pytest.LogCaptureFixture, status: str, fields: dict[str, Any]
+) -> None:
+    """A row damaged or edited by hand whose attempts are no number: an action replayed
+    or stepped over from it raised TypeError into the agent's code, from the comparison
+    that sets the span's attempts. The journal's decision stands (never run again), and
+    the attempts are counted as 1."""
+    journal.put(Entry("s-1", "a1", "llm_call", status, "three", result=b'"seven"'))  # type: ignore[arg-type]
+    agent = Agent(journal)
+    with caplog.at_level(logging.ERROR, logger="durable_sessions"), session("s-1", journal=journal):
+        done = agent.action("a1", "llm_call", **fields)(lambda: agent.calls.append("ran"))()
+    assert agent.calls == []  # served from the journal, never run again
+    assert done == ("seven" if status == "ok" else None)
+    assert sc.ACTION_ATTEMPTS not in agent.attributes("a1")
+    assert "counts 'three' attempts of action 'a1'" in caplog.text
+
+
 def test_a_completed_action_that_runs_again_is_not_capped(journal: SqliteJournal) -> None:
     """An ``ok`` without a recorded outcome runs again; it used no failed attempt."""
     calls = []

@@ -1022,12 +1022,13 @@ def _plan(
     fields: dict[str, Any],
 ) -> Plan:
     """The journal's plan for the action; a journal that cannot be read is logged and
-    the action runs (fail open), unless it is in doubt (:class:`ActionInDoubt` propagates)."""
+    the action runs (fail open), unless it is in doubt (:class:`ActionInDoubt` propagates).
+    An entry's attempts that are no integer are logged and counted as 1."""
     if journal is None or session_id is None:
         return RUN_FIRST
     try:
         in_flight = _is_in_flight(session_id, action_id)
-        return plan(journal.get(session_id, action_id), kind, fields, in_flight=in_flight)
+        step = plan(journal.get(session_id, action_id), kind, fields, in_flight=in_flight)
     except (ActionInDoubt, AttemptsExhausted):
         raise
     except Exception as error:
@@ -1035,6 +1036,15 @@ def _plan(
             "could not read action %r from the journal %s (%s); it runs", action_id, _where(journal), error
         )
         return RUN_FIRST
+    if not isinstance(step.attempts, int):  # a row damaged or edited by hand: its decision stands
+        logger.error(
+            "the journal %s counts %r attempts of action %r, not an integer; counted as 1",
+            _where(journal),
+            step.attempts,
+            action_id,
+        )
+        step = dataclasses.replace(step, attempts=1)
+    return step
 
 
 def _served(act: Action, step: Plan) -> None:
