@@ -625,6 +625,34 @@ def test_an_on_violation_callback_may_flush_with_a_checker_process() -> None:
     assert len(took) == 1 and took[0] < 5
 
 
+@pytest.mark.parametrize("native", ["true", "false"])
+def test_an_on_violation_callback_may_shut_down_with_a_checker_process(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, native: str
+) -> None:
+    # An application that stops on its first violation: shutdown, on the thread that reads
+    # the checker's findings, joined that thread and failed there ("cannot join current
+    # thread"), logged as the processor failing open.
+    monkeypatch.setenv("DURABLE_SESSIONS_NATIVE", native)
+    provider = TracerProvider()
+    found: list[str] = []
+    shut_down = threading.Event()
+
+    def stop_on_violation(violation: Violation) -> None:
+        found.append(violation.rule)
+        provider.shutdown()
+        shut_down.set()
+
+    processor = DurabilitySpanProcessor(mode="silent", checking="process", on_violation=stop_on_violation)
+    provider.add_span_processor(processor)
+    checker = processor._offload._process  # type: ignore[union-attr]
+    unkeyed_payment(provider, "s-1")
+    assert shut_down.wait(30)
+    assert found == ["unkeyed-side-effect"]
+    assert checker.poll() == 0  # ended and reaped by the shutdown
+    assert processor.internal_errors == 0, caplog.text
+    assert "failing open" not in caplog.text
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_child_forked_while_another_thread_holds_the_lock_can_end_spans() -> None:
     # A forked child has only the forking thread: the lock another thread held at the fork

@@ -424,7 +424,9 @@ class CheckerProcess:
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop sending, let the process finish what it was sent, and reap it.
 
-        In a forked child it only stops: the process, the sender and the reader are the parent's.
+        Called on the reader thread (from an ``on_violation`` callback), it does not wait
+        for the reader, which ends once the callback returns. In a forked child it only
+        stops: the process, the sender and the reader are the parent's.
         """
         self._closing = True
         if self.native:
@@ -444,7 +446,8 @@ class CheckerProcess:
             self._lost = True
             self._process.kill()
             self._process.wait()
-        self._reader.join(timeout_s)
+        if threading.current_thread() is not self._reader:  # else closed from an on_violation callback
+            self._reader.join(timeout_s)
         self._alive = False
         if not self._reader.is_alive():  # its input, read to the end: closed, not kept until collected
             with contextlib.suppress(OSError):
