@@ -100,6 +100,10 @@ class Rule:
     scope: Scope
     fix: str
     explanation: Explanation
+    other_severities: tuple[Severity, ...] = ()
+    """The severities a finding of this rule can have besides ``severity`` (a check that
+    returns ``(message, severity)``, see :data:`Finding`), for whoever counts findings by
+    severity: see :attr:`severities`."""
     seed: bool = False
     strict_only: bool = False
     at_session_end: bool = False
@@ -112,6 +116,11 @@ class Rule:
     @property
     def summary(self) -> str:
         return self.explanation.summary
+
+    @property
+    def severities(self) -> tuple[Severity, ...]:
+        """Every severity a finding of this rule can have, ``severity`` first."""
+        return (self.severity, *self.other_severities)
 
     def check_for(self, facts: Facts) -> Callable[..., Finding]:
         """The check to run on records with ``facts``."""

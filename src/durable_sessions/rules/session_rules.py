@@ -180,6 +180,7 @@ def re_asked(
     "re-executed-side-effect",
     Severity.ERROR,
     fix="On recovery, skip completed side effects or re-send them with the same idempotency key",
+    other_severities=(Severity.WARNING,),  # re-sent with the same key
     when=lambda facts: facts.has_prior and might_side_effect(facts),
     fields=frozenset({"side_effects"}),
 )

@@ -270,14 +270,16 @@ class Metrics:
 
     def expect(self, channels: Iterable[str], rules: Iterable[Rule]) -> None:
         """Create, at 0, the series that alerting rules watch: each enabled channel's
-        delivery outcomes and each selected rule's violations. A series that appears at
-        its first value is no increase to ``increase()`` or ``rate()``, so the first dead
-        letter or violation after a start would otherwise go unseen."""
+        delivery outcomes and each selected rule's violations, of every severity its
+        findings can have (:attr:`Rule.severities`). A series that appears at its first
+        value is no increase to ``increase()`` or ``rate()``, so the first dead letter or
+        violation after a start would otherwise go unseen."""
         for channel in channels:
             for outcome in (DELIVERED,) if channel == LOG else (DELIVERED, RETRY, DEAD_LETTER):
                 self.alert_deliveries.labels(channel, outcome)
         for rule in rules:
-            self.violations.labels(rule.id, rule.severity.value)
+            for severity in rule.severities:  # a rule's findings may differ in severity
+                self.violations.labels(rule.id, severity.value)
 
     def delivered(self, channel: str, alerts: Sequence[Alert], now: float) -> None:
         """Count ``alerts`` delivered on ``channel`` at ``now``, each with its latency from
