@@ -31,6 +31,10 @@ from durable_sessions_collector.store import Alert, Store
 DELIVERED, RETRY, DEAD_LETTER = "delivered", "retry", "dead_letter"
 """The ``outcome`` values of ``durable_sessions_alert_deliveries_total``."""
 
+OUTBOX_STATES = ("pending", "delivered", "dead")
+"""The ``state`` values of ``durable_sessions_alert_outbox`` (an outbox row's state); the
+log channel never dead-letters, so its rows are only ``pending`` or ``delivered``."""
+
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 # Most Export requests are answered in under a millisecond (a small batch on a local
 # store: 85% of gRPC and 67% of HTTP ones in a 300-request run), so the export histogram
@@ -50,7 +54,9 @@ COUNT_WAIT_S = 0.01
 
 
 class _StoreCollector(Collector):
-    """Sessions by verdict and outbox rows by (channel, state), counted in the store.
+    """Sessions by verdict and outbox rows by (channel, state), counted in the store;
+    every verdict, and each state of the enabled channels (:attr:`expected`), at 0 when
+    none is counted.
 
     Not counted in memory: with PostgreSQL other replicas change the same rows, and a
     fresh process must start from the store. Counting on every scrape made a scrape slow
@@ -64,6 +70,8 @@ class _StoreCollector(Collector):
         self._counts: tuple[dict[str, int], dict[tuple[str, str], int]] | None = None
         self._cost_s = 0.0  # how long the last count took; 0 at start: the first scrape counts
         self._counter: threading.Thread | None = None  # the count running in the background
+        self.expected: tuple[tuple[str, str], ...] = ()
+        """The outbox series served at 0 while the store has no such row: (channel, state)."""
 
     def _count(self) -> None:
         start = time.perf_counter()
@@ -114,7 +122,10 @@ class _StoreCollector(Collector):
         if counts is not None:
             for verdict, count in sorted(counts[0].items()):
                 sessions.add_metric([verdict], count)
-            for (channel, state), count in sorted(counts[1].items()):
+            # At 0 rather than absent: the last dead letter redelivered must read 0, not
+            # "no data" (a row of a channel no longer enabled is still counted).
+            rows = dict.fromkeys(self.expected, 0) | counts[1]
+            for (channel, state), count in sorted(rows.items()):
                 outbox.add_metric([channel, state], count)
         yield sessions
         yield outbox
@@ -261,7 +272,8 @@ class Metrics:
             "Store transactions that failed: Export write batches, idle sweeps, retention passes, verdict recount steps",
             registry=registry,
         )
-        registry.register(_StoreCollector(store))
+        self._store_counts = _StoreCollector(store)
+        registry.register(self._store_counts)
         # process_* and python_* (python_gc_*, python_info), as prometheus-client's default
         # registry has them: a registry of our own starts without them.
         ProcessCollector(registry=registry)
@@ -270,13 +282,19 @@ class Metrics:
 
     def expect(self, channels: Iterable[str], rules: Iterable[Rule]) -> None:
         """Create, at 0, the series that alerting rules watch: each enabled channel's
-        delivery outcomes and each selected rule's violations, of every severity its
-        findings can have (:attr:`Rule.severities`). A series that appears at its first
+        delivery outcomes and outbox states, and each selected rule's violations, of every
+        severity its findings can have (:attr:`Rule.severities`). A series that appears at its first
         value is no increase to ``increase()`` or ``rate()``, so the first dead letter or
         violation after a start would otherwise go unseen."""
+        channels = tuple(channels)
         for channel in channels:
             for outcome in (DELIVERED,) if channel == LOG else (DELIVERED, RETRY, DEAD_LETTER):
                 self.alert_deliveries.labels(channel, outcome)
+        self._store_counts.expected = tuple(
+            (channel, state)
+            for channel in channels
+            for state in (OUTBOX_STATES[:2] if channel == LOG else OUTBOX_STATES)
+        )
         for rule in rules:
             for severity in rule.severities:  # a rule's findings may differ in severity
                 self.violations.labels(rule.id, severity.value)
