@@ -8,9 +8,13 @@ from the start, at 0, for each label value it can take.
 
 from __future__ import annotations
 
+import http.client
 import time
 
 from conftest import Sidecar, wait_for
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 from sidecar_clients import Agent, grpc_exporter
 from webhook_server import WebhookServer
 
@@ -80,3 +84,45 @@ def test_the_outbox_gauge_serves_each_state_of_each_enabled_channel_also_at_zero
             ("webhook", "dead"): 0,
         }
         assert len(hook.accepted) == 1
+
+
+def invalid_span_request() -> bytes:
+    """An Export request of one action span whose trace id has 8 bytes: rejected as invalid."""
+    attributes = {"session.id": "bad-ids", "agent.action.id": "a1", "agent.action.kind": "tool_call"}
+    span = Span(
+        trace_id=b"\x01" * 8,
+        span_id=b"\x02" * 8,
+        name="a1",
+        start_time_unix_nano=1_700_000_000_000_000_000,
+        attributes=[
+            KeyValue(key=key, value=AnyValue(string_value=value)) for key, value in attributes.items()
+        ],
+    )
+    return ExportTraceServiceRequest(
+        resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=[span])])]
+    ).SerializeToString()
+
+
+def test_span_counters_are_served_at_zero_for_each_transport_and_reason_from_the_start(
+    sidecar: Sidecar,
+) -> None:
+    # Rejected spans are spans lost (invalid, unstorable) or refused for now (overload,
+    # unavailable): the first rejection after a start must be an increase from 0.
+    samples = sidecar.metrics()
+    for transport in ("grpc", "http"):
+        assert samples.get(("durable_sessions_spans_received_total", (("transport", transport),))) == 0
+        for reason in ("invalid", "unstorable", "overload", "unavailable"):
+            key = ("durable_sessions_spans_rejected_total", (("reason", reason), ("transport", transport)))
+            assert samples.get(key) == 0, (transport, reason)
+    connection = http.client.HTTPConnection("127.0.0.1", sidecar.service.http_port, timeout=30)
+    try:
+        connection.request(
+            "POST", "/v1/traces", invalid_span_request(), {"Content-Type": "application/x-protobuf"}
+        )
+        response = connection.getresponse()
+        response.read()
+    finally:
+        connection.close()
+    assert response.status == 200  # partial success: the span is named as rejected
+    assert sidecar.metric("durable_sessions_spans_rejected_total", transport="http", reason="invalid") == 1
+    assert sidecar.metric("durable_sessions_spans_received_total", transport="http") == 1

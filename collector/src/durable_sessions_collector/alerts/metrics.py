@@ -31,6 +31,12 @@ from durable_sessions_collector.store import Alert, Store
 DELIVERED, RETRY, DEAD_LETTER = "delivered", "retry", "dead_letter"
 """The ``outcome`` values of ``durable_sessions_alert_deliveries_total``."""
 
+TRANSPORTS = ("grpc", "http")
+"""The ``transport`` values: the OTLP receivers."""
+
+REJECTED_REASONS = ("invalid", "unstorable", "overload", "unavailable")
+"""The ``reason`` values of ``durable_sessions_spans_rejected_total``."""
+
 OUTBOX_STATES = ("pending", "delivered", "dead")
 """The ``state`` values of ``durable_sessions_alert_outbox`` (an outbox row's state); the
 log channel never dead-letters, so its rows are only ``pending`` or ``delivered``."""
@@ -151,6 +157,10 @@ class Metrics:
             ["transport", "reason"],
             registry=registry,
         )
+        for transport in TRANSPORTS:  # at 0 from the start, for increase() (see expect)
+            self.spans_received.labels(transport)
+            for reason in REJECTED_REASONS:
+                self.spans_rejected.labels(transport, reason)
         self.spans_stored = Counter(
             "durable_sessions_actions_stored", "Action records committed to the store", registry=registry
         )
@@ -259,7 +269,7 @@ class Metrics:
             ["transport"],
             registry=registry,
         )
-        for transport in ("grpc", "http"):  # at 0 from the start, for increase()
+        for transport in TRANSPORTS:  # at 0 from the start, for increase()
             self.decoding_refused.labels(transport)
         self.credential_reloads = Counter(
             "durable_sessions_credential_reloads",
