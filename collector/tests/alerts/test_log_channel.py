@@ -12,9 +12,11 @@ from __future__ import annotations
 import io
 import json
 import os
+import sqlite3
 import threading
 from pathlib import Path
 
+import pytest
 from conftest import wait_for
 from durable_sessions_collector.alerts import LOG, RESOLVED, change_payload, outbox_key
 from durable_sessions_collector.alerts.log import LogAlerts, WrittenJournal
@@ -201,3 +203,34 @@ def test_log_deliveries_have_a_latency_like_the_other_channels(start_sidecar) ->
     )
     assert sidecar.metric("durable_sessions_alert_latency_seconds_count", channel=LOG) == 1
     assert 0 <= sidecar.metric("durable_sessions_alert_latency_seconds_sum", channel=LOG) < 30
+
+
+def test_lines_whose_mark_failed_are_marked_at_the_next_delivery_not_written_again(tmp_path: Path) -> None:
+    # The store refuses the mark (a full disk, a lock held past the busy timeout): here a
+    # real trigger. The lines are out and their keys journaled; the next delivery of the
+    # same process marks them without writing them again, as the next start would.
+    path = tmp_path / "s.db"
+    store = store_with_pending(path, ["a"])
+    journal = WrittenJournal(str(path) + ".log-written")
+    with sqlite3.connect(path) as db:
+        db.execute(
+            "CREATE TRIGGER refuse_mark BEFORE UPDATE OF state ON outbox "
+            "BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END"
+        )
+    try:
+        stream = io.StringIO()
+        alerts = LogAlerts(store, JsonLog(stream), journal=journal)
+        with pytest.raises(Exception, match="disk is full"):
+            alerts.deliver_pending()
+        assert violation_lines(stream) == ["a"]
+        assert [alert.violation_key for alert in store.pending_alerts(LOG, 10.0)] == ["a"]
+        with sqlite3.connect(path) as db:
+            db.execute("DROP TRIGGER refuse_mark")
+        with store.writer() as writer:  # a violation found meanwhile
+            writer.enqueue_alert(LOG, "b", {"key": "b"}, 2.0)
+        assert alerts.deliver_pending() == 2
+        assert violation_lines(stream) == ["a", "b"]  # "a" once
+        assert store.pending_alerts(LOG, 10.0) == []
+        assert journal.keys() == set()
+    finally:
+        store.close()

@@ -77,7 +77,9 @@ class LogAlerts:
     """Delivers pending ``log`` outbox rows as JSON lines, then marks them delivered.
 
     Rows are marked once their lines are written, so that a crash in between writes a
-    line again rather than never; with a :class:`WrittenJournal`, not even then. While
+    line again rather than never; with a :class:`WrittenJournal`, not even then. A mark
+    the store refuses (a full disk, say) is made by the next delivery, which does not
+    write those lines again. While
     standard error is blocked (see :mod:`..jsonlog`) the lines are only queued when they
     are marked: delivery does not wait on the log.
     """
@@ -99,7 +101,8 @@ class LogAlerts:
         self.log = log
         self.on_delivered = on_delivered
         self.journal = journal
-        # Written by an earlier process that died before marking them delivered.
+        # Written by an earlier process that died before marking them delivered, or by
+        # this one before the store refused their mark (see deliver_pending).
         self._written_before = journal.keys() if journal is not None else set()
         self._flushed = True  # no line queued and not yet written (nor its key appended)
 
@@ -115,8 +118,14 @@ class LogAlerts:
                 return delivered
             unwritten = [alert for alert in pending if alert.violation_key not in self._written_before]
             self._flushed = self._write(unwritten)
-            with self.store.writer() as writer:
-                writer.mark_delivered(pending, now)
+            try:
+                with self.store.writer() as writer:
+                    writer.mark_delivered(pending, now)
+            except BaseException:
+                # The lines are out (or queued): the next delivery marks them without
+                # writing them again, as a next start would from the journal.
+                self._written_before.update(alert.violation_key for alert in unwritten)
+                raise
             if not self._written_before:
                 self._forget_marked()
             delivered += len(pending)
