@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sqlite3
 import time
 
 import pytest
@@ -226,3 +227,27 @@ def test_a_failure_of_one_alert_does_not_hold_the_others(start_sidecar) -> None:
         unkeyed_payments(sidecar, 3)
         wait_for(lambda: len(hook.accepted) == 2, timeout=10)
         assert hook.accepted[-1].at - hook.requests[0].at < 4  # not after the failed one's 2.5-7.5 s
+
+
+def test_an_alert_whose_mark_the_store_refused_is_marked_not_posted_again(start_sidecar, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # The receiver answered 2xx, then the store refused to mark the row delivered (a full
+    # disk, a lock held past the busy timeout: here a real trigger). The alert was
+    # delivered: once the store takes writes again it is marked, not POSTed a second time.
+    db = tmp_path / "sessions.db"
+    with WebhookServer() as hook:
+        sidecar = start_sidecar(db, alerts__webhook__url=hook.url, **FAST)
+        with sqlite3.connect(db) as connection:
+            connection.execute(
+                "CREATE TRIGGER refuse_mark BEFORE UPDATE OF state ON outbox "
+                "WHEN NEW.channel = 'webhook' BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END"
+            )
+        agent = unkeyed_payment(sidecar)
+        wait_for(lambda: any(line["event"] == "alert-delivery-failed" for line in sidecar.log.lines()))
+        assert len(hook.accepted) == 1
+        with sqlite3.connect(db) as connection:
+            connection.execute("DROP TRIGGER refuse_mark")
+        wait_for(lambda: outbox(sidecar, "delivered") == 1)
+        time.sleep(0.5)  # a second POST, were there one, would have come by now
+        assert len(hook.requests) == 1
+        assert deliveries(sidecar, "delivered") == 1
+        agent.shutdown()

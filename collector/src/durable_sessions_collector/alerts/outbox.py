@@ -9,7 +9,8 @@ first, by a thread of the channel's own. On a store several replicas share, the 
 claimed a batch at a time and each claim is renewed right before its attempt
 (:meth:`Store.hold_alert`): a row another replica claimed meanwhile is left to it.
 
-A delivered alert is marked delivered; a retryable failure is retried after
+A delivered alert is marked delivered (if the store refuses the mark, the next pass
+marks it without sending it again); a retryable failure is retried after
 ``backoff_s · 2^(attempt-1)`` (capped by ``max_backoff_s``, ±50% jitter so that many
 sidecars do not retry in step; a delay the receiver asks for is honoured up to the cap);
 a rejection, or the ``max_attempts``-th failure, moves the alert to the dead letter: it
@@ -133,6 +134,8 @@ class OutboxDelivery:
         self._thread: threading.Thread | None = None
         self._next_due: float | None = None
         self._paused_until = 0.0
+        self._sent: set[int] = set()
+        """Outbox ids of alerts delivered whose mark the store refused: marked, not sent again."""
 
     # --- what a channel provides --------------------------------------------------------
 
@@ -219,6 +222,24 @@ class OutboxDelivery:
                 break
         return delivered
 
+    def _delivered(self, alert: Alert, attempts: int) -> int:
+        """Mark ``alert``, delivered at its ``attempts``-th attempt. If the store refuses
+        the mark (a full disk, a lost connection), the next pass marks it without sending
+        it again: the receiver has it (another replica may send it after its claim's
+        lease, as after a crash)."""
+        now = self.now()
+        try:
+            with self.store.writer() as writer:
+                writer.mark_delivered([alert], now)
+        except BaseException:
+            self._sent.add(alert.id)
+            raise
+        self._sent.discard(alert.id)
+        self.metrics.delivered(self.channel, [alert], now)
+        key = idempotency_key(alert.payload)
+        self.log.debug("alert-delivered", channel=self.channel, idempotency_key=key, attempts=attempts)
+        return 1
+
     def _paused(self) -> bool:
         if self.now() < self._paused_until:
             self._next_due = self._paused_until
@@ -227,6 +248,8 @@ class OutboxDelivery:
 
     def _deliver(self, alert: Alert) -> int:
         channel = self.channel
+        if alert.id in self._sent:  # delivered already: only its mark is missing
+            return self._delivered(alert, alert.attempts + 1)
         start = time.perf_counter()
         try:
             attempt = self.send(alert)
@@ -237,11 +260,7 @@ class OutboxDelivery:
         attempts = alert.attempts + 1
         key = idempotency_key(alert.payload)
         if attempt.outcome == "delivered":
-            with self.store.writer() as writer:
-                writer.mark_delivered([alert], now)
-            self.metrics.delivered(channel, [alert], now)
-            self.log.debug("alert-delivered", channel=channel, idempotency_key=key, attempts=attempts)
-            return 1
+            return self._delivered(alert, attempts)
         error = self._redact(attempt.error or "failed")[:MAX_ERROR_CHARS]  # cut after: no half secret
         delay = backoff_delay(attempts, self.backoff_s, self.max_backoff_s, self._rng)
         if attempt.retry_after_s is not None:
