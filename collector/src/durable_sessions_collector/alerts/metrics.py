@@ -293,9 +293,10 @@ class Metrics:
     def expect(self, channels: Iterable[str], rules: Iterable[Rule]) -> None:
         """Create, at 0, the series that alerting rules watch: each enabled channel's
         delivery outcomes and outbox states, and each selected rule's violations, of every
-        severity its findings can have (:attr:`Rule.severities`). A series that appears at its first
-        value is no increase to ``increase()`` or ``rate()``, so the first dead letter or
-        violation after a start would otherwise go unseen."""
+        severity its findings can have (:attr:`Rule.severities`). A series that appears at
+        its first value is no increase to ``increase()`` or ``rate()``, so the first dead
+        letter or violation after a start would otherwise go unseen (and a gauge absent
+        while the store has no such alert reads "no data", not 0)."""
         channels = tuple(channels)
         for channel in channels:
             for outcome in (DELIVERED,) if channel == LOG else (DELIVERED, RETRY, DEAD_LETTER):
