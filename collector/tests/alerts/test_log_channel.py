@@ -22,6 +22,7 @@ from durable_sessions_collector.alerts import LOG, RESOLVED, change_payload, out
 from durable_sessions_collector.alerts.log import LogAlerts, WrittenJournal
 from durable_sessions_collector.jsonlog import JsonLog
 from durable_sessions_collector.store import SqliteStore
+from sidecar_clients import Agent, grpc_exporter
 
 
 def store_with_pending(path: Path, keys: list[str]) -> SqliteStore:
@@ -234,3 +235,29 @@ def test_lines_whose_mark_failed_are_marked_at_the_next_delivery_not_written_aga
         assert journal.keys() == set()
     finally:
         store.close()
+
+
+def test_a_log_delivery_the_store_failed_is_retried_without_further_spans(
+    start_sidecar, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    # The store refuses to mark the alert's line delivered (a real trigger standing for a
+    # full disk), also while its session is ended, after which no span nor sweep comes.
+    # Once the store takes writes again the alert is marked, its line written once.
+    db = tmp_path / "sessions.db"
+    sidecar = start_sidecar(db)
+    with sqlite3.connect(db) as connection:
+        connection.execute(
+            "CREATE TRIGGER refuse_mark BEFORE UPDATE OF state ON outbox "
+            "BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END"
+        )
+    agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "run-1")
+    agent.action("unkeyed", "charge", "payment")  # unkeyed-side-effect
+    agent.shutdown()
+    wait_for(lambda: sidecar.session("unkeyed")["state"] == "ended")
+    pending = ("durable_sessions_alert_outbox", (("channel", "log"), ("state", "pending")))
+    assert sidecar.metrics()[pending] == 1
+    with sqlite3.connect(db) as connection:
+        connection.execute("DROP TRIGGER refuse_mark")
+    wait_for(lambda: sidecar.metrics()[pending] == 0)
+    assert [line["session_id"] for line in sidecar.alerts()] == ["unkeyed"]
+    assert sidecar.metric("durable_sessions_alert_deliveries_total", channel="log", outcome="delivered") == 1

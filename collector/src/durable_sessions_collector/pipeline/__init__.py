@@ -245,7 +245,9 @@ class Pipeline:
                     # Alerts a replica left when it died (committed, or claimed and not
                     # delivered) are this one's once their lease is over, new violation or not.
                     self._backlog = True
-                    self._deliver()
+                # And a delivery that failed (the store refused it) is tried again, though
+                # no span nor idle session comes to try it.
+                self._deliver()
             if self.retention_s > 0 and ticked - self.last_prune >= PRUNE_EVERY_S:
                 self._prune_pass(ticked)
             if self.recounting and ticked >= self._recount_after:
