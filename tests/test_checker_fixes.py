@@ -19,6 +19,7 @@ import pytest
 
 from durable_sessions import otlp_json
 from durable_sessions.check import OfflineCheck
+from durable_sessions.digest import digest_value
 from durable_sessions.json_text import may_hold_long_integer
 from durable_sessions.rules import select_rules
 
@@ -536,3 +537,31 @@ def test_a_replay_leaves_the_action_to_the_run_that_executed_it(
     assert found(violations) == [(3, "re-asked"), (6, "diverged-result")]
     assert "'q1' answered in incarnation 'r1' was asked again in 'r3'" in violations[0]["message"]
     assert "'l1' recorded in incarnation 'r1' was executed again in 'r3'" in violations[1]["message"]
+
+
+@pytest.mark.parametrize(("native", "jobs"), WAYS)
+def test_hex_digits_of_a_digest_are_read_in_either_case(tmp_path: Path, native: bool, jobs: str) -> None:
+    """Java's and .NET's hex encoders write ``sha256:ABCD…``. Such a digest was no SHA-256
+    to the checker: compared only as text, never with a recorded result, so a replay
+    serving another result passed, and the same digest in two cases was a false
+    replay-mismatch."""
+    digest_a, digest_b = digest_value({"plan": "A"}), digest_value({"plan": "B"})
+    upper_a, upper_b = "sha256:" + digest_a[7:].upper(), "sha256:" + digest_b[7:].upper()
+    mixed_a = "sha256:" + "".join(c.upper() if i % 2 else c for i, c in enumerate(digest_a[7:]))
+    question = digest_value("Which budget?")
+    upper_question = "sha256:" + question[7:].upper()
+    log = write(
+        tmp_path / "log.jsonl",
+        action("m", kind="llm_call", result_digest=upper_a, incarnation="r1"),
+        action("m", kind="llm_call", result={"plan": "B"}, incarnation="r2", replayed=True),
+        action("n", kind="llm_call", result={"plan": "A"}, incarnation="r1"),
+        action("n", kind="llm_call", result_digest=upper_b, incarnation="r2", replayed=True),
+        action("o", kind="llm_call", result_digest=mixed_a, incarnation="r1"),
+        action("o", kind="llm_call", result_digest=upper_a, incarnation="r2", replayed=True),
+        action("q1", kind="user_prompt", prompt_digest=question, result=1, incarnation="r1"),
+        action("q2", kind="user_prompt", prompt_digest=upper_question, result=2, incarnation="r2"),
+    )
+    violations = check_way(native, jobs, log)
+    assert found(violations) == [(2, "replay-mismatch"), (4, "replay-mismatch"), (8, "re-asked")]
+    assert f"{digest_a[:23]}… was recorded" in violations[0]["message"]
+    assert f"serves {upper_b}" in violations[1]["message"]

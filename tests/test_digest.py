@@ -12,7 +12,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from durable_sessions.digest import _canonical_text, canonical_json, digest_value, fingerprint, outcome_json
+from durable_sessions.digest import (
+    _canonical_text,
+    canonical_json,
+    digest_fingerprint,
+    digest_value,
+    fingerprint,
+    normal_digest,
+    outcome_json,
+    sha256_digest,
+)
 
 JSON_VALUES = st.recursive(
     st.none()
@@ -142,3 +151,23 @@ def test_an_outcome_past_the_recursion_limit_is_written_in_order_too() -> None:
     assert outcome_json(deep, in_order=True).startswith(b'[{"k":[{"k":')
     assert outcome_json(deep).startswith(b'[{"a":2998,"k":[{"a":2996,')
     assert len(outcome_json(deep, in_order=True)) == len(outcome_json(deep))
+
+
+def test_a_sha256_digest_is_read_with_hex_of_either_case() -> None:
+    """``sha256:ABCD…`` (Java's and .NET's hex encoders) is the digest ``sha256:abcd…``:
+    one normal form, one fingerprint, the fingerprint of the value it digests."""
+    digest = digest_value({"plan": "A"})
+    upper, mixed = "sha256:" + digest[7:].upper(), "sha256:" + digest[7:39] + digest[39:].upper()
+    for spelling in (digest, upper, mixed):
+        assert sha256_digest(spelling) == normal_digest(spelling) == digest
+        assert digest_fingerprint(spelling) == fingerprint({"plan": "A"})
+    for other in (
+        "SHA256:" + digest[7:],
+        digest[:-1],
+        digest + "0",
+        digest[:-1] + "g",
+        "sha256:abc",
+        "md5:0a",
+    ):
+        assert sha256_digest(other) is None
+        assert normal_digest(other) == digest_fingerprint(other) == other

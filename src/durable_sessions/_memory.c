@@ -258,8 +258,9 @@ parse_hex(PyObject *text, uint64_t *out, int lowercase_only)
     return 0;
 }
 
-/* digest.digest_fingerprint: a well-formed "sha256:<64 hex>" gives its first 16 digits
- * as an int; any other digest is its own fingerprint. New reference. */
+/* digest.digest_fingerprint: a well-formed "sha256:<64 hex>" (digest.sha256_digest: hex
+ * of either case) gives its first 16 digits as an int; any other digest is its own
+ * fingerprint. New reference. */
 static PyObject *
 digest_fingerprint(PyObject *digest)
 {
@@ -267,7 +268,7 @@ digest_fingerprint(PyObject *digest)
         const char *p = (const char *)PyUnicode_1BYTE_DATA(digest);
         int well_formed = memcmp(p, "sha256:", 7) == 0;
         for (int i = 7; well_formed && i < 71; i++)
-            well_formed = (p[i] >= '0' && p[i] <= '9') || (p[i] >= 'a' && p[i] <= 'f');
+            well_formed = hex_digit(p[i]) >= 0;
         if (well_formed) {
             uint64_t value = 0;
             for (int i = 7; i < 23; i++)

@@ -214,7 +214,27 @@ Fingerprint = int | str
 first 64 bits of its ``sha256:`` digest (an int), or, for a given digest that is not a
 well-formed SHA-256, that digest itself (a str)."""
 
-_SHA256_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_SHA256_DIGEST = re.compile(r"sha256:[0-9a-fA-F]{64}")
+
+
+def sha256_digest(text: str) -> str | None:
+    """``text`` as a well-formed SHA-256 digest, ``sha256:`` and 64 hex digits, in its
+    normal form: the digits lower-case, as :func:`digest_bytes` writes them; None when
+    ``text`` is no such digest.
+
+    Hex is read in either case (Java's ``HexFormat.of().withUpperCase()`` and .NET's
+    ``Convert.ToHexString`` write upper case), so one digest in two cases is one outcome.
+    The C fold (``_memory.c``'s ``digest_fingerprint``) reads digests the same way.
+    """
+    if _SHA256_DIGEST.fullmatch(text):
+        return text.lower()
+    return None
+
+
+def normal_digest(digest: str) -> str:
+    """A given digest as it is compared with others: :func:`sha256_digest`'s normal form
+    of a SHA-256 digest, any other text as it is."""
+    return sha256_digest(digest) or digest
 
 
 def fingerprint(value: Any) -> int:
@@ -236,9 +256,11 @@ def _digested_bytes(value: Any) -> bytes:
 
 
 def digest_fingerprint(digest: str) -> Fingerprint:
-    """The fingerprint of a given digest: comparable with :func:`fingerprint` when it is SHA-256."""
-    if _SHA256_DIGEST.fullmatch(digest):
-        return int(digest[7:23], 16)
+    """The fingerprint of a given digest: comparable with :func:`fingerprint` when it is
+    SHA-256 (:func:`sha256_digest`, hex of either case)."""
+    normal = sha256_digest(digest)
+    if normal is not None:
+        return int(normal[7:23], 16)
     return digest
 
 

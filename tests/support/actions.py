@@ -23,7 +23,11 @@ digests = st.sampled_from(
     [
         digest_value({"a": 1}),
         digest_value("ok"),
+        "sha256:" + digest_value("ok")[7:].upper(),  # one digest in either case
         "sha256:" + "A" * 64,
+        "sha256:" + "aB" * 32,
+        "SHA256:" + "a" * 64,
+        "sha256:" + "g" * 64,
         "sha256:abc",
         "md5:0123",
         "",

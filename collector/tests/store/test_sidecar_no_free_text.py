@@ -30,6 +30,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from sidecar_clients import grpc_exporter, http_exporter
 
+from durable_sessions.digest import digest_value
 from durable_sessions.engine import Checker
 from durable_sessions.mapping import from_readable_span, map_span, with_problems
 from durable_sessions.rules import select_rules
@@ -223,6 +224,31 @@ def test_a_restarted_sidecar_judges_long_keys_and_bad_digests_as_before(
         again,
         "trip-9",
     )
+
+
+def test_a_digest_in_upper_case_hex_is_stored_as_given_and_compared(start_sidecar, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Java's and .NET's hex encoders write ``sha256:ABCD…``: the sidecar stored such a
+    digest as ``hidden:sha256:…`` and never compared it with a recorded result, so a
+    replay serving another result than the one recorded went unreported."""
+    sidecar = start_sidecar(tmp_path / "sessions.db")
+    upper = "sha256:" + digest_value({"plan": "B"})[7:].upper()
+    first = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
+    first.action("trip-8", "m1", "llm_call", result='{"plan": "A"}')
+    second = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-2")
+    second.action("trip-8", "m1", "llm_call", replayed=True, result_digest=upper)
+    spans = first.spans() + second.spans()
+    first.shutdown()
+    second.shutdown()
+
+    wait_for(lambda: sidecar.session("trip-8")["state"] == "ended")
+    replayed_span = spans[1].context.span_id.to_bytes(8, "big").hex()
+    assert (
+        sidecar_findings(sidecar, "trip-8") == engine_findings(spans) == {("replay-mismatch", replayed_span)}
+    )
+    assert [action["result_digest"] for action in sidecar.session("trip-8")["actions"]] == [
+        digest_value({"plan": "A"}),
+        upper,
+    ]
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from durable_sessions import kinds
-from durable_sessions.digest import as_digest, same_outcome
+from durable_sessions.digest import as_digest, normal_digest, same_outcome
 from durable_sessions.record import (
     ActionRecord,
     Location,
@@ -163,7 +163,7 @@ def re_asked(
             )
         return None
     digest = record.get("prompt_digest")
-    earlier = session.answered_prompts.get(digest) if digest and type(digest) is str else None
+    earlier = session.answered_prompts.get(normal_digest(digest)) if digest and type(digest) is str else None
     if earlier is None:
         return None
     action_id, incarnation = earlier

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from durable_sessions import kinds
-from durable_sessions.digest import CANONICAL, Fingerprint, fingerprint
+from durable_sessions.digest import CANONICAL, Fingerprint, fingerprint, normal_digest
 from durable_sessions.native import native_module
 from durable_sessions.record import (
     NOWHERE,
@@ -232,7 +232,7 @@ class SessionState:
         self.actions: dict[str, int | ActionMemory] = {}
         self.details: dict[str, ActionDetails | Fingerprint] = {}
         self.keys: dict[str, KeyUse] = {}
-        self.answered_prompts: dict[str, tuple[str, str | None]] = {}
+        self.answered_prompts: dict[str, tuple[str, str | None]] = {}  # by normal_digest
         self.exhausted_retries: dict[str, Pending] = {}
         self.unfinished_effects: dict[str, Pending] = {}
         self.failure_runs: dict[tuple[str | None, str | None], FailureRun] = {}
@@ -429,7 +429,7 @@ class SessionState:
             and type(digest) is str
             and record["kind"] == kinds.USER_PROMPT
             and record["status"] == "ok"
-            and digest not in self.answered_prompts
+            and (digest := normal_digest(digest)) not in self.answered_prompts
             and is_recorded(record)
         ):
             self.answered_prompts[digest] = (action_id, get("incarnation"))

@@ -15,8 +15,9 @@ APIs. :func:`stored_record` keeps what the rules read, and nothing else:
   to :data:`MAX_TEXT` characters; a longer one is stored as its :func:`hidden` digest.
 - **Values from a list** (``status``, ``replay``, ``on_failure``, ``session_source``) are
   kept when they are one of the contract's values, **digests** (``result_digest``,
-  ``prompt_digest``) when they are ``sha256:`` and 64 lowercase hex digits; any other
-  string there, and a string in a boolean or integer field, is stored as its digest.
+  ``prompt_digest``) when they are ``sha256:`` and 64 hex digits of either case
+  (:func:`~durable_sessions.digest.sha256_digest`); any other string there, and a string
+  in a boolean or integer field, is stored as its digest.
 - Booleans, numbers and null are kept. A non-empty list, object or bytes value (no field
   of the contract holds one) becomes one holding the value's digest.
 
@@ -40,7 +41,7 @@ import re
 from typing import Any
 
 from durable_sessions import semconv as sc
-from durable_sessions.digest import PREFIX, digest_value
+from durable_sessions.digest import PREFIX, digest_value, sha256_digest
 from durable_sessions.record import ON_FAILURE_VALUES, STATUSES, ActionRecord
 from durable_sessions.rules.record_rules import time_component
 
@@ -50,7 +51,6 @@ MAX_TEXT = 256
 
 HIDDEN_PREFIX = "hidden:sha256:"
 _HIDDEN = re.compile(r"hidden:sha256:[0-9a-f]{7}(?:-[0-9a-f]{7}){7}(?:~[^~]{1,40})?")
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 _IDENTIFIERS = frozenset(
     {
@@ -112,7 +112,7 @@ def stored_record(record: ActionRecord) -> ActionRecord:
         elif name in _IDENTIFIERS:
             stored[name] = value if len(value) <= MAX_TEXT else _hidden_identifier(name, value)
         elif name in _DIGESTS:
-            stored[name] = value if _DIGEST.fullmatch(value) else hidden(value)
+            stored[name] = value if sha256_digest(value) is not None else hidden(value)
         elif name in _CHOICES:
             stored[name] = value if value in _CHOICES[name] else hidden(value)
         else:
