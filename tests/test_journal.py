@@ -877,6 +877,12 @@ def test_resolve_refuses_a_completed_action_and_what_is_not_json(
         assert code == 2 and "OUTCOME_JSON is not JSON" in err, bad
     with pytest.raises(ValueError, match="NaN and Infinity"):
         journal.resolve("s-1", "p1", float("nan"))
+    with pytest.raises(ValueError, match="share the text '1'"):
+        journal.resolve("s-1", "p1", {1: "a", "1": "b"})
+    for not_json in ({"seat": {1, 2}}, b"receipt"):  # of no JSON type
+        with pytest.raises(TypeError, match="not JSON serializable"):
+            journal.resolve("s-1", "p1", not_json)
+    assert journal.get("s-1", "p1").status == "started"  # nothing recorded
     assert journal.resolve("s-1", "p1", (None, 1)).outcome == [None, 1]  # a tuple with a null is no NaN
 
 

@@ -518,8 +518,11 @@ class SqliteJournal:
         """Record that an in-doubt action did happen, with ``outcome``: it is replayed from now on.
 
         Raises ``KeyError`` for an action the journal does not have, ``ValueError`` for one
-        already completed (its recorded outcome stands: discard it first to replace it) or
-        an outcome that is not JSON (NaN and ±Infinity included)."""
+        already completed (its recorded outcome stands: discard it first to replace it),
+        ``TypeError`` for an outcome holding a value of no JSON type (a set, bytes), as
+        :func:`~durable_sessions.digest.canonical_json` raises, and ``ValueError`` for one
+        that JSON would give back as another value (NaN and ±Infinity; two keys of one
+        text: :func:`~durable_sessions.digest.outcome_json`). Nothing is recorded then."""
         entry = self._existing(session_id, action_id)
         if entry.status == sc.STATUS_OK:
             raise AlreadyCompleted(
