@@ -53,6 +53,7 @@ from typing import Any, Literal, Protocol
 from durable_sessions import disk, session_lock
 from durable_sessions import semconv as sc
 from durable_sessions.digest import digest_bytes, outcome_json
+from durable_sessions.pickling import reduced
 from durable_sessions.record import is_side_effecting
 
 logger = logging.getLogger("durable_sessions")
@@ -225,20 +226,8 @@ class ActionInDoubt(Exception):
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
-        """Pickled as what it was made from (see :func:`_reduced`)."""
-        return _reduced(self, self.entry, self.key_now)
-
-
-def _reduced(error: BaseException, *arguments: Any) -> tuple[Any, ...]:
-    """What pickles ``error`` as ``type(error)(*arguments)`` and its attributes.
-
-    A process pool hands a worker's exception back pickled, and an exception pickles by
-    default as ``type(error)(message)``: the constructor of an exception made from other
-    arguments than its message failed in the parent (``ActionInDoubt`` read the message as
-    its entry), and ``concurrent.futures`` took that for a dead worker, broke the pool and
-    killed the other workers, their sessions' actions midway.
-    """
-    return type(error), arguments, error.__dict__
+        """Pickled as what it was made from (:func:`~durable_sessions.pickling.reduced`)."""
+        return reduced(self, self.entry, self.key_now)
 
 
 def _why_a_repeat_is_unsafe(journaled: str | None, key_now: str | None) -> str:
@@ -273,8 +262,8 @@ class AttemptsExhausted(Exception):
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
-        """Pickled as what it was made from (see :func:`_reduced`)."""
-        return _reduced(self, self.entry, self.max_attempts)
+        """Pickled as what it was made from (:func:`~durable_sessions.pickling.reduced`)."""
+        return reduced(self, self.entry, self.max_attempts)
 
 
 class AlreadyCompleted(ValueError):

@@ -88,6 +88,7 @@ from durable_sessions.intent_log import IntentLog, intent_record
 from durable_sessions.mapping import exact_attributes, sdk_attributes, sdk_resource_attributes, sdk_span_facts
 from durable_sessions.native import native_module
 from durable_sessions.offload import IN_CHECKER_ENV, RESOURCE, SPAN, CheckerProcess
+from durable_sessions.pickling import reduced
 from durable_sessions.rules import Rule, select_rules
 from durable_sessions.rules.state import DEFAULT_KEY_WINDOW_S
 from durable_sessions.span_check import SpanParts, check_span, may_be_action
@@ -154,8 +155,9 @@ class DurabilityViolationError(AssertionError):
 
     def __reduce__(self) -> tuple[object, ...]:
         """Pickled as the violations it was made from, not as its message, which the
-        constructor cannot take (a test run in a process pool got an unpickling error)."""
-        return type(self), (self.violations,), self.__dict__
+        constructor cannot take (a test run in a process pool got an unpickling error):
+        :func:`~durable_sessions.pickling.reduced`."""
+        return reduced(self, self.violations)
 
 
 class ConfigurationError(ValueError):

@@ -36,6 +36,8 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+from durable_sessions.pickling import reduced
+
 logger = logging.getLogger("durable_sessions")
 
 _OFFSETS = 1 << 62
@@ -68,10 +70,8 @@ class SessionInUse(RuntimeError):
         )
 
     def __reduce__(self) -> tuple[object, ...]:
-        """Pickled as what it was made from: by default an exception pickles as its
-        message, which this constructor cannot take, and a process pool that handed it
-        back from a worker broke (``durable_sessions.journal._reduced`` says how)."""
-        return type(self), (self.session_id, self.lock_path), self.__dict__
+        """Pickled as what it was made from (:func:`~durable_sessions.pickling.reduced`)."""
+        return reduced(self, self.session_id, self.lock_path)
 
 
 def lock_path_of(journal_path: Path) -> Path:
