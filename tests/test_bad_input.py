@@ -621,6 +621,8 @@ def otlp_line(*spans: tuple[str, str, str]) -> bytes:
             "traceId": "4bf92f3577b34da6a3ce929d0e0e4736",
             "spanId": f"{index:016x}",
             "name": name,
+            "startTimeUnixNano": str(1_767_225_600_000_000_000 + index),
+            "endTimeUnixNano": str(1_767_225_600_000_000_001 + index),
             "attributes": [
                 {"key": "session.id", "value": {"stringValue": "s-1"}},
                 {"key": "agent.action.id", "value": {"stringValue": action_id}},

@@ -617,9 +617,10 @@ class PublicOnlySpan:
     """A span object with the ``ReadableSpan`` properties and none of its fields."""
 
     def __init__(self, span: Any) -> None:
-        self.status, self.start_time, self.context, self.resource = (
+        self.status, self.start_time, self.end_time, self.context, self.resource = (
             span.status,
             span.start_time,
+            span.end_time,
             span.context,
             span.resource,
         )
@@ -634,7 +635,15 @@ def test_span_facts_read_from_fields_equal_the_public_properties(error: bool) ->
         if error:
             live.set_status(Status(StatusCode.ERROR))
     (span,) = exporter.get_finished_spans()
-    public = (is_error(span), span.start_time, span.context.trace_id, span.context.span_id, span.resource)
+    context = span.context
+    public = (
+        is_error(span),
+        span.start_time,
+        span.end_time,
+        context.trace_id,
+        context.span_id,
+        span.resource,
+    )
     assert public[0] is error
     assert sdk_span_facts(span) == public
     assert sdk_span_facts(PublicOnlySpan(span)) == public  # type: ignore[arg-type]

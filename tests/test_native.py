@@ -101,8 +101,8 @@ def ended_span(attributes: dict[str, Any], *, error: bool = False) -> ReadableSp
 def python_message(span: ReadableSpan) -> tuple:
     """What ``DurabilitySpanProcessor`` submits for ``span`` on the pure-Python path."""
     attributes, limit = sdk_attributes(span)
-    error, start, trace_id, span_id, _ = sdk_span_facts(span)
-    return (SPAN, dict(attributes), error, start, trace_id, span_id, limit)
+    error, start, end, trace_id, span_id, _ = sdk_span_facts(span)
+    return (SPAN, dict(attributes), error, start, end, trace_id, span_id, limit)
 
 
 def same(a: object, b: object) -> bool:
@@ -119,8 +119,8 @@ def test_a_span_arrives_as_the_python_path_would_send_it(pipe: Pipe) -> None:
     assert pipe.handoff.put_span(span) == HANDED
     (message,) = pipe.received()
     assert same(message, python_message(span))
-    assert message[4] == span.context.trace_id  # 128 bits, exactly
-    assert message[3] == span.start_time
+    assert message[5] == span.context.trace_id  # 128 bits, exactly
+    assert (message[3], message[4]) == (span.start_time, span.end_time)
 
 
 def test_error_status_and_value_limits_cross(pipe: Pipe) -> None:

@@ -427,7 +427,7 @@ def checker_process(**options: Any) -> CheckerProcess:
 
 
 def span_message(attributes: dict[str, Any]) -> tuple:
-    return (SPAN, attributes, False, 1_700_000_000_000_000_000, 1, 2, None)
+    return (SPAN, attributes, False, 1_700_000_000_000_000_000, 1_700_000_000_100_000_000, 1, 2, None)
 
 
 @pytest.mark.parametrize(

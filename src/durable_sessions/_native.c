@@ -521,7 +521,7 @@ handoff_drop(Handoff *self)
 }
 
 static PyObject *ATTR_ATTRIBUTES, *ATTR_DICT, *ATTR_MAX_LEN, *ATTR_RESOURCE, *ATTR_STATUS,
-    *ATTR_STATUS_CODE, *ATTR_START, *ATTR_CONTEXT, *ATTR_TRACE_ID, *ATTR_SPAN_ID;
+    *ATTR_STATUS_CODE, *ATTR_START, *ATTR_END, *ATTR_CONTEXT, *ATTR_TRACE_ID, *ATTR_SPAN_ID;
 
 static int
 Handoff_init(Handoff *self, PyObject *args, PyObject *kwargs)
@@ -685,16 +685,18 @@ context_item(Handoff *self, PyObject *context, Py_ssize_t index, PyObject *name)
     return PyObject_GetAttr(context, name);
 }
 
-/* The span's message: (span_op, attributes, is_error, start_ns, trace_id, span_id, limit). */
+/* The span's message: (span_op, attributes, is_error, start_ns, end_ns, trace_id, span_id,
+ * limit): span_check.SpanParts after the op. */
 static int
 encode_span(Handoff *self, Scratch *s, PyObject *span, PyObject *bounded, PyObject *attributes)
 {
     int status = 1;
-    PyObject *state = NULL, *code = NULL, *start = NULL, *context = NULL, *trace_id = NULL,
+    PyObject *state = NULL, *code = NULL, *start = NULL, *end = NULL, *context = NULL, *trace_id = NULL,
              *span_id = NULL, *limit = NULL;
     if ((state = PyObject_GetAttr(span, ATTR_STATUS)) == NULL
         || (state != Py_None && (code = PyObject_GetAttr(state, ATTR_STATUS_CODE)) == NULL)
         || (start = PyObject_GetAttr(span, ATTR_START)) == NULL
+        || (end = PyObject_GetAttr(span, ATTR_END)) == NULL
         || (context = PyObject_GetAttr(span, ATTR_CONTEXT)) == NULL
         || (trace_id = context_item(self, context, 0, ATTR_TRACE_ID)) == NULL
         || (span_id = context_item(self, context, 1, ATTR_SPAN_ID)) == NULL
@@ -702,13 +704,15 @@ encode_span(Handoff *self, Scratch *s, PyObject *span, PyObject *bounded, PyObje
         PyErr_Clear();
         goto done;
     }
-    if (!(start == Py_None || PyLong_CheckExact(start)) || !PyLong_CheckExact(trace_id)
+    if (!(start == Py_None || PyLong_CheckExact(start)) || !(end == Py_None || PyLong_CheckExact(end))
+        || !PyLong_CheckExact(trace_id)
         || !PyLong_CheckExact(span_id) || !(limit == Py_None || PyLong_CheckExact(limit)))
         goto done;
-    if ((status = put_u32(s, TYPE_TUPLE, 7)) != 0 || (status = put_u32(s, TYPE_INT, (uint32_t)self->span_op)) != 0
+    if ((status = put_u32(s, TYPE_TUPLE, 8)) != 0 || (status = put_u32(s, TYPE_INT, (uint32_t)self->span_op)) != 0
         || (status = put_attributes(s, attributes)) != 0
         || (status = put_byte(s, code != NULL && code == self->error_code ? TYPE_TRUE : TYPE_FALSE)) != 0
         || (status = start == Py_None ? put_u32(s, TYPE_INT, 0) : put_int(s, start)) != 0
+        || (status = end == Py_None ? put_u32(s, TYPE_INT, 0) : put_int(s, end)) != 0
         || (status = put_int(s, trace_id)) != 0 || (status = put_int(s, span_id)) != 0
         || (status = put_scalar(s, limit)) != 0)
         goto done;
@@ -716,6 +720,7 @@ done:
     Py_XDECREF(state);
     Py_XDECREF(code);
     Py_XDECREF(start);
+    Py_XDECREF(end);
     Py_XDECREF(context);
     Py_XDECREF(trace_id);
     Py_XDECREF(span_id);
@@ -1345,6 +1350,7 @@ PyInit__native(void)
     INTERN(ATTR_STATUS, "_status");
     INTERN(ATTR_STATUS_CODE, "_status_code");
     INTERN(ATTR_START, "_start_time");
+    INTERN(ATTR_END, "_end_time");
     INTERN(ATTR_CONTEXT, "_context");
     INTERN(ATTR_TRACE_ID, "trace_id");
     INTERN(ATTR_SPAN_ID, "span_id");

@@ -15,7 +15,8 @@ spans. The mapping follows ``docs/semconv.md``:
    ``langfuse.session.id``, ``traceloop.association.properties.session_id`` (span), then
    resource ``session.id``; else the trace stands in and ``session_source`` is
    ``trace``. ``incarnation`` is resource ``service.instance.id``; ``seq`` is the start
-   time in nanoseconds, ``ts`` the same in seconds.
+   time in nanoseconds, ``ts`` the same in seconds (:func:`span_time`: a span without a
+   start time is dated by its end, and says so).
 
 Values are never coerced: ``agent.action.max_attempts = "3"`` stays a string so that the
 rules report it. Sequence values become lists (as JSON would give them). The few things
@@ -62,7 +63,7 @@ class SpanData:
 
     ``attribute_value_limit`` is the attribute value length limit that was in force
     when the span was recorded (``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT``), when known: a
-    result exactly that long was probably cut.
+    result exactly that long was probably cut. A time of 0 is none (OTLP's unset).
     """
 
     name: str
@@ -73,6 +74,7 @@ class SpanData:
     trace_id: str
     span_id: str
     attribute_value_limit: int | None = None
+    end_time_ns: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +208,7 @@ def map_span(span: SpanData, *, keep_result: bool = True) -> Mapped | None:
         span.span_id,
         span.attribute_value_limit,
         keep_result,
+        span.end_time_ns,
     )
     if mapped is None:
         return None
@@ -225,8 +228,10 @@ def map_attributes(
     span_id: str | int,
     limit: int | None,
     keep_result: bool,
+    end_time_ns: int = 0,
 ) -> tuple[ActionRecord, tuple[str, ...]] | None:
-    """:func:`map_span` on the span's parts: ``(record, problems)`` or None.
+    """:func:`map_span` on the span's parts: ``(record, problems)`` or None. The end time
+    dates a span without a start time (:func:`span_time`); 0 is none.
 
     For front ends that hold a span's parts already (the span processor, the OTLP
     decoder) and want to skip building :class:`SpanData` and :class:`Mapped`. The ids
@@ -301,9 +306,33 @@ def map_attributes(
         name = _first(attributes, sc.NAME_FALLBACKS)
         if name is not None:
             record["name"] = name
-    record["seq"] = start_time_ns
-    record["ts"] = start_time_ns / 1e9
+    time_ns, problem = span_time(start_time_ns, end_time_ns)
+    if time_ns is not None:
+        record["seq"] = time_ns
+        record["ts"] = time_ns / 1e9
+    if problem is not None:
+        problems = (*problems, problem)
     return record, problems  # type: ignore[return-value]
+
+
+def span_time(start_time_ns: int, end_time_ns: int) -> tuple[int | None, str | None]:
+    """When a span happened, in ns since the epoch, for its record's ``seq`` (its place
+    in the session's listing) and ``ts`` (what ``key-outlived-window`` dates a key's uses
+    by); and the mapping problem that says it is not its start time, or None.
+
+    A time of 0 is none: OTLP's unset ``start_time_unix_nano``, or an SDK span started
+    with ``start_time=0``. Taken for a time, it dated the action 1970: its key's first use
+    decades before a retry a minute later, a retry days later decades before the first
+    use. The end time, when there is one, is the nearest known moment; else the action is
+    left undated (no ``seq`` or ``ts``), as a record without ``ts`` is.
+    """
+    if start_time_ns:
+        return start_time_ns, None
+    if end_time_ns:
+        return end_time_ns, (
+            "span has no start time (start_time_unix_nano is 0) — its end time dates the action instead"
+        )
+    return None, "span has no start or end time (both are 0) — the action is undated"
 
 
 def prompt_digest(prompt: Any) -> str:
@@ -464,6 +493,7 @@ def from_readable_span(span: ReadableSpan, *, attribute_value_limit: int | None 
         resource=sdk_resource_attributes(span.resource),
         status_error=is_error(span),
         start_time_ns=span.start_time or 0,
+        end_time_ns=span.end_time or 0,
         trace_id=format(context.trace_id, "032x") if context is not None else "0" * 32,
         span_id=format(context.span_id, "016x") if context is not None else "0" * 16,
         attribute_value_limit=attribute_value_limit if attribute_value_limit is not None else limit,
@@ -505,8 +535,9 @@ def is_error(span: ReadableSpan) -> bool:
     return status is not None and status.status_code is _ERROR
 
 
-def sdk_span_facts(span: ReadableSpan) -> tuple[bool, int, int, int, Any]:
-    """``(is_error, start time ns, trace id, span id, resource)`` of a finished span.
+def sdk_span_facts(span: ReadableSpan) -> tuple[bool, int, int, int, int, Any]:
+    """``(is_error, start time ns, end time ns, trace id, span id, resource)`` of a finished
+    span (a time the span has not is 0).
 
     An SDK ``ReadableSpan`` is read through its fields: each of its public properties
     is a Python call, and on the span processor's hot path those calls cost more than
@@ -518,13 +549,21 @@ def sdk_span_facts(span: ReadableSpan) -> tuple[bool, int, int, int, Any]:
         return (
             status is not None and status._status_code is _ERROR,
             span._start_time or 0,  # type: ignore[attr-defined]
+            span._end_time or 0,  # type: ignore[attr-defined]
             context.trace_id,
             context.span_id,
             span._resource,  # type: ignore[attr-defined]
         )
     except AttributeError:
         context = span.context
-        return is_error(span), span.start_time or 0, context.trace_id, context.span_id, span.resource  # type: ignore[union-attr]
+        return (
+            is_error(span),
+            span.start_time or 0,
+            span.end_time or 0,
+            context.trace_id,  # type: ignore[union-attr]
+            context.span_id,  # type: ignore[union-attr]
+            span.resource,
+        )
 
 
 __all__ = [
@@ -539,5 +578,6 @@ __all__ = [
     "map_span",
     "sdk_attributes",
     "sdk_resource_attributes",
+    "span_time",
     "with_problems",
 ]

@@ -87,7 +87,7 @@ def spans_of(
     ``attribute_value_limit``: the attribute value length limit the spans were recorded
     under, when known (``SpanData.attribute_value_limit``). A value the mapping reads that
     the encoding does not allow (``{"intValue": 3.5}``, ``{"boolValue": "true"}``), a status
-    code or start time that is none, makes the span unreadable; so does one in the
+    code, start or end time that is none, makes the span unreadable; so does one in the
     resource, for each span of that resource. A ``scopeSpans`` that is not a list, an
     entry of it that is not an object, or ``spans`` that are not a list, is one BadSpan
     naming it: the spans it held cannot be known, so they must not pass as none. A
@@ -161,7 +161,7 @@ def _span(span: Any, resource: dict[str, Any], where: str, limit: int | None) ->
         if not value.strip("0"):  # as the sidecar words it
             return BadSpan(where, f"{_SNAKE_ID[name]} is all zeros, which OTLP defines as invalid")
     try:
-        start, error, attributes = span_fields(span)
+        start, end, error, attributes = span_fields(span)
     except BadValue as problem:
         return BadSpan(where, str(problem))
     name = span.get("name")
@@ -174,16 +174,17 @@ def _span(span: Any, resource: dict[str, Any], where: str, limit: int | None) ->
         trace_id.lower(),  # type: ignore[union-attr]
         span_id.lower(),  # type: ignore[union-attr]
         limit,
+        end,
     )
 
 
-def span_fields(span: dict[str, Any], *, only_mapped: bool = False) -> tuple[int, bool, dict[str, Any]]:
-    """A span's start time (:func:`start_time`), whether its status is ERROR
+def span_fields(span: dict[str, Any], *, only_mapped: bool = False) -> tuple[int, int, bool, dict[str, Any]]:
+    """A span's start and end times (:func:`unix_nano`), whether its status is ERROR
     (:func:`status_error`) and its attributes (:func:`attributes_of`); raise
     :class:`BadValue` for the first of them that cannot be read."""
-    start = start_time(field(span, "startTimeUnixNano", "start_time_unix_nano"))
     return (
-        start,
+        unix_nano(span, "startTimeUnixNano", "start_time_unix_nano"),
+        unix_nano(span, "endTimeUnixNano", "end_time_unix_nano"),
         status_error(span.get("status")),
         attributes_of(span.get("attributes"), only_mapped=only_mapped),
     )
@@ -194,14 +195,16 @@ _DECIMAL = re.compile(r"-?[0-9]+")
 _UINT64_END = 2**64
 
 
-def start_time(value: Any) -> int:
-    """``startTimeUnixNano`` (a ``fixed64``): a JSON integer or a decimal string, from 0 to
-    2**64 - 1; absent is 0. Raise :class:`BadValue` otherwise."""
+def unix_nano(span: dict[str, Any], name: str, proto_name: str) -> int:
+    """A span's time ``name`` (``startTimeUnixNano``, a ``fixed64``; ``proto_name`` is its
+    ``.proto`` spelling): a JSON integer or a decimal string, from 0 to 2**64 - 1; absent
+    is 0. Raise :class:`BadValue` otherwise."""
+    value = field(span, name, proto_name)
     if value is None:
         return 0
     number = _integer(value)
     if number is None or not 0 <= number < _UINT64_END:
-        raise BadValue(f"startTimeUnixNano {_shown(value)} is not an unsigned 64-bit integer")
+        raise BadValue(f"{name} {_shown(value)} is not an unsigned 64-bit integer")
     return number
 
 

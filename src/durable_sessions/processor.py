@@ -569,7 +569,7 @@ class DurabilitySpanProcessor(SpanProcessor):
             attributes, limit = sdk_attributes(span)
             if not may_be_action(attributes):
                 return
-            error, start_time, trace_id, span_id, resource = sdk_span_facts(span)
+            error, start_time, end_time, trace_id, span_id, resource = sdk_span_facts(span)
             # Spans of several providers (resources) may end at once on different threads.
             # The current resource is switched and used in one step, under the lock:
             # switched outside it, a span could be checked (or, with a checker process,
@@ -579,13 +579,13 @@ class DurabilitySpanProcessor(SpanProcessor):
                 attributes = exact_attributes(attributes)  # marshal takes no enum member
                 if type(attributes) is not dict:
                     attributes = dict(attributes)
-                message = (SPAN, attributes, error, start_time, trace_id, span_id, limit)
+                message = (SPAN, attributes, error, start_time, end_time, trace_id, span_id, limit)
                 with self._lock:
                     if resource is not self._resource:
                         self._use_resource(resource)
                     offload.submit(message)  # a checker that could not start counts it dropped
                 return
-            parts = SpanParts(attributes, error, start_time, trace_id, span_id, limit)
+            parts = SpanParts(attributes, error, start_time, end_time, trace_id, span_id, limit)
             with self._lock:
                 if resource is not self._resource:
                     self._use_resource(resource)

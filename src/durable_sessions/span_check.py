@@ -37,6 +37,7 @@ class SpanParts(NamedTuple):
     attributes: Mapping[str, Any]
     is_error: bool
     start_time_ns: int
+    end_time_ns: int
     trace_id: int
     span_id: int
     value_limit: int | None
@@ -58,9 +59,9 @@ def may_be_action(attributes: Mapping[str, Any]) -> bool:
 
 def check_span(checker: Checker, parts: SpanParts, resource: Mapping[str, Any]) -> list[Violation]:
     """The violations of one span (the mapping's problems among them: :func:`with_problems`)."""
-    attributes, is_error, start_time_ns, trace_id, span_id, value_limit = parts
+    attributes, is_error, start_time_ns, end_time_ns, trace_id, span_id, value_limit = parts
     mapped = map_attributes(
-        attributes, resource, is_error, start_time_ns, trace_id, span_id, value_limit, False
+        attributes, resource, is_error, start_time_ns, trace_id, span_id, value_limit, False, end_time_ns
     )
     if mapped is None:
         return []

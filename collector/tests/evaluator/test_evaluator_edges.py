@@ -378,10 +378,11 @@ def test_trace_derived_sessions_and_extreme_start_times_match_the_offline_checke
         [
             # No session attribute: the trace stands in for the session.
             action_span(1, {"id": "p", "kind": "payment", "status": "started"}, trace=trace, start=2**64 - 1),
+            # No start or end time (0, OTLP's unset): undated, an invalid-field, as offline.
             action_span(
                 2, {"id": "p", "kind": "payment", "status": "error"}, trace=trace, start=0, error=True
             ),
-            # A key first used at start time 0, re-sent now: key-outlived-window, as offline.
+            # A key first used 1 ns after the epoch, re-sent now: key-outlived-window, as offline.
             action_span(
                 3,
                 {
@@ -391,7 +392,7 @@ def test_trace_derived_sessions_and_extreme_start_times_match_the_offline_checke
                     "status": "started",
                     "idempotency_key": "mail-m",
                 },
-                start=0,
+                start=1,
             ),
             action_span(
                 4,
@@ -407,13 +408,14 @@ def test_trace_derived_sessions_and_extreme_start_times_match_the_offline_checke
     )
     found, verdicts, _ = run.sidecar_findings()
     trace_session = f"{trace:032x}"
-    assert verdicts == {trace_session: "ok", "clock": "at_risk"}
+    assert verdicts == {trace_session: "unrecoverable", "clock": "at_risk"}
     expected = by_session(run.offline())
-    assert found == {trace_session: set(), "clock": expected["clock"]}
+    assert found == expected
+    assert {rule for rule, *_ in found[trace_session]} == {"invalid-field"}
     assert {rule for rule, *_ in found["clock"]} == {"key-outlived-window"}
     actions = run.sidecar.session(trace_session)["actions"]
-    assert sorted((a["status"], a["seq"], a["session_source"]) for a in actions) == [
-        ("error", 0, "trace"),
+    assert sorted((a["status"], a.get("seq"), a["session_source"]) for a in actions) == [
+        ("error", None, "trace"),
         ("started", 2**64 - 1, "trace"),
     ]
 

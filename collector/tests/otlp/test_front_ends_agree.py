@@ -77,13 +77,13 @@ def processor(span: ReadableSpan, *, handed_over: bool) -> list[Finding]:
     """What the span processor finds: ``check_span`` on the span's parts, as inline
     checking runs it, or after the parts crossed to a checker process (marshal)."""
     attributes, limit = sdk_attributes(span)
-    error, start, trace_id, span_id, resource = sdk_span_facts(span)
+    error, start, end, trace_id, span_id, resource = sdk_span_facts(span)
     resource_attributes = exact_attributes(resource.attributes)
     if handed_over:
         attributes = marshal.loads(marshal.dumps(dict(exact_attributes(attributes))))
         resource_attributes = marshal.loads(marshal.dumps(dict(resource_attributes)))
     checker = Checker(RULES)
-    parts = SpanParts(attributes, error, start, trace_id, span_id, limit)
+    parts = SpanParts(attributes, error, start, end, trace_id, span_id, limit)
     return findings(check_span(checker, parts, resource_attributes) + checker.finish())
 
 
@@ -107,8 +107,8 @@ def sidecar(parts: list[decode.SpanParts], rejected: list[str], limit: int | Non
     """What the sidecar judges of decoded parts: mapped, scrubbed and stored as the
     receiver and the store do; ``("unreadable", reason)`` for each rejected span."""
     out: list[Any] = [("unreadable", reason.split(": ", 1)[1]) for reason in rejected]
-    for _name, attributes, resource, error, start, trace_id, span_id in parts:
-        mapped = map_attributes(attributes, resource, error, start, trace_id, span_id, limit, False)
+    for _name, attributes, resource, error, start, trace_id, span_id, end in parts:
+        mapped = map_attributes(attributes, resource, error, start, trace_id, span_id, limit, False, end)
         if mapped is None:
             continue
         record, problems = mapped
@@ -269,11 +269,40 @@ def test_an_sdk_span_is_judged_alike_by_every_front_end(example: Any) -> None:
         assert sidecar_protobuf(body, limit, native=True) in (None, actions)
 
 
+def test_a_span_without_a_start_time_is_dated_by_its_end_by_every_front_end() -> None:
+    """An SDK span started with ``start_time=0`` is exported with OTLP's unset start time:
+    every front end dates its action by the span's end, and reports the missing start in
+    the same words (the records' ``ts`` was 0, 1970, in all of them)."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.instance.id": "run-1"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    attributes = {"session.id": "s-1", "agent.action.id": "p1", "agent.action.kind": "payment"}
+    provider.get_tracer("agree").start_span("pay", attributes=attributes, start_time=0).end(end_time=END_NS)
+    (span,) = exporter.get_finished_spans()
+    inline = processor(span, handed_over=False)
+    assert [(rule, action) for rule, _, _, action, _ in inline] == [
+        ("invalid-field", "p1"),
+        ("unkeyed-side-effect", "p1"),
+    ]
+    assert "span has no start time" in inline[0][4] and "its end time dates the action" in inline[0][4]
+    line = file_line(span)
+    body = encode_spans([span]).SerializeToString()
+    assert processor(span, handed_over=True) == inline
+    assert check_reader(line, None) == sidecar_json(line, None) == [inline]
+    assert sidecar_protobuf(body, None, native=False) == [inline]
+    assert sidecar_protobuf(body, None, native=True) in (None, [inline])
+    (record,) = [item[0] for item in readers.read_otlp_json(io.BytesIO(line), "f.jsonl")]
+    assert (record["seq"], record["ts"]) == (END_NS, END_NS / 1e9)
+
+
+END_NS = 1_767_225_600_000_000_000
+
+
 def _is_action(span: ReadableSpan) -> bool:
     attributes, _ = sdk_attributes(span)
-    error, start, trace_id, span_id, resource = sdk_span_facts(span)
+    error, start, end, trace_id, span_id, resource = sdk_span_facts(span)
     return (
-        map_attributes(attributes, resource.attributes, error, start, trace_id, span_id, None, False)
+        map_attributes(attributes, resource.attributes, error, start, trace_id, span_id, None, False, end)
         is not None
     )
 
@@ -302,9 +331,10 @@ JSON_KEYS = [
     st.one_of(
         st.none(), st.sampled_from(["1767225600000000000", 1767225600000000000, "-1", 1.5, str(2**64)])
     ),
+    st.one_of(st.none(), st.sampled_from(["1767225601000000000", 0, "-1", 1.5, str(2**64)])),
 )
 def test_hand_written_json_is_read_alike_by_check_and_the_sidecar(
-    attributes: list[tuple[str, Any]], resource: list[tuple[str, Any]], code: Any, start: Any
+    attributes: list[tuple[str, Any]], resource: list[tuple[str, Any]], code: Any, start: Any, end: Any
 ) -> None:
     span: dict[str, Any] = {
         "traceId": "5b8efff798038103d269b633813fc60c",
@@ -316,6 +346,8 @@ def test_hand_written_json_is_read_alike_by_check_and_the_sidecar(
     }
     if start is not None:
         span["startTimeUnixNano"] = start
+    if end is not None:
+        span["endTimeUnixNano"] = end
     document = {
         "resourceSpans": [
             {
@@ -434,3 +466,62 @@ def test_a_real_sidecar_judges_the_file_as_check_does(
     post_lines(running.http_url + "/v1/traces", path)
     wait_for(lambda: len(running.alerts()) >= len(checked))
     assert sorted((alert["session_id"], alert["rule"]) for alert in running.alerts()) == checked
+
+
+DAY_NS = 86_400 * 10**9
+
+
+def test_a_real_sidecar_dates_a_span_without_a_start_time_by_its_end(
+    start_sidecar: Callable[..., Any], tmp_path: Path
+) -> None:
+    """Spans with OTLP's unset start time, over gRPC (the sidecar's binary decoder) and
+    as the file exporter writes them over OTLP/HTTP JSON: dated 1970, the first try of a
+    payment made its key's retry 10 s later a false key-outlived-window, a retry two days
+    on was re-sent before its first use (no warning), and the API listed it first. Dated
+    by its end, the sidecar finds what ``durable-sessions check`` finds in the file."""
+    from conftest import wait_for
+    from sidecar_clients import grpc_exporter
+
+    running = start_sidecar()
+    path = tmp_path / "traces.jsonl"
+    provider = TracerProvider(resource=Resource.create({"service.instance.id": "run-1"}))
+    provider.add_span_processor(SimpleSpanProcessor(grpc_exporter(running.grpc_endpoint)))
+    provider.add_span_processor(SimpleSpanProcessor(FileSpanExporter(path)))
+    tracer = provider.get_tracer("undated")
+
+    def payment(session_id: str, start: int, end: int, attempt: int) -> None:
+        attributes = {
+            "session.id": session_id,
+            "agent.action.id": "p1",
+            "agent.action.kind": "payment",
+            "agent.action.idempotency_key": f"pay-{session_id}-p1",
+            "agent.action.retryable": True,
+            "agent.action.max_attempts": 3,
+            "agent.action.attempts": attempt,
+        }
+        span = tracer.start_span("pay", attributes=attributes, start_time=start)
+        if attempt == 1:
+            span.set_status(Status(StatusCode.ERROR))
+        span.end(end_time=end)
+
+    payment("s-a", 0, END_NS, 1)  # no start time; the retry 10 s after it ended
+    payment("s-a", END_NS + 10 * 10**9, END_NS + 11 * 10**9, 2)
+    payment("s-b", END_NS, END_NS + 10**9, 1)
+    payment("s-b", 0, END_NS + 2 * DAY_NS, 2)  # no start time; ended two days on
+    provider.shutdown()
+
+    expected = [("s-a", "invalid-field"), ("s-b", "invalid-field"), ("s-b", "key-outlived-window")]
+    checked = [(v.session_id, v.rule) for v in check_paths([str(path)], Checker(RULES))]
+    assert checked == expected
+    wait_for(lambda: len(running.alerts()) >= len(expected))
+    assert sorted((alert["session_id"], alert["rule"]) for alert in running.alerts()) == expected
+    listed = [(a["attempts"], a["seq"]) for a in running.session("s-b")["actions"]]
+    assert listed == [(1, END_NS), (2, END_NS + 2 * DAY_NS)]
+
+    # The same spans as OTLP/JSON, the sidecar's other decoder, under other session ids.
+    lines = path.read_bytes().replace(b'"s-a"', b'"j-a"').replace(b'"s-b"', b'"j-b"')
+    (tmp_path / "renamed.jsonl").write_bytes(lines)
+    post_lines(running.http_url + "/v1/traces", tmp_path / "renamed.jsonl")
+    wait_for(lambda: len(running.alerts()) >= 2 * len(expected))
+    renamed = [(alert["session_id"], alert["rule"]) for alert in running.alerts()[len(expected) :]]
+    assert sorted(renamed) == [(session.replace("s-", "j-"), rule) for session, rule in expected]

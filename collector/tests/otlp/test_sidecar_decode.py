@@ -434,9 +434,11 @@ def assert_mapped_alike(request: ExportTraceServiceRequest) -> list[dict[str, An
     parts = list(span_parts(request, None, rejected, mapped_attributes_of))
     assert rejected == [] and len(parts) == len(full)
     records = []
-    for mapped, (_name, attributes, resource, *facts) in zip(full, parts, strict=True):
+    for mapped, (_name, attributes, resource, error, start, trace_id, span_id, end) in zip(
+        full, parts, strict=True
+    ):
         assert all(key in MAPPED_KEYS or key.startswith(MAPPED_PREFIXES) for key in (*attributes, *resource))
-        filtered = map_attributes(attributes, resource, *facts, 17, False)
+        filtered = map_attributes(attributes, resource, error, start, trace_id, span_id, 17, False, end)
         if mapped is None:
             assert filtered is None
             records.append(None)

@@ -6,9 +6,9 @@
  * mapped_attributes_of. Walking the parsed message from Python costs a wrapper object per
  * field read, several times the parse itself; Decoder.span_parts reads the wire format
  * once and builds only what the mapping reads: per span (name, attributes, resource,
- * status_error, start_time_unix_nano, trace_id hex, span_id hex), attributes and
- * resource holding only the mapped names (MAPPED_KEYS, MAPPED_PREFIXES), each value
- * typed as value_of types it.
+ * status_error, start_time_unix_nano, trace_id hex, span_id hex, end_time_unix_nano),
+ * attributes and resource holding only the mapped names (MAPPED_KEYS, MAPPED_PREFIXES),
+ * each value typed as value_of types it.
  *
  * It accepts a strict subset of what upb accepts and returns None for everything else,
  * so that the reference path decides (and words the error or the rejection):
@@ -488,9 +488,9 @@ usable_id(Reader id, Py_ssize_t size)
 
 static PyObject *
 span_tuple(Reader name, PyObject *attributes, PyObject *resource, int error, uint64_t start,
-           Reader trace_id, Reader span_id)
+           Reader trace_id, Reader span_id, uint64_t end)
 {
-    PyObject *parts = PyTuple_New(7);
+    PyObject *parts = PyTuple_New(8);
     if (parts == NULL)
         return NULL;
     PyTuple_SET_ITEM(parts, 0, text_object(name));
@@ -500,7 +500,8 @@ span_tuple(Reader name, PyObject *attributes, PyObject *resource, int error, uin
     PyTuple_SET_ITEM(parts, 4, PyLong_FromUnsignedLongLong(start));
     PyTuple_SET_ITEM(parts, 5, hex_object(trace_id));
     PyTuple_SET_ITEM(parts, 6, hex_object(span_id));
-    for (int i = 0; i < 7; i++)
+    PyTuple_SET_ITEM(parts, 7, PyLong_FromUnsignedLongLong(end));
+    for (int i = 0; i < 8; i++)
         if (PyTuple_GET_ITEM(parts, i) == NULL) {
             Py_DECREF(parts);
             return NULL;
@@ -513,7 +514,7 @@ static int
 span(Decoder *self, Reader r, int depth, PyObject *resource, PyObject *spans)
 {
     Reader trace_id = {r.p, r.p}, span_id = trace_id, name = trace_id, inner;
-    uint64_t start = 0;
+    uint64_t start = 0, end = 0;
     uint32_t seen = 0, field;
     int wire, error = 0, status = 0;
     PyObject *attributes = PyDict_New();
@@ -552,7 +553,7 @@ span(Decoder *self, Reader r, int depth, PyObject *resource, PyObject *spans)
             status = wire != FIXED64 || read_fixed(&r, 8, &start);
             break;
         case 8:
-            status = wire != FIXED64 || skip(&r, wire);
+            status = wire != FIXED64 || read_fixed(&r, 8, &end);
             break;
         case 16:
             status = wire != FIXED32 || skip(&r, wire);
@@ -572,7 +573,7 @@ span(Decoder *self, Reader r, int depth, PyObject *resource, PyObject *spans)
     if (status == 0 && !(usable_id(trace_id, 16) && usable_id(span_id, 8)))
         status = DECLINE; /* rejected by the reference path, which words why */
     if (status == 0) {
-        PyObject *parts = span_tuple(name, attributes, resource, error, start, trace_id, span_id);
+        PyObject *parts = span_tuple(name, attributes, resource, error, start, trace_id, span_id, end);
         status = parts == NULL ? -1 : PyList_Append(spans, parts);
         Py_XDECREF(parts);
     }

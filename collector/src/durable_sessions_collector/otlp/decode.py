@@ -238,7 +238,7 @@ def _read_span(
         _leave_out_values(span)
         return [resource_problem]
     try:
-        _start, _error, attributes = otlp_json.span_fields(span, only_mapped=read is not None)
+        _start, _end, _error, attributes = otlp_json.span_fields(span, only_mapped=read is not None)
     except otlp_json.BadValue as error:
         _leave_out_values(span)
         return [str(error)]
@@ -250,7 +250,14 @@ def _read_span(
 
 def _leave_out_values(span: dict[str, Any]) -> None:
     """Leave out of a rejected span the values ``json_format`` may refuse the request for."""
-    for name in ("status", "startTimeUnixNano", "start_time_unix_nano", "attributes"):
+    for name in (
+        "status",
+        "startTimeUnixNano",
+        "start_time_unix_nano",
+        "endTimeUnixNano",
+        "end_time_unix_nano",
+        "attributes",
+    ):
         span.pop(name, None)
 
 
@@ -308,9 +315,10 @@ def _hex_ids_to_base64(node: dict[str, Any], label: str = "") -> Iterator[str | 
             yield None
 
 
-SpanParts = tuple[str, dict[str, Any], dict[str, Any], bool, int, str, str]
+SpanParts = tuple[str, dict[str, Any], dict[str, Any], bool, int, str, str, int]
 """A span as ``(name, attributes, resource, status_error, start_time_ns, trace_id,
-span_id)``: :class:`SpanData`'s fields in its order, and what ``map_attributes`` takes."""
+span_id, end_time_ns)``: :class:`SpanData`'s fields but for ``attribute_value_limit``,
+in its order, and what ``map_attributes`` takes."""
 
 
 def spans_of(
@@ -323,7 +331,7 @@ def spans_of(
     naming it and why."""
     decoded = Decoded()
     decoded.spans = [
-        SpanData(*parts, attribute_value_limit=attribute_value_limit)
+        SpanData(*parts[:7], attribute_value_limit, parts[7])
         for parts in span_parts(request, problems, decoded.rejected, attributes_of)
     ]
     return decoded
@@ -367,6 +375,7 @@ def span_parts(
                     span.start_time_unix_nano,
                     trace_id.hex(),
                     span_id.hex(),
+                    span.end_time_unix_nano,
                 )
 
 

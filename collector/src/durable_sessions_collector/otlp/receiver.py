@@ -138,10 +138,18 @@ class TraceReceiver:
         # The span's parts go to the mapping as they are: SpanData and map_span would
         # only wrap them, and each span's attributes the mapping does not read are skipped.
         for parts in spans:
-            name, attributes, resource, status_error, start_time_ns, trace_id, span_id = parts
+            name, attributes, resource, status_error, start_time_ns, trace_id, span_id, end_time_ns = parts
             try:
                 mapped = map_attributes(
-                    attributes, resource, status_error, start_time_ns, trace_id, span_id, limit, False
+                    attributes,
+                    resource,
+                    status_error,
+                    start_time_ns,
+                    trace_id,
+                    span_id,
+                    limit,
+                    False,
+                    end_time_ns,
                 )
             except Exception as error:  # a mapping bug must not lose the rest of the request
                 self.log.error(
