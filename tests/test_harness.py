@@ -469,7 +469,7 @@ def test_an_interrupted_proof_takes_the_run_under_way_with_it(tmp_path: Path, se
         """,
     )
     proving = subprocess.Popen(
-        [sys.executable, "-m", "durable_sessions", "prove", "--timeout-s", "60", "--", *agent],
+        [sys.executable, "-c", _WITH_CTRL_C, "prove", "--timeout-s", "60", "--", *agent],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -485,6 +485,15 @@ def test_an_interrupted_proof_takes_the_run_under_way_with_it(tmp_path: Path, se
     assert not _alive(pid)
 
 
+# A shell starts a background job (`pytest ... &`, nohup) with SIGINT ignored, and Python
+# started so installs no KeyboardInterrupt handler: prove, as any program started so,
+# rightly ignores Ctrl-C there. These tests give prove the handler it has when run from a
+# terminal, so that they test prove's handling of Ctrl-C wherever pytest runs.
+_WITH_CTRL_C = (
+    "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "runpy.run_module('durable_sessions', run_name='__main__', alter_sys=True)"
+)
+
 # Runs `durable-sessions prove` with a profile hook that raises a real signal in this
 # process just after the C call that `when` names returns: where a signal arriving at
 # that moment is acted on (Python runs handlers after a call returns), which a test
@@ -492,6 +501,8 @@ def test_an_interrupted_proof_takes_the_run_under_way_with_it(tmp_path: Path, se
 _INTERRUPTING_PROVE = """
 import os, signal, sys
 from durable_sessions.cli import main
+
+signal.signal(signal.SIGINT, signal.default_int_handler)  # see _WITH_CTRL_C
 
 def interrupt(frame, event, called):
     if event == "c_return" and ({when}):
