@@ -368,8 +368,19 @@ class Service:
             channel.request_stop()
         for channel in channels:
             channel.stop()
-        if self.store is not None:
-            self.store.close()
+        if self.store is None:
+            return
+        if pipeline is not None and pipeline.alive:
+            # The writer is still in a write the store does not answer (a PostgreSQL behind
+            # a network partition): closing the store would wait for that write for ever.
+            # None of it was acknowledged; the process may end without it.
+            self.log.error(
+                "store-write-stuck",
+                note="the writer's write did not end within the stop's bound; the store is left "
+                "open, and nothing of that write was acknowledged",
+            )
+            return
+        self.store.close()
 
     def __enter__(self) -> Service:
         return self.start()

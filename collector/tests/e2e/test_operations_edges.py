@@ -33,6 +33,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import grpc
 import pytest
@@ -45,6 +46,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+from stall_proxy import StallProxy
 from webhook_server import free_port
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
@@ -119,13 +121,15 @@ def clean_env() -> dict[str, str]:
     return env
 
 
-def serve_argv(db: Path, grpc_port: int, http_port: int, *extra: str) -> list[str]:
+def serve_argv(db: Path | str, grpc_port: int, http_port: int, *extra: str) -> list[str]:
+    """``serve`` on ``db``: a SQLite file, or a store URL (``postgresql://…``)."""
+    store = db if isinstance(db, str) and "://" in db else f"sqlite:///{db}"
     return [
         sys.executable,
         "-m",
         "durable_sessions_collector",
         "serve",
-        f"--store=sqlite:///{db}",
+        f"--store={store}",
         f"--grpc-endpoint=127.0.0.1:{grpc_port}",
         f"--http-endpoint=127.0.0.1:{http_port}",
         *extra,
@@ -407,6 +411,40 @@ def test_sigterm_under_load_commits_every_acknowledged_export_and_exits(tmp_path
         "BrokenPipeError",
         "IncompleteRead",
     }
+
+
+@pytest.mark.postgres
+def test_sigterm_stops_serve_while_postgresql_does_not_answer(tmp_path, served, postgres_url) -> None:  # type: ignore[no-untyped-def]
+    # A PostgreSQL that stops answering (a network partition, a server hung on its disk)
+    # leaves the writer waiting in a write for ever. The stop waited for that write to
+    # close the store: serve never exited after SIGTERM, and the SIGTERM a supervisor
+    # sends again did nothing either. Nothing that write holds was acknowledged.
+    parts = urlsplit(postgres_url)
+    proxy = StallProxy(parts.port or 5432, host=parts.hostname or "127.0.0.1")
+    user = parts.netloc.rpartition("@")[0]
+    through_proxy = urlunsplit(
+        parts._replace(netloc=f"{user}@127.0.0.1:{proxy.port}" if user else f"127.0.0.1:{proxy.port}")
+    )
+    grpc_port, http_port = free_port(), free_port()
+    process = Serve(
+        serve_argv(through_proxy, grpc_port, http_port, "--ack-timeout-s", "1", "--alert-log", "false"),
+        tmp_path / "serve.log",
+    )
+    served.append(process)
+    try:
+        assert process.started() is not None, process.log.read_text()
+        endpoint = f"127.0.0.1:{grpc_port}"
+        assert grpc_export(endpoint, export_request("answered", "a1"))[0] == grpc.StatusCode.OK
+        proxy.stall()
+        # The writer is now in a write the store never answers: the Export is not acknowledged.
+        assert_retryable_grpc(*grpc_export(endpoint, export_request("unanswered", "u1")))
+        process.process.send_signal(signal.SIGTERM)
+        code = process.process.wait(60)
+    finally:
+        proxy.close()
+    assert code == 0, process.log.read_text()
+    events = [line["event"] for line in process.lines()]
+    assert "store-write-stuck" in events and events[-1] == "stopped", events
 
 
 # --- the webhook hangs ------------------------------------------------------------------------

@@ -12,9 +12,7 @@ bad arguments (``api/``).
 
 from __future__ import annotations
 
-import socket
 import sqlite3
-import threading
 import time
 import zlib
 from collections import Counter
@@ -28,6 +26,7 @@ from durable_sessions_collector.api.v1 import sessions_pb2_grpc as pb_grpc
 from durable_sessions_collector.otlp import grpc_receiver
 from google.rpc import error_details_pb2, status_pb2
 from sidecar_clients import export_call, one_action_export
+from stall_proxy import StallProxy
 
 API = "/durable_sessions.v1.SessionService/"
 TOKEN = "port-edges-token-0123456789abcdef"
@@ -69,52 +68,6 @@ def unkeyed_payment(sidecar: Any, n: int, session: str) -> None:
     """One Export whose span is an unkeyed payment: one alert."""
     with grpc.insecure_channel(sidecar.grpc_endpoint) as channel:
         export_call(channel)(one_action_export(n, session, "payment"), timeout=10)
-
-
-class StallProxy:
-    """A TCP relay to ``port``; :meth:`stall` stops relaying and reading both ways while
-    keeping every connection open: a client host that vanished (powered off, a NAT mapping
-    dropped) as the server sees it."""
-
-    def __init__(self, port: int) -> None:
-        self.port_to = port
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.stalled = threading.Event()
-        self.closed = threading.Event()
-        self.sockets: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(("127.0.0.1", self.port_to))
-            self.sockets += [client, server]
-            for source, target in ((client, server), (server, client)):
-                threading.Thread(target=self._relay, args=(source, target), daemon=True).start()
-
-    def _relay(self, source: socket.socket, target: socket.socket) -> None:
-        while not self.stalled.is_set():
-            try:
-                data = source.recv(65536)
-                if not data or self.stalled.is_set():
-                    break
-                target.sendall(data)
-            except OSError:
-                return
-        self.closed.wait()  # stalled: neither read nor close
-
-    def stall(self) -> None:
-        self.stalled.set()
-
-    def close(self) -> None:
-        self.closed.set()
-        self.listener.close()
-        for sock in self.sockets:
-            sock.close()
 
 
 # --- compression ------------------------------------------------------------------------
