@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from urllib.parse import urlsplit, urlunsplit
 
 
 class StallProxy:
@@ -43,6 +44,14 @@ class StallProxy:
             except OSError:
                 return
         self.closed.wait()  # stalled: neither read nor close
+
+    @classmethod
+    def to_url(cls, url: str) -> tuple[StallProxy, str]:
+        """A proxy to the server of ``url`` (``postgresql://…``), and ``url`` through it."""
+        parts = urlsplit(url)
+        proxy = cls(parts.port or 5432, host=parts.hostname or "127.0.0.1")
+        user, at, _ = parts.netloc.rpartition("@")
+        return proxy, urlunsplit(parts._replace(netloc=f"{user}{at}127.0.0.1:{proxy.port}"))
 
     def stall(self) -> None:
         self.stalled.set()

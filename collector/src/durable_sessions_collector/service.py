@@ -22,7 +22,7 @@ from durable_sessions_collector.alerts.otlp import OtlpAlerts
 from durable_sessions_collector.alerts.outbox import DeliveryPolicy
 from durable_sessions_collector.alerts.webhook import WebhookAlerts
 from durable_sessions_collector.api.grpc_api import MAX_WATCHERS, SessionApi
-from durable_sessions_collector.api.health import MAX_HEALTH_WATCHERS, GrpcHealth
+from durable_sessions_collector.api.health import MAX_HEALTH_WATCHERS, GrpcHealth, StoreCheck
 from durable_sessions_collector.api.http_api import HttpApi
 from durable_sessions_collector.config import Config, is_loopback, redact_store_url
 from durable_sessions_collector.credentials import BearerToken, TlsFiles
@@ -35,7 +35,7 @@ from durable_sessions_collector.otlp.http_receiver import PATH, HttpTraceReceive
 from durable_sessions_collector.otlp.receiver import TraceReceiver
 from durable_sessions_collector.pipeline import Pipeline
 from durable_sessions_collector.security import GrpcAuthInterceptor, HttpAuth, RedactingStream
-from durable_sessions_collector.store import INDEX_FAILED, SqliteStore, StoreError, open_store
+from durable_sessions_collector.store import INDEX_FAILED, SqliteStore, open_store
 from durable_sessions_collector.verdict_rules import adopt, log_adopted
 
 JOURNAL_SUFFIX = ".log-written"
@@ -105,6 +105,7 @@ class Service:
             log.info("store-migrated", store=redact_store_url(config.store), from_version=store.migrated_from)
         try:
             store.build_indexes(self._index_built)
+            self.store_check = StoreCheck(store.check, redact_store_url(config.store))
             self.metrics = metrics = Metrics(store)
             self.evaluator = Evaluator(
                 strict=config.evaluation_strict,
@@ -321,11 +322,7 @@ class Service:
             return "the webhook delivery thread is not running"
         if self.otlp is not None and self._started and not self.otlp.alive:
             return "the otlp delivery thread is not running"
-        try:
-            self.store.check()
-        except StoreError as error:
-            return str(error)
-        return None
+        return self.store_check()
 
     def _index_built(self, index: str, outcome: str, error: str | None) -> None:
         """From the store's index-building thread (see Store.build_indexes)."""

@@ -21,12 +21,13 @@ from typing import Any
 import grpc
 import pytest
 from conftest import wait_for
-from durable_sessions_collector.api.health import MAX_HEALTH_WATCHERS
+from durable_sessions_collector.api.health import HEALTH_CHECK_TIMEOUT_S, MAX_HEALTH_WATCHERS
 from durable_sessions_collector.api.v1 import sessions_pb2 as pb
 from durable_sessions_collector.api.v1 import sessions_pb2_grpc as pb_grpc
 from durable_sessions_collector.otlp import grpc_receiver
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sidecar_clients import export_call, one_action_export
+from stall_proxy import StallProxy
 from tls_certs import make_cert
 
 TRACE_SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
@@ -131,6 +132,30 @@ def test_check_and_watch_follow_the_store_as_healthz_does(start_sidecar, tmp_pat
             call.cancel()
     finally:
         channel.close()
+
+
+@pytest.mark.postgres
+def test_a_store_that_does_not_answer_is_unhealthy_within_the_probe_timeout(
+    start_sidecar, postgres_url
+) -> None:  # type: ignore[no-untyped-def]
+    """A PostgreSQL that stops answering (a network partition): its pooled read connection
+    waits for ever. Each /healthz and Check waited on it, so a probe timed out with no
+    answer and no reason, and every probe left a thread of the port (and a read
+    connection) waiting, until Exports found no gRPC worker free. Now a probe is answered
+    unhealthy within HEALTH_CHECK_TIMEOUT_S, saying why, by one check that goes on alone."""
+    proxy, through_proxy = StallProxy.to_url(postgres_url)
+    try:
+        sidecar = start_sidecar(through_proxy)
+        assert sidecar.get("/healthz") == (200, {"status": "ok"})  # its read connection stays pooled
+        proxy.stall()
+        status, document = sidecar.get("/healthz")
+        assert status == 503, document
+        assert f"did not answer within {HEALTH_CHECK_TIMEOUT_S:g} s" in document["reason"], document
+        with grpc.insecure_channel(sidecar.grpc_endpoint) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            assert [check(health, service) for service in SERVICES] == [NOT_SERVING] * 3
+    finally:
+        proxy.close()  # the store's connections fail now: the sidecar stops at once
 
 
 def test_a_watch_ends_with_not_serving_when_the_sidecar_stops(sidecar) -> None:  # type: ignore[no-untyped-def]

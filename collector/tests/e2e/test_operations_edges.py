@@ -33,7 +33,6 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import grpc
 import pytest
@@ -419,12 +418,7 @@ def test_sigterm_stops_serve_while_postgresql_does_not_answer(tmp_path, served, 
     # leaves the writer waiting in a write for ever. The stop waited for that write to
     # close the store: serve never exited after SIGTERM, and the SIGTERM a supervisor
     # sends again did nothing either. Nothing that write holds was acknowledged.
-    parts = urlsplit(postgres_url)
-    proxy = StallProxy(parts.port or 5432, host=parts.hostname or "127.0.0.1")
-    user = parts.netloc.rpartition("@")[0]
-    through_proxy = urlunsplit(
-        parts._replace(netloc=f"{user}@127.0.0.1:{proxy.port}" if user else f"127.0.0.1:{proxy.port}")
-    )
+    proxy, through_proxy = StallProxy.to_url(postgres_url)
     grpc_port, http_port = free_port(), free_port()
     process = Serve(
         serve_argv(through_proxy, grpc_port, http_port, "--ack-timeout-s", "1", "--alert-log", "false"),

@@ -4,7 +4,8 @@ What Kubernetes ``grpc:`` probes, ``grpc_health_probe``, load balancers and gRPC
 client-side health checking ask (https://github.com/grpc/grpc/blob/master/doc/health-checking.md).
 Its answer is the one ``GET /healthz`` gives, computed when asked, never a stored flag:
 ``SERVING`` when ``healthy()`` names no problem (the writer thread runs, the delivery
-threads run, the store can be read); ``NOT_SERVING`` otherwise, and from
+threads run, the store answers a read within :data:`HEALTH_CHECK_TIMEOUT_S`, see
+:class:`StoreCheck`); ``NOT_SERVING`` otherwise, and from
 :meth:`GrpcHealth.stop` on.
 
 - ``Check``: the status of ``""`` (the whole server),
@@ -40,6 +41,7 @@ from durable_sessions_collector.credentials import BearerToken
 from durable_sessions_collector.otlp.grpc_receiver import SERVICE as TRACE_SERVICE
 from durable_sessions_collector.quote import quoted
 from durable_sessions_collector.security import StreamToken
+from durable_sessions_collector.store import StoreError
 
 SERVICE = "grpc.health.v1.Health"
 OVERALL = ""
@@ -54,9 +56,69 @@ sidecar has few clients."""
 WATCH_POLL_S = 1.0
 """How often an open ``Watch`` looks at the health (one read of the store each)."""
 
+HEALTH_CHECK_TIMEOUT_S = 2.0
+"""Longest a health probe waits for the store to answer (:class:`StoreCheck`): below the
+1–3 s timeouts probes are given, so that they get an answer, and a reason, rather than
+a timeout."""
+
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 SERVICE_UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+
+
+class StoreCheck:
+    """The store's half of the health: ``check()`` (a read, raising :class:`StoreError`)
+    run in a thread of its own, one at a time, and waited for at most ``timeout_s``.
+
+    Called, it returns None when the store answered, else why not: the error, or that it
+    did not answer in time. A store that does not answer at all (a PostgreSQL behind a
+    network partition) keeps one check waiting on it, not one per probe: every probe
+    meanwhile shares that check, and is answered when ``timeout_s`` is out. Waiting in the
+    probe's own thread, each probe held a thread of its port and a read connection for as
+    long as the store was silent, and answered nothing.
+    """
+
+    def __init__(
+        self, check: Callable[[], None], name: str, timeout_s: float = HEALTH_CHECK_TIMEOUT_S
+    ) -> None:
+        """``name``: the store as the reason names it (its URL without the password)."""
+        self.check = check
+        self.name = name
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._running: _Outcome | None = None
+
+    def __call__(self) -> str | None:
+        with self._lock:
+            outcome = self._running
+            if outcome is None:
+                outcome = self._running = _Outcome()
+                threading.Thread(
+                    target=self._run, args=(outcome,), name="durable-sessions-store-check", daemon=True
+                ).start()
+        if not outcome.done.wait(self.timeout_s):
+            return f"store {self.name!r} did not answer within {self.timeout_s:g} s"
+        if outcome.error is not None and not isinstance(outcome.error, StoreError):
+            raise outcome.error
+        return None if outcome.error is None else str(outcome.error)
+
+    def _run(self, outcome: _Outcome) -> None:
+        try:
+            self.check()
+        except Exception as error:
+            outcome.error = error
+        finally:
+            with self._lock:
+                self._running = None
+            outcome.done.set()
+
+
+class _Outcome:
+    """One run of :class:`StoreCheck`: set once it is over, with its error if it failed."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.error: Exception | None = None
 
 
 class GrpcHealth(health_pb2_grpc.HealthServicer):
