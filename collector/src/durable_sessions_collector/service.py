@@ -386,9 +386,9 @@ class Service:
         self.stop()
 
     def serve_forever(self) -> None:
-        """Start, run until SIGTERM or SIGINT, then stop cleanly (a second one while still
-        starting ends the process at once). SIGHUP is logged and changes nothing
-        (:data:`HANGUP_ACTION`).
+        """Start, run until SIGTERM or SIGINT, then stop cleanly (a second one, while still
+        starting or while stopping, ends the process at once). SIGHUP is logged and changes
+        nothing (:data:`HANGUP_ACTION`).
 
         The stop is bounded whatever reads (or does not read) standard error: no thread
         waits on a blocked log stream (see :mod:`.jsonlog`), and if the log's lines are
@@ -397,11 +397,12 @@ class Service:
         forever.
         """
         done = threading.Event()
-        started = threading.Event()
 
         def _signal(signum: int, _frame: object) -> None:
-            if done.is_set() and not started.is_set():
-                os._exit(128 + signum)  # asked twice while still starting: do not wait for the start
+            if done.is_set():
+                # Asked twice: do not wait for the start, or for the stop, to end. Everything
+                # acknowledged is committed; a write in progress is rolled back by the store.
+                os._exit(128 + signum)
             done.set()
             # Waiting here could wait on a lock the interrupted code holds: queue the line only.
             self.log.write("INFO", "signal", wait=False, signal=signal.Signals(signum).name)
@@ -415,12 +416,12 @@ class Service:
         # In place before the start, whose "started" line a supervisor may answer with a
         # signal at once: Python's defaults ended the process, or raised KeyboardInterrupt
         # inside the start. A signal during the start stops the sidecar once it has started;
-        # a second one ends the process at once (a store that does not answer).
+        # a second one, then or during the stop, ends the process at once (a store that
+        # does not answer).
         signal.signal(signal.SIGTERM, _signal)
         signal.signal(signal.SIGINT, _signal)
         signal.signal(signal.SIGHUP, _hangup)
         self.start()
-        started.set()
         tune_garbage_collector()
         try:
             while not done.wait(1.0):

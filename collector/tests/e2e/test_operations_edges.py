@@ -412,12 +412,11 @@ def test_sigterm_under_load_commits_every_acknowledged_export_and_exits(tmp_path
     }
 
 
-@pytest.mark.postgres
-def test_sigterm_stops_serve_while_postgresql_does_not_answer(tmp_path, served, postgres_url) -> None:  # type: ignore[no-untyped-def]
-    # A PostgreSQL that stops answering (a network partition, a server hung on its disk)
-    # leaves the writer waiting in a write for ever. The stop waited for that write to
-    # close the store: serve never exited after SIGTERM, and the SIGTERM a supervisor
-    # sends again did nothing either. Nothing that write holds was acknowledged.
+@contextlib.contextmanager
+def writer_stuck_on_postgresql(tmp_path: Path, served: list[Serve], postgres_url: str) -> Iterator[Serve]:
+    """``serve`` on PostgreSQL through a :class:`StallProxy`, stalled once an Export went
+    through: its writer is in a write the store never answers (a network partition, a
+    server hung on its disk), and the next Export was not acknowledged."""
     proxy, through_proxy = StallProxy.to_url(postgres_url)
     grpc_port, http_port = free_port(), free_port()
     process = Serve(
@@ -430,15 +429,37 @@ def test_sigterm_stops_serve_while_postgresql_does_not_answer(tmp_path, served, 
         endpoint = f"127.0.0.1:{grpc_port}"
         assert grpc_export(endpoint, export_request("answered", "a1"))[0] == grpc.StatusCode.OK
         proxy.stall()
-        # The writer is now in a write the store never answers: the Export is not acknowledged.
         assert_retryable_grpc(*grpc_export(endpoint, export_request("unanswered", "u1")))
-        process.process.send_signal(signal.SIGTERM)
-        code = process.process.wait(60)
+        yield process
     finally:
         proxy.close()
+
+
+@pytest.mark.postgres
+def test_sigterm_stops_serve_while_postgresql_does_not_answer(tmp_path, served, postgres_url) -> None:  # type: ignore[no-untyped-def]
+    # The stop waited for the stuck write to close the store: serve never exited after
+    # SIGTERM. Nothing that write holds was acknowledged.
+    with writer_stuck_on_postgresql(tmp_path, served, postgres_url) as process:
+        process.process.send_signal(signal.SIGTERM)
+        code = process.process.wait(60)
     assert code == 0, process.log.read_text()
     events = [line["event"] for line in process.lines()]
     assert "store-write-stuck" in events and events[-1] == "stopped", events
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_second_signal_during_the_stop_ends_serve_at_once(tmp_path, served, postgres_url, signum) -> None:  # type: ignore[no-untyped-def]
+    # A second signal ended the process at once only while it was starting; during the
+    # stop (here waiting on the stuck write) it was ignored: Ctrl-C twice, or an operator's
+    # second SIGTERM, left it to finish the stop. Everything acknowledged is committed.
+    with writer_stuck_on_postgresql(tmp_path, served, postgres_url) as process:
+        process.process.send_signal(signum)
+        wait_for(lambda: "signal" in [line["event"] for line in process.lines()], timeout=10)
+        process.process.send_signal(signum)
+        code = process.process.wait(60)
+    assert code == 128 + signum, process.log.read_text()
+    assert "stopped" not in [line["event"] for line in process.lines()]
 
 
 # --- the webhook hangs ------------------------------------------------------------------------
