@@ -312,6 +312,9 @@ def test_a_port_in_use_at_start_up_is_exit_code_2_naming_the_key(tmp_path, serve
     stderr = process.log.read_text()
     assert "Traceback" not in stderr
     assert f"receivers.{which}.endpoint" in stderr and str(busy) in stderr, stderr
+    # Why, as the OS says it (grpcio's own error only said to set GRPC_VERBOSITY=debug,
+    # which serve turns off).
+    assert "Address already in use" in stderr and "GRPC_VERBOSITY" not in stderr, stderr
     # Nothing was left listening on the other port.
     with socket.socket() as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -17,6 +17,7 @@ permanent *and* misattributes to the server). Answers, per the OTLP specificatio
 
 from __future__ import annotations
 
+import socket
 import time
 from concurrent import futures
 from typing import Any
@@ -79,6 +80,29 @@ def worker_count(pipeline_capacity: int, max_watchers: int, max_health_watchers:
     ``UNAVAILABLE`` with ``RetryInfo`` when the write queue is full.
     Threads are started only as calls need them."""
     return pipeline_capacity + max_watchers + max_health_watchers + SPARE_WORKERS
+
+
+def bind_error(endpoint: str) -> str | None:
+    """Why ``endpoint`` (host:port) cannot be listened on, as the OS says it ("Address
+    already in use", "Cannot assign requested address", "Permission denied"), found by
+    binding a socket to each of its addresses as grpcio does (``SO_REUSEADDR`` on); None
+    when every bind succeeds. grpcio's own error says only "Failed to bind", and to set
+    ``GRPC_VERBOSITY=debug``, which ``serve`` turns off."""
+    host, _, port = endpoint.rpartition(":")
+    try:
+        addresses = socket.getaddrinfo(
+            host.strip("[]") or None, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except (OSError, ValueError) as error:
+        return str(error)
+    for family, kind, protocol, _, address in addresses:
+        try:
+            with socket.socket(family, kind, protocol) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind(address)
+        except OSError as error:
+            return error.strerror or str(error)
+    return None
 
 
 class _Status(grpc.Status):
@@ -162,15 +186,22 @@ class GrpcReceiver:
         self.port = 0
 
     def start(self) -> int:
+        """Listen on the endpoint and serve; return the port. :class:`OSError` naming the
+        setting, the endpoint and why, when the port cannot be bound."""
         try:
             if self.credentials is not None:
                 port = self.server.add_secure_port(self.endpoint, self.credentials)
             else:
                 port = self.server.add_insecure_port(self.endpoint)
         except RuntimeError as error:
-            raise OSError(f"receivers.grpc.endpoint: cannot listen on {self.endpoint}: {error}") from None
+            reason = bind_error(self.endpoint) or str(error)
+            raise OSError(f"receivers.grpc.endpoint: cannot listen on {self.endpoint}: {reason}") from None
         if port == 0:
-            raise OSError(f"receivers.grpc.endpoint: cannot listen on {self.endpoint}")
+            reason = bind_error(self.endpoint)
+            raise OSError(
+                f"receivers.grpc.endpoint: cannot listen on {self.endpoint}"
+                + (f": {reason}" if reason else "")
+            )
         self.server.start()
         self.port = port
         return port
