@@ -9,9 +9,13 @@ never moves past a transaction that commits later.
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+from urllib.parse import urlsplit
 
 import psycopg
 import psycopg.conninfo
@@ -170,6 +174,49 @@ def test_a_store_that_cannot_be_opened_keeps_no_connection(postgres_url: str) ->
         # the errors (whose tracebacks would hold it) are kept, here to the end.
         wait_for(lambda: sessions() == 0, timeout=5)
     assert missing.value is not None and newer.value is not None
+
+
+def tcp_options(connection: psycopg.Connection[Any]) -> tuple[int, int, int, int]:
+    """The connection's socket's keepalive idle time, interval, count (s) and user timeout (ms)."""
+    with socket.socket(fileno=os.dup(connection.fileno())) as sock:
+        return tuple(  # type: ignore[return-value]
+            sock.getsockopt(socket.IPPROTO_TCP, option)
+            for option in (
+                socket.TCP_KEEPIDLE,
+                socket.TCP_KEEPINTVL,
+                socket.TCP_KEEPCNT,
+                socket.TCP_USER_TIMEOUT,
+            )
+        )
+
+
+def test_a_connection_whose_server_vanished_is_given_up_within_a_minute(postgres_url: str) -> None:
+    # A server host that vanished (powered off, failed over to another host behind the same
+    # address, cut off by a partition) sends no reset: a read or write waiting on it waited
+    # for the operating system's defaults, 2 h of silence before the first keepalive probe,
+    # and about 15 min of retransmissions for a query unacknowledged. Meanwhile the writer
+    # committed nothing, and Exports were refused, long after the store was back. Every
+    # connection of the store now gives up after 30 s of silence and 3 probes 10 s apart,
+    # or 60 s of unacknowledged data, and is replaced.
+    if not urlsplit(postgres_url).hostname:
+        pytest.skip("the test server is reached over a Unix socket: no TCP options")
+    store = open_store(postgres_url)
+    try:
+        with store.writer() as writer:
+            assert tcp_options(writer._db) == (30, 10, 3, 60_000)  # type: ignore[attr-defined]
+        with store.readers.lend() as reader:  # type: ignore[attr-defined]
+            assert tcp_options(reader) == (30, 10, 3, 60_000)
+    finally:
+        store.close()
+    # Set in the URL, the libpq parameters win.
+    store = open_store(
+        postgres_url + "&keepalives_idle=7&keepalives_interval=2&keepalives_count=5&tcp_user_timeout=9000"
+    )
+    try:
+        with store.writer() as writer:
+            assert tcp_options(writer._db) == (7, 2, 5, 9000)  # type: ignore[attr-defined]
+    finally:
+        store.close()
 
 
 def test_split_url_cuts_out_the_schema_and_passes_the_rest_as_written() -> None:

@@ -66,6 +66,7 @@ from urllib.parse import unquote
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
 from durable_sessions.record import ActionRecord, Location
 from durable_sessions.report import Verdict
@@ -124,6 +125,20 @@ SCHEMA_VERSION = 4
 CLAIM_LEASE_S = 60.0
 CLOCK_READ_EVERY_S = 10.0
 """Seconds between two readings of the server's clock (:class:`ServerClock`)."""
+CONNECTION_DEFAULTS: dict[str, int] = {
+    "connect_timeout": 10,
+    # A server host that vanished (powered off, failed over to another host behind the same
+    # address, cut off by a partition) sends no reset. Under the operating system's defaults
+    # a connection waiting on it waited 2 h before its first keepalive probe, or some 15 min
+    # of retransmissions: the writer committed nothing, long after the store was back.
+    # These give a connection up after 30 s of silence and 3 probes 10 s apart, or 60 s of
+    # data unacknowledged; it is replaced at its next use.
+    "keepalives_idle": 30,
+    "keepalives_interval": 10,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 60_000,
+}
+"""libpq parameters every connection of the store gets, unless the URL sets them."""
 DDL_LOCK = 0x64757261  # advisory lock held while creating the schema ("dura")
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
@@ -471,8 +486,8 @@ class PostgresStore:
 
     def _connect(self, *, create_schema: bool = False) -> psycopg.Connection[Any]:
         options: dict[str, Any] = {"autocommit": True}
-        if "connect_timeout" not in self.dsn:
-            options["connect_timeout"] = 10
+        given = conninfo_to_dict(self.dsn)
+        options.update((name, value) for name, value in CONNECTION_DEFAULTS.items() if name not in given)
         connection = psycopg.connect(self.dsn, **options)
         if self.schema is not None:
             try:
