@@ -1,0 +1,67 @@
+"""The two distributions as pip sees them: the metadata and sdists that setuptools' own
+PEP 517 hooks make from ``pyproject.toml`` and ``setup.py``, built here from the
+repository (into a temporary directory, leaving the tree as it was)."""
+
+from __future__ import annotations
+
+import email.parser
+import subprocess
+import sys
+import textwrap
+from email.message import Message
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+import durable_sessions
+
+ROOT = Path(__file__).resolve().parents[1]
+LIBRARY = ROOT
+COLLECTOR = ROOT / "collector"
+
+
+def build_hook(project: Path, hook: str, out: Path) -> Path:
+    """Run setuptools' ``hook`` (``prepare_metadata_for_build_wheel``, ``build_sdist``)
+    in ``project`` as a build frontend does, in a process of its own, and return what it
+    made in ``out``."""
+    out.mkdir()
+    code = textwrap.dedent(
+        f"""\
+        import sys
+        from setuptools import build_meta
+        print(build_meta.{hook}(sys.argv[1]))
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(out)], cwd=project, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    return out / result.stdout.strip().splitlines()[-1]
+
+
+def metadata(project: Path, tmp_path: Path) -> Message:
+    dist_info = build_hook(project, "prepare_metadata_for_build_wheel", tmp_path / "metadata")
+    return email.parser.Parser().parsestr((dist_info / "METADATA").read_text(encoding="utf-8"))
+
+
+def test_the_collector_requires_the_library_release_it_was_made_with(tmp_path: Path) -> None:
+    """The sidecar imports the library's internals (mapping, engine, rules), which change
+    between releases: a collector installed beside another release of the library would
+    judge spans with rules and a mapping it was not made for."""
+    collector = metadata(COLLECTOR, tmp_path)
+    assert collector["Version"] == durable_sessions.__version__
+    (requirement,) = [
+        Requirement(line)
+        for line in collector.get_all("Requires-Dist")
+        if Requirement(line).name == "durable-sessions"
+    ]
+    ours = Version(durable_sessions.__version__)
+    assert requirement.specifier.contains(ours), requirement
+    later = [
+        Version(f"{ours.major}.{ours.minor}.{ours.micro + 1}"),
+        Version(f"{ours.major}.{ours.minor + 1}"),
+    ]
+    earlier = Version(f"{ours.major}.{ours.minor}.{ours.micro}.dev0")
+    for other in [*later, earlier]:
+        assert not requirement.specifier.contains(other, prereleases=True), (requirement, other)
