@@ -65,3 +65,13 @@ def test_the_collector_requires_the_library_release_it_was_made_with(tmp_path: P
     earlier = Version(f"{ours.major}.{ours.minor}.{ours.micro}.dev0")
     for other in [*later, earlier]:
         assert not requirement.specifier.contains(other, prereleases=True), (requirement, other)
+
+
+def test_each_distribution_describes_itself_with_its_readme(tmp_path: Path) -> None:
+    """What an index shows on the project's page: the README beside its pyproject.toml."""
+    for project in (LIBRARY, COLLECTOR):
+        (tmp_path / project.name).mkdir()
+        description = metadata(project, tmp_path / project.name)
+        assert description["Description-Content-Type"] == "text/markdown", project
+        readme = (project / "README.md").read_text(encoding="utf-8")
+        assert description.get_payload().strip() == readme.strip(), project
