@@ -7,6 +7,7 @@ from __future__ import annotations
 import email.parser
 import subprocess
 import sys
+import tarfile
 import textwrap
 from email.message import Message
 from pathlib import Path
@@ -75,3 +76,24 @@ def test_each_distribution_describes_itself_with_its_readme(tmp_path: Path) -> N
         assert description["Description-Content-Type"] == "text/markdown", project
         readme = (project / "README.md").read_text(encoding="utf-8")
         assert description.get_payload().strip() == readme.strip(), project
+
+
+def sdist_members(project: Path, tmp_path: Path) -> set[str]:
+    """The sdist's files, by their path in the project (without the ``NAME-VERSION/``
+    directory they are packed under)."""
+    with tarfile.open(build_hook(project, "build_sdist", tmp_path / "sdist")) as sdist:
+        return {member.name.split("/", 1)[1] for member in sdist.getmembers() if member.isfile()}
+
+
+def test_each_sdist_carries_what_builds_it_and_no_half_of_the_tests(tmp_path: Path) -> None:
+    """An sdist builds the optional C extensions where a compiler is present, so it
+    carries their sources and ``setup.py``. The tests need the repository around them
+    (their support modules and data, the examples, the docs, the seed fixtures): an
+    sdist with some of them would give whoever runs its tests import errors, not tests."""
+    for project in (LIBRARY, COLLECTOR):
+        (tmp_path / project.name).mkdir()
+        members = sdist_members(project, tmp_path / project.name)
+        sources = {str(path.relative_to(project)) for path in (project / "src").rglob("*.c")}
+        assert sources, project
+        assert {"pyproject.toml", "setup.py", "README.md", *sources} <= members, project
+        assert not [name for name in members if name.startswith("tests/")], project
