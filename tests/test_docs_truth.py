@@ -667,6 +667,46 @@ def test_processor_md_snippets_run(tmp_path: Path) -> None:
     assert "violations 0" in result.stdout, result.stdout + result.stderr
 
 
+def test_processor_md_instrumentation_snippet_emits_on_the_provider_it_makes(tmp_path: Path) -> None:
+    """Run alone, as a new script would: the snippet's spans reach the provider it builds,
+    with the resource it gives it, not the API's no-op default."""
+    script = tmp_path / "instrumentation.py"
+    script.write_text(
+        textwrap.dedent(
+            """\
+            def ask(question):
+                return {"budget_gbp": 2400}
+
+
+            def charge(card, amount):
+                return {"charge": "ch_1", "amount": amount}
+
+
+            card = "tok_visa"
+            """
+        )
+        + PROCESSOR_SNIPPETS[1]
+        + textwrap.dedent(
+            """
+            from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+            from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+            exporter = InMemorySpanExporter()
+            provider.add_span_processor(SimpleSpanProcessor(exporter))
+            weather("kyoto")
+            for span in exporter.get_finished_spans():
+                print(span.attributes["agent.action.id"], span.resource.attributes["service.name"])
+            """
+        ),
+        encoding="utf-8",
+    )
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n") == ["weather-kyoto travel-agent", ""], result.stdout + result.stderr
+
+
 def run_pytest(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", *args],
