@@ -5,10 +5,12 @@ repository (into a temporary directory, leaving the tree as it was)."""
 from __future__ import annotations
 
 import email.parser
+import os
 import subprocess
 import sys
 import tarfile
 import textwrap
+import zipfile
 from email.message import Message
 from pathlib import Path
 
@@ -22,10 +24,10 @@ LIBRARY = ROOT
 COLLECTOR = ROOT / "collector"
 
 
-def build_hook(project: Path, hook: str, out: Path) -> Path:
-    """Run setuptools' ``hook`` (``prepare_metadata_for_build_wheel``, ``build_sdist``)
-    in ``project`` as a build frontend does, in a process of its own, and return what it
-    made in ``out``."""
+def build_hook(project: Path, hook: str, out: Path, env: dict[str, str] | None = None) -> Path:
+    """Run setuptools' ``hook`` (``prepare_metadata_for_build_wheel``, ``build_sdist``,
+    ``build_wheel``) in ``project`` as a build frontend does, in a process of its own
+    (with ``env`` for its environment), and return what it made in ``out``."""
     out.mkdir()
     code = textwrap.dedent(
         f"""\
@@ -35,7 +37,12 @@ def build_hook(project: Path, hook: str, out: Path) -> Path:
         """
     )
     result = subprocess.run(
-        [sys.executable, "-c", code, str(out)], cwd=project, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", code, str(out)],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr
     return out / result.stdout.strip().splitlines()[-1]
@@ -97,3 +104,90 @@ def test_each_sdist_carries_what_builds_it_and_no_half_of_the_tests(tmp_path: Pa
         assert sources, project
         assert {"pyproject.toml", "setup.py", "README.md", *sources} <= members, project
         assert not [name for name in members if name.startswith("tests/")], project
+
+
+def wheel_without_a_compiler(project: Path, tmp_path: Path) -> Path:
+    """The wheel pip builds from ``project``'s sdist where no C compiler runs (``CC=false``)."""
+    with tarfile.open(build_hook(project, "build_sdist", tmp_path / "sdist")) as sdist:
+        sdist.extractall(tmp_path / "unpacked", filter="data")
+    (source,) = (tmp_path / "unpacked").iterdir()
+    return build_hook(source, "build_wheel", tmp_path / "wheel", env={**os.environ, "CC": "false"})
+
+
+NO_COMPILER_SCRIPT = textwrap.dedent(
+    """\
+    import sys
+    sys.path.insert(0, sys.argv[1])
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from durable_sessions.cli import main
+    from durable_sessions.native import native_module
+    from durable_sessions.processor import DurabilitySpanProcessor
+    from durable_sessions_collector.otlp.decode import protobuf_span_parts, wire_in_use
+
+    print("extensions", [native_module(name) for name in ("_native", "_engine", "_memory")], wire_in_use())
+
+    found = []
+    processor = DurabilitySpanProcessor(checking="process", mode="silent", on_violation=found.append)
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    attributes = {"session.id": "s", "agent.action.id": "p1", "agent.action.kind": "payment"}
+    with provider.get_tracer("t").start_as_current_span("pay", attributes=attributes):
+        pass
+    processor.force_flush(20_000)
+    print("processor", processor.checking, [v.rule for v in found], processor.internal_errors)
+    provider.shutdown()
+
+    request = ExportTraceServiceRequest()
+    span = request.resource_spans.add().scope_spans.add().spans.add()
+    span.trace_id, span.span_id, span.name = b"\\1" * 16, b"\\2" * 8, "pay"
+    span.attributes.append(KeyValue(key="agent.action.id", value=AnyValue(string_value="p1")))
+    print("decoded", len(protobuf_span_parts(request.SerializeToString(), [])))
+
+    sys.argv = ["durable-sessions", "check", *sys.argv[2:]]
+    sys.exit(main())
+    """
+)
+
+
+def test_without_a_c_compiler_both_distributions_build_and_run_in_python(tmp_path: Path) -> None:
+    """setup.py marks every extension optional: with no compiler the sdists still build
+    wheels, without extensions, and the code they install runs on the Python each step
+    has, finding what the extensions find (README: Install)."""
+    vendor = (
+        tmp_path / "vendor"
+    )  # both wheels and their dependencies, as `pip install --target` lays them out
+    vendor.mkdir()
+    for project in (LIBRARY, COLLECTOR):
+        (tmp_path / project.name).mkdir()
+        with zipfile.ZipFile(wheel_without_a_compiler(project, tmp_path / project.name)) as wheel:
+            assert not [name for name in wheel.namelist() if name.endswith(".so")], project
+            wheel.extractall(vendor)
+    site_packages = next(Path(p) for p in sys.path if p.endswith("site-packages") and Path(p).is_dir())
+    for entry in site_packages.iterdir():
+        if not entry.name.startswith(("durable_sessions", "__editable__", "_durable_sessions")):
+            (vendor / entry.name).symlink_to(entry)
+    bare = tmp_path / "bare"  # an interpreter with nothing installed, so nothing comes from the repository
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    logs = sorted(str(path) for path in (ROOT / "examples" / "logs").glob("*.jsonl"))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DURABLE_SESSIONS_NATIVE")}
+    done = subprocess.run(
+        [str(bare / "bin" / "python"), "-c", NO_COMPILER_SCRIPT, str(vendor), *logs],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = done.stdout.splitlines()
+    assert lines[:3] == [
+        "extensions [None, None, None] False",
+        "processor process ['unkeyed-side-effect'] 0",
+        "decoded 1",
+    ], done.stdout + done.stderr
+    native = subprocess.run(
+        [sys.executable, "-m", "durable_sessions", "check", *logs], env=env, capture_output=True, text=True
+    )
+    assert native.stdout and (done.returncode, lines[3:]) == (native.returncode, native.stdout.splitlines())
