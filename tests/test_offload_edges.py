@@ -637,6 +637,20 @@ _GROUP_SIGNAL_SCRIPT = textwrap.dedent(
 )
 
 
+def _started_as_a_service(script: str, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    """``python -c script args`` in a process group of its own, as a service has, with
+    ``env`` added to this environment and its output piped (as text)."""
+    return subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **env},
+        cwd=ROOT,
+        start_new_session=True,
+    )
+
+
 @pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGHUP"])
 def test_a_signal_to_the_process_group_leaves_the_checker_to_the_applications_shutdown(
     sender: str, signal_name: str
@@ -646,16 +660,7 @@ def test_a_signal_to_the_process_group_leaves_the_checker_to_the_applications_sh
     terminal's SIGHUP): the checker process must outlive the signal, so that the spans the
     application ends while it shuts down gracefully are still checked, with no internal
     error. The checker ends when the application closes its input, as after Ctrl-C."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    app = subprocess.Popen(
-        [sys.executable, "-c", _GROUP_SIGNAL_SCRIPT, signal_name],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        start_new_session=True,  # a process group of its own, as a service has
-    )
+    app = _started_as_a_service(_GROUP_SIGNAL_SCRIPT, {"PYTHONPATH": str(ROOT / "src")}, signal_name)
     try:
         assert app.stdout is not None and app.stdout.readline().strip() == "ready"
         os.killpg(app.pid, getattr(signal, signal_name))
@@ -714,20 +719,8 @@ def test_a_signal_to_the_process_group_while_the_checker_starts_leaves_it_runnin
     (site / "sitecustomize.py").write_text(_HELD_IN_STARTUP)
     fifo = tmp_path / "startup.fifo"
     os.mkfifo(fifo)
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(site), str(ROOT / "src")]),
-        "STARTUP_FIFO": str(fifo),
-    }
-    app = subprocess.Popen(
-        [sys.executable, "-c", _SIGNAL_IN_STARTUP_SCRIPT],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        start_new_session=True,  # a process group of its own, as a service has
-    )
+    env = {"PYTHONPATH": os.pathsep.join([str(site), str(ROOT / "src")]), "STARTUP_FIFO": str(fifo)}
+    app = _started_as_a_service(_SIGNAL_IN_STARTUP_SCRIPT, env)
     try:
         out, err = app.communicate(timeout=120)
     finally:

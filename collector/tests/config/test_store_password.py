@@ -10,12 +10,13 @@ Security: "Secrets never logged").
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 from conftest import LineBuffer
 from durable_sessions_collector.cli import main
-from durable_sessions_collector.config import load, redact_store_url, store_secrets
+from durable_sessions_collector.config import Config, load, redact_store_url, store_secrets
 from durable_sessions_collector.service import Service
 
 SERVE = ("serve", "--grpc-endpoint", "127.0.0.1:0", "--http-endpoint", "127.0.0.1:0")
@@ -96,19 +97,9 @@ def test_a_short_store_password_leaves_the_log_lines_intact(postgres_url: str) -
     alert lines' session ids). A short password is hidden where the URL is logged, and
     nowhere else touched."""
     store = with_password(postgres_url, "info")  # trust authentication: any password is taken
-    config = load(
-        None,
-        env={},
-        overrides={
-            "store": store,
-            "receivers.grpc.endpoint": "127.0.0.1:0",
-            "receivers.http.endpoint": "127.0.0.1:0",
-        },
-    )
+    config, lines = _served_once(store)
     assert "info" not in config.secrets() and store in config.secrets()
-    log = LineBuffer()
-    Service(config, log_stream=log).start().stop()
-    started = next(line for line in log.lines() if line["event"] == "started")
+    started = next(line for line in lines if line["event"] == "started")
     assert started["level"] == "info"
     assert started["store"] == redact_store_url(store) and ":***@" in started["store"]
 
@@ -161,6 +152,16 @@ def test_a_password_with_a_hash_is_hidden_in_the_log(postgres_url: str) -> None:
     the redactor, given no password, could not hide it."""
     password = "1234#Sup3rSecret"
     store = with_password(postgres_url, password)  # trust authentication: any password is taken
+    config, lines = _served_once(store)
+    assert password in config.secrets()
+    assert "Sup3rSecret" not in repr(lines)
+    started = next(line for line in lines if line["event"] == "started")
+    assert started["store"] == redact_store_url(store) and ":***@" in started["store"]
+
+
+def _served_once(store: str) -> tuple[Config, list[dict[str, Any]]]:
+    """The configuration of a sidecar on ``store`` (free loopback ports), and the log lines
+    it wrote as it started and stopped."""
     config = load(
         None,
         env={},
@@ -170,9 +171,6 @@ def test_a_password_with_a_hash_is_hidden_in_the_log(postgres_url: str) -> None:
             "receivers.http.endpoint": "127.0.0.1:0",
         },
     )
-    assert password in config.secrets()
     log = LineBuffer()
     Service(config, log_stream=log).start().stop()
-    assert "Sup3rSecret" not in repr(log.lines())
-    started = next(line for line in log.lines() if line["event"] == "started")
-    assert started["store"] == redact_store_url(store) and ":***@" in started["store"]
+    return config, log.lines()
