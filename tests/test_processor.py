@@ -40,7 +40,9 @@ from durable_sessions.processor import (
 )
 from durable_sessions.rules import Explanation, Rule, select_rules
 from durable_sessions.violation import Severity, Violation
+from tests.support import undated_spans
 from tests.support.senders import use_sender
+from tests.support.undated_spans import end_undated_payments
 
 
 class Setup:
@@ -951,10 +953,6 @@ def test_intents_of_a_process_killed_before_any_span_ended(tmp_path: Path) -> No
     assert checked.returncode == 1 and "unresolved-side-effect" in checked.stdout, checked.stderr
 
 
-T0 = 1_767_225_600 * 10**9  # 2026-01-01T00:00:00Z, in ns
-DAY = 86_400 * 10**9
-
-
 def test_a_span_without_a_start_time_is_dated_by_its_end(setup: Setup, tmp_path: Path) -> None:
     """A span started with ``start_time=0`` (what OTLP calls unset) was dated 1970: its
     idempotency key's first use 56 years before the retry (a false key-outlived-window),
@@ -964,29 +962,10 @@ def test_a_span_without_a_start_time_is_dated_by_its_end(setup: Setup, tmp_path:
     traces = tmp_path / "traces.jsonl"
     setup.provider.add_span_processor(SimpleSpanProcessor(FileSpanExporter(traces)))
 
-    def payment(session_id: str, start: int, end: int, attempt: int) -> None:
-        attributes = {
-            sc.SESSION_ID: session_id,
-            sc.ACTION_ID: "p1",
-            sc.ACTION_KIND: "payment",
-            sc.attribute("idempotency_key"): f"pay-{session_id}-p1",
-            sc.attribute("retryable"): True,
-            sc.attribute("max_attempts"): 3,
-            sc.attribute("attempts"): attempt,
-        }
-        span = setup.tracer.start_span("pay", attributes=attributes, start_time=start)
-        if attempt == 1:
-            span.set_status(Status(StatusCode.ERROR))
-        span.end(end_time=end)
+    end_undated_payments(setup.tracer)
 
-    payment("s-a", 0, T0, 1)  # no start time; the retry 10 s after it ended
-    payment("s-a", T0 + 10 * 10**9, T0 + 11 * 10**9, 2)
-    payment("s-b", T0, T0 + 10**9, 1)
-    payment("s-b", 0, T0 + 2 * DAY, 2)  # no start time; ended two days on
-
-    expected = [("s-a", "invalid-field"), ("s-b", "invalid-field"), ("s-b", "key-outlived-window")]
     found = setup.violations
-    assert [(v.session_id, v.rule) for v in found] == expected
+    assert [(v.session_id, v.rule) for v in found] == undated_spans.EXPECTED
     assert "no start time" in found[0].message and "end time" in found[0].message
     assert "re-sent 48.0 h after its first use" in found[2].message
     setup.provider.force_flush()

@@ -50,7 +50,8 @@ from durable_sessions.otlp_json import FileSpanExporter
 from durable_sessions.record import span_location
 from durable_sessions.rules import select_rules
 from durable_sessions.span_check import SpanParts, check_span
-from tests.support import otlp_json_values
+from tests.support import otlp_json_values, undated_spans
+from tests.support.undated_spans import end_undated_payments
 
 RULES = select_rules("all")
 Finding = tuple[str, str, Any, Any, str]
@@ -468,9 +469,6 @@ def test_a_real_sidecar_judges_the_file_as_check_does(
     assert sorted((alert["session_id"], alert["rule"]) for alert in running.alerts()) == checked
 
 
-DAY_NS = 86_400 * 10**9
-
-
 def test_a_real_sidecar_dates_a_span_without_a_start_time_by_its_end(
     start_sidecar: Callable[..., Any], tmp_path: Path
 ) -> None:
@@ -487,36 +485,16 @@ def test_a_real_sidecar_dates_a_span_without_a_start_time_by_its_end(
     provider = TracerProvider(resource=Resource.create({"service.instance.id": "run-1"}))
     provider.add_span_processor(SimpleSpanProcessor(grpc_exporter(running.grpc_endpoint)))
     provider.add_span_processor(SimpleSpanProcessor(FileSpanExporter(path)))
-    tracer = provider.get_tracer("undated")
-
-    def payment(session_id: str, start: int, end: int, attempt: int) -> None:
-        attributes = {
-            "session.id": session_id,
-            "agent.action.id": "p1",
-            "agent.action.kind": "payment",
-            "agent.action.idempotency_key": f"pay-{session_id}-p1",
-            "agent.action.retryable": True,
-            "agent.action.max_attempts": 3,
-            "agent.action.attempts": attempt,
-        }
-        span = tracer.start_span("pay", attributes=attributes, start_time=start)
-        if attempt == 1:
-            span.set_status(Status(StatusCode.ERROR))
-        span.end(end_time=end)
-
-    payment("s-a", 0, END_NS, 1)  # no start time; the retry 10 s after it ended
-    payment("s-a", END_NS + 10 * 10**9, END_NS + 11 * 10**9, 2)
-    payment("s-b", END_NS, END_NS + 10**9, 1)
-    payment("s-b", 0, END_NS + 2 * DAY_NS, 2)  # no start time; ended two days on
+    end_undated_payments(provider.get_tracer("undated"))
     provider.shutdown()
 
-    expected = [("s-a", "invalid-field"), ("s-b", "invalid-field"), ("s-b", "key-outlived-window")]
+    expected = undated_spans.EXPECTED
     checked = [(v.session_id, v.rule) for v in check_paths([str(path)], Checker(RULES))]
     assert checked == expected
     wait_for(lambda: len(running.alerts()) >= len(expected))
     assert sorted((alert["session_id"], alert["rule"]) for alert in running.alerts()) == expected
     listed = [(a["attempts"], a["seq"]) for a in running.session("s-b")["actions"]]
-    assert listed == [(1, END_NS), (2, END_NS + 2 * DAY_NS)]
+    assert listed == [(1, undated_spans.T0), (2, undated_spans.T0 + 2 * undated_spans.DAY)]
 
     # The same spans as OTLP/JSON, the sidecar's other decoder, under other session ids.
     lines = path.read_bytes().replace(b'"s-a"', b'"j-a"').replace(b'"s-b"', b'"j-b"')
