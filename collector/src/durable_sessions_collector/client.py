@@ -230,16 +230,10 @@ class ApiClient:
 
     def list_sessions(
         self, verdict: str | None = None, limit: int | None = None, *, every_page: bool = False
-    ) -> list[dict[str, Any]]:
-        """The first page of at most ``limit`` sessions, or with ``every_page`` all of them,
-        asked ``limit`` at a time."""
-        return self.list_page(verdict, limit, every_page=every_page)[0]
-
-    def list_page(
-        self, verdict: str | None = None, limit: int | None = None, *, every_page: bool = False
     ) -> tuple[list[dict[str, Any]], str]:
-        """As :meth:`list_sessions`, with the token of the page after them: empty when
-        there is none, as after ``every_page``."""
+        """The first page of at most ``limit`` sessions, or with ``every_page`` all of them,
+        asked ``limit`` at a time; and the token of the page after them: empty when there
+        is none, as after ``every_page``."""
         sessions: list[dict[str, Any]] = []
         token = None
         seen: set[str] = set()
