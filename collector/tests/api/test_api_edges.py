@@ -647,6 +647,18 @@ def test_a_watch_cursor_out_of_integer_range_is_invalid_argument(sidecar) -> Non
     channel.close()
 
 
+def test_a_watch_cursor_naming_a_store_badly_is_invalid_argument(sidecar) -> None:  # type: ignore[no-untyped-def]
+    """A cursor is a feed position and a store id (``sqlite:V:C@ID``): one whose store id
+    or position is not of that form is no cursor of this API, and is not taken for one of
+    another store (which would send the whole feed again)."""
+    channel, api = api_stub(sidecar)
+    for cursor in ("sqlite:1:0@", "sqlite:1:0@not-a-store-id", "@0123456789abcdef", "yes@0123456789abcdef"):
+        with pytest.raises(grpc.RpcError) as caught:
+            next(api.WatchAlerts(pb.WatchAlertsRequest(cursor=cursor), timeout=10))
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (cursor, caught.value.details())
+    channel.close()
+
+
 def test_a_watch_of_a_rule_the_catalogue_lacks_is_invalid_argument(sidecar) -> None:  # type: ignore[no-untyped-def]
     # A misspelt rule was accepted, and the stream then matched nothing, for ever.
     channel, api = api_stub(sidecar)

@@ -14,6 +14,7 @@ keyed start of the same action makes it hold again (and is itself a
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -153,15 +154,24 @@ def test_a_watcher_sees_fire_resolve_fire_again_and_resumes_from_a_cursor(  # ty
         assert [a.cursor for a in after.rest()] == [a.cursor for a in everything[position + 1 :]]
 
 
+def unbounded_retries(sidecar: Sidecar, *sessions: str) -> None:
+    """One violation (``retry-without-bound``) in each of ``sessions``, in that order."""
+    agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "run-1")
+    for session in sessions:
+        agent.action(session, "t1", "tool_call", retryable=True)
+    agent.shutdown()
+
+
+def lose_sqlite_store(sidecar: Sidecar, directory: Path) -> None:
+    """Stop ``sidecar`` and delete its SQLite file, as a pod's emptyDir volume goes with it."""
+    sidecar.stop()
+    for path in directory.glob("sessions.db*"):
+        path.unlink()
+
+
 def test_a_cursor_of_a_store_lost_since_resumes_from_the_new_stores_start(  # type: ignore[no-untyped-def]
     start_sidecar, tmp_path, watches: list[Watch]
 ) -> None:
-    def unbounded_retries(sidecar: Sidecar, *sessions: str) -> None:
-        agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "run-1")
-        for session in sessions:
-            agent.action(session, "t1", "tool_call", retryable=True)
-        agent.shutdown()
-
     store = tmp_path / "sessions.db"
     first = start_sidecar(store)
     watch = Watch(first)
@@ -181,3 +191,89 @@ def test_a_cursor_of_a_store_lost_since_resumes_from_the_new_stores_start(  # ty
     watches.append(resumed)
     # Both committed after the watcher's cursor was given: both are sent.
     assert [alert.violation.session_id for alert in resumed.rest()] == ["new-1", "new-2"]
+
+
+def test_a_cursor_of_a_lost_store_resumes_from_the_start_of_a_new_store_grown_past_it(  # type: ignore[no-untyped-def]
+    start_sidecar, tmp_path, watches: list[Watch]
+) -> None:
+    """The new store's feed is already longer than the old one was when the watcher comes
+    back: its cursor names the old store, so the new feed is sent from its start. Read as
+    a position of the new store, it skipped the new store's first three alerts."""
+    store = tmp_path / "sessions.db"
+    first = start_sidecar(store)
+    watch = Watch(first)
+    watches.append(watch)
+    unbounded_retries(first, "old-1", "old-2", "old-3")
+    last = watch.take(3)[-1]
+    watch.close()
+    lose_sqlite_store(first, tmp_path)
+    second = start_sidecar(store)
+    new = [f"new-{n}" for n in range(1, 6)]
+    unbounded_retries(second, *new)
+    wait_for(lambda: len(second.get("/api/sessions")[1]["sessions"]) == 5)
+
+    resumed = Watch(second, cursor=last.cursor, timeout=3)
+    watches.append(resumed)
+    alerts = resumed.rest()
+    assert [alert.violation.session_id for alert in alerts] == new
+    # The watch says where it started: the new store's start, a cursor of the new store.
+    assert resumed.start != last.cursor
+    again = Watch(second, cursor=resumed.start, timeout=2)
+    watches.append(again)
+    assert [a.cursor for a in again.rest()] == [a.cursor for a in alerts]
+
+
+def test_a_cursor_of_the_same_store_resumes_after_a_restart_and_old_cursors_still_work(  # type: ignore[no-untyped-def]
+    start_sidecar, tmp_path, watches: list[Watch]
+) -> None:
+    """The store keeps its id across restarts, so its cursors resume where they were; a
+    cursor of the earlier form (the feed position alone, without the store) resumes as it
+    did before."""
+    store = tmp_path / "sessions.db"
+    first = start_sidecar(store)
+    watch = Watch(first)
+    watches.append(watch)
+    unbounded_retries(first, "a", "b")
+    a, b = watch.take(2)
+    assert a.cursor.rpartition("@")[2] == b.cursor.rpartition("@")[2] == watch.start.rpartition("@")[2]
+    watch.close()
+    first.stop()
+    second = start_sidecar(store)
+    unbounded_retries(second, "c")
+    for cursor in (a.cursor, a.cursor.rpartition("@")[0]):
+        resumed = Watch(second, cursor=cursor, timeout=2)
+        watches.append(resumed)
+        assert [alert.violation.session_id for alert in resumed.rest()] == ["b", "c"]
+        assert resumed.start == a.cursor  # as this store gives it
+
+
+@pytest.mark.postgres
+def test_a_cursor_of_another_postgresql_store_starts_from_this_stores_start(  # type: ignore[no-untyped-def]
+    start_sidecar, postgres_url: str, tmp_path, watches: list[Watch]
+) -> None:
+    """Two stores of one PostgreSQL server (two schemas: one dropped and made anew reads the
+    same): a cursor of the store written last names transactions after every row of the
+    other, and read as a position of that other store it passed all of them."""
+    from postgres_support import drop_schema, postgres_dsn
+
+    dsn = postgres_dsn()
+    schema = postgres_url.rpartition("schema=")[2]
+    other_url = postgres_url.replace(schema, schema + "_b")
+    try:
+        earlier = start_sidecar(other_url)
+        unbounded_retries(earlier, "b-1", "b-2")
+        wait_for(lambda: len(earlier.get("/api/sessions")[1]["sessions"]) == 2)
+        later = start_sidecar(postgres_url)
+        watch = Watch(later)
+        watches.append(watch)
+        unbounded_retries(later, "a-1")
+        [given] = watch.take(1)
+        resumed = Watch(earlier, cursor=given.cursor, timeout=3)
+        watches.append(resumed)
+        assert [alert.violation.session_id for alert in resumed.rest()] == ["b-1", "b-2"]
+        # Each store keeps its id: a second replica of the same store continues the cursor.
+        replica = Watch(start_sidecar(postgres_url), cursor=given.cursor, timeout=1)
+        watches.append(replica)
+        assert replica.start == given.cursor
+    finally:
+        drop_schema(dsn, schema + "_b")

@@ -12,7 +12,8 @@ Served on the gRPC port beside the OTLP ``TraceService``:
   from the store's violation feed (so a replica also sees what the others commit), polled
   every ``poll_s``. The verdict and rule filters apply to changes as to new violations.
   The initial metadata ``x-durable-sessions-cursor`` is the starting point; each Alert
-  carries the cursor to resume after it. At most ``max_watchers`` streams at
+  carries the cursor to resume after it; a cursor names its store, and one of another
+  store starts from this one's first alert (see :mod:`.alert_cursor`). At most ``max_watchers`` streams at
   once (each holds a worker thread of the port); more are answered ``RESOURCE_EXHAUSTED``.
   A rule name the catalogue lacks is ``INVALID_ARGUMENT`` (a misspelt one matched
   nothing, for ever). With a bearer token, an open stream is ended ``UNAUTHENTICATED``
@@ -38,6 +39,7 @@ from google.protobuf.message import DecodeError
 
 from durable_sessions.rules import CATALOGUE
 from durable_sessions_collector.alerts import FIRING, RESOLVED
+from durable_sessions_collector.api.alert_cursor import AlertCursors
 from durable_sessions_collector.api.paging import DEFAULT_PAGE, MAX_PAGE, list_page, session_page
 from durable_sessions_collector.api.v1 import sessions_pb2 as pb
 from durable_sessions_collector.api.v1 import sessions_pb2_grpc as pb_grpc
@@ -175,28 +177,28 @@ class SessionApi(pb_grpc.SessionServiceServicer):
     def _watch(
         self, cursor: str, verdicts: set[str], rules: set[str], context: grpc.ServicerContext
     ) -> Iterator[pb.Alert]:
+        cursors = AlertCursors(self.store)
         try:
-            if not cursor:
-                cursor = self.store.violation_cursor()  # type: ignore[attr-defined]
-            self.store.violations_after(cursor, 0)  # type: ignore[attr-defined]
+            position = cursors.position(cursor) if cursor else self.store.violation_cursor()
+            self.store.violations_after(position, 0)
         except ValueError as error:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"cursor: {error}")
         except StoreError as error:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"the store cannot be read: {error}")
-        context.send_initial_metadata(((CURSOR_METADATA, cursor),))
+        context.send_initial_metadata(((CURSOR_METADATA, cursors.cursor(position)),))
         done = threading.Event()
         context.add_callback(done.set)  # the client went away
         token = StreamToken(self.token, context)
         feed = _FeedReads(self.store, self.log, self.poll_s)
         while context.is_active() and not self._stopping.is_set() and not done.is_set():
             token.check(context)
-            items, cursor = feed.read(cursor)
+            items, position = feed.read(position)
             for item in items:
                 if rules and item["rule"] not in rules:
                     continue
                 if verdicts and item["session_verdict"] not in verdicts:
                     continue
-                yield alert_message(item)
+                yield alert_message(item, cursors.cursor(item["cursor"]))
             if len(items) < FEED_BATCH:
                 done.wait(feed.wait_s)
         if self._stopping.is_set() and not done.is_set():
@@ -218,19 +220,20 @@ class _FeedReads:
         self.wait_s = poll_s
         self.failing = False
 
-    def read(self, cursor: str) -> tuple[list[dict[str, Any]], str]:
-        """The violations after ``cursor`` (none while the store fails) and the new cursor."""
+    def read(self, position: str) -> tuple[list[dict[str, Any]], str]:
+        """The violations after the feed's ``position`` (none while the store fails) and
+        the new position."""
         try:
-            items, cursor = self.store.violations_after(cursor, FEED_BATCH)  # type: ignore[attr-defined]
+            items, position = self.store.violations_after(position, FEED_BATCH)
         except StoreError as error:
             if not self.failing and self.log is not None:
                 self.log.error("watch-read-failed", error=str(error), note="logged once until it reads again")
             self.failing, self.wait_s = True, min(FAILING_POLL_S, self.wait_s * 2)
-            return [], cursor
+            return [], position
         if self.failing and self.log is not None:
             self.log.info("watch-read-recovered")
         self.failing, self.wait_s = False, self.poll_s
-        return items, cursor
+        return items, position
 
 
 def parsing_handler(kind: Any, method: Any, request_type: Any, response_type: Any) -> grpc.RpcMethodHandler:
@@ -287,13 +290,13 @@ def action_message(action: dict[str, Any]) -> pb.Action:
     )
 
 
-def alert_message(item: dict[str, Any]) -> pb.Alert:
+def alert_message(item: dict[str, Any], cursor: str) -> pb.Alert:
     """An item of the store's violation feed (:func:`~durable_sessions_collector.store.base.feed_item`)
-    as the ``Alert`` it is sent as."""
+    as the ``Alert`` it is sent as, with the client's ``cursor`` after it."""
     return pb.Alert(
         violation=violation_message(item),
         session_verdict=VERDICTS.get(item["session_verdict"] or "", pb.VERDICT_UNSPECIFIED),
-        cursor=item["cursor"],
+        cursor=cursor,
         status=ALERT_STATUSES[item["status"]],
         detected_at=timestamp(item["detected_at"]),
     )

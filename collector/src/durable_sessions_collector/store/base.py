@@ -18,7 +18,7 @@ What is kept:
   as the violation, so an alert is raised once, also across restarts; and one per
   (alert channel, change of an end-of-session violation's status), written in the
   transaction that makes the change;
-- **meta**: the schema version, the rules whose findings the verdicts count
+- **meta**: the schema version, the store's id (:data:`STORE_ID`), the rules whose findings the verdicts count
   (:data:`VERDICT_RULES`: a verdict counts only unresolved violations of those) and a
   recount of verdicts left to finish after they changed (:data:`RECOUNT`).
 
@@ -35,6 +35,7 @@ import heapq
 import itertools
 import json
 import math
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -267,6 +268,18 @@ VERDICT_RULES = "verdict_rules"
 """The ``meta`` key of the rules whose findings the store's verdicts count: their ids as
 a sorted JSON list (:func:`encode_rules`). Absent in a store no sidecar has recorded it
 in yet, whose verdicts counted every finding."""
+
+STORE_ID = "store_id"
+"""The ``meta`` key of the store's id: random, written once when a sidecar first opens the
+store (a store of an earlier sidecar gets one at its next start), never changed. It tells
+a ``WatchAlerts`` cursor of this store from one of a store lost and made anew, whose feed
+counts from the start again (see :mod:`~durable_sessions_collector.api.alert_cursor`)."""
+
+
+def new_store_id() -> str:
+    """A store id for :data:`STORE_ID`: 64 random bits, as 16 hexadecimal digits."""
+    return secrets.token_hex(8)
+
 
 RECOUNT = "verdict_recount"
 """The ``meta`` key of a recount of verdicts left to finish after the counted rules
@@ -694,6 +707,13 @@ class Store(Protocol):
 
     def violation_cursor(self) -> str:
         """A cursor at the end of the violation feed: what commits from now on follows it."""
+
+    def feed_start(self) -> str:
+        """A cursor before the first violation and change the violation feed holds."""
+
+    def store_id(self) -> str | None:
+        """The store's id (:data:`STORE_ID`); None in a store no sidecar of this version
+        has opened yet."""
 
     def violations_after(self, cursor: str, limit: int = 100) -> tuple[list[dict[str, Any]], str]:
         """The feed after ``cursor`` in commit order: committed new violations and changes

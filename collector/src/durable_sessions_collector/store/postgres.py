@@ -87,6 +87,7 @@ from durable_sessions_collector.store.base import (
     INDEX_LEFT_TO_ANOTHER,
     NO_SESSION,
     OUTBOX_CHANNELS,
+    STORE_ID,
     UNRESOLVED_BY_RULE,
     VIOLATION_COLUMNS,
     ActionRow,
@@ -109,6 +110,7 @@ from durable_sessions_collector.store.base import (
     decode_record,
     first_of_feed,
     forget_some,
+    new_store_id,
     status_changes,
     tally,
     version_refused,
@@ -278,6 +280,11 @@ def _t(value: str | None) -> str | None:
     return value.replace("\x00", "\ufffd")
 
 
+KEEP_STORE_ID = "INSERT INTO meta (key, value) VALUES (%s, %s) ON CONFLICT (key) DO NOTHING"
+"""The store's id, given once: a store that has one keeps it (replicas starting together
+take turns under the schema lock; the first one's id is every one's)."""
+
+
 def _migrate(connection: psycopg.Connection[Any]) -> str | None:
     """Bring a store of an earlier version to this one, in the caller's transaction (under
     the schema lock); return the version migrated from. Another version is left for the
@@ -404,6 +411,8 @@ class PostgresStore:
                     )
                 else:
                     self.migrated_from = _migrate(connection)
+                if not existing:
+                    connection.execute(KEEP_STORE_ID, (STORE_ID, new_store_id()))
             row = connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
             scope = connection.execute("SELECT current_schema()").fetchone()
         except psycopg.Error as error:
@@ -742,6 +751,16 @@ class PostgresStore:
         """A cursor before every violation and change not yet committed (some just
         committed may follow)."""
         return f"pg:{self._reading(_feed_horizon)}:0"
+
+    def feed_start(self) -> str:
+        """A cursor before every violation and change: transaction and row ids are positive."""
+        return "pg:0:0"
+
+    def store_id(self) -> str | None:
+        found = self._reading(
+            lambda db: db.execute("SELECT value FROM meta WHERE key = %s", (STORE_ID,)).fetchone()
+        )
+        return None if found is None else str(found[0])
 
     def violations_after(self, cursor: str, limit: int = 100) -> tuple[list[dict[str, Any]], str]:
         """Committed violations and changes after ``cursor``, in feed order, and the cursor

@@ -31,6 +31,7 @@ from durable_sessions_collector.store.base import (
     FIRST_PAGES,
     IN_VIOLATION_ORDER,
     OUTBOX_CHANNELS,
+    STORE_ID,
     UNRESOLVED_BY_RULE,
     VIOLATION_COLUMNS,
     ActionRow,
@@ -52,6 +53,7 @@ from durable_sessions_collector.store.base import (
     decode_record,
     first_of_feed,
     forget_some,
+    new_store_id,
     status_changes,
     tally,
     version_refused,
@@ -275,12 +277,17 @@ def _prepare(connection: sqlite3.Connection, path: str) -> str | None:
             "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
             (str(SCHEMA_VERSION),),
         )
+        connection.execute(KEEP_STORE_ID, (STORE_ID, new_store_id()))
         connection.execute("COMMIT")
     except BaseException:
         with contextlib.suppress(sqlite3.Error):
             connection.execute("ROLLBACK")
         raise
     return None if version == str(SCHEMA_VERSION) else version
+
+
+KEEP_STORE_ID = "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO NOTHING"
+"""The store's id, given once: a store that has one keeps it."""
 
 
 def _require_current(connection: sqlite3.Connection, path: str) -> None:
@@ -558,6 +565,15 @@ class SqliteStore:
         with self._read() as db:
             violations, changes = _feed_end(db)
         return f"sqlite:{violations}:{changes}"
+
+    def feed_start(self) -> str:
+        """A cursor before every violation and change: ids count from 1."""
+        return "sqlite:0:0"
+
+    def store_id(self) -> str | None:
+        with self._read() as db:
+            found = db.execute("SELECT value FROM meta WHERE key = ?", (STORE_ID,)).fetchone()
+        return None if found is None else str(found[0])
 
     def violations_after(self, cursor: str, limit: int = 100) -> tuple[list[dict[str, Any]], str]:
         """Committed violations and changes after ``cursor``, in commit order, and the

@@ -75,7 +75,9 @@ class SessionServiceServicer:
         metadata carries `x-durable-sessions-cursor`, the point the watch starts from: every
         violation and change committed after the client has received it is sent. Each Alert
         carries the cursor to resume from after it (delivery is at least once around a
-        resume point; the violation key, status and detected_at identify duplicates). The stream
+        resume point; the violation key, status and detected_at identify duplicates). A
+        cursor is opaque; it names the store it was given by, and a cursor of another store
+        (one lost and made anew) resumes from the start of this store's alerts. The stream
         runs until the client cancels it, or until the sidecar stops: then it ends
         UNAVAILABLE, and the client watches again from the last cursor it received.
         """
