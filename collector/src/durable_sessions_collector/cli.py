@@ -111,7 +111,12 @@ def _sessions_parser(commands: Any) -> None:
         default=100,
         help="at most this many (1-1000, default 100); with --all, a page's size",
     )
-    listing.add_argument("--all", action="store_true", help="every session, asked page by page")
+    listing.add_argument(
+        "--all",
+        action="store_true",
+        help="every session, asked page by page in the order of their ids (each once, even one active "
+        "meanwhile), shown most recently active first",
+    )
     show = which.add_parser("show", help="one session: its actions, violations and verdict")
     _client_options(show, again=True)
     show.add_argument("session_id", metavar="SESSION_ID")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import re
 import ssl
 import urllib.error
@@ -231,21 +232,31 @@ class ApiClient:
     def list_sessions(
         self, verdict: str | None = None, limit: int | None = None, *, every_page: bool = False
     ) -> tuple[list[dict[str, Any]], str]:
-        """The first page of at most ``limit`` sessions, or with ``every_page`` all of them,
-        asked ``limit`` at a time; and the token of the page after them: empty when there
-        is none, as after ``every_page``."""
+        """The first page of at most ``limit`` sessions, most recently active first, or with
+        ``every_page`` all of them, asked ``limit`` at a time; and the token of the page
+        after them: empty when there is none, as after ``every_page``.
+
+        ``every_page`` walks the pages in the order of session ids, which activity does not
+        change, and then puts the sessions most recently active first (as each was when its
+        page was read): every session that exists throughout the walk is listed once. Walked
+        most recently active first, a session that became active during the walk moved
+        ahead of it and was never listed."""
         sessions: list[dict[str, Any]] = []
         token = None
         seen: set[str] = set()
+        order = "session_id" if every_page else None
         while True:
-            query = {"verdict": verdict, "limit": limit, "page_token": token}
+            query = {"verdict": verdict, "limit": limit, "page_token": token, "order": order}
             page = self._document("/api/sessions", query, ("sessions",), ("next_page_token",))
             for session in page["sessions"]:
                 self._session_head(session)
             sessions.extend(page["sessions"])
             token = self._next(page.get("next_page_token"), seen)
             if not (every_page and token):
-                return sessions, token
+                break
+        if every_page:
+            sessions.sort(key=_by_activity, reverse=True)
+        return sessions, token
 
     def session(self, session_id: str) -> dict[str, Any]:
         """The session with all of its actions and violations, asked a page at a time."""
@@ -280,6 +291,16 @@ class ApiClient:
         if token:
             seen.add(token)
         return token or ""
+
+
+def _by_activity(session: dict[str, Any]) -> tuple[float, str]:
+    """The API's default order of the list, as a key of an ascending sort to reverse: last
+    activity, then id (a session without a numeric ``last_seen`` last)."""
+    last_seen = session.get("last_seen")
+    number = (
+        last_seen if isinstance(last_seen, int | float) and not isinstance(last_seen, bool) else -math.inf
+    )
+    return number, session["session_id"]
 
 
 class _HandshakeNoted(ssl.SSLSocket):

@@ -239,7 +239,7 @@ def test_query_parameters_are_validated(sidecar) -> None:  # type: ignore[no-unt
         )
     # An unknown or blank one is refused: a misspelt verdit=ok, or verdict=, listed every session.
     for path, error in (
-        ("/api/sessions?verdit=ok", "unknown argument 'verdit'; this path takes verdict, limit, page_token"),
+        ("/api/sessions?verdit=ok", "unknown argument 'verdit'; this path takes verdict, limit, page_token, order"),
         ("/api/sessions?verdict=", "verdict must be one of ok, at_risk, unrecoverable, got ''"),
         ("/api/sessions/bad?limit=1", "unknown argument 'limit'; this path takes actions_limit, "
          "actions_page_token, violations_limit, violations_page_token"),
@@ -350,10 +350,70 @@ def test_http_list_pages_through_every_session_with_the_grpc_apis_tokens(sidecar
     )
     assert (status, refused["error"]) == (
         400,
-        "page_token: the token belongs to a listing with another verdict, or is damaged",
+        "page_token: the token belongs to a listing with another verdict or order, or is damaged",
     )
     status, refused = sidecar.get("/api/sessions?page_token=not-a-token")
     assert (status, refused["error"]) == (400, "page_token: not a page token of this API")
+
+
+def test_the_list_by_session_id_walks_every_session_once_while_they_receive_spans(  # type: ignore[no-untyped-def]
+    start_sidecar, store_url: str
+) -> None:
+    """``order=session_id`` (HTTP) and ``LIST_ORDER_SESSION_ID`` (gRPC): each page by id,
+    whatever spans arrive between the pages, with tokens of one scheme; a token of the
+    other order, or an unknown order, is refused."""
+    sidecar = start_sidecar(store_url)
+    agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
+    names = [f"s-{n}" for n in range(7)]
+    for name in reversed(names):
+        agent.action(name, "u1", "user_prompt", result='{"x": 1}')
+    agent.action("bad", "t1", "tool_call", retryable=True)  # unbounded-retry: another verdict
+    seen: list[str] = []
+    token = ""
+    while True:
+        status, page = sidecar.get(
+            f"/api/sessions?verdict=ok&limit=2&order=session_id&page_token={quote(token)}"
+        )
+        assert status == 200, page
+        seen += [s["session_id"] for s in page["sessions"]]
+        # Every session not listed yet becomes the most recently active one.
+        for name in names:
+            if name not in seen:
+                agent.action(name, f"u-{len(seen)}", "user_prompt", result='{"x": 1}')
+        token = page["next_page_token"]
+        if not token:
+            break
+    assert seen == names
+    _, first = sidecar.get("/api/sessions?limit=3&order=session_id")
+    channel, api = api_stub(sidecar)
+    rest = api.ListSessions(
+        pb.ListSessionsRequest(
+            page_size=10, page_token=first["next_page_token"], order=pb.LIST_ORDER_SESSION_ID
+        ),
+        timeout=10,
+    )
+    assert [s["session_id"] for s in first["sessions"]] + [s.session_id for s in rest.sessions] == [
+        "bad",
+        *names,
+    ]
+    for order in (pb.LIST_ORDER_LAST_SEEN, 7):
+        with pytest.raises(grpc.RpcError) as refused:
+            api.ListSessions(
+                pb.ListSessionsRequest(page_token=first["next_page_token"], order=order), timeout=10
+            )
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value.details()
+    channel.close()
+    _, by_activity = sidecar.get("/api/sessions?limit=1")
+    status, refused = sidecar.get(
+        f"/api/sessions?order=session_id&page_token={by_activity['next_page_token']}"
+    )
+    assert (status, refused["error"]) == (
+        400,
+        "page_token: the token belongs to a listing with another verdict or order, or is damaged",
+    )
+    status, refused = sidecar.get("/api/sessions?order=first_seen")
+    assert (status, refused["error"]) == (400, "order must be one of last_seen, session_id, got 'first_seen'")
+    agent.shutdown()
 
 
 def walk_detail(sidecar: Any, session_id: str, name: str, size: int, query: str = "") -> list[dict[str, Any]]:

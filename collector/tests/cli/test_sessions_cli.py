@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -362,3 +363,74 @@ def test_show_finds_a_session_whose_id_is_too_long_for_a_url(sidecar, capsys) ->
     assert code == 0, err
     assert out.startswith(f"session {stored_text(session)}: unrecoverable (active)")
     assert "  error  unkeyed-side-effect  action a1: " in out
+
+
+class PageRelay:
+    """An HTTP relay in front of a sidecar's API that runs ``between`` once, after relaying
+    the first page of the session list and before answering it: what a walk through the
+    pages sees when spans arrive while it is under way."""
+
+    def __init__(self, target: str, between: Any) -> None:
+        self.paths: list[str] = []
+        relay = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                with urllib.request.urlopen(target + self.path, timeout=10) as answer:
+                    body = answer.read()
+                relay.paths.append(self.path)
+                if len(relay.paths) == 1:
+                    between()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        ).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_list_all_lists_once_every_session_that_receives_spans_during_the_walk(  # type: ignore[no-untyped-def]
+    sidecar, capsys, as_json: bool
+) -> None:
+    """Five sessions, listed two a page; after the first page s-2, which a later page
+    would list either way, receives a span. Walked most recently active first, it moved
+    ahead of the walk and was never listed; walked by id, every session is listed once,
+    and shown most recently active first, as a single page shows them."""
+    agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
+    names = [f"s-{n}" for n in range(5)]
+    for name in names:
+        agent.action(name, "u1", "user_prompt")
+    relay = PageRelay(sidecar.http_url, lambda: agent.action("s-2", "u2", "user_prompt"))
+    try:
+        flags = ["--json"] if as_json else []
+        code, out, err = run(
+            capsys, "sessions", "--endpoint", relay.url, *flags, "list", "--limit", "2", "--all"
+        )
+    finally:
+        relay.close()
+        agent.shutdown()
+    assert (code, err) == (0, "")
+    listed = (
+        [s["session_id"] for s in json.loads(out)["sessions"]]
+        if as_json
+        else [line.split()[0] for line in out.splitlines()[1:]]
+    )
+    assert sorted(listed) == names  # each once
+    assert len(relay.paths) == 3 and all("order=session_id" in path for path in relay.paths)
+    # Most recently active first: s-2's new span made it the most recent.
+    assert listed == ["s-2", "s-4", "s-3", "s-1", "s-0"]
+    _, single, _ = run(capsys, "sessions", "--endpoint", sidecar.http_url, "--json", "list")
+    assert [s["session_id"] for s in json.loads(single)["sessions"]] == listed

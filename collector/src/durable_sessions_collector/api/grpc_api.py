@@ -5,8 +5,8 @@ Served on the gRPC port beside the OTLP ``TraceService``:
 - ``GetSession``: one session with a page of its actions and one of its violations
   (``actions_page_token``, ``violations_page_token``, see :mod:`.paging`; ``NOT_FOUND``
   when unknown, ``INVALID_ARGUMENT`` for an empty id);
-- ``ListSessions``: most recently active first, an optional verdict, keyset paging with
-  an opaque ``page_token`` (see :mod:`.paging`, shared with the HTTP API);
+- ``ListSessions``: most recently active first (or by id: ``order``), an optional verdict,
+  keyset paging with an opaque ``page_token`` (see :mod:`.paging`, shared with the HTTP API);
 - ``WatchAlerts``: a server stream of violations, and of changes of their status
   (``ALERT_STATUS_RESOLVED``, ``ALERT_STATUS_FIRING`` again), as they are committed, read
   from the store's violation feed (so a replica also sees what the others commit), polled
@@ -40,7 +40,14 @@ from google.protobuf.message import DecodeError
 from durable_sessions.rules import CATALOGUE
 from durable_sessions_collector.alerts import FIRING, RESOLVED
 from durable_sessions_collector.api.alert_cursor import AlertCursors
-from durable_sessions_collector.api.paging import DEFAULT_PAGE, MAX_PAGE, list_page, session_page
+from durable_sessions_collector.api.paging import (
+    BY_ACTIVITY,
+    BY_ID,
+    DEFAULT_PAGE,
+    MAX_PAGE,
+    list_page,
+    session_page,
+)
 from durable_sessions_collector.api.v1 import sessions_pb2 as pb
 from durable_sessions_collector.api.v1 import sessions_pb2_grpc as pb_grpc
 from durable_sessions_collector.credentials import BearerToken
@@ -62,6 +69,8 @@ VERDICTS = {"ok": pb.VERDICT_OK, "at_risk": pb.VERDICT_AT_RISK, "unrecoverable":
 VERDICT_NAMES = {number: name for name, number in VERDICTS.items()}
 SEVERITIES = {"warning": pb.SEVERITY_WARNING, "error": pb.SEVERITY_ERROR}
 STATES = {"active": pb.SESSION_STATE_ACTIVE, "ended": pb.SESSION_STATE_ENDED}
+LIST_ORDERS = {pb.LIST_ORDER_LAST_SEEN: BY_ACTIVITY, pb.LIST_ORDER_SESSION_ID: BY_ID}
+"""A ``ListSessionsRequest.order`` as the order :func:`~.paging.list_page` takes."""
 ALERT_STATUSES = {FIRING: pb.ALERT_STATUS_FIRING, RESOLVED: pb.ALERT_STATUS_RESOLVED}
 """A feed item's ``status`` as the Alert's."""
 
@@ -138,10 +147,14 @@ class SessionApi(pb_grpc.SessionServiceServicer):
     ) -> pb.ListSessionsResponse:
         if request.verdict != pb.VERDICT_UNSPECIFIED and request.verdict not in VERDICT_NAMES:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown verdict {request.verdict}")
+        if request.order not in LIST_ORDERS:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown order {request.order}")
         verdict = VERDICT_NAMES.get(request.verdict)
         size = min(request.page_size or DEFAULT_PAGE, MAX_PAGE)
         try:
-            sessions, token = list_page(self.store, verdict, size, request.page_token)
+            sessions, token = list_page(
+                self.store, verdict, size, request.page_token, LIST_ORDERS[request.order]
+            )
         except ValueError as error:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"page_token: {error}")
         except StoreError as error:

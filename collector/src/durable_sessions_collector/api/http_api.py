@@ -1,7 +1,9 @@
 """The HTTP JSON API on the HTTP port.
 
-- ``GET /api/sessions?verdict=ok|at_risk|unrecoverable&limit=N&page_token=T``: sessions,
-  most recently active first, a page of at most ``limit`` (default 100, at most 1,000);
+- ``GET /api/sessions?verdict=ok|at_risk|unrecoverable&limit=N&page_token=T&order=O``:
+  sessions, most recently active first (``order=last_seen``, the default) or by id
+  (``order=session_id``: a walk through the pages that lists each session once, however
+  active it is meanwhile), a page of at most ``limit`` (default 100, at most 1,000);
   ``next_page_token`` asks for the next page, and is empty on the last one (keyset
   paging shared with the gRPC API: :mod:`.paging`);
 - ``GET /api/sessions/{id}``: one session: its verdict, a page of its actions in order
@@ -26,7 +28,14 @@ from collections.abc import Callable
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 
 from durable_sessions_collector.alerts.metrics import Metrics
-from durable_sessions_collector.api.paging import DEFAULT_PAGE, MAX_PAGE, list_page, session_page
+from durable_sessions_collector.api.paging import (
+    BY_ACTIVITY,
+    DEFAULT_PAGE,
+    MAX_PAGE,
+    ORDERS,
+    list_page,
+    session_page,
+)
 from durable_sessions_collector.httpserver import Request, Response, Router
 from durable_sessions_collector.quote import quoted
 from durable_sessions_collector.store import Store, StoreError
@@ -53,12 +62,17 @@ class HttpApi:
             return Response.json(
                 400, {"error": f"verdict must be one of {', '.join(VERDICTS)}, got {quoted(verdict)}"}
             )
+        order = (request.query.get("order") or [BY_ACTIVITY])[-1]
+        if order not in ORDERS:
+            return Response.json(
+                400, {"error": f"order must be one of {', '.join(ORDERS)}, got {quoted(order)}"}
+            )
         limit = page_size(request, "limit", DEFAULT_PAGE, MAX_PAGE)
         if isinstance(limit, Response):
             return limit
         try:
             sessions, token = list_page(
-                self.store, verdict, limit, (request.query.get("page_token") or [""])[-1]
+                self.store, verdict, limit, (request.query.get("page_token") or [""])[-1], order
             )
         except ValueError as error:
             return Response.json(400, {"error": f"page_token: {error}"})
@@ -117,7 +131,7 @@ class HttpApi:
         return Response(200, body, content_type)
 
 
-LIST_ARGUMENTS = ("verdict", "limit", "page_token")
+LIST_ARGUMENTS = ("verdict", "limit", "page_token", "order")
 DETAIL_ARGUMENTS = ("actions_limit", "actions_page_token", "violations_limit", "violations_page_token")
 
 

@@ -1,11 +1,14 @@
 """Keyset paging, one scheme for the HTTP and the gRPC API: of the session list, and of a
 session's actions and violations.
 
-A page of the list is the sessions most recently active first; its ``next_page_token``
-(empty on the last page) is opaque to clients and holds the position after the page's
-last session (its ``last_seen`` and id) and the verdict asked, so that a token is
-refused with another verdict. A session that becomes active again between two pages
-moves to the front: one walk through the pages may miss it, or list it twice.
+A page of the list is the sessions most recently active first (:data:`BY_ACTIVITY`), or
+in the order of their ids (:data:`BY_ID`); its ``next_page_token`` (empty on the last
+page) is opaque to clients and holds the position after the page's last session (its
+``last_seen`` and id, or its id) and the verdict asked, so that a token is refused with
+another verdict or the other order. By activity, a session that becomes active again
+between two pages moves to the front: one walk through the pages may miss it, or list it
+twice. By id, a walk lists every session that exists throughout it once (with a verdict:
+unless its verdict changes meanwhile); ``sessions list --all`` walks so.
 
 A session's detail has a page of its actions, in the session's order, and a page of its
 violations, in the order they were found, each of at most ``MAX_DETAIL_PAGE`` (fewer
@@ -41,24 +44,34 @@ from durable_sessions_collector.store.stored import stored_text
 
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
+BY_ACTIVITY = "last_seen"
+"""The list's order by default: most recently active first."""
+BY_ID = "session_id"
+"""The list's order by session id: a walk that sessions' activity does not move."""
+ORDERS = (BY_ACTIVITY, BY_ID)
 
 
 def list_page(
-    store: Store, verdict: str | None, size: int, page_token: str = ""
+    store: Store, verdict: str | None, size: int, page_token: str = "", order: str = BY_ACTIVITY
 ) -> tuple[list[SessionSummary], str]:
-    """One page of at most ``size`` sessions and the token of the next one (empty: none).
+    """One page of at most ``size`` sessions in ``order`` (one of :data:`ORDERS`) and the
+    token of the next one (empty: none).
 
-    Raises ValueError for a ``page_token`` this API did not give for ``verdict``, and
-    :class:`~durable_sessions_collector.store.StoreError` when the store cannot be read.
+    Raises ValueError for a ``page_token`` this API did not give for ``verdict`` and
+    ``order``, and :class:`~durable_sessions_collector.store.StoreError` when the store
+    cannot be read.
     """
-    after = decode_page_token(page_token, verdict) if page_token else None
+    if order == BY_ID:
+        after_id = decode_id_page_token(page_token, verdict) if page_token else None
+        found = store.list_sessions_by_id(verdict, size + 1, after_id)  # type: ignore[arg-type]
+        encode = encode_id_page_token
+    else:
+        after = decode_page_token(page_token, verdict) if page_token else None
+        found = store.list_sessions(verdict, size + 1, after)  # type: ignore[arg-type]
+        encode = encode_page_token
     # One more than asked tells whether there is a next page.
-    sessions, more = split_page(
-        store.list_sessions(verdict, size + 1, after),  # type: ignore[arg-type]
-        size,
-        lambda summary: text_bytes(summary.session_id),
-    )
-    return sessions, (encode_page_token(sessions[-1], verdict) if more else "")
+    sessions, more = split_page(found, size, lambda summary: text_bytes(summary.session_id))
+    return sessions, (encode(sessions[-1], verdict) if more else "")
 
 
 def encode_page_token(last: SessionSummary, verdict: str | None) -> str:
@@ -69,8 +82,20 @@ def decode_page_token(token: str, verdict: str | None) -> tuple[float, str]:
     document = _decode(token)
     last_seen, session_id, asked = _finite(document.get("t")), document.get("s"), document.get("v")
     if last_seen is None or not isinstance(session_id, str) or asked != (verdict or ""):
-        raise ValueError("the token belongs to a listing with another verdict, or is damaged")
+        raise ValueError("the token belongs to a listing with another verdict or order, or is damaged")
     return last_seen, session_id
+
+
+def encode_id_page_token(last: SessionSummary, verdict: str | None) -> str:
+    return _encode({"o": BY_ID, "s": last.session_id, "v": verdict or ""})
+
+
+def decode_id_page_token(token: str, verdict: str | None) -> str:
+    document = _decode(token)
+    session_id = document.get("s")
+    if document.get("o") != BY_ID or not isinstance(session_id, str) or document.get("v") != (verdict or ""):
+        raise ValueError("the token belongs to a listing with another verdict or order, or is damaged")
+    return session_id
 
 
 def _finite(value: Any) -> float | None:

@@ -671,6 +671,14 @@ class Store(Protocol):
         those with ``verdict``; ``after`` = (last_seen, session_id) of the last session of
         the previous page."""
 
+    def list_sessions_by_id(
+        self, verdict: Verdict | None = None, limit: int = 100, after: str | None = None
+    ) -> list[SessionSummary]:
+        """Sessions in the order of their ids, optionally only those with ``verdict``;
+        ``after`` = the id of the last session of the previous page. An id never changes,
+        so a walk through the pages lists every session that exists throughout it once,
+        however active it is meanwhile."""
+
     def get_session(self, session_id: str, pages: DetailPages = FIRST_PAGES) -> SessionDetail | None:
         """One session: its verdict, a page of its actions in order (start time, then
         arrival) and a page of its violations in the order they were found."""

@@ -615,6 +615,25 @@ class PostgresStore:
         )
         return [_summary(row) for row in rows]
 
+    def list_sessions_by_id(
+        self, verdict: Verdict | None = None, limit: int = 100, after: str | None = None
+    ) -> list[SessionSummary]:
+        """See :meth:`Store.list_sessions_by_id
+        <durable_sessions_collector.store.base.Store.list_sessions_by_id>`; read through the
+        primary key's index."""
+        # Each condition only when given: "%s IS NULL OR session_id > %s" is no range of the
+        # index, and every page would be read from the first session on.
+        where = [("verdict = %s", verdict), ("session_id > %s", _t(after))]
+        given = [(condition, value) for condition, value in where if value is not None]
+        clause = ("WHERE " + " AND ".join(condition for condition, _ in given)) if given else ""
+        rows = self._reading(
+            lambda db: db.execute(
+                f"SELECT {_SUMMARY} FROM sessions {clause} ORDER BY session_id LIMIT %s",
+                (*(value for _, value in given), limit),
+            ).fetchall()
+        )
+        return [_summary(row) for row in rows]
+
     def get_session(self, session_id: str, pages: DetailPages = FIRST_PAGES) -> SessionDetail | None:
         if "\x00" in session_id:  # no stored id holds one (refuse_nul); "a\ufffdb" is another session
             return None

@@ -479,6 +479,25 @@ class SqliteStore:
             rows = db.execute(statement, params).fetchall()
         return [_summary(row) for row in rows]
 
+    def list_sessions_by_id(
+        self, verdict: Verdict | None = None, limit: int = 100, after: str | None = None
+    ) -> list[SessionSummary]:
+        """See :meth:`Store.list_sessions_by_id
+        <durable_sessions_collector.store.base.Store.list_sessions_by_id>`; read through the
+        session id's own index (the primary key's)."""
+        # Each condition only when given: "? IS NULL OR session_id > ?" is no range of the
+        # index, and every page would be read from the first session on.
+        where = [("verdict = ?", verdict), ("session_id > ?", after)]
+        given = [(condition, value) for condition, value in where if value is not None]
+        clause = ("WHERE " + " AND ".join(condition for condition, _ in given)) if given else ""
+        statement = (
+            "SELECT session_id, verdict, open, actions, errors, warnings, first_seen, last_seen, ended_at "
+            f"FROM sessions {clause} ORDER BY session_id LIMIT ?"
+        )
+        with self._read() as db:
+            rows = db.execute(statement, (*(value for _, value in given), limit)).fetchall()
+        return [_summary(row) for row in rows]
+
     def get_session(self, session_id: str, pages: DetailPages = FIRST_PAGES) -> SessionDetail | None:
         actions_after = pages.actions_after
         after = f"AND ({ACTION_ORDER}, id) > (?, ?) " if actions_after is not None else ""

@@ -26,21 +26,23 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"durable_sessions/v1/sessions.proto\x12\x13\x64urable_sessions.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xca\x02\n\x0eSessionSummary\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12-\n\x07verdict\x18\x02 \x01(\x0e\x32\x1c.durable_sessions.v1.Verdict\x12\x30\n\x05state\x18\x03 \x01(\x0e\x32!.durable_sessions.v1.SessionState\x12\x14\n\x0c\x61\x63tion_count\x18\x04 \x01(\x04\x12\x0e\n\x06\x65rrors\x18\x05 \x01(\r\x12\x10\n\x08warnings\x18\x06 \x01(\r\x12.\n\nfirst_seen\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12-\n\tlast_seen\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nded_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xb6\x01\n\x06\x41\x63tion\x12\x10\n\x08trace_id\x18\x01 \x01(\t\x12\x0f\n\x07span_id\x18\x02 \x01(\t\x12/\n\x0breceived_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\taction_id\x18\x04 \x01(\t\x12\x0c\n\x04kind\x18\x05 \x01(\t\x12\x0e\n\x06status\x18\x06 \x01(\t\x12\'\n\x06record\x18\x07 \x01(\x0b\x32\x17.google.protobuf.Struct\"\xa1\x02\n\tViolation\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0c\n\x04rule\x18\x02 \x01(\t\x12/\n\x08severity\x18\x03 \x01(\x0e\x32\x1d.durable_sessions.v1.Severity\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x12\n\nsession_id\x18\x05 \x01(\t\x12\x11\n\taction_id\x18\x06 \x01(\t\x12\x10\n\x08trace_id\x18\x07 \x01(\t\x12\x0f\n\x07span_id\x18\x08 \x01(\t\x12\x16\n\x0e\x61t_session_end\x18\t \x01(\x08\x12\x10\n\x08resolved\x18\n \x01(\x08\x12.\n\ncreated_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0bnot_counted\x18\x0c \x01(\x08\"\xe6\x01\n\x07Session\x12\x34\n\x07summary\x18\x01 \x01(\x0b\x32#.durable_sessions.v1.SessionSummary\x12,\n\x07\x61\x63tions\x18\x02 \x03(\x0b\x32\x1b.durable_sessions.v1.Action\x12\x32\n\nviolations\x18\x03 \x03(\x0b\x32\x1e.durable_sessions.v1.Violation\x12\x1f\n\x17next_actions_page_token\x18\x04 \x01(\t\x12\"\n\x1anext_violations_page_token\x18\x05 \x01(\t\"\x9b\x01\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x19\n\x11\x61\x63tions_page_size\x18\x02 \x01(\r\x12\x1a\n\x12\x61\x63tions_page_token\x18\x03 \x01(\t\x12\x1c\n\x14violations_page_size\x18\x04 \x01(\r\x12\x1d\n\x15violations_page_token\x18\x05 \x01(\t\"k\n\x13ListSessionsRequest\x12-\n\x07verdict\x18\x01 \x01(\x0e\x32\x1c.durable_sessions.v1.Verdict\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\"f\n\x14ListSessionsResponse\x12\x35\n\x08sessions\x18\x01 \x03(\x0b\x32#.durable_sessions.v1.SessionSummary\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"c\n\x12WatchAlertsRequest\x12.\n\x08verdicts\x18\x01 \x03(\x0e\x32\x1c.durable_sessions.v1.Verdict\x12\r\n\x05rules\x18\x02 \x03(\t\x12\x0e\n\x06\x63ursor\x18\x03 \x01(\t\"\xe4\x01\n\x05\x41lert\x12\x31\n\tviolation\x18\x01 \x01(\x0b\x32\x1e.durable_sessions.v1.Violation\x12\x35\n\x0fsession_verdict\x18\x02 \x01(\x0e\x32\x1c.durable_sessions.v1.Verdict\x12\x0e\n\x06\x63ursor\x18\x03 \x01(\t\x12\x30\n\x06status\x18\x04 \x01(\x0e\x32 .durable_sessions.v1.AlertStatus\x12/\n\x0b\x64\x65tected_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp*b\n\x07Verdict\x12\x17\n\x13VERDICT_UNSPECIFIED\x10\x00\x12\x0e\n\nVERDICT_OK\x10\x01\x12\x13\n\x0fVERDICT_AT_RISK\x10\x02\x12\x19\n\x15VERDICT_UNRECOVERABLE\x10\x03*N\n\x08Severity\x12\x18\n\x14SEVERITY_UNSPECIFIED\x10\x00\x12\x14\n\x10SEVERITY_WARNING\x10\x01\x12\x12\n\x0eSEVERITY_ERROR\x10\x02*`\n\x0cSessionState\x12\x1d\n\x19SESSION_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14SESSION_STATE_ACTIVE\x10\x01\x12\x17\n\x13SESSION_STATE_ENDED\x10\x02*_\n\x0b\x41lertStatus\x12\x1c\n\x18\x41LERT_STATUS_UNSPECIFIED\x10\x00\x12\x17\n\x13\x41LERT_STATUS_FIRING\x10\x01\x12\x19\n\x15\x41LERT_STATUS_RESOLVED\x10\x02\x32\x9f\x02\n\x0eSessionService\x12R\n\nGetSession\x12&.durable_sessions.v1.GetSessionRequest\x1a\x1c.durable_sessions.v1.Session\x12\x63\n\x0cListSessions\x12(.durable_sessions.v1.ListSessionsRequest\x1a).durable_sessions.v1.ListSessionsResponse\x12T\n\x0bWatchAlerts\x12\'.durable_sessions.v1.WatchAlertsRequest\x1a\x1a.durable_sessions.v1.Alert0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"durable_sessions/v1/sessions.proto\x12\x13\x64urable_sessions.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xca\x02\n\x0eSessionSummary\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12-\n\x07verdict\x18\x02 \x01(\x0e\x32\x1c.durable_sessions.v1.Verdict\x12\x30\n\x05state\x18\x03 \x01(\x0e\x32!.durable_sessions.v1.SessionState\x12\x14\n\x0c\x61\x63tion_count\x18\x04 \x01(\x04\x12\x0e\n\x06\x65rrors\x18\x05 \x01(\r\x12\x10\n\x08warnings\x18\x06 \x01(\r\x12.\n\nfirst_seen\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12-\n\tlast_seen\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nded_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xb6\x01\n\x06\x41\x63tion\x12\x10\n\x08trace_id\x18\x01 \x01(\t\x12\x0f\n\x07span_id\x18\x02 \x01(\t\x12/\n\x0breceived_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\taction_id\x18\x04 \x01(\t\x12\x0c\n\x04kind\x18\x05 \x01(\t\x12\x0e\n\x06status\x18\x06 \x01(\t\x12\'\n\x06record\x18\x07 \x01(\x0b\x32\x17.google.protobuf.Struct\"\xa1\x02\n\tViolation\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0c\n\x04rule\x18\x02 \x01(\t\x12/\n\x08severity\x18\x03 \x01(\x0e\x32\x1d.durable_sessions.v1.Severity\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x12\n\nsession_id\x18\x05 \x01(\t\x12\x11\n\taction_id\x18\x06 \x01(\t\x12\x10\n\x08trace_id\x18\x07 \x01(\t\x12\x0f\n\x07span_id\x18\x08 \x01(\t\x12\x16\n\x0e\x61t_session_end\x18\t \x01(\x08\x12\x10\n\x08resolved\x18\n \x01(\x08\x12.\n\ncreated_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0bnot_counted\x18\x0c \x01(\x08\"\xe6\x01\n\x07Session\x12\x34\n\x07summary\x18\x01 \x01(\x0b\x32#.durable_sessions.v1.SessionSummary\x12,\n\x07\x61\x63tions\x18\x02 \x03(\x0b\x32\x1b.durable_sessions.v1.Action\x12\x32\n\nviolations\x18\x03 \x03(\x0b\x32\x1e.durable_sessions.v1.Violation\x12\x1f\n\x17next_actions_page_token\x18\x04 \x01(\t\x12\"\n\x1anext_violations_page_token\x18\x05 \x01(\t\"\x9b\x01\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x19\n\x11\x61\x63tions_page_size\x18\x02 \x01(\r\x12\x1a\n\x12\x61\x63tions_page_token\x18\x03 \x01(\t\x12\x1c\n\x14violations_page_size\x18\x04 \x01(\r\x12\x1d\n\x15violations_page_token\x18\x05 \x01(\t\"\x9a\x01\n\x13ListSessionsRequest\x12-\n\x07verdict\x18\x01 \x01(\x0e\x32\x1c.durable_sessions.v1.Verdict\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\x12-\n\x05order\x18\x04 \x01(\x0e\x32\x1e.durable_sessions.v1.ListOrder\"f\n\x14ListSessionsResponse\x12\x35\n\x08sessions\x18\x01 \x03(\x0b\x32#.durable_sessions.v1.SessionSummary\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"c\n\x12WatchAlertsRequest\x12.\n\x08verdicts\x18\x01 \x03(\x0e\x32\x1c.durable_sessions.v1.Verdict\x12\r\n\x05rules\x18\x02 \x03(\t\x12\x0e\n\x06\x63ursor\x18\x03 \x01(\t\"\xe4\x01\n\x05\x41lert\x12\x31\n\tviolation\x18\x01 \x01(\x0b\x32\x1e.durable_sessions.v1.Violation\x12\x35\n\x0fsession_verdict\x18\x02 \x01(\x0e\x32\x1c.durable_sessions.v1.Verdict\x12\x0e\n\x06\x63ursor\x18\x03 \x01(\t\x12\x30\n\x06status\x18\x04 \x01(\x0e\x32 .durable_sessions.v1.AlertStatus\x12/\n\x0b\x64\x65tected_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp*b\n\x07Verdict\x12\x17\n\x13VERDICT_UNSPECIFIED\x10\x00\x12\x0e\n\nVERDICT_OK\x10\x01\x12\x13\n\x0fVERDICT_AT_RISK\x10\x02\x12\x19\n\x15VERDICT_UNRECOVERABLE\x10\x03*N\n\x08Severity\x12\x18\n\x14SEVERITY_UNSPECIFIED\x10\x00\x12\x14\n\x10SEVERITY_WARNING\x10\x01\x12\x12\n\x0eSEVERITY_ERROR\x10\x02*`\n\x0cSessionState\x12\x1d\n\x19SESSION_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14SESSION_STATE_ACTIVE\x10\x01\x12\x17\n\x13SESSION_STATE_ENDED\x10\x02*@\n\tListOrder\x12\x18\n\x14LIST_ORDER_LAST_SEEN\x10\x00\x12\x19\n\x15LIST_ORDER_SESSION_ID\x10\x01*_\n\x0b\x41lertStatus\x12\x1c\n\x18\x41LERT_STATUS_UNSPECIFIED\x10\x00\x12\x17\n\x13\x41LERT_STATUS_FIRING\x10\x01\x12\x19\n\x15\x41LERT_STATUS_RESOLVED\x10\x02\x32\x9f\x02\n\x0eSessionService\x12R\n\nGetSession\x12&.durable_sessions.v1.GetSessionRequest\x1a\x1c.durable_sessions.v1.Session\x12\x63\n\x0cListSessions\x12(.durable_sessions.v1.ListSessionsRequest\x1a).durable_sessions.v1.ListSessionsResponse\x12T\n\x0bWatchAlerts\x12\'.durable_sessions.v1.WatchAlertsRequest\x1a\x1a.durable_sessions.v1.Alert0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'durable_sessions.v1.sessions_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_VERDICT']._serialized_start=1868
-  _globals['_VERDICT']._serialized_end=1966
-  _globals['_SEVERITY']._serialized_start=1968
-  _globals['_SEVERITY']._serialized_end=2046
-  _globals['_SESSIONSTATE']._serialized_start=2048
-  _globals['_SESSIONSTATE']._serialized_end=2144
-  _globals['_ALERTSTATUS']._serialized_start=2146
-  _globals['_ALERTSTATUS']._serialized_end=2241
+  _globals['_VERDICT']._serialized_start=1916
+  _globals['_VERDICT']._serialized_end=2014
+  _globals['_SEVERITY']._serialized_start=2016
+  _globals['_SEVERITY']._serialized_end=2094
+  _globals['_SESSIONSTATE']._serialized_start=2096
+  _globals['_SESSIONSTATE']._serialized_end=2192
+  _globals['_LISTORDER']._serialized_start=2194
+  _globals['_LISTORDER']._serialized_end=2258
+  _globals['_ALERTSTATUS']._serialized_start=2260
+  _globals['_ALERTSTATUS']._serialized_end=2355
   _globals['_SESSIONSUMMARY']._serialized_start=123
   _globals['_SESSIONSUMMARY']._serialized_end=453
   _globals['_ACTION']._serialized_start=456
@@ -51,14 +53,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SESSION']._serialized_end=1163
   _globals['_GETSESSIONREQUEST']._serialized_start=1166
   _globals['_GETSESSIONREQUEST']._serialized_end=1321
-  _globals['_LISTSESSIONSREQUEST']._serialized_start=1323
-  _globals['_LISTSESSIONSREQUEST']._serialized_end=1430
-  _globals['_LISTSESSIONSRESPONSE']._serialized_start=1432
-  _globals['_LISTSESSIONSRESPONSE']._serialized_end=1534
-  _globals['_WATCHALERTSREQUEST']._serialized_start=1536
-  _globals['_WATCHALERTSREQUEST']._serialized_end=1635
-  _globals['_ALERT']._serialized_start=1638
-  _globals['_ALERT']._serialized_end=1866
-  _globals['_SESSIONSERVICE']._serialized_start=2244
-  _globals['_SESSIONSERVICE']._serialized_end=2531
+  _globals['_LISTSESSIONSREQUEST']._serialized_start=1324
+  _globals['_LISTSESSIONSREQUEST']._serialized_end=1478
+  _globals['_LISTSESSIONSRESPONSE']._serialized_start=1480
+  _globals['_LISTSESSIONSRESPONSE']._serialized_end=1582
+  _globals['_WATCHALERTSREQUEST']._serialized_start=1584
+  _globals['_WATCHALERTSREQUEST']._serialized_end=1683
+  _globals['_ALERT']._serialized_start=1686
+  _globals['_ALERT']._serialized_end=1914
+  _globals['_SESSIONSERVICE']._serialized_start=2358
+  _globals['_SESSIONSERVICE']._serialized_end=2645
 # @@protoc_insertion_point(module_scope)

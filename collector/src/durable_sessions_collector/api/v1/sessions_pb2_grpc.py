@@ -63,7 +63,8 @@ class SessionServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListSessions(self, request, context):
-        """Sessions, most recently active first, optionally only those with one verdict.
+        """Sessions, most recently active first (or by id: ListSessionsRequest.order),
+        optionally only those with one verdict.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
