@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from durable_sessions_collector.config import EncryptedKeyError, refuse_passphrase
+from durable_sessions_collector.grpchandlers import answered_by
 from durable_sessions_collector.httpserver import Request, Response
 from durable_sessions_collector.otlp.http_receiver import answer_media_type, status_body
 
@@ -118,17 +119,7 @@ class GrpcAuthInterceptor(grpc.ServerInterceptor):
         def deny(_request: Any, context: grpc.ServicerContext) -> Any:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
-        options = {
-            "request_deserializer": handler.request_deserializer,
-            "response_serializer": handler.response_serializer,
-        }
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(deny, **options)
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(deny, **options)
-        if handler.stream_unary is not None:
-            return grpc.stream_unary_rpc_method_handler(deny, **options)
-        return grpc.stream_stream_rpc_method_handler(deny, **options)
+        return answered_by(handler, deny)
 
 
 def authorization(metadata: Iterable[tuple[str, Any]] | None) -> str | None:

@@ -10,14 +10,17 @@ permanent *and* misattributes to the server). Answers, per the OTLP specificatio
 - ``INVALID_ARGUMENT``: the request cannot be decoded (not retried by clients);
 - ``RESOURCE_EXHAUSTED``: over ``max_request_bytes`` (grpcio enforces the receive limit);
 - ``UNAVAILABLE`` with ``RetryInfo``: the write queue is full, the decoding budget has
-  no room for the request (:mod:`.budget`), or the store failed; the
-  ``RetryInfo`` is sent both in ``grpc-status-details-bin`` (``google.rpc.Status``, as
-  Go clients read it) and as ``google.rpc.retryinfo-bin`` (as the Python SDK reads it).
+  no room for the request (:mod:`.budget`), the store failed, or the sidecar is stopping
+  (:class:`Drain`); the ``RetryInfo`` is sent both in ``grpc-status-details-bin``
+  (``google.rpc.Status``, as Go clients read it) and as ``google.rpc.retryinfo-bin`` (as
+  the Python SDK reads it).
 """
 
 from __future__ import annotations
 
+import math
 import socket
+import threading
 import time
 from concurrent import futures
 from typing import Any
@@ -26,6 +29,7 @@ import grpc
 from google.rpc import code_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
+from durable_sessions_collector.grpchandlers import answered_by
 from durable_sessions_collector.jsonlog import JsonLog
 from durable_sessions_collector.otlp.budget import DecodingRefused
 from durable_sessions_collector.otlp.decode import BadData
@@ -105,6 +109,75 @@ def bind_error(endpoint: str) -> str | None:
     return None
 
 
+QUIET_S = 0.05
+"""A draining port closes once no call has arrived for this long and none is in progress."""
+MIN_CLOSE_GRACE_S = 0.5
+"""The least grace the port's close gives the calls still in progress, after its drain."""
+ALWAYS_ANSWERED = "/grpc.health.v1.Health/"
+"""Methods a draining port still serves: the health service answers NOT_SERVING itself."""
+
+
+class Drain(grpc.ServerInterceptor):
+    """The first step of the port's stop: new calls are answered ``UNAVAILABLE`` with
+    ``RetryInfo`` ("the sidecar is stopping") by a handler of the sidecar while the calls
+    in progress end, before grpcio's stop closes the port.
+
+    grpcio answers a call that has reached the server but no handler when its stop begins
+    ``CANCELLED`` (retryable in the OTLP specification, but read by many clients as their
+    own cancellation, and without a delay), and gives no way to answer it otherwise. A
+    client told ``UNAVAILABLE`` with a delay during the drain waits, and meets a closed
+    port (``UNAVAILABLE``) after it, so few calls are left to be caught so. Only unary calls
+    are waited for: the sidecar ends its own streams before it stops the port."""
+
+    def __init__(self, retry_after_s: float) -> None:
+        self.retry_after_s = retry_after_s
+        self.draining = threading.Event()
+        self._lock = threading.Lock()
+        self._in_progress = 0
+        self._last_arrival = -math.inf
+
+    def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
+        handler = continuation(handler_call_details)
+        with self._lock:
+            self._last_arrival = time.monotonic()
+        if handler is None or handler_call_details.method.startswith(ALWAYS_ANSWERED):
+            return handler
+        if self.draining.is_set():
+            return answered_by(handler, self._refuse)
+        if handler.unary_unary is not None:
+            return answered_by(handler, self._counted(handler.unary_unary))
+        return handler
+
+    def drain(self, deadline: float) -> None:
+        """Answer new calls ``UNAVAILABLE`` from now on; return once no call is in progress
+        and none arrived for :data:`QUIET_S`, or at ``deadline`` (``time.monotonic()``)."""
+        self.draining.set()
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self._in_progress == 0 and time.monotonic() - self._last_arrival >= QUIET_S:
+                    return
+            time.sleep(0.01)
+
+    def _counted(self, behaviour: Any) -> Any:
+        def counted(request: Any, context: grpc.ServicerContext) -> Any:
+            with self._lock:
+                self._in_progress += 1
+            try:
+                return behaviour(request, context)
+            finally:
+                with self._lock:
+                    self._in_progress -= 1
+
+        return counted
+
+    def _refuse(self, _request: Any, context: grpc.ServicerContext) -> Any:
+        context.abort_with_status(
+            unavailable_status(
+                "the sidecar is stopping; retry later, or with another replica", self.retry_after_s
+            )
+        )
+
+
 class _Status(grpc.Status):
     def __init__(
         self, code: grpc.StatusCode, details: str, trailing_metadata: tuple[tuple[str, Any], ...]
@@ -157,9 +230,11 @@ class GrpcReceiver:
         self.endpoint = endpoint
         self.log = log
         self.credentials = credentials
+        self.drain = Drain(receiver.pipeline.retry_after_s)
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="otlp-grpc"),
-            interceptors=interceptors,
+            # The drain first: a stopping port answers every call alike, asked with a token or not.
+            interceptors=(self.drain, *interceptors),
             options=[
                 ("grpc.max_receive_message_length", max_request_bytes),
                 ("grpc.max_send_message_length", 4 * 1024 * 1024),
@@ -207,7 +282,14 @@ class GrpcReceiver:
         return port
 
     def stop(self, grace: float = 2.0) -> None:
-        self.server.stop(grace).wait(grace + 1)
+        """Drain the port (:class:`Drain`) for up to ``grace`` seconds, then close it,
+        cancelling the calls still in progress after what is left of ``grace`` (at least
+        :data:`MIN_CLOSE_GRACE_S`): grpcio answers those ``UNAVAILABLE``."""
+        deadline = time.monotonic() + grace
+        if self.port:  # started: calls may be coming
+            self.drain.drain(deadline)
+        close_grace = max(deadline - time.monotonic(), MIN_CLOSE_GRACE_S)
+        self.server.stop(close_grace).wait(close_grace + 1)
 
     def _export(self, body: bytes, context: grpc.ServicerContext) -> ExportTraceServiceResponse:
         start = time.perf_counter()

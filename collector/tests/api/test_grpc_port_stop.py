@@ -1,0 +1,120 @@
+"""The gRPC port while the sidecar stops: every call is answered ``UNAVAILABLE`` (retry,
+here later or with another replica), none ``CANCELLED``, which clients read as their own
+cancellation.
+
+Real sidecars, real gRPC channels: Exports that honour the ``RetryInfo`` they are given,
+as the OpenTelemetry exporters do, and API calls, while :meth:`Service.stop` runs.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections import Counter
+
+import grpc
+import pytest
+from durable_sessions_collector.api.v1 import sessions_pb2 as pb
+from durable_sessions_collector.api.v1 import sessions_pb2_grpc as pb_grpc
+from google.rpc import error_details_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from sidecar_clients import export_call, one_action_export
+
+STOPPING = "the sidecar is stopping; retry later, or with another replica"
+
+
+def retry_delay(error: grpc.RpcError) -> float | None:
+    """The delay an error's ``RetryInfo`` asks for, as the Python SDK reads it; None without one."""
+    for key, value in error.trailing_metadata() or ():
+        if key == "google.rpc.retryinfo-bin":
+            return error_details_pb2.RetryInfo.FromString(value).retry_delay.ToTimedelta().total_seconds()
+    return None
+
+
+class Exporter(threading.Thread):
+    """Exports one span at a time to the port until told to stop, waiting what a refusal's
+    ``RetryInfo`` asks (else 50 ms), and notes each answer: its code and details."""
+
+    def __init__(self, endpoint: str, number: int) -> None:
+        super().__init__(daemon=True)
+        self.endpoint, self.number = endpoint, number
+        self.answers: list[tuple[str, str, float | None]] = []
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        channel = grpc.insecure_channel(self.endpoint)
+        export = export_call(channel)
+        n = 0
+        while not self.done.is_set():
+            n += 1
+            try:
+                export(one_action_export(self.number * 4096 + n % 4096, f"s-{self.number}"), timeout=10)
+                self.answers.append(("OK", "", None))
+            except grpc.RpcError as error:
+                delay = retry_delay(error)
+                self.answers.append((error.code().name, error.details() or "", delay))
+                self.done.wait(delay or 0.05)
+        channel.close()
+
+
+def test_calls_made_while_the_sidecar_stops_are_answered_unavailable_never_cancelled(start_sidecar) -> None:  # type: ignore[no-untyped-def]
+    answers: Counter[tuple[str, str]] = Counter()
+    told_to_wait = 0
+    for _ in range(3):  # a call caught by grpcio's own stop is a race: give it a few chances
+        sidecar = start_sidecar()
+        exporters = [Exporter(sidecar.grpc_endpoint, number) for number in range(8)]
+        for exporter in exporters:
+            exporter.start()
+        time.sleep(0.5)  # under way
+        sidecar.stop()
+        time.sleep(0.3)  # and on, against the closed port
+        for exporter in exporters:
+            exporter.done.set()
+        for exporter in exporters:
+            exporter.join(15)
+        for exporter in exporters:
+            answers.update(
+                (code, details if code != "UNAVAILABLE" else "") for code, details, _ in exporter.answers
+            )
+            # The first refusal is the sidecar's own, with the delay to wait.
+            refusals = [(details, delay) for code, details, delay in exporter.answers if code != "OK"]
+            assert refusals and refusals[0][0] == STOPPING and refusals[0][1] >= 1, exporter.answers[-5:]
+            told_to_wait += 1
+    assert set(answers) == {("OK", ""), ("UNAVAILABLE", "")}, answers
+    assert told_to_wait == 24
+
+
+def test_the_port_drains_while_an_export_is_in_progress(start_sidecar, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """An Export waits for its commit (another process holds the SQLite file's write lock)
+    when the sidecar is told to stop: meanwhile the port answers a new API call
+    ``UNAVAILABLE`` with ``RetryInfo``, and the health service NOT_SERVING; once the lock
+    is released the Export is committed and answered OK, and the sidecar stops."""
+    store = tmp_path / "sessions.db"
+    sidecar = start_sidecar(store)
+    channel = grpc.insecure_channel(sidecar.grpc_endpoint)
+    api = pb_grpc.SessionServiceStub(channel)
+    api.ListSessions(pb.ListSessionsRequest(), timeout=10)  # connected
+    lock = sqlite3.connect(store, isolation_level=None)
+    lock.execute("BEGIN EXCLUSIVE")
+    exported = export_call(channel).future(one_action_export(1, "held"), timeout=20)
+    time.sleep(0.3)  # waiting for its commit
+    stopping = threading.Thread(target=sidecar.stop)
+    stopping.start()
+    time.sleep(0.3)  # stopping: the drain lasts while the Export waits (up to the port's grace, 2 s)
+    try:
+        with pytest.raises(grpc.RpcError) as refused:
+            api.ListSessions(pb.ListSessionsRequest(), timeout=10)
+        health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+    finally:
+        lock.execute("ROLLBACK")
+        lock.close()
+    assert exported.result(timeout=10).partial_success.rejected_spans == 0
+    stopping.join(15)
+    channel.close()
+    assert (refused.value.code(), refused.value.details()) == (grpc.StatusCode.UNAVAILABLE, STOPPING)
+    assert retry_delay(refused.value) >= 1  # type: ignore[operator]
+    assert health.status == health_pb2.HealthCheckResponse.NOT_SERVING
+    check = sqlite3.connect(store)
+    assert check.execute("SELECT count(*) FROM actions").fetchone() == (1,)
+    check.close()
