@@ -416,6 +416,23 @@ def test_the_list_by_session_id_walks_every_session_once_while_they_receive_span
     agent.shutdown()
 
 
+def test_a_list_token_with_a_session_id_no_store_holds_is_refused_as_damaged(  # type: ignore[no-untyped-def]
+    start_sidecar, store_url: str
+) -> None:
+    """A tampered token whose session id has a lone surrogate (JSON ``"\\ud800"``) is a
+    damaged token, of either order; the store's codec error ("surrogates not allowed")
+    was answered in its place."""
+    sidecar = start_sidecar(store_url)
+    documents = ({"t": 1.0, "s": "\ud800", "v": ""}, {"o": "session_id", "s": "a\udfff", "v": ""})
+    for order, document in zip(("last_seen", "session_id"), documents, strict=True):
+        token = base64.urlsafe_b64encode(json.dumps(document).encode()).decode()
+        status, refused = sidecar.get(f"/api/sessions?order={order}&page_token={quote(token)}")
+        assert (status, refused["error"]) == (
+            400,
+            "page_token: the token belongs to a listing with another verdict or order, or is damaged",
+        )
+
+
 def walk_detail(sidecar: Any, session_id: str, name: str, size: int, query: str = "") -> list[dict[str, Any]]:
     """Every page of a session's ``name`` list (actions, violations), ``size`` a page."""
     pages, token = [], ""

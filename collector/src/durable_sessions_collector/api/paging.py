@@ -80,8 +80,8 @@ def encode_page_token(last: SessionSummary, verdict: str | None) -> str:
 
 def decode_page_token(token: str, verdict: str | None) -> tuple[float, str]:
     document = _decode(token)
-    last_seen, session_id, asked = _finite(document.get("t")), document.get("s"), document.get("v")
-    if last_seen is None or not isinstance(session_id, str) or asked != (verdict or ""):
+    last_seen, session_id, asked = _finite(document.get("t")), _session_id(document), document.get("v")
+    if last_seen is None or session_id is None or asked != (verdict or ""):
         raise ValueError("the token belongs to a listing with another verdict or order, or is damaged")
     return last_seen, session_id
 
@@ -92,9 +92,23 @@ def encode_id_page_token(last: SessionSummary, verdict: str | None) -> str:
 
 def decode_id_page_token(token: str, verdict: str | None) -> str:
     document = _decode(token)
-    session_id = document.get("s")
-    if document.get("o") != BY_ID or not isinstance(session_id, str) or document.get("v") != (verdict or ""):
+    session_id = _session_id(document)
+    if document.get("o") != BY_ID or session_id is None or document.get("v") != (verdict or ""):
         raise ValueError("the token belongs to a listing with another verdict or order, or is damaged")
+    return session_id
+
+
+def _session_id(document: dict[str, Any]) -> str | None:
+    """The token's session id, or None when it holds none a store can compare with: not a
+    string, or one with a lone surrogate (JSON's ``"\ud800"``), which no stored id holds and
+    the stores cannot encode (the codec's error was answered as the token's fault)."""
+    session_id = document.get("s")
+    if not isinstance(session_id, str):
+        return None
+    try:
+        session_id.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
     return session_id
 
 
