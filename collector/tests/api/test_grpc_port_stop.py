@@ -81,6 +81,11 @@ def test_calls_made_while_the_sidecar_stops_are_answered_unavailable_never_cance
             refusals = [(details, delay) for code, details, delay in exporter.answers if code != "OK"]
             assert refusals and refusals[0][0] == STOPPING and refusals[0][1] >= 1, exporter.answers[-5:]
             told_to_wait += 1
+        # Each refused Export is counted unavailable, as the writer's refusals are.
+        refused = sidecar.service.metrics.registry.get_sample_value(
+            "durable_sessions_export_requests_total", {"transport": "grpc", "outcome": "unavailable"}
+        )
+        assert refused == sum(1 for e in exporters for _, details, _ in e.answers if details == STOPPING)
     assert set(answers) == {("OK", ""), ("UNAVAILABLE", "")}, answers
     assert told_to_wait == 24
 

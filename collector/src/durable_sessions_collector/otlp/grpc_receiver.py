@@ -22,6 +22,7 @@ import math
 import socket
 import threading
 import time
+from collections.abc import Callable
 from concurrent import futures
 from typing import Any
 
@@ -38,6 +39,7 @@ from durable_sessions_collector.pipeline import Overloaded, Unavailable
 
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 TRANSPORT = "grpc"
+EXPORT_METHOD = f"/{SERVICE}/Export"
 
 SPARE_WORKERS = 8
 """Worker threads of the port beyond those that Exports waiting for their commit,
@@ -129,8 +131,10 @@ class Drain(grpc.ServerInterceptor):
     port (``UNAVAILABLE``) after it, so few calls are left to be caught so. Only unary calls
     are waited for: the sidecar ends its own streams before it stops the port."""
 
-    def __init__(self, retry_after_s: float) -> None:
+    def __init__(self, retry_after_s: float, on_refused: Callable[[str], None] = lambda method: None) -> None:
+        """``on_refused(method)`` is called for each call refused (``/package.Service/Method``)."""
         self.retry_after_s = retry_after_s
+        self.on_refused = on_refused
         self.draining = threading.Event()
         self._lock = threading.Lock()
         self._in_progress = 0
@@ -143,6 +147,7 @@ class Drain(grpc.ServerInterceptor):
         if handler is None or handler_call_details.method.startswith(ALWAYS_ANSWERED):
             return handler
         if self.draining.is_set():
+            self.on_refused(handler_call_details.method)
             return answered_by(handler, self._refuse)
         if handler.unary_unary is not None:
             return answered_by(handler, self._counted(handler.unary_unary))
@@ -230,7 +235,7 @@ class GrpcReceiver:
         self.endpoint = endpoint
         self.log = log
         self.credentials = credentials
-        self.drain = Drain(receiver.pipeline.retry_after_s)
+        self.drain = Drain(receiver.pipeline.retry_after_s, on_refused=self._refused_while_stopping)
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="otlp-grpc"),
             # The drain first: a stopping port answers every call alike, asked with a token or not.
@@ -290,6 +295,11 @@ class GrpcReceiver:
             self.drain.drain(deadline)
         close_grace = max(deadline - time.monotonic(), MIN_CLOSE_GRACE_S)
         self.server.stop(close_grace).wait(close_grace + 1)
+
+    def _refused_while_stopping(self, method: str) -> None:
+        """An Export the drain refused counts as ``unavailable``, as one the stopping writer refuses."""
+        if method == EXPORT_METHOD:
+            self.metrics.requests.labels(TRANSPORT, "unavailable").inc()
 
     def _export(self, body: bytes, context: grpc.ServicerContext) -> ExportTraceServiceResponse:
         start = time.perf_counter()
