@@ -319,12 +319,21 @@ def _opener(loopback: bool, context: ssl.SSLContext | None) -> urllib.request.Op
     to a loopback sidecar, which is reached directly, as Go's ``ProxyFromEnvironment`` (and
     so the Collector and its tools) does: a proxy would reach its own loopback, not this
     host's, and be handed the bearer token on the way."""
-    handlers: list[urllib.request.BaseHandler] = []
+    handlers: list[urllib.request.BaseHandler] = [_NoRedirects()]
     if context is not None:
         handlers.append(urllib.request.HTTPSHandler(context=context))
     if loopback:
         handlers.append(urllib.request.ProxyHandler({}))
     return urllib.request.build_opener(*handlers)
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """Redirects are not followed: the sidecar's API never sends one, and urllib repeats
+    every header of the request to the new location, the bearer token included, to
+    another host and over plain HTTP as well. The 3xx is the answer (:func:`_refusal`)."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
 
 
 def _load_client_certificate(context: ssl.SSLContext, cert_file: str, key_file: str | None) -> None:
@@ -345,6 +354,11 @@ def _refusal(shown: str, error: urllib.error.HTTPError) -> ApiError:
     if error.code == 401:
         hint = "pass the sidecar's token with --token, --token-file or $DURABLE_SESSIONS_AUTH_TOKEN"
         return ApiError(f"{shown} refused the request (401 {detail}); {hint}")
+    if 300 <= error.code < 400:
+        return ApiError(
+            f"{shown} answered {error.code}, a redirect, which the sidecar's API never sends (not followed: "
+            f"the request carries the token); is it the sidecar's HTTP port, with the right scheme?"
+        )
     return ApiError(f"{shown} answered {error.code}: {detail}")
 
 

@@ -301,3 +301,61 @@ def test_a_reset_while_sending_hints_at_the_scheme_too() -> None:
     # Over https:// the scheme is not the likely mistake.
     client = ApiClient("https://127.0.0.1:9")
     assert "cannot reach the sidecar" in str(client._failure(reset))
+
+
+class Redirector:
+    """A real HTTP server that answers every GET 302 to ``location``, and one that notes
+    the Authorization header of every request it gets."""
+
+    def __init__(self) -> None:
+        self.seen: list[str | None] = []
+        seen = self.seen
+
+        class Elsewhere(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                seen.append(self.headers.get("Authorization"))
+                self.send_error(404)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.elsewhere = ThreadingHTTPServer(("127.0.0.1", 0), Elsewhere)
+        location = f"http://127.0.0.1:{self.elsewhere.server_address[1]}/stolen"
+
+        class Redirecting(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(302)
+                self.send_header("Location", location)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.redirecting = ThreadingHTTPServer(("127.0.0.1", 0), Redirecting)
+        self.url = f"http://127.0.0.1:{self.redirecting.server_address[1]}"
+        for server in (self.elsewhere, self.redirecting):
+            threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def close(self) -> None:
+        for server in (self.elsewhere, self.redirecting):
+            server.shutdown()
+            server.server_close()
+
+
+@pytest.mark.parametrize("command", [("list",), ("show", "s-1")])
+def test_a_redirect_is_not_followed_with_the_token(command: tuple[str, ...], capsys) -> None:  # type: ignore[no-untyped-def]
+    """urllib followed a redirect with every header of the request: the bearer token went to
+    wherever the endpoint pointed, another host or plain HTTP. The sidecar never redirects:
+    the 3xx is an error (exit 1) that says so, and nothing is sent elsewhere."""
+    redirector = Redirector()
+    try:
+        code, out, err = run(
+            capsys, "sessions", "--endpoint", redirector.url, "--token", "secret-token-0123456789", *command
+        )
+    finally:
+        redirector.close()
+    assert redirector.seen == []
+    assert (code, out) == (1, "")
+    assert err.startswith(f"durable-sessions-collector: {redirector.url} answered 302, a redirect"), err
+    assert "secret-token" not in err
