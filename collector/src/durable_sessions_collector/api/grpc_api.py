@@ -194,11 +194,12 @@ class SessionApi(pb_grpc.SessionServiceServicer):
         try:
             position = cursors.position(cursor) if cursor else self.store.violation_cursor()
             self.store.violations_after(position, 0)
+            start = cursors.cursor(position)  # reads the store's id, once: a failure is answered here
         except ValueError as error:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"cursor: {error}")
         except StoreError as error:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"the store cannot be read: {error}")
-        context.send_initial_metadata(((CURSOR_METADATA, cursors.cursor(position)),))
+        context.send_initial_metadata(((CURSOR_METADATA, start),))
         done = threading.Event()
         context.add_callback(done.set)  # the client went away
         token = StreamToken(self.token, context)
