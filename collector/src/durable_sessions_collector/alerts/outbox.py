@@ -10,12 +10,15 @@ claimed a batch at a time and each claim is renewed right before its attempt
 (:meth:`Store.hold_alert`): a row another replica claimed meanwhile is left to it.
 
 A delivered alert is marked delivered (if the store refuses the mark, the next pass
-marks it without sending it again); a retryable failure is retried after
+marks it without sending it again: :class:`Unrecorded`); a retryable failure is retried after
 ``backoff_s · 2^(attempt-1)`` (capped by ``max_backoff_s``, ±50% jitter so that many
 sidecars do not retry in step; a delay the receiver asks for is honoured up to the cap);
 a rejection, or the ``max_attempts``-th failure, moves the alert to the dead letter: it
 stays in the outbox with state ``dead`` and its last error, and is never sent again. The
 error is stored as the log shows it, with the log's redactor applied (:func:`log_redactor`).
+A failure the store refuses to record (a full disk, a lost connection) is counted in
+memory until it takes it (:class:`Unrecorded`): the backoff and the dead letter hold
+while the store fails, rather than the alert being sent again each second, forever.
 
 A failure of the receiver as a whole (unreachable, a timeout, overloaded or rate-limited:
 :attr:`Attempt.receiver_unavailable`) pauses the channel until that alert's retry: the
@@ -37,6 +40,7 @@ import math
 import random
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -48,6 +52,9 @@ from durable_sessions_collector.store import Alert, Store, store_time
 
 BATCH = 100
 MAX_ERROR_CHARS = 500
+UNRECORDED_LIMIT = 10_000
+"""Most alerts of a channel whose outcome the store refused to record are remembered
+(:class:`Unrecorded`)."""
 
 
 @runtime_checkable
@@ -100,6 +107,63 @@ class DeliveryPolicy:
 DEFAULT_POLICY = DeliveryPolicy()
 
 
+@dataclass(slots=True)
+class Refused:
+    """What the store refused to record of one alert's attempts: that it was delivered
+    (only its mark is missing), or ``failed`` failed attempts, the last one's ``error``
+    and the time it is due again (None: it is dead-lettered)."""
+
+    delivered: bool = False
+    failed: int = 0
+    error: str = ""
+    retry_at: float | None = None
+
+
+class Unrecorded:
+    """The outcomes of attempts the store refused to record (a full disk, a lost
+    connection), by outbox row, until it records them: a delivered alert is marked, not
+    sent again, and a failing one keeps its backoff and its count of attempts (so its
+    dead letter) although the store still has it due with its earlier count. What a
+    restart loses is only what a crash loses anyway: an alert is sent again after it, with
+    its ``Idempotency-Key``.
+
+    At most ``limit`` alerts, those the store returned least recently forgotten first: a
+    row that leaves the pending ones meanwhile (a mark the store committed though it
+    reported a failure, another replica's mark, then retention) is never returned again,
+    and must not be kept forever. A row is known by its id and its key: SQLite gives a new
+    row the id of a deleted one, and a new alert must not be taken for one sent before."""
+
+    def __init__(self, limit: int = UNRECORDED_LIMIT) -> None:
+        self.limit = limit
+        self._refused: OrderedDict[tuple[int, str], Refused] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._refused)
+
+    def keys(self) -> list[str]:
+        """The keys of the alerts remembered, least recently returned by the store first."""
+        return [key for _, key in self._refused]
+
+    def get(self, alert: Alert) -> Refused | None:
+        """What is unrecorded of ``alert``, which the store just returned, if anything."""
+        row = (alert.id, alert.violation_key)
+        refused = self._refused.get(row)
+        if refused is not None:
+            self._refused.move_to_end(row)
+        return refused
+
+    def keep(self, alert: Alert, refused: Refused) -> None:
+        row = (alert.id, alert.violation_key)
+        self._refused[row] = refused
+        self._refused.move_to_end(row)
+        while len(self._refused) > self.limit:
+            self._refused.popitem(last=False)
+
+    def forget(self, alert: Alert) -> None:
+        """The store recorded the outcome of ``alert``."""
+        self._refused.pop((alert.id, alert.violation_key), None)
+
+
 class OutboxDelivery:
     """Delivers the outbox rows of :attr:`channel` from a thread of its own."""
 
@@ -134,8 +198,8 @@ class OutboxDelivery:
         self._thread: threading.Thread | None = None
         self._next_due: float | None = None
         self._paused_until = 0.0
-        self._sent: set[int] = set()
-        """Outbox ids of alerts delivered whose mark the store refused: marked, not sent again."""
+        self.unrecorded = Unrecorded()
+        """What the store refused to record of this channel's attempts, until it records it."""
 
     # --- what a channel provides --------------------------------------------------------
 
@@ -208,7 +272,7 @@ class OutboxDelivery:
             due = self.store.pending_alerts(self.channel, self.now(), limit=BATCH)
             if not due:
                 break
-            sent = delivered
+            sent, waiting = delivered, 0
             for index, alert in enumerate(due):
                 if self._stopping.is_set() or self._paused():
                     # Due again when the pause ends (at once when stopping), not at the
@@ -216,11 +280,47 @@ class OutboxDelivery:
                     self.store.release_alerts(due[index:], max(self.now(), self._paused_until))
                     return delivered
                 held = self.store.hold_alert(alert, self.now(), self.timeout_s)
-                if held is not None:  # else another replica claimed it when our lease ran out
+                if held is None:  # another replica claimed it when our lease ran out
+                    continue
+                if self._waiting(held):
+                    waiting += 1
+                else:
                     delivered += self._deliver(held)
-            if len(due) < BATCH and delivered == sent:  # else a change held back behind one sent is due
-                break
+            # A batch the store still has due only by the failures it refused is all there
+            # is until they are due: fetching it again would spin.
+            if waiting == len(due) or (len(due) < BATCH and delivered == sent):
+                break  # else more rows, or a change held back behind one sent, are due
         return delivered
+
+    def _waiting(self, alert: Alert) -> bool:
+        """Whether ``alert``, due by the store, is not due by the failures the store
+        refused to record (:class:`Unrecorded`): its retry is later, or it is
+        dead-lettered (then its mark is written now; it is never sent again)."""
+        refused = self.unrecorded.get(alert)
+        if refused is None or refused.delivered:
+            return False
+        if refused.retry_at is None:
+            self._record_failure(alert, refused, None)
+            return True
+        if self.now() < refused.retry_at:
+            self._due_at(refused.retry_at)
+            return True
+        return False
+
+    def _due_at(self, when: float) -> None:
+        self._next_due = when if self._next_due is None else min(self._next_due, when)
+
+    def _record_failure(self, alert: Alert, refused: Refused, retry_at: float | None) -> None:
+        """Write ``refused``'s failed attempts, the last to be retried at ``retry_at`` (or
+        dead-lettered); if the store refuses them, keep them (:class:`Unrecorded`) and raise."""
+        try:
+            with self.store.writer() as writer:
+                writer.mark_failed(alert, refused.error, retry_at, refused.failed)
+        except BaseException:
+            refused.retry_at = retry_at
+            self.unrecorded.keep(alert, refused)
+            raise
+        self.unrecorded.forget(alert)
 
     def _delivered(self, alert: Alert, attempts: int) -> int:
         """Mark ``alert``, delivered at its ``attempts``-th attempt. If the store refuses
@@ -232,9 +332,9 @@ class OutboxDelivery:
             with self.store.writer() as writer:
                 writer.mark_delivered([alert], now)
         except BaseException:
-            self._sent.add(alert.id)
+            self.unrecorded.keep(alert, Refused(delivered=True))
             raise
-        self._sent.discard(alert.id)
+        self.unrecorded.forget(alert)
         self.metrics.delivered(self.channel, [alert], now)
         key = idempotency_key(alert.payload)
         self.log.debug("alert-delivered", channel=self.channel, idempotency_key=key, attempts=attempts)
@@ -248,7 +348,8 @@ class OutboxDelivery:
 
     def _deliver(self, alert: Alert) -> int:
         channel = self.channel
-        if alert.id in self._sent:  # delivered already: only its mark is missing
+        refused = self.unrecorded.get(alert) or Refused()
+        if refused.delivered:  # delivered already: only its mark is missing
             return self._delivered(alert, alert.attempts + 1)
         start = time.perf_counter()
         try:
@@ -257,7 +358,7 @@ class OutboxDelivery:
             attempt = Attempt("retry", f"{type(error).__name__}: {error}")
         self.metrics.alert_delivery_duration.labels(channel).observe(time.perf_counter() - start)
         now = self.now()
-        attempts = alert.attempts + 1
+        attempts = alert.attempts + refused.failed + 1
         key = idempotency_key(alert.payload)
         if attempt.outcome == "delivered":
             return self._delivered(alert, attempts)
@@ -267,11 +368,11 @@ class OutboxDelivery:
             delay = min(self.max_backoff_s, max(delay, attempt.retry_after_s))
         if attempt.receiver_unavailable:  # also when this alert's attempts are exhausted
             self._paused_until = now + delay
+        failed = Refused(failed=refused.failed + 1, error=error)
         if attempt.outcome == "retry" and attempts < self.max_attempts:
             retry_at = now + delay
-            with self.store.writer() as writer:
-                writer.mark_failed(alert, error, retry_at)
-            self._next_due = retry_at if self._next_due is None else min(self._next_due, retry_at)
+            self._due_at(retry_at)
+            # Counted and logged before the store records it: the attempt was made.
             self.metrics.alert_deliveries.labels(channel, RETRY).inc()
             self.log.warning(
                 "alert-delivery-retry",
@@ -284,9 +385,8 @@ class OutboxDelivery:
                 error=error,
                 channel_paused=attempt.receiver_unavailable,
             )
+            self._record_failure(alert, failed, retry_at)
             return 0
-        with self.store.writer() as writer:
-            writer.mark_failed(alert, error, None)
         self.metrics.alert_deliveries.labels(channel, DEAD_LETTER).inc()
         self.log.error(
             "alert-dead-letter",
@@ -298,4 +398,5 @@ class OutboxDelivery:
             error=error,
             reason="rejected by the receiver" if attempt.outcome == "rejected" else "attempts exhausted",
         )
+        self._record_failure(alert, failed, None)
         return 0

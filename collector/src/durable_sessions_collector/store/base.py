@@ -590,10 +590,12 @@ class Writer(Protocol):
         only while it still holds this replica's claim (:attr:`Alert.claim`): a replica
         whose claim ran out leaves the row to the one that claimed it next."""
 
-    def mark_failed(self, alert: Alert, error: str, retry_at: float | None) -> None:
-        """A delivery attempt failed; retry at ``retry_at``, or dead-letter it when None.
-        Only a pending row still held (as for :meth:`mark_delivered`) is marked, so an
-        alert another replica delivered is never turned dead."""
+    def mark_failed(self, alert: Alert, error: str, retry_at: float | None, failed: int = 1) -> None:
+        """``failed`` delivery attempts failed (more than one when the store refused to
+        record the earlier ones), the last with ``error``; retry at ``retry_at``, or
+        dead-letter it when None. Only a pending row still held (as for
+        :meth:`mark_delivered`) is marked, so an alert another replica delivered is never
+        turned dead."""
 
     def redeliver_dead(self, channel: str | None, now: float) -> int:
         """Queue the dead-lettered alerts (of ``channel``, or all) for delivery again at

@@ -1228,19 +1228,19 @@ class PostgresWriter:
                 (now, [alert.id for alert in alerts], [alert.claim for alert in alerts]),
             )
 
-    def mark_failed(self, alert: Alert, error: str, retry_at: float | None) -> None:
+    def mark_failed(self, alert: Alert, error: str, retry_at: float | None, failed: int = 1) -> None:
         held = (alert.id, alert.claim)
         if retry_at is None:
             self._db.execute(
-                "UPDATE outbox SET state = 'dead', attempts = attempts + 1, last_error = %s "
+                "UPDATE outbox SET state = 'dead', attempts = attempts + %s, last_error = %s "
                 f"FROM (VALUES (%s::bigint, %s::float8)) AS held (id, claim) WHERE {STILL_HELD}",
-                (_t(error), *held),
+                (failed, _t(error), *held),
             )
         else:
             self._db.execute(
-                "UPDATE outbox SET attempts = attempts + 1, last_error = %s, next_attempt_at = %s "
+                "UPDATE outbox SET attempts = attempts + %s, last_error = %s, next_attempt_at = %s "
                 f"FROM (VALUES (%s::bigint, %s::float8)) AS held (id, claim) WHERE {STILL_HELD}",
-                (_t(error), retry_at, *held),
+                (failed, _t(error), retry_at, *held),
             )
 
     def redeliver_dead(self, channel: str | None, now: float) -> int:

@@ -877,18 +877,18 @@ class SqliteWriter:
             [(now, alert.id) for alert in alerts],
         )
 
-    def mark_failed(self, alert: Alert, error: str, retry_at: float | None) -> None:
+    def mark_failed(self, alert: Alert, error: str, retry_at: float | None, failed: int = 1) -> None:
         if retry_at is None:
             self._db.execute(
-                "UPDATE outbox SET state = 'dead', attempts = attempts + 1, last_error = ? "
+                "UPDATE outbox SET state = 'dead', attempts = attempts + ?, last_error = ? "
                 "WHERE id = ? AND state = 'pending'",
-                (error, alert.id),
+                (failed, error, alert.id),
             )
         else:
             self._db.execute(
-                "UPDATE outbox SET attempts = attempts + 1, last_error = ?, next_attempt_at = ? "
+                "UPDATE outbox SET attempts = attempts + ?, last_error = ?, next_attempt_at = ? "
                 "WHERE id = ? AND state = 'pending'",
-                (error, retry_at, alert.id),
+                (failed, error, retry_at, alert.id),
             )
 
     def redeliver_dead(self, channel: str | None, now: float) -> int:
