@@ -29,7 +29,7 @@ POLICY = DeliveryPolicy(max_attempts=3, timeout_s=2.0, backoff_s=10.0, max_backo
 
 
 class Clock:
-    """The host clock the channel reads: moved by the test."""
+    """The host clock the store reads: moved by the test."""
 
     def __init__(self) -> None:
         self.now = START
@@ -43,8 +43,13 @@ def alert(n: int) -> dict[str, object]:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[SqliteStore]:
-    store = SqliteStore(str(tmp_path / "sessions.db"))
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def store(tmp_path: Path, clock: Clock) -> Iterator[SqliteStore]:
+    store = SqliteStore(str(tmp_path / "sessions.db"), clock=clock)
     yield store
     store.close()
 
@@ -80,17 +85,16 @@ def outbox_row(store: SqliteStore, key: str) -> tuple[str, int, str]:
         ).fetchone()
 
 
-def test_while_the_store_refuses_failures_the_backoff_and_the_dead_letter_hold(store: SqliteStore) -> None:
+def test_while_the_store_refuses_failures_the_backoff_and_the_dead_letter_hold(
+    store: SqliteStore, clock: Clock
+) -> None:
     with store.writer() as writer:
         writer.enqueue_alert("webhook", "k-1", alert(1), START)
-    clock = Clock()
     metrics = Metrics(store)
     log = io.StringIO()
     refuse_writes(store)
     with WebhookServer(fail_first=None, fail_status=500) as hook:
-        channel = WebhookAlerts(
-            store, JsonLog(log), metrics, hook.url, policy=POLICY, rng=random.Random(7), clock=clock
-        )
+        channel = WebhookAlerts(store, JsonLog(log), metrics, hook.url, policy=POLICY, rng=random.Random(7))
         with refused():
             channel.deliver_due()
         assert len(hook.requests) == 1
@@ -122,17 +126,14 @@ def test_while_the_store_refuses_failures_the_backoff_and_the_dead_letter_hold(s
 
 
 def test_failures_the_store_refused_are_written_with_the_next_one_and_the_count_goes_on(
-    store: SqliteStore,
+    store: SqliteStore, clock: Clock
 ) -> None:
     with store.writer() as writer:
         writer.enqueue_alert("webhook", "k-1", alert(1), START)
-    clock = Clock()
     policy = DeliveryPolicy(max_attempts=8, timeout_s=2.0, backoff_s=10.0, max_backoff_s=10.0)
     refuse_writes(store)
     with WebhookServer(fail_first=3, fail_status=500) as hook:
-        channel = WebhookAlerts(
-            store, JsonLog(io.StringIO()), Metrics(store), hook.url, policy=policy, clock=clock
-        )
+        channel = WebhookAlerts(store, JsonLog(io.StringIO()), Metrics(store), hook.url, policy=policy)
         for _ in range(2):  # two failures the store refuses
             with refused():
                 channel.deliver_due()
@@ -161,9 +162,7 @@ def test_what_the_channel_keeps_of_refused_writes_is_bounded_and_deleted_rows_pa
             writer.enqueue_alert("webhook", f"k-{n}", alert(n), START)
     refuse_writes(store)
     with WebhookServer(fail_first=None, fail_status=500) as hook:
-        channel = WebhookAlerts(
-            store, JsonLog(io.StringIO()), Metrics(store), hook.url, policy=POLICY, clock=Clock()
-        )
+        channel = WebhookAlerts(store, JsonLog(io.StringIO()), Metrics(store), hook.url, policy=POLICY)
         channel.unrecorded.limit = 3
         for _ in range(3):  # each pass sends the next alert: the earlier ones wait for their retry
             with refused():

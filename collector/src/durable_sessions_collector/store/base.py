@@ -738,9 +738,10 @@ class Store(Protocol):
     def now(self) -> float | None:
         """The time (seconds since the epoch) on the store's own clock, which every
         sidecar writing the store shares (PostgreSQL: the server's), so that replicas
-        compare activity times with one clock; None when the store is this process's
-        alone and this host's clock serves (SQLite). :class:`StoreError` when it cannot
-        be read."""
+        compare activity times with one clock; SQLite, which one sidecar writes: this
+        host's clock kept from going back (a step back of the host's clock must not delay
+        ends and retries by its size). None: this host's clock serves (the caller's).
+        :class:`StoreError` when it cannot be read."""
 
     def build_indexes(self, report: IndexReport) -> threading.Thread | None:
         """Build, in the background, the indexes a store made by an earlier sidecar lacks

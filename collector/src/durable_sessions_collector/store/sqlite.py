@@ -5,6 +5,10 @@ acknowledged Export survives a power cut as well as a killed process. Readers (t
 API, metrics) use their own connections; WAL lets them read while the writer writes.
 The SQL sticks to what PostgreSQL also understands (``ON CONFLICT DO NOTHING``,
 ``RETURNING``-free counting), so the PostgreSQL store can follow the same statements.
+
+Times (activity, due times, retention) are this host's clock kept from going back
+(:class:`SteadyClock`): a clock stepped back neither delays idle sessions' ends and due
+alerts by the size of the step nor dates new rows before the ones already stored.
 """
 
 from __future__ import annotations
@@ -12,10 +16,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import math
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -377,6 +383,44 @@ class Visitor(Ownership):
         pass
 
 
+class SteadyClock:
+    """This host's clock (``wall``), never going back: once the wall clock is behind the
+    time last given, the time goes on from it by the monotonic clock (which no step of the
+    wall clock moves) until the wall clock catches up; a step forward is taken as it
+    comes. It starts no earlier than ``floor`` (the latest time a store holds), so that a
+    step back while the sidecar was down does not set the times written after a restart
+    before those written before it either."""
+
+    def __init__(
+        self,
+        wall: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        floor: float = -math.inf,
+    ) -> None:
+        self.wall = wall
+        self.monotonic = monotonic
+        self._lock = threading.Lock()
+        self._given = max(floor, wall())
+        self._given_at = monotonic()
+
+    def now(self) -> float:
+        with self._lock:
+            at = self.monotonic()
+            carried = self._given + (at - self._given_at)
+            wall = self.wall()
+            if wall < carried:  # stepped back (or a hair slower than the monotonic clock)
+                return carried
+            self._given, self._given_at = wall, at
+            return wall
+
+
+def latest_time(connection: sqlite3.Connection) -> float:
+    """The latest activity or alert time the store holds (-inf for none), by its indexes."""
+    (seen,) = connection.execute("SELECT max(last_seen) FROM sessions").fetchone()
+    alerted = connection.execute("SELECT created_at FROM outbox ORDER BY id DESC LIMIT 1").fetchone()
+    return max((t for t in (seen, alerted and alerted[0]) if t is not None), default=-math.inf)
+
+
 def list_sessions_query(
     verdict: Verdict | None, limit: int, after: tuple[float, str] | None
 ) -> tuple[str, tuple[Any, ...]]:
@@ -402,7 +446,8 @@ class SqliteStore:
 
     shared = False
 
-    def __init__(self, path: str, *, exclusive: bool = True) -> None:
+    def __init__(self, path: str, *, exclusive: bool = True, clock: Callable[[], float] = time.time) -> None:
+        """``clock``: this host's clock, which :meth:`now` keeps from going back."""
         self.path = path
         self.counted: frozenset[str] | None = None
         if not exclusive and not os.path.isfile(path):  # a visitor creates nothing, not even a file
@@ -421,6 +466,7 @@ class SqliteStore:
             if str(mode).lower() != "wal":
                 raise StoreError(f"store {path!r}: cannot switch the journal to WAL (got {mode!r})")
             self.migrated_from = _prepare(connection, path) if exclusive else None
+            self.clock = SteadyClock(clock, floor=latest_time(connection))
             self.ownership.remember_file()
         except (sqlite3.Error, OSError) as error:
             self.ownership.release()
@@ -643,9 +689,10 @@ class SqliteStore:
         """Nothing to build: a SQLite store gets its indexes with its schema, when opened."""
         return None
 
-    def now(self) -> None:
-        """No clock of its own: one sidecar writes it, by its host's clock."""
-        return None
+    def now(self) -> float:
+        """This host's clock, which one sidecar writes the store by, kept from going back
+        (:class:`SteadyClock`): never before a time given earlier or stored."""
+        return self.clock.now()
 
     def close(self) -> None:
         self.readers.close()
