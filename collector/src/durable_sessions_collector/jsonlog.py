@@ -209,3 +209,53 @@ class JsonLog:
 
     def error(self, event: str, **fields: Any) -> None:
         self.write("ERROR", event, **fields)
+
+
+REPEATED_FAILURE_EVERY_S = 60.0
+"""Least time between two lines of one failure that repeats (:class:`RepeatedFailure`)."""
+
+
+class RepeatedFailure:
+    """The error lines of a failure that repeats (every write failing while the store is
+    down): the first at once, then at most one every ``every_s``, rather than one per
+    failure. Each line's ``failures`` counts the failures since the first, and once it
+    is over (:meth:`ok`) a ``recovered`` info line gives their total. Every line has the
+    ``context`` fields (the channel, say). Thread-safe."""
+
+    def __init__(
+        self,
+        log: JsonLog,
+        event: str,
+        recovered: str,
+        *,
+        every_s: float = REPEATED_FAILURE_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
+        context: dict[str, Any] | None = None,
+    ) -> None:
+        self.log = log
+        self.context = context or {}
+        self.event = event
+        self.recovered = recovered
+        self.every_s = every_s
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._failures = 0
+        self._logged_at = -float("inf")
+
+    def failed(self, **fields: Any) -> None:
+        """One more failure: logged with ``fields`` unless a line of it was less than
+        ``every_s`` ago."""
+        with self._lock:
+            self._failures += 1
+            failures, now = self._failures, self.clock()
+            if now - self._logged_at < self.every_s:
+                return
+            self._logged_at = now
+        self.log.error(self.event, **self.context, **fields, failures=failures)
+
+    def ok(self) -> None:
+        """It succeeded: the failure, if any, is over."""
+        with self._lock:
+            failures, self._failures, self._logged_at = self._failures, 0, -float("inf")
+        if failures:
+            self.log.info(self.recovered, **self.context, failures=failures)

@@ -243,6 +243,7 @@ def test_an_alert_whose_mark_the_store_refused_is_marked_not_posted_again(start_
             )
         agent = unkeyed_payment(sidecar)
         wait_for(lambda: any(line["event"] == "alert-delivery-failed" for line in sidecar.log.lines()))
+        time.sleep(2.5)  # the mark is tried again each second, and refused
         assert len(hook.accepted) == 1
         with sqlite3.connect(db) as connection:
             connection.execute("DROP TRIGGER refuse_mark")
@@ -250,4 +251,9 @@ def test_an_alert_whose_mark_the_store_refused_is_marked_not_posted_again(start_
         time.sleep(0.5)  # a second POST, were there one, would have come by now
         assert len(hook.requests) == 1
         assert deliveries(sidecar, "delivered") == 1
+        # One line for the failure that repeated, and one when it is over, with the count.
+        lines = sidecar.log.lines()
+        assert [line["failures"] for line in lines if line["event"] == "alert-delivery-failed"] == [1]
+        [recovered] = [line for line in lines if line["event"] == "alert-delivery-recovered"]
+        assert recovered["channel"] == "webhook" and recovered["failures"] >= 3
         agent.shutdown()

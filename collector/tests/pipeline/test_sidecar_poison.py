@@ -10,12 +10,16 @@ of the store's state, so the sidecar treats it as coming from the records.
 from __future__ import annotations
 
 import hashlib
+import io
+import json
 import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
+import pytest
 from conftest import wait_for
+from durable_sessions_collector.jsonlog import JsonLog, RepeatedFailure
 from durable_sessions_collector.store import stored
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -144,6 +148,54 @@ def test_a_broken_store_fails_the_batch_without_splitting_it(start_sidecar, tmp_
     with sqlite3.connect(store) as db:
         assert db.execute("SELECT COUNT(*) FROM actions").fetchone() == (0,)
     db.close()
+
+
+def test_a_store_failing_every_write_is_logged_once_with_a_count_then_its_recovery(
+    start_sidecar, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    # Clients retry a failed Export every second or so: one line a minute says the store
+    # fails, not one per failed batch, and a line says when it is over and how many failed.
+    store = tmp_path / "sessions.db"
+    sidecar = start_sidecar(store)
+    with sqlite3.connect(store) as db:
+        db.execute("CREATE TRIGGER broken BEFORE INSERT ON actions BEGIN SELECT 1 FROM no_such_table; END")
+    db.close()
+    with grpc.insecure_channel(sidecar.grpc_endpoint) as channel:
+        export = channel.unary_unary(
+            EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString
+        )
+        for n in range(4):
+            with pytest.raises(grpc.RpcError):
+                export(request(f"retried-{n}", "a1"), timeout=30)
+        with sqlite3.connect(store) as db:
+            db.execute("DROP TRIGGER broken")
+        db.close()
+        export(request("after", "a1"), timeout=30)
+    lines = sidecar.log.lines()
+    failed = [line for line in lines if line.get("event") == "store-write-failed"]
+    assert [line["failures"] for line in failed] == [1]
+    assert "no such table" in failed[0]["error"]
+    assert [line["failures"] for line in lines if line.get("event") == "store-write-recovered"] == [4]
+    assert sidecar.metric("durable_sessions_store_commit_failures_total") == 4
+
+
+def test_a_repeated_failure_is_logged_again_after_its_interval_with_the_count() -> None:
+    stream, now = io.StringIO(), [0.0]
+    failures = RepeatedFailure(
+        JsonLog(stream), "store-write-failed", "store-write-recovered", clock=lambda: now[0]
+    )
+    for now[0] in (0.0, 1.0, 59.0, 60.0, 61.0):
+        failures.failed(error="disk full")
+    failures.ok()
+    failures.ok()  # nothing failed since: no line
+    failures.failed(error="locked")
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [(line["event"], line.get("failures")) for line in lines] == [
+        ("store-write-failed", 1),
+        ("store-write-failed", 4),
+        ("store-write-recovered", 5),
+        ("store-write-failed", 1),
+    ]
 
 
 # --- the same on PostgreSQL: its errors are told apart by SQLSTATE class ------------------

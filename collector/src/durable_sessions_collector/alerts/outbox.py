@@ -47,7 +47,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from durable_sessions_collector.alerts import idempotency_key
 from durable_sessions_collector.alerts.metrics import DEAD_LETTER, RETRY, Metrics
-from durable_sessions_collector.jsonlog import JsonLog
+from durable_sessions_collector.jsonlog import JsonLog, RepeatedFailure
 from durable_sessions_collector.store import Alert, Store, store_time
 
 BATCH = 100
@@ -193,6 +193,11 @@ class OutboxDelivery:
         # An error may quote a secret (a receiver echoing a credential, http.client the
         # URL's path): it is stored, and printed by `alerts dead`, as the log shows it.
         self._redact = log_redactor(log)
+        self._failures = RepeatedFailure(
+            log, "alert-delivery-failed", "alert-delivery-recovered", context={"channel": self.channel}
+        )
+        """A pass the store fails (it is busy or gone) is tried again each second: logged a
+        line a minute, with the count."""
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -254,10 +259,10 @@ class OutboxDelivery:
             try:
                 self.deliver_due()
             except Exception as error:  # the store is busy or gone: try again shortly
-                self.log.error(
-                    "alert-delivery-failed", channel=self.channel, error=f"{type(error).__name__}: {error}"
-                )
+                self._failures.failed(error=f"{type(error).__name__}: {error}")
                 self._next_due = None  # try again in a second
+            else:
+                self._failures.ok()
             wait = 1.0 if self._next_due is None else min(1.0, max(0.01, self._next_due - self.now()))
             self._wake.wait(wait)
             self._wake.clear()

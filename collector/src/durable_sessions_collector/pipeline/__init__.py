@@ -30,7 +30,7 @@ from durable_sessions.violation import Violation
 from durable_sessions_collector.alerts import FIRING, RESOLVED, alert_payload, change_payload, outbox_key
 from durable_sessions_collector.alerts.metrics import Metrics
 from durable_sessions_collector.evaluator import Arrival, Evaluator
-from durable_sessions_collector.jsonlog import JsonLog
+from durable_sessions_collector.jsonlog import JsonLog, RepeatedFailure
 from durable_sessions_collector.store import Pruned, RecordRefused, Store, StoreError, Writer, store_time
 from durable_sessions_collector.verdict_rules import recount_step, stored_rules
 
@@ -146,6 +146,9 @@ class Pipeline:
         self._recount_after = -float("inf")  # time.monotonic() before which no step is tried
         self.last_rules_check = time.monotonic()  # the start compared them already
         self._conflict_logged: frozenset[str] | None = None
+        self.write_failures = RepeatedFailure(log, "store-write-failed", "store-write-recovered")
+        """While the store fails every write (its clients retry each second or so), a line
+        a minute says so, with the count, rather than a line per failed batch."""
         metrics.queue_capacity.set(queue_size)
         metrics.watch(self.queue.qsize, lambda: evaluator.held)
 
@@ -284,6 +287,7 @@ class Pipeline:
         except Exception as error:
             self._fail_over(batch, error)
             return
+        self.write_failures.ok()
         for job in batch:
             job.done.set()
         stored = sum(job.stored for job in batch)
@@ -334,7 +338,7 @@ class Pipeline:
 
     def _fail(self, batch: list[Job], error: BaseException) -> None:
         self.metrics.commit_failures.inc()
-        self.log.error("store-write-failed", error=f"{type(error).__name__}: {error}", requests=len(batch))
+        self.write_failures.failed(error=f"{type(error).__name__}: {error}", requests=len(batch))
         for job in batch:
             job.stored = job.duplicates = 0  # counted before the write failed: nothing is committed
             job.error = error
