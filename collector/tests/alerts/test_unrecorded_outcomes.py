@@ -182,3 +182,28 @@ def test_what_the_channel_keeps_of_refused_writes_is_bounded_and_deleted_rows_pa
             assert len(channel.unrecorded) <= 3
         assert len(hook.requests) == 6  # the deleted rows' alerts not sent again
         assert channel.unrecorded.keys() == ["k-3", "k-4", "k-5"]
+
+
+def test_a_refused_failure_the_store_has_after_all_is_not_counted_twice(
+    store: SqliteStore, clock: Clock
+) -> None:
+    # A commit can fail only to answer (PostgreSQL's connection lost as it commits): the
+    # store then holds the failure the channel kept as refused. Here the refusal is a
+    # trigger and the commit that landed anyway is made by hand, as the mark would have.
+    with store.writer() as writer:
+        writer.enqueue_alert("webhook", "k-1", alert(1), START)
+    refuse_writes(store)
+    policy = DeliveryPolicy(max_attempts=8, timeout_s=2.0, backoff_s=10.0, max_backoff_s=10.0)
+    with WebhookServer(fail_first=None, fail_status=500) as hook:
+        channel = WebhookAlerts(store, JsonLog(io.StringIO()), Metrics(store), hook.url, policy=policy)
+        with refused():
+            channel.deliver_due()
+        take_writes(store)
+        with sqlite3.connect(store.path) as db:
+            db.execute(
+                "UPDATE outbox SET attempts = 1, last_error = 'HTTP 500', next_attempt_at = ?", (START + 5,)
+            )
+        clock.now += 20
+        assert channel.deliver_due() == 0
+        assert len(hook.requests) == 2
+    assert outbox_row(store, "k-1")[:2] == ("pending", 2)  # not 3: the first failure counted once

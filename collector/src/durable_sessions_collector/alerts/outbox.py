@@ -117,6 +117,9 @@ class Refused:
     failed: int = 0
     error: str = ""
     retry_at: float | None = None
+    stored: int = 0
+    """The row's count of attempts in the store when it refused: a row whose count changed
+    since was written after all (a commit that failed only to answer) or redelivered."""
 
 
 class Unrecorded:
@@ -131,7 +134,10 @@ class Unrecorded:
     row that leaves the pending ones meanwhile (a mark the store committed though it
     reported a failure, another replica's mark, then retention) is never returned again,
     and must not be kept forever. A row is known by its id and its key: SQLite gives a new
-    row the id of a deleted one, and a new alert must not be taken for one sent before."""
+    row the id of a deleted one, and a new alert must not be taken for one sent before.
+    What was refused of a row whose count of attempts changed since is forgotten: the
+    store has it after all, or an operator redelivered the alert (``alerts redeliver``),
+    which must then be sent afresh, not dead-lettered again."""
 
     def __init__(self, limit: int = UNRECORDED_LIMIT) -> None:
         self.limit = limit
@@ -148,12 +154,16 @@ class Unrecorded:
         """What is unrecorded of ``alert``, which the store just returned, if anything."""
         row = (alert.id, alert.violation_key)
         refused = self._refused.get(row)
+        if refused is not None and refused.stored != alert.attempts:
+            del self._refused[row]
+            return None
         if refused is not None:
             self._refused.move_to_end(row)
         return refused
 
     def keep(self, alert: Alert, refused: Refused) -> None:
         row = (alert.id, alert.violation_key)
+        refused.stored = alert.attempts
         self._refused[row] = refused
         self._refused.move_to_end(row)
         while len(self._refused) > self.limit:
