@@ -14,6 +14,7 @@ import json
 import os
 import sqlite3
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -256,8 +257,15 @@ def test_a_log_delivery_the_store_failed_is_retried_without_further_spans(
     wait_for(lambda: sidecar.session("unkeyed")["state"] == "ended")
     pending = ("durable_sessions_alert_outbox", (("channel", "log"), ("state", "pending")))
     assert sidecar.metrics()[pending] == 1
+    time.sleep(2.5)  # tried again each second, and refused
     with sqlite3.connect(db) as connection:
         connection.execute("DROP TRIGGER refuse_mark")
     wait_for(lambda: sidecar.metrics()[pending] == 0)
     assert [line["session_id"] for line in sidecar.alerts()] == ["unkeyed"]
+    # The failure that repeated is one line, and one more when it is over, with the count.
+    lines = sidecar.log.lines()
+    assert [line["failures"] for line in lines if line["event"] == "alert-delivery-failed"] == [1]
+    wait_for(lambda: any(line["event"] == "alert-delivery-recovered" for line in sidecar.log.lines()))
+    [recovered] = [line for line in sidecar.log.lines() if line["event"] == "alert-delivery-recovered"]
+    assert recovered["failures"] >= 3
     assert sidecar.metric("durable_sessions_alert_deliveries_total", channel="log", outcome="delivered") == 1

@@ -149,6 +149,8 @@ class Pipeline:
         self.write_failures = RepeatedFailure(log, "store-write-failed", "store-write-recovered")
         """While the store fails every write (its clients retry each second or so), a line
         a minute says so, with the count, rather than a line per failed batch."""
+        self.delivery_failures = RepeatedFailure(log, "alert-delivery-failed", "alert-delivery-recovered")
+        """The same for the delivery after a commit (the log channel's), tried each second."""
         metrics.queue_capacity.set(queue_size)
         metrics.watch(self.queue.qsize, lambda: evaluator.held)
 
@@ -591,7 +593,9 @@ class Pipeline:
                 self.after_commit()
             except Exception as error:
                 self._backlog = True
-                self.log.error("alert-delivery-failed", error=f"{type(error).__name__}: {error}")
+                self.delivery_failures.failed(error=f"{type(error).__name__}: {error}")
+            else:
+                self.delivery_failures.ok()
 
 
 def _unstorable(arrived: Arrival, error: BaseException) -> str:
