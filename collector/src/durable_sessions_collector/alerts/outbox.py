@@ -136,8 +136,8 @@ class Unrecorded:
     and must not be kept forever. A row is known by its id and its key: SQLite gives a new
     row the id of a deleted one, and a new alert must not be taken for one sent before.
     What was refused of a row whose count of attempts changed since is forgotten: the
-    store has it after all, or an operator redelivered the alert (``alerts redeliver``),
-    which must then be sent afresh, not dead-lettered again."""
+    store has it after all (a commit that failed only to answer), or the alert was
+    redelivered (``alerts redeliver``) from a count other than 0."""
 
     def __init__(self, limit: int = UNRECORDED_LIMIT) -> None:
         self.limit = limit
