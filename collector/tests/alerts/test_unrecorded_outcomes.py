@@ -21,7 +21,8 @@ from durable_sessions_collector.alerts.metrics import DEAD_LETTER, RETRY, Metric
 from durable_sessions_collector.alerts.outbox import DeliveryPolicy
 from durable_sessions_collector.alerts.webhook import WebhookAlerts
 from durable_sessions_collector.jsonlog import JsonLog
-from durable_sessions_collector.store import SqliteStore
+from durable_sessions_collector.store import SqliteStore, open_store
+from durable_sessions_collector.store.postgres import CLAIM_LEASE_S
 from webhook_server import WebhookServer
 
 START = 1_000_000.0
@@ -207,3 +208,22 @@ def test_a_refused_failure_the_store_has_after_all_is_not_counted_twice(
         assert channel.deliver_due() == 0
         assert len(hook.requests) == 2
     assert outbox_row(store, "k-1")[:2] == ("pending", 2)  # not 3: the first failure counted once
+
+
+def test_a_mark_counts_the_failed_attempts_it_is_given_on_either_store(store_url: str) -> None:
+    # The refused failures are written with the next one, in one mark.
+    store = open_store(store_url)
+    try:
+        with store.writer() as writer:
+            for n in (1, 2):
+                writer.enqueue_alert("webhook", f"k-{n}", alert(n), 1.0)
+        first, second = store.pending_alerts("webhook", 2.0)
+        with store.writer() as writer:
+            writer.mark_failed(first, "HTTP 500", 100.0, 3)
+            writer.mark_failed(second, "HTTP 400", None, 2)
+        [again] = store.pending_alerts("webhook", 100.0 + CLAIM_LEASE_S)
+        assert (again.violation_key, again.attempts) == ("k-1", 3)
+        [dead] = store.dead_alerts("webhook")
+        assert (dead.violation_key, dead.attempts, dead.last_error) == ("k-2", 2, "HTTP 400")
+    finally:
+        store.close()
