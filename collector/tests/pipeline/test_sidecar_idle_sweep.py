@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import time
 
 from conftest import wait_for
@@ -68,3 +69,29 @@ def test_a_sweep_rebuilding_sessions_commits_once_it_has_re_fed_its_budget(
     assert [sweep(later), sweep(later), sweep(later)] == [2, 1, 0]  # 4 + 4 records re-fed, then 4
     assert all(sidecar.session(f"s{n}")["state"] == "ended" for n in range(3))
     assert sidecar.service.evaluator.refed == 12
+
+
+def test_a_sweep_failing_again_and_again_is_logged_once_with_a_count_then_its_recovery(
+    start_sidecar, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    # With idle_s 0.3 the writer sweeps every 75 ms: a store refusing the sweep's writes
+    # (a real trigger on the store file) logged a line each time.
+    store = tmp_path / "sessions.db"
+    sidecar = start_sidecar(store, evaluation__idle_s=0.3)
+    agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
+    agent.action("idle", "e1", "email", status="started")
+    agent.shutdown()
+    with sqlite3.connect(store) as db:  # before the session is idle
+        db.execute("CREATE TRIGGER broken BEFORE UPDATE ON sessions BEGIN SELECT 1 FROM no_such_table; END")
+    db.close()
+    wait_for(lambda: any(line["event"] == "idle-sweep-failed" for line in sidecar.log.lines()))
+    time.sleep(1)
+    with sqlite3.connect(store) as db:
+        db.execute("DROP TRIGGER broken")
+    db.close()
+    wait_for(lambda: sidecar.session("idle")["state"] == "ended")
+    lines = sidecar.log.lines()
+    assert [line["failures"] for line in lines if line["event"] == "idle-sweep-failed"] == [1]
+    [recovered] = [line for line in lines if line["event"] == "idle-sweep-recovered"]
+    assert recovered["failures"] >= 5
+    assert sidecar.metric("durable_sessions_store_commit_failures_total") == recovered["failures"]

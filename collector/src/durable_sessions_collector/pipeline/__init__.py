@@ -149,8 +149,11 @@ class Pipeline:
         self.write_failures = RepeatedFailure(log, "store-write-failed", "store-write-recovered")
         """While the store fails every write (its clients retry each second or so), a line
         a minute says so, with the count, rather than a line per failed batch."""
+        # Also tried again each second or sooner while the store fails: the delivery after
+        # a commit (the log channel's), the idle sweep, a step of the recount.
         self.delivery_failures = RepeatedFailure(log, "alert-delivery-failed", "alert-delivery-recovered")
-        """The same for the delivery after a commit (the log channel's), tried each second."""
+        self.sweep_failures = RepeatedFailure(log, "idle-sweep-failed", "idle-sweep-recovered")
+        self.recount_failures = RepeatedFailure(log, "verdict-recount-failed", "verdict-recount-recovered")
         metrics.queue_capacity.set(queue_size)
         metrics.watch(self.queue.qsize, lambda: evaluator.held)
 
@@ -238,9 +241,10 @@ class Pipeline:
                     # Within idle_s of accepting spans no session has been idle that long.
                     if ticked - self.accepting_since >= self.idle_s:
                         self.sweep(self.now())
+                        self.sweep_failures.ok()
                 except Exception as error:  # keep writing; the sweep is retried next time
                     self.metrics.commit_failures.inc()
-                    self.log.error("idle-sweep-failed", error=f"{type(error).__name__}: {error}")
+                    self.sweep_failures.failed(error=f"{type(error).__name__}: {error}")
                 # A sweep cut short (a full batch, or its re-feeding budget spent) leaves more
                 # idle sessions: sweep again right after the next write batch, rather than
                 # making Exports wait for a whole wave to end.
@@ -484,7 +488,7 @@ class Pipeline:
             self.recount()
         except Exception as error:
             self.metrics.commit_failures.inc()
-            self.log.error("verdict-recount-failed", error=f"{type(error).__name__}: {error}")
+            self.recount_failures.failed(error=f"{type(error).__name__}: {error}")
             self._recount_after = ticked + RECOUNT_RETRY_S
 
     def recount(self) -> bool:
@@ -494,6 +498,7 @@ class Pipeline:
         ``verdict-recount-done`` when it is over. Returns whether it is over."""
         with self.store.writer() as writer:
             done, recounted = recount_step(writer, self._lock)
+        self.recount_failures.ok()
         self.recounted += recounted
         if done:
             self.recounting = False
