@@ -25,6 +25,7 @@ import pytest
 
 from durable_sessions import cli
 from durable_sessions.rules import CATALOGUE
+from tests.support.rule_examples import unexpected_rules
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -597,13 +598,14 @@ def test_rules_md_has_json_examples() -> None:
 def test_rules_md_example(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, rule_id: str, label: str, body: str
 ) -> None:
-    """docs/rules.md: each "Example" breaks its rule, each "Use instead" is clean."""
+    """docs/rules.md: each "Example" breaks its rule and no other, each "Use instead" is clean."""
     path = tmp_path / "example.jsonl"
     path.write_text(body, encoding="utf-8")
     _, out, _ = run_cli(capsys, "check", "--strict", "--format", "json", str(path))
     rules = {v["rule"] for v in json.loads(out)["violations"]}
     if label == "bad":
         assert rule_id in rules
+        assert not unexpected_rules(rule_id, rules), rules
     else:
         assert rules == set()
 

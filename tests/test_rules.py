@@ -25,6 +25,7 @@ from durable_sessions.record import line_location
 from durable_sessions.rules import CATALOGUE, select_rules
 from durable_sessions.rules.state import DEFAULT_KEY_WINDOW_S, _pack_attempts, _unpack_attempts
 from durable_sessions.violation import Severity, Violation
+from tests.support.rule_examples import unexpected_rules
 
 ROOT = Path(__file__).resolve().parents[1]
 RULE_EXAMPLES = ROOT / "examples" / "rules"
@@ -136,6 +137,13 @@ def test_bad_example_breaks_rules_only_on_its_failing_lines(rule_id: str) -> Non
     failing = failing_lines(path)
     stray = [v for v in check_file(path) if v.line not in failing]
     assert not stray, f"violations on lines without _fails_because: {summary(stray)}"
+
+
+@pytest.mark.parametrize("rule_id", RULE_IDS)
+def test_bad_example_breaks_no_other_rule(rule_id: str) -> None:
+    violations = check_file(example(rule_id, "bad"))
+    others = unexpected_rules(rule_id, {v.rule for v in violations})
+    assert not others, f"{rule_id}.bad.jsonl also breaks {sorted(others)}: {summary(violations)}"
 
 
 @pytest.mark.parametrize("rule_id", RULE_IDS)

@@ -195,7 +195,7 @@ def retry_overrun(record: ActionRecord) -> str | None:
 
     ## Example
     ```json
-    {"session_id":"s-1","action_id":"a05","kind":"tool_call","status":"error","retryable":true,"max_attempts":3,"attempts":7}
+    {"session_id":"s-1","action_id":"a05","kind":"tool_call","status":"error","retryable":true,"max_attempts":3,"attempts":7,"on_failure":"ask_user"}
     ```
 
     ## Use instead

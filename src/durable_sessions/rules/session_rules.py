@@ -543,11 +543,11 @@ def disguised_retry_loop(
 
     ## Example
     ```json
-    {"session_id":"s-1","action_id":"a10","kind":"tool_call","name":"book","status":"error"}
-    {"session_id":"s-1","action_id":"a11","kind":"tool_call","name":"book","status":"error"}
-    {"session_id":"s-1","action_id":"a12","kind":"tool_call","name":"book","status":"error"}
-    {"session_id":"s-1","action_id":"a13","kind":"tool_call","name":"book","status":"error"}
-    {"session_id":"s-1","action_id":"a14","kind":"tool_call","name":"book","status":"error"}
+    {"session_id":"s-1","action_id":"a10","kind":"tool_call","name":"book","status":"error","retryable":true,"max_attempts":3,"attempts":1}
+    {"session_id":"s-1","action_id":"a11","kind":"tool_call","name":"book","status":"error","retryable":true,"max_attempts":3,"attempts":1}
+    {"session_id":"s-1","action_id":"a12","kind":"tool_call","name":"book","status":"error","retryable":true,"max_attempts":3,"attempts":1}
+    {"session_id":"s-1","action_id":"a13","kind":"tool_call","name":"book","status":"error","retryable":true,"max_attempts":3,"attempts":1}
+    {"session_id":"s-1","action_id":"a14","kind":"tool_call","name":"book","status":"error","retryable":true,"max_attempts":3,"attempts":1}
     ```
 
     ## Use instead
