@@ -275,7 +275,10 @@ def _alerts(args: argparse.Namespace, config: Config, out: Output) -> int:
         if args.alerts_command == "redeliver":
             _redeliver(store, args.channel, config, out)
             return 0
-        _print_dead(store.dead_alerts(args.channel, args.limit), args.json, out, redact)
+        alerts = store.dead_alerts(args.channel, args.limit + 1)  # one more: are there others?
+        _print_dead(alerts[: args.limit], args.json, out, redact)
+        if len(alerts) > args.limit:  # the list alone reads as every dead letter there is
+            _complain(f"more dead-lettered alerts than the {args.limit} shown; --limit lists up to 1000")
         return 0
     except StoreError as error:
         _complain(f"store: {error}", config)

@@ -154,3 +154,28 @@ def test_an_admin_command_does_not_create_a_postgres_store(postgres_url: str, ca
     schema = typo.split("schema=")[1]
     with psycopg.connect(postgres_dsn()) as db:
         assert db.execute("SELECT to_regnamespace(%s)", (schema,)).fetchone() == (None,)
+
+
+def test_a_listing_cut_at_its_limit_says_so(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """As `sessions list` does: a table of exactly --limit rows is otherwise read as every
+    dead letter there is, and the rest go unseen."""
+    store_url = f"sqlite:///{tmp_path / 'sessions.db'}"
+    store = open_store(store_url)
+    with store.writer() as writer:
+        for number in range(3):
+            writer.enqueue_alert("webhook", f"k{number}", {"rule": "unkeyed-side-effect"}, 1.0)
+    with store.writer() as writer:
+        for alert in store.pending_alerts("webhook", 2.0):
+            writer.mark_failed(alert, "HTTP 400", None)
+    store.close()
+    for argv in ((), ("--json",)):
+        code, out, err = run(capsys, "dead", "--store", store_url, "--limit", "2", *argv)
+        assert code == 0
+        assert (
+            err
+            == "durable-sessions-collector: more dead-lettered alerts than the 2 shown; --limit lists up to 1000\n"
+        )
+        shown = len(json.loads(out)["dead"]) if argv else out.count("HTTP 400")
+        assert shown == 2
+        code, out, err = run(capsys, "dead", "--store", store_url, "--limit", "3", *argv)
+        assert (code, err) == (0, "")
