@@ -801,8 +801,10 @@ def test_processor_md_configuration_table(monkeypatch: pytest.MonkeyPatch) -> No
     for argument, variable, _ in rows:
         assert argument in parameters, argument
         assert f'"{variable}"' in source, variable
-    for name in ("rules", "on_violation", "meter_provider", "copy_session"):
+    objects = ("rules", "on_violation", "meter_provider")  # a value no variable can hold
+    for name in objects:
         assert name in parameters
+    assert {row[0] for row in rows} == set(parameters) - set(objects), "every setting has its variable"
     for variable in list(__import__("os").environ):
         if variable.startswith("DURABLE_SESSIONS_"):
             monkeypatch.delenv(variable)

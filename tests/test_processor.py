@@ -222,6 +222,30 @@ def test_session_is_copied_onto_spans_that_have_none(setup: Setup) -> None:
     assert spans == {"plain": "s-outer", "inner": "s-inner", "own": "mine", "outside": None}
 
 
+@pytest.mark.parametrize(("value", "copied"), [("false", None), ("off", None), ("true", "s-outer")])
+def test_copying_the_session_is_set_by_its_variable(
+    monkeypatch: pytest.MonkeyPatch, value: str, copied: str | None
+) -> None:
+    """DURABLE_SESSIONS_COPY_SESSION, as every other setting of the processor has its variable."""
+    monkeypatch.setenv("DURABLE_SESSIONS_COPY_SESSION", value)
+    s = Setup(mode="silent")
+    try:
+        with session("s-outer"), s.tracer.start_as_current_span("plain"):
+            pass
+        (span,) = s.exporter.get_finished_spans()
+        assert span.attributes.get(sc.SESSION_ID) == copied
+        assert s.processor.copy_session is (copied is not None)
+    finally:
+        s.provider.shutdown()
+
+
+def test_copying_the_session_argument_wins_over_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DURABLE_SESSIONS_COPY_SESSION", "false")
+    processor = DurabilitySpanProcessor(mode="silent", copy_session=True)
+    assert processor.copy_session is True
+    processor.shutdown()
+
+
 def test_session_is_inherited_from_the_parent_span_across_threads(setup: Setup) -> None:
     from opentelemetry import trace
 

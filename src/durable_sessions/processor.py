@@ -56,6 +56,8 @@ Variable                          Meaning                                      D
                                   ``process`` (a checker process; see below)
 ``DURABLE_SESSIONS_INTENT_LOG``   a file for side effects' write-ahead         (none)
                                   ``started`` records (``intent_log``)
+``DURABLE_SESSIONS_COPY_SESSION`` ``false`` stops copying the session id onto  ``true``
+                                  new spans (``copy_session``)
 ================================  ===========================================  ===========
 """
 
@@ -293,10 +295,10 @@ def _positive_seconds(name: str, value: object) -> float:
     return float(value)
 
 
-def _env_bool(name: str) -> bool:
+def _env_bool(name: str, *, default: bool = False) -> bool:
     value = _env(name)
     if value is None:
-        return False
+        return default
     if value.lower() in ("1", "true", "yes", "on"):
         return True
     if value.lower() in ("0", "false", "no", "off"):
@@ -360,7 +362,7 @@ class DurabilitySpanProcessor(SpanProcessor):
         on_violation: Callable[[Violation], object] | None = None,
         meter_provider: metrics.MeterProvider | None = None,
         log_limit_per_minute: int | None = None,
-        copy_session: bool = True,
+        copy_session: bool | None = None,
         checking: Checking | None = None,
         intent_log: str | os.PathLike[str] | None = None,
     ) -> None:
@@ -376,6 +378,8 @@ class DurabilitySpanProcessor(SpanProcessor):
                 'mode="raise" needs checking="inline": a checker process cannot raise into span.end()'
             )
         self.checking: Checking = checking  # type: ignore[assignment]
+        if copy_session is None:
+            copy_session = _env_bool("DURABLE_SESSIONS_COPY_SESSION", default=True)
         _flag("copy_session", copy_session)
         if strict is not None:
             _flag("strict", strict)
