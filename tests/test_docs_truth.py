@@ -1127,3 +1127,15 @@ def test_recovery_md_test_snippet_passes_as_a_test(tmp_path: Path) -> None:
         timeout=300,
     )
     assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout + done.stderr
+
+
+def test_recovery_md_prove_options_are_the_commands_with_its_defaults() -> None:
+    """docs/recovery.md's table of `prove` options: every option `prove --help` has, and
+    no other, each numeric default as the parser has it."""
+    rows = re.findall(r"^\| `(--[a-z-]+)[^`]*` \| (.*) \|$", read(RECOVERY_MD), flags=re.M)
+    prove = subparser(cli.build_parser(), "prove")
+    assert {option for option, _ in rows} == option_strings(prove)
+    for option, meaning in rows:
+        stated = re.search(r"\(default: (\d+)\)", meaning)
+        if stated:
+            assert default_of(prove, option) == int(stated.group(1)), option
