@@ -1157,3 +1157,29 @@ def test_readers_md_field_table_names_every_field_the_checker_reads() -> None:
     internal = {"mapping_problems"}  # set by the span mapping only; a log's is not honoured
     read_by_rules = {name for rule in CATALOGUE for name in rule.fields}
     assert (set(_FIELD_SPECS) | read_by_rules) - internal <= documented
+
+
+def test_the_otlp_alert_attributes_are_the_ones_the_docs_list() -> None:
+    """docs/deployment.md ("Alerts as OTLP log records") and collector/README.md ("OTLP
+    log records") list the attributes of an alert's log record: every one it has."""
+    from durable_sessions_collector.alerts.otlp import log_record
+
+    payload = {
+        "key": "k",
+        "rule": "unkeyed-side-effect",
+        "severity": "error",
+        "session_id": "trip-42",
+        "action_id": "a07",
+        "message": "m",
+        "session_verdict": "unrecoverable",
+        "detected_at": 1.0,
+        "status": "firing",
+    }
+    names = {attribute.key for attribute in log_record(payload).attributes}
+    assert len(names) >= 8
+    deployment = flat(read(DOCS / "deployment.md")).split("### Alerts as OTLP log records", 1)[1]
+    listed = deployment.split("Each record has", 1)[1].split("so a backend links", 1)[0]
+    readme_table = read(COLLECTOR_README).split("### OTLP log records", 1)[1].split("\n- ", 1)[0]
+    for name in names:
+        assert f"`{name}`" in listed, f"deployment.md does not list {name}"
+        assert f"`{name}`" in readme_table, f"collector/README.md does not list {name}"
