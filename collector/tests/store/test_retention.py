@@ -575,7 +575,7 @@ def test_sqlite_prune_statements_read_through_indexes(tmp_path: Path) -> None:
     store.close()
     statements = [
         (sqlite_store.NEWEST_VIOLATION, ()),
-        (sqlite_store.PRUNABLE_SESSIONS, (1.0, 10)),
+        (sqlite_store.SQL.prunable_sessions, (1.0, 10)),
         (sqlite_store.PRUNE_SESSION_ALERTS, ("log", "s")),
         *((statement, ("s",)) for statement in sqlite_store.PRUNE_SESSION_ROWS),
         (sqlite_store.FORGET_ACTIONS, ("s", 5, 10)),

@@ -803,12 +803,12 @@ def test_pages_walk_every_session_once_in_order_across_ties(store) -> None:  # t
 def test_sqlite_pages_are_ranges_of_the_last_seen_indexes(tmp_path: Path) -> None:
     # The keyset was spelled with OR: SQLite scanned and sorted every older session for
     # each page (43 to 160 ms a page over 1,000,000 sessions, against 0.2 ms now).
-    from durable_sessions_collector.store.sqlite import list_sessions_query
+    from durable_sessions_collector.store.sqlite import SQL
 
     open_store(f"sqlite:///{tmp_path / 's.db'}").close()
     with sqlite3.connect(tmp_path / "s.db") as db:
         for verdict, index in ((None, "sessions_by_activity"), ("unrecoverable", "sessions_by_verdict")):
-            statement, params = list_sessions_query(verdict, 100, (1000.0, "s-1"))  # type: ignore[arg-type]
+            statement, params = SQL.session_page(verdict, 100, (1000.0, "s-1"))  # type: ignore[arg-type]
             plan = [row[3] for row in db.execute("EXPLAIN QUERY PLAN " + statement, params)]
             assert (
                 plan[0].startswith(f"SEARCH sessions USING INDEX {index} (") and "last_seen<?" in plan[0]

@@ -27,9 +27,7 @@ from typing import Any
 
 from durable_sessions.record import ActionRecord, Location
 from durable_sessions.report import Verdict
-from durable_sessions.violation import Violation
 from durable_sessions_collector.store.base import (
-    ACTION_ORDER,
     FEED_CHANGES,
     FEED_COLUMNS,
     FEED_VIOLATION,
@@ -38,7 +36,6 @@ from durable_sessions_collector.store.base import (
     IN_VIOLATION_ORDER,
     OUTBOX_CHANNELS,
     STORE_ID,
-    UNRESOLVED_BY_RULE,
     VIOLATION_COLUMNS,
     ActionRow,
     Alert,
@@ -46,7 +43,6 @@ from durable_sessions_collector.store.base import (
     DetailPages,
     FeedRow,
     IndexReport,
-    KeptState,
     Pruned,
     SessionDetail,
     SessionSummary,
@@ -61,7 +57,6 @@ from durable_sessions_collector.store.base import (
     forget_some,
     new_store_id,
     status_changes,
-    tally,
     version_refused,
     violation_detail,
     violation_feed_row,
@@ -69,6 +64,7 @@ from durable_sessions_collector.store.base import (
     within_budget,
 )
 from durable_sessions_collector.store.pool import ReadPool
+from durable_sessions_collector.store.statements import SqlWriter, Statements, session_summary
 
 SCHEMA_VERSION = 5
 META = """
@@ -111,7 +107,7 @@ CREATE INDEX IF NOT EXISTS violations_sessionless_by_age ON violations (created_
 """
 # A session too large for one retention pass (see SqliteWriter.prune) is deleted but for
 # its actions, which later passes delete a budget at a time: those up to ``through_id``
-# belong to no session any more, and reads of the session skip them (NOT_FORGOTTEN).
+# belong to no session any more, and reads of the session skip them (SQL.not_forgotten).
 # Version 3 added it; a version 2 store gets it at start.
 FORGETTING = """
 CREATE TABLE IF NOT EXISTS forgetting (
@@ -130,7 +126,6 @@ CREATE TABLE IF NOT EXISTS session_states (
     state BLOB NOT NULL
 )
 """
-_UNRESOLVED_BY_RULE = UNRESOLVED_BY_RULE.format(p="?")
 # The violation feed's changes of status (resolved, firing again), written with the flip
 # of violations.resolved (SqliteWriter.resolve_end_violations). ``after_violation`` is the
 # largest violation id when it was written (retention keeps the newest violation, so it
@@ -149,9 +144,8 @@ CREATE TABLE IF NOT EXISTS violation_changes (
 );
 CREATE INDEX IF NOT EXISTS violation_changes_by_session ON violation_changes (session_id)
 """
-NOT_FORGOTTEN = "id > coalesce((SELECT through_id FROM forgetting WHERE session_id = ?), 0)"
-"""Of a session's actions, those not left over from an earlier session of its id being
-deleted (the session id is the parameter)."""
+SQL = Statements(placeholder="?", session_key=SESSION_KEY, touched_last_seen="excluded.last_seen")
+"""The statements this store shares with the PostgreSQL store."""
 SCHEMA = f"""
 {META};
 {ACTIONS};
@@ -208,9 +202,6 @@ CREATE INDEX IF NOT EXISTS outbox_due ON outbox (channel, state, next_attempt_at
 # --- retention: the statements of SqliteWriter.prune, each through an index ----------------
 
 NEWEST_VIOLATION = "SELECT id, session_id FROM violations WHERE id = (SELECT max(id) FROM violations)"
-PRUNABLE_SESSIONS = (
-    "SELECT session_id, actions FROM sessions WHERE open = 0 AND last_seen < ? ORDER BY last_seen LIMIT ?"
-)
 PRUNE_SESSION_ALERTS = (
     "DELETE FROM outbox WHERE channel = ? AND state <> 'pending' "
     "AND violation_key IN (SELECT key FROM violations WHERE session_id = ?)"
@@ -222,10 +213,6 @@ PRUNE_SESSION_ROWS = (
     "DELETE FROM session_states WHERE session_id = ?",
 )
 PRUNE_SESSION_ACTIONS = f"DELETE FROM actions WHERE {SESSION_KEY} = ?"
-FORGET_SESSION = (
-    f"INSERT INTO forgetting (session_id, through_id) SELECT ?, max(id) FROM actions WHERE {SESSION_KEY} = ? "
-    "HAVING max(id) IS NOT NULL ON CONFLICT (session_id) DO UPDATE SET through_id = excluded.through_id"
-)
 FORGETTING_SESSIONS = "SELECT session_id, through_id FROM forgetting ORDER BY session_id LIMIT ?"
 FORGET_ACTIONS = (
     f"DELETE FROM actions WHERE id IN (SELECT id FROM actions WHERE {SESSION_KEY} = ? AND id < ? LIMIT ?)"
@@ -235,7 +222,6 @@ FORGET_LAST_ACTION = f"DELETE FROM actions WHERE id = ? AND {SESSION_KEY} = ?"
 largest id in the table plus one to a new row, so once it was gone a new action of the
 session (started afresh) could be given an id up to ``through_id``, and be read as one
 being forgotten — shown nowhere, never re-fed, then deleted."""
-FORGOTTEN = "DELETE FROM forgetting WHERE session_id = ? AND through_id = ?"
 PRUNE_SESSIONLESS_ACTIONS = (
     "DELETE FROM actions WHERE id IN "
     "(SELECT id FROM actions INDEXED BY actions_sessionless_by_age "
@@ -278,11 +264,7 @@ def _prepare(connection: sqlite3.Connection, path: str) -> str | None:
             raise version_refused(path, version, SCHEMA_VERSION)
         for statement in SCHEMA.split(";"):
             connection.execute(statement)
-        connection.execute(
-            "INSERT INTO meta (key, value) VALUES ('schema_version', ?) "
-            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-            (str(SCHEMA_VERSION),),
-        )
+        connection.execute(SQL.write_meta, ("schema_version", str(SCHEMA_VERSION)))
         connection.execute(KEEP_STORE_ID, (STORE_ID, new_store_id()))
         connection.execute("COMMIT")
     except BaseException:
@@ -421,26 +403,6 @@ def latest_time(connection: sqlite3.Connection) -> float:
     return max((t for t in (seen, alerted and alerted[0]) if t is not None), default=-math.inf)
 
 
-def list_sessions_query(
-    verdict: Verdict | None, limit: int, after: tuple[float, str] | None
-) -> tuple[str, tuple[Any, ...]]:
-    """The statement of :meth:`SqliteStore.list_sessions` and its parameters."""
-    where: list[str] = []
-    params: list[Any] = []
-    if verdict is not None:
-        where.append("verdict = ?")
-        params.append(verdict)
-    if after is not None:  # keyset paging: the sessions after (last_seen, session_id) of a page
-        # A row value, which SQLite reads as a range of the last_seen indexes; the same
-        # comparison spelled with OR was a scan and a sort of every older session.
-        where.append("(last_seen, session_id) < (?, ?)")
-        params.extend(after)
-    clause = ("WHERE " + " AND ".join(where)) if where else ""
-    columns = "session_id, verdict, open, actions, errors, warnings, first_seen, last_seen, ended_at"
-    statement = f"SELECT {columns} FROM sessions {clause} ORDER BY last_seen DESC, session_id DESC LIMIT ?"
-    return statement, (*params, limit)
-
-
 class SqliteStore:
     """The :class:`~durable_sessions_collector.store.base.Store` on one SQLite file."""
 
@@ -520,10 +482,10 @@ class SqliteStore:
     def list_sessions(
         self, verdict: Verdict | None = None, limit: int = 100, after: tuple[float, str] | None = None
     ) -> list[SessionSummary]:
-        statement, params = list_sessions_query(verdict, limit, after)
+        statement, params = SQL.session_page(verdict, limit, after)
         with self._read() as db:
             rows = db.execute(statement, params).fetchall()
-        return [_summary(row) for row in rows]
+        return [session_summary(row) for row in rows]
 
     def list_sessions_by_id(
         self, verdict: Verdict | None = None, limit: int = 100, after: str | None = None
@@ -542,28 +504,22 @@ class SqliteStore:
         )
         with self._read() as db:
             rows = db.execute(statement, (*(value for _, value in given), limit)).fetchall()
-        return [_summary(row) for row in rows]
+        return [session_summary(row) for row in rows]
 
     def get_session(self, session_id: str, pages: DetailPages = FIRST_PAGES) -> SessionDetail | None:
         actions_after = pages.actions_after
-        after = f"AND ({ACTION_ORDER}, id) > (?, ?) " if actions_after is not None else ""
         with self._read() as reader:
             reader.execute("BEGIN")
             try:
-                row = reader.execute(
-                    "SELECT session_id, verdict, open, actions, errors, warnings, first_seen, last_seen, ended_at "
-                    "FROM sessions WHERE session_id = ?",
-                    (session_id,),
-                ).fetchone()
+                row = reader.execute(SQL.session_row, (session_id,)).fetchone()
                 if row is None:
                     return None
                 action_rows = reader.execute(
-                    f"SELECT {ACTION_ORDER}, id, trace_id, span_id, received_at, record FROM actions "
-                    f"WHERE {SESSION_KEY} = ? AND {NOT_FORGOTTEN} {after}ORDER BY {ACTION_ORDER}, id LIMIT ?",
+                    SQL.session_actions if actions_after is None else SQL.session_actions_after,
                     (session_id, session_id, *(actions_after or ()), pages.actions_limit + 1),
                 ).fetchall()
                 violation_rows = reader.execute(
-                    f"SELECT id, {VIOLATION_COLUMNS} FROM violations WHERE session_id = ? AND id > ? ORDER BY id LIMIT ?",
+                    SQL.session_violations,
                     (session_id, pages.violations_after or 0, pages.violations_limit + 1),
                 ).fetchall()
             finally:
@@ -572,12 +528,12 @@ class SqliteStore:
         violations, next_violations = violation_page(
             violation_rows, pages.violations_limit, session_id, self.counted
         )
-        return SessionDetail(_summary(row), actions, violations, next_actions, next_violations)
+        return SessionDetail(session_summary(row), actions, violations, next_actions, next_violations)
 
     def verdict_counts(self) -> dict[str, int]:
         counts = dict.fromkeys(("ok", "at_risk", "unrecoverable"), 0)
         with self._read() as db:
-            counts.update(db.execute("SELECT verdict, COUNT(*) FROM sessions GROUP BY verdict").fetchall())
+            counts.update(db.execute(SQL.verdict_counts).fetchall())
         return counts
 
     def pending_alerts(self, channel: str, now: float, limit: int = 100) -> list[Alert]:
@@ -601,23 +557,17 @@ class SqliteStore:
 
     def alert_counts(self) -> dict[tuple[str, str], int]:
         with self._read() as db:
-            rows = db.execute(
-                "SELECT channel, state, COUNT(*) FROM outbox GROUP BY channel, state"
-            ).fetchall()
+            rows = db.execute(SQL.alert_counts).fetchall()
         return {(channel, state): count for channel, state, count in rows}
 
     def dead_alerts(self, channel: str | None = None, limit: int = 100) -> list[DeadAlert]:
         with self._read() as db:
-            rows = db.execute(
-                "SELECT id, channel, violation_key, payload, attempts, last_error, created_at FROM outbox "
-                "WHERE state = 'dead' AND (? IS NULL OR channel = ?) ORDER BY id LIMIT ?",
-                (channel, channel, limit),
-            ).fetchall()
+            rows = db.execute(SQL.dead_alerts, (channel, channel, limit)).fetchall()
         return [DeadAlert(id_, ch, key, json.loads(payload), *rest) for id_, ch, key, payload, *rest in rows]
 
     def count_actions(self) -> int:
         with self._read() as db:
-            return int(db.execute("SELECT COUNT(*) FROM actions").fetchone()[0])
+            return int(db.execute(SQL.count_actions).fetchone()[0])
 
     # --- the violation feed (WatchAlerts) ------------------------------------------------
     # One writer commits at a time, so violation ids, and change ids, each grow in commit
@@ -683,7 +633,7 @@ class SqliteStore:
     def check(self) -> None:
         self.ownership.verify()
         with self._read() as db:
-            db.execute("SELECT 1 FROM meta LIMIT 1").fetchone()
+            db.execute(SQL.check).fetchone()
 
     def build_indexes(self, report: IndexReport) -> threading.Thread | None:
         """Nothing to build: a SQLite store gets its indexes with its schema, when opened."""
@@ -727,52 +677,16 @@ def _close_quietly(connection: sqlite3.Connection) -> None:
         connection.close()
 
 
-def _summary(row: tuple[Any, ...]) -> SessionSummary:
-    session_id, verdict, open_, actions, errors, warnings, first_seen, last_seen, ended_at = row
-    return SessionSummary(
-        session_id=session_id,
-        verdict=verdict,
-        state="active" if open_ else "ended",
-        actions=actions,
-        errors=errors,
-        warnings=warnings,
-        first_seen=first_seen,
-        last_seen=last_seen,
-        ended_at=ended_at,
-    )
-
-
-class SqliteWriter:
+class SqliteWriter(SqlWriter):
     """One write transaction on the store's write connection."""
 
-    __slots__ = ("_counted", "_db")
-
-    def __init__(self, connection: sqlite3.Connection, counted: frozenset[str] | None = None) -> None:
-        self._db = connection
-        self._counted = counted
+    __slots__ = ()
+    _sql = SQL
 
     def lock_sessions(self, session_ids: list[str]) -> None:
         """Nothing to do: this process is the store's only writer, so what the evaluator
         holds in memory is what the store holds (see the PostgreSQL store)."""
         return None
-
-    def add_action(self, row: ActionRow, received_at: float) -> bool:
-        cursor = self._db.execute(
-            "INSERT INTO actions (session_id, trace_id, span_id, status, action_id, kind, seq, received_at, record) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-            (
-                row.session_id,
-                row.trace_id,
-                row.span_id,
-                row.status,
-                row.action_id,
-                row.kind,
-                row.seq,
-                received_at,
-                row.text,
-            ),
-        )
-        return cursor.rowcount == 1
 
     def is_stored(self, row: ActionRow) -> bool:
         found = self._db.execute(
@@ -785,52 +699,12 @@ class SqliteWriter:
         # Row by row from the cursor, not fetchall(): a session of a million actions is
         # rebuilt in the memory of one record (and SQLite's sorter, which spills to disk).
         rows = self._db.execute(
-            f"SELECT trace_id, span_id, record FROM actions WHERE {SESSION_KEY} = ? AND {NOT_FORGOTTEN} "
+            f"SELECT trace_id, span_id, record FROM actions WHERE {SESSION_KEY} = ? AND {SQL.not_forgotten} "
             "AND id > ? ORDER BY id",
             (session_id, session_id, after_id),
         )
         for trace_id, span_id, record in rows:
             yield decode_record(record), Location(None, None, trace_id, span_id)
-
-    def keep_state(self, session_id: str, fed: int, state: bytes) -> None:
-        self._db.execute(
-            "INSERT INTO session_states (session_id, fed, through_id, state) "
-            f"SELECT ?, ?, max(id), ? FROM actions WHERE {SESSION_KEY} = ? AND {NOT_FORGOTTEN} "
-            "HAVING max(id) IS NOT NULL ON CONFLICT (session_id) DO UPDATE "
-            "SET fed = excluded.fed, through_id = excluded.through_id, state = excluded.state",
-            (session_id, fed, state, session_id, session_id),
-        )
-
-    def kept_state(self, session_id: str) -> KeptState | None:
-        kept = self._db.execute(
-            "SELECT fed, through_id, state FROM session_states WHERE session_id = ?", (session_id,)
-        ).fetchone()
-        if kept is None:
-            return None
-        (held,) = self._db.execute(
-            f"SELECT count(*) FROM actions WHERE {SESSION_KEY} = ? AND {NOT_FORGOTTEN} AND id <= ?",
-            (session_id, session_id, kept[1]),
-        ).fetchone()
-        return KeptState(*kept) if held == kept[0] else None
-
-    def add_violation(self, violation: Violation, *, at_end: bool, now: float) -> bool:
-        cursor = self._db.execute(
-            "INSERT INTO violations (key, session_id, rule, severity, message, action_id, trace_id, span_id, "
-            "at_end, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-            (
-                violation.key,
-                violation.session_id or None,  # "" is no session, as for its action (action_row)
-                violation.rule,
-                violation.severity.value,
-                violation.message,
-                violation.action_id,
-                violation.trace_id,
-                violation.span_id,
-                int(at_end),
-                now,
-            ),
-        )
-        return cursor.rowcount == 1
 
     def resolve_end_violations(self, session_id: str, keep: set[str], *, now: float) -> Settled:
         rows = self._db.execute(
@@ -854,52 +728,13 @@ class SqliteWriter:
         )
         return Settled([{**v, "resolved": True} for v in resolved], held_again)
 
-    def touch_session(self, session_id: str, now: float, added: int) -> None:
-        # A session re-opened by a later span is active again: its old end is no more
-        # (the API's ended_at is "unset while the session is active").
-        self._db.execute(
-            "INSERT INTO sessions (session_id, first_seen, last_seen, open, actions) VALUES (?, ?, ?, 1, ?) "
-            "ON CONFLICT (session_id) DO UPDATE SET last_seen = excluded.last_seen, open = 1, "
-            "ended_at = NULL, actions = sessions.actions + excluded.actions",
-            (session_id, now, now, added),
-        )
-
-    def end_session(self, session_id: str, now: float) -> None:
-        self._db.execute("UPDATE sessions SET open = 0, ended_at = ? WHERE session_id = ?", (now, session_id))
-
-    def refresh_verdict(self, session_id: str) -> Verdict:
-        rows = self._db.execute(_UNRESOLVED_BY_RULE, (session_id,)).fetchall()
-        errors, warnings, verdict = tally(rows, self._counted)
-        self._db.execute(
-            "UPDATE sessions SET errors = ?, warnings = ?, verdict = ? WHERE session_id = ?",
-            (errors, warnings, verdict, session_id),
-        )
-        return verdict
-
-    def read_meta(self, key: str) -> str | None:
-        found = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return None if found is None else str(found[0])
-
-    def write_meta(self, key: str, value: str | None) -> None:
-        if value is None:
-            self._db.execute("DELETE FROM meta WHERE key = ?", (key,))
-        else:
-            self._db.execute(
-                "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                (key, value),
-            )
-
     def lock_verdict_rules(self) -> None:
         """Nothing to do: the transaction is ``BEGIN IMMEDIATE``, which one writer holds at a time."""
 
     def sessions_with_rules(
         self, rules: frozenset[str], after: str, window: int
     ) -> tuple[list[str], str | None]:
-        (last,) = self._db.execute(
-            "SELECT max(session_id) FROM (SELECT session_id FROM sessions WHERE session_id > ? "
-            "ORDER BY session_id LIMIT ?)",
-            (after, window),
-        ).fetchone()
+        (last,) = self._db.execute(SQL.sessions_window_end, (after, window)).fetchone()
         if last is None or not rules:
             return [], last
         marks = ", ".join("?" * len(rules))
@@ -909,13 +744,6 @@ class SqliteWriter:
             (after, last, *sorted(rules)),
         ).fetchall()
         return [session_id for (session_id,) in found], last
-
-    def enqueue_alert(self, channel: str, violation_key: str, payload: dict[str, Any], now: float) -> None:
-        self._db.execute(
-            "INSERT INTO outbox (channel, violation_key, payload, next_attempt_at, created_at) "
-            "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-            (channel, violation_key, json.dumps(payload, separators=(",", ":")), now, now),
-        )
 
     def mark_delivered(self, alerts: Sequence[Alert], now: float) -> None:
         self._db.executemany(
@@ -938,22 +766,6 @@ class SqliteWriter:
                 (failed, error, retry_at, alert.id),
             )
 
-    def redeliver_dead(self, channel: str | None, now: float) -> int:
-        return self._db.execute(
-            "UPDATE outbox SET state = 'pending', attempts = 0, next_attempt_at = ? "
-            "WHERE state = 'dead' AND (? IS NULL OR channel = ?)",
-            (now, channel, channel),
-        ).rowcount
-
-    def idle_sessions(self, cutoff: float, limit: int) -> list[str]:
-        return [
-            session_id
-            for (session_id,) in self._db.execute(
-                "SELECT session_id FROM sessions WHERE open = 1 AND last_seen <= ? ORDER BY last_seen LIMIT ?",
-                (cutoff, limit),
-            )
-        ]
-
     def prune(self, cutoff: float, limit: int, max_actions: int | None = None) -> Pruned:
         """See :meth:`Writer.prune <durable_sessions_collector.store.base.Writer.prune>`.
 
@@ -966,7 +778,7 @@ class SqliteWriter:
         forgot, forgetting_left = forget_some(forgetting, max_actions, self._forget_actions, self._forgotten)
         budget = None if max_actions is None else max(max_actions - forgot, 0)
         newest_id, newest_session = db.execute(NEWEST_VIOLATION).fetchone() or (0, None)
-        found = db.execute(PRUNABLE_SESSIONS, (cutoff, limit)).fetchall() if budget != 0 else []
+        found = db.execute(SQL.prunable_sessions, (cutoff, limit)).fetchall() if budget != 0 else []
         taken, cut, oversized = within_budget(found, budget)
         cut = cut or budget == 0
         sessions = [session_id for session_id in taken if session_id != newest_session]
@@ -977,7 +789,7 @@ class SqliteWriter:
                 db.executemany(statement, [(session_id,) for session_id in sessions])
             db.executemany(PRUNE_SESSION_ACTIONS, [(s,) for s in sessions if s != oversized])
             if oversized in sessions:  # its actions: a budget at a time, by the next passes
-                db.execute(FORGET_SESSION, (oversized, oversized))
+                db.execute(SQL.forget_session, (oversized, oversized))
         counts = [
             forgot,
             db.execute(PRUNE_SESSIONLESS_ACTIONS, (cutoff, limit)).rowcount,
@@ -998,9 +810,6 @@ class SqliteWriter:
         if most is not None and below >= most:
             return below, False
         return below + self._db.execute(FORGET_LAST_ACTION, (through_id, session_id)).rowcount, True
-
-    def _forgotten(self, session_id: str, through_id: int) -> None:
-        self._db.execute(FORGOTTEN, (session_id, through_id))
 
     def _prune_orphan_alerts(self, channels: list[str], cutoff: float, limit: int) -> int:
         """Delete up to ``limit`` delivered or dead alerts of deleted violations, over all channels."""
