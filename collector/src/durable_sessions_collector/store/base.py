@@ -333,11 +333,6 @@ def tally(rows: Iterable[tuple[str, str, int]], counted: frozenset[str] | None) 
     return errors, warnings, verdict_of(severities)
 
 
-UNRESOLVED_BY_RULE = "SELECT rule, severity, COUNT(*) FROM violations WHERE session_id = {p} AND resolved = 0 GROUP BY rule, severity"
-"""A session's unresolved violations counted by rule and severity, for :func:`tally`
-(``{p}``: the store's placeholder)."""
-
-
 def split_page(
     rows: list[Any], limit: int, size_of: Callable[[Any], int] | None = None
 ) -> tuple[list[Any], bool]:

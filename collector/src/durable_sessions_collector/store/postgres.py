@@ -4,7 +4,8 @@
 the extra ``schema`` parameter names the schema the tables live in (created when
 missing; without it the connection's ``search_path`` decides, usually ``public``).
 
-The same tables and statements as the SQLite store, plus what sharing needs:
+The same tables as the SQLite store, and the statements of :mod:`.statements` (:data:`SQL`),
+plus what sharing needs:
 
 - **Schema**: created idempotently (``CREATE … IF NOT EXISTS``) in one transaction
   under an advisory lock, so replicas starting together do not race; the version is in
@@ -70,11 +71,9 @@ from psycopg.conninfo import conninfo_to_dict
 
 from durable_sessions.record import ActionRecord, Location
 from durable_sessions.report import Verdict
-from durable_sessions.violation import Violation
 from durable_sessions_collector.config import redact_store_url
 from durable_sessions_collector.quote import quoted
 from durable_sessions_collector.store.base import (
-    ACTION_ORDER,
     FEED_CHANGE,
     FEED_CHANGES,
     FEED_COLUMNS,
@@ -88,7 +87,6 @@ from durable_sessions_collector.store.base import (
     NO_SESSION,
     OUTBOX_CHANNELS,
     STORE_ID,
-    UNRESOLVED_BY_RULE,
     VIOLATION_COLUMNS,
     ActionRow,
     Alert,
@@ -96,7 +94,6 @@ from durable_sessions_collector.store.base import (
     DetailPages,
     FeedRow,
     IndexReport,
-    KeptState,
     Pruned,
     RecordRefused,
     SessionDetail,
@@ -112,7 +109,6 @@ from durable_sessions_collector.store.base import (
     forget_some,
     new_store_id,
     status_changes,
-    tally,
     version_refused,
     violation_detail,
     violation_feed_row,
@@ -120,6 +116,7 @@ from durable_sessions_collector.store.base import (
     within_budget,
 )
 from durable_sessions_collector.store.pool import ReadPool
+from durable_sessions_collector.store.statements import SqlWriter, Statements, session_summary
 
 _T = TypeVar("_T")
 
@@ -183,7 +180,12 @@ CREATE INDEX IF NOT EXISTS violation_changes_by_session ON violation_changes (se
 # pending, and its next_attempt_at still the one the claim set (a later claim by
 # another replica, or a retry time, sets another).
 STILL_HELD = "outbox.id = held.id AND outbox.state = 'pending' AND outbox.next_attempt_at = held.claim"
-NOT_FORGOTTEN = "id > coalesce((SELECT through_id FROM forgetting WHERE session_id = %s), 0)"
+SQL = Statements(
+    placeholder="%s",
+    session_key="session_id",
+    touched_last_seen="GREATEST(sessions.last_seen, excluded.last_seen)",
+)
+"""The statements this store shares with the SQLite store."""
 SESSION_RECORDS_PAGE = 2_000
 """Rows one query of :meth:`PostgresWriter.session_records` reads: a rebuild's memory."""
 SCHEMA = (
@@ -264,8 +266,6 @@ SESSIONLESS_BY_AGE = (
     ("actions_sessionless_by_age", "actions (received_at) WHERE session_id IS NULL"),
     ("violations_sessionless_by_age", "violations (created_at) WHERE session_id IS NULL"),
 )
-
-_SUMMARY = "session_id, verdict, open, actions, errors, warnings, first_seen, last_seen, ended_at"
 
 
 def _t(value: str | None) -> str | None:
@@ -599,21 +599,10 @@ class PostgresStore:
     def list_sessions(
         self, verdict: Verdict | None = None, limit: int = 100, after: tuple[float, str] | None = None
     ) -> list[SessionSummary]:
-        where, params = [], []  # type: ignore[var-annotated]
-        if verdict is not None:
-            where.append("verdict = %s")
-            params.append(verdict)
-        if after is not None:
-            where.append("(last_seen, session_id) < (%s, %s)")
-            params.extend([after[0], _t(after[1])])
-        clause = ("WHERE " + " AND ".join(where)) if where else ""
-        rows = self._reading(
-            lambda db: db.execute(
-                f"SELECT {_SUMMARY} FROM sessions {clause} ORDER BY last_seen DESC, session_id DESC LIMIT %s",
-                (*params, limit),
-            ).fetchall()
-        )
-        return [_summary(row) for row in rows]
+        keyset = None if after is None else (after[0], _t(after[1]))
+        statement, params = SQL.session_page(verdict, limit, keyset)
+        rows = self._reading(lambda db: db.execute(statement, params).fetchall())
+        return [session_summary(row) for row in rows]
 
     def list_sessions_by_id(
         self, verdict: Verdict | None = None, limit: int = 100, after: str | None = None
@@ -621,18 +610,9 @@ class PostgresStore:
         """See :meth:`Store.list_sessions_by_id
         <durable_sessions_collector.store.base.Store.list_sessions_by_id>`; read through the
         primary key's index."""
-        # Each condition only when given: "%s IS NULL OR session_id > %s" is no range of the
-        # index, and every page would be read from the first session on.
-        where = [("verdict = %s", verdict), ("session_id > %s", _t(after))]
-        given = [(condition, value) for condition, value in where if value is not None]
-        clause = ("WHERE " + " AND ".join(condition for condition, _ in given)) if given else ""
-        rows = self._reading(
-            lambda db: db.execute(
-                f"SELECT {_SUMMARY} FROM sessions {clause} ORDER BY session_id LIMIT %s",
-                (*(value for _, value in given), limit),
-            ).fetchall()
-        )
-        return [_summary(row) for row in rows]
+        statement, params = SQL.session_id_page(verdict, limit, _t(after))
+        rows = self._reading(lambda db: db.execute(statement, params).fetchall())
+        return [session_summary(row) for row in rows]
 
     def get_session(self, session_id: str, pages: DetailPages = FIRST_PAGES) -> SessionDetail | None:
         if "\x00" in session_id:  # no stored id holds one (refuse_nul); "a\ufffdb" is another session
@@ -645,37 +625,31 @@ class PostgresStore:
         violations, next_violations = violation_page(
             violation_rows, pages.violations_limit, session_id, self.counted
         )
-        return SessionDetail(_summary(row), actions, violations, next_actions, next_violations)
+        return SessionDetail(session_summary(row), actions, violations, next_actions, next_violations)
 
     def _session_rows(
         self, db: psycopg.Connection[Any], session_id: str, pages: DetailPages
     ) -> tuple[Any, list[Any], list[Any]] | None:
         """A session's row and the rows of its pages, from one snapshot; None: no such session."""
         actions_after = pages.actions_after
-        after = f"AND ({ACTION_ORDER}, id) > (%s, %s) " if actions_after is not None else ""
         with db.transaction():
             db.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            row = db.execute(
-                f"SELECT {_SUMMARY} FROM sessions WHERE session_id = %s", (_t(session_id),)
-            ).fetchone()
+            row = db.execute(SQL.session_row, (_t(session_id),)).fetchone()
             if row is None:
                 return None
             action_rows = db.execute(
-                f"SELECT {ACTION_ORDER}, id, trace_id, span_id, received_at, record FROM actions "
-                f"WHERE session_id = %s AND {NOT_FORGOTTEN} {after}ORDER BY {ACTION_ORDER}, id LIMIT %s",
+                SQL.session_actions if actions_after is None else SQL.session_actions_after,
                 (_t(session_id), _t(session_id), *(actions_after or ()), pages.actions_limit + 1),
             ).fetchall()
             violation_rows = db.execute(
-                f"SELECT id, {VIOLATION_COLUMNS} FROM violations WHERE session_id = %s AND id > %s ORDER BY id LIMIT %s",
+                SQL.session_violations,
                 (_t(session_id), pages.violations_after or 0, pages.violations_limit + 1),
             ).fetchall()
         return row, action_rows, violation_rows
 
     def verdict_counts(self) -> dict[str, int]:
         counts = dict.fromkeys(("ok", "at_risk", "unrecoverable"), 0)
-        rows = self._reading(
-            lambda db: db.execute("SELECT verdict, COUNT(*) FROM sessions GROUP BY verdict").fetchall()
-        )
+        rows = self._reading(lambda db: db.execute(SQL.verdict_counts).fetchall())
         for verdict, count in rows:
             counts[verdict] = int(count)
         return counts
@@ -741,28 +715,18 @@ class PostgresStore:
             )
 
     def alert_counts(self) -> dict[tuple[str, str], int]:
-        rows = self._reading(
-            lambda db: db.execute(
-                "SELECT channel, state, COUNT(*) FROM outbox GROUP BY channel, state"
-            ).fetchall()
-        )
+        rows = self._reading(lambda db: db.execute(SQL.alert_counts).fetchall())
         return {(channel, state): int(count) for channel, state, count in rows}
 
     def dead_alerts(self, channel: str | None = None, limit: int = 100) -> list[DeadAlert]:
-        rows = self._reading(
-            lambda db: db.execute(
-                "SELECT id, channel, violation_key, payload, attempts, last_error, created_at FROM outbox "
-                "WHERE state = 'dead' AND (%s::text IS NULL OR channel = %s) ORDER BY id LIMIT %s",
-                (channel, channel, limit),
-            ).fetchall()
-        )
+        rows = self._reading(lambda db: db.execute(SQL.dead_alerts, (channel, channel, limit)).fetchall())
         return [
             DeadAlert(int(id_), ch, key, json.loads(payload), int(attempts), error, float(created))
             for id_, ch, key, payload, attempts, error, created in rows
         ]
 
     def count_actions(self) -> int:
-        return self._reading(lambda db: int(db.execute("SELECT COUNT(*) FROM actions").fetchone()[0]))  # type: ignore[index]
+        return self._reading(lambda db: int(db.execute(SQL.count_actions).fetchone()[0]))  # type: ignore[index]
 
     # --- the violation feed (WatchAlerts) ------------------------------------------------
 
@@ -819,7 +783,7 @@ class PostgresStore:
         return found, (found[-1]["cursor"] if found else cursor)
 
     def check(self) -> None:
-        self._reading(lambda db: db.execute("SELECT 1 FROM meta LIMIT 1").fetchone())
+        self._reading(lambda db: db.execute(SQL.check).fetchone())
 
     def now(self) -> float:
         """The server's clock (see :class:`ServerClock`): every replica's times are the
@@ -984,28 +948,12 @@ def _reason(error: BaseException) -> str:
     return text[0] if text else type(error).__name__
 
 
-def _summary(row: Sequence[Any]) -> SessionSummary:
-    session_id, verdict, open_, actions, errors, warnings, first_seen, last_seen, ended_at = row
-    return SessionSummary(
-        session_id=session_id,
-        verdict=verdict,
-        state="active" if open_ else "ended",
-        actions=int(actions),
-        errors=int(errors),
-        warnings=int(warnings),
-        first_seen=first_seen,
-        last_seen=last_seen,
-        ended_at=ended_at,
-    )
-
-
-_UNRESOLVED_BY_RULE = UNRESOLVED_BY_RULE.format(p="%s")
-
-
-class PostgresWriter:
+class PostgresWriter(SqlWriter):
     """One write transaction on the store's write connection."""
 
-    __slots__ = ("_counted", "_db", "_lock_class", "_scope")
+    __slots__ = ("_lock_class", "_scope")
+    _sql = SQL
+    _text = staticmethod(_t)
 
     def __init__(
         self,
@@ -1014,10 +962,9 @@ class PostgresWriter:
         scope: str = "",
         counted: frozenset[str] | None = None,
     ) -> None:
-        self._db = connection
+        super().__init__(connection, counted)
         self._lock_class = lock_class
         self._scope = scope
-        self._counted = counted
 
     def lock_sessions(self, session_ids: Sequence[str]) -> dict[str, StoredSession]:
         """Lock the sessions for this transaction; return what the store holds of each.
@@ -1042,24 +989,6 @@ class PostgresWriter:
         }
         return {session_id: stored.get(_t(session_id), NO_SESSION) for session_id in session_ids}
 
-    def add_action(self, row: ActionRow, received_at: float) -> bool:
-        cursor = self._db.execute(
-            "INSERT INTO actions (session_id, trace_id, span_id, status, action_id, kind, seq, received_at, record) "
-            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-            (
-                _t(row.session_id),
-                _t(row.trace_id),
-                _t(row.span_id),
-                _t(row.status),
-                _t(row.action_id),
-                _t(row.kind),
-                row.seq,
-                received_at,
-                row.text,
-            ),
-        )
-        return cursor.rowcount == 1
-
     def is_stored(self, row: ActionRow) -> bool:
         found = self._db.execute(
             "SELECT 1 FROM actions WHERE trace_id = %s AND span_id = %s AND status = %s",
@@ -1076,7 +1005,7 @@ class PostgresWriter:
         while True:
             rows = self._db.execute(
                 "SELECT id, trace_id, span_id, record FROM actions "
-                f"WHERE session_id = %s AND {NOT_FORGOTTEN} AND id > %s ORDER BY id LIMIT %s",
+                f"WHERE session_id = %s AND {SQL.not_forgotten} AND id > %s ORDER BY id LIMIT %s",
                 (_t(session_id), _t(session_id), after, SESSION_RECORDS_PAGE),
             ).fetchall()
             for _, trace_id, span_id, record in rows:
@@ -1084,46 +1013,6 @@ class PostgresWriter:
             if len(rows) < SESSION_RECORDS_PAGE:
                 return
             after = rows[-1][0]  # the next page starts after the last id read
-
-    def keep_state(self, session_id: str, fed: int, state: bytes) -> None:
-        self._db.execute(
-            "INSERT INTO session_states (session_id, fed, through_id, state) "
-            f"SELECT %s, %s, max(id), %s FROM actions WHERE session_id = %s AND {NOT_FORGOTTEN} "
-            "HAVING max(id) IS NOT NULL ON CONFLICT (session_id) DO UPDATE "
-            "SET fed = excluded.fed, through_id = excluded.through_id, state = excluded.state",
-            (session_id, fed, state, session_id, session_id),
-        )
-
-    def kept_state(self, session_id: str) -> KeptState | None:
-        kept = self._db.execute(
-            "SELECT fed, through_id, state FROM session_states WHERE session_id = %s", (session_id,)
-        ).fetchone()
-        if kept is None:
-            return None
-        (held,) = self._db.execute(  # type: ignore[misc]
-            f"SELECT count(*) FROM actions WHERE session_id = %s AND {NOT_FORGOTTEN} AND id <= %s",
-            (session_id, session_id, kept[1]),
-        ).fetchone()
-        return KeptState(kept[0], kept[1], bytes(kept[2])) if held == kept[0] else None
-
-    def add_violation(self, violation: Violation, *, at_end: bool, now: float) -> bool:
-        cursor = self._db.execute(
-            "INSERT INTO violations (key, session_id, rule, severity, message, action_id, trace_id, span_id, "
-            "at_end, created_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-            (
-                _t(violation.key),
-                _t(violation.session_id or None),  # "" is no session, as for its action (action_row)
-                _t(violation.rule),
-                violation.severity.value,
-                _t(violation.message),
-                _t(violation.action_id),
-                _t(violation.trace_id),
-                _t(violation.span_id),
-                int(at_end),
-                now,
-            ),
-        )
-        return cursor.rowcount == 1
 
     def resolve_end_violations(self, session_id: str, keep: set[str], *, now: float) -> Settled:
         keys = [_t(key) for key in keep]
@@ -1150,44 +1039,6 @@ class PostgresWriter:
             )
         return settled
 
-    def touch_session(self, session_id: str, now: float, added: int) -> None:
-        # A session re-opened by a later span is active again: its old end is no more
-        # (the API's ended_at is "unset while the session is active").
-        self._db.execute(
-            "INSERT INTO sessions (session_id, first_seen, last_seen, open, actions) VALUES (%s, %s, %s, 1, %s) "
-            "ON CONFLICT (session_id) DO UPDATE SET last_seen = GREATEST(sessions.last_seen, excluded.last_seen), "
-            "open = 1, ended_at = NULL, actions = sessions.actions + excluded.actions",
-            (_t(session_id), now, now, added),
-        )
-
-    def end_session(self, session_id: str, now: float) -> None:
-        self._db.execute(
-            "UPDATE sessions SET open = 0, ended_at = %s WHERE session_id = %s", (now, _t(session_id))
-        )
-
-    def refresh_verdict(self, session_id: str) -> Verdict:
-        rows = self._db.execute(_UNRESOLVED_BY_RULE, (_t(session_id),)).fetchall()
-        errors, warnings, verdict = tally(rows, self._counted)
-        self._db.execute(
-            "UPDATE sessions SET errors = %s, warnings = %s, verdict = %s WHERE session_id = %s",
-            (errors, warnings, verdict, _t(session_id)),
-        )
-        return verdict
-
-    def read_meta(self, key: str) -> str | None:
-        found = self._db.execute("SELECT value FROM meta WHERE key = %s", (key,)).fetchone()
-        return None if found is None else str(found[0])
-
-    def write_meta(self, key: str, value: str | None) -> None:
-        if value is None:
-            self._db.execute("DELETE FROM meta WHERE key = %s", (key,))
-        else:
-            self._db.execute(
-                "INSERT INTO meta (key, value) VALUES (%s, %s) "
-                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                (key, value),
-            )
-
     def lock_verdict_rules(self) -> None:
         """A transaction-scoped advisory lock of this schema's selection of rules: one key
         (the one-number form, which the sessions' two-number locks never take)."""
@@ -1199,11 +1050,7 @@ class PostgresWriter:
     def sessions_with_rules(
         self, rules: frozenset[str], after: str, window: int
     ) -> tuple[list[str], str | None]:
-        (last,) = self._db.execute(  # type: ignore[misc]
-            "SELECT max(session_id) FROM (SELECT session_id FROM sessions WHERE session_id > %s "
-            "ORDER BY session_id LIMIT %s) AS w",
-            (_t(after), window),
-        ).fetchone()
+        (last,) = self._db.execute(SQL.sessions_window_end, (_t(after), window)).fetchone()
         if last is None or not rules:
             return [], last
         found = self._db.execute(
@@ -1212,13 +1059,6 @@ class PostgresWriter:
             (_t(after), last, [_t(rule) for rule in rules]),
         ).fetchall()
         return [session_id for (session_id,) in found], last
-
-    def enqueue_alert(self, channel: str, violation_key: str, payload: dict[str, Any], now: float) -> None:
-        self._db.execute(
-            "INSERT INTO outbox (channel, violation_key, payload, next_attempt_at, created_at) "
-            "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-            (channel, _t(violation_key), json.dumps(payload, separators=(",", ":")), now, now),
-        )
 
     def mark_delivered(self, alerts: Sequence[Alert], now: float) -> None:
         if alerts:
@@ -1243,26 +1083,13 @@ class PostgresWriter:
                 (failed, _t(error), retry_at, *held),
             )
 
-    def redeliver_dead(self, channel: str | None, now: float) -> int:
-        return self._db.execute(
-            "UPDATE outbox SET state = 'pending', attempts = 0, next_attempt_at = %s "
-            "WHERE state = 'dead' AND (%s::text IS NULL OR channel = %s)",
-            (now, channel, channel),
-        ).rowcount
-
     def idle_sessions(self, cutoff: float, limit: int) -> list[str]:
         """Open sessions idle since ``cutoff`` whose lock this transaction could take.
 
         A session another replica is writing or ending is skipped; it is found again at
         a later sweep if it is still idle then.
         """
-        candidates = [
-            session_id
-            for (session_id,) in self._db.execute(
-                "SELECT session_id FROM sessions WHERE open = 1 AND last_seen <= %s ORDER BY last_seen LIMIT %s",
-                (cutoff, limit),
-            )
-        ]
+        candidates = super().idle_sessions(cutoff, limit)
         # Under the locks, with a new snapshot: still open and idle (not ended or resumed meanwhile)?
         return self._try_lock(
             candidates,
@@ -1282,15 +1109,7 @@ class PostgresWriter:
         ).fetchall()
         forgot, forgetting_left = forget_some(forgetting, max_actions, self._forget_actions, self._forgotten)
         budget = None if max_actions is None else max(max_actions - forgot, 0)
-        found = (
-            db.execute(
-                "SELECT session_id, actions FROM sessions WHERE open = 0 AND last_seen < %s "
-                "ORDER BY last_seen LIMIT %s",
-                (cutoff, limit),
-            ).fetchall()
-            if budget != 0
-            else []
-        )
+        found = db.execute(SQL.prunable_sessions, (cutoff, limit)).fetchall() if budget != 0 else []
         taken, cut, oversized = within_budget(found, budget)
         cut = cut or budget == 0
         # Under the locks, with a new snapshot: still ended and old (no replica resumed it meanwhile)?
@@ -1314,12 +1133,7 @@ class PostgresWriter:
             whole = [session_id for session_id in sessions if session_id != oversized]
             db.execute("DELETE FROM actions WHERE session_id = ANY(%s)", (whole,))
             if oversized in sessions:  # its actions: a budget at a time, by the next passes
-                db.execute(
-                    "INSERT INTO forgetting (session_id, through_id) SELECT %s, max(id) FROM actions "
-                    "WHERE session_id = %s HAVING max(id) IS NOT NULL "
-                    "ON CONFLICT (session_id) DO UPDATE SET through_id = excluded.through_id",
-                    (oversized, oversized),
-                )
+                db.execute(SQL.forget_session, (oversized, oversized))
         counts = [
             forgot,
             db.execute(
@@ -1353,11 +1167,6 @@ class PostgresWriter:
             (session_id, through_id, most),
         ).rowcount
         return count, most is None or count < most  # an identity never gives an id twice
-
-    def _forgotten(self, session_id: str, through_id: int) -> None:
-        self._db.execute(
-            "DELETE FROM forgetting WHERE session_id = %s AND through_id = %s", (session_id, through_id)
-        )
 
     def _try_lock(self, candidates: list[str], still: LiteralString, cutoff: float) -> list[str]:
         """The ``candidates`` whose session lock this transaction could take and that the

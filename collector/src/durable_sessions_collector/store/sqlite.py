@@ -3,8 +3,8 @@
 Writes take ``BEGIN IMMEDIATE`` transactions and commit with ``synchronous=FULL``, so an
 acknowledged Export survives a power cut as well as a killed process. Readers (the HTTP
 API, metrics) use their own connections; WAL lets them read while the writer writes.
-The SQL sticks to what PostgreSQL also understands (``ON CONFLICT DO NOTHING``,
-``RETURNING``-free counting), so the PostgreSQL store can follow the same statements.
+The statements it shares with the PostgreSQL store are in :mod:`.statements` (:data:`SQL`);
+those here are its own.
 
 Times (activity, due times, retention) are this host's clock kept from going back
 (:class:`SteadyClock`): a clock stepped back neither delays idle sessions' ends and due
@@ -493,17 +493,9 @@ class SqliteStore:
         """See :meth:`Store.list_sessions_by_id
         <durable_sessions_collector.store.base.Store.list_sessions_by_id>`; read through the
         session id's own index (the primary key's)."""
-        # Each condition only when given: "? IS NULL OR session_id > ?" is no range of the
-        # index, and every page would be read from the first session on.
-        where = [("verdict = ?", verdict), ("session_id > ?", after)]
-        given = [(condition, value) for condition, value in where if value is not None]
-        clause = ("WHERE " + " AND ".join(condition for condition, _ in given)) if given else ""
-        statement = (
-            "SELECT session_id, verdict, open, actions, errors, warnings, first_seen, last_seen, ended_at "
-            f"FROM sessions {clause} ORDER BY session_id LIMIT ?"
-        )
+        statement, params = SQL.session_id_page(verdict, limit, after)
         with self._read() as db:
-            rows = db.execute(statement, (*(value for _, value in given), limit)).fetchall()
+            rows = db.execute(statement, params).fetchall()
         return [session_summary(row) for row in rows]
 
     def get_session(self, session_id: str, pages: DetailPages = FIRST_PAGES) -> SessionDetail | None:

@@ -88,6 +88,7 @@ class Statements:
             "open = 1, ended_at = NULL, actions = sessions.actions + excluded.actions"
         )
         self.end_session = sql("UPDATE sessions SET open = 0, ended_at = ? WHERE session_id = ?")
+        # A session's unresolved violations counted by rule and severity, for tally().
         self.unresolved_by_rule = sql(
             "SELECT rule, severity, COUNT(*) FROM violations WHERE session_id = ? AND resolved = 0 "
             "GROUP BY rule, severity"
@@ -160,7 +161,7 @@ class Statements:
         return statement.replace("?", self.placeholder)
 
     def session_page(
-        self, verdict: Verdict | None, limit: int, after: tuple[float, str] | None
+        self, verdict: Verdict | None, limit: int, after: tuple[float, str | None] | None
     ) -> tuple[str, tuple[Any, ...]]:
         """The statement that lists sessions (``Store.list_sessions``) and its parameters:
         newest activity first, of one verdict if given, after the (last_seen, session_id)
@@ -178,6 +179,19 @@ class Statements:
         clause = ("WHERE " + " AND ".join(where)) if where else ""
         statement = f"SELECT {SUMMARY_COLUMNS} FROM sessions {clause} ORDER BY last_seen DESC, session_id DESC LIMIT ?"
         return self.dialect(statement), (*params, limit)
+
+    def session_id_page(
+        self, verdict: Verdict | None, limit: int, after: str | None
+    ) -> tuple[str, tuple[Any, ...]]:
+        """The statement that lists sessions in session id order (``Store.list_sessions_by_id``)
+        and its parameters: of one verdict if given, after the session id ``after`` if given."""
+        # Each condition only when given: "? IS NULL OR session_id > ?" is no range of the
+        # primary key's index, and every page would be read from the first session on.
+        where = [("verdict = ?", verdict), ("session_id > ?", after)]
+        given = [(condition, value) for condition, value in where if value is not None]
+        clause = ("WHERE " + " AND ".join(condition for condition, _ in given)) if given else ""
+        statement = f"SELECT {SUMMARY_COLUMNS} FROM sessions {clause} ORDER BY session_id LIMIT ?"
+        return self.dialect(statement), (*(value for _, value in given), limit)
 
 
 def as_is(value: str | None) -> str | None:
