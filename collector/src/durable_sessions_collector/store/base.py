@@ -136,7 +136,7 @@ def action_row(record: ActionRecord, trace_id: str, span_id: str) -> ActionRow:
     )
 
 
-_TEXT_COLUMNS = ("session_id", "action_id", "kind", "status", "trace_id", "span_id")
+TEXT_COLUMNS = ("session_id", "action_id", "kind", "status", "trace_id", "span_id")
 """The fields of an :class:`ActionRow` that a store keeps in a text column of their own."""
 
 
@@ -147,7 +147,7 @@ def refuse_nul(row: ActionRow) -> None:
     one (``a\\x00b`` and ``a\\ufffdb``) and answered an id the client never sent. Every
     store refuses such a span, so that they answer alike; a NUL in any other field is kept
     (the record is JSON, which escapes it)."""
-    for name in _TEXT_COLUMNS:
+    for name in TEXT_COLUMNS:
         value = getattr(row, name)
         if value is not None and "\x00" in value:
             raise RecordRefused(

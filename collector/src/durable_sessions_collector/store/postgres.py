@@ -87,6 +87,7 @@ from durable_sessions_collector.store.base import (
     NO_SESSION,
     OUTBOX_CHANNELS,
     STORE_ID,
+    TEXT_COLUMNS,
     VIOLATION_COLUMNS,
     ActionRow,
     Alert,
@@ -283,6 +284,12 @@ def _t(value: str | None) -> str | None:
 KEEP_STORE_ID = "INSERT INTO meta (key, value) VALUES (%s, %s) ON CONFLICT (key) DO NOTHING"
 """The store's id, given once: a store that has one keeps it (replicas starting together
 take turns under the schema lock; the first one's id is every one's)."""
+
+
+def _texts_held(row: ActionRow) -> ActionRow:
+    """``row`` with :func:`_t` applied to its text columns (the same row when none holds NUL)."""
+    held = {name: _t(text) for name in TEXT_COLUMNS if (text := getattr(row, name)) and "\x00" in text}
+    return dataclasses.replace(row, **held) if held else row
 
 
 def _migrate(connection: psycopg.Connection[Any]) -> str | None:
@@ -988,6 +995,9 @@ class PostgresWriter(SqlWriter):
             )
         }
         return {session_id: stored.get(_t(session_id), NO_SESSION) for session_id in session_ids}
+
+    def add_action(self, row: ActionRow, received_at: float) -> bool:
+        return super().add_action(_texts_held(row), received_at)
 
     def is_stored(self, row: ActionRow) -> bool:
         found = self._db.execute(
