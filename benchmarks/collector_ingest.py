@@ -569,6 +569,7 @@ def action_rows(requests: list[bytes], received_at: float) -> list[tuple[Any, ..
     from durable_sessions_collector.otlp.decode import protobuf_span_parts
     from durable_sessions_collector.otlp.receiver import scrub
     from durable_sessions_collector.store import action_row
+    from durable_sessions_collector.store.statements import action_params
 
     from durable_sessions.mapping import map_attributes
 
@@ -580,17 +581,7 @@ def action_rows(requests: list[bytes], received_at: float) -> list[tuple[Any, ..
                 continue
             record = mapped[0]
             scrub(record)
-            row = action_row(record, trace_id, span_id)
-            columns = (
-                row.session_id,
-                row.trace_id,
-                row.span_id,
-                row.status,
-                row.action_id,
-                row.kind,
-                row.seq,
-            )
-            rows.append((*columns, received_at, row.text))
+            rows.append(action_params(action_row(record, trace_id, span_id), received_at))
     return rows
 
 

@@ -194,6 +194,21 @@ class Statements:
         return self.dialect(statement), (*(value for _, value in given), limit)
 
 
+def action_params(row: ActionRow, received_at: float) -> tuple[Any, ...]:
+    """The parameters of :attr:`Statements.add_action` for ``row``, as they are."""
+    return (
+        row.session_id,
+        row.trace_id,
+        row.span_id,
+        row.status,
+        row.action_id,
+        row.kind,
+        row.seq,
+        received_at,
+        row.text,
+    )
+
+
 def as_is(value: str | None) -> str | None:
     return value
 
@@ -216,20 +231,7 @@ class SqlWriter:
     def add_action(self, row: ActionRow, received_at: float) -> bool:
         # No _text here: this runs for every span ingested, and a call for each of six
         # texts made it 7% slower on SQLite (PostgresWriter.add_action holds the texts).
-        cursor = self._db.execute(
-            self._sql.add_action,
-            (
-                row.session_id,
-                row.trace_id,
-                row.span_id,
-                row.status,
-                row.action_id,
-                row.kind,
-                row.seq,
-                received_at,
-                row.text,
-            ),
-        )
+        cursor = self._db.execute(self._sql.add_action, action_params(row, received_at))
         return cursor.rowcount == 1  # type: ignore[no-any-return]
 
     def keep_state(self, session_id: str, fed: int, state: bytes) -> None:
