@@ -210,6 +210,7 @@ def action_params(row: ActionRow, received_at: float) -> tuple[Any, ...]:
 
 
 def as_is(value: str | None) -> str | None:
+    """A text as SQLite writes it: as it is."""
     return value
 
 
