@@ -575,8 +575,8 @@ def action_rows(requests: list[bytes], received_at: float) -> list[tuple[Any, ..
 
     rows = []
     for body in requests:
-        for _name, attributes, resource, error, start, trace_id, span_id in protobuf_span_parts(body, []):
-            mapped = map_attributes(attributes, resource, error, start, trace_id, span_id, None, False)
+        for _name, attributes, resource, error, start, trace_id, span_id, end in protobuf_span_parts(body, []):
+            mapped = map_attributes(attributes, resource, error, start, trace_id, span_id, None, False, end)
             if mapped is None:
                 continue
             record = mapped[0]

@@ -210,6 +210,28 @@ def test_benchmark_pages_command_runs_on_a_store_smaller_than_its_pages() -> Non
     assert "VERDICT_UNRECOVERABLE: one page" in completed.stdout
 
 
+def test_benchmark_store_floor_command_runs() -> None:
+    """docs/benchmarks.md's ``collector_ingest.py store-floor`` command, on a few requests:
+    it unpacked seven of the eight parts the decoder gives a span (the end time came later)
+    and crashed with ``ValueError: too many values to unpack`` before measuring anything."""
+    completed = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "collector_ingest.py"),
+            "store-floor",
+            "--requests",
+            "2",
+            "--rounds",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert re.search(r"median: discard [\d.]+ µs/span.*SQLite [\d.]+ µs/row as stored", completed.stdout)
+
+
 def _providing_distribution(module: str) -> str | None:
     """The installed distribution whose files hold ``module`` (None: stdlib or not installed)."""
     import importlib.metadata
