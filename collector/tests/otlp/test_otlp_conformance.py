@@ -593,10 +593,11 @@ def test_a_link_nested_too_deeply_rejects_its_span_only(sidecar, content_type: s
     assert [a["action_id"] for a in actions(sidecar, session)] == ["kept"]
 
 
-def test_a_request_refused_for_more_than_depth_is_still_400(sidecar) -> None:  # type: ignore[no-untyped-def]
-    # Only depth is a span's own refusal: text that is not UTF-8 is refused by protobuf's
-    # parser in the whole request (test_wire_native), beside a span nested too deeply too.
-    body = _deeply_linked(PROTOBUF, "deep-and-utf8", 200).replace(b"step kept", b"step \xc3\x28pt")
+def test_a_request_refused_for_more_than_depth_or_text_is_still_400(sidecar) -> None:  # type: ignore[no-untyped-def]
+    # Only depth and text that is not UTF-8 are a span's own refusal (test_sidecar_bad_input):
+    # a span whose bytes are not protobuf (a field longer than the span) is the request's,
+    # beside a span nested too deeply too.
+    body = _deeply_linked(PROTOBUF, "deep-and-cut", 200) + _field(1, _field(2, _field(2, b"\x0a\x05")))
     status, headers, data = post(sidecar, body, PROTOBUF)
     assert status == 400
     assert "not a valid protobuf ExportTraceServiceRequest" in strict_status(headers, data).message

@@ -16,7 +16,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
-from opentelemetry.proto.common.v1.common_pb2 import KeyValue
+from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope, KeyValue
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 from sidecar_clients import any_value
 
@@ -342,4 +343,100 @@ def test_start_times_past_int64_are_stored_not_failed(sidecar) -> None:  # type:
     session = sidecar.session("bad-input")
     assert session["action_count"] == 2
     assert sorted(action["seq"] for action in session["actions"])[-1] == 2**64 - 1
+    assert_healthy(sidecar)
+
+
+def not_utf8(body: bytes, *texts: str) -> bytes:
+    """``body`` with each of ``texts`` (two characters, written once) made bytes that are
+    not UTF-8: what a client's faulty encoder sends, which protobuf's builders refuse."""
+    for text in texts:
+        assert body.count(text.encode()) == 1, text
+        body = body.replace(text.encode(), b"\xc3\x28")
+    return body
+
+
+def export_both_ways(sidecar, body: bytes) -> list[ExportTraceServiceResponse]:  # type: ignore[no-untyped-def]
+    status, _, data = post(sidecar, body)
+    assert status == 200, status_of({"Content-Type": "application/x-protobuf"}, data).message
+    return [ExportTraceServiceResponse.FromString(data), grpc_export(sidecar, body)]
+
+
+def test_text_that_is_not_utf8_rejects_only_its_span(sidecar) -> None:  # type: ignore[no-untyped-def]
+    """upb refuses a whole message for one ``string`` field that is not UTF-8: one span's
+    bad text was a 400 / INVALID_ARGUMENT that lost every valid span of the request.
+    Now that span alone is rejected, named by its ids and the field."""
+    event = Span.Event(name="e", attributes=[KeyValue(key="note", value=any_value("Z1"))])
+    bad_event = span(2, **{"session.id": "utf8"})
+    bad_event.events.append(event)
+    bad_name = span(3, **{"session.id": "utf8"})
+    bad_name.name = "Z2"
+    body = not_utf8(
+        request(
+            span(1, **{"session.id": "utf8"}), bad_event, bad_name, span(4, **{"session.id": "utf8"})
+        ).SerializeToString(),
+        "Z1",
+        "Z2",
+    )
+    for response in export_both_ways(sidecar, body):
+        assert response.partial_success.rejected_spans == 2
+        assert response.partial_success.error_message == (
+            "rejected 2 of 4 span(s): resource_spans[0].scope_spans[0].spans[1] 'action 2': span "
+            "0202020202020202 (trace 01010101010101010101010101010102): "
+            "events[0].attributes[0].value.string_value is not valid UTF-8; "
+            "resource_spans[0].scope_spans[0].spans[2] '': span 0202020202020203 "
+            "(trace 01010101010101010101010101010103): name is not valid UTF-8"
+        )
+        assert [a["action_id"] for a in sidecar.session("utf8")["actions"]] == ["a1", "a4"]
+    assert_healthy(sidecar)
+
+
+def test_a_resource_or_scope_that_is_not_utf8_rejects_only_its_spans(sidecar) -> None:  # type: ignore[no-untyped-def]
+    """As OTLP/JSON rejects each span of a resource it cannot read: a resource, scope or
+    schema URL whose text is not UTF-8 rejects its spans, and the other groups are kept."""
+    groups = [
+        ResourceSpans(
+            resource=Resource(attributes=[KeyValue(key="service.name", value=any_value("R1"))]),
+            scope_spans=[ScopeSpans(spans=[span(1, **{"session.id": "groups"})])],
+        ),
+        ResourceSpans(
+            scope_spans=[
+                ScopeSpans(
+                    scope=InstrumentationScope(name="S1"), spans=[span(2, **{"session.id": "groups"})]
+                ),
+                ScopeSpans(schema_url="U1", spans=[span(3, **{"session.id": "groups"})]),
+                ScopeSpans(spans=[span(4, **{"session.id": "groups"})]),
+            ]
+        ),
+        ResourceSpans(schema_url="U2", scope_spans=[ScopeSpans(spans=[span(5, **{"session.id": "groups"})])]),
+    ]
+    body = not_utf8(
+        ExportTraceServiceRequest(resource_spans=groups).SerializeToString(), "R1", "S1", "U1", "U2"
+    )
+    for response in export_both_ways(sidecar, body):
+        assert response.partial_success.rejected_spans == 4
+        reasons = response.partial_success.error_message.split("; ")
+        assert [reason.rpartition("): ")[2] for reason in reasons] == [
+            "resource.attributes[0].value.string_value is not valid UTF-8",
+            "scope.name is not valid UTF-8",
+            "its ScopeSpans' schema_url is not valid UTF-8",
+            "its ResourceSpans' schema_url is not valid UTF-8",
+        ]
+        assert [a["action_id"] for a in sidecar.session("groups")["actions"]] == ["a4"]
+    assert_healthy(sidecar)
+
+
+def test_bytes_that_are_not_protobuf_in_one_span_still_refuse_the_request(sidecar) -> None:  # type: ignore[no-untyped-def]
+    # Only depth and text are a span's own refusal: a span whose bytes are cut short
+    # (a field longer than the span) is a request that is not protobuf, as before.
+    cut_span = b"\x0a\x05"  # trace_id (field 1) of 5 bytes, where the span ends
+    body = (
+        request(span(1, **{"session.id": "cut"})).SerializeToString() + b"\x0a\x06\x12\x04\x12\x02" + cut_span
+    )
+    status, headers, data = post(sidecar, body)
+    assert status == 400
+    assert "not a valid protobuf ExportTraceServiceRequest" in status_of(headers, data).message
+    with pytest.raises(grpc.RpcError) as caught:
+        grpc_export(sidecar, body)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert sidecar.get("/api/sessions/cut")[0] == 404
     assert_healthy(sidecar)

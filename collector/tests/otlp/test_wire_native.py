@@ -269,13 +269,21 @@ def body_of(*spans_: Span, resource: Resource | None = None) -> bytes:
     ).SerializeToString()
 
 
-def test_text_that_is_not_utf8_anywhere_is_declined_and_the_request_rejected() -> None:
-    # In an attribute the mapping never reads, inside an event: upb still rejects it.
+def test_text_that_is_not_utf8_anywhere_is_declined_and_its_span_rejected_by_the_reference() -> None:
+    # In an attribute the mapping never reads, inside an event: upb still refuses the
+    # request for it. The reference then rejects that span alone (it was the request).
     event = Span.Event(name="e", attributes=[KeyValue(key="note", value=AnyValue(string_value="ZZ"))])
-    body = body_of(one_span(events=[event])).replace(b"ZZ", b"\xc3\x28")
+    second = Span(trace_id=b"\x01" * 16, span_id=b"\x03" * 8, name="kept")
+    body = body_of(one_span(events=[event]), second).replace(b"ZZ", b"\xc3\x28")
     assert native(body) is None
     with pytest.raises(BadData, match="not a valid protobuf"):
-        protobuf_span_parts(body, [])
+        parse_protobuf(body)
+    rejected: list[str] = []
+    assert [p[0] for p in protobuf_span_parts(body, rejected)] == ["kept"]
+    assert rejected == [
+        "resource_spans[0].scope_spans[0].spans[0] 'tool': span 0202020202020202 (trace "
+        "01010101010101010101010101010101): events[0].attributes[0].value.string_value is not valid UTF-8"
+    ]
 
 
 def test_spans_with_unusable_ids_are_declined_and_named_by_the_reference() -> None:

@@ -10,8 +10,9 @@ which is the reference and words every error.
 Both receivers share this module. Request-level problems (a body that is not an
 ``ExportTraceServiceRequest``, JSON that does not parse) raise :class:`BadData`, which
 the receivers answer with ``INVALID_ARGUMENT`` / HTTP 400. Span-level problems (an id of
-the wrong length, a JSON id that is not hex, nesting too deep for protobuf's parsers)
-reject that span only: the rest of the request is kept and the answer is a partial
+the wrong length, a JSON id that is not hex, nesting too deep for protobuf's parsers,
+protobuf text that is not UTF-8, in the span or in its resource or scope) reject that
+span only: the rest of the request is kept and the answer is a partial
 success that names the rejected spans.
 
 OTLP/JSON differs from protobuf's canonical JSON mapping: ``traceId``/``spanId``/
@@ -39,7 +40,7 @@ from durable_sessions import semconv as sc
 from durable_sessions.json_text import exact_integers
 from durable_sessions.mapping import SpanData
 from durable_sessions.native import native_module
-from durable_sessions_collector.otlp.envelope import without_too_deep_spans
+from durable_sessions_collector.otlp.envelope import without_refused_parts
 from durable_sessions_collector.quote import quoted
 
 STATUS_CODE_ERROR = Status.STATUS_CODE_ERROR
@@ -77,16 +78,18 @@ def parse_protobuf(body: bytes) -> ExportTraceServiceRequest:
 
 def parse_protobuf_spans(body: bytes) -> tuple[ExportTraceServiceRequest, dict[tuple[int, int, int], str]]:
     """:func:`parse_protobuf`, and the spans that cannot be read, as :func:`parse_json`
-    gives them: those nested too deeply for protobuf's parser, which refuses a message
-    nested too deeply whole (see :mod:`.envelope`). Raise :class:`BadData` when the
-    request is refused for anything else."""
+    gives them: those nested too deeply for protobuf's parser or holding text that is
+    not UTF-8, and those of a resource or scope that does, which the parser refuses the
+    whole request for (see :mod:`.envelope`). Raise :class:`BadData` when the request is
+    refused for anything else."""
     try:
         return parse_protobuf(body), {}
     except BadData:
-        readable = without_too_deep_spans(body)
+        # Only after a refusal: a request the parser reads costs nothing more.
+        readable = without_refused_parts(body)
         if readable is not None:
             rest, problems = readable
-            with contextlib.suppress(BadData):  # a resource or scope is refused too: the request is
+            with contextlib.suppress(BadData):  # refused for more besides: the request is
                 return parse_protobuf(rest), problems
         raise
 
