@@ -593,6 +593,103 @@ def test_a_link_nested_too_deeply_rejects_its_span_only(sidecar, content_type: s
     assert [a["action_id"] for a in actions(sidecar, session)] == ["kept"]
 
 
+def _value_nesting(messages: int) -> tuple[bytes, dict[str, Any]]:
+    """An AnyValue nesting exactly ``messages`` messages (itself included), as protobuf
+    bytes and as OTLP/JSON: arrays (two messages each) around a string, and for an even
+    count one key-value list (three) among them."""
+    value, document = _field(1, b"x"), {"stringValue": "x"}
+    if messages % 2 == 0:
+        value = _field(6, _field(1, _field(1, b"k") + _field(2, value)))  # kvlist_value
+        document = {"kvlistValue": {"values": [kv("k", document)]}}
+        messages -= 3
+    for _ in range((messages - 1) // 2):
+        value, document = _field(5, _field(1, value)), {"arrayValue": {"values": [document]}}
+    return value, document
+
+
+_NESTING_PLACES = {
+    # where the deep attribute is: the messages above its AnyValue (the request included)
+    "span attribute": 5,
+    "event attribute": 6,
+    "link attribute": 6,
+    "resource attribute": 4,
+}
+
+
+def _nested_request(content_type: str, session: str, place: str, total: int) -> bytes:
+    """Two spans of ``session``, "kept" and "deep", each of a resource of its own; "deep"
+    (or its resource) holds an attribute whose value makes the request nest ``total``
+    messages deep, the request included."""
+    value, document = _value_nesting(total - _NESTING_PLACES[place])
+    link_ids = {"traceId": "03" * 16, "spanId": "04" * 8}
+    if content_type == JSON:
+        deep = kv("deep", document)
+        extra: dict[str, Any] = {
+            "span attribute": {"attributes": [*action_attributes(session, "deep"), deep]},
+            "event attribute": {"events": [{"name": "e", "attributes": [deep]}]},
+            "link attribute": {"links": [{**link_ids, "attributes": [deep]}]},
+            "resource attribute": {},
+        }[place]
+        groups = [
+            {"scopeSpans": [{"spans": [json_span(session, "kept")]}]},
+            {"scopeSpans": [{"spans": [json_span(session, "deep", span_id="eee19b7ec3c1b175", **extra)]}]},
+        ]
+        if place == "resource attribute":
+            groups[1]["resource"] = {"attributes": [deep]}
+        return json.dumps({"resourceSpans": groups}).encode()
+    deep_kv = _field(1, b"deep") + _field(2, value)
+    spans = [
+        ExportTraceServiceRequest.FromString(proto_request(session, action, n))
+        .resource_spans[0]
+        .scope_spans[0]
+        .spans[0]
+        .SerializeToString()
+        for n, action in ((1, "kept"), (2, "deep"))
+    ]
+    extra_bytes = {
+        "span attribute": _field(9, deep_kv),
+        "event attribute": _field(11, _field(2, b"e") + _field(3, deep_kv)),
+        "link attribute": _field(13, _field(1, b"\x03" * 16) + _field(2, b"\x04" * 8) + _field(4, deep_kv)),
+        "resource attribute": b"",
+    }[place]
+    resource = _field(1, _field(1, deep_kv)) if place == "resource attribute" else b""
+    return _field(1, _field(2, _field(2, spans[0]))) + _field(
+        1, resource + _field(2, _field(2, spans[1] + extra_bytes))
+    )
+
+
+@pytest.mark.parametrize("total", [100, 101, 102])
+@pytest.mark.parametrize("place", list(_NESTING_PLACES))
+@pytest.mark.parametrize("content_type", [JSON, PROTOBUF])
+def test_both_encodings_read_a_request_101_messages_deep_and_reject_a_span_deeper(  # type: ignore[no-untyped-def]
+    sidecar, content_type: str, place: str, total: int
+) -> None:
+    """Protobuf's parsers read a request 101 messages deep (the request included) and
+    refuse one deeper: its span is rejected (:mod:`.envelope`). OTLP/JSON refused at 101
+    where the span's link nested so deep (json_format's limit was 100), and read any depth
+    in the attributes and events ``json_format`` never sees: one encoding accepted at the
+    limit what the other rejected. Both now keep the span at the limit and reject it past
+    it, wherever it nests."""
+    session = f"depth-{content_type.rpartition('/')[2]}-{place.replace(' ', '-')}-{total}"
+    status, headers, data = post(sidecar, _nested_request(content_type, session, place, total), content_type)
+    assert status == 200, strict_status(headers, data).message
+    response = ExportTraceServiceResponse()
+    if content_type == JSON:
+        json_format.Parse(data, response)
+    else:
+        response.ParseFromString(data)
+    stored = [a["action_id"] for a in actions(sidecar, session)]
+    if total <= 101:
+        assert not response.HasField("partial_success"), response.partial_success.error_message
+        assert sorted(stored) == ["deep", "kept"]
+        return
+    assert response.partial_success.rejected_spans == 1
+    message = response.partial_success.error_message
+    assert message.startswith("rejected 1 of 2 span(s): resource_spans[1].scope_spans[0].spans[0] ")
+    assert "nested too deeply for protobuf's parser" in message
+    assert stored == ["kept"]
+
+
 def test_a_request_refused_for_more_than_depth_or_text_is_still_400(sidecar) -> None:  # type: ignore[no-untyped-def]
     # Only depth and text that is not UTF-8 are a span's own refusal (test_sidecar_bad_input):
     # a span whose bytes are not protobuf (a field longer than the span) is the request's,
@@ -814,3 +911,14 @@ def test_every_coding_the_collectors_otlphttp_exporter_sends_is_accepted(sidecar
     finally:
         connection.close()
     assert [a["action_id"] for a in actions(sidecar, f"coded-{coding}")] == ["a"]
+
+
+def test_json_keys_spelled_with_escapes_nest_as_deep(sidecar) -> None:  # type: ignore[no-untyped-def]
+    # The decoder counts the nesting keys in the bytes before it walks the attributes: a
+    # key written with an escape must not slip past that count.
+    body = _nested_request(JSON, "escaped", "span attribute", 102)
+    body = body.replace(b'"arrayValue"', b'"\\u0061rrayValue"')
+    status, _, data = post(sidecar, body, JSON)
+    assert status == 200
+    assert json.loads(data)["partialSuccess"]["rejectedSpans"] == "1"
+    assert [a["action_id"] for a in actions(sidecar, "escaped")] == ["kept"]

@@ -40,6 +40,7 @@ from durable_sessions import semconv as sc
 from durable_sessions.json_text import exact_integers
 from durable_sessions.mapping import SpanData
 from durable_sessions.native import native_module
+from durable_sessions_collector.otlp import depth
 from durable_sessions_collector.otlp.envelope import without_refused_parts
 from durable_sessions_collector.quote import quoted
 
@@ -148,9 +149,15 @@ def read_json(
     if legacy is not None:
         raise BadData(f"resourceSpans[{legacy}] {otlp_json.LEGACY_SCOPE_SPANS}")
     read = JsonAttributes() if mapped_only else None
-    resource_problems = _read_resources(document, read)
+    check_depth = depth.may_nest_too_deep(body)
+    resource_problems = _read_resources(document, read, check_depth)
     problems: dict[tuple[int, int, int], str] = {}
     for position, span in _json_spans(document):
+        too_deep = depth.too_deep(depth.SPAN_DEPTH, span) if check_depth else None
+        if too_deep is not None:
+            problems[position] = too_deep
+            span.clear()  # rejected for its depth alone, as protobuf's parser would
+            continue
         if mapped_only:
             span.pop("events", None)
         reasons = [reason for reason in _hex_ids_to_base64(span) if reason]
@@ -178,15 +185,10 @@ def read_json(
 _UNPARSABLE = (json_format.ParseError, ValueError, TypeError, RecursionError)
 """What ``json_format`` raises for a document it cannot make a message of."""
 
-_JSON_MAX_DEPTH = 100
-"""How many messages deep ``json_format`` reads a request (its default ``max_recursion_depth``)."""
-_SPAN_DEPTH = 3
-"""The messages above a span in a request: the request, its ResourceSpans and ScopeSpans."""
-
 
 def _request_of(document: dict[str, Any]) -> ExportTraceServiceRequest:
     request = ExportTraceServiceRequest()
-    json_format.ParseDict(document, request, ignore_unknown_fields=True, max_recursion_depth=_JSON_MAX_DEPTH)
+    json_format.ParseDict(document, request, ignore_unknown_fields=True, max_recursion_depth=depth.MAX_DEPTH)
     return request
 
 
@@ -196,10 +198,10 @@ def _set_aside_unparsable_spans(document: dict[str, Any], problems: dict[tuple[i
     span is read as deep as it is in the request: one nested too deeply there is refused
     here too, not left to refuse the request."""
     found = False
-    depth = _JSON_MAX_DEPTH - _SPAN_DEPTH
+    span_room = depth.MAX_DEPTH - depth.SPAN_DEPTH + 1  # json_format counts the span too
     for position, span in _json_spans(document):
         try:
-            json_format.ParseDict(span, Span(), ignore_unknown_fields=True, max_recursion_depth=depth)
+            json_format.ParseDict(span, Span(), ignore_unknown_fields=True, max_recursion_depth=span_room)
         except _UNPARSABLE as error:
             problems[position] = f"not an OTLP/JSON span: {error}"
             span.clear()
@@ -207,16 +209,22 @@ def _set_aside_unparsable_spans(document: dict[str, Any], problems: dict[tuple[i
     return found
 
 
-def _read_resources(document: dict[str, Any], read: JsonAttributes | None) -> dict[int, str]:
+def _read_resources(
+    document: dict[str, Any], read: JsonAttributes | None, check_depth: bool
+) -> dict[int, str]:
     """Read each resource's attributes (into ``read``, when given, leaving them out of the
-    document); return why a resource cannot be read, by resource index. A resource that
-    cannot be read is left out of the document: its spans are rejected."""
+    document); return why a resource cannot be read (``check_depth``: or is nested too
+    deeply), by resource index. A resource that cannot be read is left out of the
+    document: its spans are rejected."""
     problems: dict[int, str] = {}
     resources = otlp_json.field(document, "resourceSpans", "resource_spans")
     for i, resource_spans in enumerate(resources if isinstance(resources, list) else ()):
         if not isinstance(resource_spans, dict):
             continue
         attributes, problem = otlp_json.resource_of(resource_spans, only_mapped=read is not None)
+        if problem is None and check_depth:
+            too_deep = depth.too_deep(depth.RESOURCE_DEPTH, resource_spans.get("resource"))
+            problem = None if too_deep is None else f"resource is {too_deep}"
         if problem is not None:
             problems[i] = problem
             resource_spans.pop("resource", None)

@@ -3,7 +3,7 @@ protobuf's parser that belong to a span, or to a resource or scope and so to its
 rather than to the request: nesting too deep, and text that is not UTF-8.
 
 upb (and the pure-Python parser) refuse a whole message for either: one nested deeper
-than they read (101 messages, the request included), or one whose ``string`` field holds
+than they read (101 messages, the request included: see :mod:`.depth`), or one whose ``string`` field holds
 bytes that are not UTF-8, anywhere in it. So one such span made the whole request a 400,
 its valid spans with it, where OTLP/JSON rejects that span alone.
 :func:`without_refused_parts` reads the request's envelope (its ResourceSpans and
@@ -211,7 +211,8 @@ def _part_problem(kind: str, part: bytes) -> str | None:
         lenient = _lenient_request().FromString(alone)
     except _REFUSED:
         if any(words in refusal for words in _TOO_DEEP):
-            return f"nested too deeply for protobuf's parser ({refusal})"
+            subject = "" if kind == "span" else f"{kind} is "
+            return f"{subject}nested too deeply for protobuf's parser ({refusal})"
         raise _RequestRefused from None
     where, descriptor = _PARTS[kind]
     field = _not_utf8(where(lenient), descriptor, "" if kind == "span" else f"{kind}.")
