@@ -440,3 +440,29 @@ def test_bytes_that_are_not_protobuf_in_one_span_still_refuse_the_request(sideca
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert sidecar.get("/api/sessions/cut")[0] == 404
     assert_healthy(sidecar)
+
+
+def test_a_resource_or_scope_that_is_not_utf8_with_no_spans_is_still_bad_data(sidecar) -> None:  # type: ignore[no-untyped-def]
+    """Bad text that rejects no span is the request's (400 / INVALID_ARGUMENT), beside a
+    span rejected for its own text too: it was answered 200 then, the bad group dropped
+    unsaid, and 400 alone."""
+    bad_span = span(2, **{"session.id": "empty-groups"})
+    bad_span.name = "Z1"
+    for group in (
+        ResourceSpans(resource=Resource(attributes=[KeyValue(key="k", value=any_value("R1"))])),
+        ResourceSpans(scope_spans=[ScopeSpans(scope=InstrumentationScope(name="R1"))]),
+    ):
+        spans = ResourceSpans(
+            scope_spans=[ScopeSpans(spans=[span(1, **{"session.id": "empty-groups"}), bad_span])]
+        )
+        body = not_utf8(
+            ExportTraceServiceRequest(resource_spans=[spans, group]).SerializeToString(), "R1", "Z1"
+        )
+        status, headers, data = post(sidecar, body)
+        assert status == 400
+        assert "not a valid protobuf ExportTraceServiceRequest" in status_of(headers, data).message
+        with pytest.raises(grpc.RpcError) as caught:
+            grpc_export(sidecar, body)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert sidecar.get("/api/sessions/empty-groups")[0] == 404
+    assert_healthy(sidecar)

@@ -121,8 +121,8 @@ def without_refused_parts(body: bytes) -> tuple[bytes, dict[Position, str]] | No
     replaced by its ids and name alone, and each resource or scope it refuses so left out;
     and why, by span position ``(resource, scope, span)``, for each such span and each
     span of such a resource or scope. None when no part is refused for that alone (the
-    request's envelope cannot be read, a part is refused for another reason, or none is
-    refused)."""
+    request's envelope cannot be read, a part is refused for another reason, a refused
+    resource or scope has no span to reject, or none is refused)."""
     envelope = _envelope()[0]()
     try:
         envelope.ParseFromString(body)
@@ -135,8 +135,12 @@ def _without_refused_parts(envelope: Any) -> tuple[bytes, dict[Position, str]] |
     problems: dict[Position, str] = {}
     for i, resource_spans in enumerate(envelope.resource_spans):
         resource_problem = _resource_problem(resource_spans)
+        if resource_problem and not any(scope_spans.spans for scope_spans in resource_spans.scope_spans):
+            raise _RequestRefused  # no span to reject for it: the bad data is the request's
         for j, scope_spans in enumerate(resource_spans.scope_spans):
             scope_problem = _scope_problem(scope_spans)
+            if scope_problem and not scope_spans.spans:
+                raise _RequestRefused
             for k, span in enumerate(scope_spans.spans):
                 span_problem = _part_problem("span", span)
                 reasons = [reason for reason in (resource_problem, scope_problem, span_problem) if reason]
