@@ -7,6 +7,7 @@ import gzip
 import http.client
 import json
 import zlib
+from typing import Any
 
 import grpc
 import pytest
@@ -465,4 +466,42 @@ def test_a_resource_or_scope_that_is_not_utf8_with_no_spans_is_still_bad_data(si
             grpc_export(sidecar, body)
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert sidecar.get("/api/sessions/empty-groups")[0] == 404
+    assert_healthy(sidecar)
+
+
+def test_a_json_resource_or_scope_json_format_refuses_rejects_only_its_spans(sidecar) -> None:  # type: ignore[no-untyped-def]
+    """A value json_format refuses in a resource (beside the attributes, which are read as
+    the checker reads them), a scope or a schema URL refused the whole request, every valid
+    span with it; now its spans are rejected, as a protobuf resource or scope whose text
+    is not UTF-8 rejects its spans."""
+    trace = "5B8EFFF798038103D269B633813FC60C"
+
+    def group(n: int, **fields: Any) -> dict[str, Any]:
+        span_ = json_span(trace, f"EEE19B7EC3C1B1{n:02d}", f"g{n}")
+        span_["attributes"][0]["value"]["stringValue"] = "json-groups"
+        scope = {"spans": [span_], **fields.pop("scope_fields", {})}
+        return {"scopeSpans": [scope], **fields}
+
+    document = {
+        "resourceSpans": [
+            group(1, resource={"droppedAttributesCount": "many"}),
+            group(2, schemaUrl=5),
+            group(3, scope_fields={"scope": {"name": 5}}),
+            group(4, scope_fields={"schemaUrl": ["x"]}),
+            group(5, resource={"attributes": []}, scope_fields={"scope": {"name": "fine"}}),
+        ]
+    }
+    status, _, data = post(sidecar, json.dumps(document).encode(), "application/json")
+    assert status == 200, data
+    partial = json.loads(data)["partialSuccess"]
+    assert partial["rejectedSpans"] == "4"
+    reasons = partial["errorMessage"].split("; ")
+    expected = ["ResourceSpans", "ResourceSpans", "ScopeSpans", "ScopeSpans"]
+    assert [
+        f"spans[0] 'g{n}': its {kind} is not OTLP/JSON: " in reason
+        for n, (kind, reason) in enumerate(zip(expected, reasons, strict=True), 1)
+    ] == [True] * 4
+    assert "droppedAttributesCount" in reasons[0] and "schemaUrl" in reasons[1]
+    assert "Failed to parse scope field" in reasons[2] and "schemaUrl" in reasons[3]
+    assert [a["action_id"] for a in sidecar.session("json-groups")["actions"]] == ["g5"]
     assert_healthy(sidecar)

@@ -33,7 +33,7 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
-from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
 from durable_sessions import otlp_json
 from durable_sessions import semconv as sc
@@ -171,9 +171,12 @@ def read_json(
     try:
         request = _request_of(document)
     except _UNPARSABLE as error:
-        # Whatever json_format refuses in a span (a field the mapping never reads, say)
-        # rejects that span, not the request: its valid neighbours are kept.
-        if not _set_aside_unparsable_spans(document, problems):
+        # Whatever json_format refuses in a span (a field the mapping never reads, say),
+        # or in a span's resource or scope, rejects that span, not the request: its valid
+        # neighbours are kept. (Both are asked: ``|``, not ``or``.)
+        if not (
+            _set_aside_unparsable_spans(document, problems) | _set_aside_unparsable_groups(document, problems)
+        ):
             raise BadData(f"request body is not an OTLP/JSON ExportTraceServiceRequest: {error}") from None
         try:
             request = _request_of(document)
@@ -207,6 +210,64 @@ def _set_aside_unparsable_spans(document: dict[str, Any], problems: dict[tuple[i
             span.clear()
             found = True
     return found
+
+
+_GROUPS = ((ResourceSpans, ("scopeSpans", "scope_spans")), (ScopeSpans, ("spans",)))
+"""A ResourceSpans and a ScopeSpans: their message, and the keys that hold what is below
+them."""
+
+
+def _set_aside_unparsable_groups(document: dict[str, Any], problems: dict[tuple[int, int, int], str]) -> bool:
+    """Leave out the resource and schema URL of each ResourceSpans, and the scope and
+    schema URL of each ScopeSpans, that ``json_format`` cannot parse (read as deep as in
+    the request), saying why for each of its spans in ``problems``; whether any was. A
+    group without spans is left as it is: its bad value is the request's."""
+    found = False
+    resources = otlp_json.field(document, "resourceSpans", "resource_spans")
+    for i, resource_spans in enumerate(resources if isinstance(resources, list) else ()):
+        if not isinstance(resource_spans, dict):
+            continue
+        scopes = otlp_json.field(resource_spans, "scopeSpans", "scope_spans")
+        scopes = [
+            (j, scope)
+            for j, scope in enumerate(scopes if isinstance(scopes, list) else ())
+            if isinstance(scope, dict)
+        ]
+        positions = [(i, j, k) for j, scope in scopes for k in _span_indexes(scope)]
+        found |= _set_aside_unparsable_group(resource_spans, 0, positions, problems)
+        for j, scope in scopes:
+            found |= _set_aside_unparsable_group(
+                scope, 1, [(i, j, k) for k in _span_indexes(scope)], problems
+            )
+    return found
+
+
+def _span_indexes(scope_spans: dict[str, Any]) -> list[int]:
+    spans = scope_spans.get("spans")
+    return [k for k, span in enumerate(spans if isinstance(spans, list) else ()) if isinstance(span, dict)]
+
+
+def _set_aside_unparsable_group(
+    group: dict[str, Any],
+    level: int,
+    positions: list[tuple[int, int, int]],
+    problems: dict[tuple[int, int, int], str],
+) -> bool:
+    message, below = _GROUPS[level]
+    own = {key: value for key, value in group.items() if key not in below}
+    if not positions or not own:
+        return False
+    room = depth.MAX_DEPTH - 1 - level  # json_format counts the group, and the request is above it
+    try:
+        json_format.ParseDict(own, message(), ignore_unknown_fields=True, max_recursion_depth=room)
+        return False
+    except _UNPARSABLE as error:
+        reason = f"its {message.DESCRIPTOR.name} is not OTLP/JSON: {error}"
+    for key in own:
+        del group[key]
+    for position in positions:
+        problems[position] = "; ".join(filter(None, (problems.get(position), reason)))
+    return True
 
 
 def _read_resources(
