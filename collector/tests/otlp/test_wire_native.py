@@ -286,6 +286,85 @@ def test_text_that_is_not_utf8_anywhere_is_declined_and_its_span_rejected_by_the
     ]
 
 
+MARKER = "\u2603\u2604"  # six bytes of UTF-8, made six that are not
+NOT_UTF8 = b"\xc3\x28" * 3
+
+
+def string_fields(message: Any) -> list[tuple[Any, Any, int | None]]:
+    """Each ``string`` field set in ``message`` and below: (message, field, index)."""
+    found: list[tuple[Any, Any, int | None]] = []
+    for descriptor, value in message.ListFields():
+        if descriptor.message_type is not None:
+            for item in value if descriptor.is_repeated else [value]:
+                found.extend(string_fields(item))
+        elif descriptor.type == descriptor.TYPE_STRING:
+            found.extend((message, descriptor, i) for i in range(len(value)) if descriptor.is_repeated)
+            if not descriptor.is_repeated:
+                found.append((message, descriptor, None))
+    return found
+
+
+def parts_of(request: ExportTraceServiceRequest) -> list[tuple[str, Any]]:
+    """Each span, resource and scope of ``request``, as ("span"/"resource"/"scope", message)."""
+    found: list[tuple[str, Any]] = []
+    for group in request.resource_spans:
+        found.append(("resource", group.resource))
+        for scope in group.scope_spans:
+            found.append(("scope", scope.scope))
+            found.extend(("span", span_) for span_ in scope.spans)
+    return found
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(request=requests, data=st.data())
+def test_text_that_is_not_utf8_rejects_the_spans_it_is_in_and_keeps_the_others(
+    request: ExportTraceServiceRequest, data: Any
+) -> None:
+    """Any ``string`` field of a span, resource or scope made bytes that are not UTF-8:
+    the request is decoded as if the span (or the spans of the resource or scope) had no
+    ids, and those spans are rejected naming the field; a resource or scope without spans
+    leaves the request refused."""
+    candidates = [(kind, part) for kind, part in parts_of(request) if string_fields(part)]
+    if not candidates:
+        return
+    kind, part = data.draw(st.sampled_from(candidates))
+    message, descriptor, index = data.draw(st.sampled_from(string_fields(part)))
+    if index is None:
+        setattr(message, descriptor.name, MARKER)
+    else:
+        getattr(message, descriptor.name)[index] = MARKER
+    body = request.SerializeToString()
+    if body.count(MARKER.encode()) != 1:
+        return
+    body = body.replace(MARKER.encode(), NOT_UTF8)
+    hit = [
+        (i, j, k)
+        for i, group in enumerate(request.resource_spans)
+        for j, scope in enumerate(group.scope_spans)
+        for k, span_ in enumerate(scope.spans)
+        if part in (span_, scope.scope, group.resource)
+    ]
+    rejected: list[str] = []
+    if not hit:
+        with pytest.raises(BadData, match="not a valid protobuf"):
+            protobuf_span_parts(body, rejected)
+        return
+    parts = protobuf_span_parts(body, rejected)
+    for i, j, k in hit:  # the expected: those spans without ids, so rejected
+        request.resource_spans[i].scope_spans[j].spans[k].Clear()
+    if kind != "span":
+        part.Clear()
+    expected, expected_rejected = reference(request.SerializeToString())
+    assert typed(parts) == typed(expected)
+    where = {f"resource_spans[{i}].scope_spans[{j}].spans[{k}]" for i, j, k in hit}
+    assert [r for r in rejected if r.split(" ", 1)[0] not in where] == [
+        r for r in expected_rejected if r.split(" ", 1)[0] not in where
+    ]
+    named = [r for r in rejected if r.split(" ", 1)[0] in where]
+    assert len(named) == len(hit)
+    assert all(r.endswith(" is not valid UTF-8") for r in named), named
+
+
 def test_spans_with_unusable_ids_are_declined_and_named_by_the_reference() -> None:
     body = body_of(one_span(), Span(trace_id=bytes(16), span_id=b"\x03" * 8, name="zeros"))
     assert native(body) is None
