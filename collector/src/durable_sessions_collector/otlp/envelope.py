@@ -236,19 +236,40 @@ def _alone(kind: str, part: bytes) -> bytes:
 
 def _not_utf8(message: Message, descriptor: Descriptor, path: str) -> str | None:
     """The path of the first ``string`` field (by ``descriptor``, the strict schema) of
-    the lenient ``message`` whose bytes are not UTF-8, or None."""
+    the lenient ``message`` whose bytes are not UTF-8, or None. A message below it that
+    protobuf's parser reads in the strict schema is not walked (one span may hold
+    thousands of attributes, and only one of them is bad)."""
     for lenient_field, value in message.ListFields():
         field = descriptor.fields_by_name[lenient_field.name]
-        items = list(enumerate(value)) if field.is_repeated else [(None, value)]
+        items = enumerate(value) if field.is_repeated else [(None, value)]
         for index, item in items:
-            where = f"{path}{field.name}" if index is None else f"{path}{field.name}[{index}]"
             if field.message_type is not None:
-                found = _not_utf8(item, field.message_type, f"{where}.")
+                if _strictly_read(item, field.message_type):
+                    continue
+                found = _not_utf8(item, field.message_type, f"{_where(path, field, index)}.")
                 if found is not None:
                     return found
             elif field.type == FieldDescriptor.TYPE_STRING and not _is_utf8(item):
-                return where
+                return _where(path, field, index)
     return None
+
+
+def _where(path: str, field: FieldDescriptor, index: int | None) -> str:
+    return f"{path}{field.name}" if index is None else f"{path}{field.name}[{index}]"
+
+
+def _strictly_read(lenient: Message, descriptor: Descriptor) -> bool:
+    """Whether protobuf's parser reads the lenient message ``lenient`` in its strict schema."""
+    try:
+        _strict_class(descriptor).FromString(lenient.SerializeToString())
+    except _REFUSED:
+        return False
+    return True
+
+
+@cache
+def _strict_class(descriptor: Descriptor) -> Any:
+    return message_factory.GetMessageClass(descriptor)
 
 
 def _text_problem(text: bytes, name: str) -> str | None:
