@@ -575,7 +575,9 @@ def action_rows(requests: list[bytes], received_at: float) -> list[tuple[Any, ..
 
     rows = []
     for body in requests:
-        for _name, attributes, resource, error, start, trace_id, span_id, end in protobuf_span_parts(body, []):
+        for _name, attributes, resource, error, start, trace_id, span_id, end in protobuf_span_parts(
+            body, []
+        ):
             mapped = map_attributes(attributes, resource, error, start, trace_id, span_id, None, False, end)
             if mapped is None:
                 continue
