@@ -997,3 +997,54 @@ def test_a_span_without_a_start_time_is_dated_by_its_end(setup: Setup, tmp_path:
     assert [(v.session_id, v.rule, v.message) for v in checked] == [
         (v.session_id, v.rule, v.message) for v in found
     ]
+
+
+def _paused_on_entering(code: Any, reached: threading.Event, go: threading.Event) -> Any:
+    """A trace function for the calling thread: once it enters ``code``, it says so on
+    ``reached`` and waits for ``go``, so that a test can run something else in between."""
+
+    def trace(frame: Any, event: str, arg: object) -> None:
+        if event == "call" and frame.f_code is code and not reached.is_set():
+            reached.set()
+            go.wait()
+
+    return trace
+
+
+def test_a_span_started_while_shutdown_closes_the_intent_log_is_not_an_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A span that passed on_start's shutdown check wrote to the intent log that the
+    shutdown then closed: one spurious internal error, logged as a failure. The race is
+    driven step by step: the span's thread stops where its write begins, the shutdown
+    runs to the end, then the write goes on."""
+    from durable_sessions.intent_log import IntentLog
+
+    processor = DurabilitySpanProcessor(mode="silent", intent_log=tmp_path / "intents.jsonl")
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    tracer = provider.get_tracer("t")
+    reached, go = threading.Event(), threading.Event()
+
+    def start_a_payment() -> None:
+        sys.settrace(_paused_on_entering(IntentLog.write.__code__, reached, go))
+        try:
+            with tracer.start_as_current_span(
+                "pay", attributes={"agent.action.id": "p1", "agent.action.kind": "payment"}
+            ):
+                pass
+        finally:
+            sys.settrace(None)
+
+    late = threading.Thread(target=start_a_payment)
+    with caplog.at_level(logging.DEBUG, logger="durable_sessions"):
+        late.start()
+        assert reached.wait(30)
+        processor.shutdown()
+        go.set()
+        late.join(30)
+    assert not late.is_alive()
+    assert processor.internal_errors == 0
+    assert [r for r in caplog.records if r.levelno > logging.DEBUG] == []
+    assert len([r for r in caplog.records if "during shutdown" in r.getMessage()]) == 1
+    assert (tmp_path / "intents.jsonl").read_text() == ""

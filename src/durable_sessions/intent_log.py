@@ -80,11 +80,18 @@ class IntentLog:
         """Whether this log's last line was cut short (a full disk took part of it)."""
         forking.after_fork(self, _fresh_lock)
 
-    def write(self, record: Mapping[str, Any]) -> None:
-        """Append ``record`` as one line, durable when this returns; an ``OSError`` (a full
-        disk) leaves at most a part of it, which the next line does not run into."""
+    def write(self, record: Mapping[str, Any]) -> bool:
+        """Append ``record`` as one line, durable when this returns True; an ``OSError`` (a
+        full disk) leaves at most a part of it, which the next line does not run into.
+
+        False, writing nothing, once the log is closed: a span may start on another thread
+        while the processor shuts down, and its write then meets the closed log. Checked
+        under the lock that :meth:`close` takes, so a write either lands whole before the
+        close or not at all."""
         line = orjson.dumps(record, option=orjson.OPT_NON_STR_KEYS) + b"\n"
         with self._lock:
+            if self._fd < 0:
+                return False
             if self._torn:  # end the partial line, or this record would read as part of it
                 line = b"\n" + line
             # O_APPEND: each write lands at the end, so lines of two processes sharing the
@@ -96,6 +103,7 @@ class IntentLog:
             finally:
                 self._torn = bool(view) and (self._torn or len(view) < len(line))
             os.fsync(self._fd)
+        return True
 
     def close(self) -> None:
         with self._lock:
