@@ -47,6 +47,16 @@ OPTIONAL = {
     "prompt_digest": st.sampled_from(["p1", "p2", ""]),
     "incarnation": st.sampled_from(["run-1", "run-2", "", 7, None]),
     "ts": st.sampled_from(["2026-11-29T10:00:00Z", 1_700_000_000, "soon"]),
+    "max_attempts": st.sampled_from([1, 3, 63, 0, -1, True, 3.0, "3", float("inf"), 2**70, None]),
+    "cacheable": any_value,
+    "cache_key": st.sampled_from(["c1", "", 4, None]),
+    "ttl_s": st.sampled_from([60, 0, -5, 60.0, 60.5, True, "60", None]),
+    "replay": st.sampled_from(["skip", "run", "", None, True]),
+    "on_failure": st.sampled_from(["ask_user", "abort", "compensate", "retry", "", 3, None]),
+    "cache_hit": any_value,
+    "value_limit": st.sampled_from([4, 10, 0, None, "4", True]),
+    "result_length": st.sampled_from([4, 10, 0, None, "4", True]),
+    "mapping_problems": st.sampled_from([(), ("a span problem — it cannot be checked",), ["listed"], None]),
 }
 IDENTIFIERS = {
     "session_id": st.just("s-1"),
