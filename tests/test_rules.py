@@ -576,6 +576,16 @@ TIME_DERIVED_KEYS = [
     pytest.param("pay-20261101_0914", "the date '20261101_0914'", id="compact-date-underscore-time"),
     pytest.param("pay-20261101", "the date '20261101'", id="compact-date"),
     pytest.param("pay-19991231-a07", "the date '19991231'", id="compact-date-then-action"),
+    pytest.param("pay-20261101091400123", "the date '20261101091400123'", id="compact-date-time-ms"),
+    pytest.param(
+        "pay-20261101T091400.123456", "the date '20261101T091400.123456'", id="compact-date-time-us"
+    ),
+    pytest.param("pay-2026/11/01", "the date '2026/11/01'", id="slashed-date"),
+    pytest.param("pay-2026_11_01-a07", "the date '2026_11_01'", id="underscored-date"),
+    pytest.param("pay-2026.11.01", "the date '2026.11.01'", id="dotted-date"),
+    pytest.param("pay-01-11-2026", "the date '01-11-2026'", id="day-first-date"),
+    pytest.param("pay-11/01/2026", "the date '11/01/2026'", id="month-first-date"),
+    pytest.param("pay-01.11.2026", "the date '01.11.2026'", id="day-first-dotted-date"),
     pytest.param("pay-1764581640", "the epoch timestamp '1764581640'", id="epoch-s"),
     pytest.param("pay-1764581640123", "the epoch timestamp '1764581640123'", id="epoch-ms"),
     pytest.param("pay-1764581640123456", "the epoch timestamp '1764581640123456'", id="epoch-us"),
@@ -620,6 +630,10 @@ def test_time_derived_key_is_caught(key: str, component: str) -> None:
         pytest.param("order-20261132", id="8-digits-day-32"),
         pytest.param("order-21261101", id="8-digits-year-2126"),
         pytest.param("order-120261101", id="date-inside-a-longer-number"),
+        pytest.param("order-2026/11-01", id="mixed-separators"),
+        pytest.param("order-32-11-2026", id="day-first-day-32"),
+        pytest.param("order-101-11-2026", id="day-first-inside-a-longer-number"),
+        pytest.param("v1.2.2026", id="short-version"),
         pytest.param("itinerary-s-7f21", id="no-digits-run"),
     ],
 )

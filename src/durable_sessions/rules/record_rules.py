@@ -339,16 +339,24 @@ def dead_end(record: ActionRecord) -> str | None:
     )
 
 
-_ISO_DATE = r"(?:19|20)\d\d-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12]\d|3[01])"
-# A compact date, alone or with a time: 20261101, 20261101T0914, 20261101-091400,
-# 202611010914. Calendar bounds and no digit on either side, so that an arbitrary
-# number (an order id 12345678, a 10-digit account) is not taken for one.
+_DAY = r"(?:0[1-9]|[12]\d|3[01])"
+_MONTH = r"(?:0[1-9]|1[0-2])"
+# Year first, its parts apart by one separator used twice: 2026-11-01, 2026/11/01,
+# 2026_11_01, 2026.11.01 (what strftime makes of %Y-%m-%d and its kin).
+_YEAR_FIRST_DATE = rf"(?:19|20)\d\d(?P<ymd>[-/_.]){_MONTH}(?P=ymd){_DAY}"
+# Year last, day or month first (01-11-2026, 11/01/2026, 01.11.2026): two two-digit parts
+# of at most 31 and no digit on either side, so that a longer number is not taken for one.
+_YEAR_LAST_DATE = rf"(?<!\d){_DAY}(?P<dmy>[-/.]){_DAY}(?P=dmy)(?:19|20)\d\d(?!\d)"
+# A compact date, alone or with a time and its fraction of a second: 20261101,
+# 20261101T0914, 20261101-091400, 202611010914, 20261101091400123 (milliseconds, as
+# yyyyMMddHHmmssSSS gives). Calendar bounds and no digit on either side, so that an
+# arbitrary number (an order id 12345678, a 10-digit account) is not taken for one.
 _COMPACT_DATE_TIME = (
-    r"(?<!\d)(?:19|20)\d\d(?:0[1-9]|1[0-2])(?:0[1-9]|[12]\d|3[01])"
-    r"(?:[-_T]?(?:[01]\d|2[0-3])[0-5]\d(?:[0-5]\d)?)?(?!\d)"
+    rf"(?<!\d)(?:19|20)\d\d{_MONTH}{_DAY}"
+    r"(?:[-_T]?(?:[01]\d|2[0-3])[0-5]\d(?:[0-5]\d(?:[.,]?\d{3}){0,3})?)?(?!\d)"
 )
 _TIME_UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[167][0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
-_DATE_LIKE = re.compile(rf"{_ISO_DATE}|{_COMPACT_DATE_TIME}")
+_DATE_LIKE = re.compile(rf"{_YEAR_FIRST_DATE}|{_YEAR_LAST_DATE}|{_COMPACT_DATE_TIME}")
 _TIME_UUID_LIKE = re.compile(_TIME_UUID, re.I)
 _DIGIT_RUN = re.compile(r"(?<!\d)(\d{10}|\d{13}|\d{16}|\d{19})(?!\d)")
 _EPOCH_RANGE_S = (946_684_800, 4_102_444_800)  # 2000-01-01 .. 2100-01-01
@@ -389,10 +397,12 @@ def time_derived_key(record: ActionRecord) -> str | None:
     ## Why is this bad?
     A key computed from the clock differs on every attempt, so the far side sees the
     replay as a new request and performs the effect again: the key keys nothing.
-    Detected: ISO dates and date-times, compact dates and date-times (`20261101`,
-    `20261101T0914`, `20261101-091400`; a year 19xx or 20xx, a real month and day, and
-    no digit on either side), epoch numbers of 10, 13, 16 or 19 digits in a plausible
-    range, and UUIDs of versions 1, 6 and 7 (which embed a timestamp).
+    Detected: ISO dates and date-times, dates with `/`, `_` or `.` between year, month
+    and day (`2026/11/01`), dates with the year last (`01-11-2026`, `11/01/2026`,
+    `01.11.2026`), compact dates and date-times (`20261101`, `20261101T0914`,
+    `20261101-091400`, `20261101091400123`; a year 19xx or 20xx, a real month and day,
+    and no digit on either side), epoch numbers of 10, 13, 16 or 19 digits in a
+    plausible range, and UUIDs of versions 1, 6 and 7 (which embed a timestamp).
     Not flagged: a key in exactly the format `idempotency_key()` gives (`ds1-` and 32
     characters of `a`-`z`, `2`-`7`), a hash of the identity whose digits may happen to
     read as an epoch number.
