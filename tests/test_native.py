@@ -14,9 +14,11 @@ import math
 import os
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import IO, Any
 
 import pytest
@@ -34,6 +36,7 @@ from durable_sessions.span_check import ACTION_KIND, ACTION_PREFIX, MAYBE_ACTION
 from tests.support.forks import exit_code_in_fork
 from tests.support.senders import require_native
 
+ROOT = Path(__file__).resolve().parent.parent
 HANDED, NEW_RESOURCE, UNSUPPORTED = 0, 1, 2
 RESOURCE = Resource.create({"service.name": "handoff-test"})
 PROVIDER = TracerProvider(resource=RESOURCE)
@@ -566,3 +569,35 @@ def test_the_switch_warns_once_about_a_value_it_does_not_know(value: str, warned
     if importlib.util.find_spec("durable_sessions._memory") is not None:  # built here
         assert completed.stdout.split() == [str(native)] * 2
     assert completed.stderr.count("is neither true nor false") == (1 if warned else 0), completed.stderr
+
+
+def test_two_threads_closing_one_handoff_both_return() -> None:
+    """Both callers of close() joined the sender's thread once it was done: a thread joined
+    twice is undefined behaviour, and hung (the processor's shutdown called from two
+    threads, forever, whatever its timeout). Raced in a process of its own, many times,
+    so that a hang or a crash fails this test rather than the test run."""
+    require_native()
+    script = textwrap.dedent(
+        """
+        import os, threading
+        from tests.test_native import Pipe
+        for _ in range(300):
+            pipe = Pipe()
+            start = threading.Barrier(2)
+            answers = []
+            def close():
+                start.wait()
+                answers.append(pipe.handoff.close(10.0))
+            threads = [threading.Thread(target=close) for _ in range(2)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            assert answers == [True, True], answers
+            pipe.reader.close()
+        """
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert ran.returncode == 0, ran.stderr

@@ -841,7 +841,7 @@ Handoff_close(Handoff *self, PyObject *args)
     if (forked(self))
         Py_RETURN_TRUE; /* nothing of it runs in this process */
     Shared *st = self->st;
-    int done;
+    int done, join = 0;
     Py_BEGIN_ALLOW_THREADS
     struct timespec deadline;
     deadline_after(&deadline, timeout_s);
@@ -851,11 +851,15 @@ Handoff_close(Handoff *self, PyObject *args)
         if (pthread_cond_timedwait(&st->finished, &st->lock, &deadline) == ETIMEDOUT)
             break;
     done = st->done;
-    pthread_mutex_unlock(&st->lock);
+    /* One caller joins the thread: claimed under the lock, as two threads may close at
+     * once (a shutdown from two threads), and a thread joined twice hung the second. */
     if (done && self->started) {
-        pthread_join(self->thread, NULL);
         self->started = 0;
+        join = 1;
     }
+    pthread_mutex_unlock(&st->lock);
+    if (join)
+        pthread_join(self->thread, NULL);
     Py_END_ALLOW_THREADS
     return PyBool_FromLong(done);
 }
