@@ -164,10 +164,24 @@ long_number_lines = st.builds(
     st.integers(10**16, 10**22),
     st.sampled_from([b"%s", b" -%s", b"[1,%s]", b'"%s"', b'"x-%s"', b'{"n":%s.5}', b"%se3"]),
 )
+# What files hold around and inside a record: a byte order mark, CRLF or a lone CR, blank
+# padding, a NUL, invalid UTF-8 in a value, a key escaped or given twice (the last wins).
+MANGLINGS = [
+    lambda line: b"\xef\xbb\xbf" + line,
+    lambda line: line + b"\r\n",
+    lambda line: line + b"\r",
+    lambda line: b" \t" + line + b"  ",
+    lambda line: line.replace(b'"kind"', b'\x00"kind"', 1),
+    lambda line: line.replace(b'"status": "', b'"status": "\xff', 1),
+    lambda line: line.replace(b'"session_id"', b'"session\\u005fid"', 1),
+    lambda line: line[:-1] + b', "session_id": "s-2"}',
+    lambda line: line.replace(b'"action_id"', b'"action_id": 7, "action_id"', 1),
+]
 raw_lines = st.one_of(
     long_number_lines,
     records.map(lambda record: json.dumps(record).encode()),
     records.map(lambda record: json.dumps(record).encode() + b"\n"),
+    st.tuples(records, st.sampled_from(MANGLINGS)).map(lambda drawn: drawn[1](json.dumps(drawn[0]).encode())),
     st.sampled_from([b"[1, 2]", b"null", b"{not json", b"\xff\xfe", b"", b"# a comment", b'"text"']),
 )
 numbered_lines = st.lists(
