@@ -52,6 +52,10 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=50_000)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    if not 0 < args.block <= args.limit <= args.actions - args.block:
+        parser.error(
+            "needs a whole --block below --limit and one past it: 0 < block <= limit <= actions - block"
+        )
     print(
         f"Python {platform.python_version()}, {platform.machine()}, native fold: {native_module() is not None}"
     )
