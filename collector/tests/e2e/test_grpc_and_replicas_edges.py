@@ -242,7 +242,8 @@ def ended(sidecar, sid: str):  # type: ignore[no-untyped-def]
 
 
 def feed_position(cursor: str) -> tuple[int, int]:
-    _, xid, row = cursor.split(":")
+    """The PostgreSQL feed position ``pg:XID:ID`` of a WatchAlerts cursor (``POSITION@STORE``)."""
+    _, xid, row = cursor.rpartition("@")[0].split(":")
     return int(xid), int(row)
 
 
