@@ -681,10 +681,43 @@ def test_a_journal_that_is_not_sqlite_fails_open(tmp_path: Path, caplog: pytest.
         session("s-1", journal=SqliteJournal(path)),
     ):
         assert action("a1", "llm_call")(lambda: 7)() == 7
-    read, *written = [record.getMessage() for record in caplog.records]
+    # Its writes fail with the read's error: not logged again (one line, not three per action).
+    [read] = [record.getMessage() for record in caplog.records]
     assert read.startswith(f"could not read action 'a1' from the journal {path} (")  # no doubled prefix
-    assert written and all(line.startswith("could not write action 'a1' (") for line in written)
-    assert all(f"to the journal {path} (" in line for line in written)
+
+
+def test_a_journal_that_keeps_failing_is_logged_once_until_it_works_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "state"
+    blocker.write_text("not a directory")  # as a read-only or full file system, every call fails
+    journal = SqliteJournal(blocker / "journal.db")
+    with caplog.at_level(logging.WARNING, logger="durable_sessions"), session("s-1", journal=journal):
+        assert [action(f"a{n}", "llm_call")(lambda n=n: n)() for n in range(50)] == list(range(50))
+        [failed] = [record for record in caplog.records if record.levelno == logging.ERROR]
+        assert failed.getMessage().startswith(f"could not read action 'a0' from the journal {journal.path} (")
+        assert "repeats of this error are not logged until the journal works again" in failed.getMessage()
+        caplog.clear()
+        blocker.unlink()  # the disk is writable again: the next action is journaled, and that is said
+        assert action("b1", "llm_call")(lambda: 7)() == 7
+    assert journal.get("s-1", "b1") is not None and journal.get("s-1", "b1").status == "ok"
+    [recovered] = caplog.records
+    assert f"the journal {journal.path} works again (149 more failures" in recovered.getMessage()
+
+
+def test_a_journal_that_reads_but_cannot_write_is_logged_once(
+    journal: SqliteJournal, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A full disk: reads work, every write fails. A read that works ends no write failure."""
+    journal.put(Entry("s-1", "seed", "clock", "ok"))
+    journal.close()
+    readonly = SqliteJournal(journal.path, readonly=True)
+    with caplog.at_level(logging.WARNING, logger="durable_sessions"), session("s-1", journal=readonly):
+        assert [action(f"a{n}", "llm_call")(lambda n=n: n)() for n in range(20)] == list(range(20))
+    [failed] = caplog.records
+    assert failed.getMessage().startswith(
+        f"could not write action 'a0' (started) to the journal {journal.path} ("
+    )
 
 
 def test_entries_list_a_session_in_order(journal: SqliteJournal) -> None:

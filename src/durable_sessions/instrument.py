@@ -1028,10 +1028,16 @@ def _plan(
         return RUN_FIRST
     try:
         in_flight = _is_in_flight(session_id, action_id)
-        step = plan(journal.get(session_id, action_id), kind, fields, in_flight=in_flight)
+        entry = journal.get(session_id, action_id)
+    except Exception as error:
+        _FAILURES.failed(journal, "read", error, f"could not read action {action_id!r} from")
+        return RUN_FIRST
+    _FAILURES.worked(journal, "read")
+    try:
+        step = plan(entry, kind, fields, in_flight=in_flight)
     except (ActionInDoubt, AttemptsExhausted):
         raise
-    except Exception as error:
+    except Exception as error:  # an entry that does not read (a row damaged or edited by hand)
         logger.error(
             "could not read action %r from the journal %s (%s); it runs", action_id, _where(journal), error
         )
@@ -1096,13 +1102,71 @@ def _journal_put(journal: Journal | None, entry: Entry) -> None:
     try:
         journal.put(entry)
     except Exception as error:
-        logger.error(
-            "could not write action %r (%s) to the journal %s (%s)",
-            entry.action_id,
-            entry.status,
-            _where(journal),
-            error,
+        _FAILURES.failed(
+            journal, "write", error, f"could not write action {entry.action_id!r} ({entry.status}) to"
         )
+        return
+    _FAILURES.worked(journal, "write")
+
+
+class _JournalFailures:
+    """What each failing journal last failed with, so that a journal that keeps failing
+    (a read-only or full file system) is logged once, not three times per action.
+
+    The first failure is logged, and so is each failure with another error; repeats of
+    the same error are not, until the journal works again for what failed (a full disk
+    still reads: only a write that works ends its failure), which is logged with how many
+    failures went unlogged. A journal that cannot be weakly referenced is logged every time.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._failing: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
+        """journal → [what failed ("read", "write"), the error's text, how many repeats went unlogged]"""
+
+    def failed(self, journal: Journal, what: str, error: Exception, doing: str) -> None:
+        """Log "``doing`` the journal (``error``)", unless it repeats the error this journal
+        last failed with. ``doing`` is text, not a format (an action id may hold a ``%``)."""
+        text = _text(error)
+        with self._lock:
+            try:
+                state = self._failing.get(journal)
+                if state is not None and state[1] == text:
+                    state[2] += 1
+                    return
+                self._failing[journal] = [what, text, 0]
+            except TypeError:  # not weakly referenceable, or unhashable: nothing to remember it by
+                pass
+        logger.error(
+            "%s the journal %s (%s); actions run unjournaled (a resumed run runs them again), and repeats of "
+            "this error are not logged until the journal works again",
+            doing,
+            _where(journal),
+            text,
+        )
+
+    def worked(self, journal: Journal, what: str) -> None:
+        """Note that ``journal`` was ``what`` ("read", "write"): a failure of that is over."""
+        if not self._failing:  # the common case: no journal has failed
+            return
+        with self._lock:
+            try:
+                state = self._failing.get(journal)
+                if state is None or state[0] != what:
+                    return
+                del self._failing[journal]
+            except TypeError:
+                return
+        if state[2]:
+            logger.warning(
+                "durable_sessions: the journal %s works again (%d more failures with %s were not logged)",
+                _where(journal),
+                state[2],
+                state[1],
+            )
+
+
+_FAILURES = _JournalFailures()
 
 
 def _where(journal: Journal) -> str:
