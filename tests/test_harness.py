@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -717,3 +718,25 @@ def test_actions_not_come_back_to_are_reported_whatever_the_type_of_their_ids(tm
     assert not trial.passed
     (missing,) = [p for p in trial.problems if "did not come back where it was" in p]
     assert "a3 (session s-1)" in missing and "2 (session s-1)" in missing
+
+
+def test_a_run_that_prints_a_lot_is_not_read_into_memory_whole(tmp_path: Path) -> None:
+    # 64 MB of debug output, then the error that matters: only its end is read, and shown.
+    agent = _script(
+        tmp_path,
+        "import sys\n"
+        "for _ in range(64):\n"
+        "    sys.stdout.write(('debug ' * 170 + '\\n') * 1024)\n"
+        "sys.stdout.write('the error that matters\\n')\n"
+        "sys.exit(3)",
+    )
+    tracemalloc.start()
+    try:
+        proof = prove(agent, tmp_path / "p")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    [problem] = proof.reference.problems
+    assert problem.startswith("the reference run exited 3; it printed:\n")
+    assert problem.endswith("debug \nthe error that matters")
+    assert peak < 8_000_000, f"{peak} bytes at the peak"

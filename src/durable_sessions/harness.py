@@ -243,8 +243,7 @@ class _Runner:
             except OSError as error:
                 output.write(f"could not start {self.argv[0]}: {error.strerror or error}".encode())
                 returncode = _NOT_STARTED
-        text = log.read_bytes()[-_OUTPUT_TAIL_CHARS * 4 :].decode("utf-8", "replace")[-_OUTPUT_TAIL_CHARS:]
-        run = Run(returncode, time.monotonic() - started, text)
+        run = Run(returncode, time.monotonic() - started, _tail(log))
         self.trial.runs.append(run)
         return run
 
@@ -512,6 +511,15 @@ def _records(traces: str) -> Iterator[dict[str, Any]]:
         for item in items:
             if type(item) is not Unreadable:
                 yield item[0]  # type: ignore[index,misc]
+
+
+def _tail(log: Path) -> str:
+    """The end of a run's output, read from the end of its log: an agent that printed
+    gigabytes (a debug log left on) must not have all of it read into memory."""
+    with open(log, "rb") as output:
+        size = output.seek(0, os.SEEK_END)
+        output.seek(max(0, size - _OUTPUT_TAIL_CHARS * 4))  # 4: the most bytes a character takes
+        return output.read().decode("utf-8", "replace")[-_OUTPUT_TAIL_CHARS:]
 
 
 def _substituted(arg: str, paths: Mapping[str, str]) -> str:
