@@ -1568,3 +1568,23 @@ def test_a_recorded_outcome_stands_whoever_writes_over_it(tmp_path: Path) -> Non
     first.put(Entry("s-1", "t1", "tool_call", "ok", 1))
     first.put(Entry("s-1", "t1", "tool_call", "started", 1))
     assert first.get("s-1", "t1").status == "started"
+
+
+@pytest.mark.parametrize(
+    ("written", "outcome"), [("'{\"charged\": 2400}'", {"charged": 2400}), ("2400", 2400)]
+)
+def test_an_outcome_settled_by_hand_in_sqlite_is_replayed_and_listed(
+    journal: SqliteJournal, capsys: pytest.CaptureFixture[str], written: str, outcome: Any
+) -> None:
+    """An operator's UPDATE stores TEXT (or an INTEGER), not the BLOB the journal writes."""
+    _started(journal, "payment")
+    journal.close()
+    with contextlib.closing(sqlite3.connect(journal.path)) as by_hand, by_hand:
+        by_hand.execute(f"UPDATE journal SET status = 'ok', result = {written} WHERE action_id = 'p1'")
+    agent = Agent(journal)
+    with session("s-1", journal=journal):
+        assert agent.action("p1", "payment")(lambda: pytest.fail("charged twice"))() == outcome
+    assert json.loads(agent.attributes("p1")[sc.ACTION_RESULT]) == outcome
+    code, out, err = _cli(capsys, "list", str(journal.path), "--format", "json")
+    assert (code, err) == (0, "")
+    assert [json.loads(entry["result"]) for entry in json.loads(out)] == [outcome]

@@ -71,7 +71,8 @@ class Entry:
     status: Status
     attempts: int = 1
     result: bytes | None = None
-    """The outcome as JSON (keys in the order they had), when one was recorded."""
+    """The outcome as JSON (keys in the order they had), when one was recorded. Given as
+    text, a number or bytes-like (a row written by hand), it is kept as that JSON's bytes."""
     result_digest: str | None = None
     result_ref: str | None = None
     """Where the span pointed for the outcome, when it was too long to carry."""
@@ -81,6 +82,15 @@ class Entry:
     """Whether what the action returned was awaited (a sync function that returned a
     coroutine; noted before the await, so an entry still ``started`` has it too): its
     replay, or its skip, is handed back awaitable, as the first run was."""
+
+    def __post_init__(self) -> None:
+        # A row written by hand (an operator's UPDATE ... SET result = '{"charged": 2400}'
+        # stores TEXT, and SET result = 2400 an INTEGER) or a journal of the user's own
+        # (a database driver's memoryview) gives the outcome as another type than bytes:
+        # read as its JSON text, it replays, and lists, as if the journal had written it.
+        result = _as_json_bytes(self.result)
+        if result is not self.result:
+            object.__setattr__(self, "result", result)
 
     @property
     def is_recorded(self) -> bool:
@@ -98,6 +108,20 @@ class Entry:
             return json.loads(self.result)
         except RecursionError:  # nested deeper than the recursion limit leaves room for
             return loads_without_recursion(self.result.decode("utf-8", "surrogatepass"))
+
+
+def _as_json_bytes(result: Any) -> Any:
+    """``result`` as the JSON text's bytes an :class:`Entry` holds, where it is text, a
+    number or bytes-like; anything else as it is (it does not read, which is logged)."""
+    if result is None or type(result) is bytes:
+        return result
+    if isinstance(result, (bytearray, memoryview)):
+        return bytes(result)
+    if isinstance(result, str):
+        return result.encode("utf-8", "surrogatepass")
+    if isinstance(result, (int, float)) and not isinstance(result, bool):
+        return json.dumps(result).encode()
+    return result
 
 
 _SPACE = re.compile(r"[ \t\n\r]*")
