@@ -18,6 +18,8 @@ import os
 import pickle
 import signal
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 import types
@@ -1588,3 +1590,53 @@ def test_an_outcome_settled_by_hand_in_sqlite_is_replayed_and_listed(
     code, out, err = _cli(capsys, "list", str(journal.path), "--format", "json")
     assert (code, err) == (0, "")
     assert [json.loads(entry["result"]) for entry in json.loads(out)] == [outcome]
+
+
+LIVE_AGENT = """
+import pathlib, sys, time
+from durable_sessions.instrument import action, session
+from durable_sessions.journal import SqliteJournal
+
+with session("s-1", journal=SqliteJournal(sys.argv[1])):
+    @action("p1", "payment", idempotency_key="k-1")
+    def pay():
+        pathlib.Path(sys.argv[2]).touch()
+        time.sleep(60)
+
+    pay()
+"""
+
+
+def test_an_action_running_in_a_live_process_is_not_settled(
+    journal: SqliteJournal, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`started` in a live process is running, not in doubt: an outcome made up for it now
+    would stand over the one it returns (the first outcome recorded wins)."""
+    running = tmp_path / "running"
+    agent = subprocess.Popen([sys.executable, "-c", LIVE_AGENT, str(journal.path), str(running)])
+    try:
+        deadline = time.monotonic() + 60
+        while not running.exists() and agent.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert running.exists(), "the agent never started its payment"
+        path = str(journal.path)
+        for argv in (("resolve", path, "s-1", "p1", '{"charged": 2400}'), ("discard", path, "s-1", "p1")):
+            code, out, err = _cli(capsys, *argv)
+            assert (code, out) == (1, "")
+            assert "session s-1 is open in a live process" in err and "not in doubt" in err
+        assert journal.get("s-1", "p1").status == "started"  # type: ignore[union-attr]
+    finally:
+        agent.kill()
+        agent.wait()
+    # Its process is gone: now it is in doubt, and settled.
+    code, out, _ = _cli(capsys, "resolve", str(journal.path), "s-1", "p1", '{"charged": 2400}')
+    assert (code, out) == (0, "p1 of session s-1: ok, replayed from now on\n")
+
+
+def test_settling_an_action_makes_no_lock_file(
+    journal: SqliteJournal, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The operator's lock file would be theirs, one the agent's user might not open."""
+    _started(journal, "payment")
+    assert _cli(capsys, "resolve", str(journal.path), "s-1", "p1", "1")[0] == 0
+    assert not Path(f"{journal.path}-sessions.lock").exists()
