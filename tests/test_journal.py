@@ -1640,3 +1640,33 @@ def test_settling_an_action_makes_no_lock_file(
     _started(journal, "payment")
     assert _cli(capsys, "resolve", str(journal.path), "s-1", "p1", "1")[0] == 0
     assert not Path(f"{journal.path}-sessions.lock").exists()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_process_forked_while_a_journal_failure_is_noted_can_note_its_own(tmp_path: Path) -> None:
+    """The note of a failing journal is kept under a lock: another thread in it at the fork
+    must not leave it held in the child, whose first action on that journal would hang."""
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    broken = SqliteJournal(blocker / "journal.db")
+    taken, release = threading.Event(), threading.Event()
+
+    def inside_the_note() -> None:
+        with instrument._FAILURES._lock:  # a thread noting a failure as the fork happens
+            taken.set()
+            release.wait()
+
+    holder = threading.Thread(target=inside_the_note)
+    holder.start()
+    taken.wait()
+    try:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover (child)
+            signal.alarm(6)  # a child that hangs dies of SIGALRM
+            with session("s-1", journal=broken):
+                os._exit(0 if action("a1", "llm_call")(lambda: 7)() == 7 else 1)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        release.set()
+        holder.join()
+    assert os.waitstatus_to_exitcode(status) == 0

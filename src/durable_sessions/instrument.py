@@ -66,7 +66,7 @@ from opentelemetry import trace as trace_api
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.trace import Span, Status, StatusCode, Tracer
 
-from durable_sessions import __version__, crash, disk
+from durable_sessions import __version__, crash, disk, forking
 from durable_sessions import semconv as sc
 from durable_sessions.digest import PREFIX, digest_bytes, outcome_json
 from durable_sessions.journal import (
@@ -1123,6 +1123,12 @@ class _JournalFailures:
         self._lock = threading.Lock()
         self._failing: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
         """journal → [what failed ("read", "write"), the error's text, how many repeats went unlogged]"""
+        forking.after_fork(self, _JournalFailures._after_fork)
+
+    def _after_fork(self) -> None:
+        # Another thread may have held the lock at the fork: the child's own would stay
+        # held for ever, and its first action on a failing journal hang.
+        self._lock = threading.Lock()
 
     def failed(self, journal: Journal, what: str, error: Exception, doing: str) -> None:
         """Log "``doing`` the journal (``error``)", unless it repeats the error this journal
