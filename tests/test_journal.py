@@ -1670,3 +1670,22 @@ def test_a_process_forked_while_a_journal_failure_is_noted_can_note_its_own(tmp_
         release.set()
         holder.join()
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_an_action_given_a_journal_outside_a_session_says_it_is_not_journaled(
+    journal: SqliteJournal, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Entries are keyed by session: such an action runs again after every restart, which
+    its author, who gave it a journal, must be told (once, not at every call)."""
+    charges = []
+    pay = action("p1", "payment", idempotency_key="k-1", journal=journal)(lambda: charges.append(1))
+    with caplog.at_level(logging.WARNING, logger="durable_sessions"):
+        for _ in range(3):
+            pay()
+    assert len(charges) == 3 and journal.entries() == []
+    [warning] = [record.getMessage() for record in caplog.records]
+    assert "action 'p1' is given a journal but runs outside a session block" in warning
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="durable_sessions"), session("s-1"):
+        pay()  # inside a session, the action's own journal is used: nothing to say
+    assert caplog.records == [] and [e.action_id for e in journal.entries("s-1")] == ["p1"]

@@ -604,6 +604,7 @@ class action:
         self.journal = journal
         self.fields = fields
         self._open: list[tuple[Any, Action]] = []  # every block open, in any context
+        self._warned_sessionless = False
 
     # context manager -------------------------------------------------------------------
     #
@@ -752,6 +753,8 @@ class action:
         """
         session_id = current_session()
         journal = (self.journal or current_journal()) if journaled and session_id is not None else None
+        if self.journal is not None and journaled and session_id is None:
+            self._warn_sessionless(action_id)
         if journal is not None and not _hashable(action_id):
             logger.error(
                 "durable_sessions: action id %r is a %s, which cannot key a journal entry; it is not journaled",
@@ -817,6 +820,19 @@ class action:
             finally:
                 if not act._handed_over:
                     span.end()
+
+    def _warn_sessionless(self, action_id: object) -> None:
+        """Say once per action object that its journal goes unused: entries are keyed by
+        session, so outside a session block the action runs again after every restart."""
+        if self._warned_sessionless:
+            return
+        self._warned_sessionless = True
+        logger.warning(
+            "durable_sessions: action %r is given a journal but runs outside a session block; a journal keys "
+            "its entries by session id, so it is not journaled and a restart runs it again: run it inside "
+            "session(...) (this is logged once per action)",
+            action_id,
+        )
 
     def _attributes(self, action_id: str, session_id: str | None, step: Plan) -> dict[str, Any]:
         attributes: dict[str, Any] = {sc.ACTION_ID: action_id, sc.ACTION_KIND: self.kind}
