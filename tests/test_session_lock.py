@@ -230,3 +230,27 @@ def test_a_journal_without_hold_holds_nothing(journal_path: Path) -> None:
         assert another_process_enters(journal_path, "s-1") == "entered"
     with session("s-1", journal=SqliteJournal(journal_path)):
         assert another_process_enters(journal_path, "s-1") == "refused"
+
+
+def test_a_lock_file_that_keeps_failing_is_logged_once_until_it_works_again(
+    journal_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server that opens a session block per request on a read-only file system would
+    otherwise log a warning per request."""
+    journal_path.parent.mkdir(parents=True)
+    lock_path_of(journal_path).mkdir()  # cannot be opened as a file, every time
+    journal = SqliteJournal(journal_path)
+    with caplog.at_level(logging.WARNING, logger="durable_sessions"):
+        for n in range(20):
+            with session(f"s-{n}", journal=journal):
+                pass
+        [warning] = [record.getMessage() for record in caplog.records]
+        assert "cannot lock session 's-0'" in warning and "repeats of this error are not logged" in warning
+        caplog.clear()
+        lock_path_of(journal_path).rmdir()
+        with session("s-20", journal=journal):
+            assert another_process_enters(journal_path, "s-20") == "refused"  # locked again
+    [recovered] = [record.getMessage() for record in caplog.records]
+    assert (
+        f"the lock file {lock_path_of(journal_path)} works again (19 more sessions ran unlocked" in recovered
+    )

@@ -20,7 +20,7 @@ process share the hold; it is let go when the last block of the process ends.
 
 Failing open: a lock file that cannot be opened or locked for any reason but another
 holder (a read-only directory, a file system without locks) is logged and the block
-runs unlocked.
+runs unlocked; repeats of the error are not logged until the lock file works again.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from durable_sessions.pickling import reduced
 
@@ -101,6 +102,8 @@ class _SessionLocks:
         self._lock = threading.Lock()
         self._files: dict[Path, int] = {}
         self._holds: dict[tuple[Path, int], _Hold] = {}
+        self._failing: dict[Path, list[Any]] = {}
+        """lock file → [the error it last failed with, how many repeats went unlogged]"""
 
     @contextlib.contextmanager
     def held(self, lock_path: Path, session_id: str) -> Iterator[None]:
@@ -125,14 +128,43 @@ class _SessionLocks:
         try:
             descriptor = self._file(lock_path)
         except OSError as error:
-            return _unlocked(session_id, lock_path, error)
+            return self._unlocked(session_id, lock_path, error)
         try:
             _set_lock(descriptor, fcntl.F_WRLCK, offset)
         except OSError as error:
             if error.errno in (errno.EAGAIN, errno.EACCES):
                 raise SessionInUse(session_id, lock_path) from None
-            return _unlocked(session_id, lock_path, error)
+            return self._unlocked(session_id, lock_path, error)
+        self._locks_again(lock_path)
         return True
+
+    def _unlocked(self, session_id: str, lock_path: Path, error: OSError) -> bool:
+        """Log that the session runs unlocked: once per lock file and error, not at every
+        session block of a server whose lock file cannot be made (a read-only file system)."""
+        failing = self._failing.get(lock_path)
+        if failing is not None and failing[0] == str(error):
+            failing[1] += 1
+            return False
+        self._failing[lock_path] = [str(error), 0]
+        logger.warning(
+            "durable_sessions: cannot lock session %r in %s (%s); it runs unlocked: a second "
+            "process running it at the same time would not be stopped (repeats of this error are not "
+            "logged until the lock file works again)",
+            session_id,
+            lock_path,
+            error,
+        )
+        return False
+
+    def _locks_again(self, lock_path: Path) -> None:
+        failing = self._failing.pop(lock_path, None)
+        if failing is not None and failing[1]:
+            logger.warning(
+                "durable_sessions: the lock file %s works again (%d more sessions ran unlocked with %s, not logged)",
+                lock_path,
+                failing[1],
+                failing[0],
+            )
 
     def _let_go(self, key: tuple[Path, int], hold: _Hold) -> None:
         with self._lock:
@@ -169,17 +201,6 @@ class _SessionLocks:
             self._holds.clear()
         _INHERITED.extend(self._files.values())
         self._files = {}
-
-
-def _unlocked(session_id: str, lock_path: Path, error: OSError) -> bool:
-    logger.warning(
-        "durable_sessions: cannot lock session %r in %s (%s); it runs unlocked: a second "
-        "process running it at the same time would not be stopped",
-        session_id,
-        lock_path,
-        error,
-    )
-    return False
 
 
 _INHERITED: list[int] = []
