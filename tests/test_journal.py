@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+import tracemalloc
 import types
 import uuid
 from pathlib import Path
@@ -1689,3 +1690,25 @@ def test_an_action_given_a_journal_outside_a_session_says_it_is_not_journaled(
     with caplog.at_level(logging.WARNING, logger="durable_sessions"), session("s-1"):
         pay()  # inside a session, the action's own journal is used: nothing to say
     assert caplog.records == [] and [e.action_id for e in journal.entries("s-1")] == ["p1"]
+
+
+def test_the_journal_listing_does_not_read_the_outcomes_it_does_not_show(
+    journal: SqliteJournal, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The journal keeps every outcome in full; the table shows their digests only."""
+    big = b'"' + b"x" * 2_000_000 + b'"'
+    for n in range(20):
+        journal.put(Entry("s-1", f"a{n}", "tool_call", "ok", result=big, result_digest=f"sha256:{n}"))
+    journal.close()
+    tracemalloc.start()
+    try:
+        code, out, _ = _cli(capsys, "list", str(journal.path))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert code == 0 and [line.split()[-1] for line in out.splitlines()[1:]] == [
+        f"sha256:{n}" for n in range(20)
+    ]
+    assert peak < 4_000_000, f"{peak} bytes at the peak"  # 40 MB of outcomes were read before
+    assert [e.result for e in journal.entries(outcomes=False)] == [None] * 20
+    assert journal.entries()[0].result == big

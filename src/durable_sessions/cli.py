@@ -553,7 +553,8 @@ def run_journal(args: argparse.Namespace, out: Output) -> int:
         return EXIT_USAGE
     try:
         if args.journal_command == "list":
-            entries = journal.entries(args.session, status=args.status)
+            # The table shows digests: the outcomes themselves (kept in full) stay on disk.
+            entries = journal.entries(args.session, status=args.status, outcomes=args.format == "json")
             for line in _journal_lines(entries, args.format):
                 out.write(line + "\n")
             return EXIT_OK

@@ -498,12 +498,17 @@ class SqliteJournal:
         kept = self.get(entry.session_id, entry.action_id)
         return kept is None or (kept.result, kept.result_ref) != (entry.result, entry.result_ref)
 
-    def entries(self, session_id: str | None = None, *, status: Status | None = None) -> list[Entry]:
+    def entries(
+        self, session_id: str | None = None, *, status: Status | None = None, outcomes: bool = True
+    ) -> list[Entry]:
         """The entries of a session (or of every session), optionally only those with
-        ``status``, in the order the actions were first journaled."""
+        ``status``, in the order the actions were first journaled. ``outcomes=False``
+        leaves each entry's ``result`` out (``None``; its digest stays): a listing of a
+        journal that keeps large results in full need not read them all into memory."""
         return self._query(
             f"{_SELECT} WHERE (?1 IS NULL OR session_id = ?1) AND (?2 IS NULL OR status = ?2) ORDER BY rowid",
             (session_id, status),
+            outcomes=outcomes,
         )
 
     @classmethod
@@ -584,11 +589,13 @@ class SqliteJournal:
             raise KeyError(f"the journal {self.path} has no action {action_id!r} of session {session_id!r}")
         return entry
 
-    def _query(self, sql: str, parameters: tuple[Any, ...]) -> list[Entry]:
+    def _query(self, sql: str, parameters: tuple[Any, ...], *, outcomes: bool = True) -> list[Entry]:
         with self._lock:
             connection = self._connected()
             if self._lacks_added_columns:
                 sql = sql.replace(_SELECT, _SELECT_WITHOUT_ADDED, 1)
+            if not outcomes:
+                sql = sql.replace(", result, ", ", NULL AS result, ", 1)
             rows = connection.execute(sql, parameters).fetchall()
         return [Entry(*row[:-1], awaited=bool(row[-1])) for row in rows]
 
