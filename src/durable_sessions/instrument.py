@@ -66,7 +66,7 @@ from opentelemetry import trace as trace_api
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.trace import Span, Status, StatusCode, Tracer
 
-from durable_sessions import __version__, crash, disk, forking
+from durable_sessions import __version__, crash, disk
 from durable_sessions import semconv as sc
 from durable_sessions.digest import PREFIX, digest_bytes, outcome_json
 from durable_sessions.journal import (
@@ -80,6 +80,7 @@ from durable_sessions.journal import (
     journaled_key,
     plan,
 )
+from durable_sessions.repeats import RepeatedFailures
 from durable_sessions.session_lock import SessionInUse
 
 logger = logging.getLogger("durable_sessions")
@@ -1046,9 +1047,9 @@ def _plan(
         in_flight = _is_in_flight(session_id, action_id)
         entry = journal.get(session_id, action_id)
     except Exception as error:
-        _FAILURES.failed(journal, "read", error, f"could not read action {action_id!r} from")
+        _journal_failed(journal, "read", error, f"could not read action {action_id!r} from")
         return RUN_FIRST
-    _FAILURES.worked(journal, "read")
+    _journal_worked(journal, "read")
     try:
         step = plan(entry, kind, fields, in_flight=in_flight)
     except (ActionInDoubt, AttemptsExhausted):
@@ -1118,47 +1119,19 @@ def _journal_put(journal: Journal | None, entry: Entry) -> None:
     try:
         journal.put(entry)
     except Exception as error:
-        _FAILURES.failed(
+        _journal_failed(
             journal, "write", error, f"could not write action {entry.action_id!r} ({entry.status}) to"
         )
         return
-    _FAILURES.worked(journal, "write")
+    _journal_worked(journal, "write")
 
 
-class _JournalFailures:
-    """What each failing journal last failed with, so that a journal that keeps failing
-    (a read-only or full file system) is logged once, not three times per action.
-
-    The first failure is logged, and so is each failure with another error; repeats of
-    the same error are not, until the journal works again for what failed (a full disk
-    still reads: only a write that works ends its failure), which is logged with how many
-    failures went unlogged. A journal that cannot be weakly referenced is logged every time.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._failing: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
-        """journal → [what failed ("read", "write"), the error's text, how many repeats went unlogged]"""
-        forking.after_fork(self, _JournalFailures._after_fork)
-
-    def _after_fork(self) -> None:
-        # Another thread may have held the lock at the fork: the child's own would stay
-        # held for ever, and its first action on a failing journal hang.
-        self._lock = threading.Lock()
-
-    def failed(self, journal: Journal, what: str, error: Exception, doing: str) -> None:
-        """Log "``doing`` the journal (``error``)", unless it repeats the error this journal
-        last failed with. ``doing`` is text, not a format (an action id may hold a ``%``)."""
-        text = _text(error)
-        with self._lock:
-            try:
-                state = self._failing.get(journal)
-                if state is not None and state[1] == text:
-                    state[2] += 1
-                    return
-                self._failing[journal] = [what, text, 0]
-            except TypeError:  # not weakly referenceable, or unhashable: nothing to remember it by
-                pass
+def _journal_failed(journal: Journal, what: str, error: Exception, doing: str) -> None:
+    """Log "``doing`` the journal (``error``)", unless it repeats the error this journal
+    last failed with (:mod:`durable_sessions.repeats`). ``doing`` is text, not a format
+    (an action id may hold a ``%``)."""
+    text = _text(error)
+    if _FAILURES.failed(journal, what, text):
         logger.error(
             "%s the journal %s (%s); actions run unjournaled (a resumed run runs them again), and repeats of "
             "this error are not logged until the journal works again",
@@ -1167,28 +1140,22 @@ class _JournalFailures:
             text,
         )
 
-    def worked(self, journal: Journal, what: str) -> None:
-        """Note that ``journal`` was ``what`` ("read", "write"): a failure of that is over."""
-        if not self._failing:  # the common case: no journal has failed
-            return
-        with self._lock:
-            try:
-                state = self._failing.get(journal)
-                if state is None or state[0] != what:
-                    return
-                del self._failing[journal]
-            except TypeError:
-                return
-        if state[2]:
-            logger.warning(
-                "durable_sessions: the journal %s works again (%d more failures with %s were not logged)",
-                _where(journal),
-                state[2],
-                state[1],
-            )
+
+def _journal_worked(journal: Journal, what: str) -> None:
+    """Note that ``journal`` was ``what`` ("read", "write"); log the end of a failure."""
+    ended = _FAILURES.worked(journal, what)
+    if ended is not None:
+        logger.warning(
+            "durable_sessions: the journal %s works again (%d more failures with %s were not logged)",
+            _where(journal),
+            ended[1],
+            ended[0],
+        )
 
 
-_FAILURES = _JournalFailures()
+_FAILURES = RepeatedFailures(weak=True)
+"""Journals that fail, logged once per error: one on a read-only or full file system would
+otherwise log three lines per action."""
 
 
 def _where(journal: Journal) -> str:

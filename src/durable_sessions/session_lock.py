@@ -35,9 +35,9 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from durable_sessions.pickling import reduced
+from durable_sessions.repeats import RepeatedFailures
 
 logger = logging.getLogger("durable_sessions")
 
@@ -102,8 +102,8 @@ class _SessionLocks:
         self._lock = threading.Lock()
         self._files: dict[Path, int] = {}
         self._holds: dict[tuple[Path, int], _Hold] = {}
-        self._failing: dict[Path, list[Any]] = {}
-        """lock file → [the error it last failed with, how many repeats went unlogged]"""
+        self._failing = RepeatedFailures()
+        """Lock files that cannot be locked, logged once per error (not at every block)."""
 
     @contextlib.contextmanager
     def held(self, lock_path: Path, session_id: str) -> Iterator[None]:
@@ -141,11 +141,8 @@ class _SessionLocks:
     def _unlocked(self, session_id: str, lock_path: Path, error: OSError) -> bool:
         """Log that the session runs unlocked: once per lock file and error, not at every
         session block of a server whose lock file cannot be made (a read-only file system)."""
-        failing = self._failing.get(lock_path)
-        if failing is not None and failing[0] == str(error):
-            failing[1] += 1
+        if not self._failing.failed(lock_path, "lock", str(error)):
             return False
-        self._failing[lock_path] = [str(error), 0]
         logger.warning(
             "durable_sessions: cannot lock session %r in %s (%s); it runs unlocked: a second "
             "process running it at the same time would not be stopped (repeats of this error are not "
@@ -157,13 +154,13 @@ class _SessionLocks:
         return False
 
     def _locks_again(self, lock_path: Path) -> None:
-        failing = self._failing.pop(lock_path, None)
-        if failing is not None and failing[1]:
+        ended = self._failing.worked(lock_path, "lock")
+        if ended is not None:
             logger.warning(
                 "durable_sessions: the lock file %s works again (%d more sessions ran unlocked with %s, not logged)",
                 lock_path,
-                failing[1],
-                failing[0],
+                ended[1],
+                ended[0],
             )
 
     def _let_go(self, key: tuple[Path, int], hold: _Hold) -> None:
