@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import contextvars
 import json
+import logging
 import os
 import re
 import subprocess
@@ -357,3 +358,31 @@ def test_forked_child_gets_a_fresh_incarnation() -> None:
 def test_resource_respects_otel_resource_attributes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "service.instance.id=from-env")
     assert resource().attributes["service.instance.id"] == "from-env"
+
+
+def test_a_store_that_keeps_failing_is_logged_once_until_it_works_again(
+    env: Env, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A result directory on a read-only or full disk fails at every long result: one line,
+    not one per result."""
+    blocker = tmp_path / "results"
+    blocker.write_text("not a directory")
+    store = FileResultStore(blocker)
+    with caplog.at_level(logging.WARNING, logger="durable_sessions"), session("s"):
+        for n in range(20):
+            with action(
+                f"a{n}", "llm_call", tracer_provider=env.provider, result_store=store, max_result_chars=1
+            ) as act:
+                act.record([n, n])
+        [failed] = [record.getMessage() for record in caplog.records]
+        assert failed.startswith("durable_sessions: could not record the result of action 'a0'")
+        assert "repeats of this error are not logged until the result store works again" in failed
+        caplog.clear()
+        blocker.unlink()
+        with action(
+            "b1", "llm_call", tracer_provider=env.provider, result_store=store, max_result_chars=1
+        ) as act:
+            act.record([1, 2])
+    [recovered] = [record.getMessage() for record in caplog.records]
+    assert f"the result store FileResultStore({str(blocker)!r}) works again (19 more results" in recovered
+    assert act.result_ref is not None and act.result_ref.startswith("file://")

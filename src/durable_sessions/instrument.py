@@ -305,6 +305,9 @@ class FileResultStore:
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = Path(directory)
 
+    def __repr__(self) -> str:
+        return f"FileResultStore({str(self.directory)!r})"
+
     def put(self, session_id: str | None, action_id: str, data: bytes) -> str:
         folder = self.directory / _safe_name(session_id or "no-session")
         disk.make_directories(folder)
@@ -445,22 +448,27 @@ class Action:
         try:
             ref = self._set_outcome(data, None)
         except Exception as error:  # fail open: a broken store must not break the agent
+            logged = _STORE_FAILURES.failed(self._store or default_result_store(), "put", _text(error))
             if not self._journaled():
-                logger.warning(
-                    "durable_sessions: could not record the result of action %r (%s); it is not recorded",
-                    self.action_id,
-                    error,
-                )
+                if logged:
+                    logger.warning(
+                        "durable_sessions: could not record the result of action %r (%s); it is not recorded%s",
+                        self.action_id,
+                        error,
+                        _STORE_REPEATS,
+                    )
                 return result
             # The journal keeps the outcome in full whatever the store does: losing it
             # would ask the person again (or replay a payment as None) after a restart.
             # The span carries its digest, which says where the outcome is kept.
-            logger.warning(
-                "durable_sessions: could not put the result of action %r on its span (%s); the span "
-                "carries only the digest, and the journal keeps the outcome",
-                self.action_id,
-                error,
-            )
+            if logged:
+                logger.warning(
+                    "durable_sessions: could not put the result of action %r on its span (%s); the span "
+                    "carries only the digest, and the journal keeps the outcome%s",
+                    self.action_id,
+                    error,
+                    _STORE_REPEATS,
+                )
             ref = None
         self.span.set_attribute(sc.ACTION_RESULT_DIGEST, digest)
         self._recorded_as = (kept, digest, ref)
@@ -513,7 +521,9 @@ class Action:
             if text is not None:
                 self.span.set_attribute(sc.ACTION_RESULT, text)
                 return None
-            ref = (self._store or default_result_store()).put(self.session_id, self.action_id, data)
+            store = self._store or default_result_store()
+            ref = store.put(self.session_id, self.action_id, data)
+            _store_worked(store)
         self.span.set_attribute(sc.ACTION_RESULT_REF, ref)
         return ref
 
@@ -1148,6 +1158,23 @@ def _journal_worked(journal: Journal, what: str) -> None:
         logger.warning(
             "durable_sessions: the journal %s works again (%d more failures with %s were not logged)",
             _where(journal),
+            ended[1],
+            ended[0],
+        )
+
+
+_STORE_FAILURES = RepeatedFailures(weak=True)
+"""Result stores that fail (a read-only or full disk), logged once per error, not per result."""
+_STORE_REPEATS = " (repeats of this error are not logged until the result store works again)"
+
+
+def _store_worked(store: ResultStore) -> None:
+    """Note that ``store`` kept a result; log the end of a failure."""
+    ended = _STORE_FAILURES.worked(store, "put")
+    if ended is not None:
+        logger.warning(
+            "durable_sessions: the result store %r works again (%d more results failed with %s, not logged)",
+            store,
             ended[1],
             ended[0],
         )
