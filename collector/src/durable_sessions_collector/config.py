@@ -970,10 +970,23 @@ def _flatten(node: dict[Any, Any], prefix: str, out: dict[str, tuple[Any, str]],
         elif isinstance(value, dict) and any(k.startswith(key + ".") for k in _BY_KEY):
             _flatten(value, key + ".", out, lines)
         elif any(k.startswith(key + ".") for k in _BY_KEY):
-            raise ConfigError(f"{key}: expected a mapping of settings, got {value!r} (from {where})")
+            # The value is not shown: a section given one is most often a secret put a level
+            # too high (``auth: TOKEN``, ``alerts: {webhook: https://hooks…/SECRET}``).
+            example = _nested(next(k for k in _BY_KEY if k.startswith(key + ".")))
+            raise ConfigError(
+                f"{key}: expected a mapping of settings, e.g. {example}, got {_kind(value)} (from {where})"
+            )
         else:
             known = sorted(k for k in _BY_KEY if k.startswith(prefix)) if prefix else sorted(_BY_KEY)
             raise ConfigError(f"{key}: unknown setting (from {where}); known: {', '.join(known)}")
+
+
+def _kind(value: Any) -> str:
+    """What ``value`` is, in words, without showing it."""
+    if value is None:
+        return "nothing"
+    kinds = {str: "a string", bool: "a boolean", int: "a number", float: "a number", list: "a list"}
+    return f"{kinds.get(type(value), type(value).__name__)} (not shown)"
 
 
 def _is_known(key: str) -> bool:

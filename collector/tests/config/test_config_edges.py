@@ -810,6 +810,31 @@ def test_an_ipv6_http_endpoint_is_served(tmp_path: Path) -> None:
 # --- secrets ----------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("yaml_text", "expected"),
+    [
+        (f"auth: {TOKEN}\n", "auth: expected a mapping of settings, e.g. auth: {token: …}, got a string"),
+        (
+            f"alerts:\n  webhook: https://hooks.example/services/{TOKEN}\n",
+            "alerts.webhook: expected a mapping of settings, e.g. alerts: {webhook: {url: …}}, got a string",
+        ),
+    ],
+)
+def test_a_secret_given_to_a_section_stops_serve_without_showing_it(
+    tmp_path: Path, yaml_text: str, expected: str
+) -> None:
+    """A secret written a level too high (``auth: TOKEN`` for ``auth: {token: TOKEN}``)
+    is refused naming the section and its line, and never quoted back: the error used to
+    repeat the value, the token or the webhook's secret path."""
+    path = tmp_path / "collector.yaml"
+    path.write_text(yaml_text)
+    result = cli("serve", "--config", str(path), "--store", f"sqlite:///{tmp_path / 's.db'}")
+    assert result.returncode == 2, result.stderr
+    assert expected in result.stderr
+    assert f"(from {path}:" in result.stderr
+    assert TOKEN not in result.stderr + result.stdout
+
+
 def test_config_output_hides_every_secret(tmp_path: Path) -> None:
     env = clean_env(
         DURABLE_SESSIONS_AUTH_TOKEN=TOKEN,
