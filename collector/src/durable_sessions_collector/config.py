@@ -55,13 +55,36 @@ class ConfigError(ValueError):
 
 
 def _endpoint(value: Any, _text: bool) -> str:
+    """``host:port`` to listen on or connect to, an IPv6 address in brackets (``[::1]:4319``).
+
+    Refused here, naming the key, rather than by the bind at start-up, which said "Name or
+    service not known" or grpcio's bare "Failed to bind": a scheme (``http://host:port``,
+    as OTLP exporters write theirs), an IPv6 address without brackets (``::1:4319``), a
+    space, or a port of other than ASCII digits (``int`` reads ``４３２０``, grpcio does not)."""
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"expected host:port, got {value!r}")
     host, sep, port = value.strip().rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 <= int(port) <= 65535:
         raise ValueError(f"expected host:port with a port from 0 to 65535, got {value!r}")
+    problem = _host_problem(host)
+    if problem:
+        raise ValueError(f"expected host:port, {problem}, got {value!r}")
     return value.strip()
+
+
+def _host_problem(host: str) -> str | None:
+    """Why ``host`` (of ``host:port``) cannot be listened on or connected to, or None."""
+    if "/" in host:
+        return "without a scheme or path (e.g. 127.0.0.1:4319)"
+    if any(c.isspace() for c in host):
+        return "without spaces"
+    if not {"[", "]", ":"} & set(host):
+        return None
+    if host.startswith("[") and host.endswith("]"):
+        with contextlib.suppress(ValueError):
+            ipaddress.IPv6Address(host[1:-1])
+            return None
+    return "with an IPv6 address in brackets (e.g. [::1]:4319)"
 
 
 MAX_SECONDS = 1e9
@@ -610,9 +633,11 @@ class Option:
 
 OPTIONS: tuple[Option, ...] = (
     Option("receivers.grpc.endpoint", "DURABLE_SESSIONS_GRPC_ENDPOINT", _endpoint, "127.0.0.1:4319",
-           "OTLP/gRPC listen address (TraceService/Export); port 0 picks a free port"),
+           "OTLP/gRPC listen address (TraceService/Export), host:port with no scheme, an IPv6 address in "
+           "brackets ([::1]:4319); port 0 picks a free port"),
     Option("receivers.http.endpoint", "DURABLE_SESSIONS_HTTP_ENDPOINT", _endpoint, "127.0.0.1:4320",
-           "HTTP listen address: OTLP/HTTP POST /v1/traces, /api/sessions, /healthz, /metrics"),
+           "HTTP listen address, host:port as receivers.grpc.endpoint: OTLP/HTTP POST /v1/traces, "
+           "/api/sessions, /healthz, /metrics"),
     Option("receivers.http.max_connections", "DURABLE_SESSIONS_HTTP_MAX_CONNECTIONS", _positive_int, 256,
            "connections the HTTP port serves at once (a thread each); past it new connections wait "
            "in the listen backlog and idle keep-alive connections are closed to make room"),

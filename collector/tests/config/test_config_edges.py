@@ -592,6 +592,30 @@ def test_fuzz_any_environment_value_loads_or_is_a_config_error(option: Any, text
             [],
             "receivers.max_request_bytes: expected a positive integer of at most 2147483647",
         ),
+        # Endpoints the bind at start-up refused with "Name or service not known" or
+        # grpcio's bare "Failed to bind", after the store was opened.
+        (
+            "receivers: {grpc: {endpoint: 'http://127.0.0.1:4319'}}\n",
+            [],
+            "receivers.grpc.endpoint: expected host:port, without a scheme or path (e.g. 127.0.0.1:4319), "
+            "got 'http://127.0.0.1:4319' (from ",
+        ),
+        (
+            "",
+            ["--http-endpoint", "::1:4320"],
+            "receivers.http.endpoint: expected host:port, with an IPv6 address in brackets (e.g. [::1]:4319), "
+            "got '::1:4320' (from --http-endpoint)",
+        ),
+        (
+            "",
+            ["--grpc-endpoint", "127.0.0.1:\uff14\uff13\uff11\uff19"],
+            "receivers.grpc.endpoint: expected host:port with a port from 0 to 65535",
+        ),
+        (
+            "receivers: {http: {endpoint: 'my host:4320'}}\n",
+            [],
+            "receivers.http.endpoint: expected host:port, without spaces, got 'my host:4320'",
+        ),
         (
             "",
             ["--max-request-bytes", "4294967296"],
