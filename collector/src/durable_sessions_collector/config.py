@@ -863,6 +863,7 @@ def _check_together(values: dict[str, Any], sources: dict[str, str]) -> None:
         raise ConfigError(
             f"tls.cert_file: required when tls.client_ca_file is set (from {sources['tls.client_ca_file']})"
         )
+    _check_receiver_ports(values, sources)
     if values.get("auth.token") is not None and values.get("auth.token_file") is not None:
         raise ConfigError(
             f"auth.token_file: set either auth.token or auth.token_file, not both "
@@ -880,6 +881,52 @@ def _check_together(values: dict[str, Any], sources: dict[str, str]) -> None:
                 f"alerts.{channel}.max_backoff_s: must be at least alerts.{channel}.backoff_s ({low:g}), "
                 f"got {high:g} (from {sources[f'alerts.{channel}.max_backoff_s']})"
             )
+
+
+def _check_receiver_ports(values: dict[str, Any], sources: dict[str, str]) -> None:
+    """The two receivers on one port of one address: the second bind failed with "Address
+    already in use", which sent the user looking for another process holding the port."""
+    grpc, http = values["receivers.grpc.endpoint"], values["receivers.http.endpoint"]
+    grpc_host, _, grpc_port = grpc.rpartition(":")
+    http_host, _, http_port = http.rpartition(":")
+    if int(grpc_port) == 0 or int(grpc_port) != int(http_port):
+        return
+    # grpcio listens on every address of a name (localhost: 127.0.0.1 and ::1); the HTTP
+    # server, on a name's IPv4 address.
+    http_addresses = {"127.0.0.1"} if http_host.lower() == "localhost" else _addresses(http_host)
+    if not any(_same_address(a, b) for a in _addresses(grpc_host) for b in http_addresses):
+        return
+    raise ConfigError(
+        f"receivers.http.endpoint: {http} takes the port of receivers.grpc.endpoint ({grpc}, from "
+        f"{sources['receivers.grpc.endpoint']}); each receiver needs its own port "
+        f"(from {sources['receivers.http.endpoint']})"
+    )
+
+
+_WILDCARDS = {"0.0.0.0": 4, "::": None}
+"""Addresses that listen on every address: of IPv4, or of both families (grpcio and the
+HTTP server listen on ``::`` dual-stack)."""
+
+
+def _same_address(first: str, second: str) -> bool:
+    """Whether listening on one port of both addresses binds one address twice."""
+    return first == second or _covers(first, second) or _covers(second, first)
+
+
+def _addresses(host: str) -> set[str]:
+    """The addresses a listen on ``host`` binds, as far as the configuration tells."""
+    host = host.strip("[]").lower()
+    return {"127.0.0.1", "::1"} if host == "localhost" else {host}
+
+
+def _covers(wildcard: str, address: str) -> bool:
+    if wildcard not in _WILDCARDS:
+        return False
+    family = _WILDCARDS[wildcard]
+    try:
+        return family is None or ipaddress.ip_address(address).version == family
+    except ValueError:  # a host name: it may resolve to any address
+        return True
 
 
 def _parse(option: Option, value: Any, *, text: bool, source: str) -> Any:

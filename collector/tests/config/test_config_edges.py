@@ -616,6 +616,13 @@ def test_fuzz_any_environment_value_loads_or_is_a_config_error(option: Any, text
             [],
             "receivers.http.endpoint: expected host:port, without spaces, got 'my host:4320'",
         ),
+        # Both receivers on one port: the second bind said "Address already in use".
+        (
+            "receivers: {grpc: {endpoint: '127.0.0.1:4399'}}\n",
+            ["--http-endpoint", "localhost:4399"],
+            "receivers.http.endpoint: localhost:4399 takes the port of receivers.grpc.endpoint "
+            "(127.0.0.1:4399, from ",
+        ),
         (
             "",
             ["--max-request-bytes", "4294967296"],
@@ -804,6 +811,39 @@ def test_an_invalid_header_key_is_named() -> None:
     """A key that is one word (no space or ':', so no credential) is still named."""
     with pytest.raises(ConfigError, match=r"'grpc-timeout' is not a valid gRPC metadata key"):
         load(None, env={"DURABLE_SESSIONS_ALERTS_OTLP_HEADERS": "grpc-timeout=1S"})
+
+
+@pytest.mark.parametrize(
+    ("grpc", "http", "refused"),
+    [
+        ("127.0.0.1:4399", "127.0.0.1:4399", True),
+        ("127.0.0.1:4399", "127.0.0.1:04399", True),
+        ("localhost:4399", "[::1]:4399", True),
+        ("0.0.0.0:4399", "127.0.0.1:4399", True),
+        ("[::]:4399", "127.0.0.1:4399", True),
+        ("0.0.0.0:4399", "sidecar.example:4399", True),
+        # Each of these binds two addresses, as the OS allows.
+        ("127.0.0.1:0", "127.0.0.1:0", False),
+        ("127.0.0.1:4399", "[::1]:4399", False),
+        ("[::1]:4399", "localhost:4399", False),  # the HTTP server listens on a name's IPv4
+        ("0.0.0.0:4399", "[::1]:4399", False),
+        ("127.0.0.1:4399", "127.0.0.2:4399", False),
+        ("127.0.0.1:4399", "127.0.0.1:4400", False),
+    ],
+)
+def test_both_receivers_on_one_address_and_port_is_an_error_naming_both_keys(
+    grpc: str, http: str, refused: bool
+) -> None:
+    env = {"DURABLE_SESSIONS_GRPC_ENDPOINT": grpc, "DURABLE_SESSIONS_HTTP_ENDPOINT": http}
+    if not refused:
+        assert load(None, env=env).receivers_http_endpoint == http
+        return
+    with pytest.raises(ConfigError) as caught:
+        load(None, env=env)
+    assert str(caught.value) == (
+        f"receivers.http.endpoint: {http} takes the port of receivers.grpc.endpoint ({grpc}, from "
+        "DURABLE_SESSIONS_GRPC_ENDPOINT); each receiver needs its own port (from DURABLE_SESSIONS_HTTP_ENDPOINT)"
+    )
 
 
 def test_an_ipv6_http_endpoint_is_served(tmp_path: Path) -> None:
