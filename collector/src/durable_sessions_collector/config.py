@@ -191,9 +191,12 @@ def _optional_positive_int(value: Any, text: bool) -> int | None:
 
 def _boolean(value: Any, _text: bool) -> bool:
     """true or false; a string spells one as a variable does, from the file too (quoted
-    there: ``strict: "false"``)."""
+    there: ``strict: "false"``), and so does a 1 or 0 the file reads as a number
+    (``strict: 1``, which ``DURABLE_SESSIONS_STRICT=1`` means)."""
     if isinstance(value, bool):
         return value
+    if type(value) is int and value in (0, 1):
+        return bool(value)
     if isinstance(value, str):
         lowered = value.strip().lower()
         if lowered in ("1", "true", "yes", "on"):

@@ -759,6 +759,40 @@ def test_a_quoted_integer_or_boolean_in_the_file_means_what_it_means_in_a_variab
     assert type(from_file) is type(expected)
 
 
+@pytest.mark.parametrize("raw", ["1", "0", "true", "false", "yes", "No", "ON", "off"])
+@pytest.mark.parametrize(
+    ("key", "template"),
+    [
+        ("evaluation.strict", "evaluation: {strict: RAW}"),
+        ("alerts.log.enabled", "alerts: {log: {enabled: RAW}}"),
+        ("alerts.otlp.insecure", "alerts: {otlp: {insecure: RAW}}"),
+    ],
+)
+def test_a_boolean_unquoted_in_the_file_means_what_it_means_in_a_variable(
+    tmp_path: Path, key: str, template: str, raw: str
+) -> None:
+    """Every spelling a variable takes, written bare in the file. ``strict: 1`` arrived as
+    the number 1 and was refused ("expected true or false, got 1") while
+    ``DURABLE_SESSIONS_STRICT=1`` was true; YAML 1.1's yes/no/on/off were read already."""
+    path = tmp_path / "collector.yaml"
+    path.write_text(template.replace("RAW", raw) + "\n")
+    option = next(o for o in OPTIONS if o.key == key)
+    from_file = getattr(load(path, env={}), option.attr)
+    assert from_file is getattr(load(None, env={option.env: raw}), option.attr)
+    assert from_file is (raw.lower() in ("1", "true", "yes", "on"))
+
+
+@pytest.mark.parametrize("raw", ["2", "-1", "1.0"])
+def test_a_number_other_than_1_or_0_is_not_a_boolean_in_the_file_nor_in_a_variable(
+    tmp_path: Path, raw: str
+) -> None:
+    path = tmp_path / "collector.yaml"
+    path.write_text(f"evaluation: {{strict: {raw}}}\n")
+    for source in (lambda: load(path, env={}), lambda: load(None, env={"DURABLE_SESSIONS_STRICT": raw})):
+        with pytest.raises(ConfigError, match=r"evaluation\.strict: expected true or false"):
+            source()
+
+
 def test_a_blank_header_value_in_the_file_stops_serve_naming_the_key(tmp_path: Path) -> None:
     """A header value of spaces is empty, in the file as in the variable's key=value form: an
     error naming alerts.otlp.headers (exit code 2), not a crash while the log's secrets are
