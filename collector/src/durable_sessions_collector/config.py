@@ -30,6 +30,7 @@ An example file::
 from __future__ import annotations
 
 import contextlib
+import difflib
 import ipaddress
 import math
 import os
@@ -1053,7 +1054,17 @@ def _flatten(node: dict[Any, Any], prefix: str, out: dict[str, tuple[Any, str]],
             )
         else:
             known = sorted(k for k in _BY_KEY if k.startswith(prefix)) if prefix else sorted(_BY_KEY)
-            raise ConfigError(f"{key}: unknown setting (from {where}); known: {', '.join(known)}")
+            raise ConfigError(
+                f"{key}: unknown setting (from {where}){_suggestion(str(raw_key), prefix)}; known: {', '.join(known)}"
+            )
+
+
+def _suggestion(name: str, prefix: str) -> str:
+    """``; did you mean KEY?`` for the name of this section (``prefix``) closest to a
+    misspelt ``name`` (``reciever``, ``idel_s``), or nothing when none is close."""
+    names = sorted({k.removeprefix(prefix).partition(".")[0] for k in _BY_KEY if k.startswith(prefix)})
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    return f"; did you mean {prefix}{close[0]}?" if close else ""
 
 
 def _kind(value: Any) -> str:

@@ -434,6 +434,29 @@ def test_a_dotted_key_in_the_file_is_an_error_naming_its_line_and_the_nested_for
     assert str(caught.value) == f"{message} (from {path}:{line})"
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("reciever:\n  grpc: {endpoint: 127.0.0.1:4319}\n", "reciever: unknown setting (from {path}:1); did you mean receivers?"),
+        ("receivers:\n  grcp: {endpoint: 127.0.0.1:4319}\n", "receivers.grcp: unknown setting (from {path}:2); did you mean receivers.grpc?"),
+        ("evaluation: {strict: true, idel_s: 3}\n", "evaluation.idel_s: unknown setting (from {path}:1); did you mean evaluation.idle_s?"),
+        ("loglevel: debug\n", "loglevel: unknown setting (from {path}:1); did you mean log_level?"),
+        ("tls: {cert: a.pem}\n", "tls.cert: unknown setting (from {path}:1); did you mean tls.cert_file?"),
+        ("frobnicate: 1\n", "frobnicate: unknown setting (from {path}:1); known: alerts.log.enabled, "),
+    ],
+)  # fmt: skip
+def test_a_misspelt_key_stops_serve_naming_it_and_the_closest_known_one(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    """``reciever:`` was named, then followed by every one of the 36 keys, which left the
+    user to spot the one meant."""
+    path = tmp_path / "collector.yaml"
+    path.write_text(text)
+    result = cli("serve", "--config", str(path), "--store", f"sqlite:///{tmp_path / 's.db'}")
+    assert result.returncode == 2, result.stderr
+    assert expected.format(path=path) in result.stderr
+
+
 def test_errors_and_sources_name_the_line_of_the_key_in_the_file(tmp_path: Path) -> None:
     path = tmp_path / "collector.yaml"
     path.write_text(
