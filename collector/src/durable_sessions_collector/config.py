@@ -841,18 +841,42 @@ def load(
             sources[key] = where
     for option in OPTIONS:
         if option.env in env:
-            values[option.key] = _parse(option, env[option.env], text=True, source=option.env)
-            sources[option.key] = option.env
+            _override(option, env[option.env], option.env, values, sources)
     for name, value in (overrides or {}).items():
         if value is None:
             continue
         option = _BY_KEY.get(name) or next((o for o in OPTIONS if o.attr == name), None)
         if option is None:
             raise ConfigError(f"{name}: unknown setting")
-        values[option.key] = _parse(option, value, text=isinstance(value, str), source=option.flag)
-        sources[option.key] = option.flag
+        _override(option, value, option.flag, values, sources)
     _check_together(values, sources)
     return Config(**{_BY_KEY[key].attr: value for key, value in values.items()}, sources=sources)
+
+
+PROTECTIONS = frozenset(
+    {"auth.token", "auth.token_file", "tls.cert_file", "tls.key_file", "tls.client_ca_file"}
+)
+"""Settings that protect the ports: an empty variable or flag may not turn off one that an
+earlier source (the file, a variable) set."""
+
+
+def _override(
+    option: Option, value: Any, source: str, values: dict[str, Any], sources: dict[str, str]
+) -> None:
+    """``option`` set to ``value`` (a string from a variable or a flag) from ``source``.
+
+    An empty value unsets an optional setting, except one of :data:`PROTECTIONS` set
+    before: ``DURABLE_SESSIONS_AUTH_TOKEN=`` (Compose writes ``${TOKEN}`` of an unset
+    ``TOKEN`` so) quietly turned off the token the file requires, and the sidecar served
+    everyone."""
+    parsed = _parse(option, value, text=isinstance(value, str), source=source)
+    if parsed is None and option.key in PROTECTIONS and values[option.key] is not None:
+        raise ConfigError(
+            f"{option.key}: {source} is empty, which would turn off the {option.key} set in "
+            f"{sources[option.key]}; leave {source} out to keep it, or remove the setting there"
+        )
+    values[option.key] = parsed
+    sources[option.key] = source
 
 
 def _check_together(values: dict[str, Any], sources: dict[str, str]) -> None:

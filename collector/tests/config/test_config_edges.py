@@ -360,6 +360,69 @@ def test_empty_variables_unset_optional_settings() -> None:
     assert config.tls_cert_file is None
 
 
+def test_an_empty_variable_cannot_turn_off_the_token_the_file_requires(tmp_path: Path) -> None:
+    """``DURABLE_SESSIONS_AUTH_TOKEN=`` (Compose writes ``${TOKEN}`` of an unset ``TOKEN``
+    so) unset the file's auth.token: serve started with ``"auth": "none"`` and answered
+    every client. It stops, naming the key, the variable and the file's line, and never
+    showing the token."""
+    path = tmp_path / "collector.yaml"
+    path.write_text(
+        f"receivers:\n  grpc: {{endpoint: 127.0.0.1:0}}\n  http: {{endpoint: 127.0.0.1:0}}\nauth: {{token: {TOKEN}}}\n"
+    )
+    store = f"sqlite:///{tmp_path / 's.db'}"
+    for args, env, source in (
+        ([], clean_env(DURABLE_SESSIONS_AUTH_TOKEN=""), "DURABLE_SESSIONS_AUTH_TOKEN"),
+        (["--auth-token", ""], clean_env(), "--auth-token"),
+    ):
+        result = cli("serve", "--config", str(path), "--store", store, *args, env=env, timeout=30)
+        assert result.returncode == 2, result.stderr
+        assert (
+            f"auth.token: {source} is empty, which would turn off the auth.token set in {path}:4; "
+            f"leave {source} out to keep it, or remove the setting there"
+        ) in result.stderr
+        assert TOKEN not in result.stderr + result.stdout
+    assert not (tmp_path / "s.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("key", "variable"),
+    [
+        ("auth.token_file", "DURABLE_SESSIONS_AUTH_TOKEN_FILE"),
+        ("tls.cert_file", "DURABLE_SESSIONS_TLS_CERT_FILE"),
+        ("tls.key_file", "DURABLE_SESSIONS_TLS_KEY_FILE"),
+        ("tls.client_ca_file", "DURABLE_SESSIONS_TLS_CLIENT_CA_FILE"),
+    ],
+)
+def test_an_empty_variable_cannot_turn_off_a_protection_the_file_sets(
+    tmp_path: Path, key: str, variable: str
+) -> None:
+    """The TLS files and the token file too (emptying both TLS variables served plaintext)."""
+    token_file, pem = tmp_path / "token", tmp_path / "x.pem"
+    token_file.write_text(TOKEN + "\n")
+    pem.write_text("not read by load\n")
+    path = tmp_path / "collector.yaml"
+    path.write_text(
+        f"auth: {{token_file: {token_file}}}\n"
+        f"tls: {{cert_file: {pem}, key_file: {pem}, client_ca_file: {pem}}}\n"
+    )
+    with pytest.raises(ConfigError) as caught:
+        load(path, env={variable: ""})
+    assert str(caught.value).startswith(
+        f"{key}: {variable} is empty, which would turn off the {key} set in {path}:"
+    )
+
+
+def test_an_empty_variable_still_unsets_other_optional_settings_of_the_file(tmp_path: Path) -> None:
+    """A webhook or an attribute limit set in the file may be turned off for one run."""
+    path = tmp_path / "collector.yaml"
+    path.write_text(
+        "alerts: {webhook: {url: https://alerts.example/hook}}\nevaluation: {attribute_value_limit: 64}\n"
+    )
+    env = {"DURABLE_SESSIONS_WEBHOOK_URL": "", "DURABLE_SESSIONS_ATTRIBUTE_VALUE_LIMIT": ""}
+    config = load(path, env=env)
+    assert config.alerts_webhook_url is None and config.evaluation_attribute_value_limit is None
+
+
 @pytest.mark.parametrize(
     ("variable", "key"),
     [
