@@ -208,13 +208,15 @@ def _boolean(value: Any, _text: bool) -> bool:
 
 
 def _store_url(value: Any, _text: bool) -> str:
-    """A SQLite path or a PostgreSQL URL. A PostgreSQL URL is read without surrounding
-    whitespace (a Kubernetes Secret, a YAML block scalar, ends it with a newline) and
-    refused with a control character in it: libpq reads a line break or a tab into the
-    password, and quotes it so in its errors, where Python's URL parser (and so the
-    log's redactor) drops it and sees another password."""
-    if isinstance(value, str) and value.strip().startswith(("postgresql://", "postgres://")):
+    """A SQLite path or a PostgreSQL URL, read without surrounding whitespace (a Kubernetes
+    Secret, a YAML block scalar, ends it with a newline: ``sqlite:///x.db`` so ended
+    opened a file named ``x.db`` and a line break). A PostgreSQL URL is refused with a
+    control character in it: libpq reads a line break or a tab into the password, and
+    quotes it so in its errors, where Python's URL parser (and so the log's redactor)
+    drops it and sees another password."""
+    if isinstance(value, str):
         value = value.strip()
+    if isinstance(value, str) and value.startswith(("postgresql://", "postgres://")):
         if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
             raise ValueError(
                 "the URL holds a control character (a line break, a tab): percent-encode it "
@@ -517,9 +519,11 @@ def _hide_headers(value: Any) -> Any:
 
 
 def _log_level(value: Any, _text: bool) -> str:
-    if not isinstance(value, str) or value.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+    """A level name in any case, read without surrounding whitespace as every other
+    setting is (a value from a ConfigMap or a file may end in a line break)."""
+    if not isinstance(value, str) or value.strip().upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ValueError(f"expected one of debug, info, warning, error, got {value!r}")
-    return value.upper()
+    return value.strip().upper()
 
 
 # --- alerts.otlp: a gRPC endpoint, its TLS choice and its metadata --------------------

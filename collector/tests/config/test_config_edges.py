@@ -423,6 +423,30 @@ def test_an_empty_variable_still_unsets_other_optional_settings_of_the_file(tmp_
     assert config.alerts_webhook_url is None and config.evaluation_attribute_value_limit is None
 
 
+def test_a_variable_ending_in_a_line_break_means_what_it_means_without(tmp_path: Path) -> None:
+    """A value from a Kubernetes Secret or ConfigMap file, or a ``$(cat …)``, ends in a
+    line break. ``DURABLE_SESSIONS_STORE=sqlite:///…/s.db`` so ended was served from a new,
+    empty file whose name ends in a line break; ``DURABLE_SESSIONS_LOG_LEVEL=debug`` so
+    ended stopped start-up, where every other setting is read without the whitespace."""
+    store = tmp_path / "s.db"
+    served = Served(
+        "--grpc-endpoint",
+        "127.0.0.1:0",
+        "--http-endpoint",
+        "127.0.0.1:0",
+        env=clean_env(DURABLE_SESSIONS_STORE=f"sqlite:///{store}\n", DURABLE_SESSIONS_LOG_LEVEL=" debug\n"),
+    )
+    try:
+        started = served.read_until("started", timeout=30)
+        assert started["store"] == f"sqlite:///{store}", "".join(served.lines)
+        http(f"http://127.0.0.1:{started['http_port']}/healthz")
+        assert served.read_until("http-request", timeout=30)["level"] == "debug"
+    finally:
+        served.kill()
+    assert store.exists()
+    assert not [path.name for path in tmp_path.iterdir() if "\n" in path.name]
+
+
 @pytest.mark.parametrize(
     ("variable", "key"),
     [
