@@ -122,7 +122,7 @@ def _number(value: Any, _text: bool) -> float:
         number = sys.float_info.max if value > 0 else -sys.float_info.max
     elif isinstance(value, int | float):
         number = float(value)
-    elif isinstance(value, str):
+    elif isinstance(value, str) and value.isascii():  # float() reads "١٠" as 10 too
         with contextlib.suppress(ValueError):
             number = float(value)
     if number is None:
@@ -154,7 +154,9 @@ def _positive_int(value: Any, _text: bool) -> int:
     templating tools write values), as :func:`_number` reads a string."""
     if isinstance(value, bool):
         raise ValueError(f"expected a positive integer, got {value!r}")
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
+        # ASCII digits only: isdigit() takes "²", on which int() raised its own message,
+        # and int() reads other scripts' digits ("６４") as no other program would.
         value = int(value.strip())
     if not isinstance(value, int) or value < 1:
         raise ValueError(f"expected a positive integer, got {value!r}")

@@ -448,6 +448,32 @@ def test_a_variable_ending_in_a_line_break_means_what_it_means_without(tmp_path:
 
 
 @pytest.mark.parametrize(
+    ("variable", "key", "raw", "expected"),
+    [
+        ("DURABLE_SESSIONS_MAX_BATCH", "pipeline.max_batch", "\u00b2", "expected a positive integer, got '\u00b2'"),
+        ("DURABLE_SESSIONS_QUEUE_SIZE", "pipeline.queue_size", "\uff16\uff14", "expected a positive integer, got '\uff16\uff14'"),
+        ("DURABLE_SESSIONS_IDLE_S", "evaluation.idle_s", "\u0661\u0660", "expected a positive number, got '\u0661\u0660'"),
+    ],
+)  # fmt: skip
+def test_a_number_is_written_in_ascii_digits(
+    tmp_path: Path, variable: str, key: str, raw: str, expected: str
+) -> None:
+    """``isdigit`` took a superscript two, on which ``int`` raised its own message
+    ("invalid literal for int() with base 10"), and ``int``/``float`` read full-width or
+    Arabic-Indic digits as numbers; from the variable and quoted in the file alike."""
+    section, _, name = key.partition(".")
+    path = tmp_path / "collector.yaml"
+    path.write_text(f'{section}: {{{name}: "{raw}"}}\n', encoding="utf-8")
+    for source, where in (
+        (lambda: load(None, env={variable: raw}), variable),
+        (lambda: load(path, env={}), f"{path}:1"),
+    ):
+        with pytest.raises(ConfigError) as caught:
+            source()
+        assert str(caught.value) == f"{key}: {expected} (from {where})"
+
+
+@pytest.mark.parametrize(
     ("variable", "key"),
     [
         ("DURABLE_SESSIONS_STRICT", "evaluation.strict"),
