@@ -991,6 +991,8 @@ def _read_file(path: Path) -> dict[str, tuple[Any, str]]:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(error, "problem", None) or str(error)
+        if "'\\t'" in problem:  # PyYAML's words alone do not say what to do about it
+            problem += " (YAML allows no tab there: use spaces)"
         raise ConfigError(f"{path}{where}: not valid YAML: {problem}") from None
     if document is None:
         return {}

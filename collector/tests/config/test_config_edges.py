@@ -570,6 +570,24 @@ def test_a_misspelt_key_stops_serve_naming_it_and_the_closest_known_one(
     assert expected.format(path=path) in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("text", "line", "column"),
+    [("evaluation:\n\tidle_s: 5\n", 2, 1), ("evaluation:\n  idle_s:\t5\n", 2, 10)],
+)
+def test_a_tab_in_the_file_stops_serve_saying_to_use_spaces(
+    tmp_path: Path, text: str, line: int, column: int
+) -> None:
+    """An editor's tab: PyYAML says only "found character '\\t' that cannot start any token"."""
+    path = tmp_path / "collector.yaml"
+    path.write_text(text)
+    result = cli("serve", "--config", str(path), "--store", f"sqlite:///{tmp_path / 's.db'}")
+    assert result.returncode == 2, result.stderr
+    assert (
+        f"{path} at line {line}, column {column}: not valid YAML: found character '\\t' that cannot start "
+        "any token (YAML allows no tab there: use spaces)"
+    ) in result.stderr
+
+
 def test_errors_and_sources_name_the_line_of_the_key_in_the_file(tmp_path: Path) -> None:
     path = tmp_path / "collector.yaml"
     path.write_text(
