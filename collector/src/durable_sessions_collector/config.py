@@ -994,6 +994,8 @@ def _read_file(path: Path) -> dict[str, tuple[Any, str]]:
         if "'\\t'" in problem:  # PyYAML's words alone do not say what to do about it
             problem += " (YAML allows no tab there: use spaces)"
         raise ConfigError(f"{path}{where}: not valid YAML: {problem}") from None
+    except RecursionError:  # PyYAML composes and constructs nested nodes by recursion
+        raise ConfigError(f"{path}: lists or mappings nested too deeply to read") from None
     if document is None:
         return {}
     if not isinstance(document, dict):

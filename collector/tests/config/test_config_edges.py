@@ -588,6 +588,26 @@ def test_a_tab_in_the_file_stops_serve_saying_to_use_spaces(
     ) in result.stderr
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "evaluation: {idle_s: " + "[" * 2000 + "]" * 2000 + "}\n",
+        "store: " + "{a: " * 2000 + "1" + "}" * 2000 + "\n",
+    ],
+    ids=["lists", "mappings"],
+)
+def test_a_file_nested_too_deeply_stops_serve_with_a_message(tmp_path: Path, text: str) -> None:
+    """PyYAML composes nested nodes by recursion: 2000 levels ended serve with a
+    RecursionError traceback and exit code 1."""
+    path = tmp_path / "collector.yaml"
+    path.write_text(text)
+    result = cli("serve", "--config", str(path), "--store", f"sqlite:///{tmp_path / 's.db'}")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (
+        f"durable-sessions-collector: invalid configuration: {path}: lists or mappings nested too deeply to read\n"
+    )
+
+
 def test_errors_and_sources_name_the_line_of_the_key_in_the_file(tmp_path: Path) -> None:
     path = tmp_path / "collector.yaml"
     path.write_text(
