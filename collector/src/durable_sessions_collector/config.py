@@ -34,6 +34,7 @@ import difflib
 import ipaddress
 import math
 import os
+import reprlib
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -55,6 +56,22 @@ class ConfigError(ValueError):
 # --- value parsers: (raw value, from a string source?) -> value, or raise ValueError ---------
 
 
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict = 2, 4, 4
+_SHOWN.maxstring, _SHOWN.maxlong, _SHOWN.maxother = 1000, 60, 200
+
+
+def _shown(value: Any) -> str:
+    """``value`` as an error quotes it: its ``repr``, with a long or deeply nested list or
+    mapping cut short. A file's aliases nest one list in another many times over at no
+    cost (``- &b [*a, *a, …]``), and the full ``repr`` of eight such levels did not end:
+    start-up hung. An integer past ``int``'s text limit (4300 digits) is said so."""
+    try:
+        return _SHOWN.repr(value)
+    except ValueError:
+        return "an integer of more than 4300 digits"
+
+
 def _endpoint(value: Any, _text: bool) -> str:
     """``host:port`` to listen on or connect to, an IPv6 address in brackets (``[::1]:4319``).
 
@@ -63,13 +80,13 @@ def _endpoint(value: Any, _text: bool) -> str:
     as OTLP exporters write theirs), an IPv6 address without brackets (``::1:4319``), a
     space, or a port of other than ASCII digits (``int`` reads ``４３２０``, grpcio does not)."""
     if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"expected host:port, got {value!r}")
+        raise ValueError(f"expected host:port, got {_shown(value)}")
     host, sep, port = value.strip().rpartition(":")
     if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 <= int(port) <= 65535:
-        raise ValueError(f"expected host:port with a port from 0 to 65535, got {value!r}")
+        raise ValueError(f"expected host:port with a port from 0 to 65535, got {_shown(value)}")
     problem = _host_problem(host)
     if problem:
-        raise ValueError(f"expected host:port, {problem}, got {value!r}")
+        raise ValueError(f"expected host:port, {problem}, got {_shown(value)}")
     return value.strip()
 
 
@@ -97,13 +114,13 @@ MAX_SECONDS = 1e9
 def _positive_number(value: Any, text: bool) -> float:
     number = _number(value, text)
     if number <= 0:
-        raise ValueError(f"expected a positive number, got {value!r}")
+        raise ValueError(f"expected a positive number, got {_shown(value)}")
     return _at_most_max_seconds(number, value)
 
 
 def _at_most_max_seconds(number: float, value: Any) -> float:
     if number > MAX_SECONDS:
-        raise ValueError(f"expected at most {MAX_SECONDS:.0f} seconds (about 31 years), got {value!r}")
+        raise ValueError(f"expected at most {MAX_SECONDS:.0f} seconds (about 31 years), got {_shown(value)}")
     return number
 
 
@@ -115,7 +132,7 @@ def _number(value: Any, _text: bool) -> float:
     as YAML 1.1, whose floats need a dot and a signed exponent, so ``1e3`` and ``8.64e4``
     arrive as strings, where YAML 1.2, JSON and the environment read numbers."""
     if isinstance(value, bool):
-        raise ValueError(f"expected a positive number, got {value!r}")
+        raise ValueError(f"expected a positive number, got {_shown(value)}")
     number = None
     if isinstance(value, int) and abs(value) > MAX_SECONDS:
         # float() raised OverflowError past 1e308: any such int is merely too large (or small)
@@ -126,9 +143,9 @@ def _number(value: Any, _text: bool) -> float:
         with contextlib.suppress(ValueError):
             number = float(value)
     if number is None:
-        raise ValueError(f"expected a positive number, got {value!r}")
+        raise ValueError(f"expected a positive number, got {_shown(value)}")
     if not math.isfinite(number):
-        raise ValueError(f"expected a positive number, got {value!r} (not a finite number)")
+        raise ValueError(f"expected a positive number, got {_shown(value)} (not a finite number)")
     return number
 
 
@@ -139,7 +156,7 @@ def _non_negative_number(value: Any, text: bool) -> float:
     except ValueError:
         number = -1.0
     if number < 0:
-        raise ValueError(f"expected a number of 0 or more, got {value!r}")
+        raise ValueError(f"expected a number of 0 or more, got {_shown(value)}")
     return _at_most_max_seconds(number, value)
 
 
@@ -153,15 +170,15 @@ def _positive_int(value: Any, _text: bool) -> int:
     """A positive integer; a string of digits is one, from the file too (quoted there, as
     templating tools write values), as :func:`_number` reads a string."""
     if isinstance(value, bool):
-        raise ValueError(f"expected a positive integer, got {value!r}")
+        raise ValueError(f"expected a positive integer, got {_shown(value)}")
     if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
         # ASCII digits only: isdigit() takes "²", on which int() raised its own message,
         # and int() reads other scripts' digits ("６４") as no other program would.
         value = int(value.strip())
     if not isinstance(value, int) or value < 1:
-        raise ValueError(f"expected a positive integer, got {value!r}")
+        raise ValueError(f"expected a positive integer, got {_shown(value)}")
     if value > MAX_COUNT:
-        raise ValueError(f"expected a positive integer of at most {MAX_COUNT} (2^53), got {value!r}")
+        raise ValueError(f"expected a positive integer of at most {MAX_COUNT} (2^53), got {_shown(value)}")
     return value
 
 
@@ -176,7 +193,7 @@ def _request_bytes(value: Any, text: bool) -> int:
     if number > MAX_MESSAGE_BYTES:
         raise ValueError(
             f"expected a positive integer of at most {MAX_MESSAGE_BYTES} (2 GiB - 1, the largest "
-            f"message protobuf and gRPC take), got {value!r}"
+            f"message protobuf and gRPC take), got {_shown(value)}"
         )
     return number
 
@@ -206,7 +223,7 @@ def _boolean(value: Any, _text: bool) -> bool:
             return True
         if lowered in ("0", "false", "no", "off"):
             return False
-    raise ValueError(f"expected true or false, got {value!r}")
+    raise ValueError(f"expected true or false, got {_shown(value)}")
 
 
 def _store_url(value: Any, _text: bool) -> str:
@@ -239,7 +256,7 @@ def _store_url(value: Any, _text: bool) -> str:
         raise ValueError(
             "expected sqlite:///PATH (e.g. sqlite:////var/lib/durable-sessions/sessions.db) or "
             f"postgresql://USER@HOST:PORT/DB[?schema=NAME], got "
-            f"{redact_store_url(value) if isinstance(value, str) else value!r}"
+            f"{_shown(redact_store_url(value) if isinstance(value, str) else value)}"
         )
     return value
 
@@ -394,11 +411,11 @@ def _optional_file(value: Any, _text: bool) -> str | None:
     if value is None or value == "":
         return None
     if not isinstance(value, str):
-        raise ValueError(f"expected a file path, got {value!r}")
+        raise ValueError(f"expected a file path, got {_shown(value)}")
     if not os.path.isfile(value):
-        raise ValueError(f"no such file: {value!r}")
+        raise ValueError(f"no such file: {_shown(value)}")
     if not os.access(value, os.R_OK):
-        raise ValueError(f"file is not readable: {value!r}")
+        raise ValueError(f"file is not readable: {_shown(value)}")
     return value
 
 
@@ -524,7 +541,7 @@ def _log_level(value: Any, _text: bool) -> str:
     """A level name in any case, read without surrounding whitespace as every other
     setting is (a value from a ConfigMap or a file may end in a line break)."""
     if not isinstance(value, str) or value.strip().upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-        raise ValueError(f"expected one of debug, info, warning, error, got {value!r}")
+        raise ValueError(f"expected one of debug, info, warning, error, got {_shown(value)}")
     return value.strip().upper()
 
 
@@ -536,7 +553,7 @@ def _otlp_endpoint(value: Any, text: bool) -> str | None:
     if value is None or value == "":
         return None
     if not isinstance(value, str):
-        raise ValueError(f"expected host:port or http(s)://host:port, got {value!r}")
+        raise ValueError(f"expected host:port or http(s)://host:port, got {_shown(value)}")
     value = value.strip()
     if "://" in value:
         try:
@@ -565,7 +582,7 @@ def _otlp_endpoint(value: Any, text: bool) -> str | None:
         )
     _endpoint(value, text)
     if value.rpartition(":")[2] == "0":
-        raise ValueError(f"expected host:port with a port from 1 to 65535, got {value!r}")
+        raise ValueError(f"expected host:port with a port from 1 to 65535, got {_shown(value)}")
     return value
 
 

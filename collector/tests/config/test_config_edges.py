@@ -608,6 +608,23 @@ def test_a_file_nested_too_deeply_stops_serve_with_a_message(tmp_path: Path, tex
     )
 
 
+def test_a_value_of_aliases_nested_many_times_over_is_refused_at_once(tmp_path: Path) -> None:
+    """Aliases nest one list in another at no cost: eight levels of ten make 10^8 items,
+    whose full ``repr`` in the error ("expected a positive number, got [[…") did not end
+    (serve hung, its memory growing). The error quotes the value cut short."""
+    levels = ["    - &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    levels += [f"    - &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 8)]
+    path = tmp_path / "collector.yaml"
+    path.write_text("evaluation:\n  idle_s:\n" + "\n".join(levels) + "\n")
+    result = cli("serve", "--config", str(path), "--store", f"sqlite:///{tmp_path / 's.db'}", timeout=30)
+    assert result.returncode == 2, result.stderr
+    assert (
+        "invalid configuration: evaluation.idle_s: expected a positive number, got [['x', 'x', 'x', 'x', ...]"
+        in result.stderr
+    )
+    assert result.stderr.endswith(f"...] (from {path}:2)\n") and len(result.stderr) < 1000
+
+
 def test_errors_and_sources_name_the_line_of_the_key_in_the_file(tmp_path: Path) -> None:
     path = tmp_path / "collector.yaml"
     path.write_text(
