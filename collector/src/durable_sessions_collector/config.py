@@ -1022,6 +1022,14 @@ def _read_file(path: Path) -> dict[str, tuple[Any, str]]:
     return flat
 
 
+def _unbuildable(error: ValueError) -> str:
+    """Why PyYAML could not build a value it parsed: a date that does not exist
+    (``2026-02-30``, read as a timestamp) or an integer past ``int``'s text limit."""
+    if "integer string conversion" in str(error):
+        return "an integer of more than 4300 digits"
+    return f"a value that looks like a date or time but is none ({error}): quote it to give text"
+
+
 class _ConfigLoader(yaml.SafeLoader):
     """``yaml.safe_load``, but a key given twice in one mapping is an error rather than
     the last one winning, and the line of every key is kept (``lines``: a mapping's id ->
@@ -1039,6 +1047,16 @@ class _ConfigLoader(yaml.SafeLoader):
             return loader.get_single_data(), loader.lines
         finally:
             loader.dispose()
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        """PyYAML's, with a scalar it cannot build (a ``ValueError`` out of ``int`` or
+        ``datetime``, which ended start-up in a traceback) a YAML error at its place."""
+        try:
+            return super().construct_object(node, deep=deep)
+        except ValueError as error:
+            raise yaml.constructor.ConstructorError(
+                None, None, _unbuildable(error), node.start_mark
+            ) from None
 
     def construct_lined_mapping(self, node: yaml.MappingNode) -> Iterator[dict[Any, Any]]:
         mapping: dict[Any, Any] = {}

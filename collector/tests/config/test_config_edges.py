@@ -625,6 +625,32 @@ def test_a_value_of_aliases_nested_many_times_over_is_refused_at_once(tmp_path: 
     assert result.stderr.endswith(f"...] (from {path}:2)\n") and len(result.stderr) < 1000
 
 
+@pytest.mark.parametrize(
+    ("text", "column", "problem"),
+    [
+        ("idle_s: 2026-02-30", 11, "a value that looks like a date or time but is none (day is out of range for month)"),
+        ("idle_s: 2026-01-01 25:00:00", 11, "a value that looks like a date or time but is none (hour must be in 0..23)"),
+        ("idle_s: " + "9" * 5000, 11, "an integer of more than 4300 digits"),
+    ],
+    ids=["date", "time", "integer"],
+)  # fmt: skip
+def test_a_value_yaml_cannot_build_stops_serve_naming_its_place(
+    tmp_path: Path, text: str, column: int, problem: str
+) -> None:
+    """PyYAML reads ``2026-02-30`` as a date and a run of digits as an integer, and raised
+    ``ValueError`` (not a YAML error) for a day or hour out of range and past ``int``'s
+    4300-digit text limit: serve ended in a traceback with exit code 1."""
+    path = tmp_path / "collector.yaml"
+    path.write_text(f"evaluation:\n  strict: true\n  {text}\n")
+    result = cli("serve", "--config", str(path), "--store", f"sqlite:///{tmp_path / 's.db'}")
+    assert result.returncode == 2, result.stderr
+    assert (
+        f"invalid configuration: {path} at line 3, column {column}: not valid YAML: {problem}"
+        in result.stderr
+    )
+    assert "Traceback" not in result.stderr
+
+
 def test_errors_and_sources_name_the_line_of_the_key_in_the_file(tmp_path: Path) -> None:
     path = tmp_path / "collector.yaml"
     path.write_text(
