@@ -413,7 +413,9 @@ def _optional_file(value: Any, _text: bool) -> str | None:
     if not isinstance(value, str):
         raise ValueError(f"expected a file path, got {_shown(value)}")
     if not os.path.isfile(value):
-        raise ValueError(f"no such file: {_shown(value)}")
+        # A directory (a Secret volume's mount point given for the file in it) is not missing.
+        what = "a directory, not a file" if os.path.isdir(value) else "no such file"
+        raise ValueError(f"{what}: {_shown(value)}")
     if not os.access(value, os.R_OK):
         raise ValueError(f"file is not readable: {_shown(value)}")
     return value

@@ -651,6 +651,18 @@ def test_a_value_yaml_cannot_build_stops_serve_naming_its_place(
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    "variable", ["DURABLE_SESSIONS_AUTH_TOKEN_FILE", "DURABLE_SESSIONS_TLS_CLIENT_CA_FILE"]
+)
+def test_a_directory_given_for_a_file_is_named_a_directory(tmp_path: Path, variable: str) -> None:
+    """A Secret volume's mount point given for the file in it was "no such file: '/etc/…'",
+    which sent the user looking for a path that is there."""
+    key = next(option.key for option in OPTIONS if option.env == variable)
+    with pytest.raises(ConfigError) as caught:
+        load(None, env={variable: str(tmp_path)})
+    assert str(caught.value) == f"{key}: a directory, not a file: {str(tmp_path)!r} (from {variable})"
+
+
 def test_errors_and_sources_name_the_line_of_the_key_in_the_file(tmp_path: Path) -> None:
     path = tmp_path / "collector.yaml"
     path.write_text(
