@@ -860,6 +860,10 @@ def load(
     sources: dict[str, str] = dict.fromkeys(values, "default")
     if path is None and env.get(ENV_PREFIX + "CONFIG"):
         path = env[ENV_PREFIX + "CONFIG"]
+    if path is not None and not os.fspath(path).strip():
+        # --config "$CONFIG" with CONFIG unset: Path("") is ".", which was read as the file
+        # ("cannot read configuration file '.': Is a directory").
+        raise ConfigError("--config: an empty path; give the file, or leave --config out")
     if path is not None:
         for key, (value, where) in _read_file(Path(path)).items():
             values[key] = _parse(_BY_KEY[key], value, text=False, source=where)

@@ -663,6 +663,17 @@ def test_a_directory_given_for_a_file_is_named_a_directory(tmp_path: Path, varia
     assert str(caught.value) == f"{key}: a directory, not a file: {str(tmp_path)!r} (from {variable})"
 
 
+def test_an_empty_config_flag_stops_serve_saying_so(tmp_path: Path) -> None:
+    """``--config "$CONFIG"`` with ``CONFIG`` unset read the current directory as the file:
+    "cannot read configuration file '.': Is a directory"."""
+    result = cli("serve", "--config", "", "--store", f"sqlite:///{tmp_path / 's.db'}")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (
+        "durable-sessions-collector: invalid configuration: --config: an empty path; give the file, "
+        "or leave --config out\n"
+    )
+
+
 def test_errors_and_sources_name_the_line_of_the_key_in_the_file(tmp_path: Path) -> None:
     path = tmp_path / "collector.yaml"
     path.write_text(
