@@ -444,8 +444,12 @@ def check_token(token: str) -> str:
 def _optional_token(value: Any, _text: bool) -> str | None:
     if value is None or value == "":
         return None
-    if not isinstance(value, str):
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise ValueError("expected a string (value not shown)")
+    if not isinstance(value, str):
+        # A token of digits (valid, and taken from the variable) is read by YAML as a number,
+        # without its leading zeros or as octal: it cannot be turned back into the token.
+        raise ValueError("YAML read the token as a number: quote it in the file (value not shown)")
     return check_token(value.strip())
 
 

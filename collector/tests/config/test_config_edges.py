@@ -674,6 +674,29 @@ def test_an_empty_config_flag_stops_serve_saying_so(tmp_path: Path) -> None:
     )
 
 
+def test_a_token_of_digits_unquoted_in_the_file_is_refused_saying_to_quote_it(tmp_path: Path) -> None:
+    """A token of digits is a valid bearer token, and is taken from the variable; bare in
+    the file YAML reads it as a number (``0``-led, of digits 0-7: octal), which no longer
+    spells it. The error said only "expected a string"; it says why and what to do, never
+    the value."""
+    digits = "9" + str(uuid.uuid4().int)[:20]
+    path = tmp_path / "collector.yaml"
+    path.write_text(f"auth: {{token: {digits}}}\n")
+    result = cli("serve", "--config", str(path), "--store", f"sqlite:///{tmp_path / 's.db'}")
+    assert result.returncode == 2, result.stderr
+    assert (
+        f"auth.token: YAML read the token as a number: quote it in the file (value not shown) (from {path}:1)"
+        in result.stderr
+    )
+    assert digits[:12] not in result.stderr
+    path.write_text(f'auth: {{token: "{digits}"}}\n')
+    assert (
+        load(path, env={}).auth_token
+        == digits
+        == load(None, env={"DURABLE_SESSIONS_AUTH_TOKEN": digits}).auth_token
+    )
+
+
 def test_errors_and_sources_name_the_line_of_the_key_in_the_file(tmp_path: Path) -> None:
     path = tmp_path / "collector.yaml"
     path.write_text(
