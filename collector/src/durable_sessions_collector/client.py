@@ -50,7 +50,8 @@ class ApiClient:
     certificate (else the system's CAs do), and ``cert_file`` with ``key_file`` (or a
     ``cert_file`` holding both) is the client certificate a sidecar with
     ``tls.client_ca_file`` requires. An endpoint without a scheme is ``https://`` when
-    either file is given. Raises :class:`ApiUsageError` for arguments that cannot work."""
+    either file is given. Raises :class:`ApiUsageError` for arguments that cannot work,
+    a CA file, client certificate or key with an ``http://`` endpoint included."""
 
     def __init__(
         self,
@@ -83,6 +84,8 @@ class ApiClient:
             )
         if key_file and not cert_file:
             raise ApiUsageError("--key-file needs --cert-file (the client certificate it is the key of)")
+        if parts.scheme == "http":
+            _refuse_tls_options(endpoint, ca_file=ca_file, cert_file=cert_file, key_file=key_file)
         self.endpoint = endpoint
         self.token = token
         self.cert_file = cert_file
@@ -334,6 +337,27 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
 
     def redirect_request(self, *args: Any, **kwargs: Any) -> None:
         return None
+
+
+# The TLS-only options, as the CLI names them: the flag and the variable it falls back to.
+_TLS_OPTIONS = (
+    ("ca_file", "--ca-file", "DURABLE_SESSIONS_CA_FILE"),
+    ("cert_file", "--cert-file", "DURABLE_SESSIONS_CLIENT_CERT_FILE"),
+    ("key_file", "--key-file", "DURABLE_SESSIONS_CLIENT_KEY_FILE"),
+)
+
+
+def _refuse_tls_options(endpoint: str, **given: str | None) -> None:
+    """Raise :class:`ApiUsageError` naming the TLS options in ``given`` that are set, for
+    an ``http://`` endpoint: plain HTTP would ignore them, so a user who meant the sidecar's
+    TLS port would send the token in the clear and never learn why the CA went unused."""
+    named = [f"{flag} (or ${variable})" for name, flag, variable in _TLS_OPTIONS if given.get(name)]
+    if named:
+        raise ApiUsageError(
+            f"{' and '.join(named)} {'is' if len(named) == 1 else 'are'} for TLS, but --endpoint "
+            f"{redact_url(endpoint)} is http://, plain HTTP: use https:// for a sidecar with "
+            f"tls.cert_file, or leave {'it' if len(named) == 1 else 'them'} out"
+        )
 
 
 def _load_client_certificate(context: ssl.SSLContext, cert_file: str, key_file: str | None) -> None:

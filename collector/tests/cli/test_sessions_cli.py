@@ -202,6 +202,30 @@ def test_client_certificate_options_for_mutual_tls(start_sidecar, tmp_path, caps
     assert (code, out) == (0, "no sessions\n"), err
 
 
+def test_tls_options_with_an_http_endpoint_are_bad_usage(sidecar, tmp_path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """--ca-file, --cert-file and --key-file only mean something over TLS: with an http://
+    endpoint they are a usage error naming them and the scheme, not silently ignored (the
+    token would go out in the clear to a port the user thought was verified)."""
+    ca, cert, key = make_cert(tmp_path)
+    endpoint = sidecar.http_url
+    assert endpoint.startswith("http://")
+
+    code, out, err = run(capsys, "sessions", "--endpoint", endpoint, "--ca-file", str(ca), "list")
+    assert (code, out) == (2, ""), err
+    assert "--ca-file (or $DURABLE_SESSIONS_CA_FILE) is for TLS" in err, err
+    assert f"--endpoint {endpoint} is http://" in err and "use https://" in err, err
+
+    code, _, err = run(
+        capsys, "sessions", "--endpoint", endpoint, "list", "--cert-file", str(cert), "--key-file", str(key)
+    )
+    assert code == 2 and "--cert-file (or $DURABLE_SESSIONS_CLIENT_CERT_FILE) and --key-file" in err, err
+    assert "are for TLS" in err, err
+
+    monkeypatch.setenv("DURABLE_SESSIONS_CA_FILE", str(ca))  # from the environment too
+    code, _, err = run(capsys, "sessions", "--endpoint", endpoint, "show", "s-1")
+    assert code == 2 and "$DURABLE_SESSIONS_CA_FILE" in err and "http://" in err, err
+
+
 def test_a_token_option_after_the_subcommand_wins_over_either_before_it(
     start_sidecar, tmp_path, capsys
 ) -> None:  # type: ignore[no-untyped-def]
