@@ -685,6 +685,31 @@ def test_grpc_list_arguments_are_validated(sidecar) -> None:  # type: ignore[no-
     channel.close()
 
 
+def test_grpc_verdict_unspecified_in_a_watch_list_is_refused_by_name(sidecar) -> None:  # type: ignore[no-untyped-def]
+    """VERDICT_UNSPECIFIED (0) in WatchAlerts' verdicts is no verdict to watch: refused
+    naming it and saying an empty list watches every verdict (it read "unknown verdict(s)
+    [0]"). ListSessions takes it as "not set", every verdict, and refuses a number that
+    is no verdict with a message of the same shape."""
+    channel, api = api_stub(sidecar)
+    for verdicts in ([pb.VERDICT_UNSPECIFIED], [pb.VERDICT_AT_RISK, pb.VERDICT_UNSPECIFIED]):
+        with pytest.raises(grpc.RpcError) as caught:
+            next(api.WatchAlerts(pb.WatchAlertsRequest(verdicts=verdicts), timeout=10))
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert caught.value.details() == (
+            "verdicts: [VERDICT_UNSPECIFIED] is not a verdict to filter by; send VERDICT_OK, "
+            "VERDICT_AT_RISK, VERDICT_UNRECOVERABLE, or no verdicts (an empty list) for every verdict"
+        )
+    with pytest.raises(grpc.RpcError) as caught:
+        api.ListSessions(pb.ListSessionsRequest(verdict=7), timeout=10)  # type: ignore[arg-type]
+    assert caught.value.details() == (
+        "verdict: [7] is not a verdict to filter by; send VERDICT_OK, VERDICT_AT_RISK, "
+        "VERDICT_UNRECOVERABLE, or VERDICT_UNSPECIFIED for every verdict"
+    )
+    unset = pb.ListSessionsRequest(verdict=pb.VERDICT_UNSPECIFIED)
+    assert api.ListSessions(unset, timeout=10).sessions == []
+    channel.close()
+
+
 def test_grpc_get_of_a_very_long_unknown_id_is_not_found(sidecar) -> None:  # type: ignore[no-untyped-def]
     """An unknown id of any length is NOT_FOUND, the id quoted back shortened. The status
     message travels in the grpc-message trailer; past the client's metadata limit

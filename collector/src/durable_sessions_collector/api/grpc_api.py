@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import grpc
@@ -73,6 +73,18 @@ LIST_ORDERS = {pb.LIST_ORDER_LAST_SEEN: BY_ACTIVITY, pb.LIST_ORDER_SESSION_ID: B
 """A ``ListSessionsRequest.order`` as the order :func:`~.paging.list_page` takes."""
 ALERT_STATUSES = {FIRING: pb.ALERT_STATUS_FIRING, RESOLVED: pb.ALERT_STATUS_RESOLVED}
 """A feed item's ``status`` as the Alert's."""
+
+
+def refused_verdicts(field: str, values: Iterable[int], *, every: str) -> str:
+    """The INVALID_ARGUMENT message for ``values`` of ``field`` that name no verdict to
+    filter by (VERDICT_UNSPECIFIED by its name, others by number, at most five): what to
+    send instead, and ``every``, what asks for every verdict."""
+    shown = ", ".join(
+        pb.Verdict.Name(value) if value == pb.VERDICT_UNSPECIFIED else str(value)
+        for value in sorted(set(values))[:5]
+    )
+    choices = ", ".join(pb.Verdict.Name(number) for number in sorted(VERDICT_NAMES))
+    return f"{field}: [{shown}] is not a verdict to filter by; send {choices}, or {every} for every verdict"
 
 
 class SessionApi(pb_grpc.SessionServiceServicer):
@@ -146,7 +158,10 @@ class SessionApi(pb_grpc.SessionServiceServicer):
         self, request: pb.ListSessionsRequest, context: grpc.ServicerContext
     ) -> pb.ListSessionsResponse:
         if request.verdict != pb.VERDICT_UNSPECIFIED and request.verdict not in VERDICT_NAMES:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown verdict {request.verdict}")
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                refused_verdicts("verdict", [request.verdict], every="VERDICT_UNSPECIFIED"),
+            )
         if request.order not in LIST_ORDERS:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown order {request.order}")
         verdict = VERDICT_NAMES.get(request.verdict)
@@ -166,9 +181,14 @@ class SessionApi(pb_grpc.SessionServiceServicer):
     def WatchAlerts(
         self, request: pb.WatchAlertsRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.Alert]:
-        unknown = [v for v in request.verdicts if v not in VERDICT_NAMES]
-        if unknown:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown verdict(s) {sorted(set(unknown))[:5]}")
+        # VERDICT_UNSPECIFIED included: in a list it was sent on purpose, and "every verdict"
+        # (as ListSessions reads it) or "none" would both be a guess; an empty list is "every".
+        refused = [v for v in request.verdicts if v not in VERDICT_NAMES]
+        if refused:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                refused_verdicts("verdicts", refused, every="no verdicts (an empty list)"),
+            )
         verdicts = {VERDICT_NAMES[v] for v in request.verdicts}
         rules = set(request.rules)
         unknown_rules = sorted(rule for rule in rules if rule not in CATALOGUE)
