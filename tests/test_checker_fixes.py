@@ -21,6 +21,7 @@ from durable_sessions import otlp_json
 from durable_sessions.check import OfflineCheck
 from durable_sessions.digest import digest_value
 from durable_sessions.json_text import may_hold_long_integer
+from durable_sessions.processor import ConfigurationError, DurabilitySpanProcessor
 from durable_sessions.rules import select_rules
 
 DURABLE_SESSIONS = str(Path(sys.executable).with_name("durable-sessions"))
@@ -315,8 +316,26 @@ def test_a_key_window_that_is_no_number_is_a_clear_usage_error(tmp_path: Path) -
     log = write(tmp_path / "log.jsonl", action("a1", kind="tool_call"))
     result = run(DURABLE_SESSIONS, "check", "--key-window-s", "abc", str(log))
     assert result.returncode == 2
-    assert "--key-window-s: 'abc' is not a positive number" in result.stderr
-    assert "_positive_number" not in result.stderr
+    assert "--key-window-s: 'abc' is not a number" in result.stderr
+    assert "_positive_seconds" not in result.stderr
+
+
+@pytest.mark.parametrize("text", ["inf", "1e400", "-inf", "nan", "0", "-1", "abc"])
+def test_the_cli_refuses_a_key_window_as_the_span_processor_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str
+) -> None:
+    """``check --key-window-s inf`` (or ``1e400``) was accepted while the span processor
+    refuses ``key_window_s=inf``: both now use one validator, and say the same reason
+    after the name and value as each shows them."""
+    log = write(tmp_path / "log.jsonl", action("a1", kind="tool_call"))
+    result = run(DURABLE_SESSIONS, "check", f"--key-window-s={text}", str(log))  # = for -inf
+    monkeypatch.setenv("DURABLE_SESSIONS_KEY_WINDOW_S", text)
+    with pytest.raises(ConfigurationError) as refused:
+        DurabilitySpanProcessor(mode="silent")
+    reason = str(refused.value).removeprefix(f"DURABLE_SESSIONS_KEY_WINDOW_S={text!r} ")
+    assert reason in ("is not a number", "must be a positive number of seconds"), refused.value
+    assert result.returncode == 2, result.stdout
+    assert f"--key-window-s: {text!r} {reason}" in result.stderr
 
 
 @pytest.mark.parametrize(

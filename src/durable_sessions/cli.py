@@ -60,6 +60,7 @@ from durable_sessions.report import (
 )
 from durable_sessions.rules import CATALOGUE, PRESETS, select_rules
 from durable_sessions.rules.state import DEFAULT_KEY_WINDOW_S
+from durable_sessions.seconds import positive_seconds_from_text
 from durable_sessions.session_lock import SessionInUse
 from durable_sessions.violation import Violation
 
@@ -249,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument(
         "--key-window-s",
-        type=_positive_number,
+        type=_positive_seconds,
         default=DEFAULT_KEY_WINDOW_S,
         metavar="N",
         help="idempotency key lifetime at the far side, seconds (default: 86400)",
@@ -339,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     prove.add_argument(
         "--timeout-s",
-        type=_positive_number,
+        type=_positive_seconds,
         default=DEFAULT_TIMEOUT_S,
         metavar="N",
         help="per run (default: 120)",
@@ -680,14 +681,13 @@ class _TerminalProgress:
             self.shown = False
 
 
-def _positive_number(text: str) -> float:
+def _positive_seconds(text: str) -> float:
+    """A duration flag, checked as the span processor checks its settings (a finite number
+    above 0); argparse shows the error after the flag's name."""
     try:
-        value = float(text)
-    except ValueError:
-        value = 0.0  # argparse would say "invalid _positive_number value"
-    if not value > 0:  # also NaN
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
-    return value
+        return positive_seconds_from_text(text)
+    except ValueError as reason:
+        raise argparse.ArgumentTypeError(f"{text!r} {reason}") from None
 
 
 def _positive_int(text: str) -> int:

@@ -65,8 +65,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
-import numbers
 import operator
 import os
 import threading
@@ -93,6 +91,7 @@ from durable_sessions.offload import IN_CHECKER_ENV, RESOURCE, SPAN, CheckerProc
 from durable_sessions.pickling import reduced
 from durable_sessions.rules import Rule, select_rules
 from durable_sessions.rules.state import DEFAULT_KEY_WINDOW_S
+from durable_sessions.seconds import positive_seconds, positive_seconds_from_text
 from durable_sessions.span_check import SpanParts, check_span, may_be_action
 from durable_sessions.violation import Violation
 
@@ -276,23 +275,17 @@ def _env_seconds(name: str, default: float) -> float:
     if value is None:
         return default
     try:
-        number = float(value)
-    except ValueError:
-        raise ConfigurationError(f"{name}={value!r} is not a number") from None
-    return _positive_seconds(name, number)
+        return positive_seconds_from_text(value)
+    except ValueError as reason:
+        raise ConfigurationError(f"{name}={value!r} {reason}") from None
 
 
 def _positive_seconds(name: str, value: object) -> float:
     """A duration that must be a finite number of seconds above 0."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ConfigurationError(f"{name}={value!r} is not a number")
     try:
-        value = float(value)
-    except OverflowError:  # an integer past a float's range
-        raise ConfigurationError(f"{name}={value!r} must be a positive number of seconds") from None
-    if not (math.isfinite(value) and value > 0):
-        raise ConfigurationError(f"{name}={value!r} must be a positive number of seconds")
-    return float(value)
+        return positive_seconds(value)
+    except ValueError as reason:
+        raise ConfigurationError(f"{name}={value!r} {reason}") from None
 
 
 def _env_bool(name: str, *, default: bool = False) -> bool:
