@@ -100,14 +100,21 @@ def measure(store_url: str, mode: str = "re-fed") -> dict[str, float]:
 
 
 def _child(tree: Path, store_url: str, mode: str = "re-fed") -> dict[str, float]:
+    """One measurement in a fresh process with ``tree``'s collector; a child that fails
+    (a baseline that cannot read this store's schema, say) ends the run with its error
+    output shown, which a bare CalledProcessError hid."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree / "collector" / "src"), str(HERE / "src")])}
     out = subprocess.run(
         [sys.executable, __file__, "--measure", store_url, *(["--mode", mode] if mode != "re-fed" else [])],
         env=env,
         capture_output=True,
         text=True,
-        check=True,
     )
+    if out.returncode != 0:
+        raise SystemExit(
+            f"the {mode} measurement with {tree / 'collector' / 'src'} failed (exit code {out.returncode}):\n"
+            f"{out.stderr.rstrip()}"
+        )
     return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
