@@ -47,7 +47,7 @@ from durable_sessions_collector.config import (
     store_secrets,
 )
 from durable_sessions_collector.redaction import RedactingStream
-from durable_sessions_collector.store import DeadAlert, Store, StoreError, open_store, store_time
+from durable_sessions_collector.store import DeadAlert, Store, StoreError, open_store
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -295,7 +295,7 @@ def _redeliver(store: Store, channel: str | None, config: Config, out: Output) -
     total = 0
     for name in (channel,) if channel else (WEBHOOK, OTLP):
         with store.writer() as writer:
-            count = writer.redeliver_dead(name, store_time(store))
+            count = writer.redeliver_dead(name, store.now())
         total += count
         if count and not configured[name]:
             _complain(

@@ -8,12 +8,11 @@ import contextlib
 import json
 import os
 import threading
-import time
 from collections.abc import Callable
 
 from durable_sessions_collector.alerts import LOG, RESOLVED
 from durable_sessions_collector.jsonlog import JsonLog
-from durable_sessions_collector.store import Alert, Store, store_time
+from durable_sessions_collector.store import Alert, Store
 
 
 class WrittenJournal:
@@ -93,11 +92,8 @@ class LogAlerts:
         on_delivered: Callable[[str, list[Alert], float], object] | None = None,
         *,
         journal: WrittenJournal | None = None,
-        clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
-        self.clock = clock
-        """This host's clock: the time of a store without a clock of its own (:func:`store_time`)."""
         self.log = log
         self.on_delivered = on_delivered
         self.journal = journal
@@ -109,7 +105,7 @@ class LogAlerts:
     def deliver_pending(self) -> int:
         delivered = 0
         while True:
-            now = store_time(self.store, self.clock)
+            now = self.store.now()
             pending = self.store.pending_alerts(LOG, now, limit=500)
             if not pending:
                 if self._written_before:  # each was marked by now, or was no longer pending

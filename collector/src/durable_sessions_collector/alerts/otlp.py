@@ -56,8 +56,6 @@ it at other roots).
 from __future__ import annotations
 
 import random
-import time
-from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -229,9 +227,8 @@ class OtlpAlerts(OutboxDelivery):
         headers: tuple[tuple[str, str], ...] | None = None,
         policy: DeliveryPolicy = DEFAULT_POLICY,
         rng: random.Random | None = None,
-        clock: Callable[[], float] = time.time,
     ) -> None:
-        super().__init__(store, log, metrics, policy, rng=rng, clock=clock)
+        super().__init__(store, log, metrics, policy, rng=rng)
         self.endpoint = endpoint
         self.address, self.tls = grpc_target(endpoint, insecure)
         self._metadata = tuple(headers or ())

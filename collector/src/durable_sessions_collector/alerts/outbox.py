@@ -48,7 +48,7 @@ from typing import Any, Protocol, runtime_checkable
 from durable_sessions_collector.alerts import idempotency_key
 from durable_sessions_collector.alerts.metrics import DEAD_LETTER, RETRY, Metrics
 from durable_sessions_collector.jsonlog import JsonLog, RepeatedFailure
-from durable_sessions_collector.store import Alert, Store, store_time
+from durable_sessions_collector.store import Alert, Store
 
 BATCH = 100
 MAX_ERROR_CHARS = 500
@@ -188,11 +188,8 @@ class OutboxDelivery:
         policy: DeliveryPolicy,
         *,
         rng: random.Random | None = None,
-        clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
-        self.clock = clock
-        """This host's clock: the time of a store without a clock of its own (see :meth:`now`)."""
         self.log = log
         self.metrics = metrics
         self.max_attempts = policy.max_attempts
@@ -231,10 +228,9 @@ class OutboxDelivery:
 
     def now(self) -> float:
         """The time due times, claims and deliveries are read and written on: the store's
-        clock when it has one (PostgreSQL: the server's), so that a replica whose host
-        clock is off neither takes another's claim before its lease ends nor leaves due
-        alerts waiting; else :attr:`clock`."""
-        return store_time(self.store, self.clock)
+        clock (PostgreSQL: the server's), so that a replica whose host clock is off
+        neither takes another's claim before its lease ends nor leaves due alerts waiting."""
+        return self.store.now()
 
     # --- lifecycle ---------------------------------------------------------------------
 

@@ -57,7 +57,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -299,9 +298,8 @@ class WebhookAlerts(OutboxDelivery):
         *,
         policy: DeliveryPolicy = DEFAULT_POLICY,
         rng: random.Random | None = None,
-        clock: Callable[[], float] = time.time,
     ) -> None:
-        super().__init__(store, log, metrics, policy, rng=rng, clock=clock)
+        super().__init__(store, log, metrics, policy, rng=rng)
         self.shown_url = redact_url(url, hide_path=True)
         parts = urlsplit(url)
         self._headers = {

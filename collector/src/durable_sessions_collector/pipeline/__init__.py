@@ -31,7 +31,7 @@ from durable_sessions_collector.alerts import FIRING, RESOLVED, alert_payload, c
 from durable_sessions_collector.alerts.metrics import Metrics
 from durable_sessions_collector.evaluator import Arrival, Evaluator
 from durable_sessions_collector.jsonlog import JsonLog, RepeatedFailure
-from durable_sessions_collector.store import Pruned, RecordRefused, Store, StoreError, Writer, store_time
+from durable_sessions_collector.store import Pruned, RecordRefused, Store, StoreError, Writer
 from durable_sessions_collector.verdict_rules import recount_step, stored_rules
 
 IDLE_BATCH = 500
@@ -108,15 +108,11 @@ class Pipeline:
         retry_after_s: int = 1,
         channels: tuple[str, ...] = (),
         after_commit: Callable[[], None] | None = None,
-        clock: Callable[[], float] = time.time,
         recounting: bool = False,
     ) -> None:
         """``recounting``: the store has a recount of verdicts pending (see
         :func:`~durable_sessions_collector.verdict_rules.adopt`)."""
         self.store = store
-        self.clock = clock
-        """This host's clock: the time of a store without a clock of its own (see
-        :meth:`now`)."""
         self.evaluator = evaluator
         self.metrics = metrics
         self.log = log
@@ -549,11 +545,11 @@ class Pipeline:
 
     def now(self) -> float:
         """The time of the writes (activity, findings) and of the idle and retention
-        cutoffs: the store's clock when it has one (:meth:`Store.now
+        cutoffs: the store's clock (:meth:`Store.now
         <durable_sessions_collector.store.base.Store.now>`; PostgreSQL: the server's,
         which every replica shares, so that one whose host clock is off neither ends
-        another's live sessions nor keeps idle ones), else :attr:`clock`."""
-        return store_time(self.store, self.clock)
+        another's live sessions nor keeps idle ones)."""
+        return self.store.now()
 
     def _lock(self, writer: Writer, session_ids: Iterable[str | None]) -> None:
         """With a store shared by replicas: lock the sessions for this transaction and

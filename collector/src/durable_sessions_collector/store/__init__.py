@@ -17,7 +17,6 @@ from durable_sessions_collector.store.base import (
     StoreError,
     Writer,
     action_row,
-    store_time,
 )
 from durable_sessions_collector.store.sqlite import SqliteStore
 
@@ -63,5 +62,4 @@ __all__ = [
     "Writer",
     "action_row",
     "open_store",
-    "store_time",
 ]

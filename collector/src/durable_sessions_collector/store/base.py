@@ -37,7 +37,6 @@ import json
 import math
 import secrets
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -730,12 +729,13 @@ class Store(Protocol):
     def check(self) -> None:
         """Raise :class:`StoreError` when the store cannot be read."""
 
-    def now(self) -> float | None:
+    def now(self) -> float:
         """The time (seconds since the epoch) on the store's own clock, which every
         sidecar writing the store shares (PostgreSQL: the server's), so that replicas
         compare activity times with one clock; SQLite, which one sidecar writes: this
         host's clock kept from going back (a step back of the host's clock must not delay
-        ends and retries by its size). None: this host's clock serves (the caller's).
+        ends and retries by its size). Every time a sidecar writes to the store or
+        compares with what is stored (activity, due times, claims) is read here.
         :class:`StoreError` when it cannot be read."""
 
     def build_indexes(self, report: IndexReport) -> threading.Thread | None:
@@ -746,15 +746,6 @@ class Store(Protocol):
         thread (join it to wait for the builds), or None when there is nothing to build."""
 
     def close(self) -> None: ...
-
-
-def store_time(store: Store, host_clock: Callable[[], float] = time.time) -> float:
-    """The time on ``store``'s own clock when it has one (:meth:`Store.now`), else on
-    ``host_clock``: every time a sidecar writes to the store or compares with what is
-    stored (activity, due times, claims) is read here, so that replicas whose hosts'
-    clocks disagree still agree on them."""
-    shared = store.now()
-    return host_clock() if shared is None else shared
 
 
 def cursor_position(cursor: str, kind: str, numbers: int | tuple[int, ...] = 1) -> tuple[int, ...]:
