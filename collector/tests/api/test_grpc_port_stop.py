@@ -17,6 +17,7 @@ import grpc
 import pytest
 from durable_sessions_collector.api.v1 import sessions_pb2 as pb
 from durable_sessions_collector.api.v1 import sessions_pb2_grpc as pb_grpc
+from durable_sessions_collector.otlp.grpc_receiver import QUIET_S
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sidecar_clients import export_call, one_action_export
@@ -123,3 +124,32 @@ def test_the_port_drains_while_an_export_is_in_progress(start_sidecar, tmp_path)
     check = sqlite3.connect(store)
     assert check.execute("SELECT count(*) FROM actions").fetchone() == (1,)
     check.close()
+
+
+def test_a_client_answered_during_the_drain_is_told_to_wait_on_its_next_call(start_sidecar, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The drain closed the port as soon as the last call in progress was answered, when
+    that call had arrived more than QUIET_S before: its client, answered OK, sent its next
+    Export into grpcio's stop (CANCELLED, or a closing port, without RetryInfo). The quiet
+    now starts at the answer too, so that next Export is refused with the delay to wait."""
+    store = tmp_path / "sessions.db"
+    sidecar = start_sidecar(store)
+    channel = grpc.insecure_channel(sidecar.grpc_endpoint)
+    export = export_call(channel)
+    export(one_action_export(1, "warm"), timeout=10)  # connected
+    lock = sqlite3.connect(store, isolation_level=None)
+    lock.execute("BEGIN EXCLUSIVE")
+    held = export.future(one_action_export(2, "held"), timeout=20)
+    time.sleep(0.3)  # waiting for its commit
+    stopping = threading.Thread(target=sidecar.stop)
+    stopping.start()
+    time.sleep(0.3)  # draining, for longer than QUIET_S since the held Export arrived
+    lock.execute("ROLLBACK")
+    lock.close()
+    assert held.result(timeout=10).partial_success.rejected_spans == 0
+    time.sleep(QUIET_S / 2)  # the exporter's next batch, soon after
+    with pytest.raises(grpc.RpcError) as refused:
+        export(one_action_export(3, "next"), timeout=10)
+    stopping.join(15)
+    channel.close()
+    assert (refused.value.code(), refused.value.details()) == (grpc.StatusCode.UNAVAILABLE, STOPPING)
+    assert retry_delay(refused.value) >= 1  # type: ignore[operator]

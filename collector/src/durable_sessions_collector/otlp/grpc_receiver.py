@@ -112,7 +112,8 @@ def bind_error(endpoint: str) -> str | None:
 
 
 QUIET_S = 0.05
-"""A draining port closes once no call has arrived for this long and none is in progress."""
+"""A draining port closes once no call has arrived or been answered for this long and none
+is in progress."""
 MIN_CLOSE_GRACE_S = 0.5
 """The least grace the port's close gives the calls still in progress, after its drain."""
 ALWAYS_ANSWERED = "/grpc.health.v1.Health/"
@@ -128,8 +129,10 @@ class Drain(grpc.ServerInterceptor):
     ``CANCELLED`` (retryable in the OTLP specification, but read by many clients as their
     own cancellation, and without a delay), and gives no way to answer it otherwise. A
     client told ``UNAVAILABLE`` with a delay during the drain waits, and meets a closed
-    port (``UNAVAILABLE``) after it, so few calls are left to be caught so. Only unary calls
-    are waited for: the sidecar ends its own streams before it stops the port."""
+    port (``UNAVAILABLE``) after it, so few calls are left to be caught so. The quiet the
+    drain waits for starts at the last answer too: a client answered OK sends its next call
+    at once, and is told to wait. Only unary calls are waited for: the sidecar ends its own
+    streams before it stops the port."""
 
     def __init__(self, retry_after_s: float, on_refused: Callable[[str], None] = lambda method: None) -> None:
         """``on_refused(method)`` is called for each call refused (``/package.Service/Method``)."""
@@ -138,12 +141,13 @@ class Drain(grpc.ServerInterceptor):
         self.draining = threading.Event()
         self._lock = threading.Lock()
         self._in_progress = 0
-        self._last_arrival = -math.inf
+        self._last_activity = -math.inf
+        """``time.monotonic()`` of the last call's arrival or answer."""
 
     def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
         handler = continuation(handler_call_details)
         with self._lock:
-            self._last_arrival = time.monotonic()
+            self._last_activity = time.monotonic()
         if handler is None or handler_call_details.method.startswith(ALWAYS_ANSWERED):
             return handler
         if self.draining.is_set():
@@ -155,11 +159,12 @@ class Drain(grpc.ServerInterceptor):
 
     def drain(self, deadline: float) -> None:
         """Answer new calls ``UNAVAILABLE`` from now on; return once no call is in progress
-        and none arrived for :data:`QUIET_S`, or at ``deadline`` (``time.monotonic()``)."""
+        and none arrived or was answered for :data:`QUIET_S`, or at ``deadline``
+        (``time.monotonic()``)."""
         self.draining.set()
         while time.monotonic() < deadline:
             with self._lock:
-                if self._in_progress == 0 and time.monotonic() - self._last_arrival >= QUIET_S:
+                if self._in_progress == 0 and time.monotonic() - self._last_activity >= QUIET_S:
                     return
             time.sleep(0.01)
 
@@ -172,6 +177,7 @@ class Drain(grpc.ServerInterceptor):
             finally:
                 with self._lock:
                     self._in_progress -= 1
+                    self._last_activity = time.monotonic()
 
         return counted
 
