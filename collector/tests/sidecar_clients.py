@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 from google.protobuf import json_format
+from google.rpc import error_details_pb2
 from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
@@ -73,6 +74,14 @@ def one_action_export(n: int, session: str, kind: str = "tool_call") -> bytes:
 def export_call(channel: grpc.Channel) -> Any:
     """TraceService/Export on ``channel``, sending raw request bytes."""
     return channel.unary_unary(EXPORT, response_deserializer=ExportTraceServiceResponse.FromString)
+
+
+def retry_delay(error: grpc.RpcError) -> float | None:
+    """The delay an error's ``RetryInfo`` asks for, as the Python SDK reads it; None without one."""
+    for key, value in error.trailing_metadata() or ():
+        if key == "google.rpc.retryinfo-bin":
+            return error_details_pb2.RetryInfo.FromString(value).retry_delay.ToTimedelta().total_seconds()
+    return None
 
 
 def one_action_spans(session_id: str) -> list[ReadableSpan]:

@@ -18,19 +18,10 @@ import pytest
 from durable_sessions_collector.api.v1 import sessions_pb2 as pb
 from durable_sessions_collector.api.v1 import sessions_pb2_grpc as pb_grpc
 from durable_sessions_collector.otlp.grpc_receiver import QUIET_S
-from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from sidecar_clients import export_call, one_action_export
+from sidecar_clients import export_call, one_action_export, retry_delay
 
 STOPPING = "the sidecar is stopping; retry later, or with another replica"
-
-
-def retry_delay(error: grpc.RpcError) -> float | None:
-    """The delay an error's ``RetryInfo`` asks for, as the Python SDK reads it; None without one."""
-    for key, value in error.trailing_metadata() or ():
-        if key == "google.rpc.retryinfo-bin":
-            return error_details_pb2.RetryInfo.FromString(value).retry_delay.ToTimedelta().total_seconds()
-    return None
 
 
 class Exporter(threading.Thread):

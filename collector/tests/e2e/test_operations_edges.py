@@ -45,6 +45,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+from sidecar_clients import retry_delay
 from stall_proxy import StallProxy
 from webhook_server import free_port
 
@@ -325,7 +326,9 @@ def test_a_port_in_use_at_start_up_is_exit_code_2_naming_the_key(tmp_path, serve
 
 
 class LoadClient(threading.Thread):
-    """Exports distinct spans in a loop over one transport; records every answer."""
+    """Exports distinct spans in a loop over one transport; records every answer. Over
+    gRPC it waits the delay of an ``UNAVAILABLE`` answer's ``RetryInfo`` before its next
+    Export, as the OTLP exporters do."""
 
     def __init__(self, name: str, transport: str, grpc_endpoint: str, http_url: str) -> None:
         super().__init__(daemon=True)
@@ -335,6 +338,10 @@ class LoadClient(threading.Thread):
         self.http_url = http_url
         self.acknowledged: set[str] = set()
         self.outcomes: list[tuple[str, float]] = []
+        """Each answer, and the seconds it took."""
+        self.after: list[str] = []
+        """For each answer, the one before it (``none`` for the first)."""
+        self.waits = 0  # answers whose RetryInfo delay it waited
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -349,21 +356,27 @@ class LoadClient(threading.Thread):
             actions = [f"{self.name_}-{n}-{i}" for i in range(20)]
             body = export_request(session, *actions)
             start = time.monotonic()
+            retry_after_s = 0.0
             if self.transport == "grpc":
                 try:
                     export(body, timeout=15)
                     outcome = "ok"
                 except grpc.RpcError as error:
                     outcome = error.code().name
+                    retry_after_s = retry_delay(error) or 0.0
             else:
                 try:
                     status = post_traces(self.http_url, body, timeout=15)[0]
                     outcome = "ok" if status == 200 else str(status)
                 except (OSError, urllib.error.URLError, http.client.HTTPException) as error:
                     outcome = type(error).__name__
+            self.after.append(self.outcomes[-1][0] if self.outcomes else "none")
             self.outcomes.append((outcome, time.monotonic() - start))
             if outcome == "ok":
                 self.acknowledged.update(span_id_of(session, a) for a in actions)
+            elif retry_after_s:
+                self.waits += 1
+                self.stop.wait(retry_after_s)
             elif outcome not in ("503", "UNAVAILABLE"):
                 time.sleep(0.02)  # refused or reset: the process is going away
         channel.close()
@@ -402,10 +415,22 @@ def test_sigterm_under_load_commits_every_acknowledged_export_and_exits(tmp_path
     assert not missing, f"{len(missing)} acknowledged spans are not in the store"
     outcomes = [outcome for c in clients for outcome in c.outcomes]
     assert all(seconds < 14 for _, seconds in outcomes), "an Export hung until the client's deadline"
-    # Every other answer is one a client retries: CANCELLED comes from grpcio's own
-    # shutdown of a call caught as the server stops (retryable in the OTLP specification);
-    # the rest are refused or reset connections once the process is gone.
-    assert {name for name, _ in outcomes} - {"ok", "503", "UNAVAILABLE", "CANCELLED"} <= {
+    # Every other answer is one a client retries. No CANCELLED, grpcio's answer to a call
+    # that reaches the port as its close begins: the port drains first, answering new calls
+    # UNAVAILABLE with RetryInfo until none has arrived or been answered for 50 ms, and
+    # these clients call again at once after an OK, so each is waiting its delay when the
+    # port closes. (A client whose next call came over 50 ms after an OK could still be
+    # caught: it was never told to wait.) The rest are refused or reset connections once
+    # the process is gone.
+    cancelled = [
+        (c.name_, before)
+        for c in clients
+        for (name, _), before in zip(c.outcomes, c.after, strict=True)
+        if name == "CANCELLED"
+    ]
+    assert not cancelled, f"CANCELLED (client, the answer before): {cancelled}"
+    assert sum(c.waits for c in clients if c.transport == "grpc") > 0, "no gRPC call was told to wait"
+    assert {name for name, _ in outcomes} - {"ok", "503", "UNAVAILABLE"} <= {
         "URLError",
         "ConnectionResetError",
         "ConnectionRefusedError",
