@@ -142,6 +142,21 @@ def test_whole_example_logs_report_the_same(native: None) -> None:
     assert len(natively) > 20
 
 
+def test_a_replay_is_judged_alike_by_both_feeds(native: None) -> None:
+    """The record rules that judge an execution skip a replay of an action seen before,
+    natively too: the dispatch cache is keyed by shape, and has_prior is part of it."""
+    payment = {"session_id": "s-1", "action_id": "a04", "kind": "payment", "status": "ok", "result": {"c": 1}}
+    steps = [
+        ({**payment, "incarnation": "run-1"}, line_location("t.jsonl", 1)),
+        ({**payment, "incarnation": "run-2", "replayed": True}, line_location("t.jsonl", 2)),
+        ({**payment, "session_id": "s-2", "replayed": True}, line_location("t.jsonl", 3)),
+    ]
+    feed_both(steps, max_sessions=None)
+    checker = Checker(RULES)
+    lines = [v.line for record, where in steps for v in checker.feed(dict(record), where)]
+    assert lines == [1, 3]
+
+
 def test_the_session_memory_is_the_engines(native: None) -> None:
     checker = Checker(RULES)
     checker.feed({"session_id": "s-1", "action_id": "a1", "kind": "user_prompt", "status": "ok", "result": 1})

@@ -72,6 +72,11 @@ def test_an_unkeyed_payment_in_doubt_stops_the_resumed_run(tmp_path: Path) -> No
     assert "unresolved-side-effect" in {v.rule for v in after_payment.errors}
     assert sum(e["event"] == "charge" for e in world(after_payment.directory)) == 1  # not charged twice
     assert any("did not come back where it was" in p and "a04" in p for p in after_payment.problems)
+    # Killed after the last action: the resumed run replays the payment, which did not
+    # execute again, so the unkeyed payment is reported once, on the run that made it.
+    after_all = next(t for t in proof.trials if t.name == "after-5")
+    unkeyed = [v for v in after_all.errors if v.rule == "unkeyed-side-effect"]
+    assert [v.action_id for v in unkeyed] == ["a04"]
 
 
 def _script(tmp_path: Path, body: str) -> list[str]:

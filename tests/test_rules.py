@@ -301,6 +301,93 @@ def test_a_replayed_record_is_not_a_re_execution(record: dict[str, Any], rule_id
     assert check_records([first, replayed], strict=True) == []
 
 
+# One record per record rule that judges an execution, breaking it (and no other rule
+# once replayed: a replay with the same key is no re-send).
+EXECUTION_FLAWS = [
+    pytest.param(
+        R("b01", "user_prompt", prompt_digest="sha256:aa"), "unrecorded-answer", id="unrecorded-answer"
+    ),
+    pytest.param(R("b02", "llm_call"), "unrecorded-result", id="unrecorded-result"),
+    pytest.param(R("b03", "payment", result={"charge": "ch_1"}), "unkeyed-side-effect", id="unkeyed"),
+    pytest.param(
+        R("b04", "tool_call", "error", retryable=True, attempts=1, on_failure="ask_user"),
+        "unbounded-retry",
+        id="unbounded-retry",
+    ),
+    pytest.param(
+        R("b05", "tool_call", "error", max_attempts=3, attempts=7, on_failure="abort"),
+        "retry-overrun",
+        id="retry-overrun",
+    ),
+    pytest.param(
+        R("b06", "user_prompt", result={"seat": "aisle"}, cacheable=True, cache_key="k", ttl_s=60),
+        "cached-human-answer",
+        id="cached-human-answer",
+    ),
+    pytest.param(
+        R("b07", "external_read", result={"q": 2}, cacheable=True, ttl_s=60),
+        "cache-without-key",
+        id="cache-without-key",
+    ),
+    pytest.param(
+        R("b07", "external_read", result={"q": 2}, cacheable=True, cache_key="q"),
+        "cache-without-ttl",
+        id="cache-without-ttl",
+    ),
+    pytest.param(R("b08", "tool_call", "error", retryable=False), "dead-end", id="dead-end"),
+    pytest.param(
+        R("b10", "payment", idempotency_key="pay-1764581640123", result={"charge": "ch_1"}),
+        "time-derived-key",
+        id="time-derived-key",
+    ),
+    pytest.param(
+        R("b09", "tool_call", result={"n": 1}, value_limit=9, result_length=9),
+        "truncated-result",
+        id="truncated-result",
+    ),
+]
+
+
+def _replay_of(record: dict[str, Any]) -> dict[str, Any]:
+    return {**record, "incarnation": "run-2", "replayed": True}
+
+
+@pytest.mark.parametrize(("record", "rule_id"), EXECUTION_FLAWS)
+def test_a_replay_is_not_judged_again_for_how_the_action_executed(
+    record: dict[str, Any], rule_id: str
+) -> None:
+    """A replayed record executed nothing: the flaw is reported once, on the execution."""
+    original = {**record, "incarnation": "run-1"}
+    violations = check_records([original, _replay_of(record)], strict=True)
+    assert [(v.line, v.rule) for v in violations] == [(1, rule_id)]
+
+
+@pytest.mark.parametrize(("record", "rule_id"), EXECUTION_FLAWS)
+def test_a_replay_of_an_action_the_session_never_saw_is_judged(record: dict[str, Any], rule_id: str) -> None:
+    """Its replayed record is all the session holds of the action, so its flaw is reported."""
+    assert rule_id in {v.rule for v in check_records([_replay_of(record)], strict=True)}
+
+
+@pytest.mark.parametrize(
+    "replay",
+    [
+        pytest.param(R("b03", "payment", replayed=False, incarnation="run-2"), id="replayed-false"),
+        pytest.param(R("b03", "payment", replayed="true", incarnation="run-2"), id="replayed-string"),
+    ],
+)
+def test_only_replayed_true_is_a_replay(replay: dict[str, Any]) -> None:
+    original = R("b03", "payment", incarnation="run-1", result={"charge": "ch_1"})
+    lines = [v.line for v in of("unkeyed-side-effect", check_records([original, replay]))]
+    assert lines == [1, 2]
+
+
+def test_a_replay_is_still_judged_for_its_own_fields() -> None:
+    """invalid-field judges the record itself: the session rules read a replay's fields too."""
+    original = R("a07", "payment", idempotency_key="pay-s-1-a07", result={"charge": "ch_1"})
+    replay = {**_replay_of(original), "attempts": "2"}
+    assert summary(check_records([original, replay])) == [(2, "invalid-field", "error")]
+
+
 @pytest.mark.parametrize(("record", "rule_id"), REPLAYABLE)
 def test_executing_again_in_a_later_incarnation_is_a_re_execution(
     record: dict[str, Any], rule_id: str

@@ -21,6 +21,7 @@ import inspect
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from durable_sessions.violation import Severity, Violation
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     from durable_sessions.record import ActionRecord, Location
 
 Scope = Literal["line", "record", "session"]
+REPLAYED = "replayed"
+"""The field that marks a record whose outcome was served from the record, not executed."""
 Finding = str | tuple[str, Severity] | None
 
 
@@ -92,7 +95,9 @@ class Rule:
     which records the check can fire at all, from their :class:`Facts`; ``fields`` names
     the record fields ``when`` looks at. ``specialize``, when given, returns the check
     to run on records with the given facts (a record rule that does per-field work can
-    prepare it once per record shape).
+    prepare it once per record shape). ``judges_replays`` false: the check is not run on
+    a replayed record (``replayed: true``) of an action its session has seen before, whose
+    execution the check judged already (see :func:`record_rule`).
     """
 
     id: str
@@ -107,6 +112,7 @@ class Rule:
     seed: bool = False
     strict_only: bool = False
     at_session_end: bool = False
+    judges_replays: bool = True
     fields: frozenset[str] = frozenset()
     when: Condition = field(default=_always, repr=False)
     check: Callable[..., Finding] | None = field(default=None, repr=False)
@@ -124,7 +130,10 @@ class Rule:
 
     def check_for(self, facts: Facts) -> Callable[..., Finding]:
         """The check to run on records with ``facts``."""
-        return self.specialize(facts) if self.specialize is not None else self.check  # type: ignore[return-value]
+        check = self.specialize(facts) if self.specialize is not None else self.check
+        if not self.judges_replays and facts.has_prior and REPLAYED in facts.fields:
+            return partial(_unless_replayed, check)
+        return check  # type: ignore[return-value]
 
     def violation(
         self,
@@ -165,6 +174,12 @@ class Rule:
             severity=severity,
             kind=record.get("kind"),
         )
+
+
+def _unless_replayed(check: Callable[..., Finding], record: ActionRecord) -> Finding:
+    """``check(record)``, unless the record is a replay: it served the outcome the session
+    recorded before instead of executing, and that execution was judged when it was read."""
+    return None if record.get(REPLAYED) is True else check(record)
 
 
 class Catalogue:
@@ -243,12 +258,21 @@ def line_rule(rule_id: str, severity: Severity, *, fix: str, seed: bool = False)
     return _register("line", rule_id, severity, fix, seed=seed)
 
 
-def record_rule(rule_id: str, severity: Severity, *, fix: str, **options: Any):
+def record_rule(rule_id: str, severity: Severity, *, fix: str, judges_replays: bool = False, **options: Any):
     """Register ``check(record) -> finding`` as a record rule.
 
     ``options``: ``seed``, ``strict_only``, and ``when``/``fields`` (see :func:`applies_when`).
+
+    A record rule judges how an action executed, so by default it does not judge a
+    replayed record (``replayed: true``) of an action its session has seen before: the
+    replay executed nothing, and the record it replays was judged already (the same
+    finding twice would report one defect as two). A replayed record of an action the
+    session has not seen is judged: it is all the session holds of the action.
+    ``judges_replays=True`` is for a rule about the record itself, whatever executed.
     """
-    return _register("record", rule_id, severity, fix, **options)
+    if not judges_replays:
+        options["fields"] = frozenset(options.get("fields", frozenset())) | {REPLAYED}
+    return _register("record", rule_id, severity, fix, judges_replays=judges_replays, **options)
 
 
 def session_rule(

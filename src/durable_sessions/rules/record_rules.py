@@ -544,6 +544,7 @@ def _field_problem(record: ActionRecord, name: str, value: Any, spec: FieldSpec)
     "invalid-field",
     Severity.ERROR,
     fix="Write each field with the type and values documented in docs/semconv.md",
+    judges_replays=True,  # the rules read a replayed record's fields too
     when=lambda facts: facts.status not in STATUSES or not _CHECKED_FIELDS.isdisjoint(facts.fields),
     fields=_CHECKED_FIELDS,
     specialize=lambda facts: _fields_checker(facts),
