@@ -203,6 +203,22 @@ def test_decorator_on_failure(env: Env) -> None:
     assert env.span().attributes[sc.ACTION_STATUS] == "error"
 
 
+def test_a_failed_first_attempt_uses_up_a_cap_of_one(env: Env) -> None:
+    """The instrumentation writes no attempts on a first attempt: the checker counts it as
+    attempt 1, so a retryable action with max_attempts 1 that fails has used its cap up."""
+
+    @action("a5", "tool_call", tracer_provider=env.provider, retryable=True, max_attempts=1)
+    def book() -> None:
+        raise RuntimeError("upstream 503")
+
+    with pytest.raises(RuntimeError, match="upstream 503"), session("s"):
+        book()
+    assert sc.ACTION_ATTEMPTS not in env.span().attributes
+    env.provider.shutdown()  # the session ends: the end-of-session rules run
+    assert [(v.rule, v.action_id) for v in env.violations] == [("retry-not-escalated", "a5")]
+    assert "(1 of 1)" in env.violations[0].message
+
+
 def test_async_decorator_and_tasks_inherit_the_session(env: Env) -> None:
     @action(lambda n: f"a{n}", "llm_call", tracer_provider=env.provider)
     async def think(n: int) -> str:

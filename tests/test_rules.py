@@ -871,10 +871,26 @@ def test_retry_not_escalated_is_reported_at_session_end() -> None:
         pytest.param(
             [R("a05", "tool_call", "error", retryable=True, max_attempts=3, attempts=2)], id="cap-not-reached"
         ),
+        pytest.param(
+            [R("a05", "tool_call", "error", retryable=True, max_attempts=2)], id="first-attempt-below-cap"
+        ),
+        pytest.param(
+            [R("a05", "tool_call", "error", retryable=True, max_attempts=1, attempts="1")],
+            id="attempts-not-an-integer",  # invalid-field reports it; no number is read into it
+        ),
     ],
 )
 def test_retry_not_escalated_is_silent_when_escalated_or_not_exhausted(records: list[dict[str, Any]]) -> None:
     assert of("retry-not-escalated", check_records(records)) == []
+
+
+@pytest.mark.parametrize("attempts", [{}, {"attempts": None}], ids=["absent", "null"])
+def test_a_record_without_attempts_is_the_first_attempt(attempts: dict[str, Any]) -> None:
+    """The instrumentation writes attempts from the second attempt on: a failed record
+    without them has used up a cap of 1."""
+    records = [R("a05", "tool_call", "error", retryable=True, max_attempts=1, **attempts)]
+    [violation] = of("retry-not-escalated", check_records(records))
+    assert "failed its last attempt (1 of 1)" in violation.message
 
 
 def test_a_user_prompt_before_the_cap_is_no_escalation() -> None:

@@ -162,6 +162,19 @@ def is_int(value: Any) -> bool:
     return type(value) is int
 
 
+def attempt_number(record: ActionRecord) -> int | None:
+    """The attempt ``record`` describes: its ``attempts``, or 1 when it has none (or null).
+
+    A record is at least its action's first attempt, and the instrumentation writes
+    ``attempts`` only from the second attempt on. None when ``attempts`` is not an
+    integer: no rule reads a number into it (``invalid-field`` reports it).
+    """
+    attempts = record.get("attempts")
+    if attempts is None:
+        return 1
+    return attempts if is_int(attempts) else None
+
+
 MAX_EPOCH_S = 1e11
 """Epoch seconds are below this (the year 5138): a larger ``ts`` is in milliseconds, or
 finer, which no rule may read as seconds."""

@@ -16,6 +16,7 @@ from durable_sessions.digest import as_digest, normal_digest, same_outcome
 from durable_sessions.record import (
     ActionRecord,
     Location,
+    attempt_number,
     is_int,
     is_side_effecting,
     outcome_digest,
@@ -456,13 +457,15 @@ def _duration_unit(window_s: float) -> tuple[str, float]:
 
 
 def _exhausted(record: ActionRecord) -> bool:
-    cap, attempts = record.get("max_attempts"), record.get("attempts")
+    """A retryable action's attempt failed at its cap (a record without ``attempts`` is
+    the first attempt, so ``max_attempts: 1`` is used up by one failure)."""
+    cap, attempt = record.get("max_attempts"), attempt_number(record)
     return (
         record.get("status") == "error"
         and record.get("retryable") is True
         and is_int(cap)
-        and is_int(attempts)
-        and attempts >= cap
+        and attempt is not None
+        and attempt >= cap
     )
 
 
@@ -493,7 +496,9 @@ def retry_not_escalated(
     A cap is the point where the system admits the failure is not transient. Reaching
     it should route somewhere, usually to the person: the missing thing is often
     information only they have. A session that just stops looks, from outside, like
-    nothing happened.
+    nothing happened. A record without `attempts` is the action's first attempt (the
+    instrumentation writes `attempts` from the second on), so a failure under
+    `max_attempts: 1` has used the cap up.
 
     ## Example
     ```json
@@ -513,7 +518,7 @@ def retry_not_escalated(
             record.get("action_id"),
             record.get("kind"),
             where,
-            f"({record.get('attempts')} of {record.get('max_attempts')})",
+            f"({attempt_number(record)} of {record.get('max_attempts')})",
         )
     return None
 
