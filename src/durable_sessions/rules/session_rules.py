@@ -57,11 +57,13 @@ def _is_executed_again(prior: ActionMemory, record: ActionRecord) -> bool:
     """``record`` runs an action again that the session saw before: in another process
     run, or as a later attempt (one already completed needs no more attempts). Only a
     strictly later attempt than every one seen: an earlier attempt that arrives after the
-    completed one (spans of one batch, redelivered) is the past, not a re-run."""
+    completed one (spans of one batch, redelivered) is the past, not a re-run. An action
+    seen with no attempt numbers was seen at its first attempt (a record without
+    ``attempts`` is the first: :func:`attempt_number`)."""
     if prior.is_other_incarnation(record):
         return True
     attempts = record.get("attempts")
-    return is_int(attempts) and bool(prior.attempts) and attempts > max(prior.attempts)
+    return is_int(attempts) and attempts > max(prior.attempts, default=1)
 
 
 @session_rule(
