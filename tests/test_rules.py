@@ -828,6 +828,20 @@ def test_key_outlived_window_reads_epoch_seconds() -> None:
     assert check_records(records, key_window_s=100_000) == []
 
 
+def test_key_outlived_window_is_past_the_window_not_at_it() -> None:
+    def resent(at: str) -> list[dict[str, Any]]:
+        return [
+            R("a07", "payment", "started", idempotency_key="pay-s-1-a07", ts="2026-11-01T09:00:00Z"),
+            R("a07", "payment", idempotency_key="pay-s-1-a07", ts=at, result={}),
+        ]
+
+    assert check_records(resent("2026-11-02T09:00:00Z")) == []
+    [violation] = check_records(resent("2026-11-02T09:00:00.001Z"))
+    # The age rounds to the window: the message says by how much it is past, where it
+    # said "re-sent 24.0 h after its first use, beyond the 24 h key window".
+    assert "re-sent 24.0 h after its first use, 0.001 s beyond the 24 h key window" in violation.message
+
+
 # -- end-of-session rules and the disguised retry loop --------------------------------------
 
 EXHAUSTED = {"retryable": True, "max_attempts": 3, "attempts": 3, "error": "upstream 503"}

@@ -442,8 +442,12 @@ def key_outlived_window(
     if age <= session.key_window_s:
         return None
     unit, seconds = _duration_unit(session.key_window_s)
+    shown_age = f"{age / seconds:.1f}"
+    # Just past the window the age rounds to it ("24.0 h ... beyond the 24 h key window"):
+    # then say by how much it is past.
+    by = f"{age - session.key_window_s:.3g} s " if float(shown_age) <= session.key_window_s / seconds else ""
     return (
-        f"idempotency_key {_shown(key)} re-sent {age / seconds:.1f} {unit} after its first use, beyond the "
+        f"idempotency_key {_shown(key)} re-sent {shown_age} {unit} after its first use, {by}beyond the "
         f"{session.key_window_s / seconds:g} {unit} key window — the far side may have forgotten it"
     )
 
