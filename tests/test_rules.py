@@ -222,6 +222,19 @@ def test_attempts_of_a_retryable_action_are_not_duplicates() -> None:
     assert summary(check_records(same_attempt)) == [(2, "duplicate-action-id", "error")]
 
 
+def test_a_record_without_attempts_is_the_first_attempt_of_its_action() -> None:
+    """The instrumentation writes attempts from the second attempt on."""
+    retry = {"retryable": True, "max_attempts": 3, "on_failure": "ask_user"}
+    first_then_second = [R("a04", "tool_call", "error", **retry), R("a04", "tool_call", attempts=2, **retry)]
+    assert check_records(first_then_second) == []
+    # The first attempt arriving after the second (a batch delivered again) is no duplicate.
+    late_first = [R("a04", "tool_call", attempts=2, **retry), R("a04", "tool_call", "error", **retry)]
+    assert check_records(late_first) == []
+    # Attempt 1 twice, once without saying so, is.
+    twice = [R("a04", "tool_call", "error", **retry), R("a04", "tool_call", attempts=1, **retry)]
+    assert summary(check_records(twice)) == [(2, "duplicate-action-id", "error")]
+
+
 @pytest.mark.parametrize(
     ("kind", "fields", "rule", "severity"),
     [

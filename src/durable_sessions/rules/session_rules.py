@@ -81,7 +81,8 @@ def duplicate_action_id(
     ## Why is this bad?
     Replay looks outcomes up by `action_id`. When two different actions share one, the
     lookup returns the wrong recorded result, or the wrong one is skipped. Not
-    duplicates: distinct attempts (`attempts` differs) of a retryable action, a
+    duplicates: distinct attempts (`attempts` differs; a record without it is the first
+    attempt) of a retryable action, a
     `started` record and its completion, a replay (`replayed: true`), and a re-execution
     in a later incarnation (`re-asked`, `re-executed-side-effect` and `diverged-result`
     judge re-executions, and a later attempt of an action that completed). Different kinds under one id are always duplicates. The same id
@@ -116,13 +117,20 @@ def duplicate_action_id(
 
 
 def _is_same_action_again(record: ActionRecord, prior: ActionMemory) -> bool:
+    """``record`` is the action seen before, again: a replay, a re-execution in another
+    run, the completion of its ``started`` record, or another attempt of a retryable
+    action. A record without ``attempts`` is the first attempt (:func:`attempt_number`);
+    an action seen with no attempt numbers was seen at its first attempt only."""
     if record.get("replayed") is True or prior.is_other_incarnation(record):
         return True
     if prior.status == "started" and record.get("status") != "started":
         return True
-    attempts = record.get("attempts")
-    new_attempt = is_int(attempts) and attempts not in prior.attempts
+    attempt = attempt_number(record)
+    new_attempt = attempt is not None and attempt not in (prior.attempts or _FIRST_ATTEMPT_ONLY)
     return new_attempt and (record.get("retryable") is True or prior.retryable)
+
+
+_FIRST_ATTEMPT_ONLY = frozenset({1})
 
 
 @session_rule(
