@@ -922,6 +922,16 @@ def test_a_record_without_attempts_is_the_first_attempt(attempts: dict[str, Any]
     assert "failed its last attempt (1 of 1)" in violation.message
 
 
+def test_a_replayed_user_prompt_is_no_escalation() -> None:
+    """A resumed run replays the answer given before the cap was reached: no one is asked."""
+    records = [
+        R("a01", "user_prompt", incarnation="run-1", result={"budget": 2400}),
+        R("a05", "tool_call", "error", incarnation="run-1", **EXHAUSTED),
+        R("a01", "user_prompt", incarnation="run-2", replayed=True, result={"budget": 2400}),
+    ]
+    assert summary(check_records(records)) == [(2, "retry-not-escalated", "error")]
+
+
 def test_a_user_prompt_before_the_cap_is_no_escalation() -> None:
     records = [R("a04", "user_prompt", result={"ok": True}), R("a05", "tool_call", "error", **EXHAUSTED)]
     assert [(v.rule, v.line) for v in check_records(records)] == [("retry-not-escalated", 2)]
@@ -940,6 +950,25 @@ def test_disguised_retry_loop_fires_once_on_the_fifth_failure() -> None:
         Severity.WARNING,
     )
     assert "5 consecutive failures of 'tool_call' 'fetch_listing'" in violation.message
+
+
+@pytest.mark.parametrize(
+    "replay",
+    [
+        pytest.param(R("b0", "tool_call", name="fetch_listing", result={"ok": 1}), id="success"),
+        pytest.param(R("b0", "user_prompt", result={"ok": 1}), id="user-prompt"),
+    ],
+)
+def test_a_replay_does_not_break_a_disguised_retry_loop(replay: dict[str, Any]) -> None:
+    """A replayed success or answer (served from the record by a resumed run) executed
+    nothing: the failures around it are still consecutive."""
+    records = [
+        {**replay, "incarnation": "run-1"},
+        *[_failure(f"f{n}", incarnation="run-1") for n in range(1, 4)],
+        {**replay, "incarnation": "run-2", "replayed": True},
+        *[_failure(f"f{n}", incarnation="run-2") for n in range(4, 6)],
+    ]
+    assert summary(check_records(records)) == [(7, "disguised-retry-loop", "warning")]
 
 
 def test_four_failures_are_not_a_loop() -> None:

@@ -510,7 +510,8 @@ def retry_not_escalated(
     A cap is the point where the system admits the failure is not transient. Reaching
     it should route somewhere, usually to the person: the missing thing is often
     information only they have. A session that just stops looks, from outside, like
-    nothing happened. A record without `attempts` is the action's first attempt (the
+    nothing happened. A replayed `user_prompt` (`replayed: true`) asks no one, so it is
+    no escalation. A record without `attempts` is the action's first attempt (the
     instrumentation writes `attempts` from the second on), so a failure under
     `max_attempts: 1` has used the cap up.
 
@@ -526,7 +527,8 @@ def retry_not_escalated(
     """
     pending = session.exhausted_retries
     if record["kind"] == kinds.USER_PROMPT:
-        pending.clear()
+        if record.get("replayed") is not True:  # a replayed answer asks no one
+            pending.clear()
     elif _exhausted(record) and record.get("on_failure") != "ask_user":
         pending[record.get("action_id")] = Pending(
             record.get("action_id"),
@@ -558,7 +560,8 @@ def disguised_retry_loop(
     A retry written as a new action escapes every cap: each attempt is "attempt 1" of
     a fresh action, so `max_attempts` never triggers and nothing escalates. Failures of
     other actions in between do not break the run; a success of the same kind and name,
-    a `user_prompt` or an `on_failure: ask_user` does.
+    a `user_prompt` or an `on_failure: ask_user` does. A replayed record (`replayed:
+    true`) executed nothing, so it neither counts as a failure nor breaks the run.
 
     ## Example
     ```json
@@ -576,6 +579,8 @@ def disguised_retry_loop(
     {"session_id":"s-1","action_id":"a10","kind":"tool_call","name":"book","status":"error","retryable":true,"max_attempts":3,"attempts":3,"on_failure":"ask_user"}
     ```
     """
+    if record.get("replayed") is True:  # a replay neither fails, succeeds nor asks anew
+        return None
     runs = session.failure_runs
     if record.get("kind") == kinds.USER_PROMPT or record.get("on_failure") == "ask_user":
         runs.clear()
@@ -584,7 +589,7 @@ def disguised_retry_loop(
     if record.get("status") == "ok":
         runs.pop(signature, None)
         return None
-    if record.get("status") != "error" or record.get("replayed") is True:
+    if record.get("status") != "error":
         return None
     run = runs.setdefault(signature, FailureRun())
     if run.reported:
