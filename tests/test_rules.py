@@ -396,6 +396,19 @@ def test_only_replayed_true_is_a_replay(replay: dict[str, Any]) -> None:
     assert lines == [1, 2]
 
 
+def test_a_replay_does_not_share_a_key_again() -> None:
+    """The action's own use of the shared key was reported; its replay sends nothing."""
+    key = {"idempotency_key": "pay-s-1"}
+    records = [
+        R("a07", "payment", incarnation="run-1", result={"c": 1}, **key),
+        R("a11", "payment", incarnation="run-1", result={"c": 2}, **key),
+        R("a11", "payment", incarnation="run-2", replayed=True, result={"c": 2}, **key),
+    ]
+    assert summary(check_records(records)) == [(2, "shared-key", "error")]
+    unseen = [records[0], {**records[2], "action_id": "a12"}]
+    assert summary(check_records(unseen)) == [(2, "shared-key", "error")]
+
+
 def test_a_replay_is_still_judged_for_its_own_fields() -> None:
     """invalid-field judges the record itself: the session rules read a replay's fields too."""
     original = R("a07", "payment", idempotency_key="pay-s-1-a07", result={"charge": "ch_1"})

@@ -381,7 +381,9 @@ def shared_key(
     silently dropped and it receives the first one's response. Keys are compared within
     one session, as every session rule judges its session on its own: the same key in
     two sessions (`pay-a07`, made from the action id alone) is not reported, though the
-    far side collapses those too. Make keys from the session and the action id.
+    far side collapses those too. Make keys from the session and the action id. A replay
+    (`replayed: true`) of an action the session holds sends nothing, so it is not judged
+    again.
 
     ## Example
     ```json
@@ -398,6 +400,8 @@ def shared_key(
     key = record.get("idempotency_key")
     if not key or type(key) is not str:
         return None
+    if prior is not None and record.get("replayed") is True:
+        return None  # a replay sends nothing; the action's own use of the key was judged
     first = session.keys.get(key)
     if first is None or first.action_id == record.get("action_id"):
         return None
