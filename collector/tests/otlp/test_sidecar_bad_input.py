@@ -426,6 +426,16 @@ def test_a_resource_or_scope_that_is_not_utf8_rejects_only_its_spans(sidecar) ->
     assert_healthy(sidecar)
 
 
+def assert_refused_as_not_protobuf(sidecar, body: bytes) -> None:  # type: ignore[no-untyped-def]
+    """``body`` is refused whole on both ports: 400 and INVALID_ARGUMENT, as not protobuf."""
+    status, headers, data = post(sidecar, body)
+    assert status == 400
+    assert "not a valid protobuf ExportTraceServiceRequest" in status_of(headers, data).message
+    with pytest.raises(grpc.RpcError) as caught:
+        grpc_export(sidecar, body)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
 def test_bytes_that_are_not_protobuf_in_one_span_still_refuse_the_request(sidecar) -> None:  # type: ignore[no-untyped-def]
     # Only depth and text are a span's own refusal: a span whose bytes are cut short
     # (a field longer than the span) is a request that is not protobuf, as before.
@@ -433,12 +443,7 @@ def test_bytes_that_are_not_protobuf_in_one_span_still_refuse_the_request(sideca
     body = (
         request(span(1, **{"session.id": "cut"})).SerializeToString() + b"\x0a\x06\x12\x04\x12\x02" + cut_span
     )
-    status, headers, data = post(sidecar, body)
-    assert status == 400
-    assert "not a valid protobuf ExportTraceServiceRequest" in status_of(headers, data).message
-    with pytest.raises(grpc.RpcError) as caught:
-        grpc_export(sidecar, body)
-    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert_refused_as_not_protobuf(sidecar, body)
     assert sidecar.get("/api/sessions/cut")[0] == 404
     assert_healthy(sidecar)
 
@@ -459,12 +464,7 @@ def test_a_resource_or_scope_that_is_not_utf8_with_no_spans_is_still_bad_data(si
         body = not_utf8(
             ExportTraceServiceRequest(resource_spans=[spans, group]).SerializeToString(), "R1", "Z1"
         )
-        status, headers, data = post(sidecar, body)
-        assert status == 400
-        assert "not a valid protobuf ExportTraceServiceRequest" in status_of(headers, data).message
-        with pytest.raises(grpc.RpcError) as caught:
-            grpc_export(sidecar, body)
-        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert_refused_as_not_protobuf(sidecar, body)
     assert sidecar.get("/api/sessions/empty-groups")[0] == 404
     assert_healthy(sidecar)
 
