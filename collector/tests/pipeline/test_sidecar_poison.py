@@ -123,15 +123,21 @@ def test_a_request_of_only_unstorable_spans_is_retryable(start_sidecar, tmp_path
     assert sidecar.get("/healthz")[0] == 200
 
 
+def break_inserts(store: Path) -> None:
+    """Make every insert of an action into the SQLite ``store`` fail with the store's own
+    error (a trigger reading a table that does not exist), as a broken schema would."""
+    with sqlite3.connect(store) as db:
+        db.execute("CREATE TRIGGER broken BEFORE INSERT ON actions BEGIN SELECT 1 FROM no_such_table; END")
+    db.close()
+
+
 def test_a_broken_store_fails_the_batch_without_splitting_it(start_sidecar, tmp_path) -> None:  # type: ignore[no-untyped-def]
     # An error of the store's own state (here a schema it cannot use: a trigger on a
     # table that is gone) is a StoreError: the request is answered retryable as a whole,
     # not retried span by span (which would fail once per span), and nothing is kept.
     store = tmp_path / "sessions.db"
     sidecar = start_sidecar(store)
-    with sqlite3.connect(store) as db:
-        db.execute("CREATE TRIGGER broken BEFORE INSERT ON actions BEGIN SELECT 1 FROM no_such_table; END")
-    db.close()
+    break_inserts(store)
     with grpc.insecure_channel(sidecar.grpc_endpoint) as channel:
         export = channel.unary_unary(
             EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString
@@ -157,9 +163,7 @@ def test_a_store_failing_every_write_is_logged_once_with_a_count_then_its_recove
     # fails, not one per failed batch, and a line says when it is over and how many failed.
     store = tmp_path / "sessions.db"
     sidecar = start_sidecar(store)
-    with sqlite3.connect(store) as db:
-        db.execute("CREATE TRIGGER broken BEFORE INSERT ON actions BEGIN SELECT 1 FROM no_such_table; END")
-    db.close()
+    break_inserts(store)
     with grpc.insecure_channel(sidecar.grpc_endpoint) as channel:
         export = channel.unary_unary(
             EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString
