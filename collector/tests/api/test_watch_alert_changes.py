@@ -179,11 +179,8 @@ def test_a_cursor_of_a_store_lost_since_resumes_from_the_new_stores_start(  # ty
     unbounded_retries(first, "old-1", "old-2", "old-3")
     last = watch.take(3)[-1]
     watch.close()
-    first.stop()
-    # The SQLite file is lost with the sidecar (an emptyDir volume goes with its pod): the
-    # new store numbers its violations from 1 again, below the watcher's cursor.
-    for path in tmp_path.glob("sessions.db*"):
-        path.unlink()
+    # The new store numbers its violations from 1 again, below the watcher's cursor.
+    lose_sqlite_store(first, tmp_path)
     second = start_sidecar(store)
     unbounded_retries(second, "new-1", "new-2")
 
