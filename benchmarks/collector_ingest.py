@@ -38,7 +38,9 @@ one, so the two do not share a GIL (they do share the machine's CPUs).
     transactions of one write batch (``--spans-per-request`` × ``--clients`` rows), WAL,
     ``synchronous=FULL``: into the sidecar's ``actions`` table, and into a copy without
     its index (which drops duplicate spans and finds a session's rows); with
-    ``--baseline TREE``, also into the ``actions`` table of that tree's schema. The tables
+    ``--baseline TREE``, also into the ``actions`` table of that tree's schema; and, for a
+    layout the store does not have, one row per session per request holding that
+    request's records of the session (``packed_actions``), per span. The tables
     grow over the rounds. The discard receiver runs in the same run: half its throughput
     is the per-span budget of the 50% target.
 
@@ -82,6 +84,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import http.server
+import itertools
 import json
 import multiprocessing
 import os
@@ -629,9 +632,10 @@ def store_floor(args: argparse.Namespace) -> None:
         connection.execute("PRAGMA synchronous = FULL")
     tables = [(name, connection, "actions") for name, connection in connections.items()]
     tables.append(("plain_actions", plain, "plain_actions"))
+    plain.execute(PACKED_TABLE)
     discard = Child(_discard_server)
     batch = args.spans_per_request * args.clients
-    timings: dict[str, list[float]] = {"discard": [], **{name: [] for name, _, _ in tables}}
+    timings: dict[str, list[float]] = {"discard": [], **{name: [] for name, _, _ in tables}, "packed": []}
     for round_ in range(args.rounds):
         requests = build_round(
             f"floor{round_}", args.requests, args.spans_per_request, args.sessions_per_request
@@ -647,6 +651,7 @@ def store_floor(args: argparse.Namespace) -> None:
                 connection.executemany(sql, rows[i : i + batch])
                 connection.execute("COMMIT")
             timings[name].append((time.perf_counter() - start) / len(rows))
+        timings["packed"].append(_insert_packed(plain, requests, args.clients) / len(rows))
         print(
             f"round {round_ + 1} ({(round_ + 1) * len(rows):,} rows): discard {timings['discard'][-1] * 1e6:.2f} µs/span; "
             + _floor_line({name: values[-1] * 1e6 for name, values in timings.items()})
@@ -659,8 +664,41 @@ def store_floor(args: argparse.Namespace) -> None:
     )
 
 
+PACKED_TABLE = """CREATE TABLE packed_actions (
+    session_id TEXT NOT NULL, request INTEGER NOT NULL, records BLOB NOT NULL,
+    PRIMARY KEY (session_id, request)
+) WITHOUT ROWID"""
+"""A layout the store does not have: one row per session per Export request, holding
+that request's records of the session. It measures what SQLite would cost per span if
+rows batched spans (the rules, mapping and duplicate-dropping such a store would need
+are not in the figure)."""
+
+
+_PACKED_REQUESTS = itertools.count()
+
+
+def _insert_packed(connection: Any, requests: list[bytes], clients: int) -> float:
+    """Seconds to insert ``requests``' records as ``packed_actions`` rows, committing
+    every ``clients`` requests as the writer batches them."""
+    rows = []
+    for body in requests:
+        sessions: dict[str, list[bytes]] = {}
+        for row in action_rows([body], time.time()):
+            sessions.setdefault(row[0], []).append(row[8].encode())
+        request = next(_PACKED_REQUESTS)
+        rows.append([(session, request, b"\n".join(records)) for session, records in sessions.items()])
+    start = time.perf_counter()
+    for i in range(0, len(rows), clients):
+        connection.execute("BEGIN IMMEDIATE")
+        for grouped in rows[i : i + clients]:
+            connection.executemany("INSERT INTO packed_actions VALUES (?, ?, ?)", grouped)
+        connection.execute("COMMIT")
+    return time.perf_counter() - start
+
+
 def _floor_line(micros: dict[str, float]) -> str:
     line = f"SQLite {micros['actions']:.2f} µs/row as stored, {micros['plain_actions']:.2f} without indexes"
+    line += f", {micros['packed']:.2f} µs/span packed by session and request"
     if "baseline" in micros:
         line += f", {micros['baseline']:.2f} in the baseline's schema"
     return line

@@ -229,7 +229,10 @@ def test_benchmark_store_floor_command_runs() -> None:
         timeout=180,
     )
     assert completed.returncode == 0, completed.stderr
-    assert re.search(r"median: discard [\d.]+ µs/span.*SQLite [\d.]+ µs/row as stored", completed.stdout)
+    assert re.search(
+        r"median: discard [\d.]+ µs/span.*SQLite [\d.]+ µs/row as stored.*[\d.]+ µs/span packed",
+        completed.stdout,
+    )
 
 
 def _providing_distribution(module: str) -> str | None:
