@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import http.client
 import json
+import os
 import zlib
 from typing import Any
 
@@ -13,6 +14,8 @@ import grpc
 import pytest
 from durable_sessions_collector.store.stored import hidden
 from google.rpc import status_pb2
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -505,3 +508,218 @@ def test_a_json_resource_or_scope_json_format_refuses_rejects_only_its_spans(sid
     assert "Failed to parse scope field" in reasons[2] and "schemaUrl" in reasons[3]
     assert [a["action_id"] for a in sidecar.session("json-groups")["actions"]] == ["g5"]
     assert_healthy(sidecar)
+
+
+TRACE = "5B8EFFF798038103D269B633813FC60C"
+
+
+def bad_json_text(document: dict[str, Any], **texts: bytes) -> bytes:
+    """``document`` as OTLP/JSON, with each placeholder of ``texts`` (written once) made the
+    text given for it: a lone surrogate escape (``rb"\\udc80"``), which orjson refuses, or
+    bytes that are not UTF-8, which no JSON encoder writes but a client's faulty one may."""
+    body = json.dumps(document).encode()
+    for placeholder, text in texts.items():
+        assert body.count(placeholder.encode()) == 1, placeholder
+        body = body.replace(placeholder.encode(), text)
+    return body
+
+
+def text_span(n: int, session: str, **fields: Any) -> dict[str, Any]:
+    """A JSON span of session ``session``, action ``t{n}``, with a note beside its mapped
+    attributes, and ``fields`` over its own."""
+    span_ = json_span(TRACE, f"EEE19B7EC3C1B1{n:02d}", f"t{n}")
+    span_["attributes"][0]["value"]["stringValue"] = session
+    span_["attributes"].append({"key": "note", "value": {"stringValue": fields.pop("note", "fine")}})
+    return {**span_, **fields}
+
+
+def post_json(sidecar, body: bytes) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    """The partial success of a JSON ``body`` the sidecar answers 200."""
+    status, headers, data = post(sidecar, body, "application/json")
+    assert status == 200, status_of(headers, data).message
+    return json.loads(data).get("partialSuccess", {})
+
+
+def span_named(n: int, problem: str) -> str:
+    """How a rejection of ``text_span(n, …)`` reads, by its position and ids."""
+    name = f"'t{n}'" if "name is not" not in problem else "''"
+    return (
+        f"resource_spans[0].scope_spans[0].spans[{n - 1}] {name}: span eee19b7ec3c1b1{n:02d} "
+        f"(trace {TRACE.lower()}): {problem}"
+    )
+
+
+def test_json_text_that_is_not_utf8_rejects_only_its_span(sidecar) -> None:  # type: ignore[no-untyped-def]
+    """A lone surrogate escape, or bytes that are not UTF-8, anywhere in an OTLP/JSON body
+    made orjson refuse it, and the whole request was a 400 that lost every valid span. Now
+    the span holding it is rejected alone, named by its ids and the field, as protobuf's."""
+    session = "json-text"
+    event = {"name": "e", "attributes": [{"key": "k", "value": {"stringValue": "Z3"}}]}
+    spans = [
+        text_span(1, session),
+        text_span(2, session, note="Z1"),
+        text_span(3, session, name="Z2"),
+        text_span(4, session, events=[event]),
+        text_span(5, session, note="Z4"),
+        text_span(6, session),
+    ]
+    body = bad_json_text(
+        {"resourceSpans": [{"scopeSpans": [{"spans": spans}]}]},
+        Z1=rb"\udc80",
+        Z2=rb"a\ud800b",
+        Z3=rb"\uDFFF",
+        Z4=b"ok \xc3\x28",
+    )
+    partial = post_json(sidecar, body)
+    assert partial["rejectedSpans"] == "4"
+    assert partial["errorMessage"] == "rejected 4 of 6 span(s): " + "; ".join(
+        [
+            span_named(
+                2, "attributes[3].value.stringValue is not valid UTF-8 (a lone surrogate escape \\udc80)"
+            ),
+            span_named(3, "name is not valid UTF-8 (a lone surrogate escape \\ud800)"),
+            span_named(
+                4,
+                "events[0].attributes[0].value.stringValue is not valid UTF-8 (a lone surrogate escape \\udfff)",
+            ),
+            span_named(5, "attributes[3].value.stringValue is not valid UTF-8 (byte 0xc3)"),
+        ]
+    )
+    assert [a["action_id"] for a in sidecar.session(session)["actions"]] == ["t1", "t6"]
+    assert sidecar.metric("durable_sessions_spans_rejected_total", transport="http", reason="invalid") == 4
+    assert_healthy(sidecar)
+
+
+def test_a_json_resource_or_scope_whose_text_is_not_utf8_rejects_only_its_spans(sidecar) -> None:  # type: ignore[no-untyped-def]
+    """Bad text in a resource, a scope or a schema URL rejects each span of that group, as
+    in protobuf; the other groups are kept."""
+    session = "json-group-text"
+
+    def group(n: int, resource: str = "r", scope: str = "s", url: str = "u") -> dict[str, Any]:
+        return {
+            "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": resource}}]},
+            "scopeSpans": [{"scope": {"name": scope}, "spans": [text_span(n, session)]}],
+            "schemaUrl": url,
+        }
+
+    body = bad_json_text(
+        {"resourceSpans": [group(1, resource="Z1"), group(2, scope="Z2"), group(3, url="Z3"), group(4)]},
+        Z1=rb"\udc80",
+        Z2=b"\xff",
+        Z3=rb"\ud83d",
+    )
+    partial = post_json(sidecar, body)
+    assert partial["rejectedSpans"] == "3"
+    reasons = partial["errorMessage"].removeprefix("rejected 3 of 4 span(s): ").split("; ")
+    assert reasons == [
+        f"resource_spans[{n - 1}].scope_spans[0].spans[0] 't{n}': span eee19b7ec3c1b1{n:02d} "
+        f"(trace {TRACE.lower()}): {problem}"
+        for n, problem in [
+            (
+                1,
+                "resource.attributes[0].value.stringValue is not valid UTF-8 (a lone surrogate escape \\udc80)",
+            ),
+            (2, "scope.name is not valid UTF-8 (byte 0xff)"),
+            (3, "its ResourceSpans' schemaUrl is not valid UTF-8 (a lone surrogate escape \\ud83d)"),
+        ]
+    ]
+    assert [a["action_id"] for a in sidecar.session(session)["actions"]] == ["t4"]
+    assert_healthy(sidecar)
+
+
+@pytest.mark.parametrize(
+    ("document", "text", "expected"),
+    [
+        (
+            {"resourceSpans": [{"scopeSpans": [{"spans": [text_span(1, "json-request-text")]}]}], "x": "Z1"},
+            rb"\udc80",
+            "request body is not valid OTLP/JSON: x is not valid UTF-8 (a lone surrogate escape \\udc80), "
+            "outside any span",
+        ),
+        (
+            {
+                "resourceSpans": [
+                    {"scopeSpans": [{"spans": [text_span(1, "json-request-text")]}]},
+                    {"resource": {"attributes": [{"key": "k", "value": {"stringValue": "Z1"}}]}},
+                ]
+            },
+            b"\xc3\x28",
+            "request body is not valid OTLP/JSON: resourceSpans[1].resource.attributes[0].value.stringValue "
+            "is not valid UTF-8 (byte 0xc3), outside any span",
+        ),
+        ({"Z1": 1}, b"\xe2\x82", "not valid UTF-8 (byte 0xe2)"),
+        ("Z1", rb"\udc80", "request body is not valid OTLP/JSON: "),
+    ],
+    ids=["top-level", "group-without-spans", "key", "not-an-object"],
+)
+def test_json_text_that_is_not_utf8_outside_any_span_refuses_the_request(  # type: ignore[no-untyped-def]
+    sidecar, document, text, expected
+) -> None:
+    status, headers, data = post(sidecar, bad_json_text(document, Z1=text), "application/json")
+    assert status == 400
+    assert expected in status_of(headers, data).message
+    assert sidecar.get("/api/sessions/json-request-text")[0] == 404
+    assert_healthy(sidecar)
+
+
+def test_a_body_that_is_not_json_with_bytes_that_are_not_utf8_is_still_refused(sidecar) -> None:  # type: ignore[no-untyped-def]
+    for body in (b"\xff\xfe{", b'{"resourceSpans": [\xff]}', b'{"resourceSpans": [{"x": "\xff"}]'):
+        status, headers, data = post(sidecar, body, "application/json")
+        assert status == 400
+        assert "request body is not valid JSON" in status_of(headers, data).message
+    assert_healthy(sidecar)
+
+
+_JSON_TEXT = st.sampled_from(["ok", "\udc80", "\ud800", "\ud83d\ude00", "é", "", "Z" * 40])
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | _JSON_TEXT,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_JSON_TEXT, inner, max_size=3),
+    max_leaves=8,
+)
+_SPAN_FIELDS = st.dictionaries(
+    st.sampled_from(["name", "traceId", "spanId", "attributes", "events", "status", "kind", "x"]),
+    _JSON_VALUES,
+    max_size=3,
+)
+
+
+@st.composite
+def json_bodies(draw: st.DrawFn) -> bytes:
+    """An OTLP/JSON body of a span and a resource with values of any JSON (lone surrogates
+    among its text), or one cut, or with text that is not UTF-8 (or a JSON character) put
+    anywhere in its bytes."""
+    spans = [text_span(n, "json-fuzz", **draw(_SPAN_FIELDS)) for n in (1, 2)]
+    group = {"resource": draw(_JSON_VALUES), "scopeSpans": [{"scope": draw(_JSON_VALUES), "spans": spans}]}
+    body = json.dumps({"resourceSpans": [group], draw(_JSON_TEXT): draw(_JSON_VALUES)}).encode()
+    for _ in range(draw(st.integers(0, 3))):
+        at = draw(st.integers(0, len(body)))
+        inserted = draw(
+            st.sampled_from([b"\xff", b"\xc3", rb"\udc80", rb"\ud800", b'"', b"\\", b"}", b",", b"1e999"])
+        )
+        body = body[:at] + inserted + body[at + draw(st.integers(0, 2)) :]
+    return body[: draw(st.integers(0, len(body)))] if draw(st.booleans()) else body
+
+
+@settings(
+    max_examples=int(os.environ.get("FUZZ_EXAMPLES", "200")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(body=st.one_of(json_bodies(), st.binary(max_size=300)))
+def test_any_json_body_is_answered_200_400_or_413(start_sidecar, body: bytes) -> None:  # type: ignore[no-untyped-def]
+    """Whatever a client sends as OTLP/JSON is answered, in time, as the OTLP spec has it:
+    a (partial) success, a 400 with a reason, or a 413 over the limit; never a 500."""
+    sidecar = fuzz_sidecar(start_sidecar)
+    status, headers, data = post(sidecar, body, "application/json")
+    assert status in (200, 400, 413), data
+    if status == 200:
+        assert set(json.loads(data)) <= {"partialSuccess"}
+    else:
+        assert status_of(headers, data).message
+
+
+def fuzz_sidecar(start_sidecar):  # type: ignore[no-untyped-def]
+    """One sidecar for every example of a test (its fixture's), with a limit some bodies pass."""
+    if not hasattr(start_sidecar, "fuzzed"):
+        start_sidecar.fuzzed = start_sidecar(receivers__max_request_bytes=1500)
+    return start_sidecar.fuzzed

@@ -11,8 +11,8 @@ Both receivers share this module. Request-level problems (a body that is not an
 ``ExportTraceServiceRequest``, JSON that does not parse) raise :class:`BadData`, which
 the receivers answer with ``INVALID_ARGUMENT`` / HTTP 400. Span-level problems (an id of
 the wrong length, a JSON id that is not hex, nesting too deep for protobuf's parsers,
-protobuf text that is not UTF-8, in the span or in its resource or scope) reject that
-span only: the rest of the request is kept and the answer is a partial
+text that is not UTF-8 (in OTLP/JSON also a lone surrogate escape: see :mod:`.bad_text`),
+in the span or in its resource or scope) reject that span only: the rest of the request is kept and the answer is a partial
 success that names the rejected spans.
 
 OTLP/JSON differs from protobuf's canonical JSON mapping: ``traceId``/``spanId``/
@@ -40,8 +40,8 @@ from durable_sessions import semconv as sc
 from durable_sessions.json_text import exact_integers
 from durable_sessions.mapping import SpanData
 from durable_sessions.native import native_module
-from durable_sessions_collector.otlp import depth
-from durable_sessions_collector.otlp.envelope import without_refused_parts
+from durable_sessions_collector.otlp import bad_text, depth
+from durable_sessions_collector.otlp.envelope import Position, named, without_refused_parts
 from durable_sessions_collector.quote import quoted
 
 STATUS_CODE_ERROR = Status.STATUS_CODE_ERROR
@@ -136,11 +136,7 @@ def read_json(
     A request holding the legacy ``instrumentationLibrarySpans`` is refused whole, as
     the reader refuses it.
     """
-    try:
-        # integers beyond 64 bits as the reader reads them (orjson turns them into floats)
-        document = exact_integers(body, orjson.loads(body))
-    except orjson.JSONDecodeError as error:
-        raise BadData(f"request body is not valid JSON: {error}") from None
+    document, body, problems = _loaded(body)
     if not isinstance(document, dict):
         raise BadData(
             f"request body must be a JSON object (ExportTraceServiceRequest), got {otlp_json.json_kind(document)}"
@@ -151,11 +147,10 @@ def read_json(
     read = JsonAttributes() if mapped_only else None
     check_depth = depth.may_nest_too_deep(body)
     resource_problems = _read_resources(document, read, check_depth)
-    problems: dict[tuple[int, int, int], str] = {}
     for position, span in _json_spans(document):
         too_deep = depth.too_deep(depth.SPAN_DEPTH, span) if check_depth else None
         if too_deep is not None:
-            problems[position] = too_deep
+            _add_problem(problems, position, too_deep)
             span.clear()  # rejected for its depth alone, as protobuf's parser would
             continue
         if mapped_only:
@@ -167,7 +162,7 @@ def read_json(
                 reasons.extend(reason for reason in _hex_ids_to_base64(link, "link ") if reason)
         reasons.extend(_read_span(position, span, read, resource_problems.get(position[0])))
         if reasons:
-            problems[position] = "; ".join(reasons)
+            _add_problem(problems, position, "; ".join(reasons))
     try:
         request = _request_of(document)
     except _UNPARSABLE as error:
@@ -175,7 +170,8 @@ def read_json(
         # or in a span's resource or scope, rejects that span, not the request: its valid
         # neighbours are kept. (Both are asked: ``|``, not ``or``.)
         if not (
-            _set_aside_unparsable_spans(document, problems) | _set_aside_unparsable_groups(document, problems)
+            _set_aside_unparsable_spans(document, problems)
+            | _set_aside_groups(document, problems, _json_format_problem)
         ):
             raise BadData(f"request body is not an OTLP/JSON ExportTraceServiceRequest: {error}") from None
         try:
@@ -183,6 +179,80 @@ def read_json(
         except _UNPARSABLE as again:
             raise BadData(f"request body is not an OTLP/JSON ExportTraceServiceRequest: {again}") from None
     return request, problems, read
+
+
+def _add_problem(problems: dict[Position, str], position: Position, problem: str) -> None:
+    """``problem`` after those already found for the span at ``position``."""
+    problems[position] = "; ".join(filter(None, (problems.get(position), problem)))
+
+
+def _loaded(body: bytes) -> tuple[Any, bytes, dict[Position, str]]:
+    """The JSON document of ``body``, the body it was read from, and the spans rejected for
+    text that is not UTF-8 (see :mod:`.bad_text`), which the document holds no more: each
+    such span is left its ids and name, each such resource or scope is left out. Raise
+    :class:`BadData` when ``body`` is not JSON, or holds such text outside any span."""
+    try:
+        # integers beyond 64 bits as the reader reads them (orjson turns them into floats)
+        return exact_integers(body, orjson.loads(body)), body, {}
+    except orjson.JSONDecodeError as error:
+        refusal = f"request body is not valid JSON: {error}"
+    # Only after a refusal: a body orjson reads costs nothing more.
+    found = bad_text.marked(body)
+    try:
+        if found is None:
+            raise BadData(refusal)
+        document = exact_integers(found.body, orjson.loads(found.body))
+    except orjson.JSONDecodeError:  # refused for more than its text
+        raise BadData(refusal) from None
+    return document, found.body, _set_aside_text(document, found)
+
+
+_HEAD = ("traceId", "trace_id", "spanId", "span_id", "name")
+"""What a span rejected for its text keeps, to be named by (as in protobuf)."""
+
+
+def _set_aside_text(document: Any, found: bad_text.Marked) -> dict[Position, str]:
+    """The spans of ``document`` rejected for the text ``found`` marks in them, or in
+    their resource or scope, by position; each such span is left its ids and name (those
+    that are text), each such resource or scope is left out. Raise :class:`BadData` for a
+    mark outside any span, or in a resource or scope without spans."""
+    problems: dict[Position, str] = {}
+    if isinstance(document, dict):
+        _set_aside_groups(document, problems, lambda own, level: _group_text_problem(found, own, level))
+        for position, span in _json_spans(document):
+            if found.holds(span):
+                _add_problem(problems, position, found.first(span, "") or "")
+                head = {key: span[key] for key in _HEAD if key in span and not found.holds(span[key])}
+                span.clear()
+                span.update(head)
+        for position, span in _json_spans(document):
+            if position in problems:
+                problems[position] = named(_id_of(span, 0), _id_of(span, 1), problems[position])
+    if found.holds(document):
+        raise BadData(f"request body is not valid OTLP/JSON: {found.first(document, '')}, outside any span")
+    return problems
+
+
+def _group_text_problem(found: bad_text.Marked, own: dict[str, Any], level: int) -> str | None:
+    """The first text ``found`` marks in ``own``, the values of a ResourceSpans (``level``
+    0) or ScopeSpans (1) but for what is below it, named as protobuf's are."""
+    if not found.holds(own):
+        return None
+    name = _GROUPS[level][0].DESCRIPTOR.name
+    for key, value in own.items():
+        problem = found.first(key, f"a key of its {name}") or found.first(
+            value, key if key in ("resource", "scope") else f"its {name}' {key}"
+        )
+        if problem is not None:
+            return problem
+    return None
+
+
+def _id_of(span: dict[str, Any], which: int) -> bytes:
+    """The trace id (``which`` 0) or span id (1) of a JSON span, empty when not hex."""
+    camel, snake, _ = _ID_FIELDS[which]
+    value = otlp_json.field(span, camel, snake)
+    return (_hex_bytes(value) if isinstance(value, str) else None) or b""
 
 
 _UNPARSABLE = (json_format.ParseError, ValueError, TypeError, RecursionError)
@@ -206,7 +276,7 @@ def _set_aside_unparsable_spans(document: dict[str, Any], problems: dict[tuple[i
         try:
             json_format.ParseDict(span, Span(), ignore_unknown_fields=True, max_recursion_depth=span_room)
         except _UNPARSABLE as error:
-            problems[position] = f"not an OTLP/JSON span: {error}"
+            _add_problem(problems, position, f"not an OTLP/JSON span: {error}")
             span.clear()
             found = True
     return found
@@ -217,11 +287,18 @@ _GROUPS = ((ResourceSpans, ("scopeSpans", "scope_spans")), (ScopeSpans, ("spans"
 them."""
 
 
-def _set_aside_unparsable_groups(document: dict[str, Any], problems: dict[tuple[int, int, int], str]) -> bool:
+GroupProblem = Callable[[dict[str, Any], int], str | None]
+"""Why the values of a ResourceSpans (level 0) or ScopeSpans (level 1), but for what is
+below it, cannot be read, or None."""
+
+
+def _set_aside_groups(
+    document: dict[str, Any], problems: dict[Position, str], problem_of: GroupProblem
+) -> bool:
     """Leave out the resource and schema URL of each ResourceSpans, and the scope and
-    schema URL of each ScopeSpans, that ``json_format`` cannot parse (read as deep as in
-    the request), saying why for each of its spans in ``problems``; whether any was. A
-    group without spans is left as it is: its bad value is the request's."""
+    schema URL of each ScopeSpans, that cannot be read (``problem_of`` says why), saying
+    why for each of its spans in ``problems``; whether any was. A group without spans is
+    left as it is: its bad value is the request's."""
     found = False
     resources = otlp_json.field(document, "resourceSpans", "resource_spans")
     for i, resource_spans in enumerate(resources if isinstance(resources, list) else ()):
@@ -234,10 +311,10 @@ def _set_aside_unparsable_groups(document: dict[str, Any], problems: dict[tuple[
             if isinstance(scope, dict)
         ]
         positions = [(i, j, k) for j, scope in scopes for k in _span_indexes(scope)]
-        found |= _set_aside_unparsable_group(resource_spans, 0, positions, problems)
+        found |= _set_aside_group(resource_spans, 0, positions, problems, problem_of)
         for j, scope in scopes:
-            found |= _set_aside_unparsable_group(
-                scope, 1, [(i, j, k) for k in _span_indexes(scope)], problems
+            found |= _set_aside_group(
+                scope, 1, [(i, j, k) for k in _span_indexes(scope)], problems, problem_of
             )
     return found
 
@@ -247,27 +324,34 @@ def _span_indexes(scope_spans: dict[str, Any]) -> list[int]:
     return [k for k, span in enumerate(spans if isinstance(spans, list) else ()) if isinstance(span, dict)]
 
 
-def _set_aside_unparsable_group(
+def _set_aside_group(
     group: dict[str, Any],
     level: int,
-    positions: list[tuple[int, int, int]],
-    problems: dict[tuple[int, int, int], str],
+    positions: list[Position],
+    problems: dict[Position, str],
+    problem_of: GroupProblem,
 ) -> bool:
-    message, below = _GROUPS[level]
-    own = {key: value for key, value in group.items() if key not in below}
-    if not positions or not own:
+    own = {key: value for key, value in group.items() if key not in _GROUPS[level][1]}
+    reason = problem_of(own, level) if positions and own else None
+    if reason is None:
         return False
-    room = depth.MAX_DEPTH - 1 - level  # json_format counts the group, and the request is above it
-    try:
-        json_format.ParseDict(own, message(), ignore_unknown_fields=True, max_recursion_depth=room)
-        return False
-    except _UNPARSABLE as error:
-        reason = f"its {message.DESCRIPTOR.name} is not OTLP/JSON: {error}"
     for key in own:
         del group[key]
     for position in positions:
-        problems[position] = "; ".join(filter(None, (problems.get(position), reason)))
+        _add_problem(problems, position, reason)
     return True
+
+
+def _json_format_problem(own: dict[str, Any], level: int) -> str | None:
+    """Why ``json_format`` cannot parse ``own`` (read as deep as in the request): a
+    :data:`GroupProblem`."""
+    message = _GROUPS[level][0]
+    room = depth.MAX_DEPTH - 1 - level  # json_format counts the group, and the request is above it
+    try:
+        json_format.ParseDict(own, message(), ignore_unknown_fields=True, max_recursion_depth=room)
+    except _UNPARSABLE as error:
+        return f"its {message.DESCRIPTOR.name} is not OTLP/JSON: {error}"
+    return None
 
 
 def _read_resources(

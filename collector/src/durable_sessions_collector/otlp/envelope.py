@@ -222,7 +222,13 @@ def _part_problem(kind: str, part: bytes) -> str | None:
     field = _not_utf8(where(lenient), descriptor, "" if kind == "span" else f"{kind}.")
     if field is None:
         raise _RequestRefused
-    return f"{field} is not valid UTF-8"
+    return not_utf8(field)
+
+
+def not_utf8(where: str, detail: str | None = None) -> str:
+    """Why a span (or a resource or scope) is rejected for the text at ``where``, in either
+    encoding; ``detail``: what is wrong with it, where known."""
+    return f"{where} is not valid UTF-8" if detail is None else f"{where} is not valid UTF-8 ({detail})"
 
 
 def _alone(kind: str, part: bytes) -> bytes:
@@ -273,7 +279,7 @@ def _strict_class(descriptor: Descriptor) -> Any:
 
 
 def _text_problem(text: bytes, name: str) -> str | None:
-    return None if _is_utf8(text) else f"{name} is not valid UTF-8"
+    return None if _is_utf8(text) else not_utf8(name)
 
 
 def _is_utf8(text: bytes) -> bool:
@@ -296,6 +302,11 @@ def _head(span: bytes) -> tuple[bytes, bytes, bytes]:
 def _named(span: bytes, problem: str) -> str:
     """``problem`` naming ``span`` by its ids, which its rejection does not show otherwise."""
     trace_id, span_id, _ = _head(span)
+    return named(trace_id, span_id, problem)
+
+
+def named(trace_id: bytes, span_id: bytes, problem: str) -> str:
+    """``problem`` naming a span by its ids, in either encoding."""
     return f"span {span_id.hex() or '(no id)'} (trace {trace_id.hex() or '(no id)'}): {problem}"
 
 

@@ -1,0 +1,128 @@
+"""OTLP/JSON strings that are not UTF-8 text, found and marked so that the rest of the
+body can still be read: the OTLP/JSON counterpart of :mod:`.envelope`'s text that is not
+UTF-8.
+
+orjson refuses a whole body for one string holding bytes that are not UTF-8, or a lone
+UTF-16 surrogate escape (``"\\udc80"``, which no UTF-8 text holds). So one span's bad
+text made the whole request a 400, its valid spans with it, where protobuf rejects that
+span alone. :func:`marked` is asked only once orjson has refused a body: it replaces each
+such string of the body with a mark (a string that cannot be in the body otherwise) and
+keeps why it is bad. orjson then reads the marked body, or refuses it for something
+else, and the decoder rejects the span (or the resource or scope) that holds a mark,
+naming the field as :meth:`Marked.first` finds it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from durable_sessions_collector.otlp.envelope import not_utf8
+
+_NEXT_STRING = re.compile(
+    rb'(?:[^"]*"[\x20\x21\x23-\x5b\x5d-\x7e]*")*[^"]*("[^"\\]*(?:\\.[^"\\]*)*")', re.DOTALL
+)
+"""The next JSON string, as written, that may not be UTF-8 text (group 1): the strings
+before it, of printable ASCII without escapes, are passed over by the regular expression
+itself, not one by one in Python. Outside strings valid JSON holds no quotation mark, so
+the strings of a body are these from its start (where the body is not JSON for another
+reason, orjson refuses the marked body as well)."""
+
+_MARKS = [chr(code) for code in range(0xFDD0, 0xFDF0)]
+"""Unicode noncharacters, one of which starts every mark: valid UTF-8 that no exporter
+writes, and checked absent from the body, so no string of the body is taken for a mark."""
+
+
+@dataclass(frozen=True, slots=True)
+class Marked:
+    """A body whose bad strings are marks (``mark`` and the string's number), and what
+    is wrong with each of them, by number (``byte 0xc3``)."""
+
+    body: bytes
+    mark: str
+    details: list[str]
+
+    def holds(self, node: Any) -> bool:
+        """Whether the JSON value ``node`` (as orjson read the marked body) holds a mark."""
+        try:
+            return self.mark.encode() in orjson.dumps(node)
+        except orjson.JSONEncodeError:  # an integer beyond 64 bits: walk it
+            return self.first(node, "") is not None
+
+    def first(self, node: Any, path: str) -> str | None:
+        """Why the first mark in ``node`` (at ``path``) is bad, naming where it is below
+        ``path`` (``attributes[3].value.stringValue is not valid UTF-8 (byte 0xc3)``); None
+        when ``node`` holds none. Walked without recursion: a value may nest deeply."""
+        stack = [(node, path)]
+        while stack:
+            value, where = stack.pop()
+            if isinstance(value, str):
+                if detail := self._detail(value):
+                    return not_utf8(where or "the string", detail)
+            elif isinstance(value, dict):
+                for key in value:
+                    if detail := self._detail(key):
+                        return not_utf8(f"a key of {where}" if where else "a key", detail)
+                stack.extend(
+                    (item, f"{where}.{key}" if where else key) for key, item in reversed(value.items())
+                )
+            elif isinstance(value, list):
+                stack.extend((item, f"{where}[{index}]") for index, item in reversed(list(enumerate(value))))
+        return None
+
+    def _detail(self, text: str) -> str | None:
+        if not text.startswith(self.mark):
+            return None
+        return self.details[int(text[len(self.mark) :])]
+
+
+def marked(body: bytes) -> Marked | None:
+    """``body`` with each string that is not UTF-8 text replaced by a mark, or None when it
+    holds none (or every mark is in it already)."""
+    mark = next((mark for mark in _MARKS if not _holds(body, mark)), None)
+    if mark is None:
+        return None
+    details: list[str] = []
+    pieces: list[bytes] = []
+    start = 0
+    # Each match starts where the last ended (finditer would try again from every byte
+    # after a failure: a body ending in a long unterminated string took quadratic time).
+    while (string := _NEXT_STRING.match(body, start)) is not None:
+        detail = _not_text(string[1])
+        if detail is not None:
+            pieces += (body[start : string.start(1)], orjson.dumps(f"{mark}{len(details)}"))
+            details.append(detail)
+        else:
+            pieces.append(body[start : string.end(1)])
+        start = string.end(1)
+    pieces.append(body[start:])
+    return Marked(b"".join(pieces), mark, details) if details else None
+
+
+def _holds(body: bytes, mark: str) -> bool:
+    """Whether ``body`` may hold ``mark``, as UTF-8 or as an escape of either case."""
+    return mark.encode() in body or f"\\u{ord(mark):04x}".encode() in body.lower()
+
+
+def _not_text(string: bytes) -> str | None:
+    """What makes the JSON string ``string`` (as written) not UTF-8 text (its first byte
+    that is not UTF-8, or its first lone surrogate escape), or None when it is (or is not
+    a valid string, which orjson words)."""
+    if string.isascii() and b"\\u" not in string:
+        return None
+    try:
+        text = string.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return f"byte 0x{string[error.start]:02x}"
+    try:
+        value = json.loads(text)
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:  # before ValueError, which it is
+        return f"a lone surrogate escape \\u{ord(value[error.start]):04x}"
+    except ValueError:  # not a valid string
+        return None
+    return None
