@@ -259,3 +259,39 @@ def test_a_file_exporter_forked_while_its_lock_is_held_exports_in_the_child(tmp_
         child.start()
     child.join(20)
     assert child.exitcode == 0
+
+
+def test_a_first_line_that_cannot_be_read_leaves_the_rest_read_as_otlp_json(tmp_path: Path) -> None:
+    """Format detection looked at the first line of content alone: one holding a lone
+    surrogate escape (which the file exporter writes for a Python string holding one) or
+    bytes that are not UTF-8 is no object, so an OTLP/JSON file was read as an action log,
+    every later request a record missing all its fields. The first object decides now;
+    the bad line is reported by its number, in a file and on standard input."""
+    path = tmp_path / "traces.jsonl"
+    write_spans(path)
+    good = path.read_bytes()
+    first = good.splitlines()[0]
+    assert first.count(b'"trip-7"') == 1
+    for bad, reason in (
+        (first.replace(b'"trip-7"', b'"trip-\\udc80"'), "lone UTF-16 surrogate escape"),
+        (first.replace(b'"trip-7"', b'"trip-\xc3\x28"'), "line is not valid UTF-8 (byte 0xc3"),
+    ):
+        path.write_bytes(bad + b"\n" + good)
+        piped = subprocess.run(
+            [str(DURABLE_SESSIONS), "check", "--format", "json", "-"],
+            input=path.read_bytes(),
+            capture_output=True,
+        )
+        for code, report in (check(str(path)), (piped.returncode, json.loads(piped.stdout))):
+            assert code == 1
+            found = [(v["rule"], v["action_id"], v["line"]) for v in report["violations"]]
+            assert ("unreadable-line", None, 1) in found
+            assert {rule for rule, _, _ in found} == {
+                "unreadable-line",
+                "unkeyed-side-effect",
+                "invalid-field",
+                "unrecorded-result",
+            }
+            [unreadable] = [v for v in report["violations"] if v["rule"] == "unreadable-line"]
+            assert reason in unreadable["message"]
+            assert report["actions"] == 4 + 1 and report["sessions"] == 1  # the bad line counts as one

@@ -359,16 +359,23 @@ class _Replay(io.RawIOBase):
 def _format_of(head: list[bytes]) -> Format:
     """The format the first object among ``head`` (the first lines of a source) says."""
     for number, line in enumerate(head, 1):
-        stripped = _content(line, number)
-        if not stripped or stripped.startswith(b"#"):
-            continue
-        parsed = parse_object(stripped)
-        if isinstance(parsed, dict):
+        parsed = _object_on(line, number)
+        if parsed is not None:
             if otlp_json.is_otlp_request(parsed):
                 return "otlp-json"
             return "tracing" if is_tracing_event(parsed) else "actions"
-        return "actions"
     return "actions"
+
+
+def _object_on(line: bytes, number: int) -> dict[str, Any] | None:
+    """The JSON object on line ``number``, or None: a blank or comment line, or one that is
+    no object (not JSON, not UTF-8, a lone surrogate escape: the reader reports it), which
+    says nothing of the format of the lines after it."""
+    stripped = _content(line, number)
+    if not stripped or stripped.startswith(b"#"):
+        return None
+    parsed = parse_object(stripped)
+    return parsed if isinstance(parsed, dict) else None
 
 
 _HEAD_LINES = 64
@@ -394,13 +401,12 @@ def _head_lines(source: IO[bytes], max_line_bytes: int, limit: int = _HEAD_LINES
 
 
 def _lines_to_first_object(source: IO[bytes], max_line_bytes: int, limit: int) -> list[bytes]:
-    """The lines ``source`` gives up to its first line of content (neither blank nor a
-    ``#`` comment), that line included; at most ``limit`` lines."""
+    """The lines ``source`` gives up to its first JSON object, that line included; at most
+    ``limit`` lines."""
     lines: list[bytes] = []
     while len(lines) < limit and (line := source.readline(max_line_bytes + 1)):
         lines.append(line)
-        stripped = _content(line, len(lines))
-        if stripped and not stripped.startswith(b"#"):
+        if _object_on(line, len(lines)) is not None:
             break
     return lines
 
