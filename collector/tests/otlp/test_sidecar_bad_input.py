@@ -648,9 +648,14 @@ def test_a_json_resource_or_scope_whose_text_is_not_utf8_rejects_only_its_spans(
             "is not valid UTF-8 (byte 0xc3), outside any span",
         ),
         ({"Z1": 1}, b"\xe2\x82", "not valid UTF-8 (byte 0xe2)"),
+        (
+            {"k" * 1000: {"Z1": 1}},
+            rb"\ud800",
+            f"OTLP/JSON: a key of {'k' * 40}… is not valid UTF-8 (a lone surrogate escape \\ud800), outside",
+        ),
         ("Z1", rb"\udc80", "request body is not valid OTLP/JSON: "),
     ],
-    ids=["top-level", "group-without-spans", "key", "not-an-object"],
+    ids=["top-level", "group-without-spans", "key", "long-key", "not-an-object"],
 )
 def test_json_text_that_is_not_utf8_outside_any_span_refuses_the_request(  # type: ignore[no-untyped-def]
     sidecar, document, text, expected

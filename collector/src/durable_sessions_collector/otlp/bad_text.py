@@ -68,7 +68,8 @@ class Marked:
                     if detail := self._detail(key):
                         return not_utf8(f"a key of {where}" if where else "a key", detail)
                 stack.extend(
-                    (item, f"{where}.{key}" if where else key) for key, item in reversed(value.items())
+                    (item, f"{where}.{_shown(key)}" if where else _shown(key))
+                    for key, item in reversed(value.items())
                 )
             elif isinstance(value, list):
                 stack.extend((item, f"{where}[{index}]") for index, item in reversed(list(enumerate(value))))
@@ -78,6 +79,14 @@ class Marked:
         if not text.startswith(self.mark):
             return None
         return self.details[int(text[len(self.mark) :])]
+
+
+def _shown(key: str) -> str:
+    """``key`` as a path names it: cut short, so that an error message stays short."""
+    return key if len(key) <= _KEY_CHARS else key[:_KEY_CHARS] + "…"
+
+
+_KEY_CHARS = 40
 
 
 def marked(body: bytes) -> Marked | None:
