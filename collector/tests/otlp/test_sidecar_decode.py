@@ -104,9 +104,20 @@ def test_protobuf_json_base64_ids_are_rejected_with_the_reason() -> None:
     decoded = spans_of(request, problems)
     assert decoded.spans == []
     assert decoded.rejected == [
-        "resource_spans[0].scope_spans[0].spans[0] 'step': traceId 'W47/95gDgQPSabYzgT/GDA==' is not hex; "
-        "spanId '7uGbfsPBsXQ=' is not hex"
+        "resource_spans[0].scope_spans[0].spans[0] 'step': traceId 'W47/95gDgQPSabYzgT/GDA==' is not hex"
+        f"{BASE64}; spanId '7uGbfsPBsXQ=' is not hex{BASE64}"
     ]
+    # Base64 of another size, or text that is neither, is only not hex.
+    body = json.dumps(otlp_json_document("W47/95gDgQPSabYzgT/GDA==", "W47/95gDgQPSabYzgT/GDA==")).encode()
+    assert (
+        spans_of(*parse_json(body))
+        .rejected[0]
+        .endswith(f"{BASE64}; spanId 'W47/95gDgQPSabYzgT/GDA==' is not hex")
+    )
+
+
+BASE64 = ": it is base64, as protobuf's JSON mapping writes bytes, where OTLP/JSON writes ids in hex"
+"""What a rejection adds for an id in base64 of its size."""
 
 
 def test_request_level_garbage_is_bad_data() -> None:

@@ -445,6 +445,17 @@ def _hex_bytes(text: str) -> bytes | None:
         return None
 
 
+def _base64_hint(value: str, size: int) -> str:
+    """Why an id that is not hex may be so: it is base64 of ``size`` bytes, as protobuf's
+    canonical JSON writes ids (``MessageToJson``), and OTLP/JSON does not."""
+    try:
+        if len(base64.b64decode(value, validate=True)) != size:
+            return ""
+    except ValueError:  # binascii.Error
+        return ""
+    return ": it is base64, as protobuf's JSON mapping writes bytes, where OTLP/JSON writes ids in hex"
+
+
 def _hex_ids_to_base64(node: dict[str, Any], label: str = "") -> Iterator[str | None]:
     """Rewrite hex id fields in place as base64 (what json_format expects); yield problems."""
     for camel, snake, size in _ID_FIELDS:
@@ -461,7 +472,7 @@ def _hex_ids_to_base64(node: dict[str, Any], label: str = "") -> Iterator[str | 
             raw = _hex_bytes(value)
             if raw is None:
                 del node[name]
-                yield f"{label}{camel} {quoted(value, 40)} is not hex"
+                yield f"{label}{camel} {quoted(value, 40)} is not hex{_base64_hint(value, size)}"
                 continue
             if len(raw) != size:
                 del node[name]
