@@ -42,10 +42,12 @@ from durable_sessions.journal import (
     ActionInDoubt,
     AttemptsExhausted,
     Entry,
+    SessionLive,
     SqliteJournal,
     loads_without_recursion,
     plan,
 )
+from durable_sessions.session_lock import SessionInUse
 
 _REAL_INCARNATION = instrument.incarnation
 
@@ -1624,7 +1626,7 @@ def test_an_action_running_in_a_live_process_is_not_settled(
         for argv in (("resolve", path, "s-1", "p1", '{"charged": 2400}'), ("discard", path, "s-1", "p1")):
             code, out, err = _cli(capsys, *argv)
             assert (code, out) == (1, "")
-            assert "session s-1 is open in a live process" in err and "not in doubt" in err
+            assert "session 's-1' is open in another live process" in err and "not in doubt" in err
         assert journal.get("s-1", "p1").status == "started"  # type: ignore[union-attr]
     finally:
         agent.kill()
@@ -1632,6 +1634,53 @@ def test_an_action_running_in_a_live_process_is_not_settled(
     # Its process is gone: now it is in doubt, and settled.
     code, out, _ = _cli(capsys, "resolve", str(journal.path), "s-1", "p1", '{"charged": 2400}')
     assert (code, out) == (0, "p1 of session s-1: ok, replayed from now on\n")
+
+
+def _live_agent(journal: SqliteJournal, tmp_path: Path) -> subprocess.Popen[bytes]:
+    """A live process of session s-1, paused inside its payment p1 (``started``)."""
+    running = tmp_path / "running"
+    agent = subprocess.Popen([sys.executable, "-c", LIVE_AGENT, str(journal.path), str(running)])
+    deadline = time.monotonic() + 60
+    while not running.exists() and agent.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not running.exists():
+        agent.kill()
+        pytest.fail("the agent never started its payment")
+    return agent
+
+
+def test_the_api_does_not_settle_an_action_running_in_a_live_process(
+    journal: SqliteJournal, tmp_path: Path
+) -> None:
+    """The CLI and the API share one code path: a program settling through the API is
+    refused as the CLI is, and nothing is recorded over the running action."""
+    agent = _live_agent(journal, tmp_path)
+    try:
+        for settle in (
+            lambda: journal.resolve("s-1", "p1", {"charged": 2400}),
+            lambda: journal.discard("s-1", "p1"),
+        ):
+            with pytest.raises(SessionLive, match="'s-1' is open in another live process") as refused:
+                settle()
+            assert isinstance(refused.value, SessionInUse) and "not in doubt" in str(refused.value)
+        assert journal.get("s-1", "p1").status == "started"  # type: ignore[union-attr]
+        assert pickle.loads(pickle.dumps(refused.value)).args == refused.value.args
+    finally:
+        agent.kill()
+        agent.wait()
+    assert journal.resolve("s-1", "p1", {"charged": 2400}).outcome == {"charged": 2400}
+
+
+def test_a_process_settles_an_action_of_a_session_it_holds(journal: SqliteJournal) -> None:
+    """The agent that meets ActionInDoubt inside its own block settles it there and goes on."""
+    _started(journal, "payment")
+    with session("s-1", journal=journal):
+        with pytest.raises(ActionInDoubt):
+            action("p1", "payment")(lambda: pytest.fail("charged twice"))()
+        journal.resolve("s-1", "p1", {"charged": 12})
+        assert action("p1", "payment")(lambda: pytest.fail("charged twice"))() == {"charged": 12}
+        journal.discard("s-1", "p1")
+    assert journal.get("s-1", "p1") is None
 
 
 def test_settling_an_action_makes_no_lock_file(

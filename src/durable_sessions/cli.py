@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TextIO
 
-from durable_sessions import __version__, crash, session_lock
+from durable_sessions import __version__, crash
 from durable_sessions.check import (
     OfflineCheck,
     check_paths,
@@ -43,7 +43,7 @@ from durable_sessions.harness import (
     proof_document,
     prove,
 )
-from durable_sessions.journal import AlreadyCompleted, Entry, SqliteJournal
+from durable_sessions.journal import AlreadyCompleted, Entry, SessionLive, SqliteJournal
 from durable_sessions.readers import DEFAULT_MAX_LINE_BYTES, FORMATS, InputError, sniff_format
 from durable_sessions.report import (
     OUTPUT_FORMATS,
@@ -61,7 +61,6 @@ from durable_sessions.report import (
 from durable_sessions.rules import CATALOGUE, PRESETS, select_rules
 from durable_sessions.rules.state import DEFAULT_KEY_WINDOW_S
 from durable_sessions.seconds import positive_seconds_from_text
-from durable_sessions.session_lock import SessionInUse
 from durable_sessions.violation import Violation
 
 EXIT_OK, EXIT_VIOLATIONS, EXIT_USAGE = 0, 1, 2
@@ -559,36 +558,27 @@ def run_journal(args: argparse.Namespace, out: Output) -> int:
             for line in _journal_lines(entries, args.format):
                 out.write(line + "\n")
             return EXIT_OK
-        with _settling(journal, args.session):
-            if args.journal_command == "resolve":
-                try:
-                    outcome = json.loads(args.outcome, parse_constant=_not_json)
-                    entry = journal.resolve(args.session, args.action, outcome)
-                except AlreadyCompleted as error:
-                    print(f"{name}: {printable(str(error))}", file=sys.stderr)
-                    return EXIT_VIOLATIONS
-                except (ValueError, RecursionError) as error:
-                    print(
-                        f"{name}: OUTCOME_JSON is not JSON: {error or 'nested too deeply'}", file=sys.stderr
-                    )
-                    return EXIT_USAGE
-                out.write(
-                    f"{printable(entry.action_id)} of session {printable(entry.session_id)}: ok, "
-                    "replayed from now on\n"
-                )
-            else:
-                journal.discard(args.session, args.action)
-                out.write(
-                    f"{printable(args.action)} of session {printable(args.session)}: forgotten, runs again\n"
-                )
+        if args.journal_command == "resolve":
+            try:
+                outcome = json.loads(args.outcome, parse_constant=_not_json)
+                entry = journal.resolve(args.session, args.action, outcome)
+            except AlreadyCompleted as error:
+                print(f"{name}: {printable(str(error))}", file=sys.stderr)
+                return EXIT_VIOLATIONS
+            except (ValueError, RecursionError) as error:
+                print(f"{name}: OUTCOME_JSON is not JSON: {error or 'nested too deeply'}", file=sys.stderr)
+                return EXIT_USAGE
+            out.write(
+                f"{printable(entry.action_id)} of session {printable(entry.session_id)}: ok, replayed from now on\n"
+            )
+        else:
+            journal.discard(args.session, args.action)
+            out.write(
+                f"{printable(args.action)} of session {printable(args.session)}: forgotten, runs again\n"
+            )
         return EXIT_OK
-    except SessionInUse as error:
-        print(
-            f"{name}: session {printable(error.session_id)} is open in a live process (its lock in "
-            f"{printable(str(error.lock_path))} is held): its started actions are running, not in doubt; "
-            "settle them once that process has ended",
-            file=sys.stderr,
-        )
+    except SessionLive as error:
+        print(f"{name}: {printable(str(error))}", file=sys.stderr)
         return EXIT_VIOLATIONS
     except KeyError as error:
         print(f"{name}: {printable(str(error.args[0]))}", file=sys.stderr)
@@ -598,18 +588,6 @@ def run_journal(args: argparse.Namespace, out: Output) -> int:
         return EXIT_USAGE
     finally:
         journal.close()
-
-
-def _settling(journal: SqliteJournal, session_id: str) -> contextlib.AbstractContextManager[None]:
-    """Hold the session while an operator settles one of its actions: an action that is
-    ``started`` in a live process is running, not in doubt, and an outcome recorded for it
-    now would stand over the one it is about to return. Raises ``SessionInUse``.
-
-    A journal without a lock file has never had a session held: nothing to check, and no
-    lock file is made (it would be the operator's, and the agent's user might not open it)."""
-    if not session_lock.lock_path_of(journal.path.resolve()).exists():
-        return contextlib.nullcontext()
-    return journal.hold(session_id)
 
 
 def _not_json(constant: str) -> None:

@@ -45,6 +45,7 @@ import re
 import sqlite3
 import threading
 import weakref
+from collections.abc import Iterator
 from json.decoder import scanstring
 from json.scanner import NUMBER_RE
 from pathlib import Path
@@ -55,6 +56,7 @@ from durable_sessions import semconv as sc
 from durable_sessions.digest import digest_bytes, outcome_json
 from durable_sessions.pickling import reduced
 from durable_sessions.record import is_side_effecting
+from durable_sessions.session_lock import SessionInUse
 
 logger = logging.getLogger("durable_sessions")
 
@@ -288,6 +290,17 @@ class AttemptsExhausted(Exception):
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled as what it was made from (:func:`~durable_sessions.pickling.reduced`)."""
         return reduced(self, self.entry, self.max_attempts)
+
+
+class SessionLive(SessionInUse):
+    """:meth:`SqliteJournal.resolve` or :meth:`SqliteJournal.discard` of an action of a
+    session that another live process has open (its ``session`` block holds the session's
+    lock): an action ``started`` there is running, not in doubt, and an outcome recorded
+    for it now would stand over the one it is about to return. Nothing is changed.
+    Settle it once that process has ended. A :class:`SessionInUse`, with its
+    ``session_id`` and ``lock_path``."""
+
+    advice = "its started actions are running, not in doubt: settle them once that process has ended"
 
 
 class AlreadyCompleted(ValueError):
@@ -540,25 +553,53 @@ class SqliteJournal:
         ``TypeError`` for an outcome holding a value of no JSON type (a set, bytes), as
         :func:`~durable_sessions.digest.canonical_json` raises, and ``ValueError`` for one
         that JSON would give back as another value (NaN and ±Infinity; two keys of one
-        text: :func:`~durable_sessions.digest.outcome_json`). Nothing is recorded then."""
-        entry = self._existing(session_id, action_id)
-        if entry.status == sc.STATUS_OK:
-            raise AlreadyCompleted(
-                f"action {action_id!r} of session {session_id!r} completed already; its recorded outcome stands "
-                "(discard it first to record another)"
+        text: :func:`~durable_sessions.digest.outcome_json`). Nothing is recorded then.
+
+        Raises :class:`SessionLive`, changing nothing, while another live process has the
+        session open: what runs there is not in doubt."""
+        with self._settling(session_id):
+            entry = self._existing(session_id, action_id)
+            if entry.status == sc.STATUS_OK:
+                raise AlreadyCompleted(
+                    f"action {action_id!r} of session {session_id!r} completed already; its recorded outcome "
+                    "stands (discard it first to record another)"
+                )
+            digest = digest_bytes(outcome_json(outcome))
+            data = outcome_json(outcome, in_order=True)  # replayed as given, keys in their order
+            resolved = dataclasses.replace(
+                entry, status=sc.STATUS_OK, result=data, result_digest=digest, result_ref=None
             )
-        digest = digest_bytes(outcome_json(outcome))
-        data = outcome_json(outcome, in_order=True)  # replayed as given, keys in their order
-        resolved = dataclasses.replace(
-            entry, status=sc.STATUS_OK, result=data, result_digest=digest, result_ref=None
-        )
-        self.put(resolved)
+            self.put(resolved)
         return resolved
 
     def discard(self, session_id: str, action_id: str) -> None:
-        """Forget an action: the next process runs it as if for the first time."""
-        self._existing(session_id, action_id)
-        self._execute("DELETE FROM journal WHERE session_id = ? AND action_id = ?", (session_id, action_id))
+        """Forget an action: the next process runs it as if for the first time. Raises
+        ``KeyError`` for an action the journal does not have, and :class:`SessionLive`,
+        changing nothing, while another live process has the session open."""
+        with self._settling(session_id):
+            self._existing(session_id, action_id)
+            self._execute(
+                "DELETE FROM journal WHERE session_id = ? AND action_id = ?", (session_id, action_id)
+            )
+
+    @contextlib.contextmanager
+    def _settling(self, session_id: str) -> Iterator[None]:
+        """Hold the session while one of its actions is settled: an action ``started`` in
+        a live process is running, not in doubt, and an outcome recorded for it now would
+        stand over the one it is about to return. Raises :class:`SessionLive`. A process
+        that has the session open itself (an agent that met :class:`ActionInDoubt` in its
+        block) shares its own hold, and settles.
+
+        A journal without a lock file has never had a session held: nothing to check, and
+        no lock file is made (an operator's would be theirs, and the agent's user might not
+        open it)."""
+        with contextlib.ExitStack() as held:
+            if session_lock.lock_path_of(self.path.resolve()).exists():
+                try:
+                    held.enter_context(self.hold(session_id))
+                except SessionInUse as error:
+                    raise SessionLive(error.session_id, error.lock_path) from None
+            yield
 
     def hold(self, session_id: str) -> contextlib.AbstractContextManager[None]:
         """Hold ``session_id`` for this process while the ``with`` block runs: another
@@ -653,6 +694,7 @@ __all__ = [
     "Entry",
     "Journal",
     "Plan",
+    "SessionLive",
     "SqliteJournal",
     "is_side_effect",
     "journaled_key",

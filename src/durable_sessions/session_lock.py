@@ -62,12 +62,15 @@ class SessionInUse(RuntimeError):
     session its parent holds opens its block with ``exclusive=False``.
     """
 
+    advice = "run one session in one process at a time, or pass exclusive=False to a helper process's block"
+    """What to do about it, the end of the message."""
+
     def __init__(self, session_id: str, lock_path: Path) -> None:
         self.session_id = session_id
         self.lock_path = lock_path
         super().__init__(
             f"session {session_id!r} is open in another live process (its lock in {lock_path} is held); "
-            "run one session in one process at a time, or pass exclusive=False to a helper process's block"
+            + self.advice
         )
 
     def __reduce__(self) -> tuple[object, ...]:
