@@ -16,6 +16,7 @@ import math
 import multiprocessing
 import os
 import pickle
+import re
 import signal
 import sqlite3
 import subprocess
@@ -1600,7 +1601,7 @@ import pathlib, sys, time
 from durable_sessions.instrument import action, session
 from durable_sessions.journal import SqliteJournal
 
-with session("s-1", journal=SqliteJournal(sys.argv[1])):
+with session(sys.argv[3] if len(sys.argv) > 3 else "s-1", journal=SqliteJournal(sys.argv[1])):
     @action("p1", "payment", idempotency_key="k-1")
     def pay():
         pathlib.Path(sys.argv[2]).touch()
@@ -1636,10 +1637,10 @@ def test_an_action_running_in_a_live_process_is_not_settled(
     assert (code, out) == (0, "p1 of session s-1: ok, replayed from now on\n")
 
 
-def _live_agent(journal: SqliteJournal, tmp_path: Path) -> subprocess.Popen[bytes]:
-    """A live process of session s-1, paused inside its payment p1 (``started``)."""
-    running = tmp_path / "running"
-    agent = subprocess.Popen([sys.executable, "-c", LIVE_AGENT, str(journal.path), str(running)])
+def _live_agent(journal: SqliteJournal, tmp_path: Path, session_id: str = "s-1") -> subprocess.Popen[bytes]:
+    """A live process of ``session_id``, paused inside its payment p1 (``started``)."""
+    running = tmp_path / f"running-{session_id}"
+    agent = subprocess.Popen([sys.executable, "-c", LIVE_AGENT, str(journal.path), str(running), session_id])
     deadline = time.monotonic() + 60
     while not running.exists() and agent.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -1681,6 +1682,44 @@ def test_a_process_settles_an_action_of_a_session_it_holds(journal: SqliteJourna
         assert action("p1", "payment")(lambda: pytest.fail("charged twice"))() == {"charged": 12}
         journal.discard("s-1", "p1")
     assert journal.get("s-1", "p1") is None
+
+
+def test_the_listing_tells_an_action_running_now_from_one_in_doubt(
+    journal: SqliteJournal, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Both are ``started``; only the one whose process died is in doubt, to settle."""
+    _live_agent(journal, tmp_path, "s-dead").kill()  # SIGKILL inside its payment
+    live = _live_agent(journal, tmp_path, "s-live")
+    path = str(journal.path)
+    try:
+        code, out, err = _cli(capsys, "list", path, "--status", "started")
+        assert (code, err) == (0, "")
+        assert [re.split(" {2,}", line)[:4] for line in out.splitlines()] == [
+            ["SESSION", "ACTION", "KIND", "STATUS"],
+            ["s-dead", "p1", "payment", "started"],
+            ["s-live", "p1", "payment", "started (live)"],
+        ]
+        code, out, _ = _cli(capsys, "list", path, "--format", "json")
+        assert [(e["session_id"], e["status"], e["live"]) for e in json.loads(out)] == [
+            ("s-dead", "started", False),
+            ("s-live", "started", True),
+        ]
+        assert journal.live_sessions(["s-dead", "s-live", "s-never"]) == {"s-live"}
+        with session("s-dead", journal=journal):  # this process's own hold is live too
+            assert journal.live_sessions(["s-dead", "s-live"]) == {"s-dead", "s-live"}
+    finally:
+        live.kill()
+        live.wait()
+    assert journal.live_sessions(["s-dead", "s-live"]) == set()
+
+
+def test_the_listing_reads_the_lock_file_without_making_one(
+    journal: SqliteJournal, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _started(journal, "payment")
+    code, out, _ = _cli(capsys, "list", str(journal.path), "--format", "json")
+    assert code == 0 and json.loads(out)[0]["live"] is False
+    assert not Path(f"{journal.path}-sessions.lock").exists()
 
 
 def test_settling_an_action_makes_no_lock_file(

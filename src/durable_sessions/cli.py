@@ -524,7 +524,7 @@ def _journal_parser(commands: Any) -> None:
     listing.add_argument(
         "--status",
         choices=("started", "ok", "error"),
-        help="only this status (started: in doubt, or cut short)",
+        help="only this status (started: running in a live process, shown 'started (live)'; in doubt; or cut short)",
     )
     listing.add_argument(
         "--format", choices=("text", "json"), default="text", help="output format (default: text)"
@@ -555,7 +555,7 @@ def run_journal(args: argparse.Namespace, out: Output) -> int:
         if args.journal_command == "list":
             # The table shows digests: the outcomes themselves (kept in full) stay on disk.
             entries = journal.entries(args.session, status=args.status, outcomes=args.format == "json")
-            for line in _journal_lines(entries, args.format):
+            for line in _journal_lines(entries, args.format, _live_sessions(journal, entries, name)):
                 out.write(line + "\n")
             return EXIT_OK
         if args.journal_command == "resolve":
@@ -594,9 +594,21 @@ def _not_json(constant: str) -> None:
     raise ValueError(f"{constant} is no JSON number")
 
 
-def _journal_lines(entries: list[Entry], fmt: str) -> Iterator[str]:
+def _live_sessions(journal: SqliteJournal, entries: list[Entry], name: str) -> set[str] | None:
+    """The sessions of ``entries`` that a live process has open; None (said on stderr)
+    when the lock file cannot be read."""
+    try:
+        return journal.live_sessions({entry.session_id for entry in entries})
+    except OSError as error:
+        print(f"{name}: cannot tell which sessions a live process has open: {error}", file=sys.stderr)
+        return None
+
+
+def _journal_lines(entries: list[Entry], fmt: str, live: set[str] | None) -> Iterator[str]:
+    """The listing; ``live``: the sessions a live process has open (None: not known), whose
+    ``started`` actions are running, not in doubt."""
     if fmt == "json":  # ASCII: an outcome may hold a lone surrogate, which no encoding writes
-        yield json.dumps([_entry_document(entry) for entry in entries], indent=2)
+        yield json.dumps([_entry_document(entry, live) for entry in entries], indent=2)
         return
     if not entries:
         yield "no entries"
@@ -604,14 +616,18 @@ def _journal_lines(entries: list[Entry], fmt: str) -> Iterator[str]:
     rows = [("SESSION", "ACTION", "KIND", "STATUS", "ATTEMPTS", "KEY", "OUTCOME")]
     for entry in entries:
         outcome = entry.result_digest or ("by reference" if entry.result_ref else "-")
-        cells = (entry.session_id, entry.action_id, entry.kind, entry.status, str(entry.attempts))
+        status = entry.status
+        if status == "started" and live is not None and entry.session_id in live:
+            status = "started (live)"
+        cells = (entry.session_id, entry.action_id, entry.kind, status, str(entry.attempts))
         rows.append((*map(printable, cells), printable(entry.idempotency_key or "-"), outcome))
     yield from table_lines(rows)
 
 
-def _entry_document(entry: Entry) -> dict[str, Any]:
+def _entry_document(entry: Entry, live: set[str] | None) -> dict[str, Any]:
     document: dict[str, Any] = dataclasses.asdict(entry)
     document["result"] = None if entry.result is None else entry.result.decode("utf-8", "surrogatepass")
+    document["live"] = None if live is None else entry.session_id in live
     return document
 
 

@@ -45,7 +45,7 @@ import re
 import sqlite3
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from json.decoder import scanstring
 from json.scanner import NUMBER_RE
 from pathlib import Path
@@ -594,7 +594,7 @@ class SqliteJournal:
         no lock file is made (an operator's would be theirs, and the agent's user might not
         open it)."""
         with contextlib.ExitStack() as held:
-            if session_lock.lock_path_of(self.path.resolve()).exists():
+            if self._lock_path().exists():
                 try:
                     held.enter_context(self.hold(session_id))
                 except SessionInUse as error:
@@ -610,8 +610,18 @@ class SqliteJournal:
             return contextlib.nullcontext()
         with contextlib.suppress(OSError):  # else the lock file cannot be opened: logged there
             disk.make_directories(self.path.parent)
+        return session_lock.held(self._lock_path(), session_id)
+
+    def live_sessions(self, session_ids: Iterable[str]) -> set[str]:
+        """The sessions among ``session_ids`` that a live process has open (its ``session``
+        block holds the session; this process's included): their ``started`` actions are
+        running, not in doubt. Takes no lock (on Linux) and makes no lock file: without
+        one, no session is open. Raises ``OSError`` when the lock file cannot be read."""
+        return session_lock.live(self._lock_path(), session_ids)
+
+    def _lock_path(self) -> Path:
         # Resolved: two spellings of one file are one lock file, held once by this process.
-        return session_lock.held(session_lock.lock_path_of(self.path.resolve()), session_id)
+        return session_lock.lock_path_of(self.path.resolve())
 
     def close(self) -> None:
         with self._lock:

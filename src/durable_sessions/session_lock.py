@@ -18,6 +18,9 @@ keeps the session held until it ends. Elsewhere it is a POSIX record lock
 (``lockf``), which a forked child does not share. Blocks nest, and threads of one
 process share the hold; it is let go when the last block of the process ends.
 
+:func:`live` tells which sessions a live process holds, for a listing of actions
+``started``: those of a held session are running, not in doubt.
+
 Failing open: a lock file that cannot be opened or locked for any reason but another
 holder (a read-only directory, a file system without locks) is logged and the block
 runs unlocked; repeats of the error are not logged until the lock file works again.
@@ -33,7 +36,7 @@ import os
 import struct
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from durable_sessions.pickling import reduced
@@ -182,6 +185,28 @@ class _SessionLocks:
                 if descriptor is not None:
                     os.close(descriptor)
 
+    def live(self, lock_path: Path, session_ids: Iterable[str]) -> set[str]:
+        """See :func:`live`. Under this object's lock, so that the descriptor of a lock
+        file this process holds a lock in is not closed meanwhile."""
+        with self._lock:
+            ids = {session_id: offset_of(session_id) for session_id in session_ids}
+            found = {session_id for session_id, offset in ids.items() if (lock_path, offset) in self._holds}
+            # This process's own descriptor where it has one: closing another of the same
+            # file would let go of every POSIX lock this process holds there (off Linux).
+            descriptor, opened = self._files.get(lock_path), None
+            if descriptor is None:
+                try:
+                    descriptor = opened = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC)
+                except FileNotFoundError:
+                    return found
+            try:
+                return found | {
+                    s for s, offset in ids.items() if s not in found and _held_elsewhere(descriptor, offset)
+                }
+            finally:
+                if opened is not None:
+                    os.close(opened)
+
     def _file(self, lock_path: Path) -> int:
         descriptor = self._files.get(lock_path)
         if descriptor is None:
@@ -216,6 +241,26 @@ def _set_lock(descriptor: int, kind: int, offset: int) -> None:
         )
 
 
+def _held_elsewhere(descriptor: int, offset: int) -> bool:
+    """Whether another process (or, on Linux, another open file description) holds the
+    lock at ``offset``, found without taking it where the system can tell (Linux)."""
+    if _OFD_LOCKS:
+        found = fcntl.fcntl(
+            descriptor, fcntl.F_OFD_GETLK, struct.pack("@hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0)
+        )
+        return struct.unpack("@hhqqi4x", found)[0] != fcntl.F_UNLCK
+    # F_GETLK's struct differs between systems: a shared lock taken and let go at once
+    # tells, on a descriptor opened for reading.
+    try:
+        fcntl.lockf(descriptor, fcntl.LOCK_SH | fcntl.LOCK_NB, 1, offset)
+    except OSError as error:
+        if error.errno in (errno.EAGAIN, errno.EACCES):
+            return True
+        raise
+    fcntl.lockf(descriptor, fcntl.LOCK_UN, 1, offset)
+    return False
+
+
 LOCKS = _SessionLocks()
 
 if hasattr(os, "register_at_fork"):
@@ -230,3 +275,13 @@ def held(lock_path: Path, session_id: str) -> Iterator[None]:
         return
     with LOCKS.held(lock_path, session_id):
         yield
+
+
+def live(lock_path: Path, session_ids: Iterable[str]) -> set[str]:
+    """The sessions among ``session_ids`` whose lock in ``lock_path`` a live process holds
+    (this one included): their ``session`` blocks are open. Takes no lock on Linux and
+    makes no lock file (without one, no session is held). Raises ``OSError`` when the
+    lock file is there but cannot be read."""
+    if fcntl is None:  # pragma: no cover
+        return set()
+    return LOCKS.live(lock_path, session_ids)
