@@ -558,6 +558,40 @@ def test_a_failing_result_store_does_not_lose_the_journaled_outcome(
     assert "the journal keeps the outcome" in caplog.text
 
 
+class _CappedJournal(SqliteJournal):
+    """A journal whose SQLite takes no string or BLOB above 1,000 bytes, as SQLite takes
+    none above its SQLITE_MAX_LENGTH (1,000,000,000 by default): the same refusal without
+    writing a gigabyte."""
+
+    def _connected(self) -> sqlite3.Connection:
+        connection = super()._connected()
+        connection.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 1000)
+        return connection
+
+
+@pytest.mark.parametrize(("kind", "runs"), [("payment", 1), ("llm_call", 2)])
+def test_an_outcome_too_long_for_the_journal_completes_the_action_without_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, kind: str, runs: int
+) -> None:
+    """The completed entry with its outcome did not fit: the entry stayed ``started``,
+    and the payment that went through was in doubt for the next process (ActionInDoubt).
+    It is completed without its outcome, as a value JSON cannot hold: a side effect is
+    replayed as None, anything else runs again."""
+    journal = _CappedJournal(tmp_path / "journal.db")
+    receipt = {"lines": "x" * 5000}
+    calls: list[str] = []
+    for run in range(2):
+        restart()
+        with caplog.at_level(logging.WARNING, "durable_sessions"), session("s-1", journal=journal):
+            got = action("p1", kind)(lambda: calls.append("ran") or receipt)()
+        assert got == (None if run == 1 and kind == "payment" else receipt)
+    assert len(calls) == runs
+    entry = journal.get("s-1", "p1")
+    assert (entry.status, entry.result, entry.result_digest) == ("ok", None, digest_value(receipt))
+    assert "could not take the outcome of action 'p1'" in caplog.text
+    assert "string or blob too big" in caplog.text and "actions run unjournaled" not in caplog.text
+
+
 def test_a_result_no_span_can_carry_is_journaled_and_replayed(journal: SqliteJournal) -> None:
     """Text with a lone surrogate is JSON the journal keeps (and replays exactly), but no
     span attribute can carry it: it was journaled without an outcome and ran again."""

@@ -51,6 +51,7 @@ import hashlib
 import inspect
 import logging
 import os
+import sqlite3
 import sys
 import threading
 import uuid
@@ -1127,7 +1128,21 @@ def _journal_put(journal: Journal | None, entry: Entry) -> None:
     if journal is None:
         return
     try:
-        journal.put(entry)
+        try:
+            journal.put(entry)
+        except (sqlite3.DataError, OverflowError) as error:  # an outcome beyond SQLite's length limit
+            if entry.result is None:
+                raise
+            # Completed without it, as a value JSON cannot hold: left `started`, a side
+            # effect that went through would be in doubt for the next process.
+            journal.put(dataclasses.replace(entry, result=None))
+            logger.warning(
+                "durable_sessions: the journal %s could not take the outcome of action %r (%s); the action is "
+                "journaled completed without it: a side effect is replayed as None, any other action runs again",
+                _where(journal),
+                entry.action_id,
+                error,
+            )
     except Exception as error:
         _journal_failed(
             journal, "write", error, f"could not write action {entry.action_id!r} ({entry.status}) to"

@@ -13,8 +13,8 @@ After a crash, the same code in a new process replays instead of re-running:
 
 - an action completed before (``ok``) is **replayed**: the decorated function is not
   called, its recorded outcome is returned, and the span says ``replayed: true``. One
-  that completed without a recorded outcome (``record=False``, or a value JSON cannot
-  hold) runs again, unless it is a side effect, which must not: it is replayed as
+  that completed without a recorded outcome (``record=False``, a value JSON cannot
+  hold, or one longer than SQLite keeps) runs again, unless it is a side effect, which must not: it is replayed as
   ``None``;
 - an action that failed (``error``), or whose process died while it ran, runs again as
   the next attempt: ``attempts`` counts across processes, and an action that already
