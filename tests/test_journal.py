@@ -959,6 +959,23 @@ def test_resolve_refuses_a_completed_action_and_what_is_not_json(
     assert journal.resolve("s-1", "p1", (None, 1)).outcome == [None, 1]  # a tuple with a null is no NaN
 
 
+def test_resolve_gives_an_outcome_to_an_action_completed_without_one(
+    journal: SqliteJournal, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A payment whose receipt JSON could not hold is journaled ``ok`` without an outcome
+    and replayed as None for ever; nothing recorded stands, so an operator who looked the
+    receipt up records it (it was refused as completed, and discarding it charges again)."""
+    with session("s-1", journal=journal):
+        action("p1", "payment")(lambda: {"receipt": b"\x01"})()
+    assert journal.get("s-1", "p1").status == "ok"
+    assert journal.resolve("s-1", "p1", {"receipt": "r-1"}).outcome == {"receipt": "r-1"}
+    restart()
+    with session("s-1", journal=journal):
+        assert action("p1", "payment")(lambda: pytest.fail("charged twice"))() == {"receipt": "r-1"}
+    code, _, err = _cli(capsys, "resolve", str(journal.path), "s-1", "p1", '"r-2"')
+    assert code == 1 and "completed already" in err  # now an outcome is recorded, and it stands
+
+
 def test_listing_a_journal_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "j.db"
     with sqlite3.connect(path) as db:  # a journal in rollback mode, as another tool may leave one

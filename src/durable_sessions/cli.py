@@ -514,7 +514,7 @@ def _journal_parser(commands: Any) -> None:
         "journal",
         help=text,
         description=text,
-        epilog="Exit 0: done; 1: no such action, resolve of a completed one, or a session open in a live "
+        epilog="Exit 0: done; 1: no such action, resolve of one with a recorded outcome, or a session open in a live "
         "process; 2: usage error, OUTCOME_JSON that is not JSON, or no journal at FILE.",
     )
     which = journal.add_subparsers(dest="journal_command", required=True, metavar="COMMAND")

@@ -548,8 +548,11 @@ class SqliteJournal:
     def resolve(self, session_id: str, action_id: str, outcome: Any) -> Entry:
         """Record that an in-doubt action did happen, with ``outcome``: it is replayed from now on.
 
+        An action completed without a recorded outcome (``record=False``, a value JSON
+        cannot hold: a side effect replayed as ``None``) takes one too.
+
         Raises ``KeyError`` for an action the journal does not have, ``ValueError`` for one
-        already completed (its recorded outcome stands: discard it first to replace it),
+        completed with a recorded outcome (it stands: discard it first to replace it),
         ``TypeError`` for an outcome holding a value of no JSON type (a set, bytes), as
         :func:`~durable_sessions.digest.canonical_json` raises, and ``ValueError`` for one
         that JSON would give back as another value (NaN and ±Infinity; two keys of one
@@ -559,7 +562,7 @@ class SqliteJournal:
         session open: what runs there is not in doubt."""
         with self._settling(session_id):
             entry = self._existing(session_id, action_id)
-            if entry.status == sc.STATUS_OK:
+            if entry.status == sc.STATUS_OK and entry.is_recorded:
                 raise AlreadyCompleted(
                     f"action {action_id!r} of session {session_id!r} completed already; its recorded outcome "
                     "stands (discard it first to record another)"
