@@ -41,6 +41,7 @@ from durable_sessions.digest import digest_value, outcome_json
 from durable_sessions.instrument import FileResultStore, action, resource, session
 from durable_sessions.journal import (
     ActionInDoubt,
+    AlreadyCompleted,
     AttemptsExhausted,
     Entry,
     SessionLive,
@@ -974,6 +975,19 @@ def test_resolve_gives_an_outcome_to_an_action_completed_without_one(
         assert action("p1", "payment")(lambda: pytest.fail("charged twice"))() == {"receipt": "r-1"}
     code, _, err = _cli(capsys, "resolve", str(journal.path), "s-1", "p1", '"r-2"')
     assert code == 1 and "completed already" in err  # now an outcome is recorded, and it stands
+
+
+def test_the_refusal_of_a_recorded_outcome_says_what_discard_does(journal: SqliteJournal) -> None:
+    """It said 'discard it first to record another', but a discarded action is gone from
+    the journal, and resolving it then fails (no such action): discard runs it again."""
+    journal.put(Entry("s-1", "p1", "payment", "ok", 1, result=b'"r-1"'))
+    with pytest.raises(AlreadyCompleted) as refused:
+        journal.resolve("s-1", "p1", "r-2")
+    assert "discard it first" not in str(refused.value)
+    assert "(a discard forgets it: the next run runs the action again)" in str(refused.value)
+    journal.discard("s-1", "p1")
+    with pytest.raises(KeyError):
+        journal.resolve("s-1", "p1", "r-2")
 
 
 def test_listing_a_journal_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -552,7 +552,7 @@ class SqliteJournal:
         cannot hold: a side effect replayed as ``None``) takes one too.
 
         Raises ``KeyError`` for an action the journal does not have, ``ValueError`` for one
-        completed with a recorded outcome (it stands: discard it first to replace it),
+        completed with a recorded outcome (it stands; :meth:`discard` forgets it, to run again),
         ``TypeError`` for an outcome holding a value of no JSON type (a set, bytes), as
         :func:`~durable_sessions.digest.canonical_json` raises, and ``ValueError`` for one
         that JSON would give back as another value (NaN and ±Infinity; two keys of one
@@ -565,7 +565,7 @@ class SqliteJournal:
             if entry.status == sc.STATUS_OK and entry.is_recorded:
                 raise AlreadyCompleted(
                     f"action {action_id!r} of session {session_id!r} completed already; its recorded outcome "
-                    "stands (discard it first to record another)"
+                    "stands (a discard forgets it: the next run runs the action again)"
                 )
             digest = digest_bytes(outcome_json(outcome))
             data = outcome_json(outcome, in_order=True)  # replayed as given, keys in their order
