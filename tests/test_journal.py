@@ -1681,13 +1681,8 @@ def test_an_action_running_in_a_live_process_is_not_settled(
 ) -> None:
     """`started` in a live process is running, not in doubt: an outcome made up for it now
     would stand over the one it returns (the first outcome recorded wins)."""
-    running = tmp_path / "running"
-    agent = subprocess.Popen([sys.executable, "-c", LIVE_AGENT, str(journal.path), str(running)])
+    agent = _live_agent(journal, tmp_path)
     try:
-        deadline = time.monotonic() + 60
-        while not running.exists() and agent.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert running.exists(), "the agent never started its payment"
         path = str(journal.path)
         for argv in (("resolve", path, "s-1", "p1", '{"charged": 2400}'), ("discard", path, "s-1", "p1")):
             code, out, err = _cli(capsys, *argv)
