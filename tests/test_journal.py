@@ -838,6 +838,30 @@ def test_a_journal_row_that_does_not_read_fails_open(
     assert "could not read action 'a1' from the journal" in caplog.text
 
 
+@pytest.mark.parametrize(("kind", "replayed"), [("llm_call", "ran again"), ("payment", None)])
+def test_an_outcome_that_does_not_read_is_no_outcome_to_replay(
+    journal: SqliteJournal, caplog: pytest.LogCaptureFixture, kind: str, replayed: Any
+) -> None:
+    """An integer of 5,000 digits, recorded by a process that lifted Python's limit on
+    integer text (sys.set_int_max_str_digits(0)), does not read in one that did not. It
+    was replayed as None: the agent's code got None for a value it had computed. Now it
+    is as an outcome not recorded: an action runs again, a side effect is replayed as None
+    (never run twice)."""
+    limit = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)
+    try:
+        with session("s-1", journal=journal):
+            action("a1", kind)(lambda: 10**5000)()
+    finally:
+        sys.set_int_max_str_digits(limit)
+    assert journal.get("s-1", "a1").result is not None  # type: ignore[union-attr]
+    restart()
+    with caplog.at_level(logging.WARNING, "durable_sessions"), session("s-1", journal=journal):
+        assert action("a1", kind)(lambda: "ran again")() == replayed
+    assert "the journal's outcome of action 'a1' does not read" in caplog.text
+    assert "completed by another run first" not in caplog.text  # its row, not another run, kept it
+
+
 @pytest.mark.parametrize(
     ("status", "fields"),
     [("ok", {}), ("started", {"side_effects": True, "replay": "skip"})],

@@ -484,21 +484,14 @@ class Action:
         """Whether this run's outcome goes to a journal."""
         return self._ending is not None and self._ending.entry is not None
 
-    def _replay(self, entry: Entry) -> None:
-        """Serve the journal's recorded outcome: the span says replayed, with the same result."""
+    def _replay(self, entry: Entry, outcome: Any) -> None:
+        """Serve the journal's recorded ``outcome`` (``entry``'s, read): the span says
+        replayed, with the same result."""
         self.replayed = True
+        self.result = outcome
         self.result_ref = entry.result_ref
         self._replay_awaitable = entry.awaited
         self.span.set_attribute(sc.ACTION_REPLAYED, True)
-        try:
-            self.result = entry.outcome
-        except Exception:  # fail open: a journal row that does not read is replayed as None
-            logger.warning(
-                "durable_sessions: the journal's outcome of action %r does not read",
-                self.action_id,
-                exc_info=True,
-            )
-            return
         if entry.result_digest is not None:
             self.span.set_attribute(sc.ACTION_RESULT_DIGEST, entry.result_digest)
         try:
@@ -777,9 +770,11 @@ class action:
         in_doubt: ActionInDoubt | None = None
         this_process = incarnation() if journal is not None else None
         try:
-            step = _plan(journal, session_id, action_id, self.kind, self.fields)
+            step, outcome = _plan(journal, session_id, action_id, self.kind, self.fields)
         except ActionInDoubt as error:
-            step, in_doubt = Plan("skip"), error
+            step, outcome, in_doubt = Plan("skip"), None, error
+        if step is _RUN_UNJOURNALED:
+            journal = None
         attributes = self._attributes(action_id, session_id, step)
         tracer = _tracer(self.tracer_provider)
         # Exceptions are marked here, not by the API's use_span: opentelemetry-api 1.31.0
@@ -819,7 +814,7 @@ class action:
                         _journal_put(journal, journal_entry)
                     boundary = crash.before()
                 else:
-                    _served(act, step)
+                    _served(act, step, outcome)
                 side_effect = journal_entry is not None and _touches_world(self.kind, self.fields)
                 act._ending = _Ending(act, journal, journal_entry, boundary, runs, side_effect)
                 try:
@@ -1048,18 +1043,20 @@ def _plan(
     action_id: str,
     kind: str,
     fields: dict[str, Any],
-) -> Plan:
-    """The journal's plan for the action; a journal that cannot be read is logged and
-    the action runs (fail open), unless it is in doubt (:class:`ActionInDoubt` propagates).
-    An entry's attempts that are no integer are logged and counted as 1."""
+) -> tuple[Plan, Any]:
+    """The journal's plan for the action, and the outcome a replay returns; a journal that
+    cannot be read is logged and the action runs (fail open), unless it is in doubt
+    (:class:`ActionInDoubt` propagates). An entry's attempts that are no integer are
+    logged and counted as 1; an outcome that does not read is logged and taken as none
+    recorded (:func:`_outcome_of`)."""
     if journal is None or session_id is None:
-        return RUN_FIRST
+        return RUN_FIRST, None
     try:
         in_flight = _is_in_flight(session_id, action_id)
         entry = journal.get(session_id, action_id)
     except Exception as error:
         _journal_failed(journal, "read", error, f"could not read action {action_id!r} from")
-        return RUN_FIRST
+        return RUN_FIRST, None
     _journal_worked(journal, "read")
     try:
         step = plan(entry, kind, fields, in_flight=in_flight)
@@ -1069,7 +1066,7 @@ def _plan(
         logger.error(
             "could not read action %r from the journal %s (%s); it runs", action_id, _where(journal), error
         )
-        return RUN_FIRST
+        return RUN_FIRST, None
     if not isinstance(step.attempts, int):  # a row damaged or edited by hand: its decision stands
         logger.error(
             "the journal %s counts %r attempts of action %r, not an integer; counted as 1",
@@ -1078,13 +1075,41 @@ def _plan(
             action_id,
         )
         step = dataclasses.replace(step, attempts=1)
-    return step
+    return _outcome_of(step, action_id, kind, fields)
 
 
-def _served(act: Action, step: Plan) -> None:
-    """Make ``act`` a replay of the journal's outcome, or a skipped in-doubt side effect."""
+def _outcome_of(step: Plan, action_id: str, kind: str, fields: dict[str, Any]) -> tuple[Plan, Any]:
+    """``step``, and the outcome its replay returns, read once. An outcome that does not
+    read (a row damaged or edited by hand, an integer longer than this process's
+    ``sys.get_int_max_str_digits()``) is logged and taken as none recorded: the action
+    runs again, and a side effect is replayed as ``None``, never run twice (the agent's
+    code got ``None`` for a value it had computed). The run is not journaled
+    (:data:`_RUN_UNJOURNALED`): the row keeps its outcome, and would refuse its writes."""
+    entry = step.entry
+    if step.decision != "replay" or entry is None or entry.result is None:
+        return step, None
+    try:
+        return step, entry.outcome
+    except Exception:  # fail open
+        logger.warning(
+            "durable_sessions: the journal's outcome of action %r does not read; it is taken as not recorded: "
+            "a side effect is replayed as None, any other action runs again, unjournaled (discard the entry "
+            "to journal it afresh)",
+            action_id,
+            exc_info=True,
+        )
+    without = plan(dataclasses.replace(entry, result=None, attempts=step.attempts), kind, fields)
+    return (_RUN_UNJOURNALED if without.decision == "run" else without), None
+
+
+_RUN_UNJOURNALED = Plan("run")
+"""The plan of an action whose recorded outcome does not read: it runs, unjournaled."""
+
+
+def _served(act: Action, step: Plan, outcome: Any) -> None:
+    """Make ``act`` a replay of the journal's ``outcome``, or a skipped in-doubt side effect."""
     if step.decision == "replay" and step.entry is not None:
-        act._replay(step.entry)
+        act._replay(step.entry, outcome)
     else:
         act.skipped = True
         act._replay_awaitable = step.entry is not None and step.entry.awaited
