@@ -248,6 +248,70 @@ def test_the_file_exporter_keeps_a_span_whose_text_is_not_unicode(tmp_path: Path
     assert b"s-\\ud800" in line
 
 
+def test_text_that_is_not_unicode_makes_only_its_span_unreadable(tmp_path: Path) -> None:
+    """The file exporter writes a batch as one line, and a lone surrogate of a Python
+    string as its escape, which is no Unicode: the whole line was unreadable, the
+    batch's other spans unchecked, where the sidecar rejects only the span holding it.
+    Now only that span is unreadable, named with the field; the unkeyed payment beside
+    it is found. The line is the file's only one, so format detection reads it too."""
+    from durable_sessions.otlp_json import FileSpanExporter
+
+    path = tmp_path / "t.jsonl"
+    provider = TracerProvider()
+    spans: list[ReadableSpan] = []
+
+    class Keep(SpanExporter):
+        def export(self, batch: Sequence[ReadableSpan]) -> SpanExportResult:
+            spans.extend(batch)
+            return SpanExportResult.SUCCESS
+
+    provider.add_span_processor(SimpleSpanProcessor(Keep()))
+    tracer = provider.get_tracer("t")
+    session = {"session.id": "s-1", "agent.action.kind": "payment", "result_digest": "sha256:" + "0" * 64}
+    for action_id, extra in (("pay-1", {}), ("pay-2", {"note": "caf\udce9"}), ("pay-3", {})):
+        with tracer.start_as_current_span(
+            "pay", attributes={**session, "agent.action.id": action_id, **extra}
+        ):
+            pass
+    FileSpanExporter(path).export(spans)
+    assert len(path.read_bytes().splitlines()) == 1
+    code, report = check(str(path))
+    assert code == 1
+    found = sorted((v["rule"], v["action_id"]) for v in report["violations"])
+    assert found == [
+        ("unkeyed-side-effect", "pay-1"),
+        ("unkeyed-side-effect", "pay-3"),
+        ("unreadable-line", None),
+    ]
+    [unreadable] = [v for v in report["violations"] if v["rule"] == "unreadable-line"]
+    assert "spans[1] attributes[" in unreadable["message"]
+    assert "is not valid UTF-8 (a lone surrogate escape \\udce9)" in unreadable["message"]
+
+
+def test_text_that_is_not_unicode_in_a_resource_or_scope_makes_its_spans_unreadable(tmp_path: Path) -> None:
+    """As the sidecar rejects them: bad text in a resource or a scope makes each of its
+    spans unreadable, and outside any of them the whole line."""
+    path = tmp_path / "traces.jsonl"
+    write_spans(path)
+    first = path.read_bytes().splitlines()[0]
+    assert first.count(b'"scope":{"name":"test"') == 1 or first.count(b'"scope": {"name": "test"') == 1
+    spans = first.count(b'"spanId"')
+    for bad, reason, unreadable in (
+        (first.replace(b'"run-1"', b'"run-\\udc80"'), "resource.attributes[", spans),
+        (first.replace(b'"name": "test"', b'"name": "te\\udc80st"'), "scope.name is not valid UTF-8", spans),
+        (
+            b'{"x": "\\udc80", ' + first[1:],
+            "the request x is not valid UTF-8 (a lone surrogate escape \\udc80), outside any span",
+            1,
+        ),
+    ):
+        path.write_bytes(bad + b"\n")
+        _code, report = check(str(path))
+        found = [v for v in report["violations"] if v["rule"] == "unreadable-line"]
+        assert len(found) == unreadable, found
+        assert all(reason in v["message"] for v in found), found
+
+
 def test_a_file_exporter_forked_while_its_lock_is_held_exports_in_the_child(tmp_path: Path) -> None:
     import multiprocessing
 
@@ -273,8 +337,11 @@ def test_a_first_line_that_cannot_be_read_leaves_the_rest_read_as_otlp_json(tmp_
     first = good.splitlines()[0]
     assert first.count(b'"trip-7"') == 1
     for bad, reason in (
-        (first.replace(b'"trip-7"', b'"trip-\\udc80"'), "lone UTF-16 surrogate escape"),
-        (first.replace(b'"trip-7"', b'"trip-\xc3\x28"'), "line is not valid UTF-8 (byte 0xc3"),
+        (
+            first.replace(b'"trip-7"', b'"trip-\\udc80"'),
+            "is not valid UTF-8 (a lone surrogate escape \\udc80)",
+        ),
+        (first.replace(b'"trip-7"', b'"trip-\xc3\x28"'), "is not valid UTF-8 (byte 0xc3)"),
     ):
         path.write_bytes(bad + b"\n" + good)
         piped = subprocess.run(

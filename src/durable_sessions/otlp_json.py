@@ -28,6 +28,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from durable_sessions import forking
 from durable_sessions import semconv as sc
+from durable_sessions.bad_text import Marked
 from durable_sessions.mapping import SpanData, exact
 
 logger = logging.getLogger("durable_sessions")
@@ -80,7 +81,7 @@ def legacy_group(request: dict[str, Any]) -> int | None:
 
 
 def spans_of(
-    request: dict[str, Any], *, attribute_value_limit: int | None = None
+    request: dict[str, Any], *, attribute_value_limit: int | None = None, marked: Marked | None = None
 ) -> Iterator[SpanData | BadSpan]:
     """Every span of one OTLP/JSON request, or what is wrong with it and where.
 
@@ -93,7 +94,15 @@ def spans_of(
     naming it: the spans it held cannot be known, so they must not pass as none. A
     request holding the legacy ``instrumentationLibrarySpans`` is refused whole
     (:data:`LEGACY_SCOPE_SPANS`).
+
+    ``marked``: the line's strings that are not UTF-8 text, as marks in ``request``
+    (:func:`durable_sessions.bad_text.marked`). A span holding one is unreadable, and so
+    is each span of a resource or scope holding one, as the sidecar rejects them; one
+    outside any resource, scope or span makes the whole request unreadable.
     """
+    if marked is not None and (problem := _text_problem(marked, request, "resourceSpans", "resource_spans")):
+        yield BadSpan("the request", f"{problem}, outside any span")
+        return
     resource_spans = field(request, "resourceSpans", "resource_spans")
     if not isinstance(resource_spans, list):
         yield BadSpan("resourceSpans", "is not a list")
@@ -108,6 +117,8 @@ def spans_of(
             yield BadSpan(where, "is not an object")
             continue
         resource_attributes, resource_problem = resource_of(group)
+        if marked is not None:
+            resource_problem = _text_problem(marked, group, "scopeSpans", "scope_spans") or resource_problem
         scopes = field(group, "scopeSpans", "scope_spans")
         if scopes is not None and not isinstance(scopes, list):
             yield BadSpan(f"{where}.scopeSpans", f"is {json_kind(scopes)}, not a list")
@@ -117,12 +128,23 @@ def spans_of(
             if type(spans) is BadSpan:
                 yield spans
                 continue
+            scope_problem = resource_problem
+            if marked is not None and scope_problem is None:
+                scope_problem = _text_problem(marked, scope, "spans")
             for n, span in enumerate(spans):  # type: ignore[arg-type]
                 place = f"{where}.scopeSpans[{s}].spans[{n}]"
-                if resource_problem is not None:
-                    yield BadSpan(place, resource_problem)
+                if scope_problem is None and marked is not None and marked.holds(span):
+                    yield BadSpan(place, marked.first(span, "") or "")
+                elif scope_problem is not None:
+                    yield BadSpan(place, scope_problem)
                 else:
                     yield _span(span, resource_attributes, place, attribute_value_limit)
+
+
+def _text_problem(marked: Marked, node: dict[str, Any], *below: str) -> str | None:
+    """The first text that is not UTF-8 in ``node`` but for its ``below`` fields (what
+    is below it: a resource's scopes, a scope's spans), named from ``node``."""
+    return marked.first({key: value for key, value in node.items() if key not in below}, "")
 
 
 def _scope_spans(scope: Any, where: str) -> list[Any] | BadSpan:

@@ -27,7 +27,8 @@ from typing import IO, Any, Literal
 
 import orjson
 
-from durable_sessions import kinds, otlp_json
+from durable_sessions import bad_text, kinds, otlp_json
+from durable_sessions.bad_text import Marked
 from durable_sessions.json_text import Failure, exact_integers, parse_with_stdlib
 from durable_sessions.mapping import map_span, with_problems
 from durable_sessions.record import ActionRecord, Location, line_location
@@ -368,14 +369,17 @@ def _format_of(head: list[bytes]) -> Format:
 
 
 def _object_on(line: bytes, number: int) -> dict[str, Any] | None:
-    """The JSON object on line ``number``, or None: a blank or comment line, or one that is
-    no object (not JSON, not UTF-8, a lone surrogate escape: the reader reports it), which
-    says nothing of the format of the lines after it."""
+    """The JSON object on line ``number`` (its strings that are not UTF-8 text marked, see
+    :mod:`.bad_text`), or None: a blank or comment line, or one that is no object (the
+    reader reports it), which says nothing of the format of the lines after it."""
     stripped = _content(line, number)
     if not stripped or stripped.startswith(b"#"):
         return None
     parsed = parse_object(stripped)
-    return parsed if isinstance(parsed, dict) else None
+    if not isinstance(parsed, dict):  # an OTLP/JSON line whose text is not all UTF-8 is still one
+        found = bad_text.marked(stripped)
+        return _marked_object(found.body) if found is not None else None
+    return parsed
 
 
 _HEAD_LINES = 64
@@ -467,13 +471,13 @@ def read_otlp_json(
     """
     if redeliveries is None:
         redeliveries = Redeliveries()
-    for item in read_actions(source, name, max_line_bytes=max_line_bytes):
+    for item, marked in _otlp_requests(source, name, max_line_bytes):
         if type(item) is Unreadable:
             yield item
             continue
         request, location = item  # type: ignore[misc]
         bad = 0  # the bad spans of a line share its location: each gets its own occurrence
-        for span in otlp_json.spans_of(request, attribute_value_limit=attribute_value_limit):
+        for span in otlp_json.spans_of(request, attribute_value_limit=attribute_value_limit, marked=marked):
             if type(span) is otlp_json.BadSpan:
                 yield Unreadable(location, f"{span.where} {span.reason}", bad)  # type: ignore[union-attr]
                 bad += 1
@@ -488,6 +492,33 @@ def read_otlp_json(
                 with_problems(mapped.record, mapped.problems),
                 Location(name, location.line, trace_id, span_id),
             )
+
+
+def _otlp_requests(source: IO[bytes], name: str, max_line_bytes: int) -> Iterator[tuple[Item, Marked | None]]:
+    """The lines of an OTLP/JSON file as :func:`read_actions` reads them, except that a
+    line refused for strings that are not UTF-8 text (bytes that are not, a lone surrogate
+    escape) is read with those strings marked (:mod:`.bad_text`), so that only the spans
+    holding them are unreadable, as the sidecar rejects only those."""
+    for number, raw in numbered_lines(source, name, max_line_bytes):
+        item = parse_line(raw, name, number, max_line_bytes)
+        if type(item) is Unreadable and raw is not None:
+            found = bad_text.marked(_content(raw, number))
+            request = _marked_object(found.body) if found is not None else None
+            if request is not None:
+                yield (request, line_location(name, number)), found  # type: ignore[misc]
+                continue
+        if item is not None:
+            yield item, None
+
+
+def _marked_object(body: bytes) -> dict[str, Any] | None:
+    """The JSON object of a marked line, or None when it is none (refused for more than
+    its text)."""
+    try:
+        value = exact_integers(body, orjson.loads(body))
+    except orjson.JSONDecodeError:
+        return None
+    return value if type(value) is dict else None
 
 
 def read(

@@ -11,7 +11,7 @@ Both receivers share this module. Request-level problems (a body that is not an
 ``ExportTraceServiceRequest``, JSON that does not parse) raise :class:`BadData`, which
 the receivers answer with ``INVALID_ARGUMENT`` / HTTP 400. Span-level problems (an id of
 the wrong length, a JSON id that is not hex, nesting too deep for protobuf's parsers,
-text that is not UTF-8 (in OTLP/JSON also a lone surrogate escape: see :mod:`.bad_text`),
+text that is not UTF-8 (in OTLP/JSON also a lone surrogate escape: see :mod:`durable_sessions.bad_text`),
 in the span or in its resource or scope) reject that span only: the rest of the request is kept and the answer is a partial
 success that names the rejected spans.
 
@@ -35,12 +35,12 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
-from durable_sessions import otlp_json
+from durable_sessions import bad_text, otlp_json
 from durable_sessions import semconv as sc
 from durable_sessions.json_text import exact_integers
 from durable_sessions.mapping import SpanData
 from durable_sessions.native import native_module
-from durable_sessions_collector.otlp import bad_text, depth
+from durable_sessions_collector.otlp import depth
 from durable_sessions_collector.otlp.envelope import Position, named, without_refused_parts
 from durable_sessions_collector.quote import quoted
 
@@ -188,7 +188,7 @@ def _add_problem(problems: dict[Position, str], position: Position, problem: str
 
 def _loaded(body: bytes) -> tuple[Any, bytes, dict[Position, str]]:
     """The JSON document of ``body``, the body it was read from, and the spans rejected for
-    text that is not UTF-8 (see :mod:`.bad_text`), which the document holds no more: each
+    text that is not UTF-8 (see :mod:`durable_sessions.bad_text`), which the document holds no more: each
     such span is left its ids and name, each such resource or scope is left out. Raise
     :class:`BadData` when ``body`` is not JSON, or holds such text outside any span."""
     try:

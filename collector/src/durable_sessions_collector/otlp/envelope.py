@@ -28,6 +28,8 @@ from google.protobuf.message import DecodeError, Message
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 
+from durable_sessions.bad_text import not_utf8
+
 _PACKAGE = "durable_sessions_collector.envelope"
 
 _TOO_DEEP = ("MaxDepth", "too many levels of nesting")
@@ -223,12 +225,6 @@ def _part_problem(kind: str, part: bytes) -> str | None:
     if field is None:
         raise _RequestRefused
     return not_utf8(field)
-
-
-def not_utf8(where: str, detail: str | None = None) -> str:
-    """Why a span (or a resource or scope) is rejected for the text at ``where``, in either
-    encoding; ``detail``: what is wrong with it, where known."""
-    return f"{where} is not valid UTF-8" if detail is None else f"{where} is not valid UTF-8 ({detail})"
 
 
 def _alone(kind: str, part: bytes) -> bytes:

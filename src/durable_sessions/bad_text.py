@@ -1,6 +1,8 @@
 """OTLP/JSON strings that are not UTF-8 text, found and marked so that the rest of the
-body can still be read: the OTLP/JSON counterpart of :mod:`.envelope`'s text that is not
-UTF-8.
+body can still be read: the OTLP/JSON counterpart of the sidecar's protobuf text that is
+not UTF-8 (``durable_sessions_collector.otlp.envelope``). The sidecar's OTLP/JSON
+receiver and ``durable-sessions check``'s OTLP/JSON reader both use it, so that they
+reject the same spans in the same words.
 
 orjson refuses a whole body for one string holding bytes that are not UTF-8, or a lone
 UTF-16 surrogate escape (``"\\udc80"``, which no UTF-8 text holds). So one span's bad
@@ -8,7 +10,7 @@ text made the whole request a 400, its valid spans with it, where protobuf rejec
 span alone. :func:`marked` is asked only once orjson has refused a body: it replaces each
 such string of the body with a mark (a string that cannot be in the body otherwise) and
 keeps why it is bad. orjson then reads the marked body, or refuses it for something
-else, and the decoder rejects the span (or the resource or scope) that holds a mark,
+else, and the reader rejects the span (or the resource or scope) that holds a mark,
 naming the field as :meth:`Marked.first` finds it.
 """
 
@@ -21,7 +23,12 @@ from typing import Any
 
 import orjson
 
-from durable_sessions_collector.otlp.envelope import not_utf8
+
+def not_utf8(where: str, detail: str | None = None) -> str:
+    """Why a span (or a resource or scope) is rejected for the text at ``where``, in either
+    encoding; ``detail``: what is wrong with it, where known."""
+    return f"{where} is not valid UTF-8" if detail is None else f"{where} is not valid UTF-8 ({detail})"
+
 
 _NEXT_STRING = re.compile(
     rb'(?:[^"]*"[\x20\x21\x23-\x5b\x5d-\x7e]*")*[^"]*("[^"\\]*(?:\\.[^"\\]*)*")', re.DOTALL
