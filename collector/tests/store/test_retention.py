@@ -263,7 +263,7 @@ def test_a_pruned_session_that_gets_spans_again_is_stored_and_judged_afresh(star
     agent.action("again", "look", "tool_call")
     payment = recorder.spans[0]
     ended(sidecar, "again")
-    assert len(alerts_of(sidecar, "again")) == 1
+    wait_for(lambda: len(alerts_of(sidecar, "again")) == 1)  # the log thread writes it after the commit
     assert grpc_exporter(sidecar.grpc_endpoint).export([payment]) == SpanExportResult.SUCCESS
     assert sidecar.metric("durable_sessions_spans_duplicate_total") == 1  # while stored: a duplicate
     between = time.time()
@@ -281,8 +281,8 @@ def test_a_pruned_session_that_gets_spans_again_is_stored_and_judged_afresh(star
     )
     assert [action["action_id"] for action in document["actions"]] == ["charge"]
     [violation] = document["violations"]
-    alerts = alerts_of(sidecar, "again")
-    assert len(alerts) == 2 and {alert["key"] for alert in alerts} == {violation["key"]}  # alerted again
+    wait_for(lambda: len(alerts_of(sidecar, "again")) == 2)  # alerted again
+    assert {alert["key"] for alert in alerts_of(sidecar, "again")} == {violation["key"]}
     assert sidecar.metric("durable_sessions_spans_duplicate_total") == 1
     agent.shutdown()
 
