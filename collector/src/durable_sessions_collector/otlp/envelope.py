@@ -136,11 +136,11 @@ def without_refused_parts(body: bytes) -> tuple[bytes, dict[Position, str]] | No
 def _without_refused_parts(envelope: Any) -> tuple[bytes, dict[Position, str]] | None:
     problems: dict[Position, str] = {}
     for i, resource_spans in enumerate(envelope.resource_spans):
-        resource_problem = _resource_problem(resource_spans)
+        resource_problem = _group_problem(resource_spans, "resource", "ResourceSpans")
         if resource_problem and not any(scope_spans.spans for scope_spans in resource_spans.scope_spans):
             raise _RequestRefused  # no span to reject for it: the bad data is the request's
         for j, scope_spans in enumerate(resource_spans.scope_spans):
-            scope_problem = _scope_problem(scope_spans)
+            scope_problem = _group_problem(scope_spans, "scope", "ScopeSpans")
             if scope_problem and not scope_spans.spans:
                 raise _RequestRefused
             for k, span in enumerate(scope_spans.spans):
@@ -158,29 +158,16 @@ class _RequestRefused(Exception):
     envelope): the request is refused, in the parser's words."""
 
 
-def _resource_problem(resource_spans: Any) -> str | None:
-    """Why the parser refuses ``resource_spans``' resource or schema URL (both are left
-    out then), or None."""
+def _group_problem(group: Any, field: str, label: str) -> str | None:
+    """Why the parser refuses ``group``'s ``field`` (its resource or scope) or schema URL
+    (both are left out then), or None; ``label`` names the group's message type."""
     problem = _first(
-        [_part_problem("resource", resource) for resource in resource_spans.resource]
-        + [_text_problem(url, "its ResourceSpans' schema_url") for url in resource_spans.schema_url]
+        [_part_problem(field, part) for part in getattr(group, field)]
+        + [_text_problem(url, f"its {label}' schema_url") for url in group.schema_url]
     )
     if problem:
-        del resource_spans.resource[:]
-        del resource_spans.schema_url[:]
-    return problem
-
-
-def _scope_problem(scope_spans: Any) -> str | None:
-    """Why the parser refuses ``scope_spans``' scope or schema URL (both are left out
-    then), or None."""
-    problem = _first(
-        [_part_problem("scope", scope) for scope in scope_spans.scope]
-        + [_text_problem(url, "its ScopeSpans' schema_url") for url in scope_spans.schema_url]
-    )
-    if problem:
-        del scope_spans.scope[:]
-        del scope_spans.schema_url[:]
+        del getattr(group, field)[:]
+        del group.schema_url[:]
     return problem
 
 
