@@ -86,6 +86,18 @@ def strict_status(headers: http.client.HTTPMessage, data: bytes) -> status_pb2.S
     return status
 
 
+def accepted(sidecar, body: bytes, content_type: str) -> ExportTraceServiceResponse:  # type: ignore[no-untyped-def]
+    """The sidecar's answer to ``body``, which must be a 200, read in ``content_type``."""
+    status, headers, data = post(sidecar, body, content_type)
+    assert status == 200, strict_status(headers, data).message
+    response = ExportTraceServiceResponse()
+    if content_type == JSON:
+        json_format.Parse(data, response)
+    else:
+        response.ParseFromString(data)
+    return response
+
+
 def kv(key: str, value: dict[str, Any]) -> dict[str, Any]:
     return {"key": key, "value": value}
 
@@ -541,6 +553,19 @@ def _field(number: int, payload: bytes) -> bytes:
             return bytes([number << 3 | 2]) + bytes(length) + payload
 
 
+def _kept_and_deep(session: str) -> list[bytes]:
+    """The protobuf bytes of two spans of ``session``, of actions "kept" and "deep", to
+    write a request around."""
+    return [
+        ExportTraceServiceRequest.FromString(proto_request(session, action, n))
+        .resource_spans[0]
+        .scope_spans[0]
+        .spans[0]
+        .SerializeToString()
+        for n, action in ((1, "kept"), (2, "deep"))
+    ]
+
+
 def _deeply_linked(content_type: str, session: str, depth: int) -> bytes:
     """A request of two spans of ``session``: "kept", and "deep" whose link has an attribute
     nesting ``depth`` arrays, written out as bytes or text (protobuf's own builders refuse
@@ -557,16 +582,8 @@ def _deeply_linked(content_type: str, session: str, depth: int) -> bytes:
     for _ in range(depth):
         value = _field(5, _field(1, value))  # AnyValue.array_value, ArrayValue.values
     link = _field(1, b"\x03" * 16) + _field(2, b"\x04" * 8) + _field(4, _field(1, b"deep") + _field(2, value))
-    spans = [
-        ExportTraceServiceRequest.FromString(proto_request(session, action, n))
-        .resource_spans[0]
-        .scope_spans[0]
-        .spans[0]
-        for n, action in ((1, "kept"), (2, "deep"))
-    ]
-    scope = _field(2, spans[0].SerializeToString()) + _field(
-        2, spans[1].SerializeToString() + _field(13, link)
-    )
+    kept, deep = _kept_and_deep(session)
+    scope = _field(2, kept) + _field(2, deep + _field(13, link))
     return _field(1, _field(2, scope))
 
 
@@ -579,13 +596,7 @@ def test_a_link_nested_too_deeply_rejects_its_span_only(sidecar, content_type: s
     In protobuf the whole request was a 400 (upb refuses a message nested too deeply
     whole), in OTLP/JSON too at the depths where the span alone was within the limit."""
     session = f"deep-{content_type.rpartition('/')[2]}-{depth}"
-    status, headers, data = post(sidecar, _deeply_linked(content_type, session, depth), content_type)
-    assert status == 200, strict_status(headers, data).message
-    response = ExportTraceServiceResponse()
-    if content_type == JSON:
-        json_format.Parse(data, response)
-    else:
-        response.ParseFromString(data)
+    response = accepted(sidecar, _deeply_linked(content_type, session, depth), content_type)
     assert response.partial_success.rejected_spans == 1
     assert response.partial_success.error_message.startswith(
         "rejected 1 of 2 span(s): resource_spans[0].scope_spans[0].spans[1] "
@@ -638,14 +649,7 @@ def _nested_request(content_type: str, session: str, place: str, total: int) -> 
             groups[1]["resource"] = {"attributes": [deep]}
         return json.dumps({"resourceSpans": groups}).encode()
     deep_kv = _field(1, b"deep") + _field(2, value)
-    spans = [
-        ExportTraceServiceRequest.FromString(proto_request(session, action, n))
-        .resource_spans[0]
-        .scope_spans[0]
-        .spans[0]
-        .SerializeToString()
-        for n, action in ((1, "kept"), (2, "deep"))
-    ]
+    spans = _kept_and_deep(session)
     extra_bytes = {
         "span attribute": _field(9, deep_kv),
         "event attribute": _field(11, _field(2, b"e") + _field(3, deep_kv)),
@@ -671,13 +675,7 @@ def test_both_encodings_read_a_request_101_messages_deep_and_reject_a_span_deepe
     limit what the other rejected. Both now keep the span at the limit and reject it past
     it, wherever it nests."""
     session = f"depth-{content_type.rpartition('/')[2]}-{place.replace(' ', '-')}-{total}"
-    status, headers, data = post(sidecar, _nested_request(content_type, session, place, total), content_type)
-    assert status == 200, strict_status(headers, data).message
-    response = ExportTraceServiceResponse()
-    if content_type == JSON:
-        json_format.Parse(data, response)
-    else:
-        response.ParseFromString(data)
+    response = accepted(sidecar, _nested_request(content_type, session, place, total), content_type)
     stored = [a["action_id"] for a in actions(sidecar, session)]
     if total <= 101:
         assert not response.HasField("partial_success"), response.partial_success.error_message
