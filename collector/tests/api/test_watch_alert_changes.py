@@ -13,7 +13,7 @@ keyed start of the same action makes it hold again (and is itself a
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -169,19 +169,27 @@ def lose_sqlite_store(sidecar: Sidecar, directory: Path) -> None:
         path.unlink()
 
 
-def test_a_cursor_of_a_store_lost_since_resumes_from_the_new_stores_start(  # type: ignore[no-untyped-def]
-    start_sidecar, tmp_path, watches: list[Watch]
-) -> None:
-    store = tmp_path / "sessions.db"
+def cursor_of_a_lost_store(
+    start_sidecar: Callable[..., Sidecar], directory: Path, watches: list[Watch]
+) -> tuple[pb.Alert, Sidecar]:
+    """The last of three alerts a watcher got from a sidecar whose SQLite store (in
+    ``directory``) was then lost, and a sidecar started on a new store in its place."""
+    store = directory / "sessions.db"
     first = start_sidecar(store)
     watch = Watch(first)
     watches.append(watch)
     unbounded_retries(first, "old-1", "old-2", "old-3")
     last = watch.take(3)[-1]
     watch.close()
+    lose_sqlite_store(first, directory)
+    return last, start_sidecar(store)
+
+
+def test_a_cursor_of_a_store_lost_since_resumes_from_the_new_stores_start(  # type: ignore[no-untyped-def]
+    start_sidecar, tmp_path, watches: list[Watch]
+) -> None:
     # The new store numbers its violations from 1 again, below the watcher's cursor.
-    lose_sqlite_store(first, tmp_path)
-    second = start_sidecar(store)
+    last, second = cursor_of_a_lost_store(start_sidecar, tmp_path, watches)
     unbounded_retries(second, "new-1", "new-2")
 
     resumed = Watch(second, cursor=last.cursor, timeout=3)
@@ -196,15 +204,7 @@ def test_a_cursor_of_a_lost_store_resumes_from_the_start_of_a_new_store_grown_pa
     """The new store's feed is already longer than the old one was when the watcher comes
     back: its cursor names the old store, so the new feed is sent from its start. Read as
     a position of the new store, it skipped the new store's first three alerts."""
-    store = tmp_path / "sessions.db"
-    first = start_sidecar(store)
-    watch = Watch(first)
-    watches.append(watch)
-    unbounded_retries(first, "old-1", "old-2", "old-3")
-    last = watch.take(3)[-1]
-    watch.close()
-    lose_sqlite_store(first, tmp_path)
-    second = start_sidecar(store)
+    last, second = cursor_of_a_lost_store(start_sidecar, tmp_path, watches)
     new = [f"new-{n}" for n in range(1, 6)]
     unbounded_retries(second, *new)
     wait_for(lambda: len(second.get("/api/sessions")[1]["sessions"]) == 5)
