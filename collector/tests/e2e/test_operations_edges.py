@@ -39,18 +39,12 @@ import pytest
 from conftest import wait_for
 from durable_sessions_collector import pipeline as pipeline_module
 from google.rpc import error_details_pb2
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
-from sidecar_clients import retry_delay
+from sidecar_clients import export_call, retry_delay
 from stall_proxy import StallProxy
 from webhook_server import free_port
-
-EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
-
 
 # --- helpers ----------------------------------------------------------------------------------
 
@@ -100,9 +94,7 @@ def post_traces(http_url: str, body: bytes, timeout: float = 30) -> tuple[int, d
 def grpc_export(endpoint: str, body: bytes, timeout: float = 30) -> tuple[grpc.StatusCode, dict[str, Any]]:
     """One raw Export over gRPC: (code, trailing metadata)."""
     with grpc.insecure_channel(endpoint) as channel:
-        export = channel.unary_unary(
-            EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString
-        )
+        export = export_call(channel)
         try:
             export(body, timeout=timeout)
         except grpc.RpcError as error:
@@ -347,9 +339,7 @@ class LoadClient(threading.Thread):
     def run(self) -> None:
         n = 0
         channel = grpc.insecure_channel(self.grpc_endpoint)
-        export = channel.unary_unary(
-            EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString
-        )
+        export = export_call(channel)
         while not self.stop.is_set():
             n += 1
             session = f"{self.name_}-{n % 7}"

@@ -23,9 +23,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
-from sidecar_clients import any_value
+from sidecar_clients import any_value, export_call
 
-EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 MIB = 1024 * 1024
 
 
@@ -77,9 +76,7 @@ def grpc_export(sidecar, body: bytes) -> ExportTraceServiceResponse:  # type: ig
     with grpc.insecure_channel(
         sidecar.grpc_endpoint, options=[("grpc.max_send_message_length", 256 * MIB)]
     ) as channel:
-        call = channel.unary_unary(
-            EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString
-        )
+        call = export_call(channel)
         return call(body, timeout=30)
 
 

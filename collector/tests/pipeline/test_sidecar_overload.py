@@ -21,11 +21,10 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from sidecar_clients import grpc_exporter, http_exporter, otlp_json
+from sidecar_clients import export_call, grpc_exporter, http_exporter, otlp_json
 
 JSON = "application/json"
 PROTOBUF = "application/x-protobuf"
-EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 CLIENTS = 12
 SPANS_PER_BATCH = 300
 
@@ -132,9 +131,7 @@ def test_burst_gets_retry_hints_on_both_transports(start_sidecar, tmp_path) -> N
     )
 
     channel = grpc.insecure_channel(sidecar.grpc_endpoint)
-    call = channel.unary_unary(
-        EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString
-    )
+    call = export_call(channel)
     grpc_bodies = [encode_spans(batch).SerializeToString() for batch in batches("raw-grpc")]
 
     def export(body: bytes):  # type: ignore[no-untyped-def]
@@ -194,9 +191,7 @@ def test_clients_refused_together_are_told_different_delays(start_sidecar, tmp_p
     blocker = sqlite3.connect(tmp_path / "sessions.db", isolation_level=None, timeout=30)
     blocker.execute("BEGIN IMMEDIATE")  # nothing commits: the queue stays full
     channel = grpc.insecure_channel(sidecar.grpc_endpoint)
-    call = channel.unary_unary(
-        EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString
-    )
+    call = export_call(channel)
     try:
         held = []  # the request the writer is stuck on, and those the queue holds
         while len(held) < 10:
@@ -247,9 +242,7 @@ def test_a_locked_store_is_answered_unavailable_before_an_sdk_exporter_gives_up(
     raw_http, raw_grpc, sdk_http, sdk_grpc = batches("locked", count=4, size=3)
     http_body, grpc_body = (encode_spans(batch).SerializeToString() for batch in (raw_http, raw_grpc))
     channel = grpc.insecure_channel(sidecar.grpc_endpoint)
-    call = channel.unary_unary(
-        EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString
-    )
+    call = export_call(channel)
 
     def post(body: bytes):  # type: ignore[no-untyped-def]
         connection = http.client.HTTPConnection("127.0.0.1", sidecar.service.http_port, timeout=60)

@@ -21,14 +21,10 @@ import pytest
 from conftest import wait_for
 from durable_sessions_collector.jsonlog import JsonLog, RepeatedFailure
 from durable_sessions_collector.store import stored
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
-
-EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+from sidecar_clients import export_call
 
 
 def span_id(session: str, action_id: str) -> bytes:
@@ -69,9 +65,7 @@ def test_only_the_unstorable_span_is_rejected_and_its_batch_is_stored(start_side
     sidecar = start_sidecar(store)
     poison(store)
     channel = grpc.insecure_channel(sidecar.grpc_endpoint)
-    export = channel.unary_unary(
-        EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString
-    )
+    export = export_call(channel)
     # Hold the store's write lock so that the three requests queue up behind a first one
     # and are written as one batch once it is released.
     lock = sqlite3.connect(store, isolation_level=None)
@@ -110,9 +104,7 @@ def test_a_request_of_only_unstorable_spans_is_retryable(start_sidecar, tmp_path
     sidecar = start_sidecar(store)
     poison(store)
     with grpc.insecure_channel(sidecar.grpc_endpoint) as channel:
-        export = channel.unary_unary(
-            EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString
-        )
+        export = export_call(channel)
         try:
             export(request("all-bad", "poison"), timeout=30)
         except grpc.RpcError as error:
@@ -139,9 +131,7 @@ def test_a_broken_store_fails_the_batch_without_splitting_it(start_sidecar, tmp_
     sidecar = start_sidecar(store)
     break_inserts(store)
     with grpc.insecure_channel(sidecar.grpc_endpoint) as channel:
-        export = channel.unary_unary(
-            EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString
-        )
+        export = export_call(channel)
         try:
             export(request("broken", "b1", "b2", "b3"), timeout=30)
         except grpc.RpcError as error:
@@ -165,9 +155,7 @@ def test_a_store_failing_every_write_is_logged_once_with_a_count_then_its_recove
     sidecar = start_sidecar(store)
     break_inserts(store)
     with grpc.insecure_channel(sidecar.grpc_endpoint) as channel:
-        export = channel.unary_unary(
-            EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString
-        )
+        export = export_call(channel)
         for n in range(4):
             with pytest.raises(grpc.RpcError):
                 export(request(f"retried-{n}", "a1"), timeout=30)
@@ -222,9 +210,7 @@ def test_postgres_only_the_span_it_refuses_is_rejected(start_sidecar, postgres_u
         "ALTER TABLE actions ADD CONSTRAINT no_poison CHECK (action_id IS DISTINCT FROM 'poison')",
     )
     with grpc.insecure_channel(sidecar.grpc_endpoint) as channel:
-        export = channel.unary_unary(
-            EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString
-        )
+        export = export_call(channel)
         answer = export(request("pg-mixed", "m1", "poison", "m2"), timeout=30)
     assert answer.partial_success.rejected_spans == 1
     assert span_id("pg-mixed", "poison").hex() in answer.partial_success.error_message
@@ -258,9 +244,7 @@ def test_postgres_a_span_the_store_fails_while_a_request_is_split_is_retried_not
     )
     body = request("pg-split", "m1", "poison", "unlucky")
     with grpc.insecure_channel(sidecar.grpc_endpoint) as channel:
-        export = channel.unary_unary(
-            EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString
-        )
+        export = export_call(channel)
         try:
             answer = export(body, timeout=30)
         except grpc.RpcError as error:
@@ -295,9 +279,7 @@ def test_postgres_a_value_past_its_index_limit_is_rejected_not_retried(  # type:
     # (incompressible: PostgreSQL compresses an index entry before it measures it)
     long_session = "".join(hashlib.sha256(bytes([n])).hexdigest() for n in range(64))
     with grpc.insecure_channel(sidecar.grpc_endpoint) as channel:
-        export = channel.unary_unary(
-            EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString
-        )
+        export = export_call(channel)
         alone = export(request(long_session, "a1"), timeout=30)
         mixed = export(request("pg-fine", "f1") + request(long_session, "a2"), timeout=30)
     assert alone.partial_success.rejected_spans == 1
@@ -319,9 +301,7 @@ def test_postgres_a_dropped_table_fails_the_batch_without_splitting_it(start_sid
     sidecar = start_sidecar(postgres_url)
     _pg(postgres_url, "DROP TABLE violations")
     with grpc.insecure_channel(sidecar.grpc_endpoint) as channel:
-        export = channel.unary_unary(
-            EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString
-        )
+        export = export_call(channel)
         try:
             export(request("pg-broken", "b1", "b2", "b3"), timeout=30)
         except grpc.RpcError as error:
@@ -338,9 +318,7 @@ def test_an_id_holding_nul_is_refused_alike_by_both_stores(start_sidecar, store_
     # "a\ufffdb" one session, answered as "a\ufffdb". Both stores refuse such a span.
     sidecar = start_sidecar(store_url)
     with grpc.insecure_channel(sidecar.grpc_endpoint) as channel:
-        export = channel.unary_unary(
-            EXPORT, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString
-        )
+        export = export_call(channel)
         kept = export(request("a\ufffdb", "p1", "p2"), timeout=30)
         with_nul = export(request("a\x00b", "p1", "p2", "p3"), timeout=30)
         nul_action = export(request("plain", "ok1", "x\x00y"), timeout=30)
