@@ -138,6 +138,27 @@ def http_exporter(base_url: str, **options: Any) -> HttpExporter:
     return HttpExporter(endpoint=base_url + "/v1/traces", **options)
 
 
+class Recorder(SpanExporter):
+    """Exports to the sidecar over OTLP/gRPC and keeps the spans, to deliver them again or
+    read their ids."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.exporter = grpc_exporter(endpoint)
+        self.spans: list[ReadableSpan] = []
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.spans.extend(spans)
+        return self.exporter.export(spans)
+
+    def shutdown(self) -> None:
+        self.exporter.shutdown()
+
+    def ids(self, action_id: str) -> tuple[bytes, bytes]:
+        """(trace id, span id) of the last span of ``action_id``, as OTLP carries them."""
+        [*_, span] = [s for s in self.spans if s.attributes.get("agent.action.id") == action_id]
+        return span.context.trace_id.to_bytes(16, "big"), span.context.span_id.to_bytes(8, "big")
+
+
 class Agent:
     """One process incarnation of an agent: a TracerProvider exporting synchronously."""
 
@@ -164,3 +185,12 @@ class Agent:
 
     def shutdown(self) -> None:
         self.provider.shutdown()
+
+
+def recorded_agent(endpoint: str, instance_id: str = "inc-1") -> Agent:
+    """An :class:`Agent` exporting to ``endpoint`` through a :class:`Recorder`, kept as its
+    ``recorder``."""
+    recorder = Recorder(endpoint)
+    agent = Agent(recorder, instance_id)
+    agent.recorder = recorder  # type: ignore[attr-defined]
+    return agent

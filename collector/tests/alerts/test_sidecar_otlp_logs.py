@@ -19,9 +19,9 @@ from durable_sessions_collector.cli import main
 from durable_sessions_collector.config import ConfigError, load
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.logs.v1 import logs_pb2
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import SpanExportResult
 from otlp_log_server import OtlpLogServer
-from sidecar_clients import Agent, grpc_exporter
+from sidecar_clients import Agent, grpc_exporter, recorded_agent
 from webhook_server import ClosedPort
 
 SECRET = "card 4242 4242 4242 4242"
@@ -33,36 +33,9 @@ FAST = {
 }
 
 
-class Recorder(SpanExporter):
-    """Exports to the sidecar and keeps the spans (their ids, and to send them again)."""
-
-    def __init__(self, endpoint: str) -> None:
-        self.exporter = grpc_exporter(endpoint)
-        self.spans: list = []  # type: ignore[type-arg]
-
-    def export(self, spans):  # type: ignore[no-untyped-def]
-        self.spans.extend(spans)
-        return self.exporter.export(spans)
-
-    def shutdown(self) -> None:
-        self.exporter.shutdown()
-
-    def ids(self, action_id: str) -> tuple[bytes, bytes]:
-        """(trace id, span id) of the last span of ``action_id``, as OTLP carries them."""
-        [*_, span] = [s for s in self.spans if s.attributes.get("agent.action.id") == action_id]
-        return span.context.trace_id.to_bytes(16, "big"), span.context.span_id.to_bytes(8, "big")
-
-
-def agent_for(sidecar, instance: str = "inc-1") -> Agent:  # type: ignore[no-untyped-def]
-    recorder = Recorder(sidecar.grpc_endpoint)
-    agent = Agent(recorder, instance)
-    agent.recorder = recorder  # type: ignore[attr-defined]
-    return agent
-
-
 def unkeyed_payment(sidecar) -> Agent:  # type: ignore[no-untyped-def]
     """unkeyed-side-effect (an error, found at ingest); the result text is a secret."""
-    agent = agent_for(sidecar)
+    agent = recorded_agent(sidecar.grpc_endpoint)
     agent.action("pay-1", "charge", "payment", result=json.dumps({"note": SECRET}))
     return agent
 
@@ -97,7 +70,9 @@ def test_each_violation_arrives_once_as_a_log_record_linked_to_its_span(start_si
         )
         first = unkeyed_payment(sidecar)
         first.action("pay-2", "p1", "payment", idempotency_key="pay-2/p1")
-        second = agent_for(sidecar, "inc-2")  # a new incarnation sends the keyed payment again
+        second = recorded_agent(
+            sidecar.grpc_endpoint, "inc-2"
+        )  # a new incarnation sends the keyed payment again
         second.action("pay-2", "p1", "payment", idempotency_key="pay-2/p1")  # a warning
 
         def by_rule() -> dict[str, logs_pb2.LogRecord]:

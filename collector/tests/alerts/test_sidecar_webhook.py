@@ -14,9 +14,9 @@ import time
 
 import pytest
 from conftest import wait_for
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from sidecar_clients import Agent, grpc_exporter
+from sidecar_clients import Agent, grpc_exporter, recorded_agent
 from webhook_server import ClosedPort, WebhookServer
 
 SECRET = "card 4242 4242 4242 4242"
@@ -32,27 +32,10 @@ def expected_key(session_id: str, rule: str, action_id: str) -> str:
     return "ds-alert-" + hashlib.sha256(f"{session_id}\x1f{rule}\x1f{action_id}".encode()).hexdigest()[:32]
 
 
-class Recorder(SpanExporter):
-    """Exports to the sidecar and keeps the spans, to deliver them a second time later."""
-
-    def __init__(self, endpoint: str) -> None:
-        self.exporter = grpc_exporter(endpoint)
-        self.spans: list = []  # type: ignore[type-arg]
-
-    def export(self, spans):  # type: ignore[no-untyped-def]
-        self.spans.extend(spans)
-        return self.exporter.export(spans)
-
-    def shutdown(self) -> None:
-        self.exporter.shutdown()
-
-
 def unkeyed_payment(sidecar, session_id: str = "pay-1") -> Agent:  # type: ignore[no-untyped-def]
     """One unkeyed payment (unkeyed-side-effect, an error found at ingest); the result
     text is a secret that must not reach the webhook."""
-    recorder = Recorder(sidecar.grpc_endpoint)
-    agent = Agent(recorder, "inc-1")
-    agent.recorder = recorder  # type: ignore[attr-defined]
+    agent = recorded_agent(sidecar.grpc_endpoint)
     agent.action(session_id, "charge", "payment", result=json.dumps({"note": SECRET}))
     return agent
 

@@ -33,7 +33,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-from sidecar_clients import Agent, grpc_exporter
+from sidecar_clients import Agent, Recorder, grpc_exporter
 from webhook_server import ClosedPort, WebhookServer
 
 from durable_sessions.violation import Severity, Violation
@@ -43,21 +43,6 @@ TABLES = ("sessions", "actions", "violations", "outbox")
 
 
 # --- helpers ---------------------------------------------------------------------------------
-
-
-class Recorder(SpanExporter):
-    """Exports to the sidecar over OTLP/gRPC and keeps the spans, to deliver them again."""
-
-    def __init__(self, endpoint: str) -> None:
-        self.exporter = grpc_exporter(endpoint)
-        self.spans: list[ReadableSpan] = []
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        self.spans.extend(spans)
-        return self.exporter.export(spans)
-
-    def shutdown(self) -> None:
-        self.exporter.shutdown()
 
 
 class Holder(SpanExporter):
