@@ -13,12 +13,14 @@ import hashlib
 import io
 import json
 import sqlite3
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
-from conftest import wait_for
+from conftest import Sidecar, wait_for
 from durable_sessions_collector.jsonlog import JsonLog, RepeatedFailure
 from durable_sessions_collector.store import stored
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -49,6 +51,26 @@ def request(session: str, *action_ids: str) -> bytes:
     return ExportTraceServiceRequest(
         resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=spans)])]
     ).SerializeToString()
+
+
+def assert_retryable(export: Callable[..., Any], body: bytes, detail: str = "") -> None:
+    """``body`` is answered UNAVAILABLE (to be sent again), ``detail`` in the error's details."""
+    try:
+        answer = export(body, timeout=30)
+    except grpc.RpcError as error:
+        assert error.code() == grpc.StatusCode.UNAVAILABLE, error.details()
+        assert detail in error.details()
+    else:
+        raise AssertionError(f"answered OK: {answer.partial_success}")
+
+
+def assert_failed_whole(sidecar: Sidecar, body: bytes, detail: str) -> None:
+    """``body`` is answered retryable as a whole (:func:`assert_retryable`) and the store's
+    failure logged once, the request not written again span by span."""
+    with grpc.insecure_channel(sidecar.grpc_endpoint) as channel:
+        assert_retryable(export_call(channel), body, detail)
+    events = [line.get("event") for line in sidecar.log.lines()]
+    assert events.count("store-write-failed") == 1 and "request-write-failed" not in events
 
 
 def poison(store: Path) -> None:
@@ -104,14 +126,7 @@ def test_a_request_of_only_unstorable_spans_is_retryable(start_sidecar, tmp_path
     sidecar = start_sidecar(store)
     poison(store)
     with grpc.insecure_channel(sidecar.grpc_endpoint) as channel:
-        export = export_call(channel)
-        try:
-            export(request("all-bad", "poison"), timeout=30)
-        except grpc.RpcError as error:
-            assert error.code() == grpc.StatusCode.UNAVAILABLE
-            assert "poisoned row" in error.details()
-        else:
-            raise AssertionError("a request none of whose spans could be stored was answered OK")
+        assert_retryable(export_call(channel), request("all-bad", "poison"), "poisoned row")
     assert sidecar.get("/healthz")[0] == 200
 
 
@@ -130,17 +145,7 @@ def test_a_broken_store_fails_the_batch_without_splitting_it(start_sidecar, tmp_
     store = tmp_path / "sessions.db"
     sidecar = start_sidecar(store)
     break_inserts(store)
-    with grpc.insecure_channel(sidecar.grpc_endpoint) as channel:
-        export = export_call(channel)
-        try:
-            export(request("broken", "b1", "b2", "b3"), timeout=30)
-        except grpc.RpcError as error:
-            assert error.code() == grpc.StatusCode.UNAVAILABLE
-            assert "no such table" in error.details()
-        else:
-            raise AssertionError("a write the store failed was answered OK")
-    events = [line.get("event") for line in sidecar.log.lines()]
-    assert events.count("store-write-failed") == 1 and "request-write-failed" not in events
+    assert_failed_whole(sidecar, request("broken", "b1", "b2", "b3"), "no such table")
     with sqlite3.connect(store) as db:
         assert db.execute("SELECT COUNT(*) FROM actions").fetchone() == (0,)
     db.close()
@@ -245,12 +250,7 @@ def test_postgres_a_span_the_store_fails_while_a_request_is_split_is_retried_not
     body = request("pg-split", "m1", "poison", "unlucky")
     with grpc.insecure_channel(sidecar.grpc_endpoint) as channel:
         export = export_call(channel)
-        try:
-            answer = export(body, timeout=30)
-        except grpc.RpcError as error:
-            assert error.code() == grpc.StatusCode.UNAVAILABLE, error.details()
-        else:
-            raise AssertionError(f"answered OK, rejecting: {answer.partial_success}")
+        assert_retryable(export, body)
         _pg(postgres_url, "DROP TRIGGER full_disk ON actions")  # the disk has room again
         retried = export(body, timeout=30)
     assert retried.partial_success.rejected_spans == 1  # the span the store refuses, alone
@@ -300,17 +300,7 @@ def test_postgres_a_dropped_table_fails_the_batch_without_splitting_it(start_sid
     # is the store's state all the same: retryable as a whole, not span by span.
     sidecar = start_sidecar(postgres_url)
     _pg(postgres_url, "DROP TABLE violations")
-    with grpc.insecure_channel(sidecar.grpc_endpoint) as channel:
-        export = export_call(channel)
-        try:
-            export(request("pg-broken", "b1", "b2", "b3"), timeout=30)
-        except grpc.RpcError as error:
-            assert error.code() == grpc.StatusCode.UNAVAILABLE
-            assert "violations" in error.details()
-        else:
-            raise AssertionError("a write the store failed was answered OK")
-    events = [line.get("event") for line in sidecar.log.lines()]
-    assert events.count("store-write-failed") == 1 and "request-write-failed" not in events
+    assert_failed_whole(sidecar, request("pg-broken", "b1", "b2", "b3"), "violations")
 
 
 def test_an_id_holding_nul_is_refused_alike_by_both_stores(start_sidecar, store_url) -> None:  # type: ignore[no-untyped-def]
