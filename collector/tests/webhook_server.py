@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import socket
+import ssl
 import threading
 import time
 from dataclasses import dataclass, field
@@ -70,6 +71,40 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+class QuietHandler(BaseHTTPRequestHandler):
+    """A request handler that writes no access-log line to stderr for each request."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class _Ipv6HttpServer(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
+def serve_in_background(
+    handler: type[BaseHTTPRequestHandler],
+    host: str = "127.0.0.1",
+    port: int = 0,
+    tls: ssl.SSLContext | None = None,
+) -> ThreadingHTTPServer:
+    """A real HTTP server of ``handler`` on ``host`` (IPv6 for a host with a colon) and
+    ``port`` (0: a free one), TLS when ``tls`` is given, serving from a daemon thread with
+    a daemon thread per request. :func:`stop_serving` ends it."""
+    server = (_Ipv6HttpServer if ":" in host else ThreadingHTTPServer)((host, port), handler)
+    server.daemon_threads = True
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    return server
+
+
+def stop_serving(server: ThreadingHTTPServer) -> None:
+    """Stop a server of :func:`serve_in_background` and close its port."""
+    server.shutdown()
+    server.server_close()
+
+
 class WebhookServer:
     def __init__(
         self,
@@ -88,7 +123,7 @@ class WebhookServer:
         self._lock = threading.Lock()
         owner = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             protocol_version = "HTTP/1.1"
 
             def do_POST(self) -> None:
@@ -112,24 +147,15 @@ class WebhookServer:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-        self.httpd.daemon_threads = True
+        self.httpd = serve_in_background(Handler, port=port)
         self.port = self.httpd.server_address[1]
-        self._thread = threading.Thread(
-            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self._thread.start()
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/hooks/durable-sessions"
 
     def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        stop_serving(self.httpd)
 
     def __enter__(self) -> WebhookServer:
         return self

@@ -19,7 +19,6 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ import pytest
 from durable_sessions_collector.alerts.outbox import Attempt
 from durable_sessions_collector.alerts.webhook import WebhookAlerts
 from tls_certs import make_cert
-from webhook_server import ALERT, free_port, webhook_channel
+from webhook_server import ALERT, QuietHandler, free_port, serve_in_background, stop_serving, webhook_channel
 
 REAL_GETADDRINFO = socket.getaddrinfo
 HUNG = "hung.invalid"
@@ -77,7 +76,7 @@ class Receiver:
         self.scheme = "https" if tls else "http"
         owner = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             protocol_version = "HTTP/1.1"
 
             def do_POST(self) -> None:
@@ -87,26 +86,16 @@ class Receiver:
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        class Server(ThreadingHTTPServer):
-            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
-            daemon_threads = True
-
-        self.httpd = Server((host, 0), Handler)
         if tls is not None:
             tls.sni_callback = lambda _sock, name, _context: self.server_names.append(name)
-            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
+        self.httpd = serve_in_background(Handler, host, tls=tls)
         self.port = self.httpd.server_address[1]
-        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
     def url(self, host: str) -> str:
         return f"{self.scheme}://{host}:{self.port}/hook"
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        stop_serving(self.httpd)
 
 
 @pytest.fixture

@@ -20,7 +20,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -36,6 +35,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sidecar_clients import Agent, grpc_exporter
 from tls_certs import make_cert
+from webhook_server import QuietHandler, serve_in_background, stop_serving
 
 TOKEN = "edges-token-0123456789abcdef"
 FAST = {
@@ -105,7 +105,7 @@ class ScriptedHook:
         self._lock = threading.Lock()
         owner = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             protocol_version = "HTTP/1.1"
 
             def do_POST(self) -> None:
@@ -128,20 +128,14 @@ class ScriptedHook:
                 except OSError:
                     pass
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
+        self.httpd = serve_in_background(Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/hook"
-        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
     def __enter__(self) -> ScriptedHook:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        stop_serving(self.httpd)
 
 
 # --- HTTP JSON API: session ids, query parameters, methods --------------------------------

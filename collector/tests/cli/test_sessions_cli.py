@@ -6,11 +6,9 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -18,7 +16,7 @@ from durable_sessions_collector.cli import main
 from durable_sessions_collector.store.stored import stored_text
 from sidecar_clients import Agent, grpc_exporter
 from tls_certs import make_cert, mutual_tls_pki
-from webhook_server import free_port
+from webhook_server import QuietHandler, free_port, serve_in_background, stop_serving
 
 TOKEN = "cli-" + uuid.uuid4().hex
 
@@ -260,19 +258,13 @@ class Proxy:
         self.seen: list[tuple[str, str | None]] = []
         seen = self.seen
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_GET(self) -> None:
                 seen.append((self.path, self.headers.get("Authorization")))
                 self.send_error(502)
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = serve_in_background(Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        ).start()
 
     def use(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Name this proxy in ``http_proxy`` (both spellings), with no ``no_proxy``."""
@@ -286,8 +278,7 @@ class Proxy:
 def proxy() -> Iterator[Proxy]:
     proxy = Proxy()
     yield proxy
-    proxy.server.shutdown()
-    proxy.server.server_close()
+    stop_serving(proxy.server)
 
 
 def test_a_loopback_sidecar_is_asked_directly_not_through_the_proxy(
@@ -398,7 +389,7 @@ class PageRelay:
         self.paths: list[str] = []
         relay = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_GET(self) -> None:
                 with urllib.request.urlopen(target + self.path, timeout=10) as answer:
                     body = answer.read()
@@ -411,18 +402,11 @@ class PageRelay:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = serve_in_background(Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        ).start()
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        stop_serving(self.server)
 
 
 @pytest.mark.parametrize("as_json", [False, True])

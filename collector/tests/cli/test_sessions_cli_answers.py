@@ -14,13 +14,12 @@ import urllib.error
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 import pytest
 from durable_sessions_collector.cli import main
 from durable_sessions_collector.client import ApiClient, ApiUsageError
 from tls_certs import make_cert, make_client_cert
+from webhook_server import QuietHandler, serve_in_background, stop_serving
 
 TOKEN = "cli-" + uuid.uuid4().hex
 ENV_NAMES = (
@@ -133,7 +132,7 @@ class JsonServer:
     """A real HTTP server that answers every GET with ``status`` and ``body`` (as JSON unless told)."""
 
     def __init__(self, body: bytes, status: int = 200, content_type: str = "application/json") -> None:
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_GET(self) -> None:
                 self.send_response(status)
                 self.send_header("Content-Type", content_type)
@@ -141,19 +140,11 @@ class JsonServer:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
+        self.httpd = serve_in_background(Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05})
-        self._thread.start()
 
     def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self._thread.join()
+        stop_serving(self.httpd)
 
 
 @contextmanager
@@ -311,36 +302,27 @@ class Redirector:
         self.seen: list[str | None] = []
         seen = self.seen
 
-        class Elsewhere(BaseHTTPRequestHandler):
+        class Elsewhere(QuietHandler):
             def do_GET(self) -> None:
                 seen.append(self.headers.get("Authorization"))
                 self.send_error(404)
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.elsewhere = ThreadingHTTPServer(("127.0.0.1", 0), Elsewhere)
+        self.elsewhere = serve_in_background(Elsewhere)
         location = f"http://127.0.0.1:{self.elsewhere.server_address[1]}/stolen"
 
-        class Redirecting(BaseHTTPRequestHandler):
+        class Redirecting(QuietHandler):
             def do_GET(self) -> None:
                 self.send_response(302)
                 self.send_header("Location", location)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.redirecting = ThreadingHTTPServer(("127.0.0.1", 0), Redirecting)
+        self.redirecting = serve_in_background(Redirecting)
         self.url = f"http://127.0.0.1:{self.redirecting.server_address[1]}"
-        for server in (self.elsewhere, self.redirecting):
-            threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
     def close(self) -> None:
         for server in (self.elsewhere, self.redirecting):
-            server.shutdown()
-            server.server_close()
+            stop_serving(server)
 
 
 @pytest.mark.parametrize("command", [("list",), ("show", "s-1")])
