@@ -38,6 +38,7 @@ from tls_certs import make_cert
 from webhook_server import QuietHandler, serve_in_background, stop_serving
 
 TOKEN = "edges-token-0123456789abcdef"
+OTHER_LISTING = "page_token: the token belongs to a listing with another verdict or order, or is damaged"
 FAST = {
     "alerts__webhook__backoff_s": 0.05,
     "alerts__webhook__max_backoff_s": 0.2,
@@ -64,6 +65,24 @@ def raw_request(
 def api_stub(sidecar: Any) -> tuple[grpc.Channel, pb_grpc.SessionServiceStub]:
     channel = grpc.insecure_channel(sidecar.grpc_endpoint)
     return channel, pb_grpc.SessionServiceStub(channel)
+
+
+def grpc_page_after(sidecar: Any, page: dict[str, Any], **request: Any) -> pb.ListSessionsResponse:
+    """The gRPC ListSessions page that follows ``page`` of the HTTP list, by its token."""
+    channel, api = api_stub(sidecar)
+    try:
+        return api.ListSessions(
+            pb.ListSessionsRequest(page_token=page["next_page_token"], **request), timeout=10
+        )
+    finally:
+        channel.close()
+
+
+def bad_request(sidecar: Any, path: str) -> str:
+    """The error of the 400 the HTTP API answers ``path`` with."""
+    status, document = sidecar.get(path)
+    assert status == 400, (path, status, document)
+    return str(document["error"])
 
 
 def watch(api: pb_grpc.SessionServiceStub, cursor: str = "", timeout: float = 30) -> Any:
@@ -331,23 +350,15 @@ def test_http_list_pages_through_every_session_with_the_grpc_apis_tokens(sidecar
     assert everything["next_page_token"] == ""
     # One scheme: a token of the HTTP API is one of the gRPC API.
     _, first = sidecar.get("/api/sessions?verdict=ok&limit=2")
-    channel, api = api_stub(sidecar)
-    rest = api.ListSessions(
-        pb.ListSessionsRequest(verdict=pb.VERDICT_OK, page_size=10, page_token=first["next_page_token"]),
-        timeout=10,
-    )
-    channel.close()
+    rest = grpc_page_after(sidecar, first, verdict=pb.VERDICT_OK, page_size=10)
     assert [s.session_id for s in rest.sessions] == seen[2:]
     # A token of another listing, or none of this API's, is refused with the reason.
-    status, refused = sidecar.get(
-        f"/api/sessions?verdict=unrecoverable&page_token={first['next_page_token']}"
+    token = first["next_page_token"]
+    assert bad_request(sidecar, f"/api/sessions?verdict=unrecoverable&page_token={token}") == OTHER_LISTING
+    assert (
+        bad_request(sidecar, "/api/sessions?page_token=not-a-token")
+        == "page_token: not a page token of this API"
     )
-    assert (status, refused["error"]) == (
-        400,
-        "page_token: the token belongs to a listing with another verdict or order, or is damaged",
-    )
-    status, refused = sidecar.get("/api/sessions?page_token=not-a-token")
-    assert (status, refused["error"]) == (400, "page_token: not a page token of this API")
 
 
 def test_the_list_by_session_id_walks_every_session_once_while_they_receive_spans(  # type: ignore[no-untyped-def]
@@ -379,34 +390,21 @@ def test_the_list_by_session_id_walks_every_session_once_while_they_receive_span
             break
     assert seen == names
     _, first = sidecar.get("/api/sessions?limit=3&order=session_id")
-    channel, api = api_stub(sidecar)
-    rest = api.ListSessions(
-        pb.ListSessionsRequest(
-            page_size=10, page_token=first["next_page_token"], order=pb.LIST_ORDER_SESSION_ID
-        ),
-        timeout=10,
-    )
+    rest = grpc_page_after(sidecar, first, page_size=10, order=pb.LIST_ORDER_SESSION_ID)
     assert [s["session_id"] for s in first["sessions"]] + [s.session_id for s in rest.sessions] == [
         "bad",
         *names,
     ]
     for order in (pb.LIST_ORDER_LAST_SEEN, 7):
         with pytest.raises(grpc.RpcError) as refused:
-            api.ListSessions(
-                pb.ListSessionsRequest(page_token=first["next_page_token"], order=order), timeout=10
-            )
+            grpc_page_after(sidecar, first, order=order)
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value.details()
-    channel.close()
     _, by_activity = sidecar.get("/api/sessions?limit=1")
-    status, refused = sidecar.get(
-        f"/api/sessions?order=session_id&page_token={by_activity['next_page_token']}"
+    token = by_activity["next_page_token"]
+    assert bad_request(sidecar, f"/api/sessions?order=session_id&page_token={token}") == OTHER_LISTING
+    assert bad_request(sidecar, "/api/sessions?order=first_seen") == (
+        "order must be one of last_seen, session_id, got 'first_seen'"
     )
-    assert (status, refused["error"]) == (
-        400,
-        "page_token: the token belongs to a listing with another verdict or order, or is damaged",
-    )
-    status, refused = sidecar.get("/api/sessions?order=first_seen")
-    assert (status, refused["error"]) == (400, "order must be one of last_seen, session_id, got 'first_seen'")
     agent.shutdown()
 
 
@@ -420,11 +418,7 @@ def test_a_list_token_with_a_session_id_no_store_holds_is_refused_as_damaged(  #
     documents = ({"t": 1.0, "s": "\ud800", "v": ""}, {"o": "session_id", "s": "a\udfff", "v": ""})
     for order, document in zip(("last_seen", "session_id"), documents, strict=True):
         token = base64.urlsafe_b64encode(json.dumps(document).encode()).decode()
-        status, refused = sidecar.get(f"/api/sessions?order={order}&page_token={quote(token)}")
-        assert (status, refused["error"]) == (
-            400,
-            "page_token: the token belongs to a listing with another verdict or order, or is damaged",
-        )
+        assert bad_request(sidecar, f"/api/sessions?order={order}&page_token={quote(token)}") == OTHER_LISTING
 
 
 def walk_detail(sidecar: Any, session_id: str, name: str, size: int, query: str = "") -> list[dict[str, Any]]:
