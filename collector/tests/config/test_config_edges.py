@@ -86,6 +86,22 @@ def cli(
     )
 
 
+def serve_refused(
+    tmp_path: Path, text: str | None, *argv: str, timeout: float = 60
+) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """``serve`` on ``text`` written as ``tmp_path``'s configuration file (left unwritten
+    when None), with ``argv`` and a SQLite store there: the file's path and the run, which
+    must have stopped with exit code 2 (invalid configuration)."""
+    path = tmp_path / "collector.yaml"
+    if text is not None:
+        path.write_text(text)
+    result = cli(
+        "serve", "--config", str(path), "--store", f"sqlite:///{tmp_path / 's.db'}", *argv, timeout=timeout
+    )
+    assert result.returncode == 2, result.stderr
+    return path, result
+
+
 def readme_table() -> list[tuple[str, str, str, str]]:
     """(key, variable, flag, default) of each row of README's configuration table."""
     rows = []
@@ -563,10 +579,7 @@ def test_a_misspelt_key_stops_serve_naming_it_and_the_closest_known_one(
 ) -> None:
     """``reciever:`` was named, then followed by every one of the 36 keys, which left the
     user to spot the one meant."""
-    path = tmp_path / "collector.yaml"
-    path.write_text(text)
-    result = cli("serve", "--config", str(path), "--store", f"sqlite:///{tmp_path / 's.db'}")
-    assert result.returncode == 2, result.stderr
+    path, result = serve_refused(tmp_path, text)
     assert expected.format(path=path) in result.stderr
 
 
@@ -578,10 +591,7 @@ def test_a_tab_in_the_file_stops_serve_saying_to_use_spaces(
     tmp_path: Path, text: str, line: int, column: int
 ) -> None:
     """An editor's tab: PyYAML says only "found character '\\t' that cannot start any token"."""
-    path = tmp_path / "collector.yaml"
-    path.write_text(text)
-    result = cli("serve", "--config", str(path), "--store", f"sqlite:///{tmp_path / 's.db'}")
-    assert result.returncode == 2, result.stderr
+    path, result = serve_refused(tmp_path, text)
     assert (
         f"{path} at line {line}, column {column}: not valid YAML: found character '\\t' that cannot start "
         "any token (YAML allows no tab there: use spaces)"
@@ -599,10 +609,7 @@ def test_a_tab_in_the_file_stops_serve_saying_to_use_spaces(
 def test_a_file_nested_too_deeply_stops_serve_with_a_message(tmp_path: Path, text: str) -> None:
     """PyYAML composes nested nodes by recursion: 2000 levels ended serve with a
     RecursionError traceback and exit code 1."""
-    path = tmp_path / "collector.yaml"
-    path.write_text(text)
-    result = cli("serve", "--config", str(path), "--store", f"sqlite:///{tmp_path / 's.db'}")
-    assert result.returncode == 2, result.stderr
+    path, result = serve_refused(tmp_path, text)
     assert result.stderr == (
         f"durable-sessions-collector: invalid configuration: {path}: lists or mappings nested too deeply to read\n"
     )
@@ -614,10 +621,7 @@ def test_a_value_of_aliases_nested_many_times_over_is_refused_at_once(tmp_path: 
     (serve hung, its memory growing). The error quotes the value cut short."""
     levels = ["    - &a0 [x, x, x, x, x, x, x, x, x, x]"]
     levels += [f"    - &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 8)]
-    path = tmp_path / "collector.yaml"
-    path.write_text("evaluation:\n  idle_s:\n" + "\n".join(levels) + "\n")
-    result = cli("serve", "--config", str(path), "--store", f"sqlite:///{tmp_path / 's.db'}", timeout=30)
-    assert result.returncode == 2, result.stderr
+    path, result = serve_refused(tmp_path, "evaluation:\n  idle_s:\n" + "\n".join(levels) + "\n", timeout=30)
     assert (
         "invalid configuration: evaluation.idle_s: expected a positive number, got [['x', 'x', 'x', 'x', ...]"
         in result.stderr
@@ -640,10 +644,7 @@ def test_a_value_yaml_cannot_build_stops_serve_naming_its_place(
     """PyYAML reads ``2026-02-30`` as a date and a run of digits as an integer, and raised
     ``ValueError`` (not a YAML error) for a day or hour out of range and past ``int``'s
     4300-digit text limit: serve ended in a traceback with exit code 1."""
-    path = tmp_path / "collector.yaml"
-    path.write_text(f"evaluation:\n  strict: true\n  {text}\n")
-    result = cli("serve", "--config", str(path), "--store", f"sqlite:///{tmp_path / 's.db'}")
-    assert result.returncode == 2, result.stderr
+    path, result = serve_refused(tmp_path, f"evaluation:\n  strict: true\n  {text}\n")
     assert (
         f"invalid configuration: {path} at line 3, column {column}: not valid YAML: {problem}"
         in result.stderr
@@ -680,10 +681,7 @@ def test_a_token_of_digits_unquoted_in_the_file_is_refused_saying_to_quote_it(tm
     spells it. The error said only "expected a string"; it says why and what to do, never
     the value."""
     digits = "9" + str(uuid.uuid4().int)[:20]
-    path = tmp_path / "collector.yaml"
-    path.write_text(f"auth: {{token: {digits}}}\n")
-    result = cli("serve", "--config", str(path), "--store", f"sqlite:///{tmp_path / 's.db'}")
-    assert result.returncode == 2, result.stderr
+    path, result = serve_refused(tmp_path, f"auth: {{token: {digits}}}\n")
     assert (
         f"auth.token: YAML read the token as a number: quote it in the file (value not shown) (from {path}:1)"
         in result.stderr
@@ -897,11 +895,7 @@ def test_fuzz_any_environment_value_loads_or_is_a_config_error(option: Any, text
 def test_invalid_configuration_stops_serve_with_exit_code_2(
     tmp_path: Path, yaml_text: str | None, args: list[str], expected: str
 ) -> None:
-    path = tmp_path / "collector.yaml"
-    if yaml_text is not None:
-        path.write_text(yaml_text)
-    result = cli("serve", "--config", str(path), "--store", f"sqlite:///{tmp_path / 's.db'}", *args)
-    assert result.returncode == 2, result.stderr
+    _, result = serve_refused(tmp_path, yaml_text, *args)
     assert expected in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "s.db").exists()  # stopped before opening anything
@@ -966,10 +960,7 @@ def test_nan_and_infinity_are_not_positive_numbers(variable: str, raw: str) -> N
 
 def test_nan_in_the_file_stops_serve_with_exit_code_2(tmp_path: Path) -> None:
     """YAML's ``.nan`` is a float too: ``serve`` refuses it before opening anything."""
-    path = tmp_path / "collector.yaml"
-    path.write_text("evaluation: {idle_s: .nan}\n")
-    result = cli("serve", "--config", str(path), "--store", f"sqlite:///{tmp_path / 's.db'}", timeout=30)
-    assert result.returncode == 2, result.stderr
+    _, result = serve_refused(tmp_path, "evaluation: {idle_s: .nan}\n", timeout=30)
     assert "evaluation.idle_s: expected a positive number, got nan" in result.stderr
     assert not (tmp_path / "s.db").exists()
 
@@ -1187,10 +1178,7 @@ def test_a_secret_given_to_a_section_stops_serve_without_showing_it(
     """A secret written a level too high (``auth: TOKEN`` for ``auth: {token: TOKEN}``)
     is refused naming the section and its line, and never quoted back: the error used to
     repeat the value, the token or the webhook's secret path."""
-    path = tmp_path / "collector.yaml"
-    path.write_text(yaml_text)
-    result = cli("serve", "--config", str(path), "--store", f"sqlite:///{tmp_path / 's.db'}")
-    assert result.returncode == 2, result.stderr
+    path, result = serve_refused(tmp_path, yaml_text)
     assert expected in result.stderr
     assert f"(from {path}:" in result.stderr
     assert TOKEN not in result.stderr + result.stdout
