@@ -9,12 +9,12 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
-from durable_sessions_collector.config import load
+from durable_sessions_collector.config import Config, load
 from durable_sessions_collector.service import Service
 from postgres_support import postgres_url, store_url  # noqa: F401  (fixtures: a fresh PostgreSQL schema; a store of each kind)
 from prometheus_client.parser import text_string_to_metric_families
@@ -114,6 +114,17 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: floa
     return value
 
 
+def loopback_config(store: str, settings: Mapping[str, Any] | None = None) -> Config:
+    """A sidecar's configuration on free loopback ports with ``store`` (a URL), read from
+    no file or variable, with ``settings`` (by dotted key) over it."""
+    overrides = {
+        "receivers.grpc.endpoint": "127.0.0.1:0",
+        "receivers.http.endpoint": "127.0.0.1:0",
+        "store": store,
+    }
+    return load(None, env={}, overrides={**overrides, **(settings or {})})
+
+
 @pytest.fixture
 def start_sidecar(tmp_path: Path) -> Iterator[Callable[..., Sidecar]]:
     """Start a sidecar on free loopback ports with a SQLite file in ``tmp_path``."""
@@ -121,16 +132,14 @@ def start_sidecar(tmp_path: Path) -> Iterator[Callable[..., Sidecar]]:
 
     def start(store: Path | str | None = None, **settings: Any) -> Sidecar:
         """``store``: a SQLite file, or a store URL (``postgresql://…``)."""
-        overrides = {
-            "receivers.grpc.endpoint": "127.0.0.1:0",
-            "receivers.http.endpoint": "127.0.0.1:0",
-            "store": store
+        url = (
+            store
             if isinstance(store, str) and "://" in store
-            else f"sqlite:///{store or tmp_path / 'sessions.db'}",
-            "evaluation.idle_s": 0.3,
-        }
+            else f"sqlite:///{store or tmp_path / 'sessions.db'}"
+        )
+        overrides: dict[str, Any] = {"evaluation.idle_s": 0.3}
         overrides.update({key.replace("__", "."): value for key, value in settings.items()})
-        config = load(None, env={}, overrides={k: v for k, v in overrides.items()})
+        config = loopback_config(url, overrides)
         log = LineBuffer()
         sidecar = Sidecar(Service(config, log_stream=log).start(), log)
         started.append(sidecar)

@@ -38,7 +38,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import LineBuffer, wait_for
+from conftest import LineBuffer, loopback_config, wait_for
 from durable_sessions_collector import config as config_module
 from durable_sessions_collector.cli import main
 from durable_sessions_collector.config import (
@@ -1215,13 +1215,9 @@ def test_secrets_never_reach_the_log(tmp_path: Path) -> None:
     hook_sig = "hooksig-" + uuid.uuid4().hex[:8]
     with WebhookServer(fail_first=None, fail_status=500) as hook:
         url = hook.url.replace("http://", f"http://hookuser:{hook_password}@") + f"?sig={hook_sig}"
-        config = load(
-            None,
-            env={},
-            overrides={
-                "store": f"sqlite:///{tmp_path / 's.db'}",
-                "receivers.grpc.endpoint": "127.0.0.1:0",
-                "receivers.http.endpoint": "127.0.0.1:0",
+        config = loopback_config(
+            f"sqlite:///{tmp_path / 's.db'}",
+            {
                 "auth.token": TOKEN,
                 "alerts.webhook.url": url,
                 "alerts.webhook.max_attempts": "2",
@@ -1331,15 +1327,8 @@ def test_a_short_webhook_query_value_leaves_the_log_lines_intact(tmp_path: Path)
     ports, and the lines were no longer JSON. Each line must be one JSON object with its
     fields unchanged."""
     assert "1" not in url_secrets("https://hooks.example/ingest?v=1")
-    config = load(
-        None,
-        env={},
-        overrides={
-            "store": f"sqlite:///{tmp_path / 's.db'}",
-            "receivers.grpc.endpoint": "127.0.0.1:0",
-            "receivers.http.endpoint": "127.0.0.1:0",
-            "alerts.webhook.url": "https://hooks.example/ingest?v=1",
-        },
+    config = loopback_config(
+        f"sqlite:///{tmp_path / 's.db'}", {"alerts.webhook.url": "https://hooks.example/ingest?v=1"}
     )
     log = LineBuffer()
     service = Service(config, log_stream=log).start()

@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from conftest import LineBuffer
+from conftest import LineBuffer, loopback_config
 from durable_sessions_collector.cli import main
 from durable_sessions_collector.config import Config, load, redact_store_url, store_secrets
 from durable_sessions_collector.service import Service
@@ -162,15 +162,7 @@ def test_a_password_with_a_hash_is_hidden_in_the_log(postgres_url: str) -> None:
 def _served_once(store: str) -> tuple[Config, list[dict[str, Any]]]:
     """The configuration of a sidecar on ``store`` (free loopback ports), and the log lines
     it wrote as it started and stopped."""
-    config = load(
-        None,
-        env={},
-        overrides={
-            "store": store,
-            "receivers.grpc.endpoint": "127.0.0.1:0",
-            "receivers.http.endpoint": "127.0.0.1:0",
-        },
-    )
+    config = loopback_config(store)
     log = LineBuffer()
     Service(config, log_stream=log).start().stop()
     return config, log.lines()

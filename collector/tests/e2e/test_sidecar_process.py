@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from durable_sessions_collector.config import load
+from conftest import loopback_config
 from durable_sessions_collector.service import GC_THRESHOLDS, Service
 
 SERVE_THEN_STOP = """
@@ -48,14 +48,6 @@ def test_serve_forever_makes_the_collector_rare(tmp_path: Path) -> None:
 
 def test_an_embedded_sidecar_leaves_the_collector_alone(tmp_path: Path) -> None:
     before = gc.get_threshold()
-    config = load(
-        None,
-        env={},
-        overrides={
-            "store": f"sqlite:///{tmp_path / 's.db'}",
-            "receivers.grpc.endpoint": "127.0.0.1:0",
-            "receivers.http.endpoint": "127.0.0.1:0",
-        },
-    )
+    config = loopback_config(f"sqlite:///{tmp_path / 's.db'}")
     with open(os.devnull, "w") as sink, Service(config, log_stream=sink):
         assert gc.get_threshold() == before != GC_THRESHOLDS

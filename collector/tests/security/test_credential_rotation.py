@@ -21,9 +21,8 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import wait_for
+from conftest import loopback_config, wait_for
 from durable_sessions_collector import credentials
-from durable_sessions_collector.config import load
 from durable_sessions_collector.service import Service
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -113,16 +112,7 @@ def test_a_token_file_changed_before_an_embedded_service_starts_is_redacted(tmp_
     # and starts it later, when the token file is read again for the ports.
     token_file = tmp_path / "token"
     token_file.write_text(OLD_TOKEN)
-    config = load(
-        None,
-        env={},
-        overrides={
-            "receivers.grpc.endpoint": "127.0.0.1:0",
-            "receivers.http.endpoint": "127.0.0.1:0",
-            "store": f"sqlite:///{tmp_path / 'sessions.db'}",
-            "auth.token_file": str(token_file),
-        },
-    )
+    config = loopback_config(f"sqlite:///{tmp_path / 'sessions.db'}", {"auth.token_file": str(token_file)})
     log = io.StringIO()
     service = Service(config, log_stream=log)
     replace(token_file, NEW_TOKEN)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from durable_sessions_collector.config import load
+from conftest import loopback_config
 from durable_sessions_collector.service import Service
 from durable_sessions_collector.store import ActionRow, Store, StoreError, action_row, open_store, postgres
 from durable_sessions_collector.store.base import DetailPages, decode_record, encode_record
@@ -635,15 +635,7 @@ def test_a_migration_killed_midway_leaves_version_1_whole(tmp_path: Path) -> Non
 def test_the_sidecar_logs_a_migration(tmp_path: Path) -> None:
     path = tmp_path / "v1.db"
     _store_of_version_1(path)
-    config = load(
-        None,
-        env={},
-        overrides={
-            "store": f"sqlite:///{path}",
-            "receivers.grpc.endpoint": "127.0.0.1:0",
-            "receivers.http.endpoint": "127.0.0.1:0",
-        },
-    )
+    config = loopback_config(f"sqlite:///{path}")
     log = io.StringIO()
     with Service(config, log_stream=log):
         pass
