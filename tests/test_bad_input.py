@@ -517,25 +517,23 @@ def test_comment_lines_keep_line_numbers(tmp_path: Path) -> None:
 # -- sources that cannot be read ----------------------------------------------------------
 
 
-def test_directory_exits_2_naming_it(tmp_path: Path) -> None:
-    run = check(tmp_path)
+def assert_unreadable(path: Path, reason: str) -> None:
+    """``check`` and ``replay-check`` both exit 2 naming ``path`` (``check`` with ``reason``)."""
+    run = check(path)
     assert run.returncode == 2
-    assert str(tmp_path) in run.stderr
-    assert "Is a directory" in run.stderr
-    seed = replay_check(tmp_path)
+    assert str(path) in run.stderr
+    assert reason in run.stderr
+    seed = replay_check(path)
     assert seed.returncode == 2
-    assert str(tmp_path) in seed.stderr
+    assert str(path) in seed.stderr
+
+
+def test_directory_exits_2_naming_it(tmp_path: Path) -> None:
+    assert_unreadable(tmp_path, "Is a directory")
 
 
 def test_missing_file_exits_2(tmp_path: Path) -> None:
-    missing = tmp_path / "nope.jsonl"
-    run = check(missing)
-    assert run.returncode == 2
-    assert str(missing) in run.stderr
-    assert "No such file or directory" in run.stderr
-    seed = replay_check(missing)
-    assert seed.returncode == 2
-    assert str(missing) in seed.stderr
+    assert_unreadable(tmp_path / "nope.jsonl", "No such file or directory")
 
 
 def test_missing_second_file_exits_2_even_after_violations(tmp_path: Path) -> None:
