@@ -342,6 +342,20 @@ def test_a_very_large_attribute_value_is_checked(run: Run) -> None:
 # -- fork ----------------------------------------------------------------------------------------
 
 
+def shutdown_while_forked(run: Run, child: int, release: int) -> tuple[subprocess.Popen[bytes], float]:
+    """Shut ``run``'s provider down while the forked ``child`` lives on, then let the child
+    go (close ``release``, the pipe it reads) and reap it: the checker's process and how
+    long the shutdown took."""
+    try:
+        checker = run.checker
+        started = time.monotonic()
+        run.provider.shutdown()
+        return checker, time.monotonic() - started
+    finally:
+        os.close(release)
+        os.waitpid(child, 0)
+
+
 def test_a_forked_child_that_lives_on_does_not_delay_the_parents_shutdown(run: Run) -> None:
     """A worker forked after the processor started lets go of its inherited copy of the
     checker's input: while it lives, the parent's shutdown still ends the checker's input,
@@ -355,14 +369,7 @@ def test_a_forked_child_that_lives_on_does_not_delay_the_parents_shutdown(run: R
         finally:
             os._exit(0)
     os.close(release_read)
-    try:
-        checker = run.checker
-        started = time.monotonic()
-        run.provider.shutdown()
-        took = time.monotonic() - started
-    finally:
-        os.close(release_write)
-        os.waitpid(pid, 0)
+    checker, took = shutdown_while_forked(run, pid, release_write)
     assert checker.returncode == 0, f"the checker was killed (exit code {checker.returncode})"
     assert took < 3, f"shutdown took {took:.1f} s"
     assert run.processor.internal_errors == 0
@@ -383,14 +390,7 @@ def test_a_forked_grandchild_also_leaves_the_parents_checker_alone(run: Run) -> 
         finally:
             os._exit(0)
     os.close(release_read)
-    try:
-        checker = run.checker
-        started = time.monotonic()
-        run.provider.shutdown()
-        took = time.monotonic() - started
-    finally:
-        os.close(release_write)
-        os.waitpid(pid, 0)
+    checker, took = shutdown_while_forked(run, pid, release_write)
     assert checker.returncode == 0
     assert took < 3
 
