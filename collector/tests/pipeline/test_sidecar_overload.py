@@ -4,6 +4,7 @@ and the real SDK exporters' retries deliver everything."""
 
 from __future__ import annotations
 
+import functools
 import http.client
 import json
 import sqlite3
@@ -12,7 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
-from conftest import wait_for
+from conftest import Sidecar, wait_for
 from google.protobuf import json_format
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -61,6 +62,19 @@ def burst(function, items) -> list:  # type: ignore[no-untyped-def,type-arg]
         return list(pool.map(run, items))
 
 
+def post_traces(
+    sidecar: Sidecar, body: bytes, content_type: str = PROTOBUF, *, timeout: float
+) -> tuple[int, http.client.HTTPMessage, bytes]:
+    """One POST of ``body`` to ``/v1/traces`` on a connection of its own: status, headers, body."""
+    connection = http.client.HTTPConnection("127.0.0.1", sidecar.service.http_port, timeout=timeout)
+    try:
+        connection.request("POST", "/v1/traces", body=body, headers={"Content-Type": content_type})
+        response = connection.getresponse()
+        return response.status, response.headers, response.read()
+    finally:
+        connection.close()
+
+
 def stored_actions(path) -> int:  # type: ignore[no-untyped-def]
     with sqlite3.connect(path) as db:
         return db.execute("SELECT COUNT(*) FROM actions").fetchone()[0]
@@ -69,14 +83,7 @@ def stored_actions(path) -> int:  # type: ignore[no-untyped-def]
 def test_burst_gets_retry_hints_on_both_transports(start_sidecar, tmp_path) -> None:  # type: ignore[no-untyped-def]
     sidecar = start_sidecar(pipeline__queue_size=1, pipeline__max_batch=1, pipeline__retry_after_s=2)
     bodies = [encode_spans(batch).SerializeToString() for batch in batches("raw")]
-
-    def post(body: bytes, content_type: str = PROTOBUF):  # type: ignore[no-untyped-def]
-        connection = http.client.HTTPConnection("127.0.0.1", sidecar.service.http_port, timeout=30)
-        connection.request("POST", "/v1/traces", body=body, headers={"Content-Type": content_type})
-        response = connection.getresponse()
-        answer = (response.status, response.headers, response.read())
-        connection.close()
-        return answer
+    post = functools.partial(post_traces, sidecar, timeout=30)
 
     answers = burst(post, bodies)
     refused = [a for a in answers if a[0] == 503]
@@ -243,14 +250,7 @@ def test_a_locked_store_is_answered_unavailable_before_an_sdk_exporter_gives_up(
     http_body, grpc_body = (encode_spans(batch).SerializeToString() for batch in (raw_http, raw_grpc))
     channel = grpc.insecure_channel(sidecar.grpc_endpoint)
     call = export_call(channel)
-
-    def post(body: bytes):  # type: ignore[no-untyped-def]
-        connection = http.client.HTTPConnection("127.0.0.1", sidecar.service.http_port, timeout=60)
-        connection.request("POST", "/v1/traces", body=body, headers={"Content-Type": PROTOBUF})
-        response = connection.getresponse()
-        answer = (response.status, response.headers, response.read())
-        connection.close()
-        return answer
+    post = functools.partial(post_traces, sidecar, timeout=60)
 
     def timed(function, *args):  # type: ignore[no-untyped-def]
         started = time.monotonic()
