@@ -65,10 +65,12 @@ def one_action_export(n: int, session: str, kind: str = "tool_call") -> bytes:
         start_time_unix_nano=1_700_000_000_000_000_000 + n,
         attributes=[KeyValue(key=k, value=any_value(v)) for k, v in attributes.items()],
     )
-    request = ExportTraceServiceRequest(
-        resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=[span])])]
-    )
-    return request.SerializeToString()
+    return request_of(span).SerializeToString()
+
+
+def request_of(*spans: Span) -> ExportTraceServiceRequest:
+    """An Export request of ``spans``, under one resource and one scope."""
+    return ExportTraceServiceRequest(resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=spans)])])
 
 
 def export_call(channel: grpc.Channel) -> Any:

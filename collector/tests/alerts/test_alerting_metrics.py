@@ -12,10 +12,9 @@ import http.client
 import time
 
 from conftest import Sidecar, wait_for
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
-from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
-from sidecar_clients import Agent, grpc_exporter
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+from sidecar_clients import Agent, grpc_exporter, request_of
 from webhook_server import WebhookServer
 
 SESSION = "pay-twice"
@@ -98,9 +97,7 @@ def invalid_span_request() -> bytes:
             KeyValue(key=key, value=AnyValue(string_value=value)) for key, value in attributes.items()
         ],
     )
-    return ExportTraceServiceRequest(
-        resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=[span])])]
-    ).SerializeToString()
+    return request_of(span).SerializeToString()
 
 
 def test_span_counters_are_served_at_zero_for_each_transport_and_reason_from_the_start(

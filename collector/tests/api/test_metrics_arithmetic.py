@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from conftest import Sidecar, wait_for
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
-from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+from sidecar_clients import request_of
 
 REASONS = ("invalid", "unstorable", "overload", "unavailable")
 
@@ -49,9 +49,7 @@ def mixed_request(session: str) -> bytes:
         _span(session, "plain", action=False),
         _span(session, "bad-id", trace_id=b"\x01" * 8),
     ]
-    return ExportTraceServiceRequest(
-        resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=spans)])]
-    ).SerializeToString()
+    return request_of(*spans).SerializeToString()
 
 
 def post(sidecar: Sidecar, body: bytes, headers: dict[str, str] | None = None) -> int:

@@ -37,7 +37,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-from sidecar_clients import Agent, any_value, export_call, grpc_exporter
+from sidecar_clients import Agent, any_value, export_call, grpc_exporter, request_of
 from webhook_server import WebhookServer
 
 MIB = 1024 * 1024
@@ -59,12 +59,6 @@ def span(n: int, session: str = "edge", *, trace_id: bytes | None = None, **attr
         start_time_unix_nano=1_700_000_000_000_000_000 + n,
         end_time_unix_nano=1_700_000_000_000_000_000 + n + 1,
         attributes=[KeyValue(key=k, value=any_value(v)) for k, v in attributes.items()],
-    )
-
-
-def request(*spans: Span) -> ExportTraceServiceRequest:
-    return ExportTraceServiceRequest(
-        resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=list(spans))])]
     )
 
 
@@ -95,7 +89,9 @@ def test_gzip_from_the_sdk_exporter_and_a_raw_channel_is_stored(sidecar) -> None
     agent.action("gz", "sdk", "tool_call")
     agent.shutdown()
     response = grpc_export(
-        sidecar.grpc_endpoint, request(span(1, "gz")).SerializeToString(), compression=grpc.Compression.Gzip
+        sidecar.grpc_endpoint,
+        request_of(span(1, "gz")).SerializeToString(),
+        compression=grpc.Compression.Gzip,
     )
     assert not response.HasField("partial_success")
     assert sorted(actions_of(sidecar, "gz")) == ["a1", "sdk"]  # listed in start-time order
@@ -103,13 +99,13 @@ def test_gzip_from_the_sdk_exporter_and_a_raw_channel_is_stored(sidecar) -> None
 
 def test_gzip_request_over_the_limit_after_decompression_is_resource_exhausted(start_sidecar) -> None:  # type: ignore[no-untyped-def]
     sidecar = start_sidecar(receivers__max_request_bytes=MIB)
-    big = request(span(1, "big", **{"agent.action.name": "x" * (2 * MIB)})).SerializeToString()
+    big = request_of(span(1, "big", **{"agent.action.name": "x" * (2 * MIB)})).SerializeToString()
     assert len(gzip.compress(big)) < MIB // 100  # small on the wire: the limit is after decompression
     with pytest.raises(grpc.RpcError) as caught:
         grpc_export(sidecar.grpc_endpoint, big, compression=grpc.Compression.Gzip)
     assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     # The port still works, and nothing of the refused request was stored.
-    grpc_export(sidecar.grpc_endpoint, request(span(2, "small")).SerializeToString())
+    grpc_export(sidecar.grpc_endpoint, request_of(span(2, "small")).SerializeToString())
     assert actions_of(sidecar, "small") == ["a2"]
     assert sidecar.get("/api/sessions/big")[0] == 404
 
@@ -135,7 +131,7 @@ def test_empty_requests_and_resources_without_spans_are_ok_without_partial_succe
 
 def test_a_request_whose_every_span_is_rejected_is_ok_with_partial_success(sidecar) -> None:  # type: ignore[no-untyped-def]
     # OTLP: rejected spans are a partial success (OK), not an error status.
-    body = request(span(1, trace_id=b"\x01\x02"), span(2, trace_id=bytes(16))).SerializeToString()
+    body = request_of(span(1, trace_id=b"\x01\x02"), span(2, trace_id=bytes(16))).SerializeToString()
     response = grpc_export(sidecar.grpc_endpoint, body)
     assert response.partial_success.rejected_spans == 2
     assert response.partial_success.error_message.startswith("rejected 2 of 2 span(s): ")
@@ -153,7 +149,7 @@ def test_a_deadline_shorter_than_the_commit_commits_and_the_retry_is_a_duplicate
         return original(batch, now)
 
     pipeline._transaction = slow
-    body = request(span(1, "deadline")).SerializeToString()
+    body = request_of(span(1, "deadline")).SerializeToString()
     try:
         with pytest.raises(grpc.RpcError) as caught:
             grpc_export(sidecar.grpc_endpoint, body, timeout=0.3)
@@ -179,11 +175,11 @@ def test_the_bearer_token_as_grpc_metadata(start_sidecar) -> None:  # type: igno
     agent = Agent(grpc_exporter(endpoint, headers={"authorization": f"Bearer {TOKEN}"}), "inc-auth")
     agent.action("auth", "sdk", "tool_call")
     agent.shutdown()
-    body = request(span(1, "auth")).SerializeToString()
+    body = request_of(span(1, "auth")).SerializeToString()
     grpc_export(endpoint, body, metadata=[("authorization", f"bearer {TOKEN}")])  # scheme: any case
     for metadata in (None, [("authorization", TOKEN)], [("authorization", f"Bearer {TOKEN}x")]):
         with pytest.raises(grpc.RpcError) as caught:
-            grpc_export(endpoint, request(span(2, "auth")).SerializeToString(), metadata=metadata)
+            grpc_export(endpoint, request_of(span(2, "auth")).SerializeToString(), metadata=metadata)
         assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
     with grpc.insecure_channel(endpoint) as channel, pytest.raises(grpc.RpcError) as caught:
         pb_grpc.SessionServiceStub(channel).GetSession(pb.GetSessionRequest(session_id="auth"), timeout=5)
@@ -420,7 +416,7 @@ def test_a_batch_that_outlives_its_claim_lease_is_sent_once_by_two_replicas(
         for replica in replicas:
             replica.service.store.claim_lease_s = 0.3
         unkeyed = [span(n, "slow-batch", **{"agent.action.kind": "payment"}) for n in range(10)]
-        grpc_export(replicas[0].grpc_endpoint, request(*unkeyed).SerializeToString())
+        grpc_export(replicas[0].grpc_endpoint, request_of(*unkeyed).SerializeToString())
         wait_for(lambda: len(hook.accepted) >= 10)
         time.sleep(1.5)  # a replica holding a stale claim would send its rows again by now
         sent = Counter(received.body["action_id"] for received in hook.accepted)
@@ -437,7 +433,7 @@ def payments(sid: str, n: int) -> bytes:
     attributes = {"agent.action.kind": "payment", "agent.action.idempotency_key": f"K-{sid}"}
     one = span(n, sid, **{"agent.action.id": f"p{n}", **attributes})
     one.trace_id = bytes([sum(sid.encode()) % 250 + 1] * 15 + [n])
-    return request(one).SerializeToString()
+    return request_of(one).SerializeToString()
 
 
 @pytest.mark.postgres

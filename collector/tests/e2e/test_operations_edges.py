@@ -39,10 +39,9 @@ import pytest
 from conftest import wait_for
 from durable_sessions_collector import pipeline as pipeline_module
 from google.rpc import error_details_pb2
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
-from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
-from sidecar_clients import export_call, retry_delay
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+from sidecar_clients import export_call, request_of, retry_delay
 from stall_proxy import StallProxy
 from webhook_server import free_port
 
@@ -74,9 +73,7 @@ def export_request(session: str, *action_ids: str, kind: str = "tool_call", key:
                 attributes=attributes,
             )
         )
-    return ExportTraceServiceRequest(
-        resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=spans)])]
-    ).SerializeToString()
+    return request_of(*spans).SerializeToString()
 
 
 def post_traces(http_url: str, body: bytes, timeout: float = 30) -> tuple[int, dict[str, str], bytes]:

@@ -39,8 +39,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
-from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
-from sidecar_clients import Agent, any_value, http_exporter
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+from sidecar_clients import Agent, any_value, http_exporter, request_of
 
 JSON = "application/json"
 PROTOBUF = "application/x-protobuf"
@@ -139,10 +139,7 @@ def proto_request(session: str, action: str, n: int = 1) -> bytes:
         start_time_unix_nano=1_700_000_000_000_000_000 + n,
         attributes=[KeyValue(key=k, value=any_value(v)) for k, v in attributes.items()],
     )
-    request = ExportTraceServiceRequest(
-        resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=[span])])]
-    )
-    return request.SerializeToString()
+    return request_of(span).SerializeToString()
 
 
 def actions(sidecar, session: str) -> list[dict[str, Any]]:  # type: ignore[no-untyped-def]

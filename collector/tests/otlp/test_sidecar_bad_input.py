@@ -23,7 +23,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
-from sidecar_clients import any_value, export_call
+from sidecar_clients import any_value, export_call, request_of
 
 MIB = 1024 * 1024
 
@@ -39,12 +39,6 @@ def span(n: int, *, trace_id: bytes | None = None, span_id: bytes | None = None,
         start_time_unix_nano=1_700_000_000_000_000_000 + n,
         end_time_unix_nano=1_700_000_000_000_000_000 + n + 1,
         attributes=[KeyValue(key=k, value=any_value(v)) for k, v in attributes.items()],
-    )
-
-
-def request(*spans: Span) -> ExportTraceServiceRequest:
-    return ExportTraceServiceRequest(
-        resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=list(spans))])]
     )
 
 
@@ -82,12 +76,12 @@ def grpc_export(sidecar, body: bytes) -> ExportTraceServiceResponse:  # type: ig
 
 def assert_healthy(sidecar) -> None:  # type: ignore[no-untyped-def]
     assert sidecar.get("/healthz") == (200, {"status": "ok"})
-    status, _, _ = post(sidecar, request(span(99, **{"session.id": "after"})).SerializeToString())
+    status, _, _ = post(sidecar, request_of(span(99, **{"session.id": "after"})).SerializeToString())
     assert status == 200
     assert sidecar.session("after")["action_count"] == 1
 
 
-VALID = request(span(1)).SerializeToString()
+VALID = request_of(span(1)).SerializeToString()
 
 
 @pytest.mark.parametrize(
@@ -154,11 +148,11 @@ def test_wrong_content_type_encoding_and_method(sidecar) -> None:  # type: ignor
 
 def test_gzip_and_deflate_bodies_are_accepted(sidecar) -> None:  # type: ignore[no-untyped-def]
     status, _, data = post(
-        sidecar, gzip.compress(request(span(1)).SerializeToString()), Content_Encoding="gzip"
+        sidecar, gzip.compress(request_of(span(1)).SerializeToString()), Content_Encoding="gzip"
     )
     assert status == 200 and not ExportTraceServiceResponse.FromString(data).HasField("partial_success")
     status, _, _ = post(
-        sidecar, zlib.compress(request(span(2)).SerializeToString()), Content_Encoding="deflate"
+        sidecar, zlib.compress(request_of(span(2)).SerializeToString()), Content_Encoding="deflate"
     )
     assert status == 200
     assert sidecar.session("bad-input")["action_count"] == 2
@@ -183,7 +177,7 @@ def test_gzip_bomb_stops_at_the_64_mib_default_limit(sidecar) -> None:  # type: 
 
 def test_requests_over_the_limit_are_413_and_resource_exhausted(start_sidecar) -> None:  # type: ignore[no-untyped-def]
     sidecar = start_sidecar(receivers__max_request_bytes=MIB)
-    big = request(span(1, **{"agent.action.name": "x" * (MIB + 10)})).SerializeToString()
+    big = request_of(span(1, **{"agent.action.name": "x" * (MIB + 10)})).SerializeToString()
     status, headers, data = post(sidecar, big)
     assert status == 413 and f"over the {MIB}-byte limit" in status_of(headers, data).message
     status, headers, _ = post(sidecar, gzip.compress(big), Content_Encoding="gzip")
@@ -198,7 +192,7 @@ def test_requests_over_the_limit_are_413_and_resource_exhausted(start_sidecar) -
 
 
 def test_bad_ids_reject_only_their_spans_partial_success(sidecar) -> None:  # type: ignore[no-untyped-def]
-    mixed = request(
+    mixed = request_of(
         span(1),
         span(2, trace_id=b"\x01\x02\x03"),
         span(3, span_id=bytes(8)),
@@ -301,9 +295,9 @@ def test_a_json_span_with_a_field_json_format_refuses_rejects_only_that_span(sid
 
 def test_ten_thousand_attributes_are_accepted(sidecar) -> None:  # type: ignore[no-untyped-def]
     attributes = {f"custom.attribute.{i}": i for i in range(10_000)}
-    status, _, data = post(sidecar, request(span(1, **attributes)).SerializeToString())
+    status, _, data = post(sidecar, request_of(span(1, **attributes)).SerializeToString())
     assert status == 200 and not ExportTraceServiceResponse.FromString(data).HasField("partial_success")
-    response = grpc_export(sidecar, request(span(2, **attributes)).SerializeToString())
+    response = grpc_export(sidecar, request_of(span(2, **attributes)).SerializeToString())
     assert not response.HasField("partial_success")
     assert sidecar.session("bad-input")["action_count"] == 2
     assert_healthy(sidecar)
@@ -317,7 +311,7 @@ def test_wrong_attribute_types_become_violations_not_errors(sidecar) -> None:  #
         span(4, **{"agent.action.kind": "payment", "agent.action.idempotency_key": b"\x00\x01"}),
         span(5, **{"agent.action.retryable": "yes", "agent.action.ttl_s": 1.5}),
     ]
-    status, _, data = post(sidecar, request(*spans).SerializeToString())
+    status, _, data = post(sidecar, request_of(*spans).SerializeToString())
     assert status == 200 and not ExportTraceServiceResponse.FromString(data).HasField("partial_success")
     session = sidecar.session("bad-input")
     assert session["action_count"] == 5
@@ -339,7 +333,7 @@ def test_start_times_past_int64_are_stored_not_failed(sidecar) -> None:  # type:
     # the valid spans of its write batch.
     late = span(1)
     late.start_time_unix_nano = 2**64 - 1
-    response = grpc_export(sidecar, request(late, span(2)).SerializeToString())
+    response = grpc_export(sidecar, request_of(late, span(2)).SerializeToString())
     assert not response.HasField("partial_success")
     session = sidecar.session("bad-input")
     assert session["action_count"] == 2
@@ -372,7 +366,7 @@ def test_text_that_is_not_utf8_rejects_only_its_span(sidecar) -> None:  # type: 
     bad_name = span(3, **{"session.id": "utf8"})
     bad_name.name = "Z2"
     body = not_utf8(
-        request(
+        request_of(
             span(1, **{"session.id": "utf8"}), bad_event, bad_name, span(4, **{"session.id": "utf8"})
         ).SerializeToString(),
         "Z1",
@@ -441,7 +435,9 @@ def test_bytes_that_are_not_protobuf_in_one_span_still_refuse_the_request(sideca
     # (a field longer than the span) is a request that is not protobuf, as before.
     cut_span = b"\x0a\x05"  # trace_id (field 1) of 5 bytes, where the span ends
     body = (
-        request(span(1, **{"session.id": "cut"})).SerializeToString() + b"\x0a\x06\x12\x04\x12\x02" + cut_span
+        request_of(span(1, **{"session.id": "cut"})).SerializeToString()
+        + b"\x0a\x06\x12\x04\x12\x02"
+        + cut_span
     )
     assert_refused_as_not_protobuf(sidecar, body)
     assert sidecar.get("/api/sessions/cut")[0] == 404

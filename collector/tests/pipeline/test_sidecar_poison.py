@@ -23,10 +23,9 @@ import pytest
 from conftest import Sidecar, wait_for
 from durable_sessions_collector.jsonlog import JsonLog, RepeatedFailure
 from durable_sessions_collector.store import stored
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
-from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span
-from sidecar_clients import export_call
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+from sidecar_clients import export_call, request_of
 
 
 def span_id(session: str, action_id: str) -> bytes:
@@ -48,9 +47,7 @@ def request(session: str, *action_ids: str) -> bytes:
         )
         for n, action_id in enumerate(action_ids)
     ]
-    return ExportTraceServiceRequest(
-        resource_spans=[ResourceSpans(scope_spans=[ScopeSpans(spans=spans)])]
-    ).SerializeToString()
+    return request_of(*spans).SerializeToString()
 
 
 def assert_retryable(export: Callable[..., Any], body: bytes, detail: str = "") -> None:
