@@ -10,9 +10,12 @@ set so that the tests run.
 from __future__ import annotations
 
 import os
+import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pytest
@@ -77,3 +80,26 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'sessions.db'}"
     return str(request.getfixturevalue("postgres_url"))
+
+
+@contextmanager
+def held_transaction(store: Any, write: Callable[[Any], Any]) -> Iterator[threading.Event]:
+    """``write`` done in a writer transaction of ``store`` in a thread of its own, as
+    another replica's, and the transaction held open (uncommitted) until the event given
+    is set, or 10 s; on leaving, it is set and the transaction commits."""
+    written, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with store.writer() as writer:
+            write(writer)
+            written.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert written.wait(10)
+        yield release
+    finally:
+        release.set()
+        thread.join()

@@ -33,6 +33,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from postgres_support import held_transaction
 from sidecar_clients import Agent, Recorder, grpc_exporter
 from webhook_server import ClosedPort, WebhookServer
 
@@ -591,25 +592,16 @@ def test_postgres_replicas_prune_only_sessions_whose_lock_they_take(postgres_url
             writer.add_action(action_row({"session_id": session_id, "action_id": "a", "kind": "tool_call",
                                           "status": "ok"}, "t" * 32, session_id), 1.0)  # fmt: skip
             writer.end_session(session_id, 2.0)
-    appending = threading.Event()
-    release = threading.Event()
 
-    def replica_appending() -> None:
-        with first.writer() as writer:
-            writer.lock_sessions(["busy"])  # as a write batch holding spans of "busy" does
-            writer.touch_session("busy", 50.0, 1)
-            appending.set()
-            release.wait(10)
+    def replica_appending(writer: Any) -> None:
+        writer.lock_sessions(["busy"])  # as a write batch holding spans of "busy" does
+        writer.touch_session("busy", 50.0, 1)
 
-    thread = threading.Thread(target=replica_appending)
-    thread.start()
-    assert appending.wait(10)
-    began = time.monotonic()
-    with second.writer() as writer:
-        assert writer.prune(10.0, 10).sessions == ["quiet"]  # skips "busy", without waiting for it
-    assert time.monotonic() - began < 2
-    release.set()
-    thread.join()
+    with held_transaction(first, replica_appending):
+        began = time.monotonic()
+        with second.writer() as writer:
+            assert writer.prune(10.0, 10).sessions == ["quiet"]  # skips "busy", without waiting for it
+        assert time.monotonic() - began < 2
     # "busy" is open again and recent under the committed write: never deleted.
     with second.writer() as writer:
         assert writer.prune(10.0, 10).sessions == []

@@ -25,6 +25,7 @@ from durable_sessions_collector.evaluator import Evaluator, arrival
 from durable_sessions_collector.store import Alert, StoreError, action_row, open_store
 from durable_sessions_collector.store.base import cursor_position
 from durable_sessions_collector.store.postgres import SCHEMA_VERSION, PostgresStore, split_url
+from postgres_support import held_transaction
 from psycopg import sql
 
 from durable_sessions.mapping import Mapped
@@ -283,25 +284,17 @@ def test_a_role_that_owns_its_schema_starts_without_create_on_the_database(postg
 
 def test_a_violation_found_by_two_replicas_is_new_in_one(postgres_url: str) -> None:
     first, second = open_store(postgres_url), open_store(postgres_url)
-    inserted = threading.Event()
-    release = threading.Event()
     results: dict[str, bool] = {}
 
-    def replica_a() -> None:
-        with first.writer() as writer:
-            results["a"] = writer.add_violation(violation("re-asked"), at_end=False, now=1.0)
-            writer.enqueue_alert("log", violation("re-asked").key, {"key": "k"}, 1.0)
-            inserted.set()
-            release.wait(10)
+    def replica_a(writer: Any) -> None:
+        results["a"] = writer.add_violation(violation("re-asked"), at_end=False, now=1.0)
+        writer.enqueue_alert("log", violation("re-asked").key, {"key": "k"}, 1.0)
 
-    thread = threading.Thread(target=replica_a)
-    thread.start()
-    assert inserted.wait(10)
-    waited = time.monotonic()
-    threading.Timer(0.3, release.set).start()
-    with second.writer() as writer:  # blocks on A's uncommitted row, then finds it stored
-        results["b"] = writer.add_violation(violation("re-asked"), at_end=False, now=1.0)
-    thread.join()
+    with held_transaction(first, replica_a) as release:
+        waited = time.monotonic()
+        threading.Timer(0.3, release.set).start()
+        with second.writer() as writer:  # blocks on A's uncommitted row, then finds it stored
+            results["b"] = writer.add_violation(violation("re-asked"), at_end=False, now=1.0)
     assert time.monotonic() - waited >= 0.25
     assert results == {"a": True, "b": False}
     assert first.alert_counts() == {("log", "pending"): 1}
@@ -372,23 +365,9 @@ def test_idle_sweep_skips_a_session_another_replica_is_writing(postgres_url: str
     with first.writer() as writer:
         writer.touch_session("busy", 1.0, 1)
         writer.touch_session("quiet", 1.0, 1)
-    locked = threading.Event()
-    release = threading.Event()
-
-    def writing() -> None:
-        with first.writer() as writer:
-            writer.lock_sessions(["busy"])
-            locked.set()
-            release.wait(10)
-
-    thread = threading.Thread(target=writing)
-    thread.start()
-    assert locked.wait(10)
-    with second.writer() as writer:
+    with held_transaction(first, lambda writer: writer.lock_sessions(["busy"])), second.writer() as writer:
         assert writer.idle_sessions(5.0, 10) == ["quiet"]
         writer.end_session("quiet", 5.0)
-    release.set()
-    thread.join()
     with second.writer() as writer:
         assert writer.idle_sessions(5.0, 10) == ["busy"]
     first.close()
@@ -398,24 +377,14 @@ def test_idle_sweep_skips_a_session_another_replica_is_writing(postgres_url: str
 def test_the_feed_does_not_pass_a_transaction_that_commits_later(postgres_url: str) -> None:
     first, second = open_store(postgres_url), open_store(postgres_url)
     cursor = first.violation_cursor()
-    inserted = threading.Event()
-    release = threading.Event()
-
-    def slow() -> None:  # begins first (older transaction id), commits last
-        with first.writer() as writer:
-            writer.add_violation(violation("slow", "s-slow"), at_end=False, now=1.0)
-            inserted.set()
-            release.wait(10)
-
-    thread = threading.Thread(target=slow)
-    thread.start()
-    assert inserted.wait(10)
-    with second.writer() as writer:
-        writer.add_violation(violation("fast", "s-fast"), at_end=False, now=1.0)
-    items, held = second.violations_after(cursor)
-    assert items == [] and held == cursor  # "fast" waits until "slow" is decided
-    release.set()
-    thread.join()
+    # "slow" begins first (the older transaction id) and commits last.
+    with held_transaction(
+        first, lambda writer: writer.add_violation(violation("slow", "s-slow"), at_end=False, now=1.0)
+    ):
+        with second.writer() as writer:
+            writer.add_violation(violation("fast", "s-fast"), at_end=False, now=1.0)
+        items, held = second.violations_after(cursor)
+        assert items == [] and held == cursor  # "fast" waits until "slow" is decided
     items, _ = second.violations_after(cursor)
     assert [item["rule"] for item in items] == ["slow", "fast"]
     first.close()
@@ -431,24 +400,12 @@ def test_the_feed_does_not_pass_a_change_that_commits_later(postgres_url: str) -
             writer.touch_session(session, 1.0, 1)
             writer.add_violation(violation("unresolved-side-effect", session), at_end=True, now=1.0)
     cursor = first.violation_cursor()
-    changed = threading.Event()
-    release = threading.Event()
-
-    def slow() -> None:  # the older transaction id, and the first change id: commits last
-        with first.writer() as writer:
-            writer.resolve_end_violations("a", set(), now=2.0)
-            changed.set()
-            release.wait(10)
-
-    thread = threading.Thread(target=slow)
-    thread.start()
-    assert changed.wait(10)
-    with second.writer() as writer:
-        writer.resolve_end_violations("b", set(), now=3.0)
-        writer.add_violation(violation("fast", "b", "s-fast"), at_end=False, now=3.0)
-    assert second.violations_after(cursor) == ([], cursor)  # both wait until "a" is decided
-    release.set()
-    thread.join()
+    # "a" is resolved with the older transaction id, and the first change id: it commits last.
+    with held_transaction(first, lambda writer: writer.resolve_end_violations("a", set(), now=2.0)):
+        with second.writer() as writer:
+            writer.resolve_end_violations("b", set(), now=3.0)
+            writer.add_violation(violation("fast", "b", "s-fast"), at_end=False, now=3.0)
+        assert second.violations_after(cursor) == ([], cursor)  # both wait until "a" is decided
     items, _ = second.violations_after(cursor)
     assert [(item["session_id"], item["rule"], item["status"]) for item in items] == [
         ("a", "unresolved-side-effect", "resolved"),
