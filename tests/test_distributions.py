@@ -191,3 +191,22 @@ def test_without_a_c_compiler_both_distributions_build_and_run_in_python(tmp_pat
         [sys.executable, "-m", "durable_sessions", "check", *logs], env=env, capture_output=True, text=True
     )
     assert native.stdout and (done.returncode, lines[3:]) == (native.returncode, native.stdout.splitlines())
+
+
+def wheel_members(project: Path, tmp_path: Path) -> set[str]:
+    """The files of the wheel pip builds from ``project``'s sdist (without a compiler, which
+    adds only the extensions)."""
+    with zipfile.ZipFile(wheel_without_a_compiler(project, tmp_path)) as wheel:
+        return set(wheel.namelist())
+
+
+PACKAGES = {LIBRARY: "durable_sessions", COLLECTOR: "durable_sessions_collector"}
+
+
+def test_each_wheel_marks_its_package_typed(tmp_path: Path) -> None:
+    """Both packages' public APIs carry type hints; without ``py.typed`` (PEP 561) a type
+    checker in the user's project ignores them and reads every name as ``Any``. Built from
+    the sdist, so the marker is in both."""
+    for project, package in PACKAGES.items():
+        (tmp_path / project.name).mkdir()
+        assert f"{package}/py.typed" in wheel_members(project, tmp_path / project.name), project
