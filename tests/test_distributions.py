@@ -210,3 +210,17 @@ def test_each_wheel_marks_its_package_typed(tmp_path: Path) -> None:
     for project, package in PACKAGES.items():
         (tmp_path / project.name).mkdir()
         assert f"{package}/py.typed" in wheel_members(project, tmp_path / project.name), project
+
+
+def test_each_distribution_carries_the_license_it_declares(tmp_path: Path) -> None:
+    """Both declare Apache-2.0, whose section 4(a) asks that a copy of the license go with
+    every redistribution: the sdist and the wheel (``License-File``) each carry its text."""
+    for project in PACKAGES:
+        (tmp_path / project.name).mkdir()
+        assert "LICENSE" in sdist_members(project, tmp_path / project.name), project
+        described = metadata(project, tmp_path / project.name)
+        assert described["License-Expression"] == "Apache-2.0", project
+        assert described.get_all("License-File") == ["LICENSE"], project
+        (tmp_path / project.name / "wheel").mkdir()
+        wheel = wheel_members(project, tmp_path / project.name / "wheel")
+        assert [name for name in wheel if name.endswith(".dist-info/licenses/LICENSE")], project
