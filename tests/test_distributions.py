@@ -224,3 +224,12 @@ def test_each_distribution_carries_the_license_it_declares(tmp_path: Path) -> No
         (tmp_path / project.name / "wheel").mkdir()
         wheel = wheel_members(project, tmp_path / project.name / "wheel")
         assert [name for name in wheel if name.endswith(".dist-info/licenses/LICENSE")], project
+
+
+def test_the_collector_sdist_carries_the_source_of_its_generated_api(tmp_path: Path) -> None:
+    """``api/v1/*_pb2*.py`` are generated from ``proto/`` (``make proto``): the sdist is the
+    source release, so it carries the ``.proto`` they come from, which a packager needs to
+    generate them again and a client in another language to call the API."""
+    members = sdist_members(COLLECTOR, tmp_path)
+    protos = {str(path.relative_to(ROOT)) for path in (ROOT / "proto").rglob("*.proto")}
+    assert protos and protos <= members, sorted(members)
