@@ -191,6 +191,24 @@ def test_without_a_c_compiler_both_distributions_build_and_run_in_python(tmp_pat
         [sys.executable, "-m", "durable_sessions", "check", *logs], env=env, capture_output=True, text=True
     )
     assert native.stdout and (done.returncode, lines[3:]) == (native.returncode, native.stdout.splitlines())
+    for cli in ("durable_sessions.cli", "durable_sessions_collector.cli"):
+        shown = subprocess.run(
+            [str(bare / "bin" / "python"), "-c", VERSION_SCRIPT, str(vendor), cli],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert shown.stdout.splitlines()[1:] == ["C extensions not built; the Python code runs"], shown
+
+
+VERSION_SCRIPT = textwrap.dedent(
+    """\
+    import importlib, sys
+    sys.path.insert(0, sys.argv[1])
+    cli = importlib.import_module(sys.argv[2])
+    cli.main(["--version"])
+    """
+)
 
 
 def wheel_members(project: Path, tmp_path: Path) -> set[str]:

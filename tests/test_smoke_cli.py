@@ -1,8 +1,14 @@
 """The CLIs run as installed commands and keep their exit-code contract."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+from durable_sessions import __version__
+from durable_sessions.native import native_module
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "logs"
 
@@ -23,3 +29,33 @@ def test_unrecoverable_example_fails_and_names_the_session() -> None:
     assert "unrecoverable: trip-0413" in result.stdout
     for rule in ("unrecorded-answer", "unrecorded-result", "unkeyed-side-effect", "unbounded-retry"):
         assert f"[{rule}]" in result.stdout
+
+
+EXTENSIONS = "durable_sessions._native, durable_sessions._engine, durable_sessions._memory"
+
+
+def version(command: str, native: str) -> list[str]:
+    """``--version`` of the installed ``command``, with ``DURABLE_SESSIONS_NATIVE=native``."""
+    env = {**os.environ, "DURABLE_SESSIONS_NATIVE": native}
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / command), "--version"], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+@pytest.mark.skipif(native_module() is None, reason="the C extensions are not built here")
+def test_version_says_which_c_extensions_run() -> None:
+    """A build without a compiler installs no extension and says so only under ``pip -v``;
+    ``--version`` is where a user (or a bug report) learns whether they run."""
+    assert version("durable-sessions", "") == [
+        f"durable-sessions {__version__}",
+        f"C extensions: {EXTENSIONS}",
+    ]
+    assert version("durable-sessions-collector", "true") == [
+        f"durable-sessions-collector {__version__}",
+        f"C extensions: {EXTENSIONS}, durable_sessions_collector.otlp._wire",
+    ]
+    off = "C extensions off (DURABLE_SESSIONS_NATIVE); the Python code runs"
+    assert version("durable-sessions", "off") == [f"durable-sessions {__version__}", off]
+    assert version("durable-sessions-collector", "0") == [f"durable-sessions-collector {__version__}", off]

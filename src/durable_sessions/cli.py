@@ -44,6 +44,7 @@ from durable_sessions.harness import (
     prove,
 )
 from durable_sessions.journal import AlreadyCompleted, Entry, SessionLive, SqliteJournal
+from durable_sessions.native import LIBRARY_EXTENSIONS, extensions_note
 from durable_sessions.readers import DEFAULT_MAX_LINE_BYTES, FORMATS, InputError, sniff_format
 from durable_sessions.report import (
     OUTPUT_FORMATS,
@@ -220,12 +221,41 @@ def _hint_at_trace_files(path: str) -> None:
 # -- durable-sessions -----------------------------------------------------------------
 
 
+class _Version(argparse.Action):
+    """``--version``: the version, then on a line of its own which C extensions run
+    (argparse's own version action would fold the two into one paragraph)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        self.version = kwargs.pop("version")
+        self.extensions = kwargs.pop("extensions")
+        super().__init__(option_strings, argparse.SUPPRESS, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+        print(f"{parser.prog} {self.version}\n{extensions_note(self.extensions)}")
+        parser.exit()
+
+
+def add_version(
+    parser: argparse.ArgumentParser,
+    version: str,
+    extensions: tuple[tuple[str, str], ...] = LIBRARY_EXTENSIONS,
+) -> None:
+    """Give ``parser`` a ``--version`` that also says which of ``extensions`` run."""
+    parser.add_argument(
+        "--version",
+        action=_Version,
+        version=version,
+        extensions=extensions,
+        help="show the version and which C extensions run, and exit",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="durable-sessions",
         description="Check that long-running agent sessions can be recovered by replay.",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    add_version(parser, __version__)
     commands = parser.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
 
     check = commands.add_parser(

@@ -55,3 +55,24 @@ def _warn_unknown(value: str) -> None:
         RuntimeWarning,
         stacklevel=3,
     )
+
+
+LIBRARY_EXTENSIONS = (
+    ("durable_sessions", "_native"),
+    ("durable_sessions", "_engine"),
+    ("durable_sessions", "_memory"),
+)
+
+
+def extensions_note(extensions: tuple[tuple[str, str], ...] = LIBRARY_EXTENSIONS) -> str:
+    """Which of ``extensions`` (package, module name) run, for ``--version``: a build
+    without a compiler skips them with a warning pip shows only with ``-v``, and the
+    Python code then gives the same results, slower, so nothing else tells a user."""
+    if os.environ.get(SWITCH, "").strip().lower() in OFF:
+        return f"C extensions off ({SWITCH}); the Python code runs"
+    built = {f"{package}.{name}": native_module(name, package) is not None for package, name in extensions}
+    missing = [name for name, found in built.items() if not found]
+    if len(missing) == len(built):
+        return "C extensions not built; the Python code runs"
+    note = "C extensions: " + ", ".join(name for name, found in built.items() if found)
+    return note + (f" (not built: {', '.join(missing)}; the Python code runs for them)" if missing else "")

@@ -32,7 +32,8 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
-from durable_sessions.cli import Output, run_command
+from durable_sessions.cli import Output, add_version, run_command
+from durable_sessions.native import LIBRARY_EXTENSIONS
 from durable_sessions.report import printable, table_lines
 from durable_sessions_collector import __version__
 from durable_sessions_collector.alerts import OTLP, WEBHOOK
@@ -55,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="durable-sessions-collector",
         description="The durable-sessions sidecar: OTLP in, whole-session verdicts and alerts out.",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    add_version(parser, __version__, (*LIBRARY_EXTENSIONS, ("durable_sessions_collector.otlp", "_wire")))
     commands = parser.add_subparsers(dest="command", required=True)
     for name, text in (
         ("serve", "run the sidecar until SIGTERM or SIGINT"),
