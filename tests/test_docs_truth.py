@@ -1076,7 +1076,8 @@ def test_sidecar_default_ports_match_the_docs() -> None:
     defaults = Config()
     assert defaults.receivers_grpc_endpoint == "127.0.0.1:4319"
     assert defaults.receivers_http_endpoint == "127.0.0.1:4320"
-    assert "OTLP gRPC 127.0.0.1:4319, HTTP 127.0.0.1:4320" in read(README)
+    assert defaults.store == "sqlite:///durable-sessions.db"  # relative: in the current directory
+    assert "OTLP gRPC 127.0.0.1:4319, HTTP 127.0.0.1:4320, SQLite ./durable-sessions.db" in read(README)
 
 
 def test_the_collector_readme_table_is_what_config_reference_prints() -> None:
