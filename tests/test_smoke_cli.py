@@ -5,10 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from durable_sessions import __version__
-from durable_sessions.native import native_module
+from tests.support.senders import require_native
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "logs"
 
@@ -44,10 +42,12 @@ def version(command: str, native: str) -> list[str]:
     return done.stdout.splitlines()
 
 
-@pytest.mark.skipif(native_module() is None, reason="the C extensions are not built here")
 def test_version_says_which_c_extensions_run() -> None:
     """A build without a compiler installs no extension and says so only under ``pip -v``;
     ``--version`` is where a user (or a bug report) learns whether they run."""
+    for module in ("_native", "_engine", "_memory"):
+        require_native(module)
+    require_native("_wire", "durable_sessions_collector.otlp")
     assert version("durable-sessions", "") == [
         f"durable-sessions {__version__}",
         f"C extensions: {EXTENSIONS}",
