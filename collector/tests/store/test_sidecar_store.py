@@ -858,3 +858,31 @@ def test_a_sessions_violations_come_in_pages_in_the_order_found(store) -> None: 
                 break
             after = page.next_violations
         assert walked == rules, size
+
+
+def test_a_postgresql_store_without_psycopg_is_named_once_with_the_install_command(tmp_path: Path) -> None:
+    """The path of a user who installed the sidecar without ``[postgresql]``: serve stops
+    with one line naming the missing driver and the install command. The store's error
+    said ``store:`` itself, and serve put its own before it: ``store: store: …``."""
+    hidden = tmp_path / "hidden" / "psycopg"  # psycopg as if it were not installed
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text("raise ImportError(\"No module named 'psycopg'\")\n")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "durable_sessions_collector",
+            "serve",
+            "--store",
+            "postgresql://u@127.0.0.1:1/db",
+        ],
+        env={**os.environ, "PYTHONPATH": str(hidden.parent)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stderr) == (
+        2,
+        "durable-sessions-collector: store: a PostgreSQL store needs psycopg 3 (No module named 'psycopg'); "
+        "pip install 'durable-sessions-collector[postgresql]'\n",
+    )

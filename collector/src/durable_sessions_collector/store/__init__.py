@@ -37,12 +37,12 @@ def open_store(url: str, *, exclusive: bool = True) -> Store:
             from durable_sessions_collector.store.postgres import PostgresStore
         except ImportError as error:
             raise StoreError(
-                f"store: a PostgreSQL store needs psycopg 3 ({error}); "
+                f"a PostgreSQL store needs psycopg 3 ({error}); "
                 "pip install 'durable-sessions-collector[postgresql]'"
             ) from None
         return PostgresStore(url, existing=not exclusive)
     shown = url.split("://", 1)[0] + "://…" if "://" in url else url
-    raise StoreError(f"store: unsupported URL {shown!r}; expected sqlite:///PATH or postgresql://…")
+    raise StoreError(f"unsupported URL {shown!r}; expected sqlite:///PATH or postgresql://…")
 
 
 __all__ = [

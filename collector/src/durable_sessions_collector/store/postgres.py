@@ -360,7 +360,7 @@ def split_url(url: str) -> tuple[str, str | None]:
     schema = schemas[-1] if schemas else None
     if schema is not None and not _SCHEMA_NAME.match(schema):
         raise StoreError(
-            f"store: schema must be a plain identifier (letters, digits, _; at most 63), got {schema!r}"
+            f"schema must be a plain identifier (letters, digits, _; at most 63), got {schema!r}"
         )
     return (f"{base}?{'&'.join(kept)}" if kept else base), schema
 
