@@ -143,3 +143,143 @@ def test_deployment_guide_yaml_is_valid(number: int, config: dict[str, Any]) -> 
     assert isinstance(config, dict), f"yaml block {number} is not a mapping"
     if "service" in config:  # a whole Collector configuration
         check_references(config)
+
+
+# The settings each component takes, as the Collector's config schemas (config.schema.yaml
+# of configgrpc, configtls, configretry, exporterhelper, loadbalancingexporter) and the
+# READMEs of contrib's filestorage, bearertokenauth, memorylimiter, batch and debug list
+# them, as of contrib 0.144 to 0.16x: the Collector refuses an unknown key at start-up
+# ("has invalid keys"), so a misspelt one here is a configuration that does not start.
+# A name maps to the settings under it, or to None where its value is not checked here.
+Keys = dict[str, "Keys | None"]
+
+
+def leaves(names: str) -> Keys:
+    """Settings whose values are not checked here, named in one string."""
+    return dict.fromkeys(names.split())
+
+
+TLS_CLIENT: Keys = leaves(
+    "insecure insecure_skip_verify server_name_override ca_file ca_pem cert_file cert_pem key_file "
+    "key_pem include_system_ca_certs_pool min_version max_version cipher_suites curve_preferences "
+    "reload_interval tpm"
+)
+QUEUE: Keys = leaves(
+    "enabled num_consumers queue_size sizer storage block_on_overflow blocking wait_for_result batch"
+)
+RETRY: Keys = leaves("enabled initial_interval randomization_factor multiplier max_interval max_elapsed_time")
+GRPC_EXPORTER: Keys = {
+    **leaves(
+        "endpoint compression keepalive read_buffer_size write_buffer_size wait_for_ready headers "
+        "balancer_name authority middlewares timeout"
+    ),
+    "tls": TLS_CLIENT,
+    "auth": {"authenticator": None},
+    "sending_queue": QUEUE,
+    "retry_on_failure": RETRY,
+}
+COMPONENT_KEYS: dict[str, dict[str, Keys]] = {
+    "extensions": {
+        "file_storage": {
+            **leaves("directory timeout fsync create_directory directory_permissions recreate"),
+            "compaction": leaves(
+                "directory on_start on_rebound rebound_needed_threshold_mib rebound_trigger_threshold_mib "
+                "max_transaction_size check_interval cleanup_on_start"
+            ),
+        },
+        "bearertokenauth": leaves("scheme header token tokens filename"),
+    },
+    "receivers": {"otlp": {"protocols": {"grpc": None, "http": None}}},
+    "processors": {
+        "memory_limiter": leaves(
+            "check_interval limit_mib spike_limit_mib limit_percentage spike_limit_percentage "
+            "min_gc_interval_when_soft_limited min_gc_interval_when_hard_limited"
+        ),
+        "batch": leaves(
+            "timeout send_batch_size send_batch_max_size metadata_keys metadata_cardinality_limit"
+        ),
+    },
+    "exporters": {
+        "otlp_grpc": GRPC_EXPORTER,
+        "debug": leaves("verbosity sampling_initial sampling_thereafter use_internal_logger"),
+        "load_balancing": {
+            **leaves("routing_key routing_attributes timeout"),
+            "protocol": {"otlp": {key: keys for key, keys in GRPC_EXPORTER.items() if key != "endpoint"}},
+            "resolver": {
+                "static": {"hostnames": None},
+                "dns": leaves("hostname port interval timeout"),
+                "k8s": leaves("service ports timeout return_hostnames"),
+                "aws_cloud_map": None,
+            },
+            "sending_queue": QUEUE,
+            "retry_on_failure": RETRY,
+        },
+    },
+}
+
+
+def unknown_keys(settings: Any, keys: Keys, where: str) -> list[str]:
+    """The settings under ``where`` that ``keys`` does not list, at any depth."""
+    if not isinstance(settings, dict):
+        return []
+    found = []
+    for key, value in settings.items():
+        if key not in keys:
+            found.append(f"{where}.{key}")
+        elif keys[key] is not None:
+            found.extend(unknown_keys(value, keys[key], f"{where}.{key}"))
+    return found
+
+
+def check_component_keys(config: dict[str, Any]) -> None:
+    unknown = []
+    for section, types in COMPONENT_KEYS.items():
+        for name, settings in (config.get(section) or {}).items():
+            kind = component_type(name)
+            assert kind in types, f"{section}.{name}: no key list for {kind} here; add its settings"
+            unknown.extend(unknown_keys(settings, types[kind], f"{section}.{name}"))
+    assert not unknown, f"settings the Collector does not take: {unknown}"
+    for name, settings in (config.get("exporters") or {}).items():
+        if component_type(name) == "debug" and settings:
+            assert settings.get("verbosity", "basic") in ("basic", "normal", "detailed"), name
+        if component_type(name) == "load_balancing":
+            assert settings["routing_key"] in (
+                "traceID",
+                "service",
+                "resource",
+                "metric",
+                "streamID",
+                "attributes",
+            )
+
+
+def collector_configs() -> list[tuple[str, dict[str, Any]]]:
+    """otel-config.yaml with its commented setups in place, and every Collector
+    configuration of docs/deployment.md (those with a ``service`` section)."""
+    text = CONFIG.read_text()
+    config = yaml.safe_load(text)
+    config["exporters"].update(yaml.safe_load(commented_block(text, "load_balancing/durable_sessions:")))
+    config["extensions"].update(yaml.safe_load(commented_block(text, "bearertokenauth/durable_sessions:")))
+    config["exporters"]["otlp_grpc/durable_sessions"].update(yaml.safe_load(commented_block(text, "auth:")))
+    found = [("otel-config.yaml", config)]
+    for number, block in deployment_configs():
+        if isinstance(block, dict) and "service" in block:
+            found.append((f"docs/deployment.md yaml block {number}", block))
+    return found
+
+
+@pytest.mark.parametrize(
+    ("where", "config"), collector_configs(), ids=[where for where, _ in collector_configs()]
+)
+def test_collector_configurations_use_only_settings_the_collector_takes(
+    where: str, config: dict[str, Any]
+) -> None:
+    check_component_keys(config)
+
+
+def test_a_misspelt_collector_setting_is_found() -> None:
+    config = yaml.safe_load(CONFIG.read_text())
+    config["extensions"]["file_storage/durable_sessions"]["compaction"]["on_startup"] = True
+    config["exporters"]["otlp_grpc/durable_sessions"]["retry_on_failure"]["max_elapsed"] = 0
+    with pytest.raises(AssertionError, match=r"compaction\.on_startup.*retry_on_failure\.max_elapsed"):
+        check_component_keys(config)
