@@ -1026,6 +1026,25 @@ def test_documented_collector_command_parses(doc: str, line: str) -> None:
         pytest.fail(f"{doc}: {line!r} is rejected by the parser (exit {exit_.code})")
 
 
+def test_every_documented_install_of_the_sidecar_installs_the_library_first() -> None:
+    """The sidecar requires durable-sessions of its own release, which pip finds only in
+    the repository: ``pip install -e ./collector`` alone fails ('No matching distribution
+    found for durable-sessions==…'), so each block that installs it installs the library
+    before it, or in the same command."""
+    alone = []
+    for path in MARKDOWN:
+        for block in code_blocks(read(path), "sh", "console"):
+            library = False
+            for line in block.splitlines():
+                words = line.split("#", 1)[0].split()
+                if "pip" not in words or "install" not in words:
+                    continue
+                library = library or "." in words
+                if any(word.strip("'\"").startswith("./collector") for word in words) and not library:
+                    alone.append(f"{path.relative_to(ROOT)}: {line.strip()}")
+    assert not alone, alone
+
+
 def test_collector_readme_sessions_options() -> None:
     sessions = subparser(collector_parser(), "sessions")
     section = read(COLLECTOR_README).split("## CLI: sessions", 1)[1].split("\nMetrics", 1)[0]
