@@ -486,29 +486,51 @@ def test_the_pre_filter_never_skips_an_action(attributes: dict[str, Any]) -> Non
         assert may_be_action(attributes)
 
 
-def test_a_forked_child_counts_its_spans_as_dropped(sender: str) -> None:
-    processor = DurabilitySpanProcessor(mode="silent", checking="process")
+def test_a_child_forked_from_a_forked_child_checks_its_spans_too(sender: str) -> None:
+    """A worker forked from a worker that already started a checker of its own (a pool
+    inside a preloaded server's worker) starts another: each process's spans are checked
+    by its own checker, and none reaches another's."""
+    found: list[Violation] = []
+    processor = DurabilitySpanProcessor(mode="silent", checking="process", on_violation=found.append)
     provider, _ = provider_with(processor)
     tracer = provider.get_tracer("t")
     read_end, write_end = os.pipe()
 
-    def child() -> int:  # the checker process and the sending thread belong to the parent
-        for n in range(3):
-            with tracer.start_as_current_span(
-                "pay", attributes={sc.ACTION_ID: f"p{n}", sc.ACTION_KIND: "payment"}
-            ):
-                pass
-        os.write(write_end, str(processor.spans_dropped).encode())
+    def pay(action_id: str) -> None:
+        with tracer.start_as_current_span(
+            "pay", attributes={sc.ACTION_ID: action_id, sc.ACTION_KIND: "payment"}
+        ):
+            pass
+
+    def checked(action_id: str) -> str:
+        found.clear()
+        pay(action_id)
+        flushed = processor.force_flush()
+        return f"{flushed}:{','.join(v.action_id for v in found)}:{processor.actions_checked} "
+
+    def grandchild() -> int:
+        os.write(write_end, checked("grandchild").encode())
+        provider.shutdown()
         return 0
 
-    assert exit_code_in_fork(child) == 0
+    def child() -> int:
+        os.write(write_end, checked("child").encode())
+        code = exit_code_in_fork(grandchild)
+        os.write(write_end, checked("child-again").encode())
+        provider.shutdown()
+        return code
+
+    assert exit_code_in_fork(child, timeout_s=60) == 0
     os.close(write_end)
     with os.fdopen(read_end, "rb") as reader:
-        assert reader.read() == b"3"
-    with tracer.start_as_current_span("pay", attributes={sc.ACTION_ID: "parent", sc.ACTION_KIND: "payment"}):
-        pass
+        assert reader.read().decode().split() == [
+            "True:child:1",
+            "True:grandchild:1",
+            "True:child-again:2",
+        ]
+    pay("parent")
     assert processor.wait_checked(timeout_s=30)
-    assert processor.actions_checked == 1  # only the parent's span reached the checker
+    assert processor.actions_checked == 1  # only the parent's span reached the parent's checker
     assert processor.spans_dropped == 0
     provider.shutdown()
 

@@ -12,9 +12,9 @@ What they hold the processor to:
   cleanly while the worker lives on;
 - a forked worker's ``shutdown`` never touches the parent's stream or its locks, so it
   cannot hang on a lock the parent's writer thread held at the fork;
-- in a forked worker, flushing and shutting down are quiet with either sender: its
-  spans go unchecked and are counted in ``spans_dropped``, with no internal error and
-  no "failing open" warning.
+- a forked worker checks its own spans in a checker process of its own, started at its
+  first action span, quietly (no internal error, no "failing open" warning), and ends
+  that checker at its shutdown or exit.
 
 Each test runs with both senders (the native one and ``DURABLE_SESSIONS_NATIVE=false``)
 unless it says otherwise.
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import signal
@@ -397,9 +398,9 @@ def test_a_forked_grandchild_also_leaves_the_parents_checker_alone(run: Run) -> 
 
 def test_a_forked_child_can_shut_down_while_the_parent_is_mid_write(run: Run, sender: str) -> None:
     """The child is forked while the parent's sender is blocked writing to a full pipe
-    (holding the stream's lock, with the Python sender): the child's shutdown (what the
-    SDK's atexit hook runs as a worker exits) returns at once without touching the
-    parent's stream, and the parent's spans all arrive, uncorrupted."""
+    (holding the stream's lock, with the Python sender): the child checks its own span
+    and shuts down (what the SDK's atexit hook runs as a worker exits) without touching
+    the parent's stream, and the parent's spans all arrive, uncorrupted."""
     pid = run.checker.pid
     os.kill(pid, signal.SIGSTOP)
     for n in range(3000):
@@ -407,52 +408,90 @@ def test_a_forked_child_can_shut_down_while_the_parent_is_mid_write(run: Run, se
     assert wait_until(blocked_writing)  # the writer is blocked mid-write
 
     def child() -> int:
+        run.found.clear()
+        run.pay(-1)
+        flushed = run.processor.force_flush(timeout_millis=30_000)
         run.provider.shutdown()
-        return 0
+        return 0 if flushed and [v.action_id for v in run.found] == ["p-1"] else 1
 
-    assert exit_code_in_fork(child, timeout_s=5) == 0
+    assert exit_code_in_fork(child, timeout_s=30) == 0
     os.kill(pid, signal.SIGCONT)
     assert run.processor.wait_checked(timeout_s=30)  # the parent is unaffected
     assert run.processor.actions_checked == 3000
 
 
-def test_a_forked_child_flushes_and_shuts_down_quietly_with_either_sender(
+def test_a_forked_child_checks_its_spans_in_a_checker_of_its_own(
     run: Run, sender: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """In a forked child, force_flush and shutdown have one consequence only: the child's
-    spans are not checked and are counted in spans_dropped. No internal error is counted
-    and nothing is logged, with either sender."""
+    """A worker forked from a process with a checker (a server that preloads the app,
+    celery's prefork pool) starts a checker of its own at its first action span, as the
+    SDK's batch processor starts a worker thread of its own: its spans are checked and
+    reported in the child, its flush waits for them, and its shutdown ends that checker.
+    Its spans went unchecked before (counted in spans_dropped), so under a preloading
+    server nothing was ever checked. Nothing is logged, no internal error is counted,
+    and the parent's checker is untouched."""
     read_end, write_end = os.pipe()
+    parents_checker = run.checker
 
     def child() -> int:
+        run.found.clear()  # the parent's, copied at the fork
         with caplog.at_level(logging.DEBUG, logger="durable_sessions"):
             for n in range(3):
                 run.pay(n)
-            flushed = run.processor.force_flush(timeout_millis=2000)
-            checked = run.processor.wait_checked(timeout_s=2)
+            flushed = run.processor.force_flush(timeout_millis=30_000)
+            checker = run.checker
             run.provider.shutdown()
-        records = len(caplog.records)
-        result = (
-            f"{flushed} {checked} {run.processor.spans_dropped} {run.processor.internal_errors} {records}"
-        )
-        os.write(write_end, result.encode())
+        result = {
+            "flushed": flushed,
+            "found": [(v.rule, v.action_id) for v in run.found],
+            "dropped": run.processor.spans_dropped,
+            "errors": run.processor.internal_errors,
+            "records": [record.getMessage() for record in caplog.records],
+            "own checker": checker.pid != parents_checker.pid,
+            "its exit code": checker.returncode,
+        }
+        os.write(write_end, json.dumps(result).encode())
         return 0
 
-    started = time.monotonic()
-    assert exit_code_in_fork(child) == 0
-    assert time.monotonic() - started < 3  # nothing waited for an answer that cannot come
+    assert exit_code_in_fork(child, timeout_s=60) == 0
     os.close(write_end)
     with os.fdopen(read_end, "rb") as reader:
-        flushed, checked, dropped, internal_errors, records = reader.read().decode().split()
-    assert flushed == "False"  # its spans were not checked
-    assert checked == "False"
-    assert dropped == "3"
-    assert internal_errors == "0", f"{sender}: a forked child counted {internal_errors} internal error(s)"
-    assert records == "0", f"{sender}: a forked child logged {records} record(s)"
-    run.pay(99)  # the parent's checker is untouched
+        result = json.loads(reader.read())
+    assert result == {
+        "flushed": True,
+        "found": [["unkeyed-side-effect", f"p{n}"] for n in range(3)],
+        "dropped": 0,
+        "errors": 0,
+        "records": [],
+        "own checker": True,
+        "its exit code": 0,  # ended by the child's shutdown, not killed
+    }, sender
+    run.pay(99)  # the parent's checker is untouched and saw none of the child's spans
     assert run.processor.wait_checked(timeout_s=30)
+    assert run.checker is parents_checker
     assert run.processor.actions_checked == 1
     assert run.processor.internal_errors == 0
+
+
+def test_a_forked_child_that_exits_without_shutdown_leaves_no_checker_behind(run: Run) -> None:
+    """A worker that ends by ``os._exit`` (as multiprocessing's do), with no shutdown,
+    closes its checker's input by exiting: its checker ends too, and the parent's goes on."""
+    read_end, write_end = os.pipe()
+
+    def child() -> int:
+        run.pay(1)
+        os.write(write_end, str(run.checker.pid).encode())
+        return 0
+
+    assert exit_code_in_fork(child) == 0
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as reader:
+        childs_checker = int(reader.read())
+    assert childs_checker != run.checker.pid
+    assert wait_until(lambda: exited(childs_checker), timeout_s=20), "the child's checker outlived it"
+    run.pay(2)
+    assert run.processor.wait_checked(timeout_s=30)
+    assert run.processor.actions_checked == 1
 
 
 # -- configuration from the environment ---------------------------------------------------------

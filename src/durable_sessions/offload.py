@@ -296,7 +296,8 @@ class CheckerProcess:
 
     In a process forked from the one that started it, nothing of it runs: the child lets
     go of its copy of the checker's input at the fork (so the parent's :meth:`close`
-    alone ends it), drops and counts its spans, and answers no request, quietly.
+    alone ends it), drops and counts its spans, and answers no request, quietly; the span
+    processor starts a checker of the child's own instead.
     """
 
     def __init__(

@@ -322,15 +322,29 @@ def _fresh_locks(processor: DurabilitySpanProcessor) -> None:
 
 
 def _in_forked_child(processor: DurabilitySpanProcessor) -> None:
-    """A forked child gets fresh locks (:func:`_fresh_locks`) and, checking inline, none of
-    its parent's sessions, as the SDK's batch processor drops its parent's queue: those
-    sessions go on in the parent, which ends them. Kept, the child's ``shutdown`` (a
-    helper flushing its exporters before it exits) ended them midway and reported
-    end-of-session findings the parent was about to settle: a retry it was about to
-    escalate, a side effect it was about to complete."""
+    """A forked child gets fresh locks (:func:`_fresh_locks`) and none of its parent's
+    sessions, as the SDK's batch processor drops its parent's queue: those sessions go on
+    in the parent, which ends them. Kept, the child's ``shutdown`` (a helper flushing its
+    exporters before it exits) ended them midway and reported end-of-session findings
+    the parent was about to settle: a retry it was about to escalate, a side effect it
+    was about to complete.
+
+    Checking inline, the child gets a new checker at once. With ``checking="process"``,
+    the parent's checker process, sender and reader stay the parent's: the child starts
+    a checker process of its own at its first action span (:meth:`_check_ended`), as the
+    SDK's batch processor starts a worker thread of its own, but only in a child that
+    ends one (a pool's workers may never). Until 2026-12 the child dropped its spans,
+    so a server that preloads the app checked nothing in its workers."""
     _fresh_locks(processor)
     if processor.checker is not None:
         processor.checker = processor._new_checker()
+    elif processor._offload is not None:
+        # Kept, never used: collected here, its streams' close would wait for ever on
+        # the locks the parent's sender and reader threads held at the fork.
+        processor._parents_checker = processor._offload
+        processor._offload = None
+        processor._resource = None  # the new checker is told the resource afresh
+        processor.__dict__.pop("on_end", None)  # the parent's native hand-over drops every span
 
 
 class DurabilitySpanProcessor(SpanProcessor):
@@ -408,6 +422,7 @@ class DurabilitySpanProcessor(SpanProcessor):
         self.checker: Checker | None = None
         self._offload: CheckerProcess | None = None
         self._unstarted: CheckerProcess | None = None  # a checker process that could not start
+        self._parents_checker: CheckerProcess | None = None  # in a forked child: see _in_forked_child
         self.on_violation = on_violation
         self.copy_session = copy_session
         self.internal_errors = 0
@@ -461,6 +476,14 @@ class DurabilitySpanProcessor(SpanProcessor):
                 self.checking = "inline"
         if self.checking == "inline":
             self.checker = self._new_checker()
+
+    def _start_in_forked_child(self) -> None:
+        """Start this forked child's own checker process (see :func:`_in_forked_child`),
+        or check inline if it cannot start."""
+        with self._lock:
+            if self.checker is None and self._offload is None:  # else another thread did
+                self._start_checking()
+                self._go_native()
 
     def _new_checker(self) -> Checker:
         rules, key_window_s, max_sessions = self._checker_options
@@ -574,6 +597,8 @@ class DurabilitySpanProcessor(SpanProcessor):
             attributes, limit = sdk_attributes(span)
             if not may_be_action(attributes):
                 return
+            if self.checker is None and self._offload is None:
+                self._start_in_forked_child()
             error, start_time, end_time, trace_id, span_id, resource = sdk_span_facts(span)
             # Spans of several providers (resources) may end at once on different threads.
             # The current resource is switched and used in one step, under the lock:
@@ -726,8 +751,10 @@ class DurabilitySpanProcessor(SpanProcessor):
             return True
         if (offload := self._offload) is not None:
             return offload.finish(timeout_s) is not None  # reported as they arrive
+        if self.checker is None:  # a forked child that has checked nothing yet
+            return True
         with self._lock:
-            violations = self.checker.finish()  # type: ignore[union-attr]
+            violations = self.checker.finish()
         self._report(violations, raising=raising)
         return True
 
