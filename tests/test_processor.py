@@ -904,6 +904,38 @@ def test_an_intent_write_that_fails_later_fails_open(tmp_path: Path) -> None:
     processor._intents._fd = -1
 
 
+@pytest.mark.parametrize(
+    ("attribute", "value", "found"),
+    [
+        # a UUID's 128-bit integer: beyond orjson's 64 bits; written exactly, read back exactly
+        ("session.id", "uuid.UUID(int=2**127 + 1).int", "missing-field"),
+        ("agent.action.idempotency_key", "b'k-1'", "invalid-field"),  # bytes: no JSON type
+        ("agent.action.id", "'p1\\udcff'", "not valid Unicode"),  # a lone surrogate
+    ],
+)
+def test_an_intent_of_any_attribute_value_is_written(
+    tmp_path: Path, attribute: str, value: str, found: str
+) -> None:
+    """A payment span whose attributes hold a value orjson will not write: its intent
+    record was not written at all (an internal error, logged once), so the payment the
+    process died inside left no trace. It is written, and the check reports it: as the
+    inline check judges the value, or as a line it cannot read (a lone surrogate, which
+    the SDK takes but no JSON reader does), never as nothing."""
+    body = f"""
+    import uuid
+    attributes = {{"agent.action.id": "p1", "agent.action.kind": "payment", "session.id": "s-1"}}
+    attributes["agent.action.ttl_s"] = float("nan")  # null, as orjson writes it, never NaN
+    attributes[{attribute!r}] = {value}
+    with tracer.start_as_current_span("pay", attributes=attributes):
+        os._exit(0)  # the process dies inside the payment
+    """
+    done = _run_intent_agent(tmp_path, body)
+    assert done.returncode == 0 and "failing open" not in done.stderr, done.stderr
+    assert len((tmp_path / "intents.jsonl").read_bytes().splitlines()) == 1
+    checked = _check_with_intents(tmp_path)
+    assert checked.returncode == 1 and found in checked.stdout, checked.stdout + checked.stderr
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="lists descriptors in /proc")
 def test_a_processor_dropped_without_shutdown_leaves_no_intent_log_descriptor(tmp_path: Path) -> None:
     """The intent log held a raw descriptor that only shutdown closed: each processor

@@ -11,7 +11,9 @@ reads as that double, losing its last digits: :func:`exact_integers` reads it ag
 from __future__ import annotations
 
 import json
+import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,4 +100,29 @@ def exact_integers(text: str | bytes, value: Any) -> Any:
         return value
 
 
-__all__ = ["Failure", "exact_integers", "may_hold_long_integer", "parse_with_stdlib"]
+def json_line(document: Any, default: Callable[[Any], Any] | None = None) -> bytes:
+    """``document`` as one line of JSON text, whatever Python holds in it: what orjson
+    will not write goes to the standard library, which writes an integer beyond 64 bits
+    exactly (read back exactly: :func:`exact_integers`) and a lone surrogate (text that
+    is not valid Unicode, which Python strings may hold) as a ``\\u`` escape. A float that
+    is not finite is null either way, as orjson writes it (the standard library's
+    ``NaN`` is no JSON). ``default`` turns a value of no JSON type into one."""
+    try:
+        return orjson.dumps(document, default=default) + b"\n"
+    except orjson.JSONEncodeError:
+        text = json.dumps(_finite(document), default=default, separators=(",", ":"))
+        return text.encode("ascii") + b"\n"
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with each float that is not finite, at any depth, made None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
+
+
+__all__ = ["Failure", "exact_integers", "json_line", "may_hold_long_integer", "parse_with_stdlib"]

@@ -13,7 +13,6 @@ reads what an agent's processes exported, and ``durable-sessions check`` reads i
 from __future__ import annotations
 
 import base64
-import json
 import logging
 import math
 import os
@@ -22,13 +21,13 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
-import orjson
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from durable_sessions import forking
 from durable_sessions import semconv as sc
 from durable_sessions.bad_text import Marked
+from durable_sessions.json_text import json_line
 from durable_sessions.mapping import SpanData, exact
 
 logger = logging.getLogger("durable_sessions")
@@ -488,7 +487,7 @@ class FileSpanExporter(SpanExporter):
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         """Write the spans as one line; a failure is logged and returned, never raised."""
         try:
-            line = _json_line(encode_spans(spans))
+            line = json_line(encode_spans(spans))
             with self._lock:
                 if self._file.closed:
                     return SpanExportResult.FAILURE
@@ -509,16 +508,6 @@ class FileSpanExporter(SpanExporter):
 
 def _fresh_lock(exporter: FileSpanExporter) -> None:
     exporter._lock = threading.Lock()
-
-
-def _json_line(document: dict[str, Any]) -> bytes:
-    """One line of JSON. Text that is not valid Unicode (a lone surrogate, which Python
-    strings may hold) is written as a ``\\u`` escape by the standard library, which orjson
-    refuses to write."""
-    try:
-        return orjson.dumps(document) + b"\n"
-    except TypeError:
-        return json.dumps(document, separators=(",", ":")).encode("ascii") + b"\n"
 
 
 def encode_spans(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
@@ -610,10 +599,10 @@ _PLAIN = frozenset({str, int, float, bool, bytes, tuple})
 
 
 def _key_values(attributes: Mapping[str, Any]) -> list[dict[str, Any]]:
-    return [{"key": key, "value": _any_value(value)} for key, value in attributes.items()]
+    return [{"key": key, "value": encoded_value(value)} for key, value in attributes.items()]
 
 
-def _any_value(value: Any) -> dict[str, Any]:
+def encoded_value(value: Any) -> dict[str, Any]:
     """One attribute value in OTLP/JSON. A subclass of a plain type (an ``(int, Enum)``
     cap, a ``StrEnum`` kind) is written as its plain value, as the SDK's OTLP exporter
     sends it: ``str()`` of such an enum member is its name (``"Cap.THREE"``)."""
@@ -632,5 +621,5 @@ def _any_value(value: Any) -> dict[str, Any]:
     if isinstance(value, str):
         return {"stringValue": value}
     if isinstance(value, Sequence):
-        return {"arrayValue": {"values": [_any_value(item) for item in value]}}
+        return {"arrayValue": {"values": [encoded_value(item) for item in value]}}
     return {"stringValue": str(value)}
