@@ -193,6 +193,66 @@ def test_fuzzed_attributes_fail_open(attributes: dict[str, Any]) -> None:
     assert rig.processor.internal_errors == 0
 
 
+_ANY_SCALAR = st.one_of(
+    st.none(),  # the SDK allows None inside a sequence only; alone it drops the attribute
+    st.text(max_size=8),  # lone surrogates included
+    st.binary(max_size=4),
+    st.integers(min_value=-(2**130), max_value=2**130),  # beyond 64 bits too
+    st.floats(allow_nan=True),
+    st.booleans(),
+    st.sampled_from(["payment", "email", "llm_call", "tool_call", "started"]),
+)
+_ANY_VALUE = st.one_of(
+    _ANY_SCALAR,
+    st.lists(_ANY_SCALAR, max_size=3),  # mixed types, None among them
+    st.lists(st.lists(_ANY_SCALAR, max_size=2), max_size=2),  # nested: the SDK refuses them
+    st.tuples(_ANY_SCALAR, _ANY_SCALAR),
+    st.dictionaries(st.text(min_size=1, max_size=3), _ANY_SCALAR, max_size=2),  # the SDK keeps a mapping
+)
+
+
+@pytest.fixture(scope="module")
+def intent_rigs(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """One processor of each checking, with an intent log, for every example."""
+    folder = tmp_path_factory.mktemp("intents")
+    rigs = [
+        Rig(checking=checking, intent_log=folder / f"{checking}.jsonl") for checking in ("inline", "process")
+    ]
+    yield rigs
+    for rig in rigs:
+        assert rig.processor.force_flush(timeout_millis=60_000) is True
+        assert rig.processor.spans_dropped == 0
+        assert rig.processor.internal_errors == 0
+        rig.close()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    attributes=st.dictionaries(
+        st.sampled_from([*FIELDS, sc.attribute("side_effects")]) | st.text(min_size=1, max_size=10),
+        _ANY_VALUE,
+        max_size=6,
+    ),
+    at_start=st.booleans(),
+)
+def test_attribute_values_of_every_type_fail_open_and_leave_no_intent_unwritten(
+    intent_rigs: list[Rig], attributes: dict[str, Any], at_start: bool
+) -> None:
+    """Any value the SDK may be handed (bytes, integers beyond 64 bits, None in a list,
+    nested lists, mappings, NaN, lone surrogates), given at the start (so written to the intent
+    log) or set later, on a payment: no error inside the processor, with either checking.
+    A bytes action id given at the start was an internal error and a lost intent."""
+    payment = {sc.ACTION_KIND: "payment", sc.ACTION_ID: "a"}
+    for rig in intent_rigs:
+        if at_start:
+            rig.span(**{**payment, **attributes})
+        else:
+            with rig.tracer.start_as_current_span("pay", attributes=payment) as span:
+                for key, value in attributes.items():
+                    span.set_attribute(key, value)
+        assert rig.processor.internal_errors == 0, attributes
+
+
 def test_readable_span_that_is_not_the_sdks_never_raises() -> None:
     """A ReadableSpan built by hand (non-str key, unmarshallable value, no context) or
     objects that are no span at all: on_end/on_start fail open, counted as internal errors."""
