@@ -393,6 +393,56 @@ def test_arguments_of_the_wrong_type_fail_open(
     assert "missing-field" in env.rules()
 
 
+class Detached:
+    """A value whose text cannot be made: an ORM row read after its session closed."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("instance is not bound to a session")
+
+    __repr__ = __str__
+
+
+def test_an_id_or_field_whose_text_fails_fails_open(
+    env: Env, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The SDK makes an attribute value of no attribute type its ``str()``; that raising
+    inside the span's start (or ``act.set``, ``act.record_ref``) raised into the agent,
+    and a decorated payment never ran. The value is left off the span (said at warning
+    level, naming the field), as the SDK leaves off one it cannot make text of, the
+    action runs, and the rules report what is missing."""
+    charged: list[int] = []
+    journal = SqliteJournal(tmp_path / "journal.db")
+
+    @action(lambda amount: Detached(), "payment", tracer_provider=env.provider)
+    def charge_without_id(amount: int) -> int:
+        charged.append(amount)
+        return amount
+
+    @action("p2", "payment", idempotency_key=Detached(), tracer_provider=env.provider)
+    def charge_without_key(amount: int) -> int:
+        charged.append(amount)
+        return amount
+
+    with caplog.at_level(logging.WARNING, logger="durable_sessions"), session("s", journal=journal):
+        assert charge_without_id(10) == 10  # and not journaled: no id to key its entry
+        assert charge_without_key(20) == 20
+        with action("r1", "llm_call", tracer_provider=env.provider) as act:
+            act.set(retryable=Detached(), attempts=2)
+            act.record_ref(Detached())  # type: ignore[arg-type]
+    assert charged == [10, 20]
+    assert [s.name for s in env.spans()] == ["payment <unprintable Detached>", "payment p2", "llm_call r1"]
+    assert [sorted(k for k in s.attributes if k.startswith("agent.action.")) for s in env.spans()] == [
+        [sc.ACTION_KIND, sc.ACTION_RESULT, sc.ACTION_RESULT_DIGEST],
+        [sc.ACTION_ID, sc.ACTION_KIND, sc.ACTION_RESULT, sc.ACTION_RESULT_DIGEST],
+        [sc.ACTION_ATTEMPTS, sc.ACTION_ID, sc.ACTION_KIND],
+    ]
+    for field in (sc.ACTION_ID, sc.ACTION_IDEMPOTENCY_KEY, sc.ACTION_RETRYABLE, sc.ACTION_RESULT_REF):
+        assert f"{field} is left off the span" in caplog.text
+    assert "action id <unprintable Detached> is a Detached, which cannot key a journal entry" in caplog.text
+    assert [entry.action_id for entry in journal.entries("s")] == ["p2", "r1"]
+    assert sorted(env.rules()) == ["missing-field", "unkeyed-side-effect", "unrecorded-result"]
+
+
 @pytest.mark.parametrize("interruption", [KeyboardInterrupt("^C"), SystemExit(0)])
 def test_interrupted_action_is_started_not_failed(env: Env, interruption: BaseException) -> None:
     """KeyboardInterrupt and SystemExit are not errors of the action (OpenTelemetry does

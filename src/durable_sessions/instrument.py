@@ -538,7 +538,11 @@ class Action:
 
     def record_ref(self, ref: str, *, digest: str | None = None) -> None:
         """Record the outcome by reference (a URI you stored it under), with its digest if known."""
+        if not _takes(sc.ACTION_RESULT_REF, ref, self.action_id):
+            return  # not recorded, as a result that cannot be serialised is not
         self.span.set_attribute(sc.ACTION_RESULT_REF, ref)
+        if digest is not None and not _takes(sc.ACTION_RESULT_DIGEST, digest, self.action_id):
+            digest = None
         if digest is not None:
             if not (isinstance(digest, str) and digest.startswith(PREFIX)):
                 logger.warning("durable_sessions: digest %r is not text starting with %r", digest, PREFIX)
@@ -550,7 +554,8 @@ class Action:
     def set(self, **fields: Any) -> None:
         """Set more ``agent.action.*`` fields on the running span (``attempts=2``, …)."""
         for field, value in fields.items():
-            self.span.set_attribute(sc.attribute(field), value)
+            if _takes(sc.attribute(field), value, self.action_id):
+                self.span.set_attribute(sc.attribute(field), value)
 
 
 class action:
@@ -760,10 +765,10 @@ class action:
         journal = (self.journal or current_journal()) if journaled and session_id is not None else None
         if self.journal is not None and journaled and session_id is None:
             self._warn_sessionless(action_id)
-        if journal is not None and not _hashable(action_id):
+        if journal is not None and not (_hashable(action_id) and _has_text(action_id)):
             logger.error(
-                "durable_sessions: action id %r is a %s, which cannot key a journal entry; it is not journaled",
-                action_id,
+                "durable_sessions: action id %s is a %s, which cannot key a journal entry; it is not journaled",
+                _text(action_id, repr),
                 type(action_id).__name__,
             )
             journal = None
@@ -783,7 +788,7 @@ class action:
         # The span is ended here, not on leaving the block: an awaitable returned by a
         # decorated function finishes the run when it is awaited (see _awaited).
         with tracer.start_as_current_span(
-            self.name or f"{self.kind} {action_id}",
+            self.name or f"{_text(self.kind)} {_text(action_id)}",
             attributes=attributes,
             record_exception=False,
             set_status_on_exception=False,
@@ -855,7 +860,7 @@ class action:
             attributes[sc.ACTION_STATUS] = sc.STATUS_STARTED
         elif step.decision == "replay":  # at start, so that on_start sees no effect about to run
             attributes[sc.ACTION_REPLAYED] = True
-        return attributes
+        return {key: value for key, value in attributes.items() if _takes(key, value, action_id)}
 
 
 def _hashable(value: object) -> bool:
@@ -1252,12 +1257,49 @@ def _fail(span: Span, error: Exception) -> None:
         logger.debug("durable_sessions: could not mark the span failed", exc_info=True)
 
 
-def _text(error: BaseException) -> str:
-    """``str(error)``, or a placeholder when the exception cannot give its text."""
+def _text(value: object, show: Callable[[object], str] = str) -> str:
+    """``show(value)`` (its ``str()``), or a placeholder when the value cannot give its text."""
     try:
-        return str(error)
+        return show(value)
     except Exception:
-        return "<exception str() failed>"  # as the interpreter shows it in a traceback
+        if isinstance(value, BaseException):
+            return "<exception str() failed>"  # as the interpreter shows it in a traceback
+        return f"<unprintable {type(value).__name__}>"
+
+
+_ATTRIBUTE_TYPES = (bool, str, bytes, int, float, type(None))
+
+
+def _has_text(value: object) -> bool:
+    """Whether the SDK can take ``value`` as an attribute value: it makes a value of no
+    attribute type (inside a sequence or mapping too) its ``str()``, and lets what that
+    raises out of the span's start or ``set_attribute``."""
+    if isinstance(value, _ATTRIBUTE_TYPES):
+        return True
+    if isinstance(value, list | tuple):
+        return all(map(_has_text, value))
+    if isinstance(value, Mapping):
+        return all(map(_has_text, value.values()))
+    try:
+        str(value)
+    except Exception:
+        return False
+    return True
+
+
+def _takes(key: str, value: object, action_id: object) -> bool:
+    """Whether the span can take ``value`` for ``key``; a value it cannot (its ``str()``
+    fails: an ORM row read after its session closed) is said at warning level, so that
+    the action runs, its span without the attribute, and the rules report what is missing."""
+    if _has_text(value):
+        return True
+    logger.warning(
+        "durable_sessions: %s is left off the span of action %s: its value (a %s) cannot give its str()",
+        key,
+        _text(action_id),
+        type(value).__name__,
+    )
+    return False
 
 
 def _interrupted(act: Action) -> None:
