@@ -184,6 +184,27 @@ def test_a_durability_violation_error_pickles_as_itself() -> None:
     assert (copy.violations, str(copy)) == (caught.value.violations, str(caught.value))
 
 
+def test_raise_mode_names_the_span_and_the_attributes_to_fix() -> None:
+    """The error raised from span.end() named the span by its id alone and the fields by
+    their record names (max_attempts, 'kind'): a test's reader had to find the span by
+    hex id and guess the attribute. It names the span and each attribute the violation
+    speaks of, with its value on the span or 'not set'."""
+    s = Setup(mode="raise")
+    with pytest.raises(DurabilityViolationError) as caught, session("s-1"):
+        s.action("p1", "payment", max_attempts="3")
+    text = str(caught.value)
+    assert text.startswith("2 durability violation(s) in span 'payment p1':\n"), text
+    assert "\n    attributes: agent.action.idempotency_key not set\n" in text, text
+    assert text.endswith("\n    attributes: agent.action.max_attempts = '3'"), text
+    with pytest.raises(DurabilityViolationError) as caught, session("s-1"):
+        s.action("l1", b"tool_call")  # type: ignore[arg-type]
+    assert "in span \"b'tool_call' l1\"" in str(caught.value)
+    assert "attributes: agent.action.kind = b'tool_call'" in str(caught.value)
+    copy = pickle.loads(pickle.dumps(caught.value))
+    assert str(copy) == str(caught.value)
+    s.provider.shutdown()
+
+
 def test_raise_mode_raises_end_of_session_findings_from_end_sessions() -> None:
     s = Setup(mode="raise")
     with session("s-1"):

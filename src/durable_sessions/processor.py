@@ -67,6 +67,8 @@ import contextlib
 import logging
 import operator
 import os
+import re
+import reprlib
 import threading
 import time
 from collections import Counter
@@ -147,18 +149,55 @@ def _current_context_var() -> ContextVar | None:
 
 
 class DurabilityViolationError(AssertionError):
-    """Raised from ``span.end()`` in ``mode="raise"``: the span broke durability rules."""
+    """Raised from ``span.end()`` in ``mode="raise"``: the span broke durability rules.
 
-    def __init__(self, violations: list[Violation]) -> None:
+    Raised for one span, it names the span (``span_name``) and, under each violation,
+    the span attributes its message speaks of, with their values on the span
+    (``attributes``) or ``not set``: the messages name record fields (``max_attempts``),
+    as the offline checker's do."""
+
+    def __init__(
+        self,
+        violations: list[Violation],
+        span_name: str | None = None,
+        attributes: Mapping[str, object] | None = None,
+    ) -> None:
         self.violations = violations
-        lines = "\n".join(f"  {format_violation(v)}" for v in violations)
-        super().__init__(f"{len(violations)} durability violation(s):\n{lines}")
+        self.span_name = span_name
+        self.attributes = dict(attributes) if attributes is not None else None
+        lines = "\n".join(_violation_lines(v, self.attributes) for v in violations)
+        where = f" in span {span_name!r}" if span_name is not None else ""
+        super().__init__(f"{len(violations)} durability violation(s){where}:\n{lines}")
 
     def __reduce__(self) -> tuple[object, ...]:
-        """Pickled as the violations it was made from, not as its message, which the
-        constructor cannot take (a test run in a process pool got an unpickling error):
+        """Pickled as what it was made from, not as its message, which the constructor
+        cannot take (a test run in a process pool got an unpickling error):
         :func:`~durable_sessions.pickling.reduced`."""
-        return reduced(self, self.violations)
+        return reduced(self, self.violations, self.span_name, self.attributes)
+
+
+_FIELD_MENTION = re.compile(r"'(\w+)'|\b([a-z]+(?:_[a-z]+)+)\b")
+"""A record field in a message: quoted (``required field 'kind'``), or a name with an
+underscore (``idempotency_key``); bare words (``kind``, ``result``) are prose too."""
+_FIELDS = frozenset({*sc.ACTION_ATTRIBUTES.values(), "session_id"})
+
+
+def _violation_lines(violation: Violation, attributes: Mapping[str, object] | None) -> str:
+    """A violation's line and, given its span's attributes, the attributes it speaks of."""
+    line = f"  {format_violation(violation)}"
+    if attributes is None:
+        return line
+    named = []
+    for quoted, bare in _FIELD_MENTION.findall(violation.message):
+        if (field := quoted or bare) not in _FIELDS:
+            continue
+        key = sc.attribute(field)
+        if field == "session_id":  # read from the first of the session attributes a span has
+            key = next((k for k in sc.SESSION_ATTRIBUTES if k in attributes), sc.SESSION_ID)
+        note = f"{key} = {reprlib.repr(attributes[key])}" if key in attributes else f"{key} not set"
+        if note not in named:
+            named.append(note)
+    return f"{line}\n    attributes: {'; '.join(named)}" if named else line
 
 
 class ConfigurationError(ValueError):
@@ -621,7 +660,7 @@ class DurabilitySpanProcessor(SpanProcessor):
                     self._use_resource(resource)
                 violations = check_span(self.checker, parts, self._resource_attributes)  # type: ignore[arg-type]
             if violations:
-                self._report(violations)
+                self._report(violations, span=span)
         except DurabilityViolationError:
             raise
         except Exception as error:  # fail open
@@ -765,7 +804,9 @@ class DurabilitySpanProcessor(SpanProcessor):
         except Exception as error:  # fail open
             self._internal_error("reporting", error)
 
-    def _report(self, violations: list[Violation], *, raising: bool = True) -> None:
+    def _report(
+        self, violations: list[Violation], *, raising: bool = True, span: ReadableSpan | None = None
+    ) -> None:
         self.violations_reported += len(violations)
         for violation in violations:
             kind = violation.kind or "unknown"
@@ -784,7 +825,9 @@ class DurabilitySpanProcessor(SpanProcessor):
                 except Exception as error:  # a broken callback must not break the app
                     self._internal_error("on_violation callback", error)
         if self.mode == "raise" and raising and violations:
-            raise DurabilityViolationError(violations)
+            if span is None:  # end-of-session findings: of no one span
+                raise DurabilityViolationError(violations)
+            raise DurabilityViolationError(violations, span.name, sdk_attributes(span)[0])
 
     def _internal_error(self, where: str, error: Exception) -> None:
         if not self._error_logged:
