@@ -9,6 +9,7 @@ import logging
 import os
 import pickle
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -955,6 +956,45 @@ def test_an_intent_of_any_attribute_value_is_written(
     assert len((tmp_path / "intents.jsonl").read_bytes().splitlines()) == 1
     checked = _check_with_intents(tmp_path)
     assert checked.returncode == 1 and found in checked.stdout, checked.stdout + checked.stderr
+
+
+def test_an_intent_log_renamed_or_removed_is_written_at_its_path_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The log kept writing to the file it opened: renamed away (a rotation without
+    copytruncate) or removed (a temporary-file cleaner), every later intent went to the
+    rotated file or to no file at all, silently. Each intent now goes to the file at the
+    log's path (made again; the path read from where the process started, whatever its
+    working directory now), and a path that cannot be opened again (its directory
+    removed) is an internal error, not a silent loss."""
+    folder = tmp_path / "log"
+    folder.mkdir()
+    monkeypatch.chdir(folder)
+    processor = DurabilitySpanProcessor(mode="silent", intent_log="intents.jsonl")
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    monkeypatch.chdir(tmp_path)  # a daemon's chdir: the log stays where it was opened
+
+    def pay(action_id: str) -> None:
+        attributes = {sc.ACTION_ID: action_id, sc.ACTION_KIND: "payment", sc.SESSION_ID: "s-1"}
+        with provider.get_tracer("t").start_as_current_span("pay", attributes=attributes):
+            pass
+
+    def intents(name: str) -> list[str]:
+        return [json.loads(line)["action_id"] for line in (folder / name).read_text().splitlines()]
+
+    pay("p1")
+    (folder / "intents.jsonl").rename(folder / "intents.jsonl.1")
+    pay("p2")
+    assert (intents("intents.jsonl.1"), intents("intents.jsonl")) == (["p1"], ["p2"])
+    (folder / "intents.jsonl").unlink()
+    pay("p3")
+    assert intents("intents.jsonl") == ["p3"]
+    assert processor.internal_errors == 0
+    shutil.rmtree(folder)
+    pay("p4")
+    assert processor.internal_errors == 1
+    provider.shutdown()
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="lists descriptors in /proc")

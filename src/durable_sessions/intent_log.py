@@ -63,22 +63,43 @@ class IntentLog:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
+        # Where the file is, whatever the working directory later (a daemon's chdir).
+        self._where = os.path.abspath(self.path)
         self._lock = threading.Lock()
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self._fd = -1
+        self._open()
+        forking.after_fork(self, _fresh_lock)
+
+    def _open(self) -> None:
+        """Open (or make) the file at the log's path; ``OSError`` if it cannot be."""
+        fd = os.open(self._where, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         # Closed when the log is collected unclosed too (a processor dropped without its
         # shutdown): a raw descriptor has no finaliser of its own, and each one leaked.
-        self._closer = weakref.finalize(self, os.close, self._fd)
-        # Once per log, not per record: each record's fsync keeps its data, and this the
+        closer = weakref.finalize(self, os.close, fd)
+        # Once per file, not per record: each record's fsync keeps its data, and this the
         # file's name. Also when the file was there: whoever made it may not have synced
         # it yet (another process starting beside this one).
         try:
-            disk.sync_entry(self.path)
+            disk.sync_entry(self._where)
         except OSError:
-            self._closer()
+            closer()
             raise
+        if self._fd >= 0:
+            self._closer()
+        self._fd, self._closer = fd, closer
         self._torn = False
-        """Whether this log's last line was cut short (a full disk took part of it)."""
-        forking.after_fork(self, _fresh_lock)
+        """Whether this file's last line was cut short (a full disk took part of it)."""
+
+    def _moved(self) -> bool:
+        """Whether the file at the log's path is no longer the one this log writes to:
+        renamed away (a rotation without copytruncate) or removed (a temporary-file
+        cleaner), where every later intent would be lost to the check."""
+        try:
+            there = os.stat(self._where)
+        except FileNotFoundError:
+            return True
+        here = os.fstat(self._fd)
+        return (there.st_dev, there.st_ino) != (here.st_dev, here.st_ino)
 
     def write(self, record: Mapping[str, Any]) -> bool:
         """Append ``record`` as one line, durable when this returns True; an ``OSError`` (a
@@ -92,6 +113,8 @@ class IntentLog:
         with self._lock:
             if self._fd < 0:
                 return False
+            if self._moved():  # a stat and an fstat, beside the fsync
+                self._open()
             if self._torn:  # end the partial line, or this record would read as part of it
                 line = b"\n" + line
             # O_APPEND: each write lands at the end, so lines of two processes sharing the
