@@ -958,6 +958,25 @@ def test_an_intent_of_any_attribute_value_is_written(
     assert checked.returncode == 1 and found in checked.stdout, checked.stdout + checked.stderr
 
 
+def test_a_kind_that_is_a_mapping_is_no_internal_error_at_start(tmp_path: Path) -> None:
+    """The SDK keeps a mapping as an attribute value; one given as the kind at the start
+    made the intent's side-effect test (a set lookup) raise TypeError, an internal error,
+    and with side_effects: true the intent was lost. It is no side-effecting kind; with
+    side_effects: true the intent is written."""
+    path = tmp_path / "intents.jsonl"
+    processor = DurabilitySpanProcessor(mode="silent", intent_log=path)
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    for n, side_effects in enumerate((False, True)):
+        attributes = {sc.ACTION_ID: f"a{n}", sc.ACTION_KIND: {"type": "payment"}, sc.SESSION_ID: "s-1"}
+        attributes[sc.ACTION_SIDE_EFFECTS] = side_effects
+        with provider.get_tracer("t").start_as_current_span("act", attributes=attributes):
+            pass
+    assert processor.internal_errors == 0
+    assert [json.loads(line)["action_id"] for line in path.read_text().splitlines()] == ["a1"]
+    provider.shutdown()
+
+
 def test_an_intent_log_renamed_or_removed_is_written_at_its_path_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -44,7 +44,8 @@ def intent_record(
 ) -> dict[str, Any] | None:
     """The ``started`` record of a side-effecting action span at its start, else None."""
     kind = attributes.get(sc.ACTION_KIND)
-    if kind not in kinds.SIDE_EFFECTING and attributes.get(sc.attribute("side_effects")) is not True:
+    side_effecting = isinstance(kind, str) and kind in kinds.SIDE_EFFECTING  # a mapping is no key of a set
+    if not side_effecting and attributes.get(sc.attribute("side_effects")) is not True:
         return None
     if attributes.get(sc.ACTION_REPLAYED) is True or sc.ACTION_STATUS in attributes:
         return None  # a replay, or a span that says its own status (a skipped action): no effect runs
