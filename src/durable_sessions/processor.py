@@ -688,6 +688,8 @@ class DurabilitySpanProcessor(SpanProcessor):
         With ``checking="process"`` this waits, at most ``timeout_s``, for the checker
         process; False if it did not answer in time.
         """
+        if self._shut_down:
+            return True  # every session was ended then, as wait_checked answers
         try:
             return self._finish(timeout_s=timeout_s)
         except DurabilityViolationError:
