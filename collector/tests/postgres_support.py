@@ -19,9 +19,11 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pytest
+from durable_sessions_collector.environment import REQUIRE_POSTGRES, TEST_POSTGRES_DSN
 
-DSN_ENV = "DURABLE_SESSIONS_TEST_POSTGRES_DSN"
-REQUIRE_ENV = "DURABLE_SESSIONS_REQUIRE_POSTGRES"
+# Declared in the sidecar, which knows them (a sidecar the tests start inherits them).
+DSN_ENV = TEST_POSTGRES_DSN
+REQUIRE_ENV = REQUIRE_POSTGRES
 HOW = (
     f"set {DSN_ENV}=postgresql://postgres@127.0.0.1:5432/test to run them "
     f"(and {REQUIRE_ENV}=1 to make a missing server fail instead of skip)"

@@ -37,7 +37,16 @@ from durable_sessions.native import LIBRARY_EXTENSIONS
 from durable_sessions.report import printable, table_lines
 from durable_sessions_collector import __version__
 from durable_sessions_collector.alerts import OTLP, WEBHOOK
-from durable_sessions_collector.client import DEFAULT_ENDPOINT, ApiClient, ApiError, ApiUsageError
+from durable_sessions_collector.client import (
+    DEFAULT_ENDPOINT,
+    ENDPOINT_ENV,
+    TLS_VARIABLES,
+    TOKEN_ENV,
+    TOKEN_FILE_ENV,
+    ApiClient,
+    ApiError,
+    ApiUsageError,
+)
 from durable_sessions_collector.config import (
     OPTIONS,
     Config,
@@ -134,7 +143,7 @@ def _client_options(parser: argparse.ArgumentParser, *, again: bool = False) -> 
 
     parser.add_argument(
         "--endpoint",
-        default=default(os.environ.get("DURABLE_SESSIONS_API_ENDPOINT") or DEFAULT_ENDPOINT),
+        default=default(os.environ.get(ENDPOINT_ENV) or DEFAULT_ENDPOINT),
         help=f"the sidecar's HTTP endpoint (or $DURABLE_SESSIONS_API_ENDPOINT; default {DEFAULT_ENDPOINT}); "
         "https://… when it serves TLS",
     )
@@ -161,18 +170,18 @@ def _client_options(parser: argparse.ArgumentParser, *, again: bool = False) -> 
     )
     parser.add_argument(
         "--ca-file",
-        default=default(os.environ.get("DURABLE_SESSIONS_CA_FILE") or None),
+        default=default(os.environ.get(TLS_VARIABLES["ca_file"]) or None),
         help="PEM CA certificate(s) to verify the sidecar's TLS certificate (or $DURABLE_SESSIONS_CA_FILE)",
     )
     parser.add_argument(
         "--cert-file",
-        default=default(os.environ.get("DURABLE_SESSIONS_CLIENT_CERT_FILE") or None),
+        default=default(os.environ.get(TLS_VARIABLES["cert_file"]) or None),
         help="PEM client certificate for a sidecar that requires one (tls.client_ca_file, mutual TLS); "
         "its key in --key-file or in the same file (or $DURABLE_SESSIONS_CLIENT_CERT_FILE)",
     )
     parser.add_argument(
         "--key-file",
-        default=default(os.environ.get("DURABLE_SESSIONS_CLIENT_KEY_FILE") or None),
+        default=default(os.environ.get(TLS_VARIABLES["key_file"]) or None),
         help="PEM private key of --cert-file, unencrypted (or $DURABLE_SESSIONS_CLIENT_KEY_FILE)",
     )
     parser.add_argument(
@@ -196,9 +205,9 @@ def _token(args: argparse.Namespace) -> str | None:
     token_file = given.value if given and given.flag == "--token-file" else None
     source = "--token"
     if given is None:
-        token = os.environ.get("DURABLE_SESSIONS_AUTH_TOKEN") or None
-        token_file = os.environ.get("DURABLE_SESSIONS_AUTH_TOKEN_FILE") or None
-        source = "$DURABLE_SESSIONS_AUTH_TOKEN"
+        token = os.environ.get(TOKEN_ENV) or None
+        token_file = os.environ.get(TOKEN_FILE_ENV) or None
+        source = f"${TOKEN_ENV}"
     if token is None and token_file:
         source = f"the token file {token_file!r}"
         token = _read_token_file(source, token_file)

@@ -24,6 +24,9 @@ from durable_sessions_collector.store.base import MAX_DETAIL_PAGE
 from durable_sessions_collector.store.stored import stored_text
 
 DEFAULT_ENDPOINT = "http://127.0.0.1:4320"
+ENDPOINT_ENV = "DURABLE_SESSIONS_API_ENDPOINT"
+TOKEN_ENV = "DURABLE_SESSIONS_AUTH_TOKEN"
+TOKEN_FILE_ENV = "DURABLE_SESSIONS_AUTH_TOKEN_FILE"
 _UNSENDABLE = re.compile(r"[\x00-\x20\x7f]")
 
 
@@ -345,6 +348,9 @@ _TLS_OPTIONS = (
     ("cert_file", "--cert-file", "DURABLE_SESSIONS_CLIENT_CERT_FILE"),
     ("key_file", "--key-file", "DURABLE_SESSIONS_CLIENT_KEY_FILE"),
 )
+TLS_VARIABLES = {name: variable for name, _, variable in _TLS_OPTIONS}
+CLIENT_VARIABLES = (ENDPOINT_ENV, TOKEN_ENV, TOKEN_FILE_ENV, *TLS_VARIABLES.values())
+"""Every variable the ``sessions`` commands read."""
 
 
 def _refuse_tls_options(endpoint: str, **given: str | None) -> None:

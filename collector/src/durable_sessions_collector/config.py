@@ -36,7 +36,7 @@ import math
 import os
 import reprlib
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,8 @@ from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 import yaml
 
 ENV_PREFIX = "DURABLE_SESSIONS_"
+CONFIG_ENV = ENV_PREFIX + "CONFIG"
+"""The configuration file, when ``--config`` is not given."""
 MIB = 1024 * 1024
 GIB = 1024 * MIB
 
@@ -862,8 +864,8 @@ def load(
     env = os.environ if env is None else env
     values: dict[str, Any] = {option.key: option.default for option in OPTIONS}
     sources: dict[str, str] = dict.fromkeys(values, "default")
-    if path is None and env.get(ENV_PREFIX + "CONFIG"):
-        path = env[ENV_PREFIX + "CONFIG"]
+    if path is None and env.get(CONFIG_ENV):
+        path = env[CONFIG_ENV]
     if path is not None and not os.fspath(path).strip():
         # --config "$CONFIG" with CONFIG unset: Path("") is ".", which was read as the file
         # ("cannot read configuration file '.': Is a directory").
@@ -1141,9 +1143,16 @@ def _flatten(node: dict[Any, Any], prefix: str, out: dict[str, tuple[Any, str]],
 def _suggestion(name: str, prefix: str) -> str:
     """``; did you mean KEY?`` for the name of this section (``prefix``) closest to a
     misspelt ``name`` (``reciever``, ``idel_s``), or nothing when none is close."""
-    names = sorted({k.removeprefix(prefix).partition(".")[0] for k in _BY_KEY if k.startswith(prefix)})
-    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
-    return f"; did you mean {prefix}{close[0]}?" if close else ""
+    names = {k.removeprefix(prefix).partition(".")[0] for k in _BY_KEY if k.startswith(prefix)}
+    close = closest(name, names)
+    return f"; did you mean {prefix}{close}?" if close else ""
+
+
+def closest(name: str, names: Iterable[str]) -> str | None:
+    """The one of ``names`` closest to a misspelt ``name``, or None when none is close: a
+    file's key (``idel_s``) or an environment variable's name (``IDEL_S``)."""
+    close = difflib.get_close_matches(name, sorted(names), n=1, cutoff=0.6)
+    return close[0] if close else None
 
 
 def _kind(value: Any) -> str:

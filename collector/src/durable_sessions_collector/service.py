@@ -26,6 +26,7 @@ from durable_sessions_collector.api.health import MAX_HEALTH_WATCHERS, GrpcHealt
 from durable_sessions_collector.api.http_api import HttpApi
 from durable_sessions_collector.config import Config, is_loopback, redact_store_url
 from durable_sessions_collector.credentials import BearerToken, TlsFiles
+from durable_sessions_collector.environment import unknown_variables
 from durable_sessions_collector.evaluator import Evaluator
 from durable_sessions_collector.httpserver import HttpServer, Router
 from durable_sessions_collector.jsonlog import JsonLog
@@ -74,6 +75,20 @@ def who_may_connect(token: str | None, client_ca_file: str | None) -> str:
     )
 
 
+def _warn_unknown_variables(log: JsonLog) -> None:
+    """A ``unknown-environment-variable`` line for each ``DURABLE_SESSIONS_*`` variable no
+    part of the project reads (``…_IDEL_S``, meant as ``DURABLE_SESSIONS_IDLE_S``, left idle_s at its
+    default without a word), with the known one it is closest to. Never its value."""
+    for name, close in unknown_variables(os.environ):
+        fields = {"did_you_mean": close} if close else {}
+        log.warning(
+            "unknown-environment-variable",
+            variable=name,
+            note="no part of durable-sessions reads it",
+            **fields,
+        )
+
+
 HANGUP_ACTION = "kept running: TLS and token files are read again when they change; other settings apply at the next start"
 
 
@@ -100,6 +115,7 @@ class Service:
 
     def start(self) -> Service:
         config, log = self.config, self.log
+        _warn_unknown_variables(log)
         self.store = store = open_store(config.store)
         if store.migrated_from is not None:  # a PostgreSQL URL may hold a password
             log.info("store-migrated", store=redact_store_url(config.store), from_version=store.migrated_from)

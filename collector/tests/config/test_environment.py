@@ -1,0 +1,126 @@
+"""``DURABLE_SESSIONS_*`` variables no part of the project reads: ``serve`` names each one
+in a warning line at start-up, with the known variable it is closest to, never its value;
+and every variable the sources name is one the sidecar knows."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from durable_sessions_collector.config import ENV_PREFIX
+from durable_sessions_collector.environment import known_variables
+
+ROOT = Path(__file__).parents[3]
+SECRET = "s3cret-" + "x" * 24  # the value of an unknown variable: it may be a credential
+
+
+def serve_until_started(tmp_path: Path, extra: dict[str, str]) -> list[dict[str, Any]]:
+    """The JSON lines ``serve`` writes up to its ``started`` line, run with ``extra`` in its
+    environment (beside the test process's own), then stopped."""
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith(ENV_PREFIX)} | extra
+    argv = ["--store", f"sqlite:///{tmp_path / 's.db'}", "--grpc-endpoint", "127.0.0.1:0"]
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "durable_sessions_collector",
+            "serve",
+            *argv,
+            "--http-endpoint",
+            "127.0.0.1:0",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert process.stderr is not None
+    text, deadline = "", time.monotonic() + 60
+    try:
+        while '"event":"started"' not in text.replace(" ", "") and time.monotonic() < deadline:
+            if select.select([process.stderr], [], [], 0.2)[0]:
+                line = process.stderr.readline()
+                if not line:
+                    break
+                text += line
+        process.terminate()
+        text += process.communicate(timeout=60)[1]
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert SECRET not in text
+    lines = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    assert any(line["event"] == "started" for line in lines), text
+    return lines
+
+
+def test_serve_warns_of_each_variable_nothing_reads_with_the_closest_known_one(tmp_path: Path) -> None:
+    # The names are put together so that the search of the sources below does not find them.
+    misspelt, lowercase, unrelated = (
+        ENV_PREFIX + "IDEL_S",
+        ENV_PREFIX.lower() + "idle_s",
+        ENV_PREFIX + "FROBNICATE",
+    )
+    known = {  # read by the library, the client and the test suite, not by the sidecar
+        "DURABLE_SESSIONS_MODE": "silent",
+        "DURABLE_SESSIONS_NATIVE": "true",
+        "DURABLE_SESSIONS_API_ENDPOINT": "http://127.0.0.1:1",
+        "DURABLE_SESSIONS_TEST_POSTGRES_DSN": "postgresql://nobody@127.0.0.1:1/none",
+        "DURABLE_SESSIONS_CONFIG": "",
+    }
+    lines = serve_until_started(tmp_path, {misspelt: "5", lowercase: SECRET, unrelated: SECRET, **known})
+    warned = {line["variable"]: line for line in lines if line["event"] == "unknown-environment-variable"}
+    assert set(warned) == {misspelt, lowercase, unrelated}
+    assert warned[misspelt]["did_you_mean"] == "DURABLE_SESSIONS_IDLE_S"
+    assert warned[lowercase]["did_you_mean"] == "DURABLE_SESSIONS_IDLE_S"
+    assert "did_you_mean" not in warned[unrelated]
+    assert all(line["level"] == "warning" for line in warned.values())
+    started = next(line for line in lines if line["event"] == "started")
+    assert started["idle_s"] == 30.0  # the misspelt variable was not read: the default stands
+
+
+_SOURCES = (
+    "src",
+    "collector/src",
+    "tests",
+    "collector/tests",
+    "examples",
+    "benchmarks",
+    "scripts",
+    ".ci",
+    "docs",
+)
+_TEXT = {".py", ".md", ".c", ".h", ".toml", ".cfg", ".yaml", ".yml", ""}
+
+
+def _named_variables() -> dict[str, Path]:
+    """Each ``DURABLE_SESSIONS_*`` name written in the project's code, tests, scripts and
+    documents, with a file that names it."""
+    files = [ROOT / name for name in ("README.md", "collector/README.md", "Makefile", "pyproject.toml")]
+    for directory in _SOURCES:
+        files += [p for p in (ROOT / directory).rglob("*") if p.is_file() and p.suffix in _TEXT]
+    found: dict[str, Path] = {}
+    for path in files:
+        if "__pycache__" in path.parts or not path.exists():
+            continue
+        for name in re.findall(r"DURABLE_SESSIONS_[A-Z0-9_]*[A-Z0-9]", path.read_text(errors="replace")):
+            found.setdefault(name, path)
+    return found
+
+
+def test_every_variable_the_sources_name_is_known() -> None:
+    named = _named_variables()
+    assert "DURABLE_SESSIONS_IDLE_S" in named and "DURABLE_SESSIONS_KILL_AT" in named  # the search works
+    missing = {
+        name: str(path.relative_to(ROOT)) for name, path in named.items() if name not in known_variables()
+    }
+    assert not missing, (
+        f"variables read but not in known_variables() (declare them where they are read): {missing}"
+    )
