@@ -7,10 +7,11 @@ of the defaults and of the documentation (``durable-sessions-collector config-re
 ``collector/README.md`` holds a copy).
 
 Invalid configuration stops start-up with :class:`ConfigError`, whose message names the
-key and where the bad value came from, e.g.::
+key and where the bad value came from: a variable or a flag after the message, the place
+in the file (``FILE:LINE:COLUMN``, as compilers write theirs) before it, e.g.::
 
     evaluation.idle_s: expected a positive number, got 'soon' (from DURABLE_SESSIONS_IDLE_S)
-    evaluation.idle_s: expected a positive number, got 'soon' (from collector.yaml:4)
+    collector.yaml:4:3: evaluation.idle_s: expected a positive number, got 'soon'
 
 A key given twice in one mapping of the file is an error too: YAML parsers keep the last
 one, so a second ``evaluation:`` block would quietly drop the first one's settings. So is
@@ -996,11 +997,26 @@ def _parse(option: Option, value: Any, *, text: bool, source: str) -> Any:
     try:
         return option.parse(value, text)
     except ValueError as error:
-        raise ConfigError(f"{option.key}: {error} (from {source})") from None
+        raise _key_error(option.key, str(error), source) from None
+
+
+class _InFile(str):
+    """Where in the file a key is: ``FILE:LINE:COLUMN`` (a source, as a variable's name is)."""
+
+    __slots__ = ()
+
+
+def _key_error(key: str, message: str, source: str) -> ConfigError:
+    """``FILE:LINE:COLUMN: KEY: message`` for a key of the file, as compilers place their
+    errors (editors and CI annotations jump there); ``KEY: message (from SOURCE)`` for a
+    variable or a flag."""
+    if isinstance(source, _InFile):
+        return ConfigError(f"{source}: {key}: {message}")
+    return ConfigError(f"{key}: {message} (from {source})")
 
 
 def _read_file(path: Path) -> dict[str, tuple[Any, str]]:
-    """The file's settings: dotted key -> (value, ``path:line`` of its key)."""
+    """The file's settings: dotted key -> (value, ``path:line:column`` of its key)."""
     try:
         data = path.read_bytes()
     except OSError as error:
@@ -1011,14 +1027,15 @@ def _read_file(path: Path) -> dict[str, tuple[Any, str]]:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
         line = data.count(b"\n", 0, error.start) + 1
+        column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1  # in bytes
         raise ConfigError(
-            f"{path}:{line}: not UTF-8 text (byte 0x{data[error.start]:02x}); save the file as UTF-8"
+            f"{path}:{line}:{column}: not UTF-8 text (byte 0x{data[error.start]:02x}); save the file as UTF-8"
         ) from None
     try:
         document, lines = _ConfigLoader.load(text)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
         problem = getattr(error, "problem", None) or str(error)
         if "'\\t'" in problem:  # PyYAML's words alone do not say what to do about it
             problem += " (YAML allows no tab there: use spaces)"
@@ -1045,15 +1062,15 @@ def _unbuildable(error: ValueError) -> str:
 class _ConfigLoader(yaml.SafeLoader):
     """``yaml.safe_load``, but a key given twice in one mapping is an error rather than
     the last one winning, and the line of every key is kept (``lines``: a mapping's id ->
-    its keys' lines) so that errors about a value can say where it is."""
+    its keys' places) so that errors about a value can say where it is."""
 
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
-        self.lines: dict[int, dict[Any, int]] = {}
+        self.lines: dict[int, dict[Any, tuple[int, int]]] = {}
 
     @classmethod
-    def load(cls, text: str) -> tuple[Any, dict[int, dict[Any, int]]]:
-        """The document in ``text`` and its keys' lines; raises :class:`yaml.YAMLError`."""
+    def load(cls, text: str) -> tuple[Any, dict[int, dict[Any, tuple[int, int]]]]:
+        """The document in ``text`` and its keys' (line, column); raises :class:`yaml.YAMLError`."""
         loader = cls(text)
         try:
             return loader.get_single_data(), loader.lines
@@ -1078,7 +1095,7 @@ class _ConfigLoader(yaml.SafeLoader):
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":
                 # merged keys (<<: *anchor) may be given again: that is what they are for
-                merged_at = key_node.start_mark.line + 1
+                merged_at = _place(key_node)
                 continue
             key = self.construct_object(key_node)
             with contextlib.suppress(TypeError):  # an unhashable key: construct_mapping says so
@@ -1086,10 +1103,10 @@ class _ConfigLoader(yaml.SafeLoader):
                     raise yaml.constructor.ConstructorError(
                         "while reading a mapping",
                         node.start_mark,
-                        f"{key!r} is given twice (first at line {lines[key]}); merge the two",
+                        f"{key!r} is given twice (first at line {lines[key][0]}); merge the two",
                         key_node.start_mark,
                     )
-                lines[key] = key_node.start_mark.line + 1
+                lines[key] = _place(key_node)
         mapping.update(self.construct_mapping(node))
         if merged_at is not None:
             for key in mapping.keys() - lines.keys():
@@ -1099,16 +1116,21 @@ class _ConfigLoader(yaml.SafeLoader):
 _ConfigLoader.add_constructor("tag:yaml.org,2002:map", _ConfigLoader.construct_lined_mapping)
 
 
+def _place(node: yaml.Node) -> tuple[int, int]:
+    """Where ``node`` starts: (line, column), both from 1."""
+    return node.start_mark.line + 1, node.start_mark.column + 1
+
+
 @dataclass(frozen=True)
 class _Lines:
-    """Where the keys of the file's mappings are: ``path:line``."""
+    """Where the keys of the file's mappings are: ``path:line:column``."""
 
     path: Path
-    lines: dict[int, dict[Any, int]]
+    lines: dict[int, dict[Any, tuple[int, int]]]
 
-    def of(self, mapping: dict[Any, Any], key: Any) -> str:
-        line = self.lines.get(id(mapping), {}).get(key)
-        return f"{self.path}:{line}" if line is not None else str(self.path)
+    def of(self, mapping: dict[Any, Any], key: Any) -> _InFile:
+        place = self.lines.get(id(mapping), {}).get(key)
+        return _InFile(f"{self.path}:{place[0]}:{place[1]}" if place is not None else self.path)
 
 
 def _flatten(node: dict[Any, Any], prefix: str, out: dict[str, tuple[Any, str]], lines: _Lines) -> None:
@@ -1121,7 +1143,7 @@ def _flatten(node: dict[Any, Any], prefix: str, out: dict[str, tuple[Any, str]],
         key = f"{prefix}{raw_key}"
         where = lines.of(node, raw_key)
         if isinstance(raw_key, str) and "." in raw_key and _is_known(key):
-            raise ConfigError(f"{key}: write the key nested in the file, {_nested(key)} (from {where})")
+            raise _key_error(key, f"write the key nested in the file, {_nested(key)}", where)
         if key in _BY_KEY:
             out[key] = (value, where)
         elif isinstance(value, dict) and any(k.startswith(key + ".") for k in _BY_KEY):
@@ -1130,14 +1152,13 @@ def _flatten(node: dict[Any, Any], prefix: str, out: dict[str, tuple[Any, str]],
             # The value is not shown: a section given one is most often a secret put a level
             # too high (``auth: TOKEN``, ``alerts: {webhook: https://hooks…/SECRET}``).
             example = _nested(next(k for k in _BY_KEY if k.startswith(key + ".")))
-            raise ConfigError(
-                f"{key}: expected a mapping of settings, e.g. {example}, got {_kind(value)} (from {where})"
+            raise _key_error(
+                key, f"expected a mapping of settings, e.g. {example}, got {_kind(value)}", where
             )
         else:
             known = sorted(k for k in _BY_KEY if k.startswith(prefix)) if prefix else sorted(_BY_KEY)
-            raise ConfigError(
-                f"{key}: unknown setting (from {where}){_suggestion(str(raw_key), prefix)}; known: {', '.join(known)}"
-            )
+            suggestion = _suggestion(str(raw_key), prefix)
+            raise _key_error(key, f"unknown setting{suggestion}; known: {', '.join(known)}", where)
 
 
 def _suggestion(name: str, prefix: str) -> str:

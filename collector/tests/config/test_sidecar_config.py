@@ -47,7 +47,9 @@ def test_the_issue_example_file_loads(tmp_path: Path) -> None:
         True,
     )
     assert config.alerts_webhook_url == "https://alerts.example/hook"
-    assert config.sources["evaluation.idle_s"] == f"{tmp_path / 'collector.yaml'}:6"  # the key's line
+    assert (
+        config.sources["evaluation.idle_s"] == f"{tmp_path / 'collector.yaml'}:6:14"
+    )  # the key's line and column
 
 
 def test_environment_overrides_the_file_and_flags_override_both(tmp_path: Path) -> None:
@@ -68,7 +70,7 @@ def test_environment_overrides_the_file_and_flags_override_both(tmp_path: Path) 
         (
             "evaluation: {idle_s: soon}",
             {},
-            "evaluation.idle_s: expected a positive number, got 'soon' (from ",
+            "collector.yaml:1:14: evaluation.idle_s: expected a positive number, got 'soon'",
         ),
         ("evaluation: {idle_s: -1}", {}, "evaluation.idle_s: expected a positive number, got -1"),
         (
