@@ -33,10 +33,8 @@ from __future__ import annotations
 import contextlib
 import difflib
 import ipaddress
-import math
 import os
 import reprlib
-import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +42,8 @@ from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
 import yaml
+
+from durable_sessions.seconds import MAX_SECONDS, SecondsError, positive_seconds, positive_seconds_from_text
 
 ENV_PREFIX = "DURABLE_SESSIONS_"
 CONFIG_ENV = ENV_PREFIX + "CONFIG"
@@ -108,59 +108,37 @@ def _host_problem(host: str) -> str | None:
     return "with an IPv6 address in brackets (e.g. [::1]:4319)"
 
 
-MAX_SECONDS = 1e9
-"""Longest duration a setting may give, about 31 years. A thread cannot wait much longer
-(``threading.TIMEOUT_MAX``, about 292 years): ``pipeline.ack_timeout_s: 1e12``, meant as
-"never", was accepted and then failed every Export with an ``OverflowError`` (503)."""
+def _positive_number(value: Any, _text: bool) -> float:
+    """A duration above 0 (see :func:`_duration`)."""
+    return _duration(value, zero=False)
 
 
-def _positive_number(value: Any, text: bool) -> float:
-    number = _number(value, text)
-    if number <= 0:
-        raise ValueError(f"expected a positive number, got {_shown(value)}")
-    return _at_most_max_seconds(number, value)
+def _non_negative_number(value: Any, _text: bool) -> float:
+    """A duration of 0 or more: one that 0 turns off (see :func:`_duration`)."""
+    return _duration(value, zero=True)
 
 
-def _at_most_max_seconds(number: float, value: Any) -> float:
-    if number > MAX_SECONDS:
-        raise ValueError(f"expected at most {MAX_SECONDS:.0f} seconds (about 31 years), got {_shown(value)}")
-    return number
+def _duration(value: Any, *, zero: bool) -> float:
+    """Seconds, as the span processor and the CLI take them (:mod:`durable_sessions.seconds`:
+    finite, at most :data:`MAX_SECONDS`, about 31 years), in this file's words.
 
-
-def _number(value: Any, _text: bool) -> float:
-    """A finite number: ``nan`` and ``inf`` (YAML ``.nan``, ``.inf``) are refused, since every
-    number setting is a duration or a size that must compare and add up.
-
-    A string is read as a variable's is (``float``), from the file too: the file is read
-    as YAML 1.1, whose floats need a dot and a signed exponent, so ``1e3`` and ``8.64e4``
-    arrive as strings, where YAML 1.2, JSON and the environment read numbers."""
-    if isinstance(value, bool):
-        raise ValueError(f"expected a positive number, got {_shown(value)}")
-    number = None
-    if isinstance(value, int) and abs(value) > MAX_SECONDS:
-        # float() raised OverflowError past 1e308: any such int is merely too large (or small)
-        number = sys.float_info.max if value > 0 else -sys.float_info.max
-    elif isinstance(value, int | float):
-        number = float(value)
-    elif isinstance(value, str) and value.isascii():  # float() reads "١٠" as 10 too
-        with contextlib.suppress(ValueError):
-            number = float(value)
-    if number is None:
-        raise ValueError(f"expected a positive number, got {_shown(value)}")
-    if not math.isfinite(number):
-        raise ValueError(f"expected a positive number, got {_shown(value)} (not a finite number)")
-    return number
-
-
-def _non_negative_number(value: Any, text: bool) -> float:
-    """A finite number, 0 or more: a duration that 0 turns off."""
+    A string is read as a variable's is, from the file too: the file is read as YAML 1.1,
+    whose floats need a dot and a signed exponent, so ``1e3`` and ``8.64e4`` arrive as
+    strings, where YAML 1.2, JSON and the environment read numbers."""
     try:
-        number = _number(value, text)
-    except ValueError:
-        number = -1.0
-    if number < 0:
-        raise ValueError(f"expected a number of 0 or more, got {_shown(value)}")
-    return _at_most_max_seconds(number, value)
+        if isinstance(value, str):
+            return positive_seconds_from_text(value, zero=zero)
+        return positive_seconds(value, zero=zero)
+    except SecondsError as error:
+        if error.kind == "too-long":
+            raise ValueError(_too_long(value)) from None
+        expected = "a number of 0 or more" if zero else "a positive number"
+        finite = " (not a finite number)" if error.kind == "not-finite" else ""
+        raise ValueError(f"expected {expected}, got {_shown(value)}{finite}") from None
+
+
+def _too_long(value: Any) -> str:
+    return f"expected at most {MAX_SECONDS:.0f} seconds (about 31 years), got {_shown(value)}"
 
 
 MAX_COUNT = 2**53
@@ -203,7 +181,10 @@ def _request_bytes(value: Any, text: bool) -> int:
 
 def _seconds_int(value: Any, text: bool) -> int:
     """A positive whole number of seconds, at most :data:`MAX_SECONDS`."""
-    return int(_at_most_max_seconds(_positive_int(value, text), value))
+    number = _positive_int(value, text)
+    if number > MAX_SECONDS:
+        raise ValueError(_too_long(value))
+    return number
 
 
 def _optional_positive_int(value: Any, text: bool) -> int | None:
