@@ -846,14 +846,17 @@ def load(
     env = os.environ if env is None else env
     values: dict[str, Any] = {option.key: option.default for option in OPTIONS}
     sources: dict[str, str] = dict.fromkeys(values, "default")
-    if path is None and env.get(CONFIG_ENV):
-        path = env[CONFIG_ENV]
+    given = ""
+    if path is None and env.get(CONFIG_ENV, "").strip():
+        # Without surrounding whitespace, as every setting: a ConfigMap's value ends in a
+        # line break. A blank one reads no file, as an empty one does.
+        path, given = env[CONFIG_ENV].strip(), f" (from {CONFIG_ENV})"
     if path is not None and not os.fspath(path).strip():
         # --config "$CONFIG" with CONFIG unset: Path("") is ".", which was read as the file
         # ("cannot read configuration file '.': Is a directory").
         raise ConfigError("--config: an empty path; give the file, or leave --config out")
     if path is not None:
-        for key, (value, where) in _read_file(Path(path)).items():
+        for key, (value, where) in _read_file(Path(path), given).items():
             values[key] = _parse(_BY_KEY[key], value, text=False, source=where)
             sources[key] = where
     for option in OPTIONS:
@@ -996,13 +999,15 @@ def _key_error(key: str, message: str, source: str) -> ConfigError:
     return ConfigError(f"{key}: {message} (from {source})")
 
 
-def _read_file(path: Path) -> dict[str, tuple[Any, str]]:
-    """The file's settings: dotted key -> (value, ``path:line:column`` of its key)."""
+def _read_file(path: Path, given: str = "") -> dict[str, tuple[Any, str]]:
+    """The file's settings: dotted key -> (value, ``path:line:column`` of its key).
+    ``given``: where the path came from, said when the file cannot be read (a variable set
+    in a profile or an image is easily forgotten)."""
     try:
         data = path.read_bytes()
     except OSError as error:
         raise ConfigError(
-            f"cannot read configuration file {str(path)!r}: {error.strerror or error}"
+            f"cannot read configuration file {str(path)!r}{given}: {error.strerror or error}"
         ) from None
     try:
         text = data.decode("utf-8")

@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from durable_sessions_collector.config import ENV_PREFIX
+import pytest
+from durable_sessions_collector.config import ENV_PREFIX, ConfigError, load
 from durable_sessions_collector.environment import known_variables
 
 ROOT = Path(__file__).parents[3]
@@ -124,3 +125,32 @@ def test_every_variable_the_sources_name_is_known() -> None:
     assert not missing, (
         f"variables read but not in known_variables() (declare them where they are read): {missing}"
     )
+
+
+# --- DURABLE_SESSIONS_CONFIG ------------------------------------------------------------------
+
+
+def test_a_config_variable_ending_in_a_line_break_names_the_file_without_it(tmp_path: Path) -> None:
+    """A value from a Kubernetes ConfigMap or a ``$(cat …)`` ends in a line break, which
+    every other setting is read without (the store's, cd10730): the file was looked for
+    under a name ending in one, 'No such file or directory'."""
+    path = tmp_path / "collector.yaml"
+    path.write_text("evaluation: {idle_s: 7}\n")
+    assert load(None, env={"DURABLE_SESSIONS_CONFIG": f"{path}\n"}).evaluation_idle_s == 7
+    assert (
+        load(None, env={"DURABLE_SESSIONS_CONFIG": " \n"}).evaluation_idle_s == 30
+    )  # blank: no file, as empty
+
+
+def test_a_config_file_that_cannot_be_read_names_the_variable_that_gave_it(tmp_path: Path) -> None:
+    """Set in a profile or an image, the variable is easily forgotten; the error named a
+    file the command line never mentioned."""
+    missing = tmp_path / "gone.yaml"
+    with pytest.raises(ConfigError) as caught:
+        load(None, env={"DURABLE_SESSIONS_CONFIG": str(missing)})
+    assert str(caught.value) == (
+        f"cannot read configuration file {str(missing)!r} (from DURABLE_SESSIONS_CONFIG): No such file or directory"
+    )
+    with pytest.raises(ConfigError) as caught:
+        load(missing, env={})
+    assert str(caught.value) == f"cannot read configuration file {str(missing)!r}: No such file or directory"
