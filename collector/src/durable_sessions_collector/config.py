@@ -1023,6 +1023,9 @@ def _read_file(path: Path, given: str = "") -> dict[str, tuple[Any, str]]:
         mark = getattr(error, "problem_mark", None)
         where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
         problem = getattr(error, "problem", None) or str(error)
+        context, context_mark = getattr(error, "context", None), getattr(error, "context_mark", None)
+        if context and context_mark is not None and problem in _RELATIVE_PROBLEMS:
+            problem = f"{context} at {context_mark.line + 1}:{context_mark.column + 1}, {problem}"
         if "'\\t'" in problem:  # PyYAML's words alone do not say what to do about it
             problem += " (YAML allows no tab there: use spaces)"
         raise ConfigError(f"{path}{where}: not valid YAML: {problem}") from None
@@ -1035,6 +1038,11 @@ def _read_file(path: Path, given: str = "") -> dict[str, tuple[Any, str]]:
     flat: dict[str, tuple[Any, str]] = {}
     _flatten(document, "", flat, _Lines(path, lines))
     return flat
+
+
+_RELATIVE_PROBLEMS = frozenset({"but found another document", "second occurrence"})
+"""PyYAML's problems that say nothing without their context ("expected a single document
+in the stream", "found duplicate anchor 'a'; first occurrence")."""
 
 
 def _unbuildable(error: ValueError) -> str:

@@ -597,6 +597,28 @@ def test_a_tab_in_the_file_stops_serve_saying_to_use_spaces(
 
 
 @pytest.mark.parametrize(
+    ("text", "where", "problem"),
+    [
+        ("evaluation: {idle_s: 5}\n---\nstore: sqlite:///b.db\n", "2:1",
+         "expected a single document in the stream at 1:1, but found another document"),
+        ("evaluation:\n  idle_s: &t 5\n  key_window_s: &t 9\n", "3:17",
+         "found duplicate anchor 't'; first occurrence at 2:11, second occurrence"),
+    ],
+    ids=["two documents", "an anchor twice"],
+)  # fmt: skip
+def test_a_yaml_error_relative_to_its_context_says_both(
+    tmp_path: Path, text: str, where: str, problem: str
+) -> None:
+    """PyYAML words some errors in two parts, the second relative to the first: the
+    message said only 'not valid YAML: but found another document' or '… second occurrence'."""
+    path = tmp_path / "collector.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load(path, env={})
+    assert str(caught.value) == f"{path}:{where}: not valid YAML: {problem}"
+
+
+@pytest.mark.parametrize(
     "text",
     [
         "evaluation: {idle_s: " + "[" * 2000 + "]" * 2000 + "}\n",
