@@ -1140,6 +1140,8 @@ def _flatten(node: dict[Any, Any], prefix: str, out: dict[str, tuple[Any, str]],
             raise _key_error(key, f"write the key nested in the file, {_nested(key)}", where)
         if key in _BY_KEY:
             out[key] = (value, where)
+        elif value is None and any(k.startswith(key + ".") for k in _BY_KEY):
+            pass  # a section left empty (its settings commented out): its defaults, as in an OTel Collector
         elif isinstance(value, dict) and any(k.startswith(key + ".") for k in _BY_KEY):
             _flatten(value, key + ".", out, lines)
         elif any(k.startswith(key + ".") for k in _BY_KEY):
@@ -1172,8 +1174,6 @@ def closest(name: str, names: Iterable[str]) -> str | None:
 
 def _kind(value: Any) -> str:
     """What ``value`` is, in words, without showing it."""
-    if value is None:
-        return "nothing"
     kinds = {str: "a string", bool: "a boolean", int: "a number", float: "a number", list: "a list"}
     return f"{kinds.get(type(value), type(value).__name__)} (not shown)"
 

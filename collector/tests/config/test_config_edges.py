@@ -534,6 +534,26 @@ def test_a_key_given_twice_in_the_file_is_an_error_naming_both_lines(
     assert str(caught.value) == f"{path}:{line}:{column}: not valid YAML: {problem}; merge the two"
 
 
+def test_a_section_left_empty_means_its_defaults(tmp_path: Path) -> None:
+    """A section whose settings are all commented out is YAML's null, as the OpenTelemetry
+    Collector's ``otlp:`` with nothing under it means its defaults: it was refused,
+    'evaluation: expected a mapping of settings, …, got nothing'."""
+    path = tmp_path / "collector.yaml"
+    path.write_text(
+        "evaluation:\n  # idle_s: 5\nalerts:\n  webhook:\n  otlp: {max_attempts: 3}\nreceivers: {grpc: }\n"
+    )
+    config = load(path, env={})
+    assert (config.evaluation_idle_s, config.alerts_webhook_url, config.alerts_otlp_max_attempts) == (
+        30.0,
+        None,
+        3,
+    )
+    assert config.sources["evaluation.idle_s"] == config.sources["alerts.webhook.url"] == "default"
+    path.write_text("evaluation: 5\n")  # a value that is not nothing is still refused
+    with pytest.raises(ConfigError, match="evaluation: expected a mapping of settings"):
+        load(path, env={})
+
+
 @pytest.mark.parametrize(
     ("text", "line", "message"),
     [
