@@ -56,6 +56,7 @@ from durable_sessions_collector.config import (
     reference,
     store_secrets,
 )
+from durable_sessions_collector.environment import NOT_READ, unknown_variables
 from durable_sessions_collector.redaction import RedactingStream
 from durable_sessions_collector.store import DeadAlert, Store, StoreError, open_store
 
@@ -458,6 +459,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "alerts":
         return run_command(prog, lambda out: _alerts(args, config, out))
     if args.command == "config":
+        # What one runs to see why a setting is not what was meant: a misspelt variable is why.
+        for name, close in unknown_variables(os.environ):
+            _complain(
+                f"warning: {name} is set, but {NOT_READ}" + (f"; did you mean {close}?" if close else "")
+            )
         # Secrets (the token, the webhook URL's credentials and query) are shown as ***.
         document = json.dumps({"settings": config.display(), "sources": dict(config.sources)}, indent=2)
         return run_command(prog, _printing(document + "\n"))

@@ -26,6 +26,9 @@ REQUIRE_NATIVE = "DURABLE_SESSIONS_REQUIRE_NATIVE"
 """``1``: the test suite fails, rather than skips, where a C extension was not built (CI)."""
 TEST_SUITE_VARIABLES = (TEST_POSTGRES_DSN, REQUIRE_POSTGRES, REQUIRE_NATIVE)
 
+NOT_READ = "no part of durable-sessions reads it"
+"""What a warning says of a variable :func:`unknown_variables` names."""
+
 _DOCUMENTED = re.compile(rf"^``({ENV_PREFIX}[A-Z0-9_]+)``", re.MULTILINE)
 
 

@@ -26,7 +26,7 @@ from durable_sessions_collector.api.health import MAX_HEALTH_WATCHERS, GrpcHealt
 from durable_sessions_collector.api.http_api import HttpApi
 from durable_sessions_collector.config import Config, is_loopback, redact_store_url
 from durable_sessions_collector.credentials import BearerToken, TlsFiles
-from durable_sessions_collector.environment import unknown_variables
+from durable_sessions_collector.environment import NOT_READ, unknown_variables
 from durable_sessions_collector.evaluator import Evaluator
 from durable_sessions_collector.httpserver import HttpServer, Router
 from durable_sessions_collector.jsonlog import JsonLog
@@ -84,7 +84,7 @@ def _warn_unknown_variables(log: JsonLog) -> None:
         log.warning(
             "unknown-environment-variable",
             variable=name,
-            note="no part of durable-sessions reads it",
+            note=NOT_READ,
             **fields,
         )
 

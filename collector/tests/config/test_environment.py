@@ -154,3 +154,23 @@ def test_a_config_file_that_cannot_be_read_names_the_variable_that_gave_it(tmp_p
     with pytest.raises(ConfigError) as caught:
         load(missing, env={})
     assert str(caught.value) == f"cannot read configuration file {str(missing)!r}: No such file or directory"
+
+
+def test_the_config_command_names_a_variable_nothing_reads_too(tmp_path: Path) -> None:
+    """``config`` is what one runs to see why a setting is not what was meant: it printed
+    idle_s 30.0 from "default", beside a misspelt variable it did not mention."""
+    misspelt = ENV_PREFIX + "IDEL_S"
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith(ENV_PREFIX)}
+    result = subprocess.run(
+        [sys.executable, "-m", "durable_sessions_collector", "config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**env, misspelt: SECRET},
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["sources"]["evaluation.idle_s"] == "default"
+    assert result.stderr == (
+        f"durable-sessions-collector: warning: {misspelt} is set, but no part of durable-sessions reads it; "
+        "did you mean DURABLE_SESSIONS_IDLE_S?\n"
+    )
