@@ -77,8 +77,10 @@ def _parser() -> argparse.ArgumentParser:
             "--config", metavar="FILE", help="YAML configuration file (or $DURABLE_SESSIONS_CONFIG)"
         )
         for option in OPTIONS:
+            # A true/false flag alone means true, as durable-sessions check --strict does.
+            alone = {"nargs": "?", "const": "true"} if option.boolean else {}
             command.add_argument(
-                option.flag, dest=option.attr, metavar="VALUE", help=f"{option.key}: {option.doc}"
+                option.flag, dest=option.attr, metavar="VALUE", help=f"{option.key}: {option.doc}", **alone
             )
     commands.add_parser("config-reference", help="print every setting with its variable and flag (Markdown)")
     _sessions_parser(commands)

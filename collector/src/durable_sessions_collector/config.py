@@ -647,6 +647,11 @@ class Option:
     def attr(self) -> str:
         return self.key.replace(".", "_")
 
+    @property
+    def boolean(self) -> bool:
+        """A true/false setting: its flag alone means true (``--strict``)."""
+        return self.parse in (_boolean, _optional_boolean)
+
 
 OPTIONS: tuple[Option, ...] = (
     Option("receivers.grpc.endpoint", "DURABLE_SESSIONS_GRPC_ENDPOINT", _endpoint, "127.0.0.1:4319",
@@ -1207,6 +1212,6 @@ def reference() -> str:
     ]
     for option in OPTIONS:
         default = "unset" if option.default is None else f"`{option.default}`"
-        flag = option.flag + (" {true,false}" if option.parse in (_boolean, _optional_boolean) else "")
+        flag = option.flag + (" {true,false}" if option.boolean else "")
         lines.append(f"| `{option.key}` | `{option.env}` | `{flag}` | {default} | {option.doc} |")
     return "\n".join(lines) + "\n"

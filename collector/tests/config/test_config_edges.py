@@ -1078,6 +1078,22 @@ def test_a_boolean_unquoted_in_the_file_means_what_it_means_in_a_variable(
     assert from_file is (raw.lower() in ("1", "true", "yes", "on"))
 
 
+@pytest.mark.parametrize(
+    ("flag", "key"), [("--strict", "evaluation.strict"), ("--alerts-otlp-insecure", "alerts.otlp.insecure")]
+)
+def test_a_true_false_flag_given_alone_means_true(tmp_path: Path, flag: str, key: str) -> None:
+    """``durable-sessions check --strict`` takes no value; ``serve --strict`` stopped with
+    'argument --strict: expected one argument'. It means true alone, and still takes one."""
+    path = tmp_path / "collector.yaml"
+    path.write_text("alerts: {log: {enabled: false}}\n")
+    for argv, expected in (([flag], True), ([flag, "false"], False), (["--alert-log"], True)):
+        result = cli("config", "--config", str(path), *argv)
+        assert result.returncode == 0, result.stderr
+        shown = json.loads(result.stdout)
+        which = key if argv[0] == flag else "alerts.log.enabled"
+        assert (shown["settings"][which], shown["sources"][which]) == (expected, argv[0])
+
+
 @pytest.mark.parametrize("raw", ["2", "-1", "1.0"])
 def test_a_number_other_than_1_or_0_is_not_a_boolean_in_the_file_nor_in_a_variable(
     tmp_path: Path, raw: str
