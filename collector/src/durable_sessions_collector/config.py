@@ -1004,16 +1004,26 @@ def _key_error(key: str, message: str, source: str) -> ConfigError:
     return ConfigError(f"{key}: {message} (from {source})")
 
 
+MAX_FILE_BYTES = MIB
+"""Most a configuration file is read of: ``--config`` given the store (meant for
+``--store``) read gigabytes into memory, and a device (``/dev/zero``) without end."""
+
+
 def _read_file(path: Path, given: str = "") -> dict[str, tuple[Any, str]]:
     """The file's settings: dotted key -> (value, ``path:line:column`` of its key).
     ``given``: where the path came from, said when the file cannot be read (a variable set
     in a profile or an image is easily forgotten)."""
     try:
-        data = path.read_bytes()
+        with path.open("rb") as file:
+            data = file.read(MAX_FILE_BYTES + 1)
     except OSError as error:
         raise ConfigError(
             f"cannot read configuration file {str(path)!r}{given}: {error.strerror or error}"
         ) from None
+    if len(data) > MAX_FILE_BYTES:
+        raise ConfigError(
+            f"{path}: more than {MAX_FILE_BYTES} bytes, which no configuration file needs; is it the file meant?"
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:

@@ -701,6 +701,22 @@ def test_a_directory_given_for_a_file_is_named_a_directory(tmp_path: Path, varia
     assert str(caught.value) == f"{key}: a directory, not a file: {str(tmp_path)!r} (from {variable})"
 
 
+@pytest.mark.parametrize("given", ["store", "/dev/zero"])
+def test_a_config_that_is_no_configuration_file_is_refused_unread(tmp_path: Path, given: str) -> None:
+    """``--config`` given the store (for ``--store``) or a device read the whole of it into
+    memory, a store of gigabytes, or /dev/zero without end (serve hung, its memory
+    growing), before saying it was not UTF-8."""
+    path = Path(given) if given.startswith("/") else tmp_path / "sessions.db"
+    if not given.startswith("/"):
+        path.write_bytes(b"SQLite format 3\x00" + b"\x00" * (2 * 1024 * 1024))
+    result = cli("config", "--config", str(path), timeout=30)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (
+        f"durable-sessions-collector: invalid configuration: {path}: more than 1048576 bytes, "
+        "which no configuration file needs; is it the file meant?\n"
+    )
+
+
 def test_an_empty_config_flag_stops_serve_saying_so(tmp_path: Path) -> None:
     """``--config "$CONFIG"`` with ``CONFIG`` unset read the current directory as the file:
     "cannot read configuration file '.': Is a directory"."""
