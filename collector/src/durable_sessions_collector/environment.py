@@ -68,9 +68,15 @@ def unknown_variables(environ: Mapping[str, str]) -> Iterator[tuple[str, str | N
     if all(name in sidecar for name in environ if name.upper().startswith(ENV_PREFIX)):
         return  # the common case, without importing the library's modules
     known = known_variables()
+    # A setting's whole key as a variable (…_EVALUATION_IDLE_S, as other tools name theirs)
+    # is too far from its variable's name for a spelling match.
+    by_key = {ENV_PREFIX + option.key.upper().replace(".", "_"): option.env for option in OPTIONS}
     # Compared without the prefix they all share, which would make every name look close.
     suffixes = [variable.removeprefix(ENV_PREFIX) for variable in known]
     for name in sorted(environ):
         if name.upper().startswith(ENV_PREFIX) and name not in known:
+            if name.upper() in by_key:
+                yield name, by_key[name.upper()]
+                continue
             close = closest(name.upper().removeprefix(ENV_PREFIX), suffixes)
             yield name, None if close is None else ENV_PREFIX + close

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from durable_sessions_collector.config import ENV_PREFIX, ConfigError, load
-from durable_sessions_collector.environment import known_variables
+from durable_sessions_collector.environment import known_variables, unknown_variables
 
 ROOT = Path(__file__).parents[3]
 SECRET = "s3cret-" + "x" * 24  # the value of an unknown variable: it may be a credential
@@ -174,3 +174,15 @@ def test_the_config_command_names_a_variable_nothing_reads_too(tmp_path: Path) -
         f"durable-sessions-collector: warning: {misspelt} is set, but no part of durable-sessions reads it; "
         "did you mean DURABLE_SESSIONS_IDLE_S?\n"
     )
+
+
+def test_a_variable_named_after_a_key_of_the_file_is_pointed_to_the_setting_s_variable() -> None:
+    """``evaluation.idle_s`` written as a variable the way other tools name theirs (the
+    whole key) is too far from ``…_IDLE_S`` for a spelling match: it got no suggestion."""
+    named = {
+        ENV_PREFIX + "EVALUATION_IDLE_S": "DURABLE_SESSIONS_IDLE_S",
+        ENV_PREFIX + "RECEIVERS_GRPC_ENDPOINT": "DURABLE_SESSIONS_GRPC_ENDPOINT",
+        ENV_PREFIX + "RETENTION_SESSIONS_S": "DURABLE_SESSIONS_RETENTION_S",
+        ENV_PREFIX + "ALERTS_LOG_ENABLED": "DURABLE_SESSIONS_ALERT_LOG",
+    }
+    assert dict(unknown_variables(dict.fromkeys(named, "x"))) == named
