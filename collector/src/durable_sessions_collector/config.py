@@ -392,6 +392,10 @@ def _unsendable(url: str) -> str | None:
 
 
 def _optional_file(value: Any, _text: bool) -> str | None:
+    """A readable file, its path read without surrounding whitespace as every setting is
+    (a ConfigMap's value ends in a line break); a blank one is empty."""
+    if isinstance(value, str):
+        value = value.strip()
     if value is None or value == "":
         return None
     if not isinstance(value, str):

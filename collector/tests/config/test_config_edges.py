@@ -701,6 +701,22 @@ def test_a_directory_given_for_a_file_is_named_a_directory(tmp_path: Path, varia
     assert str(caught.value) == f"{key}: a directory, not a file: {str(tmp_path)!r} (from {variable})"
 
 
+@pytest.mark.parametrize(
+    "variable", ["DURABLE_SESSIONS_AUTH_TOKEN_FILE", "DURABLE_SESSIONS_TLS_CLIENT_CA_FILE"]
+)
+def test_a_file_setting_ending_in_a_line_break_names_the_file_without_it(
+    tmp_path: Path, variable: str
+) -> None:
+    """A path from a Kubernetes ConfigMap or a ``$(cat …)`` ends in a line break, which
+    every other setting is read without: the file was "no such file: '…\\n'"."""
+    path = tmp_path / "secret"
+    path.write_text(TOKEN + "\n")
+    key = next(option for option in OPTIONS if option.env == variable)
+    extra = {"DURABLE_SESSIONS_TLS_CERT_FILE": str(path), "DURABLE_SESSIONS_TLS_KEY_FILE": str(path)}
+    env = {variable: f" {path}\n", **(extra if "TLS" in variable else {})}
+    assert getattr(load(None, env=env), key.attr) == str(path)
+
+
 @pytest.mark.parametrize("given", ["store", "/dev/zero"])
 def test_a_config_that_is_no_configuration_file_is_refused_unread(tmp_path: Path, given: str) -> None:
     """``--config`` given the store (for ``--store``) or a device read the whole of it into
