@@ -146,7 +146,7 @@ def _client_options(parser: argparse.ArgumentParser, *, again: bool = False) -> 
 
     parser.add_argument(
         "--endpoint",
-        default=default(os.environ.get(ENDPOINT_ENV) or DEFAULT_ENDPOINT),
+        default=default(_variable(ENDPOINT_ENV) or DEFAULT_ENDPOINT),
         help=f"the sidecar's HTTP endpoint (or $DURABLE_SESSIONS_API_ENDPOINT; default {DEFAULT_ENDPOINT}); "
         "https://… when it serves TLS",
     )
@@ -173,23 +173,29 @@ def _client_options(parser: argparse.ArgumentParser, *, again: bool = False) -> 
     )
     parser.add_argument(
         "--ca-file",
-        default=default(os.environ.get(TLS_VARIABLES["ca_file"]) or None),
+        default=default(_variable(TLS_VARIABLES["ca_file"])),
         help="PEM CA certificate(s) to verify the sidecar's TLS certificate (or $DURABLE_SESSIONS_CA_FILE)",
     )
     parser.add_argument(
         "--cert-file",
-        default=default(os.environ.get(TLS_VARIABLES["cert_file"]) or None),
+        default=default(_variable(TLS_VARIABLES["cert_file"])),
         help="PEM client certificate for a sidecar that requires one (tls.client_ca_file, mutual TLS); "
         "its key in --key-file or in the same file (or $DURABLE_SESSIONS_CLIENT_CERT_FILE)",
     )
     parser.add_argument(
         "--key-file",
-        default=default(os.environ.get(TLS_VARIABLES["key_file"]) or None),
+        default=default(_variable(TLS_VARIABLES["key_file"])),
         help="PEM private key of --cert-file, unencrypted (or $DURABLE_SESSIONS_CLIENT_KEY_FILE)",
     )
     parser.add_argument(
         "--json", action="store_true", default=default(False), help="print the API's JSON instead of a table"
     )
+
+
+def _variable(name: str) -> str | None:
+    """A ``sessions`` variable, read without surrounding whitespace as the sidecar reads its
+    own (a value from a ConfigMap or a ``$(cat …)`` ends in a line break); None if blank."""
+    return os.environ.get(name, "").strip() or None
 
 
 class _TokenFlag(NamedTuple):
@@ -208,8 +214,8 @@ def _token(args: argparse.Namespace) -> str | None:
     token_file = given.value if given and given.flag == "--token-file" else None
     source = "--token"
     if given is None:
-        token = os.environ.get(TOKEN_ENV) or None
-        token_file = os.environ.get(TOKEN_FILE_ENV) or None
+        token = _variable(TOKEN_ENV)
+        token_file = _variable(TOKEN_FILE_ENV)
         source = f"${TOKEN_ENV}"
     if token is None and token_file:
         source = f"the token file {token_file!r}"

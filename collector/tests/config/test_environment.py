@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from durable_sessions_collector.config import ENV_PREFIX, ConfigError, load
 from durable_sessions_collector.environment import known_variables, unknown_variables
+from tls_certs import mutual_tls_pki
 
 ROOT = Path(__file__).parents[3]
 SECRET = "s3cret-" + "x" * 24  # the value of an unknown variable: it may be a credential
@@ -186,3 +187,33 @@ def test_a_variable_named_after_a_key_of_the_file_is_pointed_to_the_setting_s_va
         ENV_PREFIX + "ALERTS_LOG_ENABLED": "DURABLE_SESSIONS_ALERT_LOG",
     }
     assert dict(unknown_variables(dict.fromkeys(named, "x"))) == named
+
+
+def test_the_sessions_client_reads_its_file_variables_without_a_line_break(tmp_path: Path) -> None:
+    """The sidecar reads its own file settings so (and the client its token and endpoint):
+    DURABLE_SESSIONS_CA_FILE ending in one was "cannot load the CA file '…\\n': No such
+    file or directory". With the files found, the client gets as far as the port (closed)."""
+    pki = mutual_tls_pki(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith(ENV_PREFIX)}
+    env |= {
+        "DURABLE_SESSIONS_CA_FILE": f"{pki['ca']}\n",
+        "DURABLE_SESSIONS_CLIENT_CERT_FILE": f" {pki['client_cert']}\n",
+        "DURABLE_SESSIONS_CLIENT_KEY_FILE": f"{pki['client_key']}\n",
+    }
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "durable_sessions_collector",
+            "sessions",
+            "--endpoint",
+            "https://127.0.0.1:1",
+            "list",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "cannot reach the sidecar at https://127.0.0.1:1" in result.stderr
