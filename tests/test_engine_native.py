@@ -26,7 +26,7 @@ from durable_sessions.rules import select_rules
 from durable_sessions.rules.base import Explanation, Rule
 from durable_sessions.rules.state import SessionState
 from durable_sessions.violation import Severity
-from tests.support.actions import IDENTIFIERS, OPTIONAL, locations, session_memory
+from tests.support.actions import IDENTIFIERS, OPTIONAL, locations, retries, session_memory
 from tests.support.senders import require_native
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -45,7 +45,7 @@ odd_records = st.tuples(records, st.sampled_from(list(IDENTIFIERS)), odd_identif
     lambda drawn: {**drawn[0], drawn[1]: drawn[2]} if drawn[2] is not None else _without(*drawn[:2])
 )
 steps = st.lists(
-    st.tuples(st.one_of(records, records, records, odd_records), locations),
+    st.tuples(st.one_of(records, records, records, odd_records, retries), locations),
     max_size=30,
 )
 

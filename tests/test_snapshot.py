@@ -32,8 +32,8 @@ from durable_sessions.record import Location, line_location, span_location
 from durable_sessions.rules import CATALOGUE, Rule, select_rules, snapshot, snapshot_memory, state
 from durable_sessions.rules.exact_json import from_json, to_json
 from durable_sessions.rules.state import SessionState, Symbols
-from tests.support.actions import OPTIONAL, json_values, locations
-from tests.support.senders import require_native
+from tests.support.actions import OPTIONAL, json_values, locations, retries
+from tests.support.senders import use_engine
 
 SESSION = "s-1"
 RULES = select_rules("all", strict=True)
@@ -54,7 +54,7 @@ records = st.fixed_dictionaries(
     },
     optional={
         **OPTIONAL,
-        "attempts": st.sampled_from([1, 2, 3, 62, 63, 70, 2**70, -1, True, "2", 0]),
+        "attempts": st.sampled_from([1, 2, 3, 62, 63, 70, 2**70, -1, True, "2", 0, None]),
         "incarnation": st.sampled_from(INCARNATIONS),
         "ts": times,
         "name": st.sampled_from(["search", "book", 3]),
@@ -85,7 +85,7 @@ answers = st.fixed_dictionaries(
         "result": st.sampled_from([1, "yes", None]),
         "incarnation": st.sampled_from(INCARNATIONS),
     },
-    optional={"replayed": st.just(True), "attempts": st.sampled_from([1, 2])},
+    optional={"replayed": st.just(True), "attempts": st.sampled_from([1, 2, None])},
 )
 # Retries that use up their attempts (exhausted_retries), escalated or not.
 exhausted = st.fixed_dictionaries(
@@ -122,7 +122,7 @@ reruns = st.builds(
             "replayed": st.just(True),
             "result": st.sampled_from([1, 2, [1]]),
             "result_digest": OPTIONAL["result_digest"],
-            "attempts": st.sampled_from([1, 2, 3]),
+            "attempts": st.sampled_from([1, 2, 3, None]),
             "retryable": st.just(True),
             "replay": st.just("skip"),
         },
@@ -148,7 +148,7 @@ def steps_of(*kinds_of_record: st.SearchStrategy[dict[str, Any]]) -> st.SearchSt
 
 
 steps = st.one_of(
-    steps_of(records, failures, answers, exhausted, reruns, starts),
+    steps_of(records, failures, answers, exhausted, reruns, starts, retries),
     steps_of(records, failures, exhausted),  # no user_prompt to clear the runs and retries
     steps_of(answers, reruns),
     steps_of(failures, failures, reruns, starts),  # retry loops long enough to be reported
@@ -172,12 +172,7 @@ the snapshot's texts, in another order than the snapshot's checker."""
 @pytest.fixture(params=["native", "python"])
 def engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Checkers made in the test use the C engine and fold, or the Python reference."""
-    if request.param == "native":
-        require_native("_engine")
-        require_native("_memory")
-        monkeypatch.delenv("DURABLE_SESSIONS_NATIVE", raising=False)
-    else:
-        monkeypatch.setenv("DURABLE_SESSIONS_NATIVE", "false")
+    use_engine(monkeypatch, request.param)
     return str(request.param)
 
 
@@ -253,12 +248,10 @@ def test_a_restored_session_checks_as_the_original(
 def test_a_snapshot_is_restored_by_the_other_engine(
     monkeypatch: pytest.MonkeyPatch, steps: list, cut: float, max_actions: int
 ) -> None:
-    require_native("_engine")
-    require_native("_memory")
     split = max(1, round(cut * len(steps)))
-    monkeypatch.delenv("DURABLE_SESSIONS_NATIVE", raising=False)
+    use_engine(monkeypatch, "native")
     native = new_checker("native", max_actions_per_session=max_actions)
-    monkeypatch.setenv("DURABLE_SESSIONS_NATIVE", "false")
+    use_engine(monkeypatch, "python")
     python = new_checker("python", max_actions_per_session=max_actions)
     snapshot_and_go_on(native, python, steps, split)
 
@@ -351,9 +344,9 @@ def test_every_part_of_a_sessions_state_is_in_the_snapshot() -> None:
     )
 
 
-PINNED = "7ccb8e7a571b10a3"
+PINNED = "8cb94b4463e0e78e"
 """The first 16 hex digits of the SHA-256 of :func:`a_rich_snapshot` with :data:`STATEFUL`,
-in format version 1."""
+in format version 2."""
 STATEFUL = tuple(
     CATALOGUE.get(i) for i in ("retry-not-escalated", "disguised-retry-loop", "unresolved-side-effect")
 )
@@ -366,7 +359,7 @@ def test_the_format_changes_only_with_its_version(monkeypatch: pytest.MonkeyPatc
     own digest, which any edit changes, is held still here.)"""
     monkeypatch.setattr(snapshot, "ENGINE", "pinned-engine")
     data = a_rich_snapshot(STATEFUL)
-    assert snapshot.FORMAT_VERSION == 1
+    assert snapshot.FORMAT_VERSION == 2
     assert hashlib.sha256(data).hexdigest()[:16] == PINNED
 
 
@@ -441,10 +434,11 @@ def refused(checker: Checker, data: Any, session_id: str = SESSION) -> str:
     return str(refusal.value)
 
 
-def test_another_format_version_is_refused() -> None:
+@pytest.mark.parametrize("version", [1, 3])
+def test_another_format_version_is_refused(version: int) -> None:
     document, columns = decoded(a_rich_snapshot())
-    assert "format version 2" in refused(
-        Checker(RULES, max_actions_per_session=4), encoded(document, columns, 2)
+    assert f"format version {version}, this checker reads 2" in refused(
+        Checker(RULES, max_actions_per_session=4), encoded(document, columns, version)
     )
 
 

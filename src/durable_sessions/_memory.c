@@ -9,7 +9,8 @@
  * - the whole fold, when the record is not a plain dict, or the location or the prior
  *   memory is not the tuple it should be (nothing has been changed at that point);
  * - SessionState._remember_key_and_attempts, for records with attempts, a key or a
- *   prompt digest (it owns the keys and prompts maps);
+ *   prompt digest (it owns the keys and prompts maps), and every record of an action
+ *   with numbered attempts;
  * - SessionState._pack, when the position is not a plain line number or a span id of
  *   up to 16 hex digits, or the outcome is not a 64-bit fingerprint;
  * - Symbols.prefix, the first time a kind, status or file is met, and
@@ -470,15 +471,21 @@ observe(Fold *self, Action *a)
     return PyErr_Occurred() ? -1 : 0;
 }
 
-/* Keys, attempt numbers and prompts: the reference's own helper keeps them. */
+/* Keys, attempt numbers and prompts: the reference's own helper keeps them. An action
+ * with numbered attempts is handed to it for every record, which is an attempt even
+ * without attempts (the first). */
 static int
 keys_and_attempts(Action *a)
 {
-    if (!(PyDict_Contains(a->record, S_ATTEMPTS) > 0 || PyDict_Contains(a->record, S_IDEMPOTENCY_KEY) > 0
-          || PyDict_Contains(a->record, S_PROMPT_DIGEST) > 0))
+    int numbered = PyObject_IsTrue(a->attempts);
+    if (numbered < 0)
+        return -1;
+    if (!(numbered || PyDict_Contains(a->record, S_ATTEMPTS) > 0
+          || PyDict_Contains(a->record, S_IDEMPOTENCY_KEY) > 0 || PyDict_Contains(a->record, S_PROMPT_DIGEST) > 0))
         return PyErr_Occurred() ? -1 : 0;
+    PyObject *seen = a->prior == Py_None ? Py_False : Py_True;
     PyObject *pair = PyObject_CallMethodObjArgs(a->session, M_KEY_AND_ATTEMPTS, a->record, a->here,
-                                                a->action_id, a->key, a->attempts, NULL);
+                                                a->action_id, a->key, a->attempts, seen, NULL);
     if (pair == NULL)
         return -1;
     if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {

@@ -42,7 +42,7 @@ OPTIONAL = {
     "redacted": any_value,
     "result_ref": st.sampled_from(["", "blob://r", None, 3]),
     "result_digest": digests,
-    "attempts": st.sampled_from([1, 2, 3, 62, 63, 70, True, "2", 0]),
+    "attempts": st.sampled_from([1, 2, 3, 62, 63, 70, True, "2", 0, None]),
     "idempotency_key": st.sampled_from(["k1", "k2", "", 5]),
     "prompt_digest": st.sampled_from(["p1", "p2", ""]),
     "incarnation": st.sampled_from(["run-1", "run-2", "", 7, None]),
@@ -65,6 +65,17 @@ IDENTIFIERS = {
     "status": st.sampled_from(["ok", "ok", "error", "started", "done"]),
 }
 records = st.fixed_dictionaries(IDENTIFIERS, optional=OPTIONAL)
+retries = st.fixed_dictionaries(
+    {**IDENTIFIERS, "retryable": st.just(True), "max_attempts": st.just(3)},
+    optional={
+        "attempts": st.sampled_from([None, 1, 2, 2, 3]),
+        "result": st.sampled_from([1, 2]),
+        "incarnation": st.sampled_from(["run-1", "run-2"]),
+        "replayed": st.just(True),
+    },
+)
+"""Attempts of retried actions, numbered or not: the first attempt is often written without
+``attempts`` (absent or null), as the instrumentation writes it, among numbered ones."""
 line_locations = st.builds(
     line_location,
     st.sampled_from(["run.jsonl", "other.jsonl", ""]),
@@ -81,7 +92,7 @@ odd_locations = st.sampled_from(
     [Location(), Location("run.jsonl"), Location(None, 3), Location("x", -2), Location("x", True)]
 )
 locations = st.one_of(line_locations, span_locations, odd_locations)
-actions = st.lists(st.tuples(records, locations), max_size=25)
+actions = st.lists(st.tuples(st.one_of(records, retries), locations), max_size=25)
 
 
 def session_memory(session: SessionState) -> dict[str, Any]:

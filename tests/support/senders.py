@@ -32,3 +32,14 @@ def use_sender(monkeypatch: pytest.MonkeyPatch, sender: str) -> None:
         monkeypatch.delenv("DURABLE_SESSIONS_NATIVE", raising=False)
     else:
         monkeypatch.setenv("DURABLE_SESSIONS_NATIVE", "false")
+
+
+def use_engine(monkeypatch: pytest.MonkeyPatch, engine: str) -> None:
+    """Make checkers made from here on use the C engine and fold (``engine`` "native"), or
+    the Python reference ("python")."""
+    if engine == "native":
+        require_native("_engine")
+        require_native("_memory")
+        monkeypatch.delenv("DURABLE_SESSIONS_NATIVE", raising=False)
+    else:
+        monkeypatch.setenv("DURABLE_SESSIONS_NATIVE", "false")

@@ -4,6 +4,8 @@ stored after it, is judged exactly as by an engine that never let it go."""
 from __future__ import annotations
 
 import random
+import struct
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +17,10 @@ from test_evaluator_edges import Run, action_span, by_session, random_phase, ver
 from test_sidecar_evaluator import stream
 
 from durable_sessions.engine import Checker
+from durable_sessions.mapping import Mapped
+from durable_sessions.record import span_location
 from durable_sessions.rules import select_rules
+from durable_sessions.rules.snapshot import FORMAT_VERSION
 
 PAGE = 10
 """Violations per page read back from the sidecar's session detail: fewer than the tests' sessions have."""
@@ -153,3 +158,70 @@ def test_a_long_session_held_at_a_stop_is_restored_at_the_next_start(start_sidec
     assert verdicts["s0"] == verdict_of(found["s0"])
     assert sorted(run.alerted_keys()) == sorted(keys)
     assert run.sidecar.metric("durable_sessions_sessions_restored_total") == 1
+
+
+def test_a_first_attempt_without_attempts_is_remembered_across_a_restart(
+    start_sidecar, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """Attempt 1 failed, its span without ``agent.action.attempts`` (as the instrumentation
+    writes a first attempt), then attempt 2 failed, in a long session whose state a stop
+    keeps; after the restart an attempt 1 of the action succeeds. The restored session
+    knows attempt 1 was seen, as the offline checker over the whole file does: a second
+    action under one id."""
+    store = tmp_path / "sessions.db"
+    run = Run(start_sidecar(store, evaluation__idle_s=600), tmp_path)
+    retry = {"session.id": "s0", "id": "t1", "kind": "tool_call", "retryable": True, "max_attempts": 3}
+    clean = [
+        action_span(10_000 + n, {"session.id": "s0", "id": f"c{n}", "kind": "llm_call", "status": "ok",
+                                 "result_digest": f"sha256:{n:064x}"})
+        for n in range(KEEP_STATE_AFTER)
+    ]  # fmt: skip
+    first = [
+        action_span(1, {**retry, "status": "error"}, error=True),
+        action_span(2, {**retry, "status": "error", "attempts": 2}, error=True),
+        *clean,
+    ]
+    for start in range(0, len(first), 100):
+        run.send(first[start : start + 100])
+    run.sidecar.stop()
+    run.use(start_sidecar(store))
+    run.send([action_span(3, {**retry, "status": "ok", "attempts": 1})])
+    found, verdicts, _ = run.sidecar_findings()
+    assert run.sidecar.metric("durable_sessions_sessions_restored_total") == 1
+    assert found == {"s0": by_session(run.offline()).get("s0", set())}
+    assert {(rule, action_id) for rule, action_id, *_ in found["s0"]} == {("duplicate-action-id", "t1")}
+    assert verdicts["s0"] == "unrecoverable"
+
+
+def as_version(state: bytes, version: int) -> bytes:
+    """A kept state as written with the format's ``version`` number (and its checksum)."""
+    body = state[:4] + struct.pack(">H", version) + state[6:-4]
+    return body + struct.pack(">I", zlib.crc32(body))
+
+
+@pytest.mark.parametrize("version", [1, FORMAT_VERSION])
+def test_a_state_of_format_version_1_is_rebuilt_and_knows_an_unwritten_first_attempt(
+    store: Store, version: int
+) -> None:
+    """Version 1 kept attempt numbers as written ({2} for an unwritten attempt 1 and
+    attempt 2): a restarted sidecar does not restore such a state but re-feeds the
+    session's records, and judges attempt 1 again as a second action under the id, as
+    it does from a state of this version."""
+    retry = {"session_id": "s", "action_id": "t1", "kind": "tool_call", "retryable": True, "max_attempts": 3}
+    records = [{**retry, "status": "error"}, {**retry, "status": "error", "attempts": 2}]
+    records.append({**retry, "status": "ok", "attempts": 1})
+    items = [Mapped(r, span_location("1" * 32, f"{n:016x}")) for n, r in enumerate(records, 1)]  # type: ignore[arg-type]
+    first = Evaluator(keep_state_after=1)
+    with store.writer() as writer:
+        for item in items[:2]:
+            assert first.ingest(writer, arrival(item), 0.0) == (True, [])
+        kept = writer.kept_state("s")
+        assert kept is not None and kept.fed == 2
+        writer.keep_state("s", kept.fed, as_version(kept.state, version))
+    restarted = Evaluator(keep_state_after=1)
+    with store.writer() as writer:
+        stored, violations = restarted.ingest(writer, arrival(items[2]), 0.0)
+    assert stored and [v.rule for v in violations] == ["duplicate-action-id"]
+    assert restarted.rebuilt == 1
+    assert restarted.restored == (version == FORMAT_VERSION)
+    assert restarted.refed == (2 if version == 1 else 0)

@@ -47,7 +47,7 @@ def _again(prior: ActionMemory, record: ActionRecord, done: str = "executed") ->
     """``in incarnation 'run-1' was executed again in 'run-2'``: the two process runs
     involved, or the attempt that ran again in the same one."""
     if not prior.is_other_incarnation(record):
-        return f"at an earlier attempt was {done} again at attempt {record.get('attempts')}"
+        return f"at an earlier attempt was {done} again at attempt {attempt_number(record)}"
     return (
         f"in incarnation {_shown(prior.incarnation)} was {done} again in {_shown(record.get('incarnation'))}"
     )
@@ -57,13 +57,13 @@ def _is_executed_again(prior: ActionMemory, record: ActionRecord) -> bool:
     """``record`` runs an action again that the session saw before: in another process
     run, or as a later attempt (one already completed needs no more attempts). Only a
     strictly later attempt than every one seen: an earlier attempt that arrives after the
-    completed one (spans of one batch, redelivered) is the past, not a re-run. An action
-    seen with no attempt numbers was seen at its first attempt (a record without
-    ``attempts`` is the first: :func:`attempt_number`)."""
+    completed one (spans of one batch, redelivered) is the past, not a re-run. A record
+    without ``attempts`` is the first attempt (:func:`attempt_number`), on either side
+    (:meth:`ActionMemory.attempts_seen`)."""
     if prior.is_other_incarnation(record):
         return True
-    attempts = record.get("attempts")
-    return is_int(attempts) and attempts > max(prior.attempts, default=1)
+    attempt = attempt_number(record)
+    return attempt is not None and attempt > max(prior.attempts_seen())
 
 
 @session_rule(
@@ -119,18 +119,15 @@ def duplicate_action_id(
 def _is_same_action_again(record: ActionRecord, prior: ActionMemory) -> bool:
     """``record`` is the action seen before, again: a replay, a re-execution in another
     run, the completion of its ``started`` record, or another attempt of a retryable
-    action. A record without ``attempts`` is the first attempt (:func:`attempt_number`);
-    an action seen with no attempt numbers was seen at its first attempt only."""
+    action. A record without ``attempts`` is the first attempt (:func:`attempt_number`),
+    on either side (:meth:`ActionMemory.attempts_seen`)."""
     if record.get("replayed") is True or prior.is_other_incarnation(record):
         return True
     if prior.status == "started" and record.get("status") != "started":
         return True
     attempt = attempt_number(record)
-    new_attempt = attempt is not None and attempt not in (prior.attempts or _FIRST_ATTEMPT_ONLY)
+    new_attempt = attempt is not None and attempt not in prior.attempts_seen()
     return new_attempt and (record.get("retryable") is True or prior.retryable)
-
-
-_FIRST_ATTEMPT_ONLY = frozenset({1})
 
 
 @session_rule(

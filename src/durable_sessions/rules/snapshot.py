@@ -1,7 +1,7 @@
 """Snapshots of one session's state: bytes a store can keep, from which a checker holds
 the session again exactly as it was (``Checker.snapshot`` and ``Checker.restore``).
 
-The format, version 1 (all integers big-endian)::
+The format, version 2 (all integers big-endian)::
 
     b"DSSN"  u16 version
     u32 length, document      orjson: the memory (rules/snapshot_memory.py) and
@@ -19,6 +19,11 @@ Nothing in it is evaluated: JSON, integers and texts only. Bump :data:`FORMAT_VE
 with any change to what is written, or to what a session's state means (a field of
 ``SessionState`` added or read otherwise, the packed flags): a snapshot of another
 version is refused, and the caller rebuilds the session as it did before snapshots.
+Version 2 is written as version 1 was, but an action's attempt numbers mean more: they
+hold its first attempt when a record without ``attempts`` was it, where version 1 kept
+the numbers written down only (``{2}`` for an action seen at an unwritten first attempt
+and at attempt 2, which version 2 keeps as ``{1, 2}``); read as version 2, such a
+session would take a repeated attempt 1 for a new one.
 
 A snapshot is refused too when it was taken by other code (:data:`ENGINE`: another
 release, or any edit of the engine or the rules), or under settings that change what the
@@ -51,7 +56,7 @@ from durable_sessions.rules.exact_json import NotJson
 from durable_sessions.rules.snapshot_memory import Columns, Malformed, memory_from, memory_of
 from durable_sessions.rules.state import SessionState, Symbols
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MAGIC = b"DSSN"
 _PREAMBLE = struct.Struct(">4sH")
 _LENGTH = struct.Struct(">I")

@@ -3,9 +3,10 @@
 The memory is deliberately small, because a log of a million actions in ten thousand
 interleaved sessions keeps every session open until the end of the input. Each action
 id costs one packed integer (kind, status, incarnation, position and three flags);
-idempotency keys, attempt numbers and outcome fingerprints are kept beside it only for
-the actions that have them; results themselves are never kept. Rules see the unpacked
-:class:`ActionMemory`, built only when an action id comes back.
+idempotency keys, attempt numbers (of an action attempted more than once) and outcome
+fingerprints are kept beside it only for the actions that have them; results themselves
+are never kept. Rules see the unpacked :class:`ActionMemory`, built only when an action
+id comes back.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from durable_sessions.record import (
     REDACTED,
     ActionRecord,
     Location,
-    is_int,
+    attempt_number,
     is_recorded,
     outcome_fingerprint,
     parse_ts,
@@ -75,6 +76,11 @@ class ActionMemory(NamedTuple):
         incarnation = record.get("incarnation")
         return incarnation is not None and self.incarnation is not None and incarnation != self.incarnation
 
+    def attempts_seen(self) -> frozenset[int]:
+        """The attempt numbers seen of the action: ``attempts`` kept empty stands for the
+        first attempt only (:func:`_with_attempt`)."""
+        return self.attempts or FIRST_ATTEMPT_ONLY
+
     def is_redelivery(self, record: ActionRecord, where: Location) -> bool:
         """``record`` is the span last seen for this action, delivered again."""
         return (
@@ -85,6 +91,20 @@ class ActionMemory(NamedTuple):
 
 
 _NO_ATTEMPTS: frozenset[int] = frozenset()
+FIRST_ATTEMPT_ONLY: frozenset[int] = frozenset({1})
+
+
+def _with_attempt(attempts: frozenset[int], attempt: int, seen: bool) -> frozenset[int]:
+    """``attempts`` with ``attempt`` added. An action seen at its first attempt only, the
+    common case, keeps no numbers (so costs nothing beside its packed integer): its
+    attempts are kept empty, and an empty set of an action seen before stands for
+    ``{1}``, which a record without ``attempts`` is (:func:`attempt_number`)."""
+    if seen and not attempts:
+        attempts = FIRST_ATTEMPT_ONLY
+    attempts = attempts | {attempt}
+    return _NO_ATTEMPTS if attempts == FIRST_ATTEMPT_ONLY else attempts
+
+
 _new_tuple = tuple.__new__
 
 
@@ -314,8 +334,12 @@ class SessionState:
                 outcome = outcome_fingerprint(record)
             if kind in kinds.SIDE_EFFECTING or get("side_effects") is True:
                 flags |= _EFFECT_DONE
-        if "attempts" in record or "idempotency_key" in record or "prompt_digest" in record:
-            key, attempts = self._remember_key_and_attempts(record, here, action_id, key, attempts)
+        # An action with numbered attempts adds this record's attempt also when it is not
+        # written: a record without attempts is attempt 1.
+        if attempts or "attempts" in record or "idempotency_key" in record or "prompt_digest" in record:
+            key, attempts = self._remember_key_and_attempts(
+                record, here, action_id, key, attempts, prior is not None
+            )
         if type(incarnation) is not str:
             incarnation = None
         packed_outcome = 0
@@ -408,11 +432,14 @@ class SessionState:
         action_id: str,
         key: str | None,
         attempts: frozenset[int],
+        seen: bool,
     ) -> tuple[str | None, frozenset[int]]:
+        """Fold the record's key, attempt and answered prompt into the session;
+        ``attempts`` are the action's, ``seen`` whether it was seen before."""
         get = record.get
-        attempt = get("attempts")
-        if is_int(attempt) and attempt not in attempts:
-            attempts = attempts | {attempt}
+        attempt = attempt_number(record)
+        if attempt is not None and attempt not in attempts:
+            attempts = _with_attempt(attempts, attempt, seen)
         given = get("idempotency_key")
         if given and type(given) is str:
             key = key or given
