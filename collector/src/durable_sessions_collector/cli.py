@@ -255,7 +255,9 @@ def _sessions(args: argparse.Namespace, out: Output) -> int:
             if not 1 <= args.limit <= 1000:
                 _complain("--limit must be from 1 to 1000")
                 return 2
-            sessions, token = client.list_sessions(args.verdict, args.limit, every_page=args.all)
+            sessions, token = client.list_sessions(
+                args.verdict, args.limit, every_page=args.all, warn=_complain
+            )
             if args.json:
                 print(json.dumps({"sessions": sessions, "next_page_token": token}, indent=2), file=out)
             else:

@@ -15,6 +15,7 @@ import re
 import ssl
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
@@ -46,6 +47,16 @@ class ApiError(Exception):
 
 class ApiUsageError(ApiError):
     """The client's arguments cannot work (the endpoint, the CA file); ``str()`` says which."""
+
+
+class ApiRefusal(ApiError):
+    """The API answered an HTTP error: ``status``, and ``reason``, the reason it gave (the
+    sidecar's ``error``) on one line."""
+
+    def __init__(self, message: str, status: int, reason: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
 
 
 class ApiClient:
@@ -236,7 +247,12 @@ class ApiClient:
         )
 
     def list_sessions(
-        self, verdict: str | None = None, limit: int | None = None, *, every_page: bool = False
+        self,
+        verdict: str | None = None,
+        limit: int | None = None,
+        *,
+        every_page: bool = False,
+        warn: Callable[[str], None] = lambda message: None,
     ) -> tuple[list[dict[str, Any]], str]:
         """The first page of at most ``limit`` sessions, most recently active first, or with
         ``every_page`` all of them, asked ``limit`` at a time; and the token of the page
@@ -246,11 +262,30 @@ class ApiClient:
         change, and then puts the sessions most recently active first (as each was when its
         page was read): every session that exists throughout the walk is listed once. Walked
         most recently active first, a session that became active during the walk moved
-        ahead of it and was never listed."""
+        ahead of it and was never listed. A sidecar older than that order (it refuses the
+        argument) is walked so all the same, and ``warn`` is told what that may cost."""
+        try:
+            sessions, token = self._walk(verdict, limit, every_page, "session_id" if every_page else None)
+        except ApiRefusal as error:
+            if not (every_page and _refuses_argument(error, "order")):
+                raise
+            warn(
+                f"{redact_url(self.endpoint)} is an older sidecar, which cannot list sessions by id "
+                f"(it answered {error.status}: {error.reason}); walked most recently active first "
+                f"instead: a session that receives spans during the walk may be listed twice or missed"
+            )
+            sessions, token = self._walk(verdict, limit, every_page, None)
+        if every_page:
+            sessions.sort(key=_by_activity, reverse=True)
+        return sessions, token
+
+    def _walk(
+        self, verdict: str | None, limit: int | None, every_page: bool, order: str | None
+    ) -> tuple[list[dict[str, Any]], str]:
+        """The sessions of the first page, or of every page, in ``order``; and the next token."""
         sessions: list[dict[str, Any]] = []
         token = None
         seen: set[str] = set()
-        order = "session_id" if every_page else None
         while True:
             query = {"verdict": verdict, "limit": limit, "page_token": token, "order": order}
             page = self._document("/api/sessions", query, ("sessions",), ("next_page_token",))
@@ -259,10 +294,7 @@ class ApiClient:
             sessions.extend(page["sessions"])
             token = self._next(page.get("next_page_token"), seen)
             if not (every_page and token):
-                break
-        if every_page:
-            sessions.sort(key=_by_activity, reverse=True)
-        return sessions, token
+                return sessions, token
 
     def session(self, session_id: str) -> dict[str, Any]:
         """The session with all of its actions and violations, asked a page at a time."""
@@ -297,6 +329,12 @@ class ApiClient:
         if token:
             seen.add(token)
         return token or ""
+
+
+def _refuses_argument(error: ApiRefusal, name: str) -> bool:
+    """Whether ``error`` is a sidecar's refusal of the query argument ``name``, as one that
+    does not take it answers (400 "unknown argument 'order'; this path takes …")."""
+    return error.status == 400 and error.reason.startswith(f"unknown argument {name!r}")
 
 
 def _by_activity(session: dict[str, Any]) -> tuple[float, str]:
@@ -379,17 +417,19 @@ def _load_client_certificate(context: ssl.SSLContext, cert_file: str, key_file: 
         raise ApiUsageError(f"cannot load the client certificate {cert_file!r}{key}: {why}") from None
 
 
-def _refusal(shown: str, error: urllib.error.HTTPError) -> ApiError:
+def _refusal(shown: str, error: urllib.error.HTTPError) -> ApiRefusal:
     detail = _error_text(error.read())
     if error.code == 401:
         hint = "pass the sidecar's token with --token, --token-file or $DURABLE_SESSIONS_AUTH_TOKEN"
-        return ApiError(f"{shown} refused the request (401 {detail}); {hint}")
+        return ApiRefusal(f"{shown} refused the request (401 {detail}); {hint}", error.code, detail)
     if 300 <= error.code < 400:
-        return ApiError(
+        return ApiRefusal(
             f"{shown} answered {error.code}, a redirect, which the sidecar's API never sends (not followed: "
-            f"the request carries the token); is it the sidecar's HTTP port, with the right scheme?"
+            f"the request carries the token); is it the sidecar's HTTP port, with the right scheme?",
+            error.code,
+            detail,
         )
-    return ApiError(f"{shown} answered {error.code}: {detail}")
+    return ApiRefusal(f"{shown} answered {error.code}: {detail}", error.code, detail)
 
 
 def _not_http(shown: str, reason: Exception) -> ApiError:

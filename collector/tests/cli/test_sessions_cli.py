@@ -10,6 +10,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from durable_sessions_collector.cli import main
@@ -383,20 +384,28 @@ def test_show_finds_a_session_whose_id_is_too_long_for_a_url(sidecar, capsys) ->
 class PageRelay:
     """An HTTP relay in front of a sidecar's API that runs ``between`` once, after relaying
     the first page of the session list and before answering it: what a walk through the
-    pages sees when spans arrive while it is under way."""
+    pages sees when spans arrive while it is under way. ``older``: it answers a request
+    with ``order`` as a sidecar from before that argument did, 400 ``unknown argument``."""
 
-    def __init__(self, target: str, between: Any) -> None:
+    def __init__(self, target: str, between: Any = lambda: None, *, older: bool = False) -> None:
         self.paths: list[str] = []
         relay = self
 
         class Handler(QuietHandler):
             def do_GET(self) -> None:
+                relay.paths.append(self.path)
+                if older and "order" in parse_qs(urlsplit(self.path).query):
+                    refusal = "unknown argument 'order'; this path takes verdict, limit, page_token"
+                    self.answer(400, json.dumps({"error": refusal}).encode())
+                    return
                 with urllib.request.urlopen(target + self.path, timeout=10) as answer:
                     body = answer.read()
-                relay.paths.append(self.path)
                 if len(relay.paths) == 1:
                     between()
-                self.send_response(200)
+                self.answer(200, body)
+
+            def answer(self, status: int, body: bytes) -> None:
+                self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -442,3 +451,46 @@ def test_list_all_lists_once_every_session_that_receives_spans_during_the_walk( 
     assert listed == ["s-2", "s-4", "s-3", "s-1", "s-0"]
     _, single, _ = run(capsys, "sessions", "--endpoint", sidecar.http_url, "--json", "list")
     assert [s["session_id"] for s in json.loads(single)["sessions"]] == listed
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_list_all_on_an_older_sidecar_walks_by_activity_and_warns_once(
+    sidecar, capsys, as_json: bool
+) -> None:  # type: ignore[no-untyped-def]
+    """A sidecar from before order=session_id refuses it (400 unknown argument 'order'),
+    which ended --all with that error. It is walked as it was before, most recently active
+    first, with one warning that a session active meanwhile may be listed twice or missed."""
+    agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
+    names = [f"s-{n}" for n in range(5)]
+    for name in names:
+        agent.action(name, "u1", "user_prompt")
+    agent.shutdown()
+    relay = PageRelay(sidecar.http_url, older=True)
+    try:
+        flags = ["--json"] if as_json else []
+        code, out, err = run(
+            capsys, "sessions", "--endpoint", relay.url, *flags, "list", "--limit", "2", "--all"
+        )
+        single = run(capsys, "sessions", "--endpoint", relay.url, "list", "--limit", "2")
+    finally:
+        relay.close()
+    assert code == 0, err
+    listed = (
+        [s["session_id"] for s in json.loads(out)["sessions"]]
+        if as_json
+        else [line.split()[0] for line in out.splitlines()[1:]]
+    )
+    assert listed == names[::-1]
+    assert err == (
+        f"durable-sessions-collector: {relay.url} is an older sidecar, which cannot list sessions by id "
+        "(it answered 400: unknown argument 'order'; this path takes verdict, limit, page_token); walked "
+        "most recently active first instead: a session that receives spans during the walk may be "
+        "listed twice or missed\n"
+    )
+    # Refused once, then three pages without the argument.
+    assert ["order=" in path for path in relay.paths] == [True, False, False, False, False]
+    # A single page never asks for an order: no warning.
+    assert (
+        single[0] == 0
+        and single[2] == "durable-sessions-collector: more sessions than the 2 shown; --all lists every one\n"
+    )
