@@ -121,7 +121,9 @@ class ApiClient:
             url += "?" + urlencode({k: v for k, v in query.items() if v is not None})
         body = self._fetch(url)
         try:
-            return json.loads(body)
+            return _json(body)
+        except _TooDeep:
+            raise self._wrong_shape("JSON nested too deeply to read") from None
         except ValueError:
             raise ApiError(
                 f"{redact_url(self.endpoint)} did not answer with JSON; is it the sidecar's HTTP port "
@@ -136,12 +138,18 @@ class ApiClient:
         if self._context is not None:  # each request has a connection, and a handshake, of its own
             self._context.handshake_done = False  # type: ignore[attr-defined]
         try:
-            with self._opener.open(request, timeout=self.timeout_s) as response:
-                return bytes(response.read())
+            response = self._opener.open(request, timeout=self.timeout_s)
         # ValueError: http.client refuses a header value with a line break in a message that
         # repeats the value, here the token.
         except (OSError, http.client.HTTPException, ValueError) as error:
             raise self._failure(error) from None
+        with response:
+            try:
+                return _body(response)
+            except _BrokenOff as error:
+                raise ApiError(
+                    f"{redact_url(self.endpoint)} broke off its answer ({error}); try again"
+                ) from None
 
     def _failure(self, error: Exception) -> ApiError:
         """The :class:`ApiError` that says what a failed request means and what to change."""
@@ -418,7 +426,10 @@ def _load_client_certificate(context: ssl.SSLContext, cert_file: str, key_file: 
 
 
 def _refusal(shown: str, error: urllib.error.HTTPError) -> ApiRefusal:
-    detail = _error_text(error.read())
+    try:
+        detail = _error_text(_body(error))
+    except _BrokenOff:
+        detail = "no details (the answer was broken off)"
     if error.code == 401:
         hint = "pass the sidecar's token with --token, --token-file or $DURABLE_SESSIONS_AUTH_TOKEN"
         return ApiRefusal(f"{shown} refused the request (401 {detail}); {hint}", error.code, detail)
@@ -447,11 +458,42 @@ def _not_http(shown: str, reason: Exception) -> ApiError:
     )
 
 
+class _BrokenOff(Exception):
+    """The answer ended before its end (``str()``: how); its status and headers came."""
+
+
+def _body(response: Any) -> bytes:
+    """The whole body of ``response``, an answer or an :class:`urllib.error.HTTPError`;
+    :class:`_BrokenOff` when the connection closes, resets or times out before its end. The
+    status line came, so it is the server, not the port, that failed: not the gRPC port nor
+    TLS, which fail before."""
+    try:
+        return bytes(response.read())
+    except http.client.IncompleteRead as error:
+        expected = f" of {len(error.partial) + error.expected}" if error.expected else ""
+        raise _BrokenOff(f"the connection closed after {len(error.partial)}{expected} bytes") from None
+    except (OSError, http.client.HTTPException) as error:
+        raise _BrokenOff(getattr(error, "strerror", None) or str(error) or type(error).__name__) from None
+
+
+class _TooDeep(ValueError):
+    """JSON nested more deeply than :func:`json.loads`, which reads by recursion, can read."""
+
+
+def _json(body: bytes) -> Any:
+    """``body`` read as JSON: :class:`ValueError` when it is not, :class:`_TooDeep` when it
+    is nested too deeply to read (a RecursionError, which ended the command in a traceback)."""
+    try:
+        return json.loads(body)
+    except RecursionError:
+        raise _TooDeep from None
+
+
 def _error_text(body: bytes) -> str:
     """The reason an error answer gives, on one line (:func:`printable`): the sidecar's
     ``error``, or the start of another server's page (a proxy's HTML)."""
     try:
-        document = json.loads(body)
+        document = _json(body)
     except ValueError:
         return printable(body[:200].decode("utf-8", "replace")) or "no details"
     if isinstance(document, dict) and isinstance(document.get("error"), str):

@@ -129,14 +129,22 @@ def test_an_endpoint_with_a_space_is_a_usage_error(endpoint: str, capsys) -> Non
 
 
 class JsonServer:
-    """A real HTTP server that answers every GET with ``status`` and ``body`` (as JSON unless told)."""
+    """A real HTTP server that answers every GET with ``status`` and ``body`` (as JSON unless
+    told); ``length``: the Content-Length it claims, when not the body's (it then closes
+    the connection, which ends the answer early)."""
 
-    def __init__(self, body: bytes, status: int = 200, content_type: str = "application/json") -> None:
+    def __init__(
+        self,
+        body: bytes,
+        status: int = 200,
+        content_type: str = "application/json",
+        length: int | None = None,
+    ) -> None:
         class Handler(QuietHandler):
             def do_GET(self) -> None:
                 self.send_response(status)
                 self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Content-Length", str(len(body) if length is None else length))
                 self.end_headers()
                 self.wfile.write(body)
 
@@ -148,8 +156,10 @@ class JsonServer:
 
 
 @contextmanager
-def serving(body: bytes, status: int = 200, content_type: str = "application/json") -> Iterator[str]:
-    server = JsonServer(body, status, content_type)
+def serving(
+    body: bytes, status: int = 200, content_type: str = "application/json", length: int | None = None
+) -> Iterator[str]:
+    server = JsonServer(body, status, content_type, length)
     try:
         yield server.url
     finally:
@@ -222,6 +232,34 @@ def test_fields_past_the_id_and_verdict_may_be_missing_or_odd(capsys) -> None:  
             "session x: ok (-)",
             "  - action(s), - error(s), - warning(s); first seen -, last seen -",
         ]
+
+
+BROKEN_OFF = "broke off its answer (the connection closed after 14 of 1000 bytes); try again"
+TOO_DEEP = (
+    "did not answer like the sidecar's API (JSON nested too deeply to read); is it the sidecar's HTTP port?"
+)
+
+
+@pytest.mark.parametrize(
+    ("body", "length", "status", "told"),
+    [
+        # The connection closes 14 bytes into an answer of 1000 (a sidecar or proxy that stops
+        # meanwhile): a 200 was called not HTTP/1.1, which sent the user looking for the gRPC
+        # port, and an error answer ended in http.client's traceback.
+        (b'{"sessions": [', 1000, 200, BROKEN_OFF),
+        (b'{"sessions": [', 1000, 500, "answered 500: no details (the answer was broken off)"),
+        # Python's json reads by recursion: its RecursionError ended in a traceback.
+        (b"[" * 100_000, None, 200, TOO_DEEP),
+        (b"[" * 100_000, None, 500, "answered 500: " + "[" * 200),
+    ],
+)
+@pytest.mark.parametrize("command", [("list",), ("--json", "show", "x")])
+def test_an_answer_the_client_cannot_read_whole_is_a_one_line_error(  # type: ignore[no-untyped-def]
+    body: bytes, length: int | None, status: int, told: str, command: tuple[str, ...], capsys
+) -> None:
+    with serving(body, status, length=length) as url:
+        code, out, err = run(capsys, "sessions", "--endpoint", url, *command)
+    assert (code, out, err) == (1, "", f"durable-sessions-collector: {url} {told}\n")
 
 
 # --- http:// to a TLS port ----------------------------------------------------------------------
