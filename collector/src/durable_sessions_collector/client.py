@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import quote, urlencode, urlsplit
+from urllib.parse import SplitResult, quote, urlencode, urlsplit
 
 from durable_sessions.report import printable
 from durable_sessions_collector.config import EncryptedKeyError, is_loopback, redact_url, refuse_passphrase
@@ -96,6 +96,7 @@ class ApiClient:
                 f"--endpoint must be an http(s) URL such as {DEFAULT_ENDPOINT} (host, and a port from 0 "
                 f"to 65535, no spaces), got {redact_url(endpoint) if parts is not None else endpoint!r}"
             )
+        _refuse_endpoint_parts(endpoint, parts)
         if key_file and not cert_file:
             raise ApiUsageError("--key-file needs --cert-file (the client certificate it is the key of)")
         if parts.scheme == "http":
@@ -386,6 +387,23 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
 
     def redirect_request(self, *args: Any, **kwargs: Any) -> None:
         return None
+
+
+def _refuse_endpoint_parts(endpoint: str, parts: SplitResult) -> None:
+    """Raise :class:`ApiUsageError` for an endpoint with a part the API's paths cannot
+    follow: a query or fragment (the paths would be added to it: ``?tenant=a`` asked
+    ``/?tenant=a/api/sessions``, ``#top`` asked ``/``), or a user and password, which
+    urllib takes for part of the host name, and which the sidecar would not read."""
+    why = ""
+    if "?" in endpoint or "#" in endpoint:
+        why = "a query (?…) or fragment (#…): the API's paths are added to it"
+    elif "@" in parts.netloc:
+        why = (
+            "user or password: the sidecar takes a bearer token "
+            "(--token, --token-file or $DURABLE_SESSIONS_AUTH_TOKEN)"
+        )
+    if why:
+        raise ApiUsageError(f"--endpoint takes no {why}, got {redact_url(endpoint)!r}")
 
 
 # The TLS-only options, as the CLI names them: the flag and the variable it falls back to.

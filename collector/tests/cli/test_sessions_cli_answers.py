@@ -125,6 +125,42 @@ def test_an_endpoint_with_a_space_is_a_usage_error(endpoint: str, capsys) -> Non
     assert code == 2 and err.startswith("durable-sessions-collector: --endpoint must be an http(s) URL")
 
 
+@pytest.mark.parametrize(
+    ("suffix", "shown", "why"),
+    [
+        ("?tenant=a", "?tenant=***", "a query (?…) or fragment (#…)"),
+        ("/?", "/", "a query (?…) or fragment (#…)"),
+        ("/#top", "/", "a query (?…) or fragment (#…)"),
+    ],
+)
+def test_an_endpoint_with_a_query_or_fragment_is_a_usage_error(
+    sidecar, suffix: str, shown: str, why: str, capsys
+) -> None:  # type: ignore[no-untyped-def]
+    """The API's paths were added after the query or fragment: '?tenant=a' asked
+    '/?tenant=a/api/sessions', and '#top' asked '/' (the rest was the fragment, never sent),
+    answered 404 as if the sidecar had no such path."""
+    endpoint = sidecar.http_url + suffix
+    code, out, err = run(capsys, "sessions", "--endpoint", endpoint, "list")
+    assert (code, out) == (2, "")
+    assert err == (
+        f"durable-sessions-collector: --endpoint takes no {why}: the API's paths are added to it, "
+        f"got {sidecar.http_url + shown!r}\n"
+    )
+
+
+def test_an_endpoint_with_a_user_and_password_is_a_usage_error_that_hides_them(sidecar, capsys) -> None:  # type: ignore[no-untyped-def]
+    """urllib took 'user:pass@host' for the host name: 'cannot reach the sidecar …: Name or
+    service not known; is it running?'. The sidecar takes a bearer token, not a password."""
+    endpoint = sidecar.http_url.replace("//", "//alice:s3cret@")
+    code, out, err = run(capsys, "sessions", "--endpoint", endpoint, "list")
+    assert (code, out) == (2, "")
+    assert err == (
+        "durable-sessions-collector: --endpoint takes no user or password: the sidecar takes a bearer "
+        "token (--token, --token-file or $DURABLE_SESSIONS_AUTH_TOKEN), got "
+        f"{sidecar.http_url.replace('//', '//***@')!r}\n"
+    )
+
+
 # --- answers unlike the sidecar's API -------------------------------------------------------------
 
 
