@@ -8,6 +8,7 @@ as the OpenTelemetry exporters do, and API calls, while :meth:`Service.stop` run
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
@@ -17,6 +18,7 @@ import grpc
 import pytest
 from durable_sessions_collector.api.v1 import sessions_pb2 as pb
 from durable_sessions_collector.api.v1 import sessions_pb2_grpc as pb_grpc
+from durable_sessions_collector.credentials import CHECK_INTERVAL_S
 from durable_sessions_collector.otlp.grpc_receiver import QUIET_S
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sidecar_clients import export_call, one_action_export, retry_delay
@@ -144,3 +146,54 @@ def test_a_client_answered_during_the_drain_is_told_to_wait_on_its_next_call(sta
     channel.close()
     assert (refused.value.code(), refused.value.details()) == (grpc.StatusCode.UNAVAILABLE, STOPPING)
     assert retry_delay(refused.value) >= 1  # type: ignore[operator]
+
+
+def test_calls_the_sidecar_reads_late_are_refused_not_cancelled(start_sidecar, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """grpcio's one serving thread reads calls one at a time. Here it is held in the first
+    call, reading a token file that changed into a FIFO (a slow file system would do the
+    same), while twenty more calls reach the port and the sidecar is told to stop: the
+    drain saw 50 ms of quiet and closed the port, and grpcio answered the calls it had not
+    read yet ``CANCELLED`` (some of the twenty in 4 runs of 4; of five, in about half the
+    runs). Once quiet, the drain now sends the port a call of its own and waits for it, so
+    every call that came before is read, and refused with the delay to wait."""
+    token, token_file = "drain-probe-token-0123456789", tmp_path / "token"
+    token_file.write_text(token)
+    sidecar = start_sidecar(auth__token_file=str(token_file))
+    channel = grpc.insecure_channel(sidecar.grpc_endpoint)
+    export = export_call(channel)
+    metadata = (("authorization", f"Bearer {token}"),)
+    export(one_action_export(1, "warm"), timeout=10, metadata=metadata)  # connected
+    fifo, writer = tmp_path / "fifo", tmp_path / "fifo-writer"
+    os.mkfifo(fifo)
+    os.link(fifo, writer)  # the FIFO is written by this name once the token file is a file again
+    os.replace(fifo, token_file)
+    time.sleep(CHECK_INTERVAL_S + 0.1)  # the next call looks at the file, and reads the FIFO
+    stopping = threading.Thread(target=sidecar.stop)
+    try:
+        calls = [export.future(one_action_export(2, "read-first"), timeout=10, metadata=metadata)]
+        time.sleep(0.2)  # the serving thread waits in it
+        calls += [
+            export.future(one_action_export(n, f"late-{n}"), timeout=10, metadata=metadata)
+            for n in range(3, 23)
+        ]
+        time.sleep(0.2)  # at the port, not read
+        stopping.start()
+        time.sleep(0.5)  # the drain's quiet is long over
+    finally:
+        # A file again first: a later look at the FIFO (changed, by the write) would wait in it for ever.
+        (tmp_path / "token-again").write_text(token)
+        os.replace(tmp_path / "token-again", token_file)
+        # The serving thread reads on. Without a reader, as when it never looked, this fails
+        # (ENXIO) rather than waiting for one.
+        descriptor = os.open(writer, os.O_WRONLY | os.O_NONBLOCK)
+        os.write(descriptor, token.encode())
+        os.close(descriptor)
+    answers = []
+    for call in calls:
+        with pytest.raises(grpc.RpcError) as refused:
+            call.result(timeout=10)
+        answers.append((refused.value.code(), refused.value.details(), retry_delay(refused.value)))
+    stopping.join(15)
+    channel.close()
+    assert [(code, details) for code, details, _ in answers] == [(grpc.StatusCode.UNAVAILABLE, STOPPING)] * 21
+    assert all(delay is not None and delay >= 1 for _, _, delay in answers)

@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent import futures
+from contextlib import suppress
 from typing import Any
 
 import grpc
@@ -118,6 +119,8 @@ MIN_CLOSE_GRACE_S = 0.5
 """The least grace the port's close gives the calls still in progress, after its drain."""
 ALWAYS_ANSWERED = "/grpc.health.v1.Health/"
 """Methods a draining port still serves: the health service answers NOT_SERVING itself."""
+PROBE = "/durable_sessions.internal.Drain/Probe"
+"""The call a draining port sends itself (:meth:`Drain.drain`); refused like any other."""
 
 
 class Drain(grpc.ServerInterceptor):
@@ -132,7 +135,15 @@ class Drain(grpc.ServerInterceptor):
     port (``UNAVAILABLE``) after it, so few calls are left to be caught so. The quiet the
     drain waits for starts at the last answer too: a client answered OK sends its next call
     at once, and is told to wait. Only unary calls are waited for: the sidecar ends its own
-    streams before it stops the port."""
+    streams before it stops the port.
+
+    A call is seen when grpcio's one serving thread hands it to the interceptors, which a
+    process short of CPU may not do for longer than :data:`QUIET_S` after it reached the
+    port: the quiet alone then closed the port on calls waiting to be read, and grpcio
+    answered them ``CANCELLED``. So once quiet, the drain sends the port a call of its own
+    (:data:`PROBE`, where it can: see :meth:`GrpcReceiver.stop`); calls reach the serving
+    thread in the order they reached the port, so when the probe has been seen every call
+    before it has been too, and the drain ends only if none of them was new."""
 
     def __init__(self, retry_after_s: float, on_refused: Callable[[str], None] = lambda method: None) -> None:
         """``on_refused(method)`` is called for each call refused (``/package.Service/Method``)."""
@@ -145,6 +156,8 @@ class Drain(grpc.ServerInterceptor):
         """``time.monotonic()`` of the last call's arrival or answer."""
 
     def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
+        if handler_call_details.method == PROBE and self.draining.is_set():  # the drain's own
+            return grpc.unary_unary_rpc_method_handler(self._refuse)
         handler = continuation(handler_call_details)
         with self._lock:
             self._last_activity = time.monotonic()
@@ -157,16 +170,28 @@ class Drain(grpc.ServerInterceptor):
             return answered_by(handler, self._counted(handler.unary_unary))
         return handler
 
-    def drain(self, deadline: float) -> None:
+    def drain(self, deadline: float, probe: Callable[[float], None] | None = None) -> None:
         """Answer new calls ``UNAVAILABLE`` from now on; return once no call is in progress
-        and none arrived or was answered for :data:`QUIET_S`, or at ``deadline``
-        (``time.monotonic()``)."""
+        and none arrived or was answered for :data:`QUIET_S`, nor before ``probe``'s call
+        was seen, or at ``deadline`` (``time.monotonic()``). ``probe(timeout_s)`` sends
+        :data:`PROBE` to the port and returns once it is answered (or fails)."""
         self.draining.set()
         while time.monotonic() < deadline:
-            with self._lock:
-                if self._in_progress == 0 and time.monotonic() - self._last_activity >= QUIET_S:
+            if self._quiet():
+                if probe is None:
+                    return
+                sent = time.monotonic()
+                probe(max(deadline - sent, 0.0))
+                if self._quiet(since=sent):
                     return
             time.sleep(0.01)
+
+    def _quiet(self, since: float | None = None) -> bool:
+        """No call in progress, and none arrived or answered for :data:`QUIET_S` (or since ``since``)."""
+        with self._lock:
+            if since is not None:
+                return self._in_progress == 0 and self._last_activity < since
+            return self._in_progress == 0 and time.monotonic() - self._last_activity >= QUIET_S
 
     def _counted(self, behaviour: Any) -> Any:
         def counted(request: Any, context: grpc.ServicerContext) -> Any:
@@ -295,12 +320,23 @@ class GrpcReceiver:
     def stop(self, grace: float = 2.0) -> None:
         """Drain the port (:class:`Drain`) for up to ``grace`` seconds, then close it,
         cancelling the calls still in progress after what is left of ``grace`` (at least
-        :data:`MIN_CLOSE_GRACE_S`): grpcio answers those ``UNAVAILABLE``."""
+        :data:`MIN_CLOSE_GRACE_S`): grpcio answers those ``UNAVAILABLE``. A TLS port is
+        drained without the probe: the sidecar has no certificate its port would accept
+        from a client (mutual TLS), nor always the CA that signed its own."""
         deadline = time.monotonic() + grace
         if self.port:  # started: calls may be coming
-            self.drain.drain(deadline)
+            self.drain.drain(deadline, None if self.credentials is not None else self._probe)
         close_grace = max(deadline - time.monotonic(), MIN_CLOSE_GRACE_S)
         self.server.stop(close_grace).wait(close_grace + 1)
+
+    def _probe(self, timeout_s: float) -> None:
+        """Call :data:`PROBE` on the port, over this host's loopback when the port listens
+        on every address, and wait for the answer: a refusal, or a failure to connect."""
+        host = self.endpoint.rpartition(":")[0]
+        host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "[::]": "[::1]"}.get(host, host)
+        # Its answer does not matter, only that the port has read it.
+        with grpc.insecure_channel(f"{host}:{self.port}") as channel, suppress(grpc.RpcError):
+            channel.unary_unary(PROBE)(b"", timeout=min(timeout_s, 1.0))
 
     def _refused_while_stopping(self, method: str) -> None:
         """An Export the drain refused counts as ``unavailable``, as one the stopping writer refuses."""
