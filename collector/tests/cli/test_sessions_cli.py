@@ -35,6 +35,14 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
+@pytest.fixture
+def sidecar(start_sidecar):  # type: ignore[no-untyped-def]
+    """A sidecar whose sessions stay active through a test, as the tables that say '(active)'
+    expect: conftest's ends a session 0.3 s after its last span, which a loaded machine let
+    pass before 'show' (it said '(ended)')."""
+    return start_sidecar(evaluation__idle_s=60)
+
+
 def run(capsys, *argv: str) -> tuple[int, str, str]:  # type: ignore[no-untyped-def]
     code = main(list(argv))
     out, err = capsys.readouterr()
