@@ -324,7 +324,8 @@ def _positive_seconds(name: str, value: object) -> float:
     try:
         return positive_seconds(value)
     except ValueError as reason:
-        raise ConfigurationError(f"{name}={value!r} {reason}") from None
+        # reprlib: an integer of 400 digits is named by its ends, not written out
+        raise ConfigurationError(f"{name}={reprlib.repr(value)} {reason}") from None
 
 
 def _env_bool(name: str, *, default: bool = False) -> bool:
