@@ -108,6 +108,11 @@ def test_otel_config_pipeline_references_only_defined_components() -> None:
     queue = exporter["sending_queue"]
     assert queue["enabled"] is True
     assert component_type(queue["storage"]) == "file_storage"
+    # Batched from the queue on disk, not by a batch processor holding acknowledged spans
+    # in memory before it: a Collector crash would lose them.
+    assert "batch" in queue and not any(
+        component_type(name) == "batch" for name in traces.get("processors", [])
+    )
     assert exporter["retry_on_failure"]["enabled"] is True
     # The Collector must wait longer than the sidecar takes to answer (it acks after commit).
     ack_timeout = next(o.default for o in OPTIONS if o.key == "pipeline.ack_timeout_s")
@@ -164,9 +169,10 @@ TLS_CLIENT: Keys = leaves(
     "key_pem include_system_ca_certs_pool min_version max_version cipher_suites curve_preferences "
     "reload_interval tpm"
 )
-QUEUE: Keys = leaves(
-    "enabled num_consumers queue_size sizer storage block_on_overflow blocking wait_for_result batch"
-)
+QUEUE: Keys = {
+    **leaves("enabled num_consumers queue_size sizer storage block_on_overflow blocking wait_for_result"),
+    "batch": leaves("flush_timeout min_size max_size sizer"),
+}
 RETRY: Keys = leaves("enabled initial_interval randomization_factor multiplier max_interval max_elapsed_time")
 GRPC_EXPORTER: Keys = {
     **leaves(
