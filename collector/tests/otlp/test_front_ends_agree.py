@@ -39,6 +39,7 @@ from opentelemetry.trace import Status, StatusCode
 from durable_sessions import instrument, otlp_json, readers
 from durable_sessions.check import check_paths
 from durable_sessions.engine import Checker
+from durable_sessions.json_text import json_line
 from durable_sessions.mapping import (
     exact_attributes,
     map_attributes,
@@ -89,7 +90,7 @@ def processor(span: ReadableSpan, *, handed_over: bool) -> list[Finding]:
 
 
 def file_line(span: ReadableSpan) -> bytes:
-    return otlp_json._json_line(otlp_json.encode_spans([span]))
+    return json_line(otlp_json.encode_spans([span]))
 
 
 def check_reader(line: bytes, limit: int | None) -> list[Any]:
