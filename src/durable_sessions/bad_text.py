@@ -23,6 +23,8 @@ from typing import Any
 
 import orjson
 
+from durable_sessions.json_text import exact_integers
+
 
 def not_utf8(where: str, detail: str | None = None) -> str:
     """Why a span (or a resource or scope) is rejected for the text at ``where``, in either
@@ -117,6 +119,20 @@ def marked(body: bytes) -> Marked | None:
         start = string.end(1)
     pieces.append(body[start:])
     return Marked(b"".join(pieces), mark, details) if details else None
+
+
+def read(body: bytes) -> tuple[Any, Marked] | None:
+    """The JSON document of ``body`` read with its strings that are not UTF-8 text marked
+    (integers beyond 64 bits exact, as every reader reads them), and the marks; None when
+    ``body`` holds no such string, or orjson refuses it for more than its text. Ask only
+    once orjson has refused ``body`` itself."""
+    found = marked(body)
+    if found is None:
+        return None
+    try:
+        return exact_integers(found.body, orjson.loads(found.body)), found
+    except orjson.JSONDecodeError:
+        return None
 
 
 def _holds(body: bytes, mark: str) -> bool:

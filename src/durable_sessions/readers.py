@@ -377,8 +377,7 @@ def _object_on(line: bytes, number: int) -> dict[str, Any] | None:
         return None
     parsed = parse_object(stripped)
     if not isinstance(parsed, dict):  # an OTLP/JSON line whose text is not all UTF-8 is still one
-        found = bad_text.marked(stripped)
-        return _marked_object(found.body) if found is not None else None
+        return _marked_object(stripped)[0]
     return parsed
 
 
@@ -502,8 +501,7 @@ def _otlp_requests(source: IO[bytes], name: str, max_line_bytes: int) -> Iterato
     for number, raw in numbered_lines(source, name, max_line_bytes):
         item = parse_line(raw, name, number, max_line_bytes)
         if type(item) is Unreadable and raw is not None:
-            found = bad_text.marked(_content(raw, number))
-            request = _marked_object(found.body) if found is not None else None
+            request, found = _marked_object(_content(raw, number))
             if request is not None:
                 yield (request, line_location(name, number)), found  # type: ignore[misc]
                 continue
@@ -511,14 +509,11 @@ def _otlp_requests(source: IO[bytes], name: str, max_line_bytes: int) -> Iterato
             yield item, None
 
 
-def _marked_object(body: bytes) -> dict[str, Any] | None:
-    """The JSON object of a marked line, or None when it is none (refused for more than
-    its text)."""
-    try:
-        value = exact_integers(body, orjson.loads(body))
-    except orjson.JSONDecodeError:
-        return None
-    return value if type(value) is dict else None
+def _marked_object(line: bytes) -> tuple[dict[str, Any], Marked] | tuple[None, None]:
+    """The JSON object of ``line`` read with its bad text marked, and the marks; Nones
+    when it holds none or is no object (refused for more than its text)."""
+    read = bad_text.read(line)
+    return read if read is not None and type(read[0]) is dict else (None, None)
 
 
 def read(

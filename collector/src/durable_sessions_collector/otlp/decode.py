@@ -197,13 +197,10 @@ def _loaded(body: bytes) -> tuple[Any, bytes, dict[Position, str]]:
     except orjson.JSONDecodeError as error:
         refusal = f"request body is not valid JSON: {error}"
     # Only after a refusal: a body orjson reads costs nothing more.
-    found = bad_text.marked(body)
-    try:
-        if found is None:
-            raise BadData(refusal)
-        document = exact_integers(found.body, orjson.loads(found.body))
-    except orjson.JSONDecodeError:  # refused for more than its text
-        raise BadData(refusal) from None
+    read = bad_text.read(body)
+    if read is None:  # no bad text, or refused for more than its text
+        raise BadData(refusal)
+    document, found = read
     return document, found.body, _set_aside_text(document, found)
 
 
