@@ -1061,10 +1061,10 @@ def test_collector_readme_sessions_options() -> None:
 def test_store_urls_in_docs_are_absolute_where_meant() -> None:
     """``sqlite:///PATH`` is relative, ``sqlite:////abs/path`` absolute (collector/README.md):
     every example that means /var/lib uses four slashes."""
-    from durable_sessions_collector.config import Config
+    from durable_sessions_collector.config import load
 
-    assert Config(store="sqlite:///rel.db").store_path == "rel.db"
-    assert Config(store="sqlite:////abs.db").store_path == "/abs.db"
+    assert load(env={}, overrides={"store": "sqlite:///rel.db"}).store_path == "rel.db"
+    assert load(env={}, overrides={"store": "sqlite:////abs.db"}).store_path == "/abs.db"
     offending = []
     for path in [*MARKDOWN, ROOT / "otel-config.yaml"]:
         for url in re.findall(r"sqlite:///[^\s`'\"]+", read(path)):
@@ -1076,11 +1076,11 @@ def test_store_urls_in_docs_are_absolute_where_meant() -> None:
 def test_otel_config_exporter_timeout_exceeds_ack_timeout() -> None:
     """docs/deployment.md: keep the exporter's ``timeout`` above ``pipeline.ack_timeout_s``."""
     import yaml
-    from durable_sessions_collector.config import Config
+    from durable_sessions_collector.config import load
 
     config = yaml.safe_load(read(ROOT / "otel-config.yaml"))
     exporter = config["exporters"]["otlp_grpc/durable_sessions"]
-    assert float(exporter["timeout"].rstrip("s")) > Config().pipeline_ack_timeout_s == 5.0
+    assert float(exporter["timeout"].rstrip("s")) > load(env={}).pipeline_ack_timeout_s == 5.0
     assert exporter["retry_on_failure"]["max_elapsed_time"] == 0
     assert exporter["sending_queue"]["storage"] in config["service"]["extensions"]
     assert exporter["endpoint"] == "127.0.0.1:4319"
@@ -1090,9 +1090,9 @@ def test_otel_config_exporter_timeout_exceeds_ack_timeout() -> None:
 
 
 def test_sidecar_default_ports_match_the_docs() -> None:
-    from durable_sessions_collector.config import Config
+    from durable_sessions_collector.config import load
 
-    defaults = Config()
+    defaults = load(env={})
     assert defaults.receivers_grpc_endpoint == "127.0.0.1:4319"
     assert defaults.receivers_http_endpoint == "127.0.0.1:4320"
     assert defaults.store == "sqlite:///durable-sessions.db"  # relative: in the current directory

@@ -759,44 +759,45 @@ _BY_KEY = {option.key: option for option in OPTIONS}
 
 @dataclass(frozen=True, slots=True)
 class Config:
-    """The resolved configuration (see :data:`OPTIONS` for each field's meaning)."""
+    """The resolved configuration (see :data:`OPTIONS` for each field's meaning and default;
+    :func:`load` builds it, so that the defaults have one source)."""
 
-    receivers_grpc_endpoint: str = "127.0.0.1:4319"
-    receivers_http_endpoint: str = "127.0.0.1:4320"
-    receivers_http_max_connections: int = 256
-    receivers_max_request_bytes: int = 64 * MIB
-    receivers_max_decoding_bytes: int = GIB
-    pipeline_queue_size: int = 64
-    pipeline_retry_after_s: int = 1
-    pipeline_max_batch: int = 64
-    pipeline_ack_timeout_s: float = 5.0
-    store: str = "sqlite:///durable-sessions.db"
-    retention_sessions_s: float = 0.0
-    evaluation_idle_s: float = 30.0
-    evaluation_key_window_s: float = 86400.0
-    evaluation_strict: bool = False
-    evaluation_max_sessions: int = 10_000
-    evaluation_max_actions_per_session: int = 100_000
-    evaluation_attribute_value_limit: int | None = None
-    alerts_log_enabled: bool = True
-    alerts_webhook_url: str | None = None
-    alerts_webhook_max_attempts: int = 8
-    alerts_webhook_timeout_s: float = 5.0
-    alerts_webhook_backoff_s: float = 1.0
-    alerts_webhook_max_backoff_s: float = 300.0
-    alerts_otlp_endpoint: str | None = None
-    alerts_otlp_insecure: bool | None = None
-    alerts_otlp_headers: tuple[tuple[str, str], ...] | None = field(default=None, repr=False)
-    alerts_otlp_max_attempts: int = 8
-    alerts_otlp_timeout_s: float = 10.0
-    alerts_otlp_backoff_s: float = 1.0
-    alerts_otlp_max_backoff_s: float = 300.0
-    tls_cert_file: str | None = None
-    tls_key_file: str | None = None
-    tls_client_ca_file: str | None = None
-    auth_token: str | None = field(default=None, repr=False)
-    auth_token_file: str | None = None
-    log_level: str = "INFO"
+    receivers_grpc_endpoint: str
+    receivers_http_endpoint: str
+    receivers_http_max_connections: int
+    receivers_max_request_bytes: int
+    receivers_max_decoding_bytes: int
+    pipeline_queue_size: int
+    pipeline_retry_after_s: int
+    pipeline_max_batch: int
+    pipeline_ack_timeout_s: float
+    store: str
+    retention_sessions_s: float
+    evaluation_idle_s: float
+    evaluation_key_window_s: float
+    evaluation_strict: bool
+    evaluation_max_sessions: int
+    evaluation_max_actions_per_session: int
+    evaluation_attribute_value_limit: int | None
+    alerts_log_enabled: bool
+    alerts_webhook_url: str | None
+    alerts_webhook_max_attempts: int
+    alerts_webhook_timeout_s: float
+    alerts_webhook_backoff_s: float
+    alerts_webhook_max_backoff_s: float
+    alerts_otlp_endpoint: str | None
+    alerts_otlp_insecure: bool | None
+    alerts_otlp_headers: tuple[tuple[str, str], ...] | None = field(repr=False)
+    alerts_otlp_max_attempts: int
+    alerts_otlp_timeout_s: float
+    alerts_otlp_backoff_s: float
+    alerts_otlp_max_backoff_s: float
+    tls_cert_file: str | None
+    tls_key_file: str | None
+    tls_client_ca_file: str | None
+    auth_token: str | None = field(repr=False)
+    auth_token_file: str | None
+    log_level: str
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def bearer_token(self) -> str | None:
