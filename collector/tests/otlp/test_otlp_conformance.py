@@ -484,7 +484,7 @@ def test_stacked_codings_are_415_naming_the_header(sidecar, header: str) -> None
     status, headers, data = post(sidecar, gzip.compress(gzip.compress(b"{}")), Content_Encoding=header)
     assert status == 415
     assert strict_status(headers, data).message == (
-        f"unsupported Content-Encoding {header!r}; send gzip, zstd, deflate, zlib, snappy, lz4 or none"
+        f"unsupported Content-Encoding {header!r}; send gzip, zstd, deflate, zlib, snappy, x-snappy-framed, lz4 or none"
     )
 
 
@@ -866,12 +866,16 @@ def test_the_readmes_table_of_answers_names_every_accepted_coding() -> None:
     assert set(accepted.replace(" or ", ", ").split(", ")) == {*ENCODINGS, "identity", "none"}
 
 
-@pytest.mark.parametrize("coding", ["zstd", "zlib", "deflate", "gzip", "snappy", "snappy-block", "lz4"])
+@pytest.mark.parametrize(
+    "coding", ["zstd", "zlib", "deflate", "gzip", "snappy", "snappy-block", "x-snappy-framed", "lz4"]
+)
 def test_every_coding_the_collectors_otlphttp_exporter_sends_is_accepted(sidecar, coding: str) -> None:  # type: ignore[no-untyped-def]
     # The Collector's otlphttp exporter offers compression gzip (its default), zstd, zlib,
     # deflate, snappy (framed, or a bare block behind a feature gate) and lz4. Before, all
     # but gzip and deflate were answered 415, which the Collector does not retry: the data
-    # was dropped.
+    # was dropped. Since v0.125 (feature gate confighttp.framedSnappy, beta: on by
+    # default) it also offers x-snappy-framed, sent as "Content-Encoding: x-snappy-framed"
+    # (config/confighttp/compression.go); that got the 415 until 2026-12-02.
     import zlib
 
     import cramjam
@@ -885,6 +889,7 @@ def test_every_coding_the_collectors_otlphttp_exporter_sends_is_accepted(sidecar
         "gzip": gzip.compress,
         "snappy": lambda data: bytes(cramjam.snappy.compress(data)),
         "snappy-block": lambda data: bytes(cramjam.snappy.compress_raw(data)),
+        "x-snappy-framed": lambda data: bytes(cramjam.snappy.compress(data)),
         "lz4": lz4.frame.compress,
     }[coding]
     body = encode(json_request(json_span(f"coded-{coding}", "a")))
@@ -901,7 +906,7 @@ def test_every_coding_the_collectors_otlphttp_exporter_sends_is_accepted(sidecar
         assert response.status == 415
         assert (
             message
-            == "unsupported Content-Encoding 'br'; send gzip, zstd, deflate, zlib, snappy, lz4 or none"
+            == "unsupported Content-Encoding 'br'; send gzip, zstd, deflate, zlib, snappy, x-snappy-framed, lz4 or none"
         )
     finally:
         connection.close()

@@ -13,7 +13,7 @@ import zlib
 from typing import Any
 
 import pytest
-from durable_sessions_collector.otlp.content_encoding import TooLarge, decompress
+from durable_sessions_collector.otlp.content_encoding import TooLarge, coding_of, decompress
 from durable_sessions_collector.otlp.decode import (
     MAPPED_KEYS,
     MAPPED_PREFIXES,
@@ -218,6 +218,25 @@ def test_snappy_is_decoded_framed_or_as_a_block_bounded_and_checked() -> None:
     assert (
         decompress(framed[:10] + b"\xfe\x02\x00\x00pd" + framed[10:], "snappy", len(data)) == data
     )  # padding
+
+
+def test_x_snappy_framed_is_the_framing_format_only() -> None:
+    """The Collector's ``x-snappy-framed`` (confighttp: ``snappy.NewReader``) is the framing
+    format, bounded and checked as snappy's; a bare block under that name is refused, as
+    the Collector's own receiver refuses it."""
+    import cramjam
+
+    data = os.urandom(70_000) + b"x" * 200_000
+    framed = bytes(cramjam.snappy.compress(data))
+    assert coding_of("X-Snappy-Framed") == "x-snappy-framed"
+    assert decompress(framed, "x-snappy-framed", len(data)) == data
+    assert decompress(framed + framed, "x-snappy-framed", 2 * len(data)) == data * 2
+    with pytest.raises(TooLarge, match="after snappy decompression"):
+        decompress(framed, "x-snappy-framed", len(data) - 1)
+    with pytest.raises(BadData, match="truncated snappy stream"):
+        decompress(framed[:-5], "x-snappy-framed", len(data))
+    with pytest.raises(BadData, match="not the snappy framing format"):
+        decompress(bytes(cramjam.snappy.compress_raw(data)), "x-snappy-framed", len(data))
 
 
 def test_a_snappy_bomb_stops_at_the_limit_without_inflating() -> None:

@@ -1,10 +1,11 @@
 """Request bodies' ``Content-Encoding`` on the OTLP/HTTP receiver: gzip, zstd, deflate,
-zlib, snappy and lz4, every coding the OpenTelemetry Collector's ``otlphttp`` exporter
+zlib, snappy, x-snappy-framed and lz4, every coding the OpenTelemetry Collector's ``otlphttp`` exporter
 sends (its ``compression`` setting), and the ones the SDKs send.
 
 The Collector's "snappy" has been the snappy framing format or a bare snappy block,
 depending on its version and a feature gate (collector#10584, #12911): a body that starts
 with the framing format's stream identifier is read as frames, any other as one block.
+Its "x-snappy-framed" (since v0.125, the same feature gate) is the framing format alone.
 Its "lz4" is the LZ4 frame format.
 
 Each decoder stops at ``limit`` decoded bytes, so a small body that would inflate to
@@ -200,6 +201,17 @@ def _snappy(body: bytes, limit: int) -> bytes:
         raise BadData(f"request body is not valid snappy data: {error}") from None
 
 
+def _snappy_framed(body: bytes, limit: int) -> bytes:
+    """``x-snappy-framed``: the framing format only, as the Collector reads it (its
+    reader refuses a stream that does not start with the stream identifier)."""
+    if body and not body.startswith(SNAPPY_STREAM_IDENTIFIER):
+        raise BadData(
+            "request body is not the snappy framing format (x-snappy-framed): it does not start "
+            "with the stream identifier; send a bare snappy block as Content-Encoding: snappy"
+        )
+    return _snappy_frames(body, limit)
+
+
 def _snappy_frames(body: bytes, limit: int) -> bytes:
     """The framing format, a chunk at a time (each decodes to at most 64 KiB), its CRCs
     checked; stream identifiers again (streams one after the other) and skippable chunks
@@ -289,7 +301,8 @@ DECODERS: dict[str, Callable[[bytes, int], bytes]] = {
     "deflate": _zlib_stream("deflate", zlib.MAX_WBITS),
     "zlib": _zlib_stream("zlib", zlib.MAX_WBITS),
     "snappy": _snappy,
+    "x-snappy-framed": _snappy_framed,
     "lz4": _lz4,
 }
-ENCODINGS = ("gzip", "zstd", "deflate", "zlib", "snappy", "lz4")
+ENCODINGS = ("gzip", "zstd", "deflate", "zlib", "snappy", "x-snappy-framed", "lz4")
 """The codings to name to a client (``x-gzip`` is gzip's old name)."""
