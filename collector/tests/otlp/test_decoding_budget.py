@@ -15,9 +15,9 @@ import http.client
 import json
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -363,3 +363,45 @@ def test_a_turn_ends_after_its_window_when_its_client_gave_up() -> None:
     assert not admitted(10, json=True)
     now[0] += 0.2  # its client never came back
     assert admitted(10, json=True) and budget.in_use == 0
+
+
+def test_a_heavy_request_the_reference_path_reads_keeps_its_turn_until_it_holds_its_room() -> None:
+    """A request ``_wire`` declines takes its room in two steps: ``_wire``'s weight, then
+    the reference path's (see ``TraceReceiver.decode``). Its turn ended at the first step,
+    so a lighter request could take the room while ``_wire`` read it, and the second step
+    was refused: under steady traffic it was refused each time its client came back."""
+    now = [0.0]
+    budget = DecodingBudget(1000, retry_after_s=1, clock=lambda: now[0])
+    budget.protobuf_factor = WIRE_FACTOR  # as where _wire is built, whatever this build has
+    size, light = 110, 20
+    first, room = budget.weight(size, json=False), budget.reference_weight(size)
+    assert budget.limit // 2 < first < room <= budget.limit
+    lighter: list[bool] = []
+
+    def heavy(while_wire_reads: Callable[[], None] = lambda: None) -> bool:
+        try:
+            with budget.reserved(size, json=False) as reservation:
+                while_wire_reads()
+                reservation.grow(room)  # _wire declined it
+        except DecodingRefused:
+            return False
+        return True
+
+    with ExitStack() as traffic:
+
+        def light_request_arrives() -> None:
+            try:
+                traffic.enter_context(budget.reserved(light, json=False))
+            except DecodingRefused:
+                lighter.append(False)
+            else:
+                lighter.append(True)
+
+        light_request_arrives()
+        assert not heavy()  # its first step fits beside the traffic, its second does not
+        traffic.close()
+        assert heavy(light_request_arrives)  # its client's retry, as a lighter one arrives
+    assert lighter == [True, False]
+    assert budget.in_use == 0
+    with budget.reserved(light, json=False):  # its turn is over
+        pass

@@ -18,8 +18,10 @@ A heavy request (over half the budget) that is refused is given a turn: for the 
 :data:`TURN_RETRY_AFTERS` retry delays, lighter requests are decoded only while they
 leave room for it, so when its client sends it again the budget has emptied enough
 for it. Without the turn, under steady traffic, a request that fits only alone would be
-refused until its client gave up. A turn ends when a request as heavy is decoded, or at
-the end of its window (a client that gave up holds no room for long).
+refused until its client gave up. A turn ends when a request as heavy holds all the room
+it needs (one ``_wire`` declines takes it in two steps: until its second, lighter
+requests leave it the rest) or is decoded, or at the end of its window (a client that
+gave up holds no room for long).
 
 A request's weight is its body's size, after decompression, times the peak memory that
 decoding it takes per body byte, the body itself included (``benchmarks/otlp_decode_memory.py``
@@ -83,6 +85,8 @@ class DecodingBudget:
         first (it is recognised by it; 0: no turn), and the room it needs (more, where
         ``_wire`` declined it)."""
         self._turn_ends = 0.0
+        self._turn_holder: Reservation | None = None
+        """The request whose turn it is, once it holds the first part of its room."""
 
     def weight(self, size: int, *, json: bool) -> int:
         """The memory a body of ``size`` bytes (decompressed) takes while it is decoded."""
@@ -106,26 +110,40 @@ class DecodingBudget:
             with self._lock:
                 self.in_use -= reservation.weight
                 self._decoding -= 1
+                if self._turn_holder is reservation:  # decoded without its second step
+                    self._end_turn()
 
-    def _take(self, weight: int, held: int) -> None:
-        """Add ``weight`` to what one request holds (``held`` already), or refuse it."""
-        total = held + weight
+    def _take(self, reservation: Reservation, weight: int) -> None:
+        """Make what ``reservation`` holds ``weight`` in all, or refuse it."""
+        held = reservation.weight
+        total = weight
         with self._lock:
             now = self._clock()
             first, room = self._turn if now < self._turn_ends else (0, 0)
             lighter = total < first
             if lighter:  # than the request whose turn it is: leave it its room
-                fits = self.in_use + weight + room <= self.limit
+                holding = self._turn_holder.weight if self._turn_holder is not None else 0
+                fits = self.in_use + (weight - held) + room - holding <= self.limit
             else:
-                fits = self._decoding == 1 or self.in_use + weight <= self.limit
+                fits = self._decoding == 1 or self.in_use + (weight - held) <= self.limit
             if not fits:
                 if total > self.limit // 2 and not lighter:
                     self._turn = (held or total, total)
                     self._turn_ends = now + TURN_RETRY_AFTERS * self.retry_after_s
+                    self._turn_holder = None
                 raise self._refusal(total, held, room if lighter else 0)
             if first and not lighter:
-                self._turn = (0, 0)
-            self.in_use += weight
+                if total < room:  # its first step: the room it needs is taken in the second
+                    self._turn_holder = reservation
+                else:
+                    self._end_turn()
+            self.in_use += weight - held
+            reservation.weight = weight
+
+    def _end_turn(self) -> None:
+        # Called with the lock held.
+        self._turn = (0, 0)
+        self._turn_holder = None
 
     def _refusal(self, total: int, held: int, waiting: int) -> DecodingRefused:
         turn = f"; a request of {waiting} bytes waits its turn" if waiting else ""
@@ -149,5 +167,4 @@ class Reservation:
         declined, going on to the reference path); raise :class:`DecodingRefused` when
         the rest does not fit beside the other requests being decoded."""
         if weight > self.weight:
-            self.budget._take(weight - self.weight, self.weight)
-            self.weight = weight
+            self.budget._take(self, weight)
