@@ -44,7 +44,8 @@ class SlowReceiver:
 
     - ``"headers"``: ``HTTP/1.1 200 OK`` and then a header, one byte every 0.1 s, forever;
     - ``"body"``: a complete 200 with ``Content-Length: 1000``, then the body a byte every 0.1 s;
-    - ``"ok"``: a complete 200 after ``delay_s``.
+    - ``"ok"``: a complete 200 after ``delay_s``;
+    - ``"interim"``: ``102 Processing`` and ``103 Early Hints``, then a complete 200 after ``delay_s``.
 
     Records each request's head (request line and headers, lower-cased names).
     """
@@ -110,6 +111,9 @@ class SlowReceiver:
                 while not self.stop.wait(0.1):
                     connection.sendall(b"a")
             else:
+                if self.mode == "interim":
+                    connection.sendall(b"HTTP/1.1 102 Processing\r\n\r\n")
+                    connection.sendall(b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n")
                 self.stop.wait(self.delay_s)
                 connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
 
@@ -175,6 +179,17 @@ def test_an_answer_within_timeout_s_is_delivered_with_the_documented_headers(rec
     assert request["authorization"] == "Basic " + base64.b64encode(b"al@ice:p:ss").decode()
     # The watchdog of an attempt that ended does not fire afterwards.
     wait_for(lambda: not [t for t in threading.enumerate() if isinstance(t, threading.Timer)], timeout=1)
+
+
+def test_interim_1xx_answers_are_skipped_and_the_final_200_delivers(receivers) -> None:  # type: ignore[no-untyped-def]
+    """102 Processing and 103 Early Hints are not the answer (RFC 9110, 15.2): http.client
+    skips only 100, so the alert was judged by its 102, a "rejection", and dead-lettered
+    although the receiver took it."""
+    receiver = SlowReceiver("interim", delay_s=0.2)
+    receivers.append(receiver)
+    attempt, took = timed_post(webhook_channel(receiver.url, timeout_s=2))
+    assert attempt.outcome == "delivered", attempt
+    assert took < 1.5 and len(receiver.requests) == 1
 
 
 def test_a_refused_connection_is_still_an_ordinary_retry() -> None:

@@ -21,16 +21,17 @@ receiver (or a proxy) that trickles its answer cannot hold the delivery thread. 
 name is resolved (by the system resolver) within the same deadline: a resolver that does
 not answer in time makes the attempt a timeout to retry as well (:func:`_resolve`).
 
-A 2xx answer delivers the alert. A connection error, a timeout, 5xx, 408, 409, 425 or
-429 is retried after ``backoff_s · 2^(attempt-1)`` (capped by ``max_backoff_s``, with
-±50% jitter so that many sidecars do not retry in step; a ``Retry-After`` is honoured up
-to the cap). A connection error, a timeout, 429, 502, 503 and 504 are the receiver's, not
-the alert's: no other alert is sent before that retry (the channel pauses, see
-:mod:`.outbox`). Any other answer (a 4xx the receiver will give again, or a redirect) and
-the ``max_attempts``-th failure move the alert to the dead letter: it stays in the
-outbox with state ``dead`` and its last error, and is never sent again. So does a URL
-that ``http.client`` refuses to send (a space, a control character; the configuration
-refuses such a URL at start-up): no attempt leaves the sidecar, and no retry would.
+A 2xx answer delivers the alert (interim 1xx answers before it are skipped). A
+connection error, a timeout, 5xx, 408, 409, 425 or 429 is retried after ``backoff_s ·
+2^(attempt-1)`` (capped by ``max_backoff_s``, with ±50% jitter so that many sidecars do
+not retry in step; a ``Retry-After`` is honoured up to the cap). A connection error, a
+timeout, 429, 502, 503 and 504 are the receiver's, not the alert's: no other alert is
+sent before that retry (the channel pauses, see :mod:`.outbox`). Any other answer (a 4xx
+the receiver will give again, or a redirect) and the ``max_attempts``-th failure move
+the alert to the dead letter: it stays in the outbox with state ``dead`` and its last
+error, and is never sent again. So does a URL that ``http.client`` refuses to send (a
+space, a control character; the configuration refuses such a URL at start-up): no
+attempt leaves the sidecar, and no retry would.
 
 Metrics: ``durable_sessions_alert_deliveries_total{channel="webhook",outcome}``
 (``delivered``, ``retry``, ``dead_letter``),
@@ -219,8 +220,24 @@ def _connect_first(
     raise error
 
 
+class _FinalResponse(http.client.HTTPResponse):
+    """The answer to a POST, read past its interim (1xx) answers: http.client skips only
+    ``100 Continue``, and took a ``102 Processing`` or ``103 Early Hints`` for the answer,
+    a refusal, dead-lettering an alert the receiver went on to accept. ``101 Switching
+    Protocols`` stays an answer: it ends HTTP on the connection."""
+
+    def _read_status(self) -> tuple[str, int, str]:
+        while True:
+            version, status, reason = super()._read_status()  # type: ignore[misc]
+            if not 100 <= status < 200 or status == 101:
+                return version, status, reason
+            http.client.parse_headers(self.fp)  # the interim answer's fields: nothing to use
+
+
 class _HTTPConnection(http.client.HTTPConnection):
     """An :class:`http.client.HTTPConnection` whose socket is watched by a :class:`_Deadline`."""
+
+    response_class = _FinalResponse
 
     def __init__(self, deadline: _Deadline, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -230,6 +247,8 @@ class _HTTPConnection(http.client.HTTPConnection):
 class _HTTPSConnection(http.client.HTTPSConnection):
     """:class:`http.client.HTTPSConnection` (same TLS context and checks), its TCP socket
     and then its TLS socket, handshake included, watched by a :class:`_Deadline`."""
+
+    response_class = _FinalResponse
 
     def __init__(self, deadline: _Deadline, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
