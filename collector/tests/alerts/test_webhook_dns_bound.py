@@ -224,3 +224,29 @@ def test_a_name_that_does_not_resolve_is_a_retry_with_the_resolvers_error(resolv
     assert took < 2, f"the POST took {took:.2f} s: the resolver's answer was not passed on at once"
     [resolving] = resolver.threads("nonexistent.invalid")
     assert resolving is not poster
+
+
+@pytest.fixture
+def unanswered() -> Iterator[list[Any]]:
+    """``getaddrinfo`` answers for a loopback port where a connection is never answered (a
+    host that drops the SYN): a listening socket whose one-connection backlog is filled."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    filler = socket.create_connection(listener.getsockname(), timeout=2)
+    yield stream_addresses(listener.getsockname()[1])
+    filler.close()
+    listener.close()
+
+
+def test_addresses_that_never_answer_are_tried_within_one_timeout_s(
+    resolver: Resolver, unanswered: list[Any]
+) -> None:
+    """Each address had the whole ``timeout_s`` to connect in (the deadline watches a
+    socket only once it is connected), so a name of three silent addresses held the
+    attempt three times as long (15 s by default, where stop() waits 7 s for it)."""
+    resolver.answers["silent.test"] = unanswered * 3
+    attempt, took, _ = timed_post(webhook_channel("http://silent.test:1/hook", timeout_s=0.6))
+    assert 0.5 <= took < 1.1, f"the POST took {took:.2f} s with timeout_s = 0.6"
+    assert (attempt.outcome, attempt.receiver_unavailable) == ("retry", True), attempt
+    assert attempt.error == "timed out: no connection to 'silent.test' within timeout_s = 0.6 s", attempt

@@ -194,29 +194,49 @@ def _connect_watched(
     if _is_ip(host):  # nothing to wait for: no thread
         sock = socket.create_connection(address, timeout, source_address)
     else:
-        sock = _connect_first(_resolve(deadline, host, port), timeout, source_address)
+        sock = _connect_first(deadline, host, _resolve(deadline, host, port), timeout, source_address)
     deadline.watch(sock)
     return sock
 
 
 def _connect_first(
-    addresses: list[_AddrInfo], timeout: Any, source_address: tuple[str, int] | None
+    deadline: _Deadline,
+    host: str,
+    addresses: list[_AddrInfo],
+    timeout: Any,
+    source_address: tuple[str, int] | None,
 ) -> socket.socket:
     """A socket connected to the first of ``addresses`` that accepts, tried in order as
-    ``socket.create_connection`` does; if none does, the last one's error is raised."""
+    ``socket.create_connection`` does; if none does, the last one's error is raised.
+
+    Until it is connected a socket is not watched by ``deadline`` (shutting down a socket
+    that is connecting does not end the connect): each connect is given only what is
+    left of the attempt, and :class:`TimeoutError` raised once nothing is."""
     error: OSError = OSError("getaddrinfo returns an empty list")
+    cut = False  # whether the last connect was given only what was left of the attempt
     for family, kind, proto, _, sockaddr in addresses:
+        left = deadline.remaining()
+        if left <= 0:
+            break
         sock = socket.socket(family, kind, proto)
         try:
-            if timeout is not socket._GLOBAL_DEFAULT_TIMEOUT:
-                sock.settimeout(timeout)
+            given = left if timeout in (None, socket._GLOBAL_DEFAULT_TIMEOUT) else min(timeout, left)
+            cut = given == left
+            sock.settimeout(given)
             if source_address:
                 sock.bind(source_address)
             sock.connect(sockaddr)
+            # Reads are bounded by the connection's timeout, as create_connection leaves them.
+            sock.settimeout(
+                socket.getdefaulttimeout() if timeout is socket._GLOBAL_DEFAULT_TIMEOUT else timeout
+            )
             return sock
         except OSError as failure:
             sock.close()
             error = failure
+    if deadline.remaining() <= 0 or (cut and isinstance(error, TimeoutError)):
+        deadline.expire(f"no connection to {host!r}")
+        raise TimeoutError(f"no connection to {host!r} within timeout_s = {deadline.seconds:g} s")
     raise error
 
 
