@@ -1211,12 +1211,15 @@ def _nested(key: str) -> str:
 
 def is_loopback(endpoint: str) -> bool:
     host = endpoint.rpartition(":")[0].strip("[]")
-    if host == "localhost":
+    if host.lower() == "localhost":  # a host name in any case
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:
         return False
+    # ::ffff:127.0.0.1 is 127.0.0.1 (Python before 3.13 does not say it is loopback).
+    mapped = getattr(address, "ipv4_mapped", None)
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
 def reference() -> str:

@@ -8,21 +8,24 @@ after ``max_attempts``, and never sent twice once delivered.
 
 from __future__ import annotations
 
+import io
 import json
 import time
 
 import grpc
 import pytest
 from conftest import wait_for
-from durable_sessions_collector.alerts.otlp import grpc_target, log_record
+from durable_sessions_collector.alerts.otlp import OtlpAlerts, grpc_target, log_record
+from durable_sessions_collector.alerts.outbox import DeliveryPolicy
 from durable_sessions_collector.cli import main
 from durable_sessions_collector.config import ConfigError, load
+from durable_sessions_collector.jsonlog import JsonLog
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.logs.v1 import logs_pb2
 from opentelemetry.sdk.trace.export import SpanExportResult
 from otlp_log_server import OtlpLogServer
 from sidecar_clients import Agent, grpc_exporter, recorded_agent
-from webhook_server import ClosedPort
+from webhook_server import ALERT, ClosedPort
 
 SECRET = "card 4242 4242 4242 4242"
 TOKEN = "Bearer otlp-header-secret-0123456789"
@@ -277,6 +280,23 @@ def test_invalid_otlp_settings_name_the_key(settings, message) -> None:  # type:
 )
 def test_tls_follows_the_sdk_rules(endpoint, insecure, expected) -> None:  # type: ignore[no-untyped-def]
     assert grpc_target(endpoint, insecure) == expected
+
+
+@pytest.mark.parametrize("host", ["LOCALHOST", "[::ffff:127.0.0.1]"])
+def test_a_loopback_host_however_written_is_plaintext_and_delivered(host: str) -> None:
+    """Host names are case-insensitive, and an IPv4-mapped loopback address is loopback:
+    each was taken for another host, so the channel spoke TLS to the local plaintext
+    Collector and every alert failed its handshake until it was dead-lettered."""
+    with OtlpLogServer() as logs:
+        endpoint = f"{host}:{logs.port}"
+        channel = OtlpAlerts(None, JsonLog(io.StringIO()), None, endpoint, policy=DeliveryPolicy(timeout_s=5))  # type: ignore[arg-type]
+        try:
+            attempt = channel.send(ALERT)
+        finally:
+            channel.close()
+        assert attempt.outcome == "delivered", attempt
+        assert len(logs.accepted) == 1
+        assert grpc_target(endpoint, None) == (endpoint, False)
 
 
 def test_a_record_without_a_span_has_no_ids_and_an_unknown_severity_is_info() -> None:
