@@ -250,3 +250,19 @@ def test_addresses_that_never_answer_are_tried_within_one_timeout_s(
     assert 0.5 <= took < 1.1, f"the POST took {took:.2f} s with timeout_s = 0.6"
     assert (attempt.outcome, attempt.receiver_unavailable) == ("retry", True), attempt
     assert attempt.error == "timed out: no connection to 'silent.test' within timeout_s = 0.6 s", attempt
+
+
+def test_an_address_that_answers_after_a_silent_one_is_reached_within_timeout_s(
+    resolver: Resolver, receivers: list[Receiver], unanswered: list[Any]
+) -> None:
+    """A name whose first address drops the SYN (an IPv6 route that black-holes, a pod that
+    is gone) and whose second answers: the first had the whole timeout_s, so the second was
+    never tried in time and every attempt failed until the alert was dead-lettered. The
+    time is spread over the addresses, each given at least 2 s (as Go's dialer does)."""
+    receiver = Receiver()
+    receivers.append(receiver)
+    resolver.answers["late.test"] = unanswered + stream_addresses(receiver.port)
+    attempt, took, _ = timed_post(webhook_channel("http://late.test:1/hook", timeout_s=4))
+    assert attempt.outcome == "delivered", attempt
+    assert len(receiver.keys) == 1
+    assert 1.8 <= took < 3.5, f"the POST took {took:.2f} s with timeout_s = 4"

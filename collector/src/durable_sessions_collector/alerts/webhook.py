@@ -145,6 +145,10 @@ def _shut_down(sock: socket.socket) -> None:
         sock.shutdown(socket.SHUT_RDWR)
 
 
+MIN_CONNECT_SHARE_S = 2.0
+"""The least time a connect to one of a host name's addresses is given (when the attempt
+has that much left): Go's dialer's sane minimum."""
+
 _AddrInfo = tuple[socket.AddressFamily, socket.SocketKind, int, str, tuple[Any, ...]]
 
 
@@ -210,17 +214,22 @@ def _connect_first(
     ``socket.create_connection`` does; if none does, the last one's error is raised.
 
     Until it is connected a socket is not watched by ``deadline`` (shutting down a socket
-    that is connecting does not end the connect): each connect is given only what is
-    left of the attempt, and :class:`TimeoutError` raised once nothing is."""
+    that is connecting does not end the connect): each connect is given a share of what
+    is left of the attempt, so that an address that never answers (a black-holed IPv6
+    route, a pod that is gone) leaves time for the next; and :class:`TimeoutError` is
+    raised once nothing is left. As Go's dialer does, the time left is spread evenly
+    over the addresses left, each given at least :data:`MIN_CONNECT_SHARE_S` (or all
+    that is left)."""
     error: OSError = OSError("getaddrinfo returns an empty list")
-    cut = False  # whether the last connect was given only what was left of the attempt
-    for family, kind, proto, _, sockaddr in addresses:
+    cut = False  # whether the last connect was given all that was left of the attempt
+    for index, (family, kind, proto, _, sockaddr) in enumerate(addresses):
         left = deadline.remaining()
         if left <= 0:
             break
+        share = max(left / (len(addresses) - index), min(MIN_CONNECT_SHARE_S, left))
         sock = socket.socket(family, kind, proto)
         try:
-            given = left if timeout in (None, socket._GLOBAL_DEFAULT_TIMEOUT) else min(timeout, left)
+            given = share if timeout in (None, socket._GLOBAL_DEFAULT_TIMEOUT) else min(timeout, share)
             cut = given == left
             sock.settimeout(given)
             if source_address:
