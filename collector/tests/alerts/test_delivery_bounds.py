@@ -192,6 +192,29 @@ def test_interim_1xx_answers_are_skipped_and_the_final_200_delivers(receivers) -
     assert took < 1.5 and len(receiver.requests) == 1
 
 
+@pytest.fixture
+def east_of_utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The process's local time 9 hours ahead of UTC (as a host in Tokyo)."""
+    monkeypatch.setenv("TZ", "JST-9")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_a_retry_after_date_in_asctime_form_is_read_as_utc(east_of_utc: None) -> None:
+    """Every HTTP date is UTC (RFC 9110, 5.6.7), the obsolete asctime form too, which
+    names no zone: email.utils reads it as a naive time, which was taken as local time,
+    so a receiver asking for 60 s was retried at once 9 hours east of UTC."""
+    at = time.gmtime(time.time() + 60)
+    asctime = time.strftime("%a %b ", at) + f"{at.tm_mday:2d}" + time.strftime(" %H:%M:%S %Y", at)
+    for retry_after in (asctime, time.strftime("%a, %d %b %Y %H:%M:%S GMT", at)):
+        with WebhookServer(fail_first=None, fail_status=503, retry_after=retry_after) as hook:
+            attempt = webhook_channel(hook.url).post(ALERT)
+        assert attempt.outcome == "retry" and attempt.retry_after_s is not None, attempt
+        assert 55 <= attempt.retry_after_s <= 61, (retry_after, attempt)
+
+
 def test_a_refused_connection_is_still_an_ordinary_retry() -> None:
     attempt, took = timed_post(webhook_channel(f"http://127.0.0.1:{free_port()}/hook", timeout_s=2))
     assert attempt.outcome == "retry" and (attempt.error or "").startswith("cannot connect"), attempt

@@ -48,6 +48,7 @@ from __future__ import annotations
 import base64
 import concurrent.futures
 import contextlib
+import datetime
 import functools
 import http.client
 import ipaddress
@@ -326,7 +327,10 @@ def _retry_after(value: str | None) -> float | None:
     if value.isascii() and value.isdigit():  # "²".isdigit() is true, and float() refuses it
         return float(value)
     try:
-        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+        at = parsedate_to_datetime(value)
+        if at.tzinfo is None:  # asctime's form, or -0000: every HTTP date is UTC, not local time
+            at = at.replace(tzinfo=datetime.UTC)
+        return max(0.0, at.timestamp() - time.time())
     except (TypeError, ValueError, IndexError, OverflowError):
         return None
 
