@@ -340,7 +340,9 @@ class Router:
         self.prefix: list[tuple[str, dict[str, Handler]]] = []
 
     def add(self, method: str, path: str, handler: Handler) -> None:
-        """Route ``method path``; a path ending in ``/*`` matches its prefix (rest in params['rest']).
+        """Route ``method path``; a path ending in ``/*`` matches its prefix (rest in params['rest'],
+        percent-decoded as UTF-8: bytes that are not UTF-8 are lone surrogates there, for its
+        handler to refuse, not U+FFFD, which is a character an id may hold).
 
         A handler with an ``error_response(request, status, message)`` method makes the
         port's own error answers on its path (405, 500), for a protocol whose errors have
@@ -361,7 +363,7 @@ class Router:
             return self.exact[path], {}
         for prefix, methods in self.prefix:
             if path.startswith(prefix) and len(path) > len(prefix):
-                return methods, {"rest": unquote(path[len(prefix) :])}
+                return methods, {"rest": unquote(path[len(prefix) :], errors="surrogateescape")}
         return None, {}
 
 

@@ -196,6 +196,22 @@ def test_odd_session_ids_round_trip_over_http_and_grpc(sidecar) -> None:  # type
     channel.close()
 
 
+def test_a_path_whose_escapes_are_not_utf8_is_a_400_not_another_session(sidecar) -> None:  # type: ignore[no-untyped-def]
+    """``%E9`` (é in Latin-1) and ``%C3`` (a cut UTF-8 sequence) name no session: a span's
+    id is UTF-8 text, and gRPC refuses such a string outright. Decoded with replacement,
+    each was read as U+FFFD, and the session "\\ufffd" answered for an id never sent."""
+    agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
+    agent.action("\ufffd", "a1", "tool_call")
+    agent.action("caf\ufffd", "a1", "tool_call")
+    agent.shutdown()
+    assert sidecar.get("/api/sessions/" + quote("\ufffd", safe=""))[0] == 200  # its own id finds it
+    for path in ("/api/sessions/%E9", "/api/sessions/%C3", "/api/sessions/caf%E9", "/api/sessions/%ED%A0%80"):
+        status, headers, body = raw_request(sidecar, "GET", path)
+        assert (status, headers["Content-Type"]) == (400, "application/json"), (path, body)
+        assert "not UTF-8" in json.loads(body)["error"], body
+    assert [line for line in sidecar.log.lines() if line["level"] == "error"] == []
+
+
 def test_unknown_sessions_and_paths_answer_404_json(sidecar) -> None:  # type: ignore[no-untyped-def]
     status, document = sidecar.get("/api/sessions/" + quote("nope/../x", safe=""))
     assert status == 404 and "nope/../x" in document["error"]
