@@ -21,6 +21,7 @@ from urllib.parse import SplitResult, quote, urlencode, urlsplit
 
 from durable_sessions.report import printable
 from durable_sessions_collector.config import EncryptedKeyError, is_loopback, redact_url, refuse_passphrase
+from durable_sessions_collector.quote import not_text
 from durable_sessions_collector.store.base import MAX_DETAIL_PAGE
 from durable_sessions_collector.store.stored import stored_text
 
@@ -306,7 +307,11 @@ class ApiClient:
                 return sessions, token
 
     def session(self, session_id: str) -> dict[str, Any]:
-        """The session with all of its actions and violations, asked a page at a time."""
+        """The session with all of its actions and violations, asked a page at a time.
+        :class:`ApiUsageError` for an id that is not UTF-8 text (bytes of argv that UTF-8
+        does not decode), which no session has."""
+        if (shown := not_text(session_id)) is not None:
+            raise ApiUsageError(f"SESSION_ID {shown!r} is not UTF-8 text, as every session id is")
         path = "/api/sessions/" + quote(session_id, safe="")
         if len(path) > LONGEST_PATH:
             # An id this long is stored, listed, and found, by its digest form.

@@ -376,6 +376,20 @@ def test_show_of_an_empty_id_is_bad_usage(sidecar, capsys) -> None:  # type: ign
     assert (code, out, err) == (2, "", "durable-sessions-collector: SESSION_ID must not be empty\n")
 
 
+def test_show_of_an_id_that_is_not_utf8_is_bad_usage_not_a_traceback(sidecar, capsys) -> None:  # type: ignore[no-untyped-def]
+    # Bytes of an argument that are not UTF-8 (a Latin-1 'café' pasted in a terminal) are
+    # lone surrogates in argv: quote() raised UnicodeEncodeError, and the command ended in a
+    # traceback. No session's id is other than UTF-8 text.
+    code, out, err = run(capsys, "sessions", "--endpoint", sidecar.http_url, "show", "caf\udce9")
+    assert (code, out) == (2, "")
+    assert (
+        err == "durable-sessions-collector: SESSION_ID 'caf%E9' is not UTF-8 text, as every session id is\n"
+    )
+    result = run_process("sessions", "--endpoint", sidecar.http_url, "show", os.fsdecode(b"caf\xe9"))
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr
+    assert "Traceback" not in result.stderr and "not UTF-8" in result.stderr
+
+
 def test_show_finds_a_session_whose_id_is_too_long_for_a_url(sidecar, capsys) -> None:  # type: ignore[no-untyped-def]
     # 12,000 'é' are 108,000 characters percent-encoded, past the 64 KiB request line the
     # HTTP port reads: asked by the form it is stored and listed under instead.

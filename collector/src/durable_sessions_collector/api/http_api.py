@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import gzip
 from collections.abc import Callable
-from urllib.parse import quote
 
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 
@@ -38,7 +37,7 @@ from durable_sessions_collector.api.paging import (
     session_page,
 )
 from durable_sessions_collector.httpserver import Request, Response, Router
-from durable_sessions_collector.quote import quoted
+from durable_sessions_collector.quote import not_text, quoted
 from durable_sessions_collector.store import Store, StoreError
 from durable_sessions_collector.store.base import DEFAULT_DETAIL_PAGE, MAX_DETAIL_PAGE, VERDICTS
 
@@ -85,10 +84,9 @@ class HttpApi:
         session_id = request.params["rest"]
         if (refused := argument_error(request, DETAIL_ARGUMENTS)) is not None:
             return refused
-        if not is_text(session_id):
+        if (shown := not_text(session_id)) is not None:
             # Read with replacement, %E9 (Latin-1 é) was the session "\ufffd", answered for an
             # id never sent; no span's id is other than UTF-8, and gRPC refuses such a string.
-            shown = quote(session_id.encode("utf-8", "surrogateescape"), safe="/")
             return Response.json(
                 400, {"error": f"the session id {quoted(shown)} is not UTF-8 once percent-decoded"}
             )
@@ -158,15 +156,6 @@ def argument_error(request: Request, known: tuple[str, ...]) -> Response | None:
             400, {"error": f"argument {quoted(repeated[0])} is given more than once; give it once"}
         )
     return None
-
-
-def is_text(value: str) -> bool:
-    """Whether ``value`` is text, not bytes that UTF-8 could not decode (lone surrogates)."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def page_size(request: Request, name: str, default: int, maximum: int) -> int | Response:
