@@ -274,3 +274,34 @@ def test_a_cursor_of_another_postgresql_store_starts_from_this_stores_start(  # 
         assert replica.start == given.cursor
     finally:
         drop_schema(dsn, schema + "_b")
+
+
+@pytest.mark.postgres
+def test_a_cursor_past_this_servers_transactions_resumes_from_the_stores_start(  # type: ignore[no-untyped-def]
+    start_sidecar, postgres_url: str, watches: list[Watch]
+) -> None:
+    """A store restored from a dump (pg_dump, pg_restore) into another server keeps its id,
+    but not its transaction ids: the new server's may be far below those of the cursors
+    given before. Such a cursor names a transaction this server has not begun, so it was
+    not given by it: the feed is sent from its start, as a SQLite cursor past the end of
+    its feed is. Read as a position, every alert until the server's ids passed it was
+    skipped (a watch sent nothing at all)."""
+    sidecar = start_sidecar(postgres_url)
+    watch = Watch(sidecar)
+    watches.append(watch)
+    unbounded_retries(sidecar, "r-1", "r-2")
+    given = watch.take(2)
+    position, _, store_id = given[-1].cursor.rpartition("@")
+    _, xid, row = position.split(":", 2)
+    ahead = f"pg:{int(xid) + 10**12}:{row}@{store_id}"  # as given by the server dumped from
+    resumed = Watch(sidecar, cursor=ahead, timeout=3)
+    watches.append(resumed)
+    assert [alert.violation.session_id for alert in resumed.rest()] == ["r-1", "r-2"]
+    # A cursor this server gave, the last one included, still resumes where it was.
+    after_first, at_end = (
+        Watch(sidecar, cursor=given[0].cursor, timeout=2),
+        Watch(sidecar, cursor=given[1].cursor, timeout=1),
+    )
+    watches.extend((after_first, at_end))
+    assert [alert.violation.session_id for alert in after_first.rest()] == ["r-2"]
+    assert at_end.rest() == []

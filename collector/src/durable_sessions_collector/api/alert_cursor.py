@@ -10,7 +10,10 @@ store's position alone would have been read as one of this store, and once the n
 store's feed had grown past it, the alerts before it were never sent.
 
 A cursor without ``@`` (as sidecars gave them before) is the store's position and is
-read as before; so is every cursor of a store without an id.
+read as before; so is every cursor of a store without an id. A position the store cannot
+have given (past the end of a SQLite feed; on PostgreSQL, a transaction the server has
+not begun, as after a restore into another server, which keeps the store's id) is read
+from the start of the feed by the store itself.
 """
 
 from __future__ import annotations

@@ -762,12 +762,21 @@ class PostgresStore:
         ``pg:XID:ID`` a violation's (version 3's cursors, all of them), ``pg:XID:ID:1`` a
         change's."""
         after = _feed_place(cursor)
+        start = _feed_place(self.feed_start())
 
         def read(db: psycopg.Connection[Any]) -> list[FeedRow]:
+            nonlocal after, cursor
             # The rows are read in statements after the one that read the horizon, so
             # their snapshots see every transaction below it ended: both tables are read
             # up to the same horizon, and the two reads agree on what lies below it.
-            horizon = _feed_horizon(db)
+            horizon, next_xid = _feed_bounds(db)
+            if after[0] > next_xid:
+                # A transaction this server has not begun: the cursor was given by another
+                # server, the one this store was dumped from (a restore keeps the store's id,
+                # not its transaction ids). Read as a position, everything committed until
+                # this server's ids passed it was skipped; like a SQLite cursor past the end
+                # of its feed, it is read from the start.
+                after, cursor = start, self.feed_start()
             violations = db.execute(
                 f"SELECT v.xid::text, v.id, {FEED_COLUMNS} {FEED_VIOLATIONS} "
                 "WHERE v.xid >= %s::xid8 AND (v.xid, %s, v.id) > (%s::xid8, %s, %s) AND v.xid < %s::xid8 "
@@ -885,7 +894,8 @@ SELECT coalesce(
           AND store_table.database = (SELECT oid FROM pg_database WHERE datname = current_database())
           AND store_table.relation = ANY(
             SELECT to_regclass(name)::oid FROM unnest(%s::text[]) AS name))),
-    pg_snapshot_xmax(snapshot))::text
+    pg_snapshot_xmax(snapshot))::text,
+    pg_snapshot_xmax(snapshot)::text
 FROM pg_current_snapshot() AS snapshot
 """
 
@@ -914,7 +924,14 @@ def _feed_horizon(db: psycopg.Connection[Any]) -> str:
     feed stalled meanwhile). Read in a statement of its own, before the rows: a writer
     running when the horizon was read either still held it back then, or had ended, and
     the later snapshot of the rows sees what it committed."""
-    return str(db.execute(FEED_HORIZON, (list(STORE_TABLES),)).fetchone()[0])  # type: ignore[index]
+    return _feed_bounds(db)[0]
+
+
+def _feed_bounds(db: psycopg.Connection[Any]) -> tuple[str, int]:
+    """The feed's horizon (:func:`_feed_horizon`) and the server's next transaction id: a
+    cursor of this server names a transaction before it."""
+    horizon, next_xid = db.execute(FEED_HORIZON, (list(STORE_TABLES),)).fetchone()  # type: ignore[misc]
+    return str(horizon), int(next_xid)
 
 
 class ReadConnectionLost(StoreError):
