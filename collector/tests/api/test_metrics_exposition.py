@@ -150,6 +150,31 @@ def test_gzip_head_and_name_filter_as_prometheus_client_serves_them(sidecar: Sid
     }
 
 
+def test_accept_headers_over_several_lines_are_read_as_one_list(sidecar: Sidecar) -> None:
+    """RFC 9110 section 5.3: field lines of one name are one comma-separated list, as a
+    WSGI server hands prometheus-client's handler them. Only the first line was read: a
+    scraper (or a proxy adding a line) asking OpenMetrics and gzip on lines after the first
+    got uncompressed text format."""
+    connection = http.client.HTTPConnection("127.0.0.1", sidecar.service.http_port, timeout=30)
+    try:
+        connection.putrequest("GET", "/metrics")
+        for name, value in (
+            ("Accept", "text/plain;version=0.0.4;q=0.5"),
+            ("Accept", "application/openmetrics-text;version=1.0.0"),
+            ("Accept-Encoding", "identity"),
+            ("Accept-Encoding", "gzip"),
+        ):
+            connection.putheader(name, value)
+        connection.endheaders()
+        response = connection.getresponse()
+        body = response.read()
+    finally:
+        connection.close()
+    assert response.status == 200 and response.headers["Content-Encoding"] == "gzip"
+    assert response.headers["Content-Type"].startswith("application/openmetrics-text; version=1.0.0")
+    assert gzip.decompress(body).decode().endswith("# EOF\n")
+
+
 # --- names, types, labels -------------------------------------------------------------------
 
 

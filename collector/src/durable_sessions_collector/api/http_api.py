@@ -127,12 +127,14 @@ class HttpApi:
         # text format, even one asking for OpenMetrics, under prometheus-client's
         # CONTENT_TYPE_LATEST (now "version=1.0.0", not the 0.0.4 its handler answers a plain
         # Accept with), never gzipped.
-        encoder, content_type = choose_encoder(request.header("Accept"))
+        # Every line of each header (header_list): the first alone missed an OpenMetrics or
+        # gzip asked on a later line, which a WSGI server hands prometheus-client's joined.
+        encoder, content_type = choose_encoder(request.header_list("Accept"))
         registry = self.metrics.registry
         if "name[]" in request.query:
             registry = registry.restricted_registry(request.query["name[]"])  # type: ignore[assignment]
         body = encoder(registry)
-        if gzip_accepted(request.header("Accept-Encoding")):
+        if gzip_accepted(request.header_list("Accept-Encoding")):
             return Response(200, gzip.compress(body), content_type, {"Content-Encoding": "gzip"})
         return Response(200, body, content_type)
 
