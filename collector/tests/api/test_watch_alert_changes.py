@@ -13,6 +13,8 @@ keyed start of the same action makes it hold again (and is itself a
 
 from __future__ import annotations
 
+import shutil
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -305,3 +307,42 @@ def test_a_cursor_past_this_servers_transactions_resumes_from_the_stores_start( 
     watches.extend((after_first, at_end))
     assert [alert.violation.session_id for alert in after_first.rest()] == ["r-2"]
     assert at_end.rest() == []
+
+
+def test_a_cursor_past_a_restored_empty_feed_misses_nothing_of_a_burst(  # type: ignore[no-untyped-def]
+    start_sidecar, tmp_path: Path, watches: list[Watch]
+) -> None:
+    """A SQLite store restored from a backup made before its first violation keeps its id:
+    a watcher's cursor of the store as it was is past the end of the restored, empty feed,
+    and is read from the start. While the feed stayed empty the watch kept that cursor as
+    its position, so a first commit of more violations than the cursor's position (one
+    Export of a batch of spans) was read after it: its first violations were never sent."""
+
+    store = tmp_path / "sessions.db"
+    first = start_sidecar(store)
+    agent = Agent(grpc_exporter(first.grpc_endpoint), "run-1")
+    agent.action("calm", "t1", "tool_call", idempotency_key="k-1")  # the store, and its id, made
+    agent.shutdown()
+    wait_for(lambda: first.get("/api/sessions")[1]["sessions"])
+    first.stop()
+    backup = tmp_path / "backup.db"
+    shutil.copy(store, backup)
+    second = start_sidecar(store)
+    watch = Watch(second)
+    watches.append(watch)
+    unbounded_retries(second, "old-1", "old-2", "old-3")
+    last = watch.take(3)[-1]
+    watch.close()
+    second.stop()
+    for path in tmp_path.glob("sessions.db*"):
+        path.unlink()
+    shutil.copy(backup, store)  # restored: the same store id, a feed without a violation
+
+    third = start_sidecar(store)
+    resumed = Watch(third, cursor=last.cursor, timeout=4)
+    watches.append(resumed)
+    assert resumed.start.rpartition("@")[2] == last.cursor.rpartition("@")[2]  # the same store
+    time.sleep(0.5)  # the watch reads the empty feed a few times
+    burst = [f"new-{n}" for n in range(1, 6)]
+    unbounded_retries(third, *burst)  # one Export: one commit of five violations
+    assert [alert.violation.session_id for alert in resumed.rest()] == burst

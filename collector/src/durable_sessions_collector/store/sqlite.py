@@ -590,15 +590,20 @@ class SqliteStore:
         A cursor past the end of the feed was not given by this store, whose ids only grow
         (retention keeps the newest violation): it is one of a store deleted since (a file
         lost with its pod, removed to judge everything anew). Every row of this store was
-        committed after it was given, so the feed is read from its start; read from the
-        cursor, the new store's first violations, numbered from 1 again, were never sent."""
+        committed after it was given, so the feed is read from its start (the position
+        returned when that finds nothing); read from the cursor, the new store's first
+        violations, numbered from 1 again, were never sent."""
         violations, changes = (*cursor_position(cursor, "sqlite", (1, 2)), 0)[:2]
         with self._read() as reader:
             reader.execute("BEGIN")  # both tables from one snapshot
             try:
                 end_violations, end_changes = _feed_end(reader)
                 if violations > end_violations or changes > end_changes:
+                    # And the start is the position to go on from when the feed is empty:
+                    # kept, the cursor was read as a position again once the feed had grown
+                    # past it, and a first commit of that many violations lost its first ones.
                     violations, changes = 0, 0
+                    cursor = self.feed_start()
                 rows = first_of_feed(
                     [
                         violation_feed_row(row)
