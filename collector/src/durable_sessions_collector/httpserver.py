@@ -554,7 +554,7 @@ class HttpServer:
             )
 
     def _dispatch(self, handler: BaseHTTPRequestHandler) -> None:
-        parts = urlsplit(handler.path)
+        parts = urlsplit(request_target(handler.path))
         query = parse_qs(parts.query, keep_blank_values=True)  # "verdict=" is a bad verdict, not none
         request = Request(handler.command, parts.path, query, handler.headers, handler)
         methods, params = self.router.match(parts.path)
@@ -597,7 +597,7 @@ class HttpServer:
         # too long (the 414 it answers has no path to look up).
         if not getattr(handler, "command", None):
             return Response.json(status, {"error": message})
-        path = urlsplit(handler.path).path
+        path = urlsplit(request_target(handler.path)).path
         methods, params = self.router.match(path)
         headers = handler.headers if getattr(handler, "headers_read", False) else {}
         request = Request(handler.command, path, {}, headers, handler, params)
@@ -619,6 +619,16 @@ class HttpServer:
                 handler.wfile.write(response.body)
         except (BrokenPipeError, ConnectionResetError):
             handler.close_connection = True
+
+
+def request_target(path: str) -> str:
+    """The request-target as the stdlib read it (as Latin-1) with its bytes past ASCII
+    percent-encoded, so that they are decoded as UTF-8 with the rest. curl sends a URL
+    typed with non-ASCII characters unencoded: the session 'é' was looked up as 'Ã©', and
+    answered 404, quoting an id never typed."""
+    if path.isascii():
+        return path
+    return "".join(char if char.isascii() else f"%{ord(char):02X}" for char in path)
 
 
 def _error(methods: dict[str, Handler] | None, request: Request, status: int, message: str) -> Response:

@@ -14,6 +14,7 @@ import contextlib
 import http.client
 import json
 import os
+import socket
 import sqlite3
 import ssl
 import threading
@@ -210,6 +211,33 @@ def test_a_path_whose_escapes_are_not_utf8_is_a_400_not_another_session(sidecar)
         assert (status, headers["Content-Type"]) == (400, "application/json"), (path, body)
         assert "not UTF-8" in json.loads(body)["error"], body
     assert [line for line in sidecar.log.lines() if line["level"] == "error"] == []
+
+
+def raw_request_line(sidecar: Any, target: bytes) -> tuple[int, Any]:
+    """The status and JSON of a GET of ``target``, its bytes sent as they are (as curl sends
+    a URL typed with non-ASCII characters: unencoded)."""
+    with socket.create_connection(("127.0.0.1", sidecar.service.http_port), timeout=10) as connection:
+        connection.sendall(b"GET " + target + b" HTTP/1.1\r\nHost: sidecar\r\nConnection: close\r\n\r\n")
+        answer = b""
+        while chunk := connection.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split(b" ")[1]), json.loads(body)
+
+
+def test_a_path_with_unencoded_utf8_reaches_the_session_it_names(sidecar) -> None:  # type: ignore[no-untyped-def]
+    """``curl http://…/api/sessions/é-会话`` sends the id's UTF-8 bytes unencoded. The
+    stdlib reads the request line as Latin-1, so the id looked up was 'Ã©-ä¼\\x9a…': a 404
+    for a session that exists, quoting an id the user never typed."""
+    agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
+    agent.action("é-会话", "a1", "tool_call")
+    agent.shutdown()
+    status, document = raw_request_line(sidecar, "/api/sessions/é-会话".encode())
+    assert (status, document["session_id"]) == (200, "é-会话"), document
+    status, document = raw_request_line(sidecar, "/api/sessions?verdict=é".encode())
+    assert (status, document["error"]) == (400, "verdict must be one of ok, at_risk, unrecoverable, got 'é'")
+    status, document = raw_request_line(sidecar, b"/api/sessions/caf\xe9")  # a Latin-1 byte: no UTF-8
+    assert status == 400 and "not UTF-8" in document["error"], document
 
 
 def test_unknown_sessions_and_paths_answer_404_json(sidecar) -> None:  # type: ignore[no-untyped-def]
