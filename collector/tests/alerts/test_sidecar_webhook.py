@@ -240,3 +240,29 @@ def test_an_alert_whose_mark_the_store_refused_is_marked_not_posted_again(start_
         [recovered] = [line for line in lines if line["event"] == "alert-delivery-recovered"]
         assert recovered["channel"] == "webhook" and recovered["failures"] >= 3
         agent.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("url", "note"),
+    [
+        ("http://alerts:hunter2-secret@192.0.2.1:9/hook", "user:password as Basic auth"),
+        ("http://192.0.2.1:9/hook", "alerts are sent in plaintext"),
+        ("https://alerts:hunter2-secret@192.0.2.1:9/hook", None),
+        ("http://alerts:hunter2-secret@LOCALHOST:9/hook", None),
+        ("http://alerts:hunter2-secret@[::1]:9/hook", None),
+    ],
+)
+def test_a_plaintext_webhook_to_another_host_is_warned_of_without_its_secrets(
+    start_sidecar, url, note
+) -> None:  # type: ignore[no-untyped-def]
+    """As the OTLP channel warns of plaintext to another host: a webhook URL of http://
+    with user:password@ sends the password as Basic auth in the clear."""
+    sidecar = start_sidecar(alerts__webhook__url=url, **FAST)
+    warnings = [line for line in sidecar.log.lines() if line.get("event") == "not-loopback"]
+    if note is None:
+        assert warnings == []
+        return
+    assert len(warnings) == 1
+    assert warnings[0]["key"] == "alerts.webhook.url"
+    assert note in warnings[0]["note"]
+    assert "hunter2" not in "\n".join(json.dumps(line) for line in sidecar.log.lines())

@@ -73,7 +73,7 @@ from durable_sessions_collector.alerts.outbox import (
     OutboxDelivery,
     backoff_delay,
 )
-from durable_sessions_collector.config import redact_url
+from durable_sessions_collector.config import is_loopback, redact_url
 from durable_sessions_collector.jsonlog import JsonLog
 from durable_sessions_collector.store import Alert, Store
 
@@ -365,6 +365,22 @@ class WebhookAlerts(OutboxDelivery):
             netloc = (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port else "")
             url = urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
         self._url = url
+
+    def start(self) -> None:
+        parts = urlsplit(self._url)
+        if parts.scheme == "http" and not is_loopback(f"[{parts.hostname or ''}]:0"):
+            credentials = "Authorization" in self._headers
+            self.log.warning(
+                "not-loopback",
+                key="alerts.webhook.url",
+                url=self.shown_url,
+                note=(
+                    "alerts, and the URL's user:password as Basic auth, are sent in plaintext to another host; use https://"
+                    if credentials
+                    else "alerts are sent in plaintext to another host; use https://"
+                ),
+            )
+        super().start()
 
     def send(self, alert: Alert) -> Attempt:
         return self.post(alert)
