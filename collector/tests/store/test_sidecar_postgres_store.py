@@ -360,6 +360,31 @@ def test_a_replica_whose_claim_ran_out_neither_sends_nor_marks_the_alert(postgre
     current.close()
 
 
+def test_times_read_back_are_the_times_written_whatever_the_servers_float_output(postgres_url: str) -> None:
+    # A server (or its role, or database) whose extra_float_digits is 0 writes a float8 as
+    # text in 15 digits: an epoch time read back lost its last microseconds. A claim then
+    # never matched its row: hold_alert said another replica had it (a webhook alert was
+    # never sent), mark_delivered marked nothing (the log channel wrote it again after each
+    # lease), and every session's first_seen differed from the one held (rebuilt each batch).
+    store = open_store(f"{postgres_url}&options=-c%20extra_float_digits%3D0")
+    try:
+        now = 1764700000.1234567  # 17 significant digits, as time.time() gives them
+        with store.writer() as writer:
+            writer.enqueue_alert("webhook", "k", {"key": "k"}, now)
+            writer.touch_session("sess", now, 1)
+        [claimed] = store.pending_alerts("webhook", now)
+        assert claimed.claim == now + store.claim_lease_s
+        held = store.hold_alert(claimed, now, attempt_s=5.0)
+        assert held is not None
+        with store.writer() as writer:
+            assert writer.lock_sessions(["sess"])["sess"].first_seen == now
+            writer.mark_delivered([held], now)
+        assert store.alert_counts() == {("webhook", "delivered"): 1}
+        assert [s.last_seen for s in store.list_sessions()] == [now]
+    finally:
+        store.close()
+
+
 def test_idle_sweep_skips_a_session_another_replica_is_writing(postgres_url: str) -> None:
     first, second = open_store(postgres_url), open_store(postgres_url)
     with first.writer() as writer:

@@ -505,8 +505,14 @@ class PostgresStore:
         given = conninfo_to_dict(self.dsn)
         options.update((name, value) for name, value in CONNECTION_DEFAULTS.items() if name not in given)
         connection = psycopg.connect(self.dsn, **options)
-        if self.schema is not None:
-            try:
+        try:
+            # psycopg reads a float8 as the text the server writes, which a server, role or
+            # database set to fewer digits (extra_float_digits 0: 15) rounds: a time read
+            # back then differed from the one written, and every comparison of the two
+            # failed (an alert's claim, a session's first_seen). Any value above 0 writes the
+            # shortest text that reads back exactly.
+            connection.execute("SET extra_float_digits = 3")
+            if self.schema is not None:
                 if create_schema and not _schema_exists(connection, self.schema):
                     with connection.transaction():
                         connection.execute("SELECT pg_advisory_xact_lock(%s)", (DDL_LOCK,))
@@ -514,9 +520,9 @@ class PostgresStore:
                             sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema))
                         )
                 connection.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
-            except BaseException:
-                connection.close()
-                raise
+        except BaseException:
+            connection.close()
+            raise
         return connection
 
     # --- writing ---------------------------------------------------------------------
