@@ -220,6 +220,48 @@ def test_a_connection_whose_server_vanished_is_given_up_within_a_minute(postgres
         store.close()
 
 
+def server_tcp_options(connection: psycopg.Connection[Any]) -> tuple[str, ...]:
+    """What the server's side of the connection's socket gives up after (as SHOW says)."""
+    return tuple(
+        str(connection.execute(sql.SQL("SHOW {}").format(sql.Identifier(name))).fetchone()[0])  # type: ignore[index]
+        for name in (
+            "tcp_keepalives_idle",
+            "tcp_keepalives_interval",
+            "tcp_keepalives_count",
+            "tcp_user_timeout",
+        )
+    )
+
+
+def test_the_server_gives_up_a_replica_whose_host_vanished_within_a_minute(postgres_url: str) -> None:
+    # The other side of the test above: a replica's host that vanished in a transaction
+    # (a node powered off while the load balancer moved its sessions to the others) sent
+    # the server no reset either. Its backend kept the transaction, and with it the
+    # sessions' advisory locks, for the server's defaults (2 h of silence before the first
+    # keepalive probe): every other replica writing one of those sessions waited in
+    # pg_advisory_xact_lock meanwhile, its writer committing nothing. The server's side of
+    # each connection now gives up as the sidecar's side does.
+    if not urlsplit(postgres_url).hostname:
+        pytest.skip("the test server is reached over a Unix socket: no TCP options")
+    store = open_store(postgres_url)
+    try:
+        with store.writer() as writer:
+            assert server_tcp_options(writer._db) == ("30", "10", "3", "60000")  # type: ignore[attr-defined]
+        with store.readers.lend() as reader:  # type: ignore[attr-defined]
+            assert server_tcp_options(reader) == ("30", "10", "3", "60000")
+    finally:
+        store.close()
+    # Set in the URL, the libpq parameters win on both sides.
+    store = open_store(
+        postgres_url + "&keepalives_idle=7&keepalives_interval=2&keepalives_count=5&tcp_user_timeout=9000"
+    )
+    try:
+        with store.writer() as writer:
+            assert server_tcp_options(writer._db) == ("7", "2", "5", "9000")  # type: ignore[attr-defined]
+    finally:
+        store.close()
+
+
 def test_split_url_cuts_out_the_schema_and_passes_the_rest_as_written() -> None:
     assert split_url("postgresql:///db?host=/run/pg&schema=s1&user=app") == (
         "postgresql:///db?host=/run/pg&user=app",

@@ -139,6 +139,18 @@ CONNECTION_DEFAULTS: dict[str, int] = {
     "tcp_user_timeout": 60_000,
 }
 """libpq parameters every connection of the store gets, unless the URL sets them."""
+SERVER_SIDE: dict[str, str] = {
+    "keepalives_idle": "tcp_keepalives_idle",
+    "keepalives_interval": "tcp_keepalives_interval",
+    "keepalives_count": "tcp_keepalives_count",
+    "tcp_user_timeout": "tcp_user_timeout",
+}
+"""The server's settings for its side of a connection's socket, each set as the libpq
+parameter of the same meaning is (the URL's value, else :data:`CONNECTION_DEFAULTS`). A
+replica's host that vanished in a transaction sends the server no reset either: under the
+server's defaults (2 h of silence before the first probe) its backend kept the transaction,
+and the advisory locks of its sessions, which every other replica writing one of them
+waited for, committing nothing. A backend now gives up as the sidecar's side does."""
 DDL_LOCK = 0x64757261  # advisory lock held while creating the schema ("dura")
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
@@ -306,6 +318,25 @@ def _migrate(connection: psycopg.Connection[Any]) -> str | None:
     connection.execute(VIOLATION_CHANGES)
     connection.execute("UPDATE meta SET value = %s WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
     return str(row[0])
+
+
+def _session_settings(parameters: dict[str, Any]) -> sql.Composed:
+    """The settings each connection makes on the server: its side of the socket as the
+    libpq ``parameters`` in effect make the sidecar's (:data:`SERVER_SIDE`), and
+    ``extra_float_digits``.
+
+    psycopg reads a float8 as the text the server writes, which a server, role or database
+    set to fewer digits (extra_float_digits 0: 15) rounds: a time read back then differed
+    from the one written, and every comparison of the two failed (an alert's claim, a
+    session's first_seen). Any value above 0 writes the shortest text that reads back exactly."""
+    settings = [("extra_float_digits", 3)] + [
+        (setting, int(parameters[name]))  # an integer: libpq connected with it
+        for name, setting in SERVER_SIDE.items()
+    ]
+    return sql.SQL("; ").join(
+        sql.SQL("SET {} = {}").format(sql.Identifier(setting), sql.Literal(value))
+        for setting, value in settings
+    )
 
 
 def _schema_exists(connection: psycopg.Connection[Any], schema: str) -> bool:
@@ -506,12 +537,7 @@ class PostgresStore:
         options.update((name, value) for name, value in CONNECTION_DEFAULTS.items() if name not in given)
         connection = psycopg.connect(self.dsn, **options)
         try:
-            # psycopg reads a float8 as the text the server writes, which a server, role or
-            # database set to fewer digits (extra_float_digits 0: 15) rounds: a time read
-            # back then differed from the one written, and every comparison of the two
-            # failed (an alert's claim, a session's first_seen). Any value above 0 writes the
-            # shortest text that reads back exactly.
-            connection.execute("SET extra_float_digits = 3")
+            connection.execute(_session_settings({**options, **given}))
             if self.schema is not None:
                 if create_schema and not _schema_exists(connection, self.schema):
                     with connection.transaction():
