@@ -262,6 +262,73 @@ def test_the_server_gives_up_a_replica_whose_host_vanished_within_a_minute(postg
         store.close()
 
 
+def test_a_batch_of_many_sessions_is_written_in_parts_that_lock_a_bounded_number(
+    start_sidecar, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    # Each session a write locks is an entry of the server's lock table, which every
+    # transaction on the server shares (6,400 by default): a batch of many one-span
+    # sessions (a Collector's batch of 8,192 spans) locked them all in one transaction and
+    # failed with "out of shared memory" (SQLSTATE 53200), again at every retry. The bound
+    # is made small here so as not to fill the test server's table.
+    import grpc
+    from durable_sessions_collector import pipeline
+    from durable_sessions_collector.store.postgres import PostgresWriter
+    from opentelemetry.proto.common.v1.common_pb2 import KeyValue
+    from opentelemetry.proto.trace.v1.trace_pb2 import Span
+    from sidecar_clients import any_value, export_call, request_of
+
+    monkeypatch.setattr(pipeline, "MAX_LOCKED_SESSIONS", 4)
+    locked: list[int] = []
+    lock_sessions = PostgresWriter.lock_sessions
+
+    def counted(writer: PostgresWriter, session_ids: Any) -> Any:
+        locked.append(len(session_ids))
+        return lock_sessions(writer, session_ids)
+
+    monkeypatch.setattr(PostgresWriter, "lock_sessions", counted)
+    sidecar = start_sidecar(postgres_url, evaluation__idle_s=60)
+
+    def span(n: int, session: str) -> Span:
+        attributes = {"session.id": session, "agent.action.id": f"a{n}", "agent.action.kind": "tool_call"}
+        return Span(
+            trace_id=bytes([3] * 15 + [n]),
+            span_id=bytes([5] * 7 + [n]),
+            name=f"action {n}",
+            start_time_unix_nano=1_700_000_000_000_000_000 + n,
+            end_time_unix_nano=1_700_000_000_000_000_000 + n + 1,
+            attributes=[KeyValue(key=k, value=any_value(v)) for k, v in attributes.items()],
+        )
+
+    def export(*spans: Span) -> None:
+        with grpc.insecure_channel(sidecar.grpc_endpoint) as channel:
+            response = export_call(channel)(request_of(*spans).SerializeToString(), timeout=20)
+        assert not response.HasField("partial_success")
+
+    # One request: 10 sessions, the first with a span at its start and one at its end.
+    export(*([span(0, "s0")] + [span(n, f"s{n}") for n in range(1, 10)] + [span(10, "s0")]))
+    # Three requests of 3 sessions each, queued while the writer waits: one batch of 9.
+    writes = sidecar.service.pipeline
+    with held_transaction(sidecar.service.store, lambda writer: None):
+        first = writes.submit([arrival(action("first", "f1", "a1"))], "test")
+        wait_for(lambda: writes.queue.qsize() == 0)  # the writer took it, and waits
+        jobs = [
+            writes.submit([arrival(action(f"r{r}-{k}", f"p{r}{k}", "a1")) for k in range(3)], "test")
+            for r in range(3)
+        ]
+        assert writes.queue.qsize() == 3
+    for job in (first, *jobs):
+        assert writes.wait(job).stored == len(job.items)
+    assert locked and max(locked) <= 4
+    stored = {s["session_id"]: s["actions"] for s in sidecar.get("/api/sessions?limit=100")[1]["sessions"]}
+    assert stored == {
+        "s0": 2,
+        **{f"s{n}": 1 for n in range(1, 10)},
+        "first": 1,
+        **{f"r{r}-{k}": 1 for r in range(3) for k in range(3)},
+    }
+    assert [a["action_id"] for a in sidecar.session("s0")["actions"]] == ["a0", "a10"]
+
+
 def test_split_url_cuts_out_the_schema_and_passes_the_rest_as_written() -> None:
     assert split_url("postgresql:///db?host=/run/pg&schema=s1&user=app") == (
         "postgresql:///db?host=/run/pg&user=app",

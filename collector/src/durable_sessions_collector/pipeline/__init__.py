@@ -42,6 +42,14 @@ next write batch in; past it the sweep ends the sessions it has rebuilt and goes
 that batch. One session is never split, so a sweep that rebuilds a session longer than
 this takes as long as that session's rebuild (``docs/benchmarks.md``, "Rebuilding a
 session")."""
+MAX_LOCKED_SESSIONS = 1_000
+"""Most sessions one write transaction locks on a store replicas share (PostgreSQL). Each
+lock is an entry of the server's lock table, which every transaction on the server shares
+(``max_locks_per_transaction`` × ``max_connections``: 6,400 entries by default): a batch of
+many short sessions (a Collector's batches of 8,192 spans, a few queued) took tens of
+thousands, failed with "out of shared memory", and failed again at each retry, while
+other transactions on the server failed for the same reason. A larger batch is written
+in parts of at most this many sessions, each a transaction of its own."""
 PRUNE_BATCH = 500
 """Most sessions one retention pass deletes (and most rows of no session, of each kind)."""
 PRUNE_ACTIONS = 20_000
@@ -281,6 +289,9 @@ class Pipeline:
         """
         for job in batch:
             job.stored = job.duplicates = 0
+        if self.store.shared and len(_sessions(batch)) > MAX_LOCKED_SESSIONS:
+            self._write_in_parts(batch)
+            return
         try:
             fresh = self._transaction(batch, self.now())
         except StoreError as error:
@@ -306,7 +317,7 @@ class Pipeline:
         fresh: list[Violation] = []
         verdicts: dict[str, str] = {}
         evaluator = self.evaluator
-        sessions = {arrived.row.session_id for job in batch for arrived in job.items} - {None}
+        sessions = _sessions(batch)
         try:
             with self.store.writer() as writer:
                 self._lock(writer, sessions)
@@ -337,6 +348,39 @@ class Pipeline:
             evaluator.discard(sessions)
             raise
         return fresh
+
+    def _write_in_parts(self, batch: list[Job]) -> None:
+        """Write ``batch``, which holds more than :data:`MAX_LOCKED_SESSIONS` sessions, in
+        parts that hold at most that many: its requests in groups, and a request that holds
+        more alone in parts of its spans (in their order). A part that fails makes its
+        request retryable as a whole; the parts committed are dropped as duplicates then."""
+        if len(batch) > 1:
+            group: list[Job] = []
+            held: set[str] = set()
+            for job in batch:
+                sessions = _sessions([job])
+                if group and len(held | sessions) > MAX_LOCKED_SESSIONS:
+                    self._write(group)
+                    group, held = [], set()
+                group.append(job)
+                held |= sessions
+            self._write(group)
+            return
+        job = batch[0]
+        unstorable: list[str] = []
+        for items in _session_parts(job.items, MAX_LOCKED_SESSIONS):
+            part = Job(items, job.transport)
+            self._write([part])
+            if part.error is not None:
+                job.stored = job.duplicates = 0
+                job.error = part.error
+                break
+            job.stored += part.stored
+            job.duplicates += part.duplicates
+            unstorable += part.unstorable
+        else:
+            job.unstorable = unstorable
+        job.done.set()
 
     def _fail(self, batch: list[Job], error: BaseException) -> None:
         self.metrics.commit_failures.inc()
@@ -597,6 +641,26 @@ class Pipeline:
                 self.delivery_failures.failed(error=f"{type(error).__name__}: {error}")
             else:
                 self.delivery_failures.ok()
+
+
+def _sessions(batch: list[Job]) -> set[str]:
+    """The sessions the spans of ``batch`` belong to."""
+    return {arrived.row.session_id for job in batch for arrived in job.items} - {None}  # type: ignore[misc]
+
+
+def _session_parts(items: list[Arrival], most: int) -> list[list[Arrival]]:
+    """``items`` cut, in their order, into parts of spans of at most ``most`` sessions each."""
+    parts: list[list[Arrival]] = [[]]
+    held: set[str] = set()
+    for arrived in items:
+        session_id = arrived.row.session_id
+        if session_id is not None and session_id not in held:
+            if len(held) == most:
+                parts.append([])
+                held = set()
+            held.add(session_id)
+        parts[-1].append(arrived)
+    return parts
 
 
 def _unstorable(arrived: Arrival, error: BaseException) -> str:
