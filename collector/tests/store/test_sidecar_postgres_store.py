@@ -329,6 +329,39 @@ def test_a_batch_of_many_sessions_is_written_in_parts_that_lock_a_bounded_number
     assert [a["action_id"] for a in sidecar.session("s0")["actions"]] == ["a0", "a10"]
 
 
+def test_the_states_kept_at_a_stop_lock_a_bounded_number_of_sessions_at_once(
+    start_sidecar, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    # A stop keeps the state of every long session held (up to evaluation.max_sessions,
+    # 10,000) and locked them all in one transaction: past the server's lock table it
+    # failed, and the next start re-fed every one of them. Bounded as a write batch is.
+    from durable_sessions_collector import pipeline
+    from durable_sessions_collector.store.postgres import PostgresWriter
+
+    monkeypatch.setattr(pipeline, "MAX_LOCKED_SESSIONS", 1)
+    locked: list[int] = []
+    lock_sessions = PostgresWriter.lock_sessions
+
+    def counted(writer: PostgresWriter, session_ids: Any) -> Any:
+        locked.append(len(session_ids))
+        return lock_sessions(writer, session_ids)
+
+    monkeypatch.setattr(PostgresWriter, "lock_sessions", counted)
+    sidecar = start_sidecar(postgres_url, evaluation__idle_s=60)
+    writes = sidecar.service.pipeline
+    # Kept after 2 records, then not kept again before 2 more: each of the 3 has 1 unkept.
+    writes.evaluator.keep_state_after = 2
+    for session in ("a", "b", "c"):
+        for n in range(3):
+            writes.wait(writes.submit([arrival(action(session, f"{session}{n}", f"x{n}"))], "test"))
+    assert sorted(writes.evaluator.unkept()) == ["a", "b", "c"]
+    locked.clear()
+    sidecar.stop()
+    assert locked == [1, 1, 1]
+    kept = [line["sessions"] for line in sidecar.log.lines() if line.get("event") == "session-states-kept"]
+    assert kept == [3]
+
+
 def test_split_url_cuts_out_the_schema_and_passes_the_rest_as_written() -> None:
     assert split_url("postgresql:///db?host=/run/pg&schema=s1&user=app") == (
         "postgresql:///db?host=/run/pg&user=app",

@@ -490,20 +490,27 @@ class Pipeline:
         return len(idle)
 
     def keep_states(self, until: float) -> int:
-        """Keep, in one transaction, the state of the held sessions fed many records since
-        it was last kept (see the evaluator), longest first, until ``time.monotonic()``
-        passes ``until``; return how many were kept. A failure is logged: the next start
-        re-feeds what it would have restored."""
+        """Keep, in one transaction (on a shared store, one per
+        :data:`MAX_LOCKED_SESSIONS` sessions), the state of the held sessions fed many
+        records since it was last kept (see the evaluator), longest first, until
+        ``time.monotonic()`` passes ``until``; return how many were kept. A failure is
+        logged: the next start re-feeds what it would have restored."""
         sessions = self.evaluator.unkept()
         if not sessions:
             return 0
+        step = MAX_LOCKED_SESSIONS if self.store.shared else len(sessions)
+        kept = 0
         try:
-            with self.store.writer() as writer:
-                self._lock(writer, sessions)
-                kept = self.evaluator.keep_states(writer, sessions, until)
+            for start in range(0, len(sessions), step):
+                if time.monotonic() >= until:
+                    break
+                part = sessions[start : start + step]
+                with self.store.writer() as writer:
+                    self._lock(writer, part)
+                    kept += self.evaluator.keep_states(writer, part, until)
         except Exception as error:
-            self.log.error("keep-states-failed", error=f"{type(error).__name__}: {error}")
-            return 0
+            self.log.error("keep-states-failed", error=f"{type(error).__name__}: {error}", kept=kept)
+            return kept
         self.log.info("session-states-kept", sessions=kept)
         return kept
 
