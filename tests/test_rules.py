@@ -23,6 +23,7 @@ from durable_sessions.digest import digest_value
 from durable_sessions.engine import Checker
 from durable_sessions.record import line_location
 from durable_sessions.rules import CATALOGUE, select_rules
+from durable_sessions.rules.record_rules import describe
 from durable_sessions.rules.state import DEFAULT_KEY_WINDOW_S, _pack_attempts, _unpack_attempts
 from durable_sessions.violation import Severity, Violation
 from tests.support.rule_examples import unexpected_rules
@@ -663,6 +664,32 @@ def test_a_redacted_result_counts_as_absent_and_the_message_says_so(
     assert "(its value was redacted)" in violation.message
     [plain] = check_records([R("a01", kind)])
     assert "redacted" not in plain.message
+
+
+@pytest.mark.parametrize(
+    ("kind", "known"),
+    [
+        ("Payment", "payment"),
+        ("PAYMENT", "payment"),
+        (" payment", "payment"),
+        ("payment\n", "payment"),
+        ("User_Prompt", "user_prompt"),
+        ("user-prompt", "user_prompt"),
+        ("llm call", "llm_call"),
+        ("Tool_Call", "tool_call"),
+    ],
+)
+def test_a_known_kind_written_otherwise_is_reported_not_passed(kind: str, known: str) -> None:
+    """The rules read a kind literally, so 'Payment' is no side-effecting kind and an
+    unkeyed one passed every rule: the kind is reported, naming the one meant."""
+    [violation] = check_records([R("a01", kind, retryable=False)])
+    assert violation.rule == "invalid-field"
+    assert f"kind is {describe(kind)}, expected '{known}'" in violation.message
+
+
+@pytest.mark.parametrize("kind", ["teleport", "payments", "pay ment", "llm_call_v2", "_payment"])
+def test_a_kind_that_is_no_known_one_written_otherwise_stays_neutral(kind: str) -> None:
+    assert check_records([R("a01", kind)]) == []
 
 
 def test_unrecorded_result_message_names_the_kind() -> None:

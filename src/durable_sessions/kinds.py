@@ -27,3 +27,18 @@ SIDE_EFFECTING: frozenset[str] = frozenset({WRITE, PAYMENT, EMAIL, NOTIFY, DEPLO
 """Kinds that touch the world: running them again repeats the effect."""
 
 KNOWN: frozenset[str] = NON_DETERMINISTIC | SIDE_EFFECTING | {TOOL_CALL}
+
+
+def known_spelling(kind: str) -> str | None:
+    """The known kind ``kind`` is another spelling of, or None (a known kind as written,
+    or no known kind at all).
+
+    Another spelling is another case, whitespace around it, or a hyphen or a space for
+    the underscore: ``'Payment'``, ``' payment'``, ``'user-prompt'``. The rules read a
+    kind literally, so such a kind is neutral to them, and a payment written so would pass
+    every rule unkeyed: ``invalid-field`` reports it instead.
+    """
+    if type(kind) is not str or kind in KNOWN:
+        return None
+    spelt = "_".join(kind.strip().lower().replace("-", " ").split())
+    return spelt if spelt in KNOWN else None

@@ -300,6 +300,30 @@ def test_a_span_without_a_start_time_is_dated_by_its_end_by_every_front_end() ->
 END_NS = 1_767_225_600_000_000_000
 
 
+@pytest.mark.parametrize(
+    ("kind", "known"), [("Payment", "payment"), (" payment ", "payment"), ("user-prompt", "user_prompt")]
+)
+def test_a_known_kind_written_otherwise_is_reported_by_every_front_end(kind: str, known: str) -> None:
+    """A kind the rules know, in another case or with spaces or a hyphen, is an
+    ``invalid-field`` naming the kind meant, in every front end: each passed the span
+    (an unkeyed 'Payment' charged twice on replay went unreported)."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource.create({"service.instance.id": "run-1"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    attributes = {"session.id": "s-1", "agent.action.id": "p1", "agent.action.kind": kind}
+    provider.get_tracer("agree").start_span("act", attributes=attributes).end()
+    (span,) = exporter.get_finished_spans()
+    inline = processor(span, handed_over=False)
+    assert [(rule, action) for rule, _, _, action, _ in inline] == [("invalid-field", "p1")]
+    assert f"kind is the string {kind!r}, expected {known!r}" in inline[0][4]
+    line = file_line(span)
+    body = encode_spans([span]).SerializeToString()
+    assert processor(span, handed_over=True) == inline
+    assert check_reader(line, None) == sidecar_json(line, None) == [inline]
+    assert sidecar_protobuf(body, None, native=False) == [inline]
+    assert sidecar_protobuf(body, None, native=True) in (None, [inline])
+
+
 def _is_action(span: ReadableSpan) -> bool:
     attributes, _ = sdk_attributes(span)
     error, start, end, trace_id, span_id, resource = sdk_span_facts(span)
