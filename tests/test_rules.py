@@ -266,6 +266,31 @@ def test_an_attempt_after_a_completed_one_executes_the_action_again(
     assert [v for v in check_records(late) if v.rule == rule] == []
 
 
+def test_attempts_counted_afresh_by_a_later_incarnation_are_not_duplicates() -> None:
+    """A resumed process retries an action from attempt 1 again: its attempt 2 is no
+    duplicate of the dead process's attempt 2 (it was, line 4)."""
+    retry = {"retryable": True, "max_attempts": 3}
+    records = [
+        R("t", "tool_call", "error", incarnation="run-1", **retry),
+        R("t", "tool_call", "error", incarnation="run-1", attempts=2, **retry),
+        R("t", "tool_call", "error", incarnation="run-2", **retry),
+        R("t", "tool_call", "ok", incarnation="run-2", attempts=2, **retry),
+    ]
+    assert check_records(records) == []
+    # within the resumed run, attempts are judged as in any run: attempt 2 twice is a
+    # duplicate, and an attempt after the completed one executes it again
+    twice = [*records[:3], R("t", "tool_call", "error", incarnation="run-2", attempts=2, **retry), records[3]]
+    assert summary(check_records(twice)) == [(5, "duplicate-action-id", "error")]
+    calls = [
+        *(R("c", "llm_call", "error", incarnation="run-1", attempts=n, **retry) for n in (1, 2, 3)),
+        R("c", "llm_call", incarnation="run-2", result={"plan": "A"}, **retry),
+        R("c", "llm_call", incarnation="run-2", attempts=2, result={"plan": "B"}, **retry),
+    ]
+    [violation] = [v for v in check_records(calls) if v.rule != "retry-not-escalated"]
+    assert (violation.line, violation.rule) == (5, "diverged-result")
+    assert "at an earlier attempt was executed again at attempt 2" in violation.message
+
+
 def test_attempts_of_an_action_that_is_not_retryable_are_duplicates() -> None:
     records = [
         R("a04", "tool_call", "error", attempts=1, on_failure="abort"),

@@ -528,3 +528,37 @@ def test_a_real_sidecar_dates_a_span_without_a_start_time_by_its_end(
     wait_for(lambda: len(running.alerts()) >= 2 * len(expected))
     renamed = [(alert["session_id"], alert["rule"]) for alert in running.alerts()[len(expected) :]]
     assert sorted(renamed) == [(session.replace("s-", "j-"), rule) for session, rule in expected]
+
+
+def test_a_real_sidecar_and_check_count_a_resumed_process_s_attempts_afresh(
+    start_sidecar: Callable[..., Any], tmp_path: Path
+) -> None:
+    """Two process runs retry one tool call, each counting from attempt 1: the second
+    run's attempt 2 is no duplicate of the first run's, for the sidecar (over gRPC) as for
+    ``durable-sessions check`` on the same spans (both reported duplicate-action-id). An
+    unkeyed payment in another session, ended last, is the one finding."""
+    from conftest import wait_for
+    from sidecar_clients import grpc_exporter
+
+    running = start_sidecar()
+    path = tmp_path / "traces.jsonl"
+    retry = {"agent.action.kind": "tool_call", "agent.action.retryable": True, "agent.action.max_attempts": 3}
+    for run, last in (("run-1", StatusCode.ERROR), ("run-2", StatusCode.OK)):
+        provider = TracerProvider(resource=Resource.create({"service.instance.id": run}))
+        provider.add_span_processor(SimpleSpanProcessor(grpc_exporter(running.grpc_endpoint)))
+        provider.add_span_processor(SimpleSpanProcessor(FileSpanExporter(path)))  # appends
+        tracer = provider.get_tracer("resumed")
+        for attempt, status in ((1, StatusCode.ERROR), (2, last)):
+            attempts = {"agent.action.attempts": attempt} if attempt > 1 else {}
+            attributes = {"session.id": "s-r", "agent.action.id": "book", **retry, **attempts}
+            with tracer.start_as_current_span("book", attributes=attributes) as span:
+                span.set_status(Status(status))
+        if run == "run-2":
+            attributes = {"session.id": "s-p", "agent.action.id": "pay", "agent.action.kind": "payment"}
+            tracer.start_span("pay", attributes=attributes).end()
+        provider.shutdown()
+
+    expected = [("s-p", "unkeyed-side-effect")]
+    assert [(v.session_id, v.rule) for v in check_paths([str(path)], Checker(RULES))] == expected
+    wait_for(lambda: len(running.alerts()) >= len(expected))
+    assert [(alert["session_id"], alert["rule"]) for alert in running.alerts()] == expected

@@ -82,11 +82,12 @@ def duplicate_action_id(
     Replay looks outcomes up by `action_id`. When two different actions share one, the
     lookup returns the wrong recorded result, or the wrong one is skipped. Not
     duplicates: distinct attempts (`attempts` differs; a record without it is the first
-    attempt) of a retryable action, a
-    `started` record and its completion, a replay (`replayed: true`), and a re-execution
-    in a later incarnation (`re-asked`, `re-executed-side-effect` and `diverged-result`
-    judge re-executions, and a later attempt of an action that completed). Different kinds under one id are always duplicates. The same id
-    in two different sessions is not a duplicate.
+    attempt) of a retryable action, counted per incarnation (a resumed process may count
+    from 1 again), a `started` record and its completion, a replay (`replayed: true`),
+    and a re-execution in a later incarnation (`re-asked`, `re-executed-side-effect` and
+    `diverged-result` judge re-executions, and a later attempt of an action that
+    completed). Different kinds under one id are always duplicates. The same id in two
+    different sessions is not a duplicate.
 
     ## Example
     ```json

@@ -425,6 +425,22 @@ class SessionState:
             self.incarnations.append(incarnation)
         return found
 
+    def _runs_in_new_incarnation(self, record: ActionRecord, action_id: str) -> bool:
+        """``record`` executes ``action_id`` in another process run than the one that last
+        did (read from the memory not yet folded: :meth:`ActionMemory.is_other_incarnation`)."""
+        incarnation = record.get("incarnation")
+        if type(incarnation) is not str or record.get("replayed") is True:
+            return False
+        packed = self.actions.get(action_id)
+        if packed is None:
+            return False
+        if type(packed) is ActionMemory:
+            last = packed.incarnation
+        else:
+            number = (packed >> _INCARNATION_SHIFT) & _SYMBOL_MASK
+            last = self.incarnations[number - 1] if number else None
+        return last is not None and last != incarnation
+
     def _remember_key_and_attempts(
         self,
         record: ActionRecord,
@@ -438,6 +454,11 @@ class SessionState:
         ``attempts`` are the action's, ``seen`` whether it was seen before."""
         get = record.get
         attempt = attempt_number(record)
+        if seen and self._runs_in_new_incarnation(record, action_id):
+            # A resumed process counts its attempts afresh: the dead run's attempt numbers
+            # are not this run's, so its attempt 2 is no duplicate of theirs (and its
+            # attempt after one completed here is a re-execution, whatever they reached).
+            attempts, seen = _NO_ATTEMPTS, False
         if attempt is not None and attempt not in attempts:
             attempts = _with_attempt(attempts, attempt, seen)
         given = get("idempotency_key")
