@@ -963,6 +963,13 @@ def test_retry_not_escalated_is_reported_at_session_end() -> None:
             id="later-attempt-succeeded",
         ),
         pytest.param(
+            [
+                R("a05", "tool_call", "error", incarnation="run-1", **EXHAUSTED),
+                R("a05", "tool_call", "error", incarnation="run-2", on_failure="ask_user", **EXHAUSTED),
+            ],
+            id="later-run-escalated-at-the-cap",  # the resumed run's last attempt asked the user
+        ),
+        pytest.param(
             [R("a05", "tool_call", "error", retryable=True, max_attempts=3, attempts=2)], id="cap-not-reached"
         ),
         pytest.param(
@@ -976,6 +983,13 @@ def test_retry_not_escalated_is_reported_at_session_end() -> None:
 )
 def test_retry_not_escalated_is_silent_when_escalated_or_not_exhausted(records: list[dict[str, Any]]) -> None:
     assert of("retry-not-escalated", check_records(records)) == []
+
+
+def test_the_last_run_to_exhaust_the_cap_decides_whether_it_escalated() -> None:
+    escalated = R("a05", "tool_call", "error", incarnation="run-1", on_failure="ask_user", **EXHAUSTED)
+    silent = R("a05", "tool_call", "error", incarnation="run-2", **EXHAUSTED)
+    [violation] = of("retry-not-escalated", check_records([escalated, silent]))
+    assert violation.line == 2
 
 
 @pytest.mark.parametrize("attempts", [{}, {"attempts": None}], ids=["absent", "null"])

@@ -562,3 +562,41 @@ def test_a_real_sidecar_and_check_count_a_resumed_process_s_attempts_afresh(
     assert [(v.session_id, v.rule) for v in check_paths([str(path)], Checker(RULES))] == expected
     wait_for(lambda: len(running.alerts()) >= len(expected))
     assert [(alert["session_id"], alert["rule"]) for alert in running.alerts()] == expected
+
+
+def test_a_real_sidecar_and_check_let_a_resumed_run_s_escalation_settle_the_cap(
+    start_sidecar: Callable[..., Any], tmp_path: Path
+) -> None:
+    """A first run uses a retry's cap up and dies without asking; the resumed run retries
+    it, uses the cap up again and asks the user (on_failure: ask_user). Its last attempt
+    escalated: no retry-not-escalated in session s-r, for the sidecar once the session is
+    idle as for ``durable-sessions check`` (both reported it). Session s-x, the first run
+    alone, is the one finding."""
+    from conftest import wait_for
+    from sidecar_clients import grpc_exporter
+
+    running = start_sidecar()
+    path = tmp_path / "traces.jsonl"
+    retry = {"agent.action.kind": "tool_call", "agent.action.retryable": True, "agent.action.max_attempts": 2}
+    for run, sessions in (("run-1", ("s-r", "s-x")), ("run-2", ("s-r",))):
+        provider = TracerProvider(resource=Resource.create({"service.instance.id": run}))
+        provider.add_span_processor(SimpleSpanProcessor(grpc_exporter(running.grpc_endpoint)))
+        provider.add_span_processor(SimpleSpanProcessor(FileSpanExporter(path)))  # appends
+        tracer = provider.get_tracer("resumed")
+        for session_id in sessions:
+            for attempt in (1, 2):
+                attributes = {"session.id": session_id, "agent.action.id": "book", **retry}
+                if attempt == 2:
+                    attributes["agent.action.attempts"] = 2
+                    if run == "run-2":
+                        attributes["agent.action.on_failure"] = "ask_user"
+                with tracer.start_as_current_span("book", attributes=attributes) as span:
+                    span.set_status(Status(StatusCode.ERROR))
+        provider.shutdown()
+
+    expected = [("s-x", "retry-not-escalated")]
+    assert [(v.session_id, v.rule) for v in check_paths([str(path)], Checker(RULES))] == expected
+    wait_for(lambda: all(running.session(s)["state"] == "ended" for s in ("s-r", "s-x")))
+    wait_for(lambda: len(running.alerts()) >= len(expected))
+    assert [(alert["session_id"], alert["rule"]) for alert in running.alerts()] == expected
+    assert running.session("s-r")["verdict"] == "ok"

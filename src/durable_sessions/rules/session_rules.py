@@ -515,7 +515,8 @@ def retry_not_escalated(
     nothing happened. A replayed `user_prompt` (`replayed: true`) asks no one, so it is
     no escalation. A record without `attempts` is the action's first attempt (the
     instrumentation writes `attempts` from the second on), so a failure under
-    `max_attempts: 1` has used the cap up.
+    `max_attempts: 1` has used the cap up. When a resumed run retries the action and uses
+    the cap up again, its last attempt decides: `on_failure: ask_user` there escalates.
 
     ## Example
     ```json
@@ -531,13 +532,18 @@ def retry_not_escalated(
     if record["kind"] == kinds.USER_PROMPT:
         if record.get("replayed") is not True:  # a replayed answer asks no one
             pending.clear()
-    elif _exhausted(record) and record.get("on_failure") != "ask_user":
-        pending[record.get("action_id")] = Pending(
-            record.get("action_id"),
-            record.get("kind"),
-            where,
-            f"({attempt_number(record)} of {record.get('max_attempts')})",
-        )
+    elif _exhausted(record):
+        if record.get("on_failure") != "ask_user":
+            pending[record.get("action_id")] = Pending(
+                record.get("action_id"),
+                record.get("kind"),
+                where,
+                f"({attempt_number(record)} of {record.get('max_attempts')})",
+            )
+        elif record.get("replayed") is not True:
+            # The action used its cap up again (a resumed run retried it) and this time
+            # asked: its last attempt escalated, whatever an earlier run's did.
+            pending.pop(record.get("action_id"), None)
     return None
 
 
