@@ -126,3 +126,37 @@ def test_explain_an_unknown_rule_exits_2_with_a_clear_message() -> None:
     assert result.stdout == ""
     assert "unknown rule 'no-such-rule'" in result.stderr
     assert "durable-sessions rules" in result.stderr
+
+
+# -- the examples `explain` prints are true -------------------------------------------------
+
+# Its example and fix are span attributes, not log lines (examples/rules/ holds a log of it).
+SPAN_ONLY_EXAMPLES = {"truncated-result"}
+
+
+def _example_log(text: str) -> str:
+    """The log lines of an explanation section: its code blocks, as one log."""
+    blocks = re.findall(r"^```(\w*)\n(.*?)^```", text, re.M | re.S)
+    assert blocks, "the section holds no code block"
+    return "".join(body for _, body in blocks)
+
+
+def _rules_found(tmp_path: Path, log: str) -> set[str]:
+    from durable_sessions.check import check_paths
+    from durable_sessions.engine import Checker
+    from durable_sessions.rules import select_rules
+
+    path = tmp_path / "example.jsonl"
+    path.write_text(log, encoding="utf-8")
+    return {
+        v.rule for v in check_paths([str(path)], Checker(select_rules("all", strict=True)), fmt="actions")
+    }
+
+
+@pytest.mark.parametrize("rule_id", [r for r in RULE_IDS if r not in SPAN_ONLY_EXAMPLES])
+def test_explain_example_breaks_its_rule_and_use_instead_breaks_none(rule_id: str, tmp_path: Path) -> None:
+    """What ``durable-sessions explain`` shows under "Example" is reported as the rule (with
+    --strict, which dead-end needs), and what it shows under "Use instead" is clean."""
+    rule = CATALOGUE.get(rule_id)
+    assert rule_id in _rules_found(tmp_path, _example_log(rule.explanation.example))
+    assert _rules_found(tmp_path, _example_log(rule.explanation.use_instead)) == set()
