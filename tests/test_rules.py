@@ -712,6 +712,14 @@ def test_a_known_kind_written_otherwise_is_reported_not_passed(kind: str, known:
     assert f"kind is {describe(kind)}, expected '{known}'" in violation.message
 
 
+@pytest.mark.parametrize("kind", [" ", "\t", "  \n"])
+def test_a_kind_of_whitespace_only_is_reported(kind: str) -> None:
+    """A blank kind says no more than an empty one (a missing-field); it passed as neutral."""
+    [violation] = check_records([R("a01", kind)])
+    assert violation.rule == "invalid-field"
+    assert f"kind is {describe(kind)}, expected a kind" in violation.message
+
+
 @pytest.mark.parametrize("kind", ["teleport", "payments", "pay ment", "llm_call_v2", "_payment"])
 def test_a_kind_that_is_no_known_one_written_otherwise_stays_neutral(kind: str) -> None:
     assert check_records([R("a01", kind)]) == []

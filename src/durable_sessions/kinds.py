@@ -42,3 +42,14 @@ def known_spelling(kind: str) -> str | None:
         return None
     spelt = "_".join(kind.strip().lower().replace("-", " ").split())
     return spelt if spelt in KNOWN else None
+
+
+def expected_kind(kind: str) -> str | None:
+    """What ``kind`` should have been, for a message, or None when it is well formed: the
+    known kind it spells otherwise (:func:`known_spelling`), or, for a kind of whitespace
+    only, which says no more than an empty one, any kind at all."""
+    if type(kind) is not str:
+        return None
+    if (known := known_spelling(kind)) is not None:
+        return repr(known)
+    return None if kind.strip() else "a kind"

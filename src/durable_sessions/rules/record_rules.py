@@ -548,7 +548,7 @@ def _field_problem(record: ActionRecord, name: str, value: Any, spec: FieldSpec)
     when=lambda facts: (
         facts.status not in STATUSES
         or not _CHECKED_FIELDS.isdisjoint(facts.fields)
-        or kinds.known_spelling(facts.kind) is not None
+        or kinds.expected_kind(facts.kind) is not None
     ),
     fields=_CHECKED_FIELDS,
     specialize=lambda facts: _fields_checker(facts),
@@ -560,7 +560,7 @@ def invalid_field(record: ActionRecord) -> str | None:
     The rules, and recovery, read these fields literally: `retryable: "yes"` is not
     `true`, `attempts: "2"` is not a number, `status: "done"` is neither `ok` nor
     `error`, and `kind: "Payment"` (or `" payment"`, `"user-prompt"`) is no known kind,
-    so an unkeyed payment written so passed every rule. A wrong type silently turns a
+    so an unkeyed payment written so passed every rule (a kind of spaces says no kind). A wrong type silently turns a
     protection off, so it is reported rather than guessed at. (`max_attempts` and
     `ttl_s` are judged by `unbounded-retry` and `cache-without-ttl` when the action is
     retryable or cacheable.)
@@ -585,7 +585,7 @@ def _fields_checker(facts: Facts) -> Callable[[ActionRecord], str | None]:
     pass to fetch the values and their types, then the C value checks of those types.
     """
     names = tuple(sorted(_CHECKED_FIELDS & facts.fields))
-    if not names or facts.status not in STATUSES or kinds.known_spelling(facts.kind) is not None:
+    if not names or facts.status not in STATUSES or kinds.expected_kind(facts.kind) is not None:
         return partial(_check_fields, names)
     values_of = itemgetter(*names) if len(names) > 1 else lambda record: (record[names[0]],)
     specs = [_FIELD_SPECS[name] for name in names]
@@ -637,8 +637,8 @@ def _check_fields(names: tuple[str, ...], record: ActionRecord) -> str | None:
             problems.append(problem)
     if record.get("status") not in STATUSES:
         problems.append(f"status is {describe(record.get('status'))}, expected one of ok, error, started")
-    if (known := kinds.known_spelling(record.get("kind"))) is not None:
-        problems.append(f"kind is {describe(record.get('kind'))}, expected '{known}'")
+    if (expected := kinds.expected_kind(record.get("kind"))) is not None:
+        problems.append(f"kind is {describe(record.get('kind'))}, expected {expected}")
     messages = [f"{'; '.join(sorted(problems))} — the rules cannot rely on it"] if problems else []
     messages.extend(from_mapping)  # already in the rule's style: what, then the consequence
     return "; ".join(messages) or None
