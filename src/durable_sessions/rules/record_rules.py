@@ -559,11 +559,11 @@ def invalid_field(record: ActionRecord) -> str | None:
     ## Why is this bad?
     The rules, and recovery, read these fields literally: `retryable: "yes"` is not
     `true`, `attempts: "2"` is not a number, `status: "done"` is neither `ok` nor
-    `error`, and `kind: "Payment"` (or `" payment"`, `"user-prompt"`) is no known kind,
-    so an unkeyed payment written so passed every rule (a kind of spaces says no kind). A wrong type silently turns a
-    protection off, so it is reported rather than guessed at. (`max_attempts` and
-    `ttl_s` are judged by `unbounded-retry` and `cache-without-ttl` when the action is
-    retryable or cacheable.)
+    `error`, `kind: "Payment"` (or `" payment"`, `"user-prompt"`) is no known kind, so
+    an unkeyed payment written so would pass every rule, and a kind of spaces names no
+    kind at all. A wrong type silently turns a protection off, so it is reported rather
+    than guessed at. (`max_attempts` and `ttl_s` are judged by `unbounded-retry` and
+    `cache-without-ttl` when the action is retryable or cacheable.)
 
     ## Example
     ```json
