@@ -914,6 +914,36 @@ def test_key_outlived_window_reads_epoch_seconds() -> None:
     assert check_records(records, key_window_s=100_000) == []
 
 
+@pytest.mark.parametrize(
+    "ts",
+    ["2026-11-01 09:00:00 UTC", "2026-11-01T09:00:00Z[UTC]", "2026-13-01T09:00:00Z", "2026-11-01T25:00:00Z"],
+)
+def test_a_ts_the_key_window_cannot_read_is_reported(ts: str) -> None:
+    """A ts that starts like a date but is none (Ruby's Time#to_s ends in ' UTC'; a zone
+    name in brackets; month 13) was taken as well formed, and key-outlived-window, which
+    cannot read it, passed a key re-sent days later without a word."""
+    records = [
+        R("a07", "payment", "started", idempotency_key="pay-s-1-a07", ts=ts),
+        R(
+            "a07",
+            "payment",
+            idempotency_key="pay-s-1-a07",
+            ts=ts.replace("2026-11-01", "2026-11-04"),
+            result={},
+        ),
+    ]
+    found = check_records(records)
+    assert [(v.line, v.rule) for v in found] == [(1, "invalid-field"), (2, "invalid-field")]
+    assert f"ts is {describe(ts)}, expected an ISO-8601 date-time" in found[0].message
+
+
+@pytest.mark.parametrize(
+    "ts", ["2026-11-01", "2026-11-01 09:00:00+00:00", "2026-11-01T09:00:00.123456789Z", "20261101T090000Z"]
+)
+def test_a_ts_the_key_window_reads_is_well_formed(ts: str) -> None:
+    assert check_records([R("a01", "tool_call", ts=ts)]) == []
+
+
 def test_key_outlived_window_is_past_the_window_not_at_it() -> None:
     def resent(at: str) -> list[dict[str, Any]]:
         return [

@@ -20,6 +20,7 @@ from durable_sessions.record import (
     is_int,
     is_recorded,
     is_redacted,
+    parse_ts,
 )
 from durable_sessions.rules.base import Facts, applies_when, record_rule
 from durable_sessions.violation import Severity
@@ -460,7 +461,9 @@ def truncated_result(record: ActionRecord) -> str | None:
     return None
 
 
-_STARTS_WITH_DATE = re.compile(r"\d{4}-\d\d-\d\d(?:$|[T ]\d)").match
+def _readable_time(value: str) -> bool:
+    """``value`` is a time key-outlived-window can read (:func:`parse_ts`)."""
+    return parse_ts(value) is not None
 
 
 class FieldSpec(NamedTuple):
@@ -471,7 +474,8 @@ class FieldSpec(NamedTuple):
     that, when true, hands the field to the rule that owns it (``unbounded-retry``
     judges ``max_attempts`` of a retryable action, ``cache-without-ttl`` the ``ttl_s``
     of a cacheable one). The checks are C functions rather than lambdas because
-    ``invalid-field`` runs them on every record.
+    ``invalid-field`` runs them on every record (a ``ts`` string, which spans never
+    carry, is read as the rule that uses it reads it).
     """
 
     types: tuple[type, ...]
@@ -516,13 +520,14 @@ _FIELD_SPECS: dict[str, FieldSpec] = {
     "on_failure": FieldSpec(
         (str,), "ask_user, abort or compensate", _checks({str: ON_FAILURE_VALUES.__contains__})
     ),
-    # An ISO-8601 date or date-time (checked up to the date), or finite epoch seconds:
-    # a number beyond MAX_EPOCH_S is milliseconds or finer, which read as seconds made a
-    # two-minute retry "33.3 h" after its first use (key-outlived-window).
+    # An ISO-8601 date or date-time that parse_ts reads (one that only started like a
+    # date, "2026-11-01 09:00:00 UTC", left key-outlived-window blind without a word), or
+    # finite epoch seconds: a number beyond MAX_EPOCH_S is milliseconds or finer, which
+    # read as seconds made a two-minute retry "33.3 h" after its first use.
     "ts": FieldSpec(
         (str, float, int),
         "an ISO-8601 date-time or epoch seconds (not milliseconds)",
-        _checks({str: _STARTS_WITH_DATE, float: is_epoch_seconds, int: is_epoch_seconds}),
+        _checks({str: _readable_time, float: is_epoch_seconds, int: is_epoch_seconds}),
     ),
     # Set by the span mapping (always a tuple, which no JSON log can produce): what the
     # span said that no field can carry. A list read from a log is not honoured.
