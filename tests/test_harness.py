@@ -745,3 +745,68 @@ def test_a_run_that_prints_a_lot_is_not_read_into_memory_whole(tmp_path: Path) -
     assert problem.startswith("the reference run exited 3; it printed:\n")
     assert problem.endswith("debug \nthe error that matters")
     assert peak < 8_000_000, f"{peak} bytes at the peak"
+
+
+def test_an_agent_whose_model_names_its_next_action_is_compared_up_to_where_its_path_changed(
+    tmp_path: Path,
+) -> None:
+    """An agent runs the tool call its model asks for, under the id the model gave the
+    call, which is new at every call of the model (as a real model's tool-call ids are).
+    Each trial's runs are a fresh execution, whose model answers otherwise than in the
+    reference: the reference's tool call never runs in a trial, and the proof failed every
+    crash point of an agent that resumes correctly ("the reference completed tool-call_…,
+    this trial never did"), at a killed run before the model's answer was journaled and
+    after it alike."""
+    agent = _instrumented(
+        tmp_path,
+        """
+        import uuid
+        with session("s-1", journal=journal):
+            call = action("plan", "llm_call")(lambda: {"tool": "fares", "id": "call_" + uuid.uuid4().hex})()
+            action(f"tool-{call['id']}", "external_read")(lambda: 100)()
+            action("answer", "llm_call")(lambda: "it costs 100")()
+        provider.shutdown()
+        """,
+    )
+    proof = prove(agent, tmp_path / "p")
+    assert proof.passed, "\n".join(describe(proof))
+    assert [len(t.runs) for t in proof.trials] == [2] * 6
+    (tool,) = [a for _, a in proof.reference.completed if a.startswith("tool-")]
+    # Not compared, and the report says so: the path changed at the model's answer.
+    for trial in proof.trials:
+        assert trial.another_path == {("s-1", tool)}, trial.name
+    (own,) = proof.trials[0].own_path
+    lines = list(describe(proof))
+    assert lines[2] == (
+        f"    took another path after plan (session s-1), whose outcome differs from the reference's, "
+        f"to {own[1]} (session s-1): not compared: {tool} (session s-1)"
+    )
+
+
+def test_a_resumed_run_that_forgets_work_fails_though_an_outcome_differs(tmp_path: Path) -> None:
+    """An outcome that differs from the reference's excuses only the actions that started
+    after it in the reference, and only when the trial ran actions of its own instead:
+    one before it, or one after it where the trial took no other path, still fails."""
+    agent = _instrumented(
+        tmp_path,
+        """
+        import uuid
+        marker = os.path.join(os.environ["DURABLE_SESSIONS_DIR"], "ran-before")
+        resumed = os.path.exists(marker)
+        open(marker, "w").close()
+        with session("s-1", journal=journal):
+            if not resumed:  # the bug the proof is for: a resumed run forgets work
+                action("a1", "clock")(lambda: "09:00")()
+            action("a2", "llm_call")(lambda: uuid.uuid4().hex)()
+            if not resumed:
+                action("a3", "clock")(lambda: "09:01")()
+        provider.shutdown()
+        """,
+    )
+    proof = prove(agent, tmp_path / "p", points=("before",), max_boundaries=1)
+    (trial,) = proof.trials
+    assert trial.another_path == set()
+    assert [p for p in trial.problems if "did not come back where it was" in p] == [
+        "did not come back where it was: the reference completed a1 (session s-1), a3 (session s-1), "
+        "this trial never did"
+    ]

@@ -12,7 +12,10 @@ directory:
    outcome that diverged from its record;
 4. checks that every action the reference completed was completed here too, or stepped
    over as a ``replay="skip"`` side effect in doubt (reported apart: at ``before`` its
-   effect is dropped, which is what ``skip`` means).
+   effect is dropped, which is what ``skip`` means). A trial is an execution of its own:
+   where an action got another outcome than in the reference (a model's answer) and the
+   trial then ran actions the reference never did (a tool call named by the model), the
+   reference's actions that started after that one are not compared (reported apart too).
 
 The boundaries are those the reference run passed (every action it ran), counted by the
 instrumentation itself. The command runs in the current directory and finds where to
@@ -97,6 +100,13 @@ class Trial:
     accounted for, not completed (at ``before`` the effect was dropped, at most once)."""
     reached: bool = True
     """False when the crash point was never reached (the agent ran fewer actions)."""
+    path_changed_after: tuple[str, str] | None = None
+    """The reference's first action (by start) that got another outcome in this trial."""
+    own_path: set[tuple[str, str]] = dataclasses.field(default_factory=set)
+    """Actions this trial ran that the reference never did, once its path changed there."""
+    another_path: set[tuple[str, str]] = dataclasses.field(default_factory=set)
+    """Actions the reference completed, started after :attr:`path_changed_after`, that this
+    trial never completed, having run :attr:`own_path` instead: not compared."""
 
     @property
     def errors(self) -> list[Violation]:
@@ -157,7 +167,7 @@ def prove(
     if proof.boundaries == 0:
         reference.trial.problems.append(reference.why_no_action())
         return proof
-    reference.check(rules, expected=None, ran=proof.boundaries)
+    reference_records = reference.check(rules, expected=None, ran=proof.boundaries)
     if reference.trial.problems:
         return proof
     proof.tested = min(proof.boundaries, max_boundaries)
@@ -167,7 +177,9 @@ def prove(
             if point == "after" and boundary not in returned:
                 trial.reached = False  # the reference's action raised: there is no after point
             else:
-                trial = _crash_trial(command, base, environment, timeout_s, point, boundary, rules, proof)
+                trial = _crash_trial(
+                    command, base, environment, timeout_s, point, boundary, rules, reference_records
+                )
             proof.trials.append(trial)
     return proof
 
@@ -180,13 +192,13 @@ def _crash_trial(
     point: str,
     boundary: int,
     rules: Sequence[Rule] | None,
-    proof: Proof,
+    reference: list[dict[str, Any]],
 ) -> Trial:
     runner = _Runner(command, base / f"{point}-{boundary}", environment, timeout_s)
     killed = runner.run({crash.ENV: f"{point}:{boundary}"})
     if killed.killed_at_crash_point:
         runner.run_to_end("the resumed run")
-        runner.check(rules, expected=proof.reference.completed, ran=None)
+        runner.check(rules, expected=reference, ran=None)
     elif killed.returncode == 0:
         runner.trial.problems.append(
             f"the run was not killed at {point} action {boundary}: it ran fewer actions than the reference run. "
@@ -279,15 +291,17 @@ class _Runner:
         )
 
     def check(
-        self, rules: Sequence[Rule] | None, expected: set[tuple[str, str]] | None, ran: int | None
-    ) -> None:
-        """Check the trial's spans; ``ran``: how many actions the run passed, for the reference."""
+        self, rules: Sequence[Rule] | None, expected: list[dict[str, Any]] | None, ran: int | None
+    ) -> list[dict[str, Any]]:
+        """Check the trial's spans, against the reference's records (``expected``) for a
+        crash trial; ``ran``: how many actions the run passed, for the reference. Returns
+        the trial's records."""
         traces = self.paths["traces"]
         if not os.path.isfile(traces):
             self.trial.problems.append(
                 f"no spans were written to {traces}: export them with FileSpanExporter"
             )
-            return
+            return []
         # The limit the agent's SDK cut results at: a result cut there is a truncated-result.
         try:
             limit = sdk_attribute_value_limit(self.environment)
@@ -299,19 +313,22 @@ class _Runner:
         if ran:
             self._check_reference(records, ran, traces)
         if expected is not None:
+            completed = _actions(expected, status="ok")
             # An action in doubt that is replay="skip" is stepped over by design: its span
             # stays `started`, and the proof reports it apart rather than as lost.
-            self.trial.stepped_over = (_actions(records, status="started", replay="skip") & expected) - (
+            self.trial.stepped_over = (_actions(records, status="started", replay="skip") & completed) - (
                 self.trial.completed
             )
-            # key=str: action ids a span sets itself may be numbers beside texts
-            missing = sorted(expected - self.trial.completed - self.trial.stepped_over, key=str)
+            unmet = completed - self.trial.completed - self.trial.stepped_over
+            self.trial.path_changed_after, self.trial.own_path, self.trial.another_path = _another_path(
+                expected, records, unmet
+            )
+            missing = unmet - self.trial.another_path
             if missing:
-                listed = ", ".join(f"{action} (session {session})" for session, action in missing[:10])
-                more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
                 self.trial.problems.append(
-                    f"did not come back where it was: the reference completed {listed}{more}, this trial never did"
+                    f"did not come back where it was: the reference completed {_listed(missing)}, this trial never did"
                 )
+        return records
 
     def _check_reference(self, records: list[dict[str, Any]], ran: int, traces: str) -> None:
         """What makes a reference run useless to compare with: spans that never reached the
@@ -336,9 +353,53 @@ def _actions(records: list[dict[str, Any]], **fields: str) -> set[tuple[str, str
     """``(session id, action id)`` of the records with a session id that have ``fields``."""
     return {
         (r["session_id"], r["action_id"])
-        for r in records
-        if r.get("session_source") is None and all(r.get(name) == value for name, value in fields.items())
+        for r in _sessioned(records)
+        if all(r.get(name) == value for name, value in fields.items())
     }
+
+
+def _another_path(
+    reference: list[dict[str, Any]], trial: list[dict[str, Any]], unmet: set[tuple[str, str]]
+) -> tuple[tuple[str, str] | None, set[tuple[str, str]], set[tuple[str, str]]]:
+    """Where this trial's path left the reference's: the reference's first action (by
+    start) whose outcome the trial got otherwise, the actions the trial ran that the
+    reference never did, and the ``unmet`` ones that started after it in the reference.
+
+    A trial is an execution of its own: every action its killed run ran, and those its
+    resumed run ran afresh, may get another outcome than in the reference (a model's
+    answer), and what the agent does next may then differ, down to the ids of its next
+    actions (a tool call named by the model). Where the trial did run actions of its own,
+    the reference's later ones cannot be looked for by id; where it ran none, a later
+    action it never completed is work it did not come back to, whatever the outcomes.
+    """
+    started: dict[tuple[str, str], int] = {}
+    recorded: dict[tuple[str, str], set[Any]] = {}
+    for record in _sessioned(reference):
+        key = (record["session_id"], record["action_id"])
+        seq = record.get("seq")
+        if type(seq) is int:
+            started[key] = min(seq, started.get(key, seq))
+        if record.get("status") == "ok" and record.get("result_digest") is not None:
+            recorded.setdefault(key, set()).add(record["result_digest"])
+    differs = {
+        key
+        for record in _sessioned(trial)
+        if record.get("status") == "ok"
+        and (key := (record["session_id"], record["action_id"])) in recorded
+        and key in started
+        and record.get("result_digest") is not None
+        and record["result_digest"] not in recorded[key]
+    }
+    own = _actions(trial) - _actions(reference)
+    if not differs or not own:
+        return None, set(), set()
+    first = min(differs, key=started.__getitem__)
+    return first, own, {key for key in unmet if started.get(key, -1) > started[first]}
+
+
+def _sessioned(records: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """The records of actions with a session id (those a resumed run can find again)."""
+    return (r for r in records if r.get("session_source") is None)
 
 
 _NOT_STARTED = 127  # as a shell reports a command it could not run
@@ -440,6 +501,7 @@ def describe(proof: Proof) -> Iterator[str]:
             continue
         yield f"{what}: {'resumed' if trial.passed else 'FAILED'}"
         yield from _stepped_over(trial, point)
+        yield from _another_path_lines(trial)
         yield from _details(trial)
     yield _summary(proof)
 
@@ -468,6 +530,24 @@ def _stepped_over(trial: Trial, point: str) -> Iterator[str]:
     )
     for session, action in sorted(trial.stepped_over, key=str):
         yield f"    stepped over (replay=skip): {printable(str(action))} (session {printable(str(session))}); {fate}"
+
+
+def _another_path_lines(trial: Trial) -> Iterator[str]:
+    """A line naming the reference's actions this trial's own path left uncompared."""
+    if trial.path_changed_after is None or not trial.another_path:
+        return
+    session, action = trial.path_changed_after
+    yield printable(  # ids are the agent's text: control characters shown escaped, as in problems
+        f"    took another path after {action} (session {session}), whose outcome differs from the reference's, "
+        f"to {_listed(trial.own_path)}: not compared: {_listed(trial.another_path)}"
+    )
+
+
+def _listed(actions: set[tuple[str, str]]) -> str:
+    """``a1 (session s1), …`` for at most ten actions, and how many more."""
+    ordered = sorted(actions, key=str)  # action ids a span sets itself may be numbers beside texts
+    listed = ", ".join(f"{a} (session {s})" for s, a in ordered[:10])
+    return listed + (f" and {len(ordered) - 10} more" if len(ordered) > 10 else "")
 
 
 def _details(trial: Trial) -> Iterator[str]:
@@ -502,6 +582,13 @@ def _trial_document(trial: Trial) -> dict[str, object]:
         "logs": [str(trial.directory / f"run-{n}.log") for n in range(1, len(trial.runs) + 1)],
         "completed": len(trial.completed),
         "stepped_over": [{"session_id": s, "action_id": a} for s, a in sorted(trial.stepped_over, key=str)],
+        "path_changed_after": (
+            None
+            if trial.path_changed_after is None
+            else dict(zip(("session_id", "action_id"), trial.path_changed_after, strict=True))
+        ),
+        "own_path": [{"session_id": s, "action_id": a} for s, a in sorted(trial.own_path, key=str)],
+        "not_compared": [{"session_id": s, "action_id": a} for s, a in sorted(trial.another_path, key=str)],
     }
 
 
