@@ -810,3 +810,49 @@ def test_a_resumed_run_that_forgets_work_fails_though_an_outcome_differs(tmp_pat
         "did not come back where it was: the reference completed a1 (session s-1), a3 (session s-1), "
         "this trial never did"
     ]
+
+
+def test_the_actions_inside_a_skippable_side_effect_stepped_over_are_dropped_with_it(tmp_path: Path) -> None:
+    """A replay="skip" side effect whose body runs actions of its own (a booking that asks
+    the model for a quote first): stepped over on resume, its body does not run, nor the
+    actions in it. The proof failed three of its four crash points, "the reference
+    completed quote, this trial never did", for an agent that resumes as skip says; and
+    killed after the quote, before the booking was made, it said the booking "ran before
+    the kill"."""
+    agent = _instrumented(
+        tmp_path,
+        """
+        import json
+
+        @action("book", "payment", replay="skip")
+        def book():
+            quote = action("quote", "llm_call")(lambda: 7)()
+            with open(os.path.join(os.environ["DURABLE_SESSIONS_DIR"], "world.jsonl"), "a") as world:
+                world.write(json.dumps({"event": "booked", "quote": quote}) + "\\n")
+            return "booked"
+
+        with session("s1", journal=journal):
+            book()
+            action("a03", "llm_call")(lambda: 3)()
+        provider.shutdown()
+        """,
+    )
+    proof = prove(agent, tmp_path / "p", max_boundaries=2)
+    lines = list(describe(proof))
+    assert proof.passed, "\n".join(lines)
+    trials = {t.name: t for t in proof.trials}
+    assert {name: len(world(t.directory)) for name, t in trials.items()} == {
+        "before-1": 0,
+        "after-1": 1,
+        "before-2": 0,
+        "after-2": 0,
+    }
+    for trial in proof.trials:
+        assert trial.stepped_over == {("s1", "book")}, trial.name
+    inside = "; the actions inside it were not run again either: quote (session s1)"
+    stepped = [line for line in lines if line.startswith("    stepped over")]
+    assert stepped == [
+        "    stepped over (replay=skip): book (session s1); killed before it ended: what of it ran before the kill "
+        "happened once, the rest is dropped (replay=skip: at most once)" + tail
+        for tail in (inside, "", inside, inside)
+    ]

@@ -11,8 +11,9 @@ directory:
    ``durable-sessions check``): nothing the journal recorded asked or charged again, no
    outcome that diverged from its record;
 4. checks that every action the reference completed was completed here too, or stepped
-   over as a ``replay="skip"`` side effect in doubt (reported apart: at ``before`` its
-   effect is dropped, which is what ``skip`` means). A trial is an execution of its own:
+   over as a ``replay="skip"`` side effect in doubt, or ran inside one in the reference
+   (reported apart: at ``before`` its effect is dropped, which is what ``skip`` means,
+   with the actions its body ran). A trial is an execution of its own:
    where an action got another outcome than in the reference (a model's answer) and the
    trial then ran actions the reference never did (a tool call named by the model), the
    reference's actions that started after that one are not compared (reported apart too).
@@ -55,7 +56,8 @@ from durable_sessions import crash
 from durable_sessions.check import check_paths, sdk_attribute_value_limit
 from durable_sessions.engine import Checker
 from durable_sessions.instrument import RESULT_DIR_ENV
-from durable_sessions.readers import Item, Unreadable, open_source, read
+from durable_sessions.otlp_json import field
+from durable_sessions.readers import Item, Unreadable, open_source, parse_object, read
 from durable_sessions.report import printable, text_line
 from durable_sessions.rules import Rule
 from durable_sessions.violation import Severity, Violation
@@ -98,6 +100,9 @@ class Trial:
     stepped_over: set[tuple[str, str]] = dataclasses.field(default_factory=set)
     """Actions the resumed run stepped over as ``replay="skip"`` side effects in doubt:
     accounted for, not completed (at ``before`` the effect was dropped, at most once)."""
+    dropped_inside: dict[tuple[str, str], set[tuple[str, str]]] = dataclasses.field(default_factory=dict)
+    """For each action stepped over that ran actions inside it in the reference, those of
+    them this trial never completed: dropped with it (its body did not run again)."""
     reached: bool = True
     """False when the crash point was never reached (the agent ran fewer actions)."""
     path_changed_after: tuple[str, str] | None = None
@@ -170,6 +175,7 @@ def prove(
     reference_records = reference.check(rules, expected=None, ran=proof.boundaries)
     if reference.trial.problems:
         return proof
+    expected = _Reference(reference_records, _enclosing(reference.paths["traces"]))
     proof.tested = min(proof.boundaries, max_boundaries)
     for boundary in range(1, proof.tested + 1):
         for point in dict.fromkeys(points):
@@ -177,9 +183,7 @@ def prove(
             if point == "after" and boundary not in returned:
                 trial.reached = False  # the reference's action raised: there is no after point
             else:
-                trial = _crash_trial(
-                    command, base, environment, timeout_s, point, boundary, rules, reference_records
-                )
+                trial = _crash_trial(command, base, environment, timeout_s, point, boundary, rules, expected)
             proof.trials.append(trial)
     return proof
 
@@ -192,7 +196,7 @@ def _crash_trial(
     point: str,
     boundary: int,
     rules: Sequence[Rule] | None,
-    reference: list[dict[str, Any]],
+    reference: _Reference,
 ) -> Trial:
     runner = _Runner(command, base / f"{point}-{boundary}", environment, timeout_s)
     killed = runner.run({crash.ENV: f"{point}:{boundary}"})
@@ -291,11 +295,11 @@ class _Runner:
         )
 
     def check(
-        self, rules: Sequence[Rule] | None, expected: list[dict[str, Any]] | None, ran: int | None
+        self, rules: Sequence[Rule] | None, expected: _Reference | None, ran: int | None
     ) -> list[dict[str, Any]]:
-        """Check the trial's spans, against the reference's records (``expected``) for a
-        crash trial; ``ran``: how many actions the run passed, for the reference. Returns
-        the trial's records."""
+        """Check the trial's spans, against the reference (``expected``) for a crash
+        trial; ``ran``: how many actions the run passed, for the reference. Returns the
+        trial's records."""
         traces = self.paths["traces"]
         if not os.path.isfile(traces):
             self.trial.problems.append(
@@ -313,15 +317,21 @@ class _Runner:
         if ran:
             self._check_reference(records, ran, traces)
         if expected is not None:
-            completed = _actions(expected, status="ok")
+            completed = _actions(expected.records, status="ok")
             # An action in doubt that is replay="skip" is stepped over by design: its span
-            # stays `started`, and the proof reports it apart rather than as lost.
-            self.trial.stepped_over = (_actions(records, status="started", replay="skip") & completed) - (
-                self.trial.completed
-            )
-            unmet = completed - self.trial.completed - self.trial.stepped_over
+            # stays `started`, and the proof reports it apart rather than as lost; so are
+            # the actions its body ran, which does not run again.
+            stepped = (_actions(records, status="started", replay="skip") & completed) - self.trial.completed
+            self.trial.stepped_over = stepped
+            unmet = completed - self.trial.completed - stepped
+            self.trial.dropped_inside = {
+                outer: {key for key in unmet if outer in expected.enclosing.get(key, ())}
+                for outer in stepped
+                if any(outer in around for around in expected.enclosing.values())
+            }
+            unmet -= set().union(*self.trial.dropped_inside.values())
             self.trial.path_changed_after, self.trial.own_path, self.trial.another_path = _another_path(
-                expected, records, unmet
+                expected.records, records, unmet
             )
             missing = unmet - self.trial.another_path
             if missing:
@@ -347,6 +357,59 @@ class _Runner:
                 f"actions ran without a session id ({listed}): their session is their trace, which a resumed run "
                 "cannot find again; run them inside session(...) (a thread needs the context copied)"
             )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Reference:
+    """What a crash trial is compared with: the reference run's records, and for each of
+    its actions those whose span its own ran inside (its enclosing actions)."""
+
+    records: list[dict[str, Any]]
+    enclosing: dict[tuple[str, str], set[tuple[str, str]]]
+
+
+def _enclosing(traces: str) -> dict[tuple[str, str], set[tuple[str, str]]]:
+    """For each action of a run's spans, the actions whose spans its spans ran inside."""
+    parents = _parent_spans(traces)
+    action_of = {
+        span_id: (record["session_id"], record["action_id"])
+        for record, span_id in _located(traces)
+        if record.get("session_source") is None and span_id is not None
+    }
+    enclosing: dict[tuple[str, str], set[tuple[str, str]]] = {}
+    for span_id, key in action_of.items():
+        around = enclosing.setdefault(key, set())
+        seen = {span_id}
+        parent = parents.get(span_id)
+        while parent is not None and parent not in seen:  # a file written by hand may loop
+            seen.add(parent)
+            if parent in action_of:
+                around.add(action_of[parent])
+            parent = parents.get(parent)
+    return enclosing
+
+
+def _parent_spans(traces: str) -> dict[str, str]:
+    """Span id → parent span id, of the spans of an OTLP/JSON file (ids in lowercase hex,
+    as the reader gives them); what does not read is left out."""
+    parents: dict[str, str] = {}
+    with open(traces, "rb") as lines:
+        for line in lines:
+            request = parse_object(line)
+            for group in _listed_under(request, "resourceSpans", "resource_spans"):
+                for scope in _listed_under(group, "scopeSpans", "scope_spans"):
+                    for span in _listed_under(scope, "spans", "spans"):
+                        span_id = field(span, "spanId", "span_id")
+                        parent = field(span, "parentSpanId", "parent_span_id")
+                        if isinstance(span_id, str) and isinstance(parent, str) and parent:
+                            parents[span_id.lower()] = parent.lower()
+    return parents
+
+
+def _listed_under(node: Any, camel: str, snake: str) -> Iterator[dict[str, Any]]:
+    """The objects in ``node``'s list field (either spelling); none where it is no list."""
+    value = field(node, camel, snake) if isinstance(node, dict) else None
+    return (item for item in value if isinstance(item, dict)) if isinstance(value, list) else iter(())
 
 
 def _actions(records: list[dict[str, Any]], **fields: str) -> set[tuple[str, str]]:
@@ -528,8 +591,24 @@ def _stepped_over(trial: Trial, point: str) -> Iterator[str]:
         if point == "before"
         else "it ran before the kill and was not repeated"
     )
-    for session, action in sorted(trial.stepped_over, key=str):
-        yield f"    stepped over (replay=skip): {printable(str(action))} (session {printable(str(session))}); {fate}"
+    for outer in sorted(trial.stepped_over, key=str):
+        session, action = outer
+        line = (
+            f"    stepped over (replay=skip): {printable(str(action))} (session {printable(str(session))}); "
+        )
+        if outer not in trial.dropped_inside:
+            yield line + fate
+            continue
+        # Which of its boundaries, its own or an inner action's, the kill came at is not
+        # known here: what is true at each of them.
+        line += "killed before it ended: what of it ran before the kill happened once, the rest is dropped "
+        line += "(replay=skip: at most once)"
+        inside = trial.dropped_inside[outer]
+        yield line + (
+            f"; the actions inside it were not run again either: {printable(_listed(inside))}"
+            if inside
+            else ""
+        )
 
 
 def _another_path_lines(trial: Trial) -> Iterator[str]:
@@ -581,7 +660,17 @@ def _trial_document(trial: Trial) -> dict[str, object]:
         "returncodes": [run.returncode for run in trial.runs],
         "logs": [str(trial.directory / f"run-{n}.log") for n in range(1, len(trial.runs) + 1)],
         "completed": len(trial.completed),
-        "stepped_over": [{"session_id": s, "action_id": a} for s, a in sorted(trial.stepped_over, key=str)],
+        "stepped_over": [
+            {
+                "session_id": s,
+                "action_id": a,
+                "dropped_inside": [
+                    {"session_id": si, "action_id": ai}
+                    for si, ai in sorted(trial.dropped_inside.get((s, a), ()), key=str)
+                ],
+            }
+            for s, a in sorted(trial.stepped_over, key=str)
+        ],
         "path_changed_after": (
             None
             if trial.path_changed_after is None
@@ -593,11 +682,17 @@ def _trial_document(trial: Trial) -> dict[str, object]:
 
 
 def _records(traces: str) -> Iterator[dict[str, Any]]:
+    return (record for record, _ in _located(traces))
+
+
+def _located(traces: str) -> Iterator[tuple[dict[str, Any], str | None]]:
+    """The action records of an OTLP/JSON file, each with its span's id."""
     with open_source(traces) as source:
         items: Iterator[Item] = read(traces, source, fmt="otlp-json")
         for item in items:
             if type(item) is not Unreadable:
-                yield item[0]  # type: ignore[index,misc]
+                record, location = item  # type: ignore[misc]
+                yield record, location.span_id
 
 
 def _tail(log: Path) -> str:
