@@ -856,3 +856,40 @@ def test_the_actions_inside_a_skippable_side_effect_stepped_over_are_dropped_wit
         "happened once, the rest is dropped (replay=skip: at most once)" + tail
         for tail in (inside, "", inside, inside)
     ]
+
+
+def test_spans_of_a_provider_given_to_the_actions_reach_the_file_before_the_kill(tmp_path: Path) -> None:
+    """Actions given ``tracer_provider=`` (the docs allow it in place of the global one),
+    whose spans go out through a BatchSpanProcessor: the crash flushed the global provider
+    only, so the spans the killed run ended were lost with it, and an agent without a
+    journal, which asks its person again after every crash, passed every crash point."""
+    agent = _script(
+        tmp_path,
+        f"""
+        import os, random, sys
+        sys.path.insert(0, {str(ROOT / "src")!r})
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from durable_sessions.instrument import action, resource, session
+        from durable_sessions.otlp_json import FileSpanExporter
+
+        provider = TracerProvider(resource=resource())
+        provider.add_span_processor(BatchSpanProcessor(FileSpanExporter(os.environ["DURABLE_SESSIONS_TRACES"])))
+
+        @action("a01", "user_prompt", tracer_provider=provider)
+        def ask():
+            return random.randint(1, 10**9)
+
+        @action("a02", "llm_call", tracer_provider=provider)
+        def think(answer):
+            return answer * 2
+
+        with session("s1"):  # no journal: a resumed run asks again
+            think(ask())
+        provider.shutdown()
+        """,
+    )
+    proof = prove(agent, tmp_path / "p", points=("before",))
+    (asked, thought) = proof.trials
+    assert asked.passed  # killed before the question: nothing was answered yet
+    assert "re-asked" in {v.rule for v in thought.errors}, "\n".join(describe(proof))

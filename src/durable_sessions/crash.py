@@ -10,9 +10,10 @@ numbered by the order in which the actions started:
 - ``after``: the body has run (the side effect happened, the question was answered),
   its outcome is not yet in the journal.
 
-At the ``n``-th such boundary of the run the global tracer provider is flushed (so
-the spans that ended before the crash reach their exporter, as they would have in a
-process that died a little later) and the process kills itself with ``SIGKILL``: no
+At the ``n``-th such boundary of the run the global tracer provider is flushed, and
+so is every provider an action of the process was given (``tracer_provider=``), so
+that the spans that ended before the crash reach their exporter, as they would have in
+a process that died a little later; then the process kills itself with ``SIGKILL``: no
 ``finally`` block, no ``atexit`` handler, no span end runs, as in a real crash. Without
 the harness's variables an action only counts its boundary (an environment lookup once
 per process, a process id check and an increment per action).
@@ -23,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import weakref
 
 from opentelemetry import trace as trace_api
 
@@ -70,9 +72,10 @@ _TARGET = _Target()
 _BEFORE_LINE = b"b\n"
 
 
-def before() -> int:
+def before(provider: object | None = None) -> int:
     """The boundary before a running action's body: count it, and die here if it is the
-    configured one. Returns its number, for :func:`after`.
+    configured one. Returns its number, for :func:`after`. ``provider``: the tracer
+    provider the action was given, if any, flushed with the global one at the crash.
 
     Under the harness (``DURABLE_SESSIONS_COUNT_BOUNDARIES`` set) boundaries are numbered
     across every process of the run, by the order their lines land in that file, so an
@@ -80,6 +83,8 @@ def before() -> int:
     it; otherwise within this process.
     """
     target = _target()
+    if provider is not None and target.point is not None:
+        _note_provider(provider)
     if target.counting is None:
         target.seen += 1
         number = target.seen
@@ -147,14 +152,30 @@ def _append(path: str, line: bytes) -> int:
         os.close(fd)
 
 
+_PROVIDERS: list[weakref.ref[object]] = []
+"""The providers actions were given in this process, with a crash point set: the spans
+they ended before the crash are flushed too (with a ``BatchSpanProcessor`` they would
+be lost with the process, and the harness would not see what the killed run did)."""
+
+
+def _note_provider(provider: object) -> None:
+    if any(noted() is provider for noted in _PROVIDERS):
+        return
+    try:
+        _PROVIDERS.append(weakref.ref(provider))
+    except TypeError:  # not weakly referable: flushed only as the global one
+        logger.debug("durable_sessions: cannot note tracer provider %r for the crash", provider)
+
+
 def _die() -> None:
-    provider = trace_api.get_tracer_provider()
-    flush = getattr(provider, "force_flush", None)
-    if flush is not None:
-        try:
-            flush()
-        except Exception:  # the crash goes ahead whatever the exporter does
-            logger.debug("durable_sessions: flushing spans before the crash failed", exc_info=True)
+    providers = [trace_api.get_tracer_provider(), *(noted() for noted in _PROVIDERS)]
+    for provider in {id(p): p for p in providers if p is not None}.values():
+        flush = getattr(provider, "force_flush", None)
+        if flush is not None:
+            try:
+                flush()
+            except Exception:  # the crash goes ahead whatever the exporter does
+                logger.debug("durable_sessions: flushing spans before the crash failed", exc_info=True)
     if _TARGET.counting is not None and os.getpgrp() == os.getsid(0):
         # Under the harness a run is a session of its own: the crash takes the whole agent,
         # its worker processes too, as a machine or container going down would.

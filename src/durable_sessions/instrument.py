@@ -817,7 +817,7 @@ class action:
                     # effect cut short is known to be in doubt, and a crash loop is counted.
                     if journal_entry is not None:
                         _journal_put(journal, journal_entry)
-                    boundary = crash.before()
+                    boundary = crash.before(self.tracer_provider)
                 else:
                     _served(act, step, outcome)
                 side_effect = journal_entry is not None and _touches_world(self.kind, self.fields)
