@@ -273,3 +273,93 @@ def test_strict_lets_go_of_each_tests_processor(
         """
     )
     pytester.runpytest_subprocess("--durability=strict").assert_outcomes(passed=6)
+
+
+def test_strict_checks_the_spans_the_tests_fixtures_end(pytester: pytest.Pytester) -> None:
+    """A test whose agent runs in a fixture (the test asserts on what it returned): strict
+    mode collected only while the test function ran, so the fixture's unkeyed payment
+    passed unchecked, and so did one ended by a fixture set up before ``durability``."""
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(
+        """
+        import pytest
+        from durable_sessions.instrument import action, session
+
+        @pytest.fixture
+        def booked():
+            with session("s-1"):
+                with action("a7", "payment"):
+                    pass
+            return "booked"
+
+        def test_agent_in_a_fixture(booked):
+            assert booked == "booked"
+
+        def test_agent_in_a_fixture_before_durability(booked, durability):
+            assert durability.rules() == {"unkeyed-side-effect"}
+
+        def test_clean_after_them():
+            pass
+        """
+    )
+    result = pytester.runpytest_subprocess("--durability=strict")
+    result.assert_outcomes(passed=1, failed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_agent_in_a_fixture*",
+            "*[[]unkeyed-side-effect[]] error session 's-1' action 'a7'*",
+            "*test_agent_in_a_fixture_before_durability*",
+            "*[[]unkeyed-side-effect[]] error session 's-1' action 'a7'*",
+        ]
+    )
+
+
+def test_strict_lets_go_of_a_tests_processor_when_a_fixture_fails(pytester: pytest.Pytester) -> None:
+    """The collector strict mode starts at a test's set-up stops collecting when the set-up
+    fails (the test never runs): the next test sees only its own spans."""
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(
+        """
+        import pytest
+        from durable_sessions.instrument import action, session
+
+        @pytest.fixture
+        def broken():
+            raise RuntimeError("no database")
+
+        def test_errors(broken):
+            pass
+
+        def test_next(durability):
+            with session("s-2"):
+                with action("a1", "llm_call") as act:
+                    act.record("fine")
+            assert durability.violations == []
+        """
+    )
+    pytester.runpytest_subprocess("--durability=strict").assert_outcomes(passed=1, errors=1)
+
+
+def test_strict_checks_a_test_whose_fixture_sets_the_global_provider(pytester: pytest.Pytester) -> None:
+    """Strict mode's collector starts before the fixtures: one that sets the global
+    provider sets it after, and the collector attaches to it when the test function starts."""
+    pytester.makepyfile(
+        """
+        import pytest
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from durable_sessions.instrument import action, session
+
+        @pytest.fixture
+        def tracing():
+            trace.set_tracer_provider(TracerProvider())
+
+        def test_double_charge(tracing):
+            with session("s-1"):
+                with action("a7", "payment"):
+                    pass
+        """
+    )
+    result = pytester.runpytest_subprocess("--durability=strict")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*[[]unkeyed-side-effect[]] error session 's-1' action 'a7'*"])

@@ -9,8 +9,9 @@ the ``pytest11`` entry point, so installing the package enables it). It provides
   A global provider set during the test is attached when the test finishes, too late for
   the spans already ended: ``assert_clean()`` fails saying so (strict mode warns).
   At the end of the test every session is ended, so the end-of-session rules run per test.
-- ``--durability=strict``: every test gets the collector, and a test whose spans break a
-  rule fails, listing the violations. ``--durability=report`` (the default) only
+- ``--durability=strict``: every test gets the collector, from the start of its set-up
+  (so the spans its fixtures end count too) to the end of the test function, and a test
+  whose spans break a rule fails, listing the violations. ``--durability=report`` (the default) only
   collects; ``--durability=off`` disables the plugin.
 
 ::
@@ -25,6 +26,7 @@ code under test runs exactly as in production; the plugin fails the test afterwa
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import weakref
 from collections.abc import Iterator
@@ -196,6 +198,10 @@ def _mode(config: pytest.Config) -> str:
 @pytest.fixture
 def durability(request: pytest.FixtureRequest) -> Iterator[Durability]:
     """Collects the durability violations of the spans ended during the test."""
+    strict = request.node.stash.get(_STRICT, None)
+    if strict is not None:  # strict mode collects from the start of the set-up: the same collector
+        yield strict.collector
+        return
     if _mode(request.config) == "off":  # checks nothing: assert_clean() always passes
         collector = Durability(enabled=False)
         yield collector
@@ -212,33 +218,65 @@ def durability(request: pytest.FixtureRequest) -> Iterator[Durability]:
         collector.processor.shutdown()
 
 
+@dataclasses.dataclass
+class _Strict:
+    """A test's collector in strict mode, active from its set-up to the end of its call."""
+
+    collector: Durability
+    previous: Durability | None
+    """The collector active before, restored when this one stops."""
+    active: bool = True
+
+    def stop(self) -> None:
+        if self.active:
+            self.active = False
+            _router.active = self.previous
+
+
+_STRICT = pytest.StashKey[_Strict]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    # From the start of the set-up: a fixture that runs the agent (the test asserting on
+    # what it returned) ends the test's spans before the test function runs.
+    if _mode(item.config) == "strict":
+        collector = Durability()
+        item.stash[_STRICT] = _Strict(collector, _router.active)
+        _router.active = collector
+        collector._attach_global()
+    yield
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
-    if _mode(item.config) != "strict":
+    strict = item.stash.get(_STRICT, None)
+    if strict is None:
         yield
         return
-    collector = getattr(item, "funcargs", {}).get("durability")
-    owned = collector is None
-    if owned:
-        collector = Durability()
-        previous = _router.active
-        _router.active = collector
+    collector = strict.collector
+    if collector._provider_unset:  # set by a fixture, after the collector started: what the test ends counts
         collector._attach_global()
     try:
         outcome = yield
     finally:
-        if owned:
-            _router.active = previous
-    try:
-        violations = collector.finish()
-    finally:
-        if owned:  # the fixture shuts its own down; this one is the hook's (an intent log it opened)
-            collector.processor.shutdown()
+        strict.stop()
+    violations = collector.finish()
     if violations and outcome.excinfo is None:
         outcome.force_exception(pytest.fail.Exception(_describe(violations), pytrace=False))
     elif collector.unchecked:
         # A warning, not a failure: a test that set the provider may have ended no span at all.
         item.warn(pytest.PytestWarning(f"durability: {_UNCHECKED}"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    yield
+    strict = item.stash.get(_STRICT, None)
+    if strict is not None:  # after the fixtures' own tear-down; a failed set-up never reached the call
+        del item.stash[_STRICT]
+        strict.stop()
+        strict.collector.processor.shutdown()  # what it holds (an intent log it opened)
 
 
 __all__ = ["Durability", "durability"]
