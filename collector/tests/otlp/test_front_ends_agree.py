@@ -271,6 +271,18 @@ def test_an_sdk_span_is_judged_alike_by_every_front_end(example: Any) -> None:
         assert sidecar_protobuf(body, limit, native=True) in (None, actions)
 
 
+def assert_every_front_end_finds(span: Any, inline: list[Any]) -> None:
+    """The processor handed ``span`` over, ``check``'s reader of its file line and the
+    sidecar's decoders (JSON; protobuf, with and without the C reader, which may decline)
+    find what the processor found inline."""
+    line = file_line(span)
+    body = encode_spans([span]).SerializeToString()
+    assert processor(span, handed_over=True) == inline
+    assert check_reader(line, None) == sidecar_json(line, None) == [inline]
+    assert sidecar_protobuf(body, None, native=False) == [inline]
+    assert sidecar_protobuf(body, None, native=True) in (None, [inline])
+
+
 def test_a_span_without_a_start_time_is_dated_by_its_end_by_every_front_end() -> None:
     """An SDK span started with ``start_time=0`` is exported with OTLP's unset start time:
     every front end dates its action by the span's end, and reports the missing start in
@@ -287,13 +299,8 @@ def test_a_span_without_a_start_time_is_dated_by_its_end_by_every_front_end() ->
         ("unkeyed-side-effect", "p1"),
     ]
     assert "span has no start time" in inline[0][4] and "its end time dates the action" in inline[0][4]
-    line = file_line(span)
-    body = encode_spans([span]).SerializeToString()
-    assert processor(span, handed_over=True) == inline
-    assert check_reader(line, None) == sidecar_json(line, None) == [inline]
-    assert sidecar_protobuf(body, None, native=False) == [inline]
-    assert sidecar_protobuf(body, None, native=True) in (None, [inline])
-    (record,) = [item[0] for item in readers.read_otlp_json(io.BytesIO(line), "f.jsonl")]
+    assert_every_front_end_finds(span, inline)
+    (record,) = [item[0] for item in readers.read_otlp_json(io.BytesIO(file_line(span)), "f.jsonl")]
     assert (record["seq"], record["ts"]) == (END_NS, END_NS / 1e9)
 
 
@@ -316,12 +323,7 @@ def test_a_known_kind_written_otherwise_is_reported_by_every_front_end(kind: str
     inline = processor(span, handed_over=False)
     assert [(rule, action) for rule, _, _, action, _ in inline] == [("invalid-field", "p1")]
     assert f"kind is the string {kind!r}, expected {known!r}" in inline[0][4]
-    line = file_line(span)
-    body = encode_spans([span]).SerializeToString()
-    assert processor(span, handed_over=True) == inline
-    assert check_reader(line, None) == sidecar_json(line, None) == [inline]
-    assert sidecar_protobuf(body, None, native=False) == [inline]
-    assert sidecar_protobuf(body, None, native=True) in (None, [inline])
+    assert_every_front_end_finds(span, inline)
 
 
 def _is_action(span: ReadableSpan) -> bool:

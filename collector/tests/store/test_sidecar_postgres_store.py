@@ -262,6 +262,25 @@ def test_the_server_gives_up_a_replica_whose_host_vanished_within_a_minute(postg
         store.close()
 
 
+def sessions_locked_per_transaction(monkeypatch: pytest.MonkeyPatch, *, bound: int) -> list[int]:
+    """With at most ``bound`` sessions locked by one write transaction (made small, so as
+    not to fill the shared test server's lock table), the number each transaction locks,
+    as the sidecar's PostgreSQL writer locks them."""
+    from durable_sessions_collector import pipeline
+    from durable_sessions_collector.store.postgres import PostgresWriter
+
+    monkeypatch.setattr(pipeline, "MAX_LOCKED_SESSIONS", bound)
+    locked: list[int] = []
+    lock_sessions = PostgresWriter.lock_sessions
+
+    def counted(writer: PostgresWriter, session_ids: Any) -> Any:
+        locked.append(len(session_ids))
+        return lock_sessions(writer, session_ids)
+
+    monkeypatch.setattr(PostgresWriter, "lock_sessions", counted)
+    return locked
+
+
 def test_a_batch_of_many_sessions_is_written_in_parts_that_lock_a_bounded_number(
     start_sidecar, postgres_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # type: ignore[no-untyped-def]
@@ -271,21 +290,11 @@ def test_a_batch_of_many_sessions_is_written_in_parts_that_lock_a_bounded_number
     # failed with "out of shared memory" (SQLSTATE 53200), again at every retry. The bound
     # is made small here so as not to fill the test server's table.
     import grpc
-    from durable_sessions_collector import pipeline
-    from durable_sessions_collector.store.postgres import PostgresWriter
     from opentelemetry.proto.common.v1.common_pb2 import KeyValue
     from opentelemetry.proto.trace.v1.trace_pb2 import Span
     from sidecar_clients import any_value, export_call, request_of
 
-    monkeypatch.setattr(pipeline, "MAX_LOCKED_SESSIONS", 4)
-    locked: list[int] = []
-    lock_sessions = PostgresWriter.lock_sessions
-
-    def counted(writer: PostgresWriter, session_ids: Any) -> Any:
-        locked.append(len(session_ids))
-        return lock_sessions(writer, session_ids)
-
-    monkeypatch.setattr(PostgresWriter, "lock_sessions", counted)
+    locked = sessions_locked_per_transaction(monkeypatch, bound=4)
     sidecar = start_sidecar(postgres_url, evaluation__idle_s=60)
 
     def span(n: int, session: str) -> Span:
@@ -335,18 +344,7 @@ def test_the_states_kept_at_a_stop_lock_a_bounded_number_of_sessions_at_once(
     # A stop keeps the state of every long session held (up to evaluation.max_sessions,
     # 10,000) and locked them all in one transaction: past the server's lock table it
     # failed, and the next start re-fed every one of them. Bounded as a write batch is.
-    from durable_sessions_collector import pipeline
-    from durable_sessions_collector.store.postgres import PostgresWriter
-
-    monkeypatch.setattr(pipeline, "MAX_LOCKED_SESSIONS", 1)
-    locked: list[int] = []
-    lock_sessions = PostgresWriter.lock_sessions
-
-    def counted(writer: PostgresWriter, session_ids: Any) -> Any:
-        locked.append(len(session_ids))
-        return lock_sessions(writer, session_ids)
-
-    monkeypatch.setattr(PostgresWriter, "lock_sessions", counted)
+    locked = sessions_locked_per_transaction(monkeypatch, bound=1)
     sidecar = start_sidecar(postgres_url, evaluation__idle_s=60)
     writes = sidecar.service.pipeline
     # Kept after 2 records, then not kept again before 2 more: each of the 3 has 1 unkept.
