@@ -20,7 +20,12 @@ from typing import Any
 from urllib.parse import SplitResult, quote, urlencode, urlsplit
 
 from durable_sessions.report import printable
-from durable_sessions_collector.config import EncryptedKeyError, is_loopback, redact_url, refuse_passphrase
+from durable_sessions_collector.config import (
+    EncryptedKeyError,
+    is_loopback_host,
+    redact_url,
+    refuse_passphrase,
+)
 from durable_sessions_collector.quote import not_text
 from durable_sessions_collector.store.base import MAX_DETAIL_PAGE
 from durable_sessions_collector.store.stored import stored_text
@@ -115,7 +120,7 @@ class ApiClient:
             self._context.sslsocket_class = _HandshakeNoted
             if cert_file:
                 _load_client_certificate(self._context, cert_file, key_file)
-        self._opener = _opener(is_loopback(f"{parts.hostname}:{parts.port}"), self._context)
+        self._opener = _opener(is_loopback_host(parts.hostname or ""), self._context)
 
     def get(self, path: str, query: dict[str, Any] | None = None) -> Any:
         url = self.endpoint + path

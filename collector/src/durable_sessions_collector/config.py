@@ -1210,7 +1210,13 @@ def _nested(key: str) -> str:
 
 
 def is_loopback(endpoint: str) -> bool:
-    host = endpoint.rpartition(":")[0].strip("[]")
+    """Whether ``endpoint`` (``host:port``, an IPv6 host in brackets) is on this machine."""
+    return is_loopback_host(endpoint.rpartition(":")[0].strip("[]"))
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether ``host`` (a name or an address, an IPv6 one without brackets, as
+    ``urlsplit``'s ``hostname`` gives it) is this machine."""
     if host.lower() == "localhost":  # a host name in any case
         return True
     try:

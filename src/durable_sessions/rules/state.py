@@ -273,7 +273,6 @@ class SessionState:
         if packed is None or type(packed) is ActionMemory:
             return packed  # type: ignore[return-value]
         texts = self.symbols.texts
-        incarnation = (packed >> _INCARNATION_SHIFT) & _SYMBOL_MASK
         file = (packed >> _FILE_SHIFT) & _SYMBOL_MASK
         position = packed >> _POSITION_SHIFT
         if file:
@@ -291,7 +290,7 @@ class SessionState:
             kind=texts[(packed >> _KIND_SHIFT) & _SYMBOL_MASK],
             where=where,
             status=texts[(packed >> _STATUS_SHIFT) & _SYMBOL_MASK],
-            incarnation=self.incarnations[incarnation - 1] if incarnation else None,
+            incarnation=self._incarnation_of(packed),
             attempts=_unpack_attempts(details.attempts) if details else _NO_ATTEMPTS,
             retryable=bool(packed & _RETRYABLE),
             key=details.key if details else None,
@@ -434,12 +433,13 @@ class SessionState:
         packed = self.actions.get(action_id)
         if packed is None:
             return False
-        if type(packed) is ActionMemory:
-            last = packed.incarnation
-        else:
-            number = (packed >> _INCARNATION_SHIFT) & _SYMBOL_MASK
-            last = self.incarnations[number - 1] if number else None
+        last = packed.incarnation if type(packed) is ActionMemory else self._incarnation_of(packed)
         return last is not None and last != incarnation
+
+    def _incarnation_of(self, packed: int) -> str | None:
+        """The incarnation a packed action memory names (index + 1 in the table), if any."""
+        number = (packed >> _INCARNATION_SHIFT) & _SYMBOL_MASK
+        return self.incarnations[number - 1] if number else None
 
     def _remember_key_and_attempts(
         self,

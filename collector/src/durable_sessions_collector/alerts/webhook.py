@@ -73,7 +73,7 @@ from durable_sessions_collector.alerts.outbox import (
     OutboxDelivery,
     backoff_delay,
 )
-from durable_sessions_collector.config import is_loopback, redact_url
+from durable_sessions_collector.config import is_loopback_host, redact_url
 from durable_sessions_collector.jsonlog import JsonLog
 from durable_sessions_collector.store import Alert, Store
 
@@ -368,17 +368,15 @@ class WebhookAlerts(OutboxDelivery):
 
     def start(self) -> None:
         parts = urlsplit(self._url)
-        if parts.scheme == "http" and not is_loopback(f"[{parts.hostname or ''}]:0"):
-            credentials = "Authorization" in self._headers
+        if parts.scheme == "http" and not is_loopback_host(parts.hostname or ""):
+            password = (
+                ", and the URL's user:password as Basic auth," if "Authorization" in self._headers else ""
+            )
             self.log.warning(
                 "not-loopback",
                 key="alerts.webhook.url",
                 url=self.shown_url,
-                note=(
-                    "alerts, and the URL's user:password as Basic auth, are sent in plaintext to another host; use https://"
-                    if credentials
-                    else "alerts are sent in plaintext to another host; use https://"
-                ),
+                note=f"alerts{password} are sent in plaintext to another host; use https://",
             )
         super().start()
 

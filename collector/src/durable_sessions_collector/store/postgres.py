@@ -794,7 +794,6 @@ class PostgresStore:
         ``pg:XID:ID`` a violation's (version 3's cursors, all of them), ``pg:XID:ID:1`` a
         change's."""
         after = _feed_place(cursor)
-        start = _feed_place(self.feed_start())
 
         def read(db: psycopg.Connection[Any]) -> list[FeedRow]:
             nonlocal after, cursor
@@ -808,7 +807,8 @@ class PostgresStore:
                 # not its transaction ids). Read as a position, everything committed until
                 # this server's ids passed it was skipped; like a SQLite cursor past the end
                 # of its feed, it is read from the start.
-                after, cursor = start, self.feed_start()
+                cursor = self.feed_start()
+                after = _feed_place(cursor)
             violations = db.execute(
                 f"SELECT v.xid::text, v.id, {FEED_COLUMNS} {FEED_VIOLATIONS} "
                 "WHERE v.xid >= %s::xid8 AND (v.xid, %s, v.id) > (%s::xid8, %s, %s) AND v.xid < %s::xid8 "
