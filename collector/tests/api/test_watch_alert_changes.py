@@ -171,6 +171,16 @@ def lose_sqlite_store(sidecar: Sidecar, directory: Path) -> None:
         path.unlink()
 
 
+def last_of_three_alerts(sidecar: Sidecar, watches: list[Watch]) -> pb.Alert:
+    """The last of the three alerts (unbounded retries) a watcher of ``sidecar`` gets."""
+    watch = Watch(sidecar)
+    watches.append(watch)
+    unbounded_retries(sidecar, "old-1", "old-2", "old-3")
+    last = watch.take(3)[-1]
+    watch.close()
+    return last
+
+
 def cursor_of_a_lost_store(
     start_sidecar: Callable[..., Sidecar], directory: Path, watches: list[Watch]
 ) -> tuple[pb.Alert, Sidecar]:
@@ -178,11 +188,7 @@ def cursor_of_a_lost_store(
     ``directory``) was then lost, and a sidecar started on a new store in its place."""
     store = directory / "sessions.db"
     first = start_sidecar(store)
-    watch = Watch(first)
-    watches.append(watch)
-    unbounded_retries(first, "old-1", "old-2", "old-3")
-    last = watch.take(3)[-1]
-    watch.close()
+    last = last_of_three_alerts(first, watches)
     lose_sqlite_store(first, directory)
     return last, start_sidecar(store)
 
@@ -328,11 +334,7 @@ def test_a_cursor_past_a_restored_empty_feed_misses_nothing_of_a_burst(  # type:
     backup = tmp_path / "backup.db"
     shutil.copy(store, backup)
     second = start_sidecar(store)
-    watch = Watch(second)
-    watches.append(watch)
-    unbounded_retries(second, "old-1", "old-2", "old-3")
-    last = watch.take(3)[-1]
-    watch.close()
+    last = last_of_three_alerts(second, watches)
     second.stop()
     for path in tmp_path.glob("sessions.db*"):
         path.unlink()

@@ -13,6 +13,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit
@@ -191,6 +192,34 @@ def tcp_options(connection: psycopg.Connection[Any]) -> tuple[int, int, int, int
         )
 
 
+def assert_connection_options(
+    postgres_url: str,
+    options_of: Callable[[psycopg.Connection[Any]], tuple[Any, ...]],
+    defaults: tuple[Any, ...],
+    from_url: tuple[Any, ...],
+) -> None:
+    """The store's write and read connections have ``defaults`` as ``options_of`` reads
+    them; with the four libpq parameters set in the URL, they win (``from_url``)."""
+    if not urlsplit(postgres_url).hostname:
+        pytest.skip("the test server is reached over a Unix socket: no TCP options")
+    store = open_store(postgres_url)
+    try:
+        with store.writer() as writer:
+            assert options_of(writer._db) == defaults  # type: ignore[attr-defined]
+        with store.readers.lend() as reader:  # type: ignore[attr-defined]
+            assert options_of(reader) == defaults
+    finally:
+        store.close()
+    store = open_store(
+        postgres_url + "&keepalives_idle=7&keepalives_interval=2&keepalives_count=5&tcp_user_timeout=9000"
+    )
+    try:
+        with store.writer() as writer:
+            assert options_of(writer._db) == from_url  # type: ignore[attr-defined]
+    finally:
+        store.close()
+
+
 def test_a_connection_whose_server_vanished_is_given_up_within_a_minute(postgres_url: str) -> None:
     # A server host that vanished (powered off, failed over to another host behind the same
     # address, cut off by a partition) sends no reset: a read or write waiting on it waited
@@ -199,25 +228,7 @@ def test_a_connection_whose_server_vanished_is_given_up_within_a_minute(postgres
     # committed nothing, and Exports were refused, long after the store was back. Every
     # connection of the store now gives up after 30 s of silence and 3 probes 10 s apart,
     # or 60 s of unacknowledged data, and is replaced.
-    if not urlsplit(postgres_url).hostname:
-        pytest.skip("the test server is reached over a Unix socket: no TCP options")
-    store = open_store(postgres_url)
-    try:
-        with store.writer() as writer:
-            assert tcp_options(writer._db) == (30, 10, 3, 60_000)  # type: ignore[attr-defined]
-        with store.readers.lend() as reader:  # type: ignore[attr-defined]
-            assert tcp_options(reader) == (30, 10, 3, 60_000)
-    finally:
-        store.close()
-    # Set in the URL, the libpq parameters win.
-    store = open_store(
-        postgres_url + "&keepalives_idle=7&keepalives_interval=2&keepalives_count=5&tcp_user_timeout=9000"
-    )
-    try:
-        with store.writer() as writer:
-            assert tcp_options(writer._db) == (7, 2, 5, 9000)  # type: ignore[attr-defined]
-    finally:
-        store.close()
+    assert_connection_options(postgres_url, tcp_options, (30, 10, 3, 60_000), (7, 2, 5, 9000))
 
 
 def server_tcp_options(connection: psycopg.Connection[Any]) -> tuple[str, ...]:
@@ -241,25 +252,9 @@ def test_the_server_gives_up_a_replica_whose_host_vanished_within_a_minute(postg
     # keepalive probe): every other replica writing one of those sessions waited in
     # pg_advisory_xact_lock meanwhile, its writer committing nothing. The server's side of
     # each connection now gives up as the sidecar's side does.
-    if not urlsplit(postgres_url).hostname:
-        pytest.skip("the test server is reached over a Unix socket: no TCP options")
-    store = open_store(postgres_url)
-    try:
-        with store.writer() as writer:
-            assert server_tcp_options(writer._db) == ("30", "10", "3", "60000")  # type: ignore[attr-defined]
-        with store.readers.lend() as reader:  # type: ignore[attr-defined]
-            assert server_tcp_options(reader) == ("30", "10", "3", "60000")
-    finally:
-        store.close()
-    # Set in the URL, the libpq parameters win on both sides.
-    store = open_store(
-        postgres_url + "&keepalives_idle=7&keepalives_interval=2&keepalives_count=5&tcp_user_timeout=9000"
+    assert_connection_options(
+        postgres_url, server_tcp_options, ("30", "10", "3", "60000"), ("7", "2", "5", "9000")
     )
-    try:
-        with store.writer() as writer:
-            assert server_tcp_options(writer._db) == ("7", "2", "5", "9000")  # type: ignore[attr-defined]
-    finally:
-        store.close()
 
 
 def sessions_locked_per_transaction(monkeypatch: pytest.MonkeyPatch, *, bound: int) -> list[int]:
