@@ -17,6 +17,7 @@ import hashlib
 import io
 import json
 import socket
+import sqlite3
 import ssl
 import subprocess
 import sys
@@ -30,8 +31,11 @@ from typing import Any
 import pytest
 from conftest import wait_for
 from durable_sessions_collector import jsonlog
-from durable_sessions_collector.alerts.webhook import WebhookAlerts
+from durable_sessions_collector.alerts.metrics import Metrics
+from durable_sessions_collector.alerts.outbox import DeliveryPolicy
+from durable_sessions_collector.alerts.webhook import WebhookAlerts, _FinalResponse
 from durable_sessions_collector.jsonlog import JsonLog
+from durable_sessions_collector.store import SqliteStore
 from sidecar_clients import Agent, grpc_exporter
 from tls_certs import make_cert
 from webhook_server import ALERT, WebhookServer, free_port, webhook_channel
@@ -45,6 +49,7 @@ class SlowReceiver:
     - ``"headers"``: ``HTTP/1.1 200 OK`` and then a header, one byte every 0.1 s, forever;
     - ``"body"``: a complete 200 with ``Content-Length: 1000``, then the body a byte every 0.1 s;
     - ``"ok"``: a complete 200 after ``delay_s``;
+    - ``"chunked"``: a complete 200, its body chunked, after ``delay_s``;
     - ``"interim"``: ``102 Processing`` and ``103 Early Hints``, then a complete 200 after ``delay_s``.
 
     Records each request's head (request line and headers, lower-cased names).
@@ -115,7 +120,13 @@ class SlowReceiver:
                     connection.sendall(b"HTTP/1.1 102 Processing\r\n\r\n")
                     connection.sendall(b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n")
                 self.stop.wait(self.delay_s)
-                connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+                if self.mode == "chunked":
+                    connection.sendall(
+                        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+                        b"2\r\n{}\r\n0\r\n\r\n"
+                    )
+                else:
+                    connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
 
     def close(self) -> None:
         self.stop.set()
@@ -190,6 +201,51 @@ def test_interim_1xx_answers_are_skipped_and_the_final_200_delivers(receivers) -
     attempt, took = timed_post(webhook_channel(receiver.url, timeout_s=2))
     assert attempt.outcome == "delivered", attempt
     assert took < 1.5 and len(receiver.requests) == 1
+
+
+@pytest.mark.parametrize("mode", ["ok", "chunked"])
+def test_a_whole_2xx_the_deadline_fires_just_after_is_delivered_and_counted_once(  # type: ignore[no-untyped-def]
+    tmp_path: Path, receivers, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """The watchdog fired between the answer being read and the attempt being judged (the
+    delivery thread descheduled for a moment on a busy host): the 2xx was taken for a
+    timeout, counted as a retry, and the same alert POSTed again with the same key. The
+    delivery thread is held right after its read here, so that the deadline always comes
+    in that window; a body whose length http.client checks (Content-Length, chunked)
+    arrived whole whenever the deadline comes after it."""
+    timeout_s = 0.3
+    real_read = _FinalResponse.read
+
+    def read_then_stall(response: _FinalResponse, amt: int | None = None) -> bytes:
+        body = real_read(response, amt)
+        time.sleep(timeout_s + 0.2)  # the deadline passes, and its watchdog fires, meanwhile
+        return body
+
+    monkeypatch.setattr(_FinalResponse, "read", read_then_stall)
+    receiver = SlowReceiver(mode)
+    receivers.append(receiver)
+    store = SqliteStore(str(tmp_path / "sessions.db"))
+    try:
+        with store.writer() as writer:
+            writer.enqueue_alert("webhook", ALERT.violation_key, ALERT.payload, time.time())
+        metrics = Metrics(store)
+        policy = DeliveryPolicy(timeout_s=timeout_s, backoff_s=0.01, max_backoff_s=0.01)
+        channel = WebhookAlerts(store, JsonLog(io.StringIO()), metrics, receiver.url, policy=policy)
+        assert channel.deliver_due() == 1
+        time.sleep(0.05)  # past any retry's backoff: a retried alert would be POSTed again now
+        assert channel.deliver_due() == 0
+        assert [request["idempotency-key"] for request in receiver.requests] == [KEY]
+        counted = {
+            outcome: metrics.registry.get_sample_value(
+                "durable_sessions_alert_deliveries_total", {"channel": "webhook", "outcome": outcome}
+            )
+            for outcome in ("delivered", "retry")
+        }
+        assert counted == {"delivered": 1.0, "retry": None}
+        with sqlite3.connect(store.path) as db:
+            assert db.execute("SELECT state, attempts FROM outbox").fetchall() == [("delivered", 1)]
+    finally:
+        store.close()
 
 
 @pytest.fixture

@@ -17,7 +17,8 @@ is POSTed to ``alerts.webhook.url`` with:
 ``alerts.webhook.timeout_s`` bounds a whole attempt — connecting (and TLS), sending, the
 status, the headers and the body — not each read: at the deadline a watchdog shuts the
 connection's socket down (:class:`_Deadline`), and the attempt is a timeout to retry, so a
-receiver (or a proxy) that trickles its answer cannot hold the delivery thread. A host
+receiver (or a proxy) that trickles its answer cannot hold the delivery thread. A 2xx
+that came whole is a delivery however soon after it the deadline fires (:func:`_read_whole`). A host
 name is resolved (by the system resolver) within the same deadline: a resolver that does
 not answer in time makes the attempt a timeout to retry as well (:func:`_resolve`).
 
@@ -320,6 +321,26 @@ class _HTTPSHandler(urllib.request.HTTPSHandler):
         )
 
 
+ANSWER_READ_LIMIT = 64 * 1024
+"""The most of an answer's body read: a receiver's answer past it is not needed."""
+
+
+def _read_whole(response: http.client.HTTPResponse) -> bool:
+    """Read the body of ``response`` (up to :data:`ANSWER_READ_LIMIT`) and return whether
+    its framing shows that it came whole, which no later deadline can undo.
+
+    A body of a known length (``Content-Length``, or none, as a 204's) came whole if the
+    read got all it asked for; a chunked one if http.client read it at all (it raises
+    :class:`http.client.IncompleteRead` at a cut). A body that ends with the connection
+    (or headers cut short by its end, which http.client takes for their end) cannot tell
+    the receiver's close from the deadline's shutdown: False, for the deadline to judge."""
+    expected = response.length
+    body = response.read(ANSWER_READ_LIMIT)
+    if response.chunked:
+        return True
+    return expected is not None and len(body) == min(expected, ANSWER_READ_LIMIT)
+
+
 def _retry_after(value: str | None) -> float | None:
     if not value:
         return None
@@ -417,21 +438,28 @@ class WebhookAlerts(OutboxDelivery):
             opener = urllib.request.build_opener(
                 _NoRedirect(), _HTTPHandler(deadline), _HTTPSHandler(deadline)
             )
-            attempt = self._post(opener, request)
-        if deadline.expired:
-            return Attempt(
-                "retry",
-                f"timed out: {deadline.missed} within timeout_s = {self.timeout_s:g} s",
-                receiver_unavailable=True,
-            )
+            attempt = self._post(opener, request, deadline)
+        # A delivery stands (_post judged the deadline against its answer); anything else
+        # that failed past the deadline failed of its shutdown.
+        if deadline.expired and attempt.outcome != "delivered":
+            return self._timed_out(deadline)
         return attempt
 
-    def _post(self, opener: urllib.request.OpenerDirector, request: urllib.request.Request) -> Attempt:
+    def _timed_out(self, deadline: _Deadline) -> Attempt:
+        return Attempt(
+            "retry",
+            f"timed out: {deadline.missed} within timeout_s = {self.timeout_s:g} s",
+            receiver_unavailable=True,
+        )
+
+    def _post(
+        self, opener: urllib.request.OpenerDirector, request: urllib.request.Request, deadline: _Deadline
+    ) -> Attempt:
         try:
             # The socket timeout bounds each step too (and connecting, before the deadline
             # watches a socket); the deadline bounds the whole.
             with opener.open(request, timeout=self.timeout_s) as response:
-                response.read(64 * 1024)
+                whole = _read_whole(response)
                 status = response.status
         except urllib.error.HTTPError as error:
             status = error.code
@@ -453,5 +481,9 @@ class WebhookAlerts(OutboxDelivery):
                 receiver_unavailable=True,
             )
         if 200 <= status < 300:
-            return Attempt("delivered")
+            # The deadline may fire just after a whole 2xx arrived: that is a delivery, not
+            # a timeout to POST again. One it may have cut short is judged by whether it
+            # had been reached when the read returned (it is marked reached before it
+            # shuts a socket down).
+            return Attempt("delivered") if whole or not deadline.expired else self._timed_out(deadline)
         return Attempt("rejected", f"HTTP {status}")
