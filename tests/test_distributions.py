@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import email.parser
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -83,6 +84,17 @@ def test_each_distribution_describes_itself_with_its_readme(tmp_path: Path) -> N
         assert description["Description-Content-Type"] == "text/markdown", project
         readme = (project / "README.md").read_text(encoding="utf-8")
         assert description.get_payload().strip() == readme.strip(), project
+
+
+def test_the_collector_description_links_only_what_its_index_page_can_follow(tmp_path: Path) -> None:
+    """The collector's README is its description on the package index, where a link
+    relative to the repository (``../docs/semconv.md``) leads to no page: it names such a
+    file by its path in the repository, as it does ``docs/deployment.md``, and links only
+    to web pages and to its own headings."""
+    description = metadata(COLLECTOR, tmp_path).get_payload()
+    targets = re.findall(r"\]\(\s*<?([^)\s>]+)", description)  # inline links: [text](target)
+    assert targets
+    assert [target for target in targets if not target.startswith(("https://", "http://", "#"))] == []
 
 
 def sdist_members(project: Path, tmp_path: Path) -> set[str]:
