@@ -118,11 +118,17 @@ def test_each_sdist_carries_what_builds_it_and_no_half_of_the_tests(tmp_path: Pa
         assert not [name for name in members if name.startswith("tests/")], project
 
 
-def wheel_without_a_compiler(project: Path, tmp_path: Path) -> Path:
-    """The wheel pip builds from ``project``'s sdist where no C compiler runs (``CC=false``)."""
+def unpacked_sdist(project: Path, tmp_path: Path) -> Path:
+    """``project``'s sdist, unpacked in ``tmp_path``: the directory it packs everything under."""
     with tarfile.open(build_hook(project, "build_sdist", tmp_path / "sdist")) as sdist:
         sdist.extractall(tmp_path / "unpacked", filter="data")
     (source,) = (tmp_path / "unpacked").iterdir()
+    return source
+
+
+def wheel_without_a_compiler(project: Path, tmp_path: Path) -> Path:
+    """The wheel pip builds from ``project``'s sdist where no C compiler runs (``CC=false``)."""
+    source = unpacked_sdist(project, tmp_path)
     return build_hook(source, "build_wheel", tmp_path / "wheel", env={**os.environ, "CC": "false"})
 
 
@@ -263,3 +269,22 @@ def test_the_collector_sdist_carries_the_source_of_its_generated_api(tmp_path: P
     members = sdist_members(COLLECTOR, tmp_path)
     protos = {str(path.relative_to(ROOT)) for path in (ROOT / "proto").rglob("*.proto")}
     assert protos and protos <= members, sorted(members)
+
+
+def test_the_collector_sdist_regenerates_its_api_as_committed(tmp_path: Path) -> None:
+    """A packager regenerates ``api/v1/*_pb2*.py`` from the sdist alone (no repository
+    around it), with the script ``make proto`` runs: the sdist carries it, and it finds
+    ``proto/`` and the package beside itself, and writes what is committed."""
+    source = unpacked_sdist(COLLECTOR, tmp_path)
+    out = tmp_path / "generated"
+    result = subprocess.run(
+        [sys.executable, str(source / "scripts" / "generate_api.py"), "--out", str(out)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    packed = source / "src" / "durable_sessions_collector" / "api" / "v1"
+    for name in ("sessions_pb2.py", "sessions_pb2_grpc.py"):
+        assert (out / name).read_text(encoding="utf-8") == (packed / name).read_text(encoding="utf-8"), name

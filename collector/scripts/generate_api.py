@@ -1,5 +1,7 @@
 """Regenerate the Python code of the sidecar's gRPC API from ``proto/`` with grpcio-tools.
 
+From the repository root, or as ``scripts/generate_api.py`` from the collector's sdist:
+
     .venv/bin/python collector/scripts/generate_api.py            # into the package (make proto)
     .venv/bin/python collector/scripts/generate_api.py --out DIR  # elsewhere (the up-to-date test)
 
@@ -16,10 +18,12 @@ import tempfile
 from importlib import metadata, resources
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-PROTO_ROOT = ROOT / "proto"
+# Paths from the collector's project directory, the same in the repository (where proto
+# is a link to the repository's proto/) and in the collector's sdist (which packs both).
+PROJECT = Path(__file__).resolve().parents[1]
+PROTO_ROOT = PROJECT / "proto"
 PROTOS = ("durable_sessions/v1/sessions.proto",)
-PACKAGE_DIR = ROOT / "collector" / "src" / "durable_sessions_collector" / "api" / "v1"
+PACKAGE_DIR = PROJECT / "src" / "durable_sessions_collector" / "api" / "v1"
 GENERATED_IMPORT = "from durable_sessions.v1 import"
 PACKAGE_IMPORT = "from durable_sessions_collector.api.v1 import"
 GRPCIO_TOOLS = "1.85.1"  # the version the committed code was generated with (collector[test] pins it)
