@@ -189,7 +189,12 @@ def test_an_answer_within_timeout_s_is_delivered_with_the_documented_headers(rec
     assert request["content-type"] == "application/json"
     assert request["authorization"] == "Basic " + base64.b64encode(b"al@ice:p:ss").decode()
     # The watchdog of an attempt that ended does not fire afterwards.
-    wait_for(lambda: not [t for t in threading.enumerate() if isinstance(t, threading.Timer)], timeout=1)
+    wait_for(lambda: not watchdogs(), timeout=1)
+
+
+def watchdogs() -> list[threading.Thread]:
+    """The deadlines' timers still running (one per attempt in flight)."""
+    return [thread for thread in threading.enumerate() if isinstance(thread, threading.Timer)]
 
 
 def test_interim_1xx_answers_are_skipped_and_the_final_200_delivers(receivers) -> None:  # type: ignore[no-untyped-def]
@@ -213,12 +218,13 @@ def test_a_whole_2xx_the_deadline_fires_just_after_is_delivered_and_counted_once
     delivery thread is held right after its read here, so that the deadline always comes
     in that window; a body whose length http.client checks (Content-Length, chunked)
     arrived whole whenever the deadline comes after it."""
-    timeout_s = 0.3
+    timeout_s = 1.0  # ample for the answer on a busy host: the deadline comes after it
     real_read = _FinalResponse.read
 
     def read_then_stall(response: _FinalResponse, amt: int | None = None) -> bytes:
         body = real_read(response, amt)
-        time.sleep(timeout_s + 0.2)  # the deadline passes, and its watchdog fires, meanwhile
+        # Held until the deadline's watchdog has fired (its timer thread then ends).
+        wait_for(lambda: not watchdogs(), timeout=timeout_s + 5, interval=0.01)
         return body
 
     monkeypatch.setattr(_FinalResponse, "read", read_then_stall)
