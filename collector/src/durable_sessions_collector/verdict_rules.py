@@ -38,7 +38,9 @@ from durable_sessions_collector.store.base import (
 RECOUNT_WINDOW = 2_000
 """Sessions one step of a recount looks through (by id): one transaction, between two
 write batches, so that Exports wait for no more than a step however large the store. Only
-those with findings of the changed rules are recounted (an index lookup each)."""
+those with findings of the changed rules are recounted (an index lookup each). On a store
+replicas share, a step locks each session it recounts: the pipeline then looks through no
+more than it locks in a write (``pipeline.MAX_LOCKED_SESSIONS``)."""
 
 EVERY_RULE = frozenset(rule.id for rule in CATALOGUE)
 """What a store whose selection was never recorded counted: every finding, of any rule."""

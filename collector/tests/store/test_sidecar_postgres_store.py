@@ -355,6 +355,31 @@ def test_the_states_kept_at_a_stop_lock_a_bounded_number_of_sessions_at_once(
     assert kept == [3]
 
 
+def test_a_recount_of_verdicts_locks_a_bounded_number_of_sessions_at_once(
+    start_sidecar, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    # A step of a recount looked through 2,000 sessions and locked every one with a
+    # finding of the changed rules in one transaction: twice the bound a write batch
+    # keeps to, enough with a few replicas at it to fill the server's lock table.
+    from sidecar_clients import Agent, grpc_exporter
+
+    sessions = [f"d{n}" for n in range(5)]
+    sidecar = start_sidecar(postgres_url, evaluation__idle_s=3600, evaluation__strict=True)
+    agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
+    for session_id in sessions:  # a failed tool call: a dead end only strict finds
+        agent.action(session_id, "t1", "tool_call", error=True)
+    agent.shutdown()
+    sidecar.stop()
+    locked = sessions_locked_per_transaction(monkeypatch, bound=2)
+    sidecar = start_sidecar(postgres_url, evaluation__idle_s=3600)
+    (done,) = wait_for(
+        lambda: [line for line in sidecar.log.lines() if line.get("event") == "verdict-recount-done"]
+    )
+    assert done["sessions"] == 5
+    assert sum(locked) == 5 and max(locked) <= 2
+    assert sidecar.service.store.verdict_counts()["ok"] == 5
+
+
 def test_split_url_cuts_out_the_schema_and_passes_the_rest_as_written() -> None:
     assert split_url("postgresql:///db?host=/run/pg&schema=s1&user=app") == (
         "postgresql:///db?host=/run/pg&user=app",

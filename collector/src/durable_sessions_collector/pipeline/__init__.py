@@ -32,7 +32,7 @@ from durable_sessions_collector.alerts.metrics import Metrics
 from durable_sessions_collector.evaluator import Arrival, Evaluator
 from durable_sessions_collector.jsonlog import JsonLog, RepeatedFailure
 from durable_sessions_collector.store import Pruned, RecordRefused, Store, StoreError, Writer
-from durable_sessions_collector.verdict_rules import recount_step, stored_rules
+from durable_sessions_collector.verdict_rules import RECOUNT_WINDOW, recount_step, stored_rules
 
 IDLE_BATCH = 500
 SWEEP_REFEED = 20_000
@@ -542,9 +542,13 @@ class Pipeline:
         """Recount, in one transaction, the verdicts of the sessions with findings of the
         changed rules among the next sessions of the recount the store has pending (see
         :func:`~durable_sessions_collector.verdict_rules.recount_step`); log
-        ``verdict-recount-done`` when it is over. Returns whether it is over."""
+        ``verdict-recount-done`` when it is over. Returns whether it is over.
+
+        On a shared store a step looks through at most :data:`MAX_LOCKED_SESSIONS`
+        sessions, since it may lock every one of them, as a write batch does."""
+        window = min(RECOUNT_WINDOW, MAX_LOCKED_SESSIONS) if self.store.shared else RECOUNT_WINDOW
         with self.store.writer() as writer:
-            done, recounted = recount_step(writer, self._lock)
+            done, recounted = recount_step(writer, self._lock, window)
         self.recount_failures.ok()
         self.recounted += recounted
         if done:
