@@ -23,7 +23,7 @@ import psycopg.conninfo
 import pytest
 from conftest import wait_for
 from durable_sessions_collector.evaluator import Evaluator, arrival
-from durable_sessions_collector.store import Alert, StoreError, action_row, open_store
+from durable_sessions_collector.store import Alert, Store, StoreError, action_row, open_store
 from durable_sessions_collector.store.base import cursor_position
 from durable_sessions_collector.store.postgres import SCHEMA_VERSION, PostgresStore, split_url
 from postgres_support import held_transaction
@@ -679,6 +679,67 @@ def test_a_session_pruned_and_started_afresh_is_rebuilt_by_a_replica_holding_it(
     # Without telling the rows apart, B judged this against the deleted pay1: shared-key.
     assert write(b, on_b, action("S", "p2", "pay2", "payment", idempotency_key="K-1"), 201.0) == []
     assert on_b.rebuilt == 1
+    for store in (a, b):
+        store.close()
+
+
+def written(store: Store, evaluator: Evaluator, *spans: Mapped, now: float = 1.0) -> list[str]:
+    """``spans`` written and judged by one replica (``store`` and ``evaluator``) as its
+    pipeline writes a batch: their sessions locked, then each span; the new findings."""
+    sessions = sorted({str(mapped.record["session_id"]) for mapped in spans})
+    with store.writer() as writer:
+        evaluator.forget_stale(writer.lock_sessions(sessions))
+        found = []
+        for mapped in spans:
+            added, violations = evaluator.ingest(writer, arrival(mapped), now)
+            assert added
+            found += [v.rule for v in violations if writer.add_violation(v, at_end=False, now=now)]
+        for session_id in sessions:
+            writer.touch_session(session_id, now, sum(m.record["session_id"] == session_id for m in spans))
+    return found
+
+
+def kept_fed(store: Store, session_id: str) -> int | None:
+    with store.writer() as writer:
+        kept = writer.kept_state(session_id)
+    return None if kept is None else kept.fed
+
+
+def test_an_evicted_session_s_state_does_not_replace_a_newer_one_another_replica_kept(
+    postgres_url: str,
+) -> None:
+    # A replica evicting a session from its memory kept its state without the session's
+    # lock, the session being no span's of the batch: a replica holding an older state
+    # than another had kept replaced that one, and the store held none that fits.
+    a, b = open_store(postgres_url), open_store(postgres_url)
+    on_a, on_b = Evaluator(max_sessions=1, keep_state_after=1), Evaluator(keep_state_after=1)
+    written(a, on_a, *(action("S", f"p{n}", f"c{n}") for n in range(5)))
+    assert kept_fed(a, "S") == 4  # kept at 1, 2, 3 and 4 records; the fifth is unkept
+    written(b, on_b, action("S", "p5", "c5"))  # rebuilt from it, and kept at 6
+    assert kept_fed(a, "S") == 6
+    written(a, on_a, action("T", "q0", "d0"))  # evicts S, whose state it holds after 5
+    assert kept_fed(a, "S") == 6
+    for store in (a, b):
+        store.close()
+
+
+def test_an_evicted_session_s_state_is_not_kept_for_the_session_started_afresh(postgres_url: str) -> None:
+    # A holds S; B ends and deletes it, and spans start it afresh, as many as A holds.
+    # A's eviction then kept the state of the deleted S, which fit the new one's records:
+    # a replica rebuilding S restored it, and judged the new S against the old one.
+    a, b = open_store(postgres_url), open_store(postgres_url)
+    on_a = Evaluator(max_sessions=1, keep_state_after=1)
+    old = [action("S", "p1", "pay1", "payment", idempotency_key="K-1")]
+    written(a, on_a, *old, *(action("S", f"p{n}", f"c{n}") for n in range(2, 6)))  # 5, kept at 4
+    with b.writer() as writer:
+        writer.end_session("S", 2.0)
+    with b.writer() as writer:
+        assert writer.prune(100.0, 10).sessions == ["S"]
+    assert written(b, Evaluator(), *(action("S", f"x{n}", f"d{n}") for n in range(5)), now=200.0) == []
+    written(a, on_a, action("T", "q0", "e0"), now=201.0)  # evicts S, whose state it holds after 5
+    assert kept_fed(a, "S") is None
+    fresh = written(b, Evaluator(), action("S", "x5", "pay2", "payment", idempotency_key="K-1"), now=202.0)
+    assert fresh == []  # the deleted S's pay1 used K-1, not this S
     for store in (a, b):
         store.close()
 

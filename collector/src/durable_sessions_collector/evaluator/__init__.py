@@ -218,7 +218,9 @@ class Evaluator:
         held[session_id] = self._rebuild(writer, session_id)
         while len(held) > self.max_sessions:
             evicted = next(iter(held))
-            self._release(writer, evicted)
+            # Most often a session of no span of this transaction, whose lock it does not
+            # hold: on a shared store another replica may be writing it meanwhile.
+            self._release(writer, evicted, locked=evicted in self._locked)
             self.checker.end_session(evicted)  # not over: its end-of-session findings wait for idleness
 
     def _rebuild(self, writer: Writer, session_id: str) -> Held:
@@ -238,18 +240,29 @@ class Evaluator:
             self.restored += restored
         return Held(start + count, self._locked.get(session_id, NO_SESSION).first_seen, kept=start)
 
-    def _release(self, writer: Writer, session_id: str) -> None:
+    def _release(self, writer: Writer, session_id: str, *, locked: bool = True) -> None:
         """Stop holding ``session_id``, keeping its state in the store first if it has been
-        fed enough records since it was last kept."""
+        fed enough records since it was last kept. ``locked``: the session is locked by
+        this transaction (see :meth:`_keep`)."""
         held = self._held.pop(session_id, None)
         if held is not None and held.unkept() >= self.keep_state_after:
-            self._keep(writer, session_id, held)
+            self._keep(writer, session_id, held, locked=locked)
 
-    def _keep(self, writer: Writer, session_id: str, held: Held | None = None) -> None:
+    def _keep(
+        self, writer: Writer, session_id: str, held: Held | None = None, *, locked: bool = True
+    ) -> None:
+        """Keep the state of ``session_id`` in the store. Unless ``locked``, on a shared
+        store (its row's ``first_seen`` known), only while the store holds what the engine
+        was fed: another replica may have added records meanwhile and kept a newer state,
+        or deleted the session and started it afresh with as many records, whose rebuild
+        would then restore this one's state."""
         held = held or self._held[session_id]
         state = self.checker.snapshot(session_id)
         if state is not None:
-            writer.keep_state(session_id, held.fed, state)
+            unlocked = not locked and held.first_seen is not None
+            writer.keep_state(
+                session_id, held.fed, state, StoredSession(held.fed, held.first_seen) if unlocked else None
+            )
         # Also when no snapshot carries the state (a record value that is not JSON): it is
         # tried again once the session has grown as much again, not at its next record.
         held.kept = held.fed

@@ -519,9 +519,17 @@ class Writer(Protocol):
         """The stored records of ``session_id`` in arrival order (this transaction's
         included), those stored after the record of id ``after_id`` only."""
 
-    def keep_state(self, session_id: str, fed: int, state: bytes) -> None:
+    def keep_state(
+        self, session_id: str, fed: int, state: bytes, if_stored: StoredSession | None = None
+    ) -> None:
         """Keep ``state``, the engine's state of ``session_id`` after all of its stored
-        records, which are ``fed``; it replaces the state kept before."""
+        records, which are ``fed``; it replaces the state kept before.
+
+        ``if_stored``: for a session of a shared store that this transaction has not locked
+        (:meth:`lock_sessions`), which another replica may be writing meanwhile: the state
+        is kept only if the store holds that of the session still (its action count is
+        ``fed``, its row the one the state was fed from), and it replaces no state kept of
+        more records."""
 
     def kept_state(self, session_id: str) -> KeptState | None:
         """The state kept of ``session_id``, if it still holds the session's first records:

@@ -30,6 +30,7 @@ from durable_sessions_collector.store.base import (
     ActionRow,
     KeptState,
     SessionSummary,
+    StoredSession,
     tally,
 )
 
@@ -75,6 +76,18 @@ class Statements:
             f"SELECT ?, ?, max(id), ? FROM actions WHERE {key} = ? AND {not_forgotten} "
             "HAVING max(id) IS NOT NULL ON CONFLICT (session_id) DO UPDATE "
             "SET fed = excluded.fed, through_id = excluded.through_id, state = excluded.state"
+        )
+        # The same, for a session this transaction has not locked (another replica may be
+        # writing it): only while the store holds what the state was fed, its row's action
+        # count and first_seen, read in the statement's one snapshot with the records'
+        # largest id; and never over a state of more records (kept by that replica).
+        self.keep_state_if_stored = sql(
+            "INSERT INTO session_states (session_id, fed, through_id, state) "
+            f"SELECT ?, ?, max(id), ? FROM actions WHERE {key} = ? AND {not_forgotten} "
+            "AND EXISTS (SELECT 1 FROM sessions WHERE session_id = ? AND actions = ? AND first_seen = ?) "
+            "HAVING max(id) IS NOT NULL ON CONFLICT (session_id) DO UPDATE "
+            "SET fed = excluded.fed, through_id = excluded.through_id, state = excluded.state "
+            "WHERE session_states.fed < excluded.fed"
         )
         self.kept_state = sql("SELECT fed, through_id, state FROM session_states WHERE session_id = ?")
         self.count_kept = sql(f"SELECT count(*) FROM actions WHERE {key} = ? AND {not_forgotten} AND id <= ?")
@@ -235,8 +248,16 @@ class SqlWriter:
         cursor = self._db.execute(self._sql.add_action, action_params(row, received_at))
         return cursor.rowcount == 1  # type: ignore[no-any-return]
 
-    def keep_state(self, session_id: str, fed: int, state: bytes) -> None:
-        self._db.execute(self._sql.keep_state, (session_id, fed, state, session_id, session_id))
+    def keep_state(
+        self, session_id: str, fed: int, state: bytes, if_stored: StoredSession | None = None
+    ) -> None:
+        if if_stored is None:
+            self._db.execute(self._sql.keep_state, (session_id, fed, state, session_id, session_id))
+            return
+        self._db.execute(
+            self._sql.keep_state_if_stored,
+            (session_id, fed, state, session_id, session_id, session_id, *if_stored),
+        )
 
     def kept_state(self, session_id: str) -> KeptState | None:
         kept = self._db.execute(self._sql.kept_state, (session_id,)).fetchone()
