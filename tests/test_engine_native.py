@@ -102,6 +102,21 @@ def test_a_redelivered_span_is_not_counted_again(native: None) -> None:
     assert checker.actions == 2
 
 
+def test_a_caller_that_drops_redeliveries_has_every_span_checked(native: None) -> None:
+    """``dropped_redeliveries`` (the sidecar, whose store drops them by trace, span and
+    status): an action's span id again, in another trace, is another span, checked in C
+    and in Python alike; without it both feeds skip it as a redelivery."""
+    record = {"session_id": "s-1", "action_id": "a1", "kind": "tool_call", "status": "ok"}
+    span_id = "00f067aa0ba902b7"
+    for dropped, expected in ((True, ["duplicate-action-id"]), (False, [])):
+        native, python = (Checker(RULES, dropped_redeliveries=dropped) for _ in range(2))
+        for checker, feed in ((native, native.feed), (python, python_feed(python))):
+            assert feed(dict(record), span_location("1" * 32, span_id)) == []
+            again = feed(dict(record), span_location("2" * 32, span_id))
+            assert [v.rule for v in again] == expected
+            assert checker.actions == 1 + dropped
+
+
 def test_unusual_records_go_to_the_python_feed(native: None) -> None:
     """A dict subclass and a record without its identifiers: the same findings either way."""
 

@@ -48,6 +48,7 @@ typedef struct {
 #define DECLARE(name) PyObject *name;
     FEED_OBJECTS(DECLARE)
 #undef DECLARE
+    int check_redeliveries; /* whether a recalled action's span delivered again is skipped */
 } Feed;
 
 /* checker.actions += delta (the checker's count and a session's map share the name) */
@@ -192,7 +193,7 @@ check(Feed *self, PyObject *record, PyObject *where, PyObject *ids[4], PyObject 
     PyObject *prior = recall(session, ids[1]);
     PyObject *shape = NULL, *rules = NULL;
     int failed = prior == NULL;
-    if (!failed && prior != Py_None) {
+    if (!failed && prior != Py_None && self->check_redeliveries) {
         PyObject *again = PyObject_CallMethodObjArgs(prior, M_IS_REDELIVERY, record, where, NULL);
         int redelivered = again ? PyObject_IsTrue(again) : -1;
         Py_XDECREF(again);
@@ -403,12 +404,13 @@ static int
 Feed_init(Feed *self, PyObject *args, PyObject *kwargs)
 {
     static char *names[] = {"checker", "python_feed", "sessions", "by_shape", "remember", "nowhere",
-                            "loads", "decode_error", "location_type", NULL};
+                            "loads", "decode_error", "location_type", "check_redeliveries", NULL};
     Feed given = {0};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O$OO!O!OOOOO!:Feed", names, &given.checker, &given.python_feed,
+    given.check_redeliveries = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O$OO!O!OOOOO!p:Feed", names, &given.checker, &given.python_feed,
                                      &PyDict_Type, &given.sessions, &PyDict_Type, &given.by_shape, &given.remember,
                                      &given.nowhere, &given.loads, &given.decode_error, &PyType_Type,
-                                     &given.location_type))
+                                     &given.location_type, &given.check_redeliveries))
         return -1;
     if (!PyType_IsSubtype((PyTypeObject *)given.location_type, &PyTuple_Type)
         || !PyExceptionClass_Check(given.decode_error)) {
@@ -422,6 +424,7 @@ Feed_init(Feed *self, PyObject *args, PyObject *kwargs)
 #define TAKE(name) Py_XSETREF(self->name, Py_NewRef(given.name));
     FEED_OBJECTS(TAKE)
 #undef TAKE
+    self->check_redeliveries = given.check_redeliveries;
     return 0;
 }
 

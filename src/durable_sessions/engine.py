@@ -50,6 +50,12 @@ class Checker:
     ``max_sessions`` bounds how many sessions are held at once: past it the least
     recently active session is ended (its end-of-session rules run) and forgotten.
     ``None`` holds every session until :meth:`finish`, which is right for a file.
+
+    A record of an action whose last span it repeats (same span id and status) is taken
+    for that span delivered again and skipped, unless ``dropped_redeliveries``: the caller
+    drops every span delivered again itself, by trace id, span id and status (the
+    sidecar's store), and the engine, which remembers an action's last span id but not its
+    trace, would also skip a span of the same id in another trace, which is another span.
     """
 
     def __init__(
@@ -59,7 +65,9 @@ class Checker:
         key_window_s: float = DEFAULT_KEY_WINDOW_S,
         max_sessions: int | None = None,
         max_actions_per_session: int = DEFAULT_MAX_ACTIONS_PER_SESSION,
+        dropped_redeliveries: bool = False,
     ) -> None:
+        self.dropped_redeliveries = dropped_redeliveries
         self.rules: tuple[Rule, ...] = tuple(rules) if rules is not None else select_rules()
         self.key_window_s = key_window_s
         self.max_sessions = max_sessions
@@ -101,6 +109,7 @@ class Checker:
             loads=orjson.loads,
             decode_error=orjson.JSONDecodeError,
             location_type=Location,
+            check_redeliveries=not self.dropped_redeliveries,
         )
 
     def feed(self, record: ActionRecord, where: Location = NOWHERE) -> list[Violation]:
@@ -128,7 +137,7 @@ class Checker:
         if session is None:
             session = self._session(session_id, violations)
         prior = session.recall(action_id)
-        if prior is not None and prior.is_redelivery(record, where):
+        if prior is not None and not self.dropped_redeliveries and prior.is_redelivery(record, where):
             self.actions -= 1
             return violations
         shape = (kind, status, tuple(record), prior is not None, bool(session.failure_runs))

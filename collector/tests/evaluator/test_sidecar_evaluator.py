@@ -77,3 +77,35 @@ def test_redelivered_spans_are_neither_stored_nor_checked_twice(tmp_path: Path) 
         assert stored and [v.rule for v in violations] == ["unkeyed-side-effect"]
         assert evaluator.ingest(writer, arrival(item), 0.0) == (False, [])
     store.close()
+
+
+def test_spans_of_one_span_id_in_two_traces_of_a_session_are_both_checked(start_sidecar, store_url) -> None:  # type: ignore[no-untyped-def]
+    # A span id is unique within its trace only: the same id in another trace is another
+    # span, which the store keeps beside the first. The engine took it for the first
+    # delivered again (it remembers an action's last span id, not its trace) and judged
+    # nothing of it: here, a second run of action a1 went without its duplicate-action-id.
+    import grpc
+    from opentelemetry.proto.common.v1.common_pb2 import KeyValue
+    from opentelemetry.proto.trace.v1.trace_pb2 import Span
+    from sidecar_clients import any_value, export_call, request_of
+
+    sidecar = start_sidecar(store_url, evaluation__idle_s=3600)
+    attributes = {"session.id": "s", "agent.action.id": "a1", "agent.action.kind": "tool_call"}
+
+    def span(trace: int) -> Span:
+        return Span(
+            trace_id=bytes([trace] * 16),
+            span_id=bytes([7] * 8),
+            name="action a1",
+            start_time_unix_nano=1_700_000_000_000_000_000 + trace,
+            end_time_unix_nano=1_700_000_000_000_000_000 + trace + 1,
+            attributes=[KeyValue(key=k, value=any_value(v)) for k, v in attributes.items()],
+        )
+
+    with grpc.insecure_channel(sidecar.grpc_endpoint) as channel:
+        for trace in (1, 2):
+            response = export_call(channel)(request_of(span(trace)).SerializeToString(), timeout=20)
+            assert not response.HasField("partial_success")
+    detail = sidecar.session("s")
+    assert [a["trace_id"] for a in detail["actions"]] == ["01" * 16, "02" * 16]
+    assert [(v["rule"], v["trace_id"]) for v in detail["violations"]] == [("duplicate-action-id", "02" * 16)]

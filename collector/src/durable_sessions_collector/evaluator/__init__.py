@@ -96,11 +96,14 @@ class Evaluator:
         than that is always rebuilt by re-feeding its records)."""
         self.rules = select_rules(strict=strict)
         # Eviction is done here, not by the engine: an evicted session is not over, so
-        # its end-of-session rules must not fire; it is rebuilt when needed.
+        # its end-of-session rules must not fire; it is rebuilt when needed. Every record
+        # fed is one the store had not stored (unique on trace, span and status): a span of
+        # an action's last span id in another trace is another span, checked as one.
         self.checker = Checker(
             self.rules,
             key_window_s=key_window_s,
             max_actions_per_session=max_actions_per_session,
+            dropped_redeliveries=True,
         )
         self.max_sessions = max_sessions
         self.keep_state_after = keep_state_after
