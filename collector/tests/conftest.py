@@ -15,9 +15,13 @@ from typing import Any
 
 import pytest
 from durable_sessions_collector.config import Config, load
+from durable_sessions_collector.evaluator import Evaluator, arrival
 from durable_sessions_collector.service import Service
+from durable_sessions_collector.store import Store
 from postgres_support import postgres_url, store_url  # noqa: F401  (fixtures: a fresh PostgreSQL schema; a store of each kind)
 from prometheus_client.parser import text_string_to_metric_families
+
+from durable_sessions.mapping import Mapped
 
 
 class LineBuffer(io.TextIOBase):
@@ -153,3 +157,29 @@ def start_sidecar(tmp_path: Path) -> Iterator[Callable[..., Sidecar]]:
 @pytest.fixture
 def sidecar(start_sidecar: Callable[..., Sidecar]) -> Sidecar:
     return start_sidecar()
+
+
+def written(store: Store, evaluator: Evaluator, *spans: Mapped, now: float = 1.0) -> list[str]:
+    """``spans`` written and judged by one sidecar (``store`` and ``evaluator``) as its
+    pipeline writes a batch: their sessions locked (a shared store's), then each span
+    ingested, then the sessions touched at ``now``; the new findings' rules."""
+    sessions = sorted({str(mapped.record["session_id"]) for mapped in spans})
+    with store.writer() as writer:
+        stored = writer.lock_sessions(sessions)
+        if stored is not None:
+            evaluator.forget_stale(stored)
+        found = []
+        for mapped in spans:
+            added, violations = evaluator.ingest(writer, arrival(mapped), now)
+            assert added
+            found += [v.rule for v in violations if writer.add_violation(v, at_end=False, now=now)]
+        for session_id in sessions:
+            writer.touch_session(session_id, now, sum(m.record["session_id"] == session_id for m in spans))
+    return found
+
+
+def kept_fed(store: Store, session_id: str) -> int | None:
+    """How many records the state kept of ``session_id`` holds; None: none fits."""
+    with store.writer() as writer:
+        kept = writer.kept_state(session_id)
+    return None if kept is None else kept.fed

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import kept_fed, written
 from durable_sessions_collector.evaluator import KEEP_STATE_AFTER, Evaluator, arrival
 from durable_sessions_collector.store import Store, action_row, open_store
 from durable_sessions_collector.store.base import KeptState
@@ -225,3 +226,22 @@ def test_a_state_of_format_version_1_is_rebuilt_and_knows_an_unwritten_first_att
     assert restarted.rebuilt == 1
     assert restarted.restored == (version == FORMAT_VERSION)
     assert restarted.refed == (2 if version == 1 else 0)
+
+
+def tool_call(session: str, n: int) -> Mapped:
+    record = {"session_id": session, "action_id": f"c{n}", "kind": "tool_call", "status": "ok"}
+    return Mapped(record, span_location("t" * 32, f"{session}{n:015x}"[-16:]), [])  # type: ignore[arg-type]
+
+
+def test_an_evicted_session_s_state_is_kept_also_when_it_was_rebuilt_in_a_later_batch(store: Store) -> None:
+    # An evicted session's state is kept only if the store still holds what the engine was
+    # fed (see test_sidecar_postgres_store). A session rebuilt in a batch of a later time
+    # than its row's must still pass that, on a store of one writer too.
+    evaluator = Evaluator(max_sessions=1, keep_state_after=1)
+    written(store, evaluator, *(tool_call("S", n) for n in range(5)), now=1.0)  # kept at 4
+    written(store, evaluator, tool_call("T", 0), now=2.0)  # evicts S: kept at 5
+    assert kept_fed(store, "S") == 5
+    written(store, evaluator, *(tool_call("S", n) for n in range(5, 9)), now=3.0)  # rebuilt; kept at 7
+    assert kept_fed(store, "S") == 7
+    written(store, evaluator, tool_call("T", 1), now=4.0)  # evicts S, fed 9
+    assert kept_fed(store, "S") == 9

@@ -21,9 +21,9 @@ from urllib.parse import urlsplit
 import psycopg
 import psycopg.conninfo
 import pytest
-from conftest import wait_for
+from conftest import kept_fed, wait_for, written
 from durable_sessions_collector.evaluator import Evaluator, arrival
-from durable_sessions_collector.store import Alert, Store, StoreError, action_row, open_store
+from durable_sessions_collector.store import Alert, StoreError, action_row, open_store
 from durable_sessions_collector.store.base import cursor_position
 from durable_sessions_collector.store.postgres import SCHEMA_VERSION, PostgresStore, split_url
 from postgres_support import held_transaction
@@ -681,28 +681,6 @@ def test_a_session_pruned_and_started_afresh_is_rebuilt_by_a_replica_holding_it(
     assert on_b.rebuilt == 1
     for store in (a, b):
         store.close()
-
-
-def written(store: Store, evaluator: Evaluator, *spans: Mapped, now: float = 1.0) -> list[str]:
-    """``spans`` written and judged by one replica (``store`` and ``evaluator``) as its
-    pipeline writes a batch: their sessions locked, then each span; the new findings."""
-    sessions = sorted({str(mapped.record["session_id"]) for mapped in spans})
-    with store.writer() as writer:
-        evaluator.forget_stale(writer.lock_sessions(sessions))
-        found = []
-        for mapped in spans:
-            added, violations = evaluator.ingest(writer, arrival(mapped), now)
-            assert added
-            found += [v.rule for v in violations if writer.add_violation(v, at_end=False, now=now)]
-        for session_id in sessions:
-            writer.touch_session(session_id, now, sum(m.record["session_id"] == session_id for m in spans))
-    return found
-
-
-def kept_fed(store: Store, session_id: str) -> int | None:
-    with store.writer() as writer:
-        kept = writer.kept_state(session_id)
-    return None if kept is None else kept.fed
 
 
 def test_an_evicted_session_s_state_does_not_replace_a_newer_one_another_replica_kept(

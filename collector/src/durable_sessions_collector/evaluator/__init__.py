@@ -254,18 +254,15 @@ class Evaluator:
     def _keep(
         self, writer: Writer, session_id: str, held: Held | None = None, *, locked: bool = True
     ) -> None:
-        """Keep the state of ``session_id`` in the store. Unless ``locked``, on a shared
-        store (its row's ``first_seen`` known), only while the store holds what the engine
-        was fed: another replica may have added records meanwhile and kept a newer state,
-        or deleted the session and started it afresh with as many records, whose rebuild
-        would then restore this one's state."""
+        """Keep the state of ``session_id`` in the store. Unless ``locked``, a shared store
+        keeps it only while it holds what the engine was fed: another replica may have
+        added records meanwhile and kept a newer state, or deleted the session and started
+        it afresh with as many records, whose rebuild would then restore this one's state."""
         held = held or self._held[session_id]
         state = self.checker.snapshot(session_id)
         if state is not None:
-            unlocked = not locked and held.first_seen is not None
-            writer.keep_state(
-                session_id, held.fed, state, StoredSession(held.fed, held.first_seen) if unlocked else None
-            )
+            fed_from = None if locked else StoredSession(held.fed, held.first_seen)
+            writer.keep_state(session_id, held.fed, state, fed_from)
         # Also when no snapshot carries the state (a record value that is not JSON): it is
         # tried again once the session has grown as much again, not at its next record.
         held.kept = held.fed

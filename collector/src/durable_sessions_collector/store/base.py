@@ -529,7 +529,7 @@ class Writer(Protocol):
         (:meth:`lock_sessions`), which another replica may be writing meanwhile: the state
         is kept only if the store holds that of the session still (its action count is
         ``fed``, its row the one the state was fed from), and it replaces no state kept of
-        more records."""
+        more records. A store of one writer keeps it regardless."""
 
     def kept_state(self, session_id: str) -> KeptState | None:
         """The state kept of ``session_id``, if it still holds the session's first records:

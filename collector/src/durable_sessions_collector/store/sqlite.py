@@ -47,6 +47,7 @@ from durable_sessions_collector.store.base import (
     SessionDetail,
     SessionSummary,
     Settled,
+    StoredSession,
     StoreError,
     action_page,
     change_feed_row,
@@ -684,6 +685,14 @@ class SqliteWriter(SqlWriter):
         """Nothing to do: this process is the store's only writer, so what the evaluator
         holds in memory is what the store holds (see the PostgreSQL store)."""
         return None
+
+    def keep_state(
+        self, session_id: str, fed: int, state: bytes, if_stored: StoredSession | None = None
+    ) -> None:
+        """Kept whatever ``if_stored`` says: this process is the store's only writer, so
+        the store holds what the engine was fed (and the evaluator's ``first_seen`` of a
+        session it rebuilt is not its row's)."""
+        super().keep_state(session_id, fed, state)
 
     def is_stored(self, row: ActionRow) -> bool:
         found = self._db.execute(
