@@ -7,9 +7,11 @@ with the fix applied, and is clean under every rule with strict checking on.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ from durable_sessions.digest import digest_value
 from durable_sessions.engine import Checker
 from durable_sessions.record import line_location
 from durable_sessions.rules import CATALOGUE, select_rules
-from durable_sessions.rules.record_rules import describe
+from durable_sessions.rules.record_rules import describe, time_component
 from durable_sessions.rules.state import DEFAULT_KEY_WINDOW_S, _pack_attempts, _unpack_attempts
 from durable_sessions.violation import Severity, Violation
 from tests.support.rule_examples import unexpected_rules
@@ -814,6 +816,105 @@ def test_time_derived_key_is_caught(key: str, component: str) -> None:
 )
 def test_identity_derived_key_is_not_time_derived(key: str) -> None:
     assert check_records([R("a07", "payment", idempotency_key=key, result={})]) == []
+
+
+# -- time-based UUIDs written without dashes -------------------------------------------------
+
+_GREGORIAN_TO_UNIX_S = 12_219_292_800  # 1582-10-15, where v1 and v6 count from, to 1970-01-01
+_KEY_YEARS_S = (946_684_800, 4_102_444_800)  # 2000-01-01 .. 2100-01-01, the years keys are made in
+
+
+def time_uuid(version: int, unix_s: float, rest: int) -> uuid.UUID:
+    """A UUID of ``version`` 1, 6 or 7 that embeds ``unix_s`` (RFC 9562), its other bits
+    (clock sequence, node, random) from ``rest``."""
+    variant = 0b10 << 62
+    if version == 7:
+        ms = int(unix_s * 1000)
+        return uuid.UUID(int=ms << 80 | 7 << 76 | (rest >> 62) % (1 << 12) << 64 | variant | rest % (1 << 62))
+    ticks = int((unix_s + _GREGORIAN_TO_UNIX_S) * 10_000_000)
+    if version == 1:
+        time_fields = (ticks % (1 << 32)) << 96 | (ticks >> 32) % (1 << 16) << 80 | (ticks >> 48) << 64
+    else:
+        time_fields = (ticks >> 28) << 96 | (ticks >> 12) % (1 << 16) << 80 | (ticks % (1 << 12)) << 64
+    return uuid.UUID(int=time_fields | version << 76 | variant | rest % (1 << 62))
+
+
+UUID_FORMS = {
+    "hex": lambda value: value.hex,
+    "upper-hex": lambda value: value.hex.upper(),
+    "braced-hex": lambda value: "{" + value.hex + "}",
+    "dashed": str,
+    "urn": lambda value: value.urn,
+    "braced": lambda value: "{" + str(value) + "}",
+}
+key_prefix = st.text(alphabet="ghijklmnopqrstuvwxyz-_:/", max_size=8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    version=st.sampled_from([1, 6, 7]),
+    unix_s=st.floats(_KEY_YEARS_S[0], _KEY_YEARS_S[1] - 1),
+    rest=st.integers(0, 2**74 - 1),
+    form=st.sampled_from(sorted(UUID_FORMS)),
+    prefix=key_prefix,
+)
+def test_time_uuid_key_is_caught_in_every_form(
+    version: int, unix_s: float, rest: int, form: str, prefix: str
+) -> None:
+    """``uuid.uuid1().hex`` (no dashes) was not read as a time-based UUID: a key made afresh
+    by the clock on every attempt passed. Every form of a v1, v6 or v7 UUID made between
+    2000 and 2100 is one."""
+    key = prefix + UUID_FORMS[form](time_uuid(version, unix_s, rest))
+    [violation] = check_records([R("a07", "payment", idempotency_key=key, result={})])
+    assert violation.rule == "time-derived-key"
+
+
+def test_uuid1_hex_is_reported_as_a_time_based_uuid() -> None:
+    key = uuid.uuid1().hex
+    [violation] = check_records([R("a07", "payment", idempotency_key="pay-" + key, result={})])
+    assert f"contains the time-based UUID '{key}'" in violation.message
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    version=st.sampled_from([1, 6, 7]),
+    unix_s=st.one_of(st.floats(-_GREGORIAN_TO_UNIX_S, _KEY_YEARS_S[0] - 1), st.floats(_KEY_YEARS_S[1], 1e12)),
+    rest=st.integers(0, 2**74 - 1),
+    prefix=key_prefix,
+)
+def test_hex_key_whose_uuid_time_is_implausible_is_no_time_uuid(
+    version: int, unix_s: float, rest: int, prefix: str
+) -> None:
+    """A 32-hex-digit key with the version and variant digits of a time-based UUID but a
+    time before 2000 or after 2100 is a hash or a random id, not a clock reading: a content
+    hash, the recommended key, has those digits about one time in 21."""
+    if version == 7:
+        unix_s = min(max(unix_s, 0), (1 << 48) / 1000 - 1)  # the 48 bits of milliseconds since 1970 v7 holds
+    else:
+        unix_s = min(unix_s, (1 << 60) / 10_000_000 - _GREGORIAN_TO_UNIX_S - 1)  # the 60 bits of v1 and v6
+    key = prefix + time_uuid(version, unix_s, rest).hex
+    assert "time-based UUID" not in (time_component(key) or "")
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=st.integers(0, 2**128 - 1), prefix=key_prefix)
+def test_hex_key_of_another_uuid_version_or_variant_is_no_time_uuid(value: int, prefix: str) -> None:
+    """Version digits other than 1, 6 and 7 (a uuid4().hex key), or a variant other than
+    RFC 9562's, make no time-based UUID, whatever time the other digits would read as."""
+    parsed = uuid.UUID(int=value)
+    if parsed.variant == uuid.RFC_4122 and parsed.version in (1, 6, 7):
+        value ^= 1 << 78  # make it version 3, 4 or 5, or a variant other than RFC 9562's
+    key = prefix + uuid.UUID(int=value).hex
+    assert "time-based UUID" not in (time_component(key) or "")
+
+
+def test_few_truncated_content_hashes_read_as_time_uuids() -> None:
+    """A SHA-256 of the action's identity cut to 32 hex digits is a recommended key. About
+    one in 21 has a time-based UUID's version and variant digits; only those that also
+    embed a time between 2000 and 2100 (about one in a thousand) are read as one."""
+    keys = [hashlib.sha256(f"s-{n}/a07".encode()).hexdigest()[:32] for n in range(20_000)]
+    read_as_uuids = [key for key in keys if "time-based UUID" in (time_component(key) or "")]
+    assert len(read_as_uuids) < 40, len(read_as_uuids)
 
 
 def test_truncated_result_is_a_warning_when_the_length_equals_the_limit() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import operator
 import re
+import uuid
 from collections.abc import Callable, Mapping
 from functools import partial
 from operator import itemgetter
@@ -359,6 +360,11 @@ _COMPACT_DATE_TIME = (
 _TIME_UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[167][0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
 _DATE_LIKE = re.compile(rf"{_YEAR_FIRST_DATE}|{_YEAR_LAST_DATE}|{_COMPACT_DATE_TIME}")
 _TIME_UUID_LIKE = re.compile(_TIME_UUID, re.I)
+# A UUID written without its dashes (uuid.uuid1().hex): 32 hex digits, none on either side.
+# So are a content hash cut to 32 digits and an MD5, which have a time-based UUID's version
+# and variant digits one time in 21: only the time such a UUID embeds tells it from a hash.
+_UNDASHED_UUID = re.compile(r"(?<![0-9a-f])[0-9a-f]{32}(?![0-9a-f])", re.I)
+_GREGORIAN_TO_UNIX_S = 12_219_292_800  # v1 and v6 count 100 ns from 1582-10-15, 1970 less this
 _DIGIT_RUN = re.compile(r"(?<!\d)(\d{10}|\d{13}|\d{16}|\d{19})(?!\d)")
 _EPOCH_RANGE_S = (946_684_800, 4_102_444_800)  # 2000-01-01 .. 2100-01-01
 # What durable_sessions.instrument.idempotency_key() returns: "ds1-" and 32 base32 digits
@@ -379,11 +385,33 @@ def time_component(key: str) -> str | None:
         return f"the date '{found.group()}'"
     if found := _TIME_UUID_LIKE.search(key):
         return f"the time-based UUID '{found.group()}'"
+    for digits in _UNDASHED_UUID.findall(key):
+        if _is_plausible_time(_uuid_unix_seconds(uuid.UUID(hex=digits))):
+            return f"the time-based UUID '{digits}'"
     for run in _DIGIT_RUN.findall(key):
-        seconds = int(run) / 10 ** (len(run) - 10)
-        if _EPOCH_RANGE_S[0] <= seconds < _EPOCH_RANGE_S[1]:
+        if _is_plausible_time(int(run) / 10 ** (len(run) - 10)):
             return f"the epoch timestamp '{run}'"
     return None
+
+
+def _uuid_unix_seconds(value: uuid.UUID) -> float | None:
+    """The Unix time a version 1, 6 or 7 UUID (RFC 9562) embeds, or None for any other
+    version or variant."""
+    if value.variant != uuid.RFC_4122 or value.version not in (1, 6, 7):
+        return None
+    bits = value.int
+    if value.version == 7:
+        return (bits >> 80) / 1000  # 48 bits of milliseconds since 1970
+    # The 60-bit count of 100 ns in three fields: in version 1 its least significant bits
+    # come first (time_low, time_mid, time_high), in version 6 its most significant.
+    first, middle, last = bits >> 96, (bits >> 80) & 0xFFFF, (bits >> 64) & 0x0FFF
+    ticks = last << 48 | middle << 32 | first if value.version == 1 else first << 28 | middle << 12 | last
+    return ticks / 10_000_000 - _GREGORIAN_TO_UNIX_S
+
+
+def _is_plausible_time(unix_s: float | None) -> bool:
+    """``unix_s`` falls in the years a key read today could have been made in (2000-2100)."""
+    return unix_s is not None and _EPOCH_RANGE_S[0] <= unix_s < _EPOCH_RANGE_S[1]
 
 
 @record_rule(
@@ -403,7 +431,12 @@ def time_derived_key(record: ActionRecord) -> str | None:
     `01.11.2026`), compact dates and date-times (`20261101`, `20261101T0914`,
     `20261101-091400`, `20261101091400123`; a year 19xx or 20xx, a real month and day,
     and no digit on either side), epoch numbers of 10, 13, 16 or 19 digits in a
-    plausible range, and UUIDs of versions 1, 6 and 7 (which embed a timestamp).
+    plausible range, and UUIDs of versions 1, 6 and 7 (which embed a timestamp), with
+    their dashes or without (`uuid1().hex`). Without dashes, 32 hex digits are read as
+    one only when the time they embed falls between 2000 and 2100: a content hash cut
+    to 32 hex digits (or an MD5) has a time-based UUID's version and variant digits
+    one time in 21, and a time in that range about one time in a thousand. A whole
+    SHA-256 (64 hex digits) is never read as a UUID.
     Not flagged: a key in exactly the format `idempotency_key()` gives (`ds1-` and 32
     characters of `a`-`z`, `2`-`7`), a hash of the identity whose digits may happen to
     read as an epoch number.
