@@ -272,3 +272,33 @@ def test_an_action_log_read_from_a_fifo_is_checked_whole(fixtures: FixtureSet, t
     finally:
         writer.join(timeout=60)
     assert (result.returncode, result.stdout, result.stderr) == (1, expected.stdout, "")
+
+
+def test_a_known_kind_or_status_spelt_otherwise_fails_replay_check(tmp_path: Path) -> None:
+    """Every seed rule dispatches on ``kind`` and ``status``, read literally: an unkeyed
+    ``Payment``, an unanswered ``user-prompt`` and a ``status: "OK"`` payment passed as
+    replay-safe (exit 0) where ``durable-sessions check`` reports them as invalid-field.
+    "Exit 0 when every action is replay-safe": they are reported, as check words them.
+    Fields the seed never defined (``ts``) stay the full check's to judge."""
+    log = tmp_path / "spelt.jsonl"
+    records = [
+        {"session_id": "s-1", "action_id": "a1", "kind": "Payment", "status": "ok", "result": {}},
+        {"session_id": "s-1", "action_id": "a2", "kind": "user-prompt", "status": "ok"},
+        {"session_id": "s-1", "action_id": "a3", "kind": "payment", "status": "OK"},
+        {"session_id": "s-1", "action_id": "a4", "kind": "tool_call", "status": "ok", "ts": "yesterday"},
+    ]
+    log.write_text("".join(json.dumps(record) + "\n" for record in records), encoding="utf-8")
+    result = replay_check("--actions", str(log))
+    assert result.returncode == 1, result.stdout
+    assert [
+        (match["line"], match["action"], match["message"]) for match in violation_lines(result.stdout)
+    ] == [
+        ("1", "a1", "kind is the string 'Payment', expected 'payment' — the rules cannot rely on it"),
+        ("2", "a2", "kind is the string 'user-prompt', expected 'user_prompt' — the rules cannot rely on it"),
+        (
+            "3",
+            "a3",
+            "status is the string 'OK', expected one of ok, error, started — the rules cannot rely on it",
+        ),
+    ]
+    assert result.stdout.endswith("replay-check FAIL: 3 violation(s) in 4 action(s)\n")

@@ -37,4 +37,24 @@ def select_rules(
     )
 
 
-__all__ = ["CATALOGUE", "PRESETS", "Catalogue", "Explanation", "Preset", "Rule", "select_rules"]
+def replay_check_rules(*, strict: bool = False) -> tuple[Rule, ...]:
+    """The rules ``replay-check`` runs: the seed's set, and ``invalid-field`` for the two
+    fields that choose which of them apply (``kind``, ``status``): a kind or status spelt
+    otherwise would pass them all (see :data:`record_rules.INVALID_KIND_OR_STATUS`).
+
+    Only for a checker in this process: a checking worker (``--jobs``) rebuilds its rules
+    from their ids, and would take this ``invalid-field`` for the whole one.
+    """
+    return (*select_rules("seed", strict=strict), record_rules.INVALID_KIND_OR_STATUS)
+
+
+__all__ = [
+    "CATALOGUE",
+    "PRESETS",
+    "Catalogue",
+    "Explanation",
+    "Preset",
+    "Rule",
+    "replay_check_rules",
+    "select_rules",
+]

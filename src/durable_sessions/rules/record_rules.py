@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 import re
@@ -583,11 +584,7 @@ def _field_problem(record: ActionRecord, name: str, value: Any, spec: FieldSpec)
     Severity.ERROR,
     fix="Write each field with the type and values documented in docs/semconv.md",
     judges_replays=True,  # the rules read a replayed record's fields too
-    when=lambda facts: (
-        facts.status not in STATUSES
-        or not _CHECKED_FIELDS.isdisjoint(facts.fields)
-        or kinds.expected_kind(facts.kind) is not None
-    ),
+    when=lambda facts: _kind_or_status_unknown(facts) or not _CHECKED_FIELDS.isdisjoint(facts.fields),
     fields=_CHECKED_FIELDS,
     specialize=lambda facts: _fields_checker(facts),
 )
@@ -601,7 +598,9 @@ def invalid_field(record: ActionRecord) -> str | None:
     an unkeyed payment written so would pass every rule, and a kind of spaces names no
     kind at all. A wrong type silently turns a protection off, so it is reported rather
     than guessed at. (`max_attempts` and `ttl_s` are judged by `unbounded-retry` and
-    `cache-without-ttl` when the action is retryable or cacheable.)
+    `cache-without-ttl` when the action is retryable or cacheable.) `replay-check`, the
+    seed's drop-in, judges `kind` and `status` only: every seed rule is chosen by them,
+    and the other fields are not all the seed's.
 
     ## Example
     ```json
@@ -623,7 +622,7 @@ def _fields_checker(facts: Facts) -> Callable[[ActionRecord], str | None]:
     pass to fetch the values and their types, then the C value checks of those types.
     """
     names = tuple(sorted(_CHECKED_FIELDS & facts.fields))
-    if not names or facts.status not in STATUSES or kinds.expected_kind(facts.kind) is not None:
+    if not names or _kind_or_status_unknown(facts):
         return partial(_check_fields, names)
     values_of = itemgetter(*names) if len(names) > 1 else lambda record: (record[names[0]],)
     specs = [_FIELD_SPECS[name] for name in names]
@@ -659,6 +658,12 @@ def _fields_checker(facts: Facts) -> Callable[[ActionRecord], str | None]:
 _NONE_TYPE = type(None)
 
 
+def _kind_or_status_unknown(facts: Facts) -> bool:
+    """The record's status is none the rules know, or its kind is blank or a known kind
+    spelt otherwise (:func:`kinds.expected_kind`): every rule would pass it over."""
+    return facts.status not in STATUSES or kinds.expected_kind(facts.kind) is not None
+
+
 def _check_fields(names: tuple[str, ...], record: ActionRecord) -> str | None:
     problems = []
     from_mapping: tuple[str, ...] = ()
@@ -680,6 +685,20 @@ def _check_fields(names: tuple[str, ...], record: ActionRecord) -> str | None:
     messages = [f"{'; '.join(sorted(problems))} — the rules cannot rely on it"] if problems else []
     messages.extend(from_mapping)  # already in the rule's style: what, then the consequence
     return "; ".join(messages) or None
+
+
+INVALID_KIND_OR_STATUS = dataclasses.replace(
+    invalid_field,
+    fields=frozenset(),
+    when=_kind_or_status_unknown,
+    specialize=None,
+    check=partial(_check_fields, ()),
+)
+"""``invalid-field`` for ``kind`` and ``status`` alone, as ``replay-check`` runs it beside
+the seed's rules. Those two fields choose which of the seed's rules judge a record, so a
+``Payment`` or a status ``OK`` passed every one of them as replay-safe; the seed never
+defined the other fields ``invalid-field`` judges (``ts``, ``incarnation``, ...), so a log
+that carries them its own way stays a seed log. Not in the catalogue: one rule, one id."""
 
 
 def describe(value: Any) -> str:
