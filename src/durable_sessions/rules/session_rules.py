@@ -200,9 +200,10 @@ def re_executed_side_effect(
 
     ## Why is this bad?
     The effect already happened (the card was charged, the email sent) and recovery (or
-    a retry at a later attempt) ran it again instead of replaying its outcome. Without an idempotency key, or with a
-    different one, the far side cannot tell, and the effect fires twice (error). With
-    the same key it now depends on the far side honouring the key (warning).
+    a retry at a later attempt) ran it again instead of replaying its outcome. Without
+    an idempotency key, or with a different one, the far side cannot tell, and the
+    effect fires twice (error). With the same key it now depends on the far side
+    honouring the key (warning).
 
     ## Example
     ```json
@@ -245,9 +246,10 @@ def diverged_result(
 
     ## Why is this bad?
     The recorded result was there to replay; running the model call, the web read or the
-    clock read again (after a restart, or as a later attempt) gives another answer, so the resumed session diverges from the one
-    the user was in. When the results differ the message gives both digests (the
-    recorded one by its first 16 hex digits: that is what the session keeps).
+    clock read again (after a restart, or as a later attempt) gives another answer, so
+    the resumed session diverges from the one the user was in. When the results differ
+    the message gives both digests (the recorded one by its first 16 hex digits: that
+    is what the session keeps).
 
     ## Example
     ```json
