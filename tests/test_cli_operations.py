@@ -419,3 +419,17 @@ def test_a_100_mb_line_is_skipped_in_linear_time(tmp_path: Path) -> None:
         assert lines[0].startswith(f"{log}:1: error[unreadable-line]")
         assert lines[1].startswith(f"{log}:2: error[unkeyed-side-effect]")
     assert times["true"] < 3 * times["false"] + 1, times
+
+
+@pytest.mark.parametrize(
+    "command", [[DURABLE_SESSIONS, "check"], [REPLAY_CHECK]], ids=["check", "replay-check"]
+)
+def test_help_lists_every_exit_code_the_readme_does(command: list[str]) -> None:
+    """README: 2 is also an output that cannot be written, and a run cut short exits 130
+    (Ctrl-C), 143 (SIGTERM) or 141 (SIGPIPE). --help said '2: usage or unreadable input'
+    and nothing of the others."""
+    result = subprocess.run([*command, "--help"], capture_output=True, text=True, timeout=60, check=True)
+    epilog = " ".join(result.stdout.split())
+    assert "2: usage, unreadable input or unwritable output" in epilog
+    for code, cause in (("130", "Ctrl-C"), ("143", "SIGTERM"), ("141", "SIGPIPE")):
+        assert f"{code} ({cause})" in epilog, code

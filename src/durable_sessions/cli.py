@@ -66,6 +66,11 @@ from durable_sessions.violation import Violation
 
 EXIT_OK, EXIT_VIOLATIONS, EXIT_USAGE = 0, 1, 2
 EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_TERMINATED = 128 + 13, 128 + 2, 128 + 15
+CHECK_EXITS_BEYOND_1 = (
+    f"{EXIT_USAGE}: usage, unreadable input or unwritable output; {EXIT_INTERRUPTED} (Ctrl-C), "
+    f"{EXIT_TERMINATED} (SIGTERM), {EXIT_BROKEN_PIPE} (SIGPIPE): the run was cut short."
+)
+"""How the checking commands end besides 0 and 1 (:func:`run_command`), for their --help."""
 
 
 class OutputError(Exception):
@@ -159,7 +164,7 @@ def replay_check_main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="replay-check",
         description="Check that every action in a JSONL session log is replay-safe.",
-        epilog="Exit 0: every action is replay-safe; 1: violations; 2: usage or unreadable input.",
+        epilog=f"Exit 0: every action is replay-safe; 1: violations; {CHECK_EXITS_BEYOND_1}",
     )
     parser.add_argument("--actions", required=True, metavar="FILE", help="JSONL action log ('-' for stdin)")
     parser.add_argument("--strict", action="store_true", help="also demand on_failure on dead ends")
@@ -262,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
         "check",
         help="check action logs against every rule",
         description="Check JSONL action logs, observability-tracing event logs and OTLP/JSON trace files.",
-        epilog="Exit 0: no violation at or above --fail-on; 1: violations; 2: usage or unreadable input.",
+        epilog=f"Exit 0: no violation at or above --fail-on; 1: violations; {CHECK_EXITS_BEYOND_1}",
     )
     check.add_argument(
         "files", nargs="+", metavar="FILE", help="log files ('-' for stdin); sessions may span files"
