@@ -437,6 +437,49 @@ def test_a_replay_does_not_share_a_key_again() -> None:
     assert summary(check_records(unseen)) == [(2, "shared-key", "error")]
 
 
+FIRST_SEEN_AS_A_REPLAY = [
+    pytest.param(
+        R("a01", "user_prompt", result={"budget_gbp": 2400}),
+        R("a01", "user_prompt", result={"budget_gbp": 1800}),
+        "re-asked",
+        id="answer-asked-again",
+    ),
+    pytest.param(
+        R("a02", "llm_call", result_digest="sha256:" + "a" * 64),
+        R("a02", "llm_call", result_digest="sha256:" + "b" * 64),
+        "diverged-result",
+        id="model-called-again",
+    ),
+    pytest.param(
+        R("a08", "email", replay="skip", result=None),
+        R("a08", "email", replay="skip", result=None),
+        "re-executed-side-effect",
+        id="email-sent-again",
+    ),
+    pytest.param(
+        R("a02", "llm_call", result_digest="sha256:" + "a" * 64),
+        R("a02", "llm_call", result_digest="sha256:" + "b" * 64, replayed=True),
+        "replay-mismatch",
+        id="replayed-another-result",
+    ),
+]
+
+
+@pytest.mark.parametrize("native", ["true", "false"])
+@pytest.mark.parametrize(("served", "again", "rule_id"), FIRST_SEEN_AS_A_REPLAY)
+def test_an_outcome_first_seen_in_a_replay_is_the_recorded_one(
+    served: dict[str, Any], again: dict[str, Any], rule_id: str, native: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A log (or a process's spans) that begins after the action executed holds its replay
+    only, which serves the outcome recorded then. The session kept no outcome from a
+    replay, so executing the action again in a later run (asking the person, calling the
+    model, sending the email again) or replaying another result passed unseen."""
+    monkeypatch.setenv("DURABLE_SESSIONS_NATIVE", native)
+    replay = {**served, "incarnation": "run-2", "replayed": True}
+    later = {"incarnation": "run-3", **again}
+    assert summary(check_records([replay, later])) == [(2, rule_id, "error")]
+
+
 def test_a_replay_is_still_judged_for_its_own_fields() -> None:
     """invalid-field judges the record itself: the session rules read a replay's fields too."""
     original = R("a07", "payment", idempotency_key="pay-s-1-a07", result={"charge": "ch_1"})

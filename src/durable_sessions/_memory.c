@@ -449,7 +449,9 @@ observe(Fold *self, Action *a)
 {
     if (get(a->record, S_RETRYABLE) == Py_True)
         a->flags |= self->retryable;
-    if (PyUnicode_CompareWithASCIIString(a->status, "ok") != 0 || get(a->record, S_REPLAYED) == Py_True)
+    /* a replay too: it serves the outcome recorded when the action executed, which the
+     * session may never have seen (SessionState.remember) */
+    if (PyUnicode_CompareWithASCIIString(a->status, "ok") != 0)
         return PyErr_Occurred() ? -1 : 0;
     if (!(a->flags & self->recorded)) {
         int recorded = is_recorded(self, a->record);

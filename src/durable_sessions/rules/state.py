@@ -327,7 +327,10 @@ class SessionState:
                 where = prior.where  # a logged action is cited where it first appeared
         if get("retryable") is True:
             flags |= _RETRYABLE
-        if status == "ok" and get("replayed") is not True:
+        if status == "ok":
+            # A replay serves the outcome recorded when the action executed: where the
+            # session never saw that execution (a log that begins after it, a resumed
+            # process's spans), the replay is its record, and the effect was done.
             if not flags & _RECORDED and is_recorded(record):
                 flags |= _RECORDED
                 outcome = outcome_fingerprint(record)
