@@ -327,7 +327,9 @@ class Response:
 
     @classmethod
     def json(cls, status: int, document: Any, **headers: str) -> Response:
-        body = jsontext.dumps(document, default=str, ensure_ascii=False).encode("utf-8")
+        """``document`` as JSON that every parser reads as written: non-finite floats and
+        integers past 2^53 are strings (:mod:`~durable_sessions_collector.jsontext`)."""
+        body = jsontext.dumps(document, exact_ints=True, default=str, ensure_ascii=False).encode("utf-8")
         return cls(status, body, "application/json", dict(headers))
 
 

@@ -686,6 +686,39 @@ def test_non_finite_numbers_in_a_record_are_served_as_json_any_parser_reads(side
     assert [v["rule"] for v in detail["violations"]] == ["unbounded-retry"]  # a NaN bound is no bound
 
 
+def test_integers_past_2_53_are_served_as_their_decimal_text(sidecar) -> None:  # type: ignore[no-untyped-def]
+    # Before, seq (the span's start in nanoseconds) and an int64 attribute past 2**53 were
+    # JSON numbers, which JavaScript's JSON.parse, and every parser reading numbers as
+    # doubles, read as another number (seq off by up to 256 ns).
+    span = {
+        "traceId": "5b8efff798038103d269b633813fc6ab",
+        "spanId": "eee19b7ec3c1b1ab",
+        "name": "tool",
+        "startTimeUnixNano": "1700000000000000123",
+        "endTimeUnixNano": "1700000000000000124",
+        "attributes": [
+            {"key": "session.id", "value": {"stringValue": "big-numbers"}},
+            {"key": "agent.action.id", "value": {"stringValue": "t1"}},
+            {"key": "agent.action.kind", "value": {"stringValue": "tool_call"}},
+            {"key": "agent.action.max_attempts", "value": {"intValue": str(2**53 + 1)}},
+            {"key": "agent.action.result_length", "value": {"intValue": str(2**53)}},
+        ],
+    }
+    body = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}).encode()
+    request = urllib.request.Request(
+        sidecar.http_url + "/v1/traces", data=body, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 200
+    with urllib.request.urlopen(sidecar.http_url + "/api/sessions/big-numbers", timeout=10) as response:
+        served = response.read()
+    exact, as_doubles = json.loads(served), json.loads(served, parse_int=float)
+    assert as_doubles == exact  # no number that a double reads as another
+    [action] = exact["actions"]
+    assert (action["seq"], action["max_attempts"]) == ("1700000000000000123", str(2**53 + 1))
+    assert action["result_length"] == 2**53  # a double holds it exactly: still a number
+
+
 def test_jsontext_writes_non_finite_floats_as_protobuf_json_strings() -> None:
     from durable_sessions_collector import jsontext
 

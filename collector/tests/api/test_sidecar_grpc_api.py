@@ -238,14 +238,14 @@ def test_committed_generated_code_is_up_to_date(tmp_path: Path) -> None:
 def test_an_action_record_holds_the_same_numbers_as_the_http_api(sidecar, api) -> None:  # type: ignore[no-untyped-def]
     # A Struct's numbers are doubles: seq (the span's start in nanoseconds, ~1.8e18) came
     # out rounded to a multiple of 256, another number than the HTTP API's. An integer past
-    # 2**53 is now its decimal text (protobuf's JSON mapping of an int64); smaller ones
-    # stay numbers.
+    # 2**53 is now its decimal text (protobuf's JSON mapping of an int64), in both APIs;
+    # smaller ones stay numbers.
     agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
     agent.action("nums", "t1", "tool_call", max_attempts=3)
     agent.shutdown()
     [http] = sidecar.session("nums")["actions"]
     [action] = api.GetSession(pb.GetSessionRequest(session_id="nums"), timeout=10).actions
-    assert http["seq"] > 2**53
-    assert action.record["seq"] == str(http["seq"])
+    assert int(http["seq"]) > 2**53
+    assert action.record["seq"] == http["seq"]
     assert action.record["max_attempts"] == http["max_attempts"] == 3
     assert action.record["ts"] == http["ts"]

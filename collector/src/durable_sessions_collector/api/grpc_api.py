@@ -52,6 +52,7 @@ from durable_sessions_collector.api.v1 import sessions_pb2 as pb
 from durable_sessions_collector.api.v1 import sessions_pb2_grpc as pb_grpc
 from durable_sessions_collector.credentials import BearerToken
 from durable_sessions_collector.jsonlog import JsonLog
+from durable_sessions_collector.jsontext import exact_int
 from durable_sessions_collector.quote import quoted
 from durable_sessions_collector.security import StreamToken
 from durable_sessions_collector.store import Store, StoreError
@@ -357,19 +358,17 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else ("" if value is None else str(value))
 
 
-_EXACT_INT = 2**53
-"""The largest magnitude up to which every integer is a double exactly."""
-
-
 def _plain(value: Any) -> Any:
     """A value a ``google.protobuf.Struct`` holds. Numbers become doubles, but for an
     integer a double cannot hold exactly, which becomes its decimal text, as protobuf's
-    JSON mapping writes an int64: a ``seq`` (a span's start in nanoseconds, about 1.8e18)
-    read as a double was another number than the HTTP API's, off by up to 256 ns."""
+    JSON mapping writes an int64, and as the HTTP API writes it (:func:`~durable_sessions_collector.jsontext.exact_int`):
+    a ``seq`` (a span's start in nanoseconds, about 1.8e18) read as a double was another
+    number, off by up to 256 ns."""
     if value is None or isinstance(value, bool | str | float):
         return value
     if isinstance(value, int):
-        return float(value) if -_EXACT_INT <= value <= _EXACT_INT else str(value)
+        exact = exact_int(value)
+        return exact if isinstance(exact, str) else float(exact)
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
