@@ -156,6 +156,40 @@ def test_a_watcher_sees_fire_resolve_fire_again_and_resumes_from_a_cursor(  # ty
         assert [a.cursor for a in after.rest()] == [a.cursor for a in everything[position + 1 :]]
 
 
+def test_a_watch_of_unrecoverable_sessions_gets_the_resolution_of_an_alert_it_was_sent(  # type: ignore[no-untyped-def]
+    start_sidecar, store_url: str, watches: list[Watch]
+) -> None:
+    # The resolution leaves the session ok: filtered by the session's verdict now, it
+    # never reached a watch of VERDICT_UNRECOVERABLE, which was left with a firing alert
+    # that never ended. It is filtered by the verdict the session had while the violation
+    # held, live, resumed from the firing's cursor, or read from the start later.
+    sidecar = start_sidecar(store_url)
+    live = Watch(sidecar, verdicts=[pb.VERDICT_UNRECOVERABLE], timeout=20)
+    watches.append(live)
+    send(sidecar, status="started")
+    ended(sidecar)
+    [fired] = live.take(1)
+    assert (fired.status, fired.session_verdict) == (FIRING, pb.VERDICT_UNRECOVERABLE)
+
+    send(sidecar, status="error", error=True)
+    assert ended(sidecar)["verdict"] == "ok"
+    [resolved] = live.take(1)
+    assert (resolved.violation.key, resolved.status) == (fired.violation.key, RESOLVED)
+    assert resolved.session_verdict == pb.VERDICT_OK  # the verdict it left, as before
+
+    later = [
+        Watch(sidecar, cursor=cursor, verdicts=[pb.VERDICT_UNRECOVERABLE], timeout=2)
+        for cursor in (fired.cursor, live.start)
+    ]
+    watches.extend(later)
+    assert [a.cursor for a in later[0].rest()] == [resolved.cursor]
+    assert [a.cursor for a in later[1].rest()] == [fired.cursor, resolved.cursor]
+    # A verdict the session never had while it held still filters both out.
+    at_risk = Watch(sidecar, cursor=live.start, verdicts=[pb.VERDICT_AT_RISK], timeout=2)
+    watches.append(at_risk)
+    assert at_risk.rest() == []
+
+
 def unbounded_retries(sidecar: Sidecar, *sessions: str) -> None:
     """One violation (``retry-without-bound``) in each of ``sessions``, in that order."""
     agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "run-1")

@@ -10,7 +10,10 @@ Served on the gRPC port beside the OTLP ``TraceService``:
 - ``WatchAlerts``: a server stream of violations, and of changes of their status
   (``ALERT_STATUS_RESOLVED``, ``ALERT_STATUS_FIRING`` again), as they are committed, read
   from the store's violation feed (so a replica also sees what the others commit), polled
-  every ``poll_s``. The verdict and rule filters apply to changes as to new violations.
+  every ``poll_s``. The verdict and rule filters apply to changes as to new violations;
+  a violation that no longer holds passes the verdict filter by the verdict its session
+  had while it held too (:func:`alert_verdicts`), so that a watch gets the resolution of
+  an alert it was sent.
   The initial metadata ``x-durable-sessions-cursor`` is the starting point; each Alert
   carries the cursor to resume after it; a cursor names its store, and one of another
   store starts from this one's first alert (see :mod:`.alert_cursor`). At most ``max_watchers`` streams at
@@ -37,7 +40,9 @@ import grpc
 from google.protobuf import struct_pb2, timestamp_pb2
 from google.protobuf.message import DecodeError
 
+from durable_sessions.report import verdict_of
 from durable_sessions.rules import CATALOGUE
+from durable_sessions.violation import Severity
 from durable_sessions_collector.alerts import FIRING, RESOLVED
 from durable_sessions_collector.api.alert_cursor import AlertCursors
 from durable_sessions_collector.api.paging import (
@@ -57,6 +62,7 @@ from durable_sessions_collector.quote import quoted
 from durable_sessions_collector.security import StreamToken
 from durable_sessions_collector.store import Store, StoreError
 from durable_sessions_collector.store.base import DEFAULT_DETAIL_PAGE, SessionSummary
+from durable_sessions_collector.store.base import VERDICTS as BEST_TO_WORST
 
 SERVICE = "durable_sessions.v1.SessionService"
 CURSOR_METADATA = "x-durable-sessions-cursor"
@@ -231,7 +237,7 @@ class SessionApi(pb_grpc.SessionServiceServicer):
             for item in items:
                 if rules and item["rule"] not in rules:
                     continue
-                if verdicts and item["session_verdict"] not in verdicts:
+                if verdicts and not verdicts & alert_verdicts(item):
                     continue
                 yield alert_message(item, cursors.cursor(item["cursor"]))
             if len(items) < FEED_BATCH:
@@ -269,6 +275,24 @@ class _FeedReads:
             self.log.info("watch-read-recovered")
         self.failing, self.wait_s = False, self.poll_s
         return items, position
+
+
+def alert_verdicts(item: dict[str, Any]) -> set[str | None]:
+    """The session verdicts under which a watch's ``verdicts`` filter passes the feed's
+    ``item``: its session's verdict now and, for a violation that no longer holds (resolved
+    since, or this item its resolution), the verdict the session had while it held, the
+    worse of its verdict now and the one the violation gives it alone.
+
+    A resolution leaves its session better off (usually ``ok``): filtered by the verdict
+    now alone, a watch of ``unrecoverable`` sessions was sent the firing and never its
+    resolution. Read from the item alone, the filter passes the same alerts to a watch that
+    was open then as to one that reads them later from a cursor."""
+    now = item["session_verdict"]
+    held = item["resolved"] or item["status"] == RESOLVED
+    if now not in BEST_TO_WORST or not held or item["severity"] not in SEVERITIES:  # None: no session
+        return {now}
+    alone = verdict_of([Severity(item["severity"])])
+    return {now, max(now, alone, key=BEST_TO_WORST.index)}
 
 
 def parsing_handler(kind: Any, method: Any, request_type: Any, response_type: Any) -> grpc.RpcMethodHandler:
