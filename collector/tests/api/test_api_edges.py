@@ -39,6 +39,7 @@ from tls_certs import make_cert
 from webhook_server import QuietHandler, serve_in_background, stop_serving
 
 TOKEN = "edges-token-0123456789abcdef"
+GRPC_ORDERS = {"last_seen": pb.LIST_ORDER_LAST_SEEN, "session_id": pb.LIST_ORDER_SESSION_ID}
 OTHER_LISTING = "page_token: the token belongs to a listing with another verdict or order, or is damaged"
 FAST = {
     "alerts__webhook__backoff_s": 0.05,
@@ -463,6 +464,59 @@ def test_a_list_token_with_a_session_id_no_store_holds_is_refused_as_damaged(  #
     for order, document in zip(("last_seen", "session_id"), documents, strict=True):
         token = base64.urlsafe_b64encode(json.dumps(document).encode()).decode()
         assert bad_request(sidecar, f"/api/sessions?order={order}&page_token={quote(token)}") == OTHER_LISTING
+
+
+def test_a_page_token_of_another_store_is_refused_not_read_as_a_position_of_this_one(  # type: ignore[no-untyped-def]
+    start_sidecar, tmp_path: Path
+) -> None:
+    """Two sidecars, each with its own SQLite store, behind one address (pods of a
+    Deployment): a walk whose next page reached the other one went on from a position of
+    the first store's, skipping the other's sessions before it and listing ones the walk
+    had not begun with; a detail's token named an action id of the other store. Each is
+    refused, naming the token; a token without a store (an earlier sidecar's) still works."""
+    sidecars = [start_sidecar(tmp_path / f"{name}.db") for name in ("a", "b")]
+    for sidecar in sidecars:
+        agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
+        for n in range(4):
+            agent.action(f"s-{n}", "u1", "user_prompt", result='{"x": 1}')
+            agent.action(f"s-{n}", "u2", "user_prompt", result='{"x": 1}')
+        for n in range(2):
+            agent.action("bad", f"t{n}", "tool_call", retryable=True)  # unbounded-retry each
+        agent.shutdown()
+    first, other = sidecars
+    another_store = (
+        "the token is of another store, whose positions are not this one's; start again from the first page"
+    )
+    for order in ("last_seen", "session_id"):
+        _, page = first.get(f"/api/sessions?limit=2&order={order}")
+        wait_for(lambda: len(other.get("/api/sessions")[1]["sessions"]) == 5)
+        token = page["next_page_token"]
+        assert bad_request(other, f"/api/sessions?order={order}&page_token={token}") == (
+            f"page_token: {another_store}"
+        )
+        channel, api = api_stub(other)
+        with pytest.raises(grpc.RpcError) as refused:
+            api.ListSessions(pb.ListSessionsRequest(page_token=token, order=GRPC_ORDERS[order]), timeout=10)
+        assert (refused.value.code(), refused.value.details()) == (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"page_token: {another_store}",
+        )
+        channel.close()
+        # An earlier sidecar's token names no store: read as a position, as it was.
+        document = json.loads(base64.urlsafe_b64decode(token))
+        document.pop("d", None)
+        earlier = base64.urlsafe_b64encode(json.dumps(document).encode()).decode()
+        status, rest = first.get(f"/api/sessions?order={order}&page_token={quote(earlier)}")
+        _, everything = first.get(f"/api/sessions?order={order}")
+        assert status == 200 and page["sessions"] + rest["sessions"] == everything["sessions"]
+    _, detail = first.get("/api/sessions/bad?actions_limit=1&violations_limit=1")
+    for name in ("actions", "violations"):
+        token = detail[f"next_{name}_page_token"]
+        assert token and bad_request(other, f"/api/sessions/bad?{name}_page_token={quote(token)}") == (
+            f"{name}_page_token: {another_store}"
+        )
+        status, rest = first.get(f"/api/sessions/bad?{name}_page_token={quote(token)}")
+        assert status == 200 and len(rest[name]) == 1
 
 
 def walk_detail(sidecar: Any, session_id: str, name: str, size: int, query: str = "") -> list[dict[str, Any]]:

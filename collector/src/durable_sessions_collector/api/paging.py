@@ -17,12 +17,22 @@ walked with its own token (``next_actions_page_token``, ``next_violations_page_t
 which holds the position after the page's last item and a digest of the session's id
 (the id itself may be kilobytes long, and is in the request already). Actions that
 arrive meanwhile with an earlier start time are not shown to a walk already past them.
+
+Every token also names the store it is a position in (its id,
+:data:`~durable_sessions_collector.store.base.STORE_ID`), and a token of another store is
+refused, naming it. Sidecars of their own stores behind one address (a Deployment's pods,
+each with its SQLite file) read a walk's token from the other store as a position of
+their own and went on from there: their sessions before that position were never
+listed, and an action or violation id of one store is none of the other's. Replicas
+sharing a PostgreSQL store share its id, so a walk goes on through any of them. A token
+that names no store (an earlier sidecar's) is read as before.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import json
 import math
@@ -44,6 +54,8 @@ from durable_sessions_collector.store.stored import stored_text
 
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
+StoreId = Callable[[], str | None]
+"""Reads the id of the store a token is a position in (:meth:`~durable_sessions_collector.store.Store.store_id`)."""
 BY_ACTIVITY = "last_seen"
 """The list's order by default: most recently active first."""
 BY_ID = "session_id"
@@ -61,6 +73,9 @@ def list_page(
     ``order``, and :class:`~durable_sessions_collector.store.StoreError` when the store
     cannot be read.
     """
+    store_id = functools.cache(store.store_id)  # read once, and only for a token
+    if page_token:
+        _check_store(page_token, store_id)
     if order == BY_ID:
         after_id = decode_id_page_token(page_token, verdict) if page_token else None
         found = store.list_sessions_by_id(verdict, size + 1, after_id)  # type: ignore[arg-type]
@@ -71,11 +86,11 @@ def list_page(
         encode = encode_page_token
     # One more than asked tells whether there is a next page.
     sessions, more = split_page(found, size, lambda summary: text_bytes(summary.session_id))
-    return sessions, (encode(sessions[-1], verdict) if more else "")
+    return sessions, (encode(sessions[-1], verdict, store_id) if more else "")
 
 
-def encode_page_token(last: SessionSummary, verdict: str | None) -> str:
-    return _encode({"t": last.last_seen, "s": last.session_id, "v": verdict or ""})
+def encode_page_token(last: SessionSummary, verdict: str | None, store_id: StoreId) -> str:
+    return _encode({"t": last.last_seen, "s": last.session_id, "v": verdict or ""}, store_id)
 
 
 def decode_page_token(token: str, verdict: str | None) -> tuple[float, str]:
@@ -86,8 +101,8 @@ def decode_page_token(token: str, verdict: str | None) -> tuple[float, str]:
     return last_seen, session_id
 
 
-def encode_id_page_token(last: SessionSummary, verdict: str | None) -> str:
-    return _encode({"o": BY_ID, "s": last.session_id, "v": verdict or ""})
+def encode_id_page_token(last: SessionSummary, verdict: str | None, store_id: StoreId) -> str:
+    return _encode({"o": BY_ID, "s": last.session_id, "v": verdict or ""}, store_id)
 
 
 def decode_id_page_token(token: str, verdict: str | None) -> str:
@@ -145,6 +160,13 @@ def session_page(
         min(violations_size, MAX_DETAIL_PAGE),
         _position(violations_token, session_id, "violations_page_token", _violation_position),
     )
+    store_id = functools.cache(store.store_id)  # read once, and only for a token
+    for name, token in (("actions_page_token", actions_token), ("violations_page_token", violations_token)):
+        if token:
+            try:
+                _check_store(token, store_id)
+            except ValueError as error:
+                raise ValueError(f"{name}: {error}") from None
     # A long id is stored as its digest; a session stored before that (by an older
     # sidecar) keeps its own id, so it is looked up by that too.
     stored_id = stored_text(session_id)
@@ -154,9 +176,15 @@ def session_page(
     if detail is None:
         return None, "", ""
     session = _session_digest(session_id)
-    actions = "" if detail.next_actions is None else _encode({"s": session, "a": list(detail.next_actions)})
+    actions = (
+        ""
+        if detail.next_actions is None
+        else _encode({"s": session, "a": list(detail.next_actions)}, store_id)
+    )
     violations = (
-        "" if detail.next_violations is None else _encode({"s": session, "v": detail.next_violations})
+        ""
+        if detail.next_violations is None
+        else _encode({"s": session, "v": detail.next_violations}, store_id)
     )
     return detail, actions, violations
 
@@ -194,8 +222,24 @@ def _int64(value: Any) -> bool:
     return type(value) is int and -(2**63) <= value < 2**63
 
 
-def _encode(document: dict[str, Any]) -> str:
-    return base64.urlsafe_b64encode(json.dumps(document, separators=(",", ":")).encode()).decode()
+def _encode(document: dict[str, Any], store_id: StoreId) -> str:
+    """The token of ``document``, naming its store (``store_id()``) when that has an id."""
+    named = document if store_id() is None else {**document, _STORE: store_id()}
+    return base64.urlsafe_b64encode(json.dumps(named, separators=(",", ":")).encode()).decode()
+
+
+_STORE = "d"
+"""The key of a token's store id."""
+
+
+def _check_store(token: str, store_id: StoreId) -> None:
+    """Raise ValueError when ``token`` is none of this API's, or names a store other than
+    the one of ``store_id()`` (one that names none, an earlier sidecar's, passes)."""
+    document = _decode(token)
+    if _STORE in document and document[_STORE] != store_id():
+        raise ValueError(
+            "the token is of another store, whose positions are not this one's; start again from the first page"
+        )
 
 
 def _decode(token: str) -> dict[str, Any]:
