@@ -695,3 +695,17 @@ def test_idempotency_key_names_the_argument_that_is_not_a_str(
     with pytest.raises(TypeError, match=rf"idempotency_key\(\): {argument} must be a str"):
         idempotency_key(*args, **kwargs)
     assert idempotency_key(SessionName.TRIP, "a07") == idempotency_key("trip-42", "a07")
+
+
+def test_a_future_done_on_a_closed_loop_is_given_back_and_its_action_ended(env: Env) -> None:
+    """A Future settled on an event loop since closed takes no done callback (its loop
+    cannot schedule one: RuntimeError). The action it ends is ended at once, with its
+    result, and the Future given back: the callback's error was raised into the caller."""
+    loop = asyncio.new_event_loop()
+    settled = loop.create_future()
+    settled.set_result({"rate": 1.08})
+    loop.close()
+
+    rate = action("r1", "external_read", tracer_provider=env.provider)(lambda: settled)
+    assert rate() is settled
+    assert env.action_span().attributes[sc.ACTION_RESULT] == '{"rate":1.08}'

@@ -1465,6 +1465,50 @@ def test_a_task_returned_by_a_sync_function_is_given_back_as_it_is(journal: Sqli
     assert journal.get("s-1", "p1").status == "ok"
 
 
+def test_a_task_or_future_returned_by_a_sync_function_is_journaled_when_done_and_replayed_awaitable(
+    journal: SqliteJournal,
+) -> None:
+    """A payment that returns a Task or a Future has happened when it is done, not when it
+    is returned: it was journaled ``ok`` then, without an outcome, so the resumed call got
+    ``None`` back and the caller's ``await`` raised TypeError in its code; a Task that
+    failed was journaled ``ok`` all the same."""
+    charges: list[str] = []
+
+    async def charge(card: str) -> dict[str, str]:
+        await asyncio.sleep(0)
+        if card == "declined":
+            raise ValueError("card declined")
+        charges.append(card)
+        return {"charged": card}
+
+    def settled_later(card: str) -> asyncio.Future[dict[str, str]]:
+        future = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_soon(future.set_result, {"charged": card})
+        return future
+
+    by_task = action("p-task", "payment", idempotency_key="k-1")(
+        lambda: asyncio.ensure_future(charge("visa"))
+    )
+    by_future = action("p-future", "payment", idempotency_key="k-2")(lambda: settled_later("amex"))
+    declined = action("p-declined", "payment", idempotency_key="k-3")(
+        lambda: asyncio.ensure_future(charge("declined"))
+    )
+
+    async def run() -> tuple[Any, Any]:
+        with session("s-1", journal=journal):
+            with contextlib.suppress(ValueError):
+                await declined()
+            return await by_task(), await by_future()
+
+    assert asyncio.run(run()) == ({"charged": "visa"}, {"charged": "amex"})
+    assert journal.get("s-1", "p-task").outcome == {"charged": "visa"}
+    assert journal.get("s-1", "p-future").outcome == {"charged": "amex"}
+    assert journal.get("s-1", "p-declined").status == "error"
+    restart()
+    assert asyncio.run(run()) == ({"charged": "visa"}, {"charged": "amex"})  # replayed, awaitable
+    assert charges == ["visa"]
+
+
 def test_a_returned_coroutine_closed_mid_await_leaves_its_action_in_doubt(journal: SqliteJournal) -> None:
     """Closed while it awaited (cancelled, collected), its effect may or may not have
     happened: the entry stays ``started``, as after a crash; it was written ``ok``."""

@@ -43,6 +43,7 @@ the result whatever the store does, the span carries the result's digest).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextvars
 import dataclasses
@@ -697,11 +698,13 @@ class action:
                 if act.replayed or act.skipped:  # the first run's caller awaited it: so does this one
                     return _resolved(act.result) if act._replay_awaitable else act.result
                 value = func(*args, **kwargs)
-                # A coroutine's effect runs when it is awaited: so does the action. Only a
-                # coroutine: a Task or a Future given back as a coroutine would break a
-                # caller that cancels it or adds a callback (and it runs unawaited anyway).
+                # A coroutine's effect runs when it is awaited: so does the action. A Task
+                # or a Future is given back as it is (as a coroutine it would break a caller
+                # that cancels it or adds a callback), and the action ends when it is done.
                 if inspect.iscoroutine(value):
                     return _awaited(act, value, self.record_return)
+                if asyncio.isfuture(value):
+                    return _settled(act, value, self.record_return)
                 if self.record_return:
                     act.record(value)
                 return value
@@ -982,15 +985,8 @@ def _awaited(act: Action, awaitable: Awaitable[Any], record: bool) -> Awaitable[
     point and the journal's completion come after the await. One never awaited is ended
     when it is collected (:func:`_never_awaited`).
     """
-    act._handed_over = True
+    ending = _handed_over(act)
     context = contextvars.copy_context()  # the span is current here, and the session
-    ending = act._ending
-    if ending is not None and ending.entry is not None:
-        # Noted before the effect runs (it runs when awaited): a run cut short mid-await is
-        # in doubt, and its skip, or the outcome an operator resolves it with, must be
-        # handed back awaitable too.
-        ending.entry = dataclasses.replace(ending.entry, awaited=True)
-        _journal_put(ending.journal, ending.entry)
 
     async def finish() -> Any:
         unawaited.detach()
@@ -1016,6 +1012,54 @@ def _awaited(act: Action, awaitable: Awaitable[Any], record: bool) -> Awaitable[
     coroutine = finish()
     unawaited = weakref.finalize(coroutine, _never_awaited, act, ending)
     return coroutine
+
+
+def _handed_over(act: Action) -> _Ending | None:
+    """Hand the end of ``act``'s run to the awaitable its function returned; return how it
+    ends. The journal notes that the outcome comes from awaiting before the effect runs (it
+    runs when awaited, or as a Task): a run cut short meanwhile is in doubt, and its skip,
+    or the outcome an operator resolves it with, must be handed back awaitable too."""
+    act._handed_over = True
+    ending = act._ending
+    if ending is not None and ending.entry is not None:
+        ending.entry = dataclasses.replace(ending.entry, awaited=True)
+        _journal_put(ending.journal, ending.entry)
+    return ending
+
+
+def _settled(act: Action, future: asyncio.Future[Any], record: bool) -> asyncio.Future[Any]:
+    """``future`` (a Task or a Future a decorated sync function returned), as it is, with
+    ``act`` ending when it is done: its effect has happened then, not when it was returned.
+
+    Done with a result, the action records it and completes ``ok`` (its replay is handed
+    back awaitable, :func:`_resolved`); failed, it ends ``error``; cancelled, it is cut
+    short, in doubt as a cancelled coroutine is. The callback fails open.
+    """
+    ending = _handed_over(act)
+
+    def done(settled: asyncio.Future[Any]) -> None:
+        try:
+            if settled.cancelled():  # the effect may or may not have happened
+                if ending is not None:
+                    ending.interrupted()
+            elif (error := settled.exception()) is not None:
+                if ending is not None:
+                    ending.raised(error)
+            else:
+                if record:
+                    act.record(settled.result())
+                if ending is not None:
+                    ending.ok(awaited=True)
+        except Exception:  # fail open: this runs on the event loop, not in the caller's code
+            logger.warning("durable_sessions: could not end action %r", act.action_id, exc_info=True)
+        finally:
+            act.span.end()
+
+    try:
+        future.add_done_callback(done)
+    except RuntimeError:  # done already, on a loop since closed: no callback can be scheduled there
+        done(future)
+    return future
 
 
 def _never_awaited(act: Action, ending: _Ending | None) -> None:
