@@ -26,6 +26,7 @@ import time
 import tracemalloc
 import types
 import uuid
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -1140,6 +1141,40 @@ def test_a_callable_object_with_async_call_is_a_coroutine_function(journal: Sqli
 
     assert asyncio.run(run()) == asyncio.run(run()) == {"charged": 2400}
     assert calls == [2400]
+
+
+def test_a_callable_object_whose_call_is_a_generator_streams_as_a_generator_function(
+    journal: SqliteJournal,
+) -> None:
+    """Seen at decoration, as an ``async def __call__`` is: a streaming client object's
+    ``__call__`` that yields was wrapped as a plain function, so its generator was
+    "recorded" (not JSON: a warning), journaled ``ok`` without an outcome, and a side
+    effect's resumed call got ``None`` back to iterate (TypeError in the caller's code)."""
+    sent: list[int] = []
+
+    class Streamer:
+        def __call__(self, count: int) -> Iterator[int]:
+            for item in range(count):
+                sent.append(item)
+                yield item
+
+    class AsyncStreamer:
+        async def __call__(self, count: int) -> AsyncIterator[int]:
+            for item in range(count):
+                sent.append(item)
+                yield item
+
+    stream = action("g1", "email")(Streamer())
+    stream_async = action("g2", "email")(AsyncStreamer())
+    assert inspect.isgeneratorfunction(stream) and inspect.isasyncgenfunction(stream_async)
+
+    async def run() -> tuple[list[int], list[int]]:
+        restart()
+        with session("s-1", journal=journal):
+            return list(stream(2)), [item async for item in stream_async(3)]
+
+    assert asyncio.run(run()) == asyncio.run(run()) == ([0, 1], [0, 1, 2])
+    assert journal.get("s-1", "g1") is None and journal.get("s-1", "g2") is None  # as generator functions
 
 
 def test_a_block_in_a_generator_closed_early_is_journaled_as_completed(journal: SqliteJournal) -> None:

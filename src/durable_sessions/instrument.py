@@ -12,7 +12,8 @@
 
 - :class:`action` starts a span carrying the ``agent.action.*`` attributes. It is a
   context manager and a decorator (of functions, coroutine functions, generator and
-  async generator functions). ``act.record(result)`` stores the result as JSON text
+  async generator functions, and callable objects whose ``__call__`` is one of them).
+  ``act.record(result)`` stores the result as JSON text
   with its digest, or, when the JSON is longer than ``max_result_chars`` or would not
   fit under the span's attribute length limit, writes it to a :class:`ResultStore` and
   records the reference. An ``Exception`` sets the span status to ERROR and
@@ -674,11 +675,11 @@ class action:
     # frameworks that dispatch on it) still see a coroutine or generator function.
 
     def __call__(self, func: F) -> F:
-        if inspect.isasyncgenfunction(func):
+        if _is_form(inspect.isasyncgenfunction, func):
             return self._wrap_async_generator(func)  # type: ignore[return-value]
-        if inspect.isgeneratorfunction(func):
+        if _is_form(inspect.isgeneratorfunction, func):
             return self._wrap_generator(func)  # type: ignore[return-value]
-        if inspect.iscoroutinefunction(func) or _is_async_callable(func):
+        if _is_form(inspect.iscoroutinefunction, func):
 
             @functools.wraps(func)
             async def run_async(*args: Any, **kwargs: Any) -> Any:
@@ -875,11 +876,16 @@ def _hashable(value: object) -> bool:
     return True
 
 
-def _is_async_callable(func: Callable[..., Any]) -> bool:
-    """An object whose ``__call__`` is ``async def``: a coroutine function in all but name."""
+def _is_form(is_form: Callable[[Any], bool], func: Callable[..., Any]) -> bool:
+    """Whether ``func`` is of the form ``is_form`` tells (``inspect.iscoroutinefunction``,
+    …): itself, or, for a callable object, its class's ``__call__``. An object whose
+    ``__call__`` is ``async def`` or yields is a coroutine or generator function in all but
+    name, and its replay must take the form its first run had."""
+    if is_form(func):
+        return True
     if inspect.isroutine(func):
         return False
-    return inspect.iscoroutinefunction(inspect.getattr_static(type(func), "__call__", None))
+    return is_form(inspect.getattr_static(type(func), "__call__", None))
 
 
 class _Ending:
