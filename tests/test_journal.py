@@ -208,6 +208,32 @@ def test_a_keyed_side_effect_in_doubt_runs_again_under_its_key(journal: SqliteJo
     assert journal.get("s-1", "p1").status == "ok"
 
 
+class OrderKey(enum.StrEnum):
+    CHARGE = "order-7-charge"
+
+
+def test_a_key_given_as_a_str_subclass_is_journaled_as_its_text(journal: SqliteJournal) -> None:
+    """A key that is text of a ``str`` subclass (a ``StrEnum`` member, a key type of the
+    agent's own) is the key the span and the far side see: it was journaled as no key, so
+    the payment cut short was in doubt "without an idempotency key" and never ran again."""
+    first = Agent(journal)
+
+    @first.action("p1", "payment", idempotency_key=OrderKey.CHARGE)
+    def cut_short() -> None:
+        raise KeyboardInterrupt  # killed mid-payment: did it go through?
+
+    with session("s-1", journal=journal), pytest.raises(KeyboardInterrupt):
+        cut_short()
+    journaled = journal.get("s-1", "p1").idempotency_key
+    assert journaled == "order-7-charge" and type(journaled) is str
+    restart()
+    second = Agent(journal)
+    with session("s-1", journal=journal):
+        assert second.action("p1", "payment", idempotency_key=OrderKey.CHARGE)(lambda: "paid")() == "paid"
+    assert second.attributes("p1")[sc.ACTION_ATTEMPTS] == 2  # run again under its key
+    assert journal.get("s-1", "p1").status == "ok"
+
+
 def test_a_side_effect_in_doubt_under_another_key_is_not_repeated(journal: SqliteJournal) -> None:
     """A key made afresh in each process (a uuid4) cannot collapse the repeat: the journal
     knows the key the interrupted attempt used, and a resumed run under another is in doubt

@@ -54,6 +54,7 @@ from typing import Any, Literal, Protocol
 from durable_sessions import disk, session_lock
 from durable_sessions import semconv as sc
 from durable_sessions.digest import digest_bytes, outcome_json
+from durable_sessions.mapping import exact
 from durable_sessions.pickling import reduced
 from durable_sessions.record import is_side_effecting
 from durable_sessions.session_lock import SessionInUse
@@ -329,8 +330,14 @@ def is_side_effect(kind: str, fields: dict[str, Any]) -> bool:
 
 
 def journaled_key(fields: dict[str, Any]) -> str | None:
-    """The idempotency key of record ``fields`` as the journal keeps it (a key is text)."""
-    key = fields.get("idempotency_key")
+    """The idempotency key of record ``fields`` as the journal keeps it (a key is text).
+
+    A ``str`` subclass (a ``StrEnum`` member, a key type of the agent's own) is read as its
+    text (:func:`~durable_sessions.mapping.exact`), which is what the span carries and the
+    far side sees: read as no key, a keyed side effect cut short was in doubt instead of
+    run again under its key.
+    """
+    key = exact(fields.get("idempotency_key"))
     return key if type(key) is str else None
 
 
