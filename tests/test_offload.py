@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import enum
 import os
 import random
 import re
@@ -138,6 +139,23 @@ def test_end_session_answers_with_the_end_of_session_findings(sender: str) -> No
     start_unfinished_email(provider, "s-9")
     assert [v.rule for v in processor.end_session("s-9")] == ["unresolved-side-effect"]
     assert processor.end_session("s-9") == []  # ended once
+    provider.shutdown()
+
+
+class Trip(enum.StrEnum):
+    NINE = "s-9"
+
+
+@pytest.mark.parametrize("checking", ["inline", "process"])
+def test_end_session_of_an_id_of_a_str_subclass_ends_the_session_of_its_text(checking: str) -> None:
+    """A ``StrEnum`` member (or any ``str`` subclass) names the session of its text, as it
+    does checking inline: marshal refuses a subclass, so the checker process was never
+    asked, and ``end_session`` answered ``[]`` with the session left open."""
+    processor = DurabilitySpanProcessor(mode="silent", checking=checking)  # type: ignore[arg-type]
+    provider, _ = provider_with(processor)
+    start_unfinished_email(provider, "s-9")
+    assert [v.rule for v in processor.end_session(Trip.NINE)] == ["unresolved-side-effect"]
+    assert processor.end_session("s-9") == []  # ended, once
     provider.shutdown()
 
 

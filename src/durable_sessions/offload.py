@@ -44,6 +44,7 @@ from typing import IO, Any
 from opentelemetry.trace import SpanContext, StatusCode
 
 from durable_sessions.engine import Checker
+from durable_sessions.mapping import exact
 from durable_sessions.native import native_module
 from durable_sessions.rules import CATALOGUE, Rule
 from durable_sessions.span_check import ACTION_KIND, ACTION_PREFIX, MAYBE_ACTION_KEYS, SpanParts, check_span
@@ -409,7 +410,11 @@ class CheckerProcess:
         self._sender.send(message)
 
     def end_session(self, session_id: str, timeout_s: float) -> list[Violation] | None:
-        """End one session; its end-of-session violations, or None if no answer came in time."""
+        """End one session; its end-of-session violations, or None if no answer came in time.
+
+        A ``str`` subclass (a ``StrEnum`` member) names the session of its text, as the
+        inline checker's lookup finds it: marshal refuses the subclass itself."""
+        session_id = exact(session_id)
         if not _can_marshal((END_SESSION, 0, session_id)):
             return []  # an id no attribute value can be, so no session's: nothing to ask (or wait) for
         return self._ask(lambda token: (END_SESSION, token, session_id), timeout_s)
