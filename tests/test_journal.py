@@ -586,6 +586,36 @@ def test_a_failing_result_store_does_not_lose_the_journaled_outcome(
     assert "the journal keeps the outcome" in caplog.text
 
 
+def test_a_result_store_that_returns_no_text_fails_open_and_the_journal_keeps_the_outcome(
+    journal: SqliteJournal, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A store of the agent's own that returns a ``Path`` where the protocol asks for a URI
+    (text): the journal could not take it as the completed entry's ``result_ref``, so the
+    payment that went through stayed ``started`` and the next process charged again. It is
+    a store that failed: the journal keeps the outcome, the span carries its digest."""
+
+    class PathStore:
+        def put(self, session_id: str | None, action_id: str, data: bytes) -> Any:
+            path = tmp_path / f"{action_id}.json"
+            path.write_bytes(data)
+            return path
+
+    receipt = {"receipt": "r" * 100}
+    agents = [Agent(journal), Agent(journal)]
+    for agent in agents:
+        restart()
+        pay = agent.action(
+            "p1", "payment", idempotency_key="k-1", max_result_chars=10, result_store=PathStore()
+        )
+        with caplog.at_level(logging.WARNING, "durable_sessions"), session("s-1", journal=journal):
+            assert pay(lambda calls=agent.calls: calls.append("charged") or receipt)() == receipt
+    assert [agent.calls for agent in agents] == [["charged"], []]  # charged once, replayed after
+    assert journal.get("s-1", "p1").outcome == receipt
+    assert sc.ACTION_RESULT_REF not in agents[0].attributes("p1")
+    assert agents[0].attributes("p1")[sc.ACTION_RESULT_DIGEST] == digest_value(receipt)
+    assert "returned a PosixPath, not a str" in caplog.text and "'p1'" in caplog.text
+
+
 class _CappedJournal(SqliteJournal):
     """A journal whose SQLite takes no string or BLOB above 1,000 bytes, as SQLite takes
     none above its SQLITE_MAX_LENGTH (1,000,000,000 by default): the same refusal without

@@ -83,6 +83,7 @@ from durable_sessions.journal import (
     journaled_key,
     plan,
 )
+from durable_sessions.mapping import exact
 from durable_sessions.repeats import RepeatedFailures
 from durable_sessions.session_lock import SessionInUse
 
@@ -294,7 +295,8 @@ def resource(attributes: Mapping[str, Any] | None = None) -> Resource:
 
 
 class ResultStore(Protocol):
-    """Keeps a large result out of the span; returns the URI recorded as ``result_ref``."""
+    """Keeps a large result out of the span; returns the URI recorded as ``result_ref``
+    (a ``str``: anything else is logged as a store that failed)."""
 
     def put(self, session_id: str | None, action_id: str, data: bytes) -> str: ...
 
@@ -317,6 +319,17 @@ class FileResultStore:
         path = folder / (_safe_name(action_id) + ".json")
         disk.write_atomically(path, data)
         return path.resolve().as_uri()
+
+
+def _reference(store: ResultStore, ref: object) -> str:
+    """``ref``, what ``store.put`` returned, as the URI text it must be (a ``str``
+    subclass as its text); anything else (a ``Path``) is a ``TypeError``, a store that
+    failed: kept as ``result_ref``, the span would drop it and the journal could not take
+    the completed entry, so a payment that went through stayed in doubt."""
+    text = exact(ref)
+    if type(text) is not str:
+        raise TypeError(f"the result store {store!r} returned a {type(ref).__name__}, not a str URI")
+    return text
 
 
 def _safe_name(name: str) -> str:
@@ -518,7 +531,7 @@ class Action:
                 self.span.set_attribute(sc.ACTION_RESULT, text)
                 return None
             store = self._store or default_result_store()
-            ref = store.put(self.session_id, self.action_id, data)
+            ref = _reference(store, store.put(self.session_id, self.action_id, data))
             _store_worked(store)
         self.span.set_attribute(sc.ACTION_RESULT_REF, ref)
         return ref
