@@ -9,6 +9,7 @@ import dataclasses
 import datetime
 import enum
 import gc
+import hashlib
 import inspect
 import json
 import logging
@@ -614,6 +615,42 @@ def test_a_result_store_that_returns_no_text_fails_open_and_the_journal_keeps_th
     assert sc.ACTION_RESULT_REF not in agents[0].attributes("p1")
     assert agents[0].attributes("p1")[sc.ACTION_RESULT_DIGEST] == digest_value(receipt)
     assert "returned a PosixPath, not a str" in caplog.text and "'p1'" in caplog.text
+
+
+@pytest.mark.parametrize("how", ["path", "digest"])
+def test_a_reference_or_digest_that_is_no_text_leaves_the_payment_completed(
+    journal: SqliteJournal, tmp_path: Path, caplog: pytest.LogCaptureFixture, how: str
+) -> None:
+    """``act.record_ref(path)`` with a ``Path``, or a digest given as an object, was
+    journaled as it was: SQLite could not bind it in the completed entry, so the payment
+    that went through stayed ``started`` and the next process found it in doubt. A
+    reference must be text (it is not recorded otherwise, with a warning naming the action),
+    and a digest that is no text stays off the journal."""
+    receipt = tmp_path / "receipt.json"
+    charged: list[str] = []
+
+    def pay() -> Any:
+        with action("p1", "payment") as act:
+            if act.replayed:
+                return "replayed"
+            charged.append("charged")
+            if how == "path":
+                act.record_ref(receipt)  # type: ignore[arg-type]
+            else:
+                act.record_ref(receipt.as_uri(), digest=hashlib.sha256(b"receipt"))  # type: ignore[arg-type]
+            return "charged"
+
+    with caplog.at_level(logging.WARNING, "durable_sessions"):
+        for _ in range(2):
+            restart()
+            with session("s-1", journal=journal):
+                pay()
+    assert charged == ["charged"]
+    assert journal.get("s-1", "p1").status == "ok"
+    if how == "path":
+        assert "the reference of action 'p1' is a PosixPath, not a str URI; it is not recorded" in caplog.text
+    else:
+        assert journal.get("s-1", "p1").result_ref == receipt.as_uri()
 
 
 class _CappedJournal(SqliteJournal):

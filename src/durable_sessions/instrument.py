@@ -552,9 +552,23 @@ class Action:
         return text
 
     def record_ref(self, ref: str, *, digest: str | None = None) -> None:
-        """Record the outcome by reference (a URI you stored it under), with its digest if known."""
+        """Record the outcome by reference (a URI you stored it under), with its digest if known.
+
+        A reference that is no ``str`` (a ``Path``) is logged and not recorded, as a
+        result that cannot be serialised is not; a digest that is no text is logged, set
+        on the span as given, and left out of the journal. Kept there, either made the
+        journal's completed entry fail, and a payment that went through stayed in doubt.
+        """
         if not _takes(sc.ACTION_RESULT_REF, ref, self.action_id):
             return  # not recorded, as a result that cannot be serialised is not
+        ref = exact(ref)
+        if type(ref) is not str:
+            logger.warning(
+                "durable_sessions: the reference of action %r is a %s, not a str URI; it is not recorded",
+                self.action_id,
+                type(ref).__name__,
+            )
+            return
         self.span.set_attribute(sc.ACTION_RESULT_REF, ref)
         if digest is not None and not _takes(sc.ACTION_RESULT_DIGEST, digest, self.action_id):
             digest = None
@@ -562,7 +576,8 @@ class Action:
             if not (isinstance(digest, str) and digest.startswith(PREFIX)):
                 logger.warning("durable_sessions: digest %r is not text starting with %r", digest, PREFIX)
             self.span.set_attribute(sc.ACTION_RESULT_DIGEST, digest)
-        self._recorded_as = (None, digest, ref)
+        journaled_digest = exact(digest)
+        self._recorded_as = (None, journaled_digest if type(journaled_digest) is str else None, ref)
         self.result_ref = ref
         self.recorded = True
 
