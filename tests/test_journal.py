@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import datetime
 import enum
+import functools
 import gc
 import hashlib
 import inspect
@@ -1234,6 +1235,32 @@ def test_a_callable_object_with_async_call_is_a_coroutine_function(journal: Sqli
 
     assert asyncio.run(run()) == asyncio.run(run()) == {"charged": 2400}
     assert calls == [2400]
+
+
+def test_a_partial_of_a_callable_object_with_async_call_is_a_coroutine_function(
+    journal: SqliteJournal,
+) -> None:
+    """``functools.partial(Charger(), 2400)`` was wrapped as a plain function that returned
+    a coroutine: killed before it returned (an entry still ``started``, not noted awaited),
+    its skip was handed back as a bare ``None`` and the caller's ``await`` raised TypeError.
+    Its form is seen at decoration, through the partial, as ``Charger()``'s is."""
+    sent: list[str] = []
+
+    class Mailer:
+        async def __call__(self, to: str) -> dict[str, str]:
+            sent.append(to)
+            return {"sent": to}
+
+    notify = action("p1", "email", replay="skip")(functools.partial(Mailer(), "ana"))
+    assert inspect.iscoroutinefunction(notify)
+    _started(journal, "email")  # a process killed at the action's start
+
+    async def resumed() -> Any:
+        with session("s-1", journal=journal):
+            return await notify()
+
+    assert asyncio.run(resumed()) is None  # stepped over, awaitable
+    assert sent == []
 
 
 def test_a_callable_object_whose_call_is_a_generator_streams_as_a_generator_function(

@@ -906,11 +906,14 @@ def _hashable(value: object) -> bool:
 
 def _is_form(is_form: Callable[[Any], bool], func: Callable[..., Any]) -> bool:
     """Whether ``func`` is of the form ``is_form`` tells (``inspect.iscoroutinefunction``,
-    …): itself, or, for a callable object, its class's ``__call__``. An object whose
-    ``__call__`` is ``async def`` or yields is a coroutine or generator function in all but
-    name, and its replay must take the form its first run had."""
+    …): itself, or, for a callable object, its class's ``__call__``, also through
+    ``functools.partial`` (which ``inspect`` sees through to functions only). An object
+    whose ``__call__`` is ``async def`` or yields is a coroutine or generator function in
+    all but name, and its replay must take the form its first run had."""
     if is_form(func):
         return True
+    while isinstance(func, functools.partial):
+        func = func.func
     if inspect.isroutine(func):
         return False
     return is_form(inspect.getattr_static(type(func), "__call__", None))
