@@ -41,7 +41,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from durable_sessions import crash, instrument
 from durable_sessions import semconv as sc
 from durable_sessions.digest import digest_value, outcome_json
-from durable_sessions.instrument import FileResultStore, action, resource, session
+from durable_sessions.instrument import FileResultStore, action, current_session, resource, session
 from durable_sessions.journal import (
     ActionInDoubt,
     AlreadyCompleted,
@@ -780,6 +780,32 @@ def test_without_a_session_or_journal_nothing_is_journaled(journal: SqliteJourna
             action("a1", "llm_call")(lambda: calls.append(1))()  # no journal
     assert calls == [1, 1, 1, 1]
     assert journal.entries("s-1") == []
+
+
+def test_a_session_decorating_a_coroutine_function_holds_its_whole_run(journal: SqliteJournal) -> None:
+    """``session(...)`` decorates, as a ``contextlib`` block does; on an ``async def`` the
+    block closed as soon as the coroutine was made, before its body ran: the actions
+    inside ran with no session, unjournaled, and a resumed process charged again. A
+    generator function, whose body runs between its consumer's steps, is refused."""
+    charges: list[int] = []
+
+    @action("p1", "payment")
+    async def pay(amount: int) -> dict[str, int]:
+        charges.append(amount)
+        return {"charged": amount}
+
+    @session("s-1", journal=journal)
+    async def trip() -> tuple[str | None, Any]:
+        return current_session(), await pay(2400)
+
+    for _ in range(2):
+        restart()
+        assert asyncio.run(trip()) == ("s-1", {"charged": 2400})
+    assert charges == [2400]  # replayed from the journal by the second process
+    assert inspect.iscoroutinefunction(trip)
+    assert session("s-2")(current_session)() == "s-2"  # a plain function, as before
+    with pytest.raises(TypeError, match="generator function"):
+        session("s-3")(lambda: (yield))
 
 
 def test_an_inner_session_keeps_the_outer_journal(journal: SqliteJournal) -> None:

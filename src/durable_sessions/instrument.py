@@ -60,7 +60,7 @@ import uuid
 import weakref
 from collections import Counter
 from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Iterator, Mapping
-from contextlib import AbstractContextManager, ExitStack, contextmanager
+from contextlib import AbstractContextManager, ContextDecorator, ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -103,8 +103,7 @@ T = TypeVar("T")
 # -- sessions --------------------------------------------------------------------------
 
 
-@contextmanager
-def session(session_id: str, *, journal: Journal | None = None, exclusive: bool = True) -> Iterator[str]:
+def session(session_id: str, *, journal: Journal | None = None, exclusive: bool = True) -> _Session:
     """Within the block, every action carries ``session.id = session_id``, and so does
     every other span started, on a provider with the
     :class:`~durable_sessions.processor.DurabilitySpanProcessor` (its ``on_start`` copies it).
@@ -123,7 +122,57 @@ def session(session_id: str, *, journal: Journal | None = None, exclusive: bool 
     rather than run the session's actions a second time beside it. ``exclusive=False``
     does not hold it, for a helper process that runs some of the session's actions while
     the process that opened it waits.
+
+    It also decorates a function, each call of which runs in a block of its own: a
+    coroutine function's for its whole run, awaits included. A generator or async
+    generator function is a ``TypeError``: its body runs between its consumer's steps,
+    where the session's context cannot stay attached.
     """
+    return _Session(session_id, journal, exclusive)
+
+
+class _Session(ContextDecorator):
+    """What :func:`session` returns: a ``with`` block, and a decorator of functions.
+
+    ``contextlib``'s decorator form opens the block around the call only: around a
+    coroutine function's, it closed before the body ran, so the actions inside ran with
+    no session, unjournaled (a resumed process charged again).
+    """
+
+    def __init__(self, session_id: str, journal: Journal | None, exclusive: bool) -> None:
+        self._arguments = (session_id, journal, exclusive)
+        self._block = _session_block(session_id, journal=journal, exclusive=exclusive)
+
+    def __enter__(self) -> str:
+        return self._block.__enter__()
+
+    def __exit__(self, *raised: Any) -> bool | None:
+        return self._block.__exit__(*raised)
+
+    def _recreate_cm(self) -> _Session:
+        """A fresh block for each call of a decorated function (what ``ContextDecorator`` asks)."""
+        return _Session(*self._arguments)
+
+    def __call__(self, func: F) -> F:
+        if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
+            raise TypeError(
+                f"session() cannot decorate the generator function {_text(func)}: its body runs between its "
+                "consumer's steps; open the session block inside it, or around its consumer"
+            )
+        if not inspect.iscoroutinefunction(func):
+            return super().__call__(func)  # type: ignore[return-value]
+
+        @functools.wraps(func)
+        async def run_in_session(*args: Any, **kwargs: Any) -> Any:
+            with self._recreate_cm():
+                return await func(*args, **kwargs)
+
+        return run_in_session  # type: ignore[return-value]
+
+
+@contextmanager
+def _session_block(session_id: str, *, journal: Journal | None, exclusive: bool) -> Iterator[str]:
+    """The block :func:`session` opens (see there)."""
     session_id = _identity("session", "session_id", session_id)
     values = context_api.set_value(SESSION_CONTEXT_KEY, session_id)
     if journal is not None:
