@@ -893,3 +893,65 @@ def test_spans_of_a_provider_given_to_the_actions_reach_the_file_before_the_kill
     (asked, thought) = proof.trials
     assert asked.passed  # killed before the question: nothing was answered yet
     assert "re-asked" in {v.rule for v in thought.errors}, "\n".join(describe(proof))
+
+
+# -- files a process killed mid-write left mid-line ------------------------------------------
+
+_WRITE_UNTIL_KILLED = """
+import os, signal, sys, threading
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+line = b'{"spans": "' + b"x" * (32 << 20) + b'"}\\n'
+threading.Thread(target=lambda: os.write(fd, line), daemon=True).start()
+start = os.fstat(fd).st_size
+while os.fstat(fd).st_size == start:  # until the thread's write is under way
+    pass
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def _torn_by_a_kill(path: Path) -> None:
+    """Leave ``path`` as a process killed by ``SIGKILL`` while a thread of it wrote a long
+    line leaves it: mid-line (the kernel stops a write between pages for a fatal signal)."""
+    for _ in range(10):  # the kill lands mid-write nearly always; a write done first is retried
+        subprocess.run([sys.executable, "-c", _WRITE_UNTIL_KILLED, str(path)], timeout=60, check=False)
+        with open(path, "rb") as written:
+            written.seek(-1, os.SEEK_END)
+            if written.read() != b"\n":
+                return
+    pytest.fail(f"no kill landed while a line of {path} was being written")
+
+
+def _last_line(path: Path) -> dict:
+    with open(path, "rb") as written:
+        return json.loads(written.read().splitlines()[-1])
+
+
+def test_the_next_processs_spans_do_not_run_on_from_a_line_the_kill_cut(tmp_path: Path) -> None:
+    """A resumed agent's FileSpanExporter appended its first line to the one its killed run
+    was writing: the two read as one unreadable line, and the resumed run's first spans
+    were lost to the check."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from durable_sessions.otlp_json import FileSpanExporter
+
+    traces = tmp_path / "traces.jsonl"
+    _torn_by_a_kill(traces)
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(FileSpanExporter(traces)))
+    provider.get_tracer("t").start_span("after the restart").end()
+    provider.shutdown()
+    assert [span.name for span in spans_of(_last_line(traces))] == ["after the restart"]
+
+
+def test_the_next_processs_intents_do_not_run_on_from_a_line_the_kill_cut(tmp_path: Path) -> None:
+    """The same for the intent log: the restarted process's first intent, written ahead of
+    a side effect, ran on from the cut line and was lost to ``check --intents``."""
+    from durable_sessions.intent_log import IntentLog
+
+    intents = tmp_path / "intents.jsonl"
+    _torn_by_a_kill(intents)
+    log = IntentLog(intents)
+    assert log.write({"session_id": "s-1", "action_id": "p2", "kind": "payment", "status": "started"})
+    log.close()
+    assert _last_line(intents)["action_id"] == "p2"

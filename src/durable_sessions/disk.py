@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 import threading
 from typing import AnyStr
 
@@ -97,4 +98,28 @@ def write_atomically(path: AnyStr | os.PathLike[AnyStr], data: bytes) -> None:
     sync_entry(target)
 
 
-__all__ = ["make_directories", "sync_directory", "sync_entry", "write_atomically"]
+def ends_mid_line(path: AnyStr | os.PathLike[AnyStr]) -> bool:
+    """Whether the file at ``path`` ends in a line cut short: not empty, and its last
+    byte no line break. A process killed while it wrote a line (``SIGKILL`` stops a
+    long ``write`` between pages) or a full disk leaves one; a writer appending to the
+    file must end it first, or its own first line would run on from it, and the two
+    read as one line that holds neither. False when the file cannot be read (nothing
+    to end, or nothing to tell) or is no regular file (standard output, a pipe: nothing
+    there can be read back, and opening it must not wait for a writer)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return False
+    try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode) or status.st_size == 0:
+            return False
+        os.lseek(fd, status.st_size - 1, os.SEEK_SET)  # not pread: Windows has none
+        return os.read(fd, 1) != b"\n"
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+__all__ = ["ends_mid_line", "make_directories", "sync_directory", "sync_entry", "write_atomically"]

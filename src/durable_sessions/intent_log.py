@@ -88,8 +88,11 @@ class IntentLog:
         if self._fd >= 0:
             self._closer()
         self._fd, self._closer = fd, closer
-        self._torn = False
-        """Whether this file's last line was cut short (a full disk took part of it)."""
+        # An earlier process killed while it wrote an intent (its span start never
+        # returned, so its effect never ran) left the file mid-line.
+        self._torn = disk.ends_mid_line(self._where)
+        """Whether this file's last line was cut short (a full disk took part of it, or a
+        process killed while writing it): the next record starts on a line of its own."""
 
     def _moved(self) -> bool:
         """Whether the file at the log's path is no longer the one this log writes to:

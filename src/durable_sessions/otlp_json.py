@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from durable_sessions import forking
+from durable_sessions import disk, forking
 from durable_sessions import semconv as sc
 from durable_sessions.bad_text import Marked
 from durable_sessions.json_text import json_line
@@ -472,7 +472,10 @@ class FileSpanExporter(SpanExporter):
     exporter writes it.
 
     Each line is written with one ``write`` call and flushed before ``export`` returns,
-    so a process killed after an export loses none of it. Meant for
+    so a process killed after an export loses none of it. One killed during an export
+    (a ``SIGKILL`` stops a long ``write`` between pages) leaves the file mid-line: the
+    next exporter on the file (the resumed process's) starts its first line on a line of
+    its own, so that it is not lost with the cut one. Meant for
     ``SimpleSpanProcessor`` in tests and in the kill-and-resume harness, where every
     ended span should be on disk at once; under ``BatchSpanProcessor`` it works as any
     exporter does.
@@ -482,6 +485,8 @@ class FileSpanExporter(SpanExporter):
         self.path = os.fspath(path)
         self._lock = threading.Lock()
         self._file = open(self.path, "ab")  # noqa: SIM115 - held open until shutdown
+        self._torn = disk.ends_mid_line(self.path)
+        """Whether the file ends in a line cut short, which the next line must not run on from."""
         forking.after_fork(self, _fresh_lock)
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
@@ -491,8 +496,9 @@ class FileSpanExporter(SpanExporter):
             with self._lock:
                 if self._file.closed:
                     return SpanExportResult.FAILURE
-                self._file.write(line)
+                self._file.write(b"\n" + line if self._torn else line)
                 self._file.flush()
+                self._torn = False
         except Exception:
             logger.exception("durable_sessions: could not write %d spans to %s", len(spans), self.path)
             return SpanExportResult.FAILURE
