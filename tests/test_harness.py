@@ -955,3 +955,82 @@ def test_the_next_processs_intents_do_not_run_on_from_a_line_the_kill_cut(tmp_pa
     assert log.write({"session_id": "s-1", "action_id": "p2", "kind": "payment", "status": "started"})
     log.close()
     assert _last_line(intents)["action_id"] == "p2"
+
+
+def test_a_span_the_kill_cut_short_is_not_held_against_the_agent(tmp_path: Path) -> None:
+    """A thread of the agent was writing a long span when the crash came, and the kill cut
+    its line short: the trial failed on an ``unreadable-line`` that is the crash's own
+    mark, though the agent came back where it was. A line that does not read for any
+    other reason is still the agent's (the next test)."""
+    agent = _instrumented(
+        tmp_path,
+        """
+        import signal, threading
+        traces = os.environ["DURABLE_SESSIONS_TRACES"]
+        blob = "x" * (32 << 20)
+
+        def export_a_long_span():
+            trace.get_tracer("agent").start_span("upload", attributes={"blob": blob}).end()
+
+        with session("s-1", journal=journal):
+            action("a1", "clock")(lambda: 1)()
+            written = os.path.getsize(traces)
+            uploading = threading.Thread(target=export_a_long_span)
+            uploading.start()
+            while os.path.getsize(traces) == written:  # until the thread's line is under way
+                pass
+            if os.environ.get("DURABLE_SESSIONS_KILL_AT") == "before:2":
+                # The crash point before a2, reached at once: the journal's write ahead of a2
+                # may take as long as the thread's line, which the kill must land inside.
+                os.kill(os.getpid(), signal.SIGKILL)
+            action("a2", "clock")(lambda: 2)()
+            uploading.join()
+            action("a3", "clock")(lambda: 3)()
+        """,
+    )
+    proof = prove(agent, tmp_path / "p", points=("before",))
+    report = "\n".join(describe(proof))
+    assert proof.passed, report
+    assert [t.cut_by_the_kill for t in proof.trials] == [None, 2, None], report
+    assert "kill before action 2: resumed\n    traces.jsonl:2 was cut short by the kill" in report
+
+
+def test_a_line_that_does_not_read_is_held_against_the_agent_whatever_the_kill_did(tmp_path: Path) -> None:
+    """An agent that writes a broken line of its own into its traces fails every trial:
+    only the one line a kill cut short is the crash's."""
+    agent = _instrumented(
+        tmp_path,
+        """
+        with session("s-1", journal=journal):
+            action("a1", "clock")(lambda: 1)()
+            with open(os.environ["DURABLE_SESSIONS_TRACES"], "ab") as traces:
+                traces.write(b'{"resourceSpans": [\\n')
+            action("a2", "clock")(lambda: 2)()
+        """,
+    )
+    proof = prove(agent, tmp_path / "p", points=("after",))
+    assert not proof.reference.passed
+    assert [(t.cut_by_the_kill, {v.rule for v in t.errors}) for t in proof.trials] == [
+        (None, {"unreadable-line"}),
+        (None, {"unreadable-line"}),
+    ]
+
+
+def test_a_last_line_that_lacked_only_its_line_break_is_not_called_cut(tmp_path: Path) -> None:
+    """The kill came after a line's text and before its line break: the line reads, and
+    the report does not say the kill cut it short."""
+    agent = _instrumented(
+        tmp_path,
+        """
+        with session("s-1", journal=journal):
+            action("a1", "clock")(lambda: 1)()
+            if os.environ.get("DURABLE_SESSIONS_KILL_AT") == "before:2":
+                with open(os.environ["DURABLE_SESSIONS_TRACES"], "ab") as traces:
+                    traces.write(b'{"resourceSpans": []}')  # a whole request, its line break not written yet
+            action("a2", "clock")(lambda: 2)()
+        """,
+    )
+    proof = prove(agent, tmp_path / "p", points=("before",))
+    report = "\n".join(describe(proof))
+    assert proof.passed, report
+    assert [t.cut_by_the_kill for t in proof.trials] == [None, None] and "cut short" not in report

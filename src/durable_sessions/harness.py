@@ -52,9 +52,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from durable_sessions import crash
+from durable_sessions import crash, disk
 from durable_sessions.check import check_paths, sdk_attribute_value_limit
-from durable_sessions.engine import Checker
+from durable_sessions.engine import UNREADABLE_LINE, Checker
 from durable_sessions.instrument import RESULT_DIR_ENV
 from durable_sessions.otlp_json import field
 from durable_sessions.readers import Item, Unreadable, open_source, parse_object, read
@@ -112,6 +112,9 @@ class Trial:
     another_path: set[tuple[str, str]] = dataclasses.field(default_factory=set)
     """Actions the reference completed, started after :attr:`path_changed_after`, that this
     trial never completed, having run :attr:`own_path` instead: not compared."""
+    cut_by_the_kill: int | None = None
+    """The line of the traces the kill cut short (a span being written as it came), whose
+    ``unreadable-line`` is the crash's own mark and is not held against the agent."""
 
     @property
     def errors(self) -> list[Violation]:
@@ -201,7 +204,9 @@ def _crash_trial(
     runner = _Runner(command, base / f"{point}-{boundary}", environment, timeout_s)
     killed = runner.run({crash.ENV: f"{point}:{boundary}"})
     if killed.killed_at_crash_point:
+        cut = _line_cut_short(runner.paths["traces"])
         runner.run_to_end("the resumed run")
+        runner.trial.cut_by_the_kill = _still_alone(runner.paths["traces"], cut)
         runner.check(rules, expected=reference, ran=None)
     elif killed.returncode == 0:
         runner.trial.problems.append(
@@ -311,7 +316,10 @@ class _Runner:
             limit = sdk_attribute_value_limit(self.environment)
         except ValueError:  # the agent's own SDK refused it: the run said so
             limit = None
-        self.trial.violations = list(check_paths([traces], Checker(rules), attribute_value_limit=limit))
+        found = list(check_paths([traces], Checker(rules), attribute_value_limit=limit))
+        self.trial.violations = [violation for violation in found if not self._cut_by_the_kill(violation)]
+        if len(self.trial.violations) == len(found):  # the cut line lacked only its line break: it read
+            self.trial.cut_by_the_kill = None
         records = list(_records(traces))
         self.trial.completed = _actions(records, status="ok")
         if ran:
@@ -339,6 +347,15 @@ class _Runner:
                     f"did not come back where it was: the reference completed {_listed(missing)}, this trial never did"
                 )
         return records
+
+    def _cut_by_the_kill(self, violation: Violation) -> bool:
+        """Whether ``violation`` says only that the line the kill cut short does not read."""
+        return (
+            violation.rule == UNREADABLE_LINE.id
+            and violation.line is not None
+            and violation.line == self.trial.cut_by_the_kill
+            and violation.file == self.paths["traces"]
+        )
 
     def _check_reference(self, records: list[dict[str, Any]], ran: int, traces: str) -> None:
         """What makes a reference run useless to compare with: spans that never reached the
@@ -387,6 +404,36 @@ def _enclosing(traces: str) -> dict[tuple[str, str], set[tuple[str, str]]]:
                 around.add(action_of[parent])
             parent = parents.get(parent)
     return enclosing
+
+
+def _line_cut_short(traces: str) -> tuple[int, int] | None:
+    """Where a killed run left its traces mid-line: the number of that last line and the
+    file's size (where the line stops); None when the file ends with a whole line.
+
+    ``SIGKILL`` stops a long ``write`` between pages: a span a thread (or a worker
+    process) of the agent was writing when the crash came is cut short. That is the
+    crash's doing, as a machine going down would do it, not a fault of the agent.
+    """
+    if not disk.ends_mid_line(traces):
+        return None
+    breaks = 0
+    with open(traces, "rb") as lines:
+        while chunk := lines.read(1 << 20):
+            breaks += chunk.count(b"\n")
+        return breaks + 1, lines.tell()
+
+
+def _still_alone(traces: str, cut: tuple[int, int] | None) -> int | None:
+    """The number of the line the kill cut short, if it is still a line of its own once
+    the resumed run has written: the resumed run's first line begins after a line break
+    (as :class:`~durable_sessions.otlp_json.FileSpanExporter` writes one) rather than
+    running on from the cut one, which would take spans of the resumed run with it."""
+    if cut is None:
+        return None
+    line, size = cut
+    with open(traces, "rb") as after:
+        after.seek(size)
+        return line if after.read(1) in (b"", b"\n") else None
 
 
 def _parent_spans(traces: str) -> dict[str, str]:
@@ -563,6 +610,7 @@ def describe(proof: Proof) -> Iterator[str]:
             yield f"{what}: no such point (the reference run's action {boundary} did not return normally)"
             continue
         yield f"{what}: {'resumed' if trial.passed else 'FAILED'}"
+        yield from _cut_by_the_kill_line(trial)
         yield from _stepped_over(trial, point)
         yield from _another_path_lines(trial)
         yield from _details(trial)
@@ -582,6 +630,16 @@ def _summary(proof: Proof) -> str:
             f"; only the first {proof.tested} of {proof.boundaries} actions were tested (--max-actions)"
         )
     return summary
+
+
+def _cut_by_the_kill_line(trial: Trial) -> Iterator[str]:
+    """A line saying which line of the traces the kill cut short, and that it is not held
+    against the agent."""
+    if trial.cut_by_the_kill is not None:
+        yield (
+            f"    traces.jsonl:{trial.cut_by_the_kill} was cut short by the kill (a span being written as it "
+            "came): not held against the agent"
+        )
 
 
 def _stepped_over(trial: Trial, point: str) -> Iterator[str]:
@@ -660,6 +718,7 @@ def _trial_document(trial: Trial) -> dict[str, object]:
         "returncodes": [run.returncode for run in trial.runs],
         "logs": [str(trial.directory / f"run-{n}.log") for n in range(1, len(trial.runs) + 1)],
         "completed": len(trial.completed),
+        "cut_by_the_kill": trial.cut_by_the_kill,
         "stepped_over": [
             {
                 "session_id": s,
