@@ -5,18 +5,22 @@ from __future__ import annotations
 import base64
 import enum
 import json
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
 from google.protobuf import json_format
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import Status, StatusCode
+
+from durable_sessions.otlp_json import spans_of
 
 DURABLE_SESSIONS = Path(sys.executable).with_name("durable-sessions")
 
@@ -362,3 +366,55 @@ def test_a_first_line_that_cannot_be_read_leaves_the_rest_read_as_otlp_json(tmp_
             [unreadable] = [v for v in report["violations"] if v["rule"] == "unreadable-line"]
             assert reason in unreadable["message"]
             assert report["actions"] == 4 + 1 and report["sessions"] == 1  # the bad line counts as one
+
+
+_EXPORTS_WITH_A_FULL_DISK = """
+import os, resource, signal, sys
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from durable_sessions.otlp_json import FileSpanExporter
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a full disk: writes fail, nothing kills
+path = sys.argv[1]
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(FileSpanExporter(path)))
+tracer = provider.get_tracer("t")
+tracer.start_span("one").end()
+soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+resource.setrlimit(resource.RLIMIT_FSIZE, (os.path.getsize(path) + 40, hard))
+tracer.start_span("two", attributes={"long": "x" * int(sys.argv[2])}).end()  # room for 40 bytes of it
+resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))  # room again
+tracer.start_span("three").end()
+provider.shutdown()
+"""
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="fills the disk with RLIMIT_FSIZE")
+@pytest.mark.parametrize("length", [10, 100_000], ids=["short", "longer-than-the-buffer"])
+def test_a_span_line_cut_short_by_a_full_disk_does_not_take_the_next_one_with_it(
+    tmp_path: Path, length: int
+) -> None:
+    """The export a full disk had room for only part of failed, and left a partial line:
+    the next span was appended to it, one line that did not read, lost to the check. A
+    short line's rest stayed in the file object's buffer instead, written out with the
+    next line (in a file other processes append to, after theirs). The failed span is
+    lost, as its export said; the ones around it are not."""
+    path = tmp_path / "traces.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-c", _EXPORTS_WITH_A_FULL_DISK, str(path), str(length)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "could not write 1 spans" in done.stderr
+    lines = path.read_bytes().split(b"\n")
+    names = []
+    for line in lines:
+        try:
+            request = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        names += [span.name for span in spans_of(request)]
+    assert names[0] == "one" and names[-1] == "three" and "two" not in names
+    assert path.read_bytes().endswith(b"\n")

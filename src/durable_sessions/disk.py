@@ -122,4 +122,43 @@ def ends_mid_line(path: AnyStr | os.PathLike[AnyStr]) -> bool:
         os.close(fd)
 
 
-__all__ = ["ends_mid_line", "make_directories", "sync_directory", "sync_entry", "write_atomically"]
+class LineAppender:
+    """Appends lines to a file descriptor opened with ``O_APPEND``, each whole, and none
+    running on from a line cut short.
+
+    Each line goes out in as many ``write`` calls as it takes (one, but for a full disk or
+    a signal), never through a buffer that would keep a failed line's rest to write out
+    with the next one. ``O_APPEND`` puts every write at the end, so lines of processes
+    sharing the file do not overwrite each other. A line cut short, by a full disk here or
+    by an earlier process killed while writing one (found when the file was opened), is
+    ended before the next line is written, so that the next line stays readable.
+    """
+
+    def __init__(self, fd: int, path: str | os.PathLike[str]) -> None:
+        """``fd``: the file open at ``path`` for appending."""
+        self.fd = fd
+        self.torn = ends_mid_line(path)
+        """Whether the file ends mid-line: the next line starts with a line break."""
+
+    def append(self, line: bytes) -> None:
+        """Write ``line`` (ending with a line break) at the end of the file; an ``OSError``
+        (a full disk) leaves at most a part of it, which the next line does not run into."""
+        if self.torn:
+            line = b"\n" + line
+        view = memoryview(line)
+        try:
+            while view:
+                view = view[os.write(self.fd, view) :]
+        finally:
+            # Torn if part of the line went out; still torn if none did and it was before.
+            self.torn = bool(view) and (self.torn or len(view) < len(line))
+
+
+__all__ = [
+    "LineAppender",
+    "ends_mid_line",
+    "make_directories",
+    "sync_directory",
+    "sync_entry",
+    "write_atomically",
+]

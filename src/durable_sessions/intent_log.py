@@ -88,11 +88,9 @@ class IntentLog:
         if self._fd >= 0:
             self._closer()
         self._fd, self._closer = fd, closer
-        # An earlier process killed while it wrote an intent (its span start never
-        # returned, so its effect never ran) left the file mid-line.
-        self._torn = disk.ends_mid_line(self._where)
-        """Whether this file's last line was cut short (a full disk took part of it, or a
-        process killed while writing it): the next record starts on a line of its own."""
+        # A line an earlier process was killed writing (its span start never returned, so
+        # its effect never ran) or a full disk cut short is ended before the next record.
+        self._lines = disk.LineAppender(fd, self._where)
 
     def _moved(self) -> bool:
         """Whether the file at the log's path is no longer the one this log writes to:
@@ -119,16 +117,7 @@ class IntentLog:
                 return False
             if self._moved():  # a stat and an fstat, beside the fsync
                 self._open()
-            if self._torn:  # end the partial line, or this record would read as part of it
-                line = b"\n" + line
-            # O_APPEND: each write lands at the end, so lines of two processes sharing the
-            # file do not overwrite each other.
-            view = memoryview(line)
-            try:
-                while view:
-                    view = view[os.write(self._fd, view) :]
-            finally:
-                self._torn = bool(view) and (self._torn or len(view) < len(line))
+            self._lines.append(line)
             os.fsync(self._fd)
         return True
 

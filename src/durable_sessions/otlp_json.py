@@ -471,22 +471,23 @@ class FileSpanExporter(SpanExporter):
     """Append each export to a file as one line of OTLP/JSON, as the Collector's ``file``
     exporter writes it.
 
-    Each line is written with one ``write`` call and flushed before ``export`` returns,
-    so a process killed after an export loses none of it. One killed during an export
-    (a ``SIGKILL`` stops a long ``write`` between pages) leaves the file mid-line: the
-    next exporter on the file (the resumed process's) starts its first line on a line of
-    its own, so that it is not lost with the cut one. Meant for
-    ``SimpleSpanProcessor`` in tests and in the kill-and-resume harness, where every
-    ended span should be on disk at once; under ``BatchSpanProcessor`` it works as any
-    exporter does.
+    Each line is written whole, unbuffered, before ``export`` returns, so a process killed
+    after an export loses none of it. A line cut short, by a full disk (the export fails)
+    or by a process killed during an export (a ``SIGKILL`` stops a long ``write`` between
+    pages), is ended before the next line, the resumed process's after a kill, so that
+    the next line is not lost with the cut one (:class:`~durable_sessions.disk.LineAppender`).
+    Meant for ``SimpleSpanProcessor`` in tests and in the kill-and-resume harness, where
+    every ended span should be on disk at once; under ``BatchSpanProcessor`` it works as
+    any exporter does.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
         self._lock = threading.Lock()
-        self._file = open(self.path, "ab")  # noqa: SIM115 - held open until shutdown
-        self._torn = disk.ends_mid_line(self.path)
-        """Whether the file ends in a line cut short, which the next line must not run on from."""
+        # Unbuffered: a buffer would keep the rest of a line a full disk cut short, and write
+        # it out later with the next line (after other processes' lines, in a shared file).
+        self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 - held open until shutdown
+        self._lines = disk.LineAppender(self._file.fileno(), self.path)
         forking.after_fork(self, _fresh_lock)
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
@@ -496,9 +497,7 @@ class FileSpanExporter(SpanExporter):
             with self._lock:
                 if self._file.closed:
                     return SpanExportResult.FAILURE
-                self._file.write(b"\n" + line if self._torn else line)
-                self._file.flush()
-                self._torn = False
+                self._lines.append(line)
         except Exception:
             logger.exception("durable_sessions: could not write %d spans to %s", len(spans), self.path)
             return SpanExportResult.FAILURE
