@@ -244,10 +244,21 @@ def test_a_path_with_unencoded_utf8_reaches_the_session_it_names(sidecar) -> Non
 def test_unknown_sessions_and_paths_answer_404_json(sidecar) -> None:  # type: ignore[no-untyped-def]
     status, document = sidecar.get("/api/sessions/" + quote("nope/../x", safe=""))
     assert status == 404 and "nope/../x" in document["error"]
-    status, headers, body = raw_request(sidecar, "GET", "/api/sessions/")  # no id at all
-    assert status == 404 and headers["Content-Type"] == "application/json"
     status, headers, body = raw_request(sidecar, "GET", "/nowhere")
-    assert status == 404 and b"/nowhere" in body
+    assert status == 404 and b"/nowhere" in body and headers["Content-Type"] == "application/json"
+
+
+def test_an_empty_session_id_is_a_400_naming_it_as_over_grpc(sidecar) -> None:  # type: ignore[no-untyped-def]
+    """``/api/sessions/`` gives an empty id, which no session has: a bad id, answered 400
+    as a non-UTF-8 one is (and as gRPC answers INVALID_ARGUMENT), not 404 "no such path"
+    for a path the API does serve. The list, ``/api/sessions``, is unchanged."""
+    for method in ("GET", "HEAD"):
+        status, headers, body = raw_request(sidecar, method, "/api/sessions/")
+        assert (status, headers["Content-Type"]) == (400, "application/json"), (method, body)
+    document = sidecar.get("/api/sessions/")[1]
+    assert document == {"error": "the session id is empty; give one: /api/sessions/{id}"}
+    assert sidecar.get("/api/sessions/?limit=1")[1]["error"].startswith("unknown argument 'limit'")
+    assert sidecar.get("/api/sessions") == (200, {"sessions": [], "next_page_token": ""})
 
 
 def test_a_request_line_too_long_to_read_is_a_414_json(sidecar) -> None:  # type: ignore[no-untyped-def]

@@ -6,10 +6,10 @@
   active it is meanwhile), a page of at most ``limit`` (default 100, at most 1,000);
   ``next_page_token`` asks for the next page, and is empty on the last one (keyset
   paging shared with the gRPC API: :mod:`.paging`);
-- ``GET /api/sessions/{id}``: one session: its verdict, a page of its actions in order
-  (start time, then arrival; digests only, never result or prompt text) and a page of
-  its violations, at most ``actions_limit`` and ``violations_limit`` (default 1,000, at
-  most 5,000); ``next_actions_page_token`` and ``next_violations_page_token``, passed
+- ``GET /api/sessions/{id}``: one session (400 for an empty id, ``/api/sessions/``): its
+  verdict, a page of its actions in order (start time, then arrival; digests only, never
+  result or prompt text) and a page of its violations, at most ``actions_limit`` and
+  ``violations_limit`` (default 1,000, at most 5,000); ``next_actions_page_token`` and ``next_violations_page_token``, passed
   back as ``actions_page_token`` and ``violations_page_token``, ask for the next pages,
   and are empty on the last;
 - ``GET /healthz``: 200 when the writer runs and the store answers, else 503; the reason
@@ -51,6 +51,8 @@ class HttpApi:
     def register(self, router: Router) -> None:
         router.add("GET", "/api/sessions", self.list_sessions)
         router.add("GET", "/api/sessions/*", self.get_session)
+        # The prefix route needs a character past its '/': an empty id was "no such path".
+        router.add("GET", "/api/sessions/", self.get_session)
         router.add("GET", "/healthz", self.healthz)
         router.add("GET", "/metrics", self.metrics_page)
 
@@ -81,9 +83,11 @@ class HttpApi:
         return Response.json(200, {"sessions": [s.as_dict() for s in sessions], "next_page_token": token})
 
     def get_session(self, request: Request) -> Response:
-        session_id = request.params["rest"]
+        session_id = request.params.get("rest", "")
         if (refused := argument_error(request, DETAIL_ARGUMENTS)) is not None:
             return refused
+        if not session_id:  # no session has one; gRPC answers INVALID_ARGUMENT too
+            return Response.json(400, {"error": "the session id is empty; give one: /api/sessions/{id}"})
         if (shown := not_text(session_id)) is not None:
             # Read with replacement, %E9 (Latin-1 é) was the session "\ufffd", answered for an
             # id never sent; no span's id is other than UTF-8, and gRPC refuses such a string.
