@@ -331,6 +331,25 @@ def test_query_parameters_are_validated(sidecar) -> None:  # type: ignore[no-unt
     assert status == 200 and len(document["sessions"]) == 1
 
 
+def test_a_query_value_is_quoted_back_as_sent_with_its_plus_signs(sidecar) -> None:  # type: ignore[no-untyped-def]
+    """A ``+`` in a query value is the character the client sent (RFC 3986; no value this
+    API takes holds a space), so ``limit=+1`` is refused quoting ``'+1'``: read as form
+    encoding, the error quoted ``' 1'``, a value never sent. A sign is refused: a limit is
+    digits, as the documented range says."""
+    unkeyed_payment(sidecar, "bad")
+    for path, error in (
+        ("/api/sessions?limit=+1", "limit must be an integer from 1 to 1000, got '+1'"),
+        ("/api/sessions?verdict=at+risk", "verdict must be one of ok, at_risk, unrecoverable, got 'at+risk'"),
+        ("/api/sessions?order=last+seen", "order must be one of last_seen, session_id, got 'last+seen'"),
+        ("/api/sessions/bad?actions_limit=+5", "actions_limit must be an integer from 1 to 5000, got '+5'"),
+        ("/api/sessions/bad?violations_limit=1+", "violations_limit must be an integer from 1 to 5000, got '1+'"),
+        ("/api/sessions?limit=%2B1", "limit must be an integer from 1 to 1000, got '+1'"),
+        ("/api/sessions?limit=%201", "limit must be an integer from 1 to 1000, got ' 1'"),
+    ):  # fmt: skip
+        assert bad_request(sidecar, path) == error, path
+    assert bad_request(sidecar, "/api/sessions?verd+ict=ok").startswith("unknown argument 'verd+ict'")
+
+
 def test_a_non_ascii_digit_limit_is_a_400(sidecar) -> None:  # type: ignore[no-untyped-def]
     """``limit=²`` is answered 400 like every other bad limit. '²' is a Unicode digit
     (``str.isdigit`` says so) that ``int()`` refuses, so a check by ``isdigit`` alone would
