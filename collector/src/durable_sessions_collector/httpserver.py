@@ -634,11 +634,12 @@ def request_target(path: str) -> str:
 
 
 def query_arguments(query: str) -> dict[str, list[str]]:
-    """The arguments of a request's query, percent-decoded as UTF-8, a ``+`` kept as the
-    character it is (RFC 3986), and blank ones kept (``verdict=`` is a bad verdict, not
-    none). Read as form encoding, ``limit=+1`` was refused quoting ``' 1'``, a value the
-    client never sent; no argument of this port's holds a space."""
-    return parse_qs(query.replace("+", "%2B"), keep_blank_values=True)
+    """The arguments of a request's query, percent-decoded as UTF-8 (bytes that are not
+    UTF-8 are lone surrogates, as in a routed path's rest, for a handler to refuse), a
+    ``+`` kept as the character it is (RFC 3986), and blank ones kept (``verdict=`` is a
+    bad verdict, not none). Read as form encoding, ``limit=+1`` was refused quoting
+    ``' 1'``, a value the client never sent; no argument of this port's holds a space."""
+    return parse_qs(query.replace("+", "%2B"), keep_blank_values=True, errors="surrogateescape")
 
 
 def _error(methods: dict[str, Handler] | None, request: Request, status: int, message: str) -> Response:

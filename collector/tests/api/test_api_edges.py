@@ -350,6 +350,23 @@ def test_a_query_value_is_quoted_back_as_sent_with_its_plus_signs(sidecar) -> No
     assert bad_request(sidecar, "/api/sessions?verd+ict=ok").startswith("unknown argument 'verd+ict'")
 
 
+def test_a_query_argument_that_is_not_utf8_is_a_400_quoting_its_bytes(sidecar) -> None:  # type: ignore[no-untyped-def]
+    """``verdict=%E9`` (a Latin-1 é) is refused as the path's non-UTF-8 id is, naming the
+    argument and quoting the bytes sent. Decoded with replacement, the error quoted
+    ``'\ufffd'``, a character never sent, and a page token ``%E9`` was "not a page token"."""
+    unkeyed_payment(sidecar, "bad")
+    for path, error in (
+        ("/api/sessions?verdict=%E9", "argument 'verdict' is not UTF-8 once percent-decoded: '%E9'"),
+        ("/api/sessions?order=caf%E9", "argument 'order' is not UTF-8 once percent-decoded: 'caf%E9'"),
+        ("/api/sessions?page_token=%C3", "argument 'page_token' is not UTF-8 once percent-decoded: '%C3'"),
+        ("/api/sessions?verd%E9=ok", "an argument name is not UTF-8 once percent-decoded: 'verd%E9'"),
+        ("/api/sessions/bad?actions_page_token=%ED%A0%80",
+         "argument 'actions_page_token' is not UTF-8 once percent-decoded: '%ED%A0%80'"),
+    ):  # fmt: skip
+        assert bad_request(sidecar, path) == error, path
+    assert [line for line in sidecar.log.lines() if line["level"] == "error"] == []
+
+
 def test_a_non_ascii_digit_limit_is_a_400(sidecar) -> None:  # type: ignore[no-untyped-def]
     """``limit=²`` is answered 400 like every other bad limit. '²' is a Unicode digit
     (``str.isdigit`` says so) that ``int()`` refuses, so a check by ``isdigit`` alone would

@@ -148,9 +148,12 @@ DETAIL_ARGUMENTS = ("actions_limit", "actions_page_token", "violations_limit", "
 
 
 def argument_error(request: Request, known: tuple[str, ...]) -> Response | None:
-    """The 400 answer naming a query parameter that ``known`` lacks (a misspelt
-    ``verdit=ok`` was ignored, and every session listed) or one given more than once
-    (``verdict=ok&verdict=at_risk`` was answered for one of them), if there is one."""
+    """The 400 answer naming a query parameter that is not UTF-8 text, one that ``known``
+    lacks (a misspelt ``verdit=ok`` was ignored, and every session listed) or one given
+    more than once (``verdict=ok&verdict=at_risk`` was answered for one of them), if
+    there is one."""
+    if (not_utf8 := not_utf8_argument(request)) is not None:
+        return not_utf8
     unknown = sorted(set(request.query) - set(known))
     if unknown:
         return Response.json(
@@ -161,6 +164,21 @@ def argument_error(request: Request, known: tuple[str, ...]) -> Response | None:
         return Response.json(
             400, {"error": f"argument {quoted(repeated[0])} is given more than once; give it once"}
         )
+    return None
+
+
+def not_utf8_argument(request: Request) -> Response | None:
+    """The 400 answer naming a query parameter whose name or value is not UTF-8 once
+    percent-decoded (``verdict=%E9``), quoting its bytes, if there is one. Read with
+    replacement, the error quoted a '\ufffd' never sent, as the path's id was once."""
+    for name, values in request.query.items():
+        if (shown := not_text(name)) is not None:
+            message = f"an argument name is not UTF-8 once percent-decoded: {quoted(shown)}"
+            return Response.json(400, {"error": message})
+        for value in values:
+            if (shown := not_text(value)) is not None:
+                message = f"argument {quoted(name)} is not UTF-8 once percent-decoded: {quoted(shown)}"
+                return Response.json(400, {"error": message})
     return None
 
 
