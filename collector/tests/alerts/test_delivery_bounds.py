@@ -50,13 +50,27 @@ class SlowReceiver:
     - ``"body"``: a complete 200 with ``Content-Length: 1000``, then the body a byte every 0.1 s;
     - ``"ok"``: a complete 200 after ``delay_s``;
     - ``"chunked"``: a complete 200, its body chunked, after ``delay_s``;
-    - ``"interim"``: ``102 Processing`` and ``103 Early Hints``, then a complete 200 after ``delay_s``.
+    - ``"interim"``: ``102 Processing`` and ``103 Early Hints``, then a complete 200 after ``delay_s``;
+    - ``"unframed"``: a 200 after ``delay_s``, its body ended by closing the connection
+      (``Connection: close``, no ``Content-Length``).
+
+    ``status`` and ``headers`` replace the ``200 OK`` of ``"ok"``, ``"chunked"`` and
+    ``"unframed"`` and add header lines to it (a 503 with a ``Retry-After``).
 
     Records each request's head (request line and headers, lower-cased names).
     """
 
-    def __init__(self, mode: str, *, delay_s: float = 0.0, tls: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        mode: str,
+        *,
+        delay_s: float = 0.0,
+        tls: ssl.SSLContext | None = None,
+        status: str = "200 OK",
+        headers: tuple[str, ...] = (),
+    ) -> None:
         self.mode = mode
+        self.head = "".join(f"{line}\r\n" for line in (f"HTTP/1.1 {status}", *headers)).encode()
         self.delay_s = delay_s
         self.tls = tls
         self.requests: list[dict[str, str]] = []
@@ -122,11 +136,13 @@ class SlowReceiver:
                 self.stop.wait(self.delay_s)
                 if self.mode == "chunked":
                     connection.sendall(
-                        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+                        self.head + b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
                         b"2\r\n{}\r\n0\r\n\r\n"
                     )
+                elif self.mode == "unframed":
+                    connection.sendall(self.head + b"Connection: close\r\n\r\n{}")
                 else:
-                    connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+                    connection.sendall(self.head + b"Content-Length: 2\r\nConnection: close\r\n\r\n{}")
 
     def close(self) -> None:
         self.stop.set()
@@ -208,50 +224,109 @@ def test_interim_1xx_answers_are_skipped_and_the_final_200_delivers(receivers) -
     assert took < 1.5 and len(receiver.requests) == 1
 
 
+def hold_each_answer_until_its_deadline(monkeypatch: pytest.MonkeyPatch, timeout_s: float) -> None:
+    """Hold the delivery thread, once it has read an answer (as far as it reads it) and
+    closes it, until the deadline's watchdog has fired: the deadline then always comes
+    between the answer and its judgement, as on a busy host that descheduled the thread."""
+    real_close = _FinalResponse.close
+
+    def close_after_the_deadline(response: _FinalResponse) -> None:
+        # Each watchdog's timer thread ends once it has fired.
+        wait_for(lambda: not watchdogs(), timeout=timeout_s + 5, interval=0.01)
+        real_close(response)
+
+    monkeypatch.setattr(_FinalResponse, "close", close_after_the_deadline)
+
+
+def deliver_one_alert(
+    store_path: Path, url: str, timeout_s: float, max_backoff_s: float = 0.01
+) -> tuple[Metrics, list[tuple[Any, ...]]]:
+    """Queue :data:`ALERT` in a new store at ``store_path`` and make one delivery round to
+    ``url``, then another after the backoff of a retry (10 ms, and a ``Retry-After`` up
+    to ``max_backoff_s``); return the channel's metrics and the outbox rows (state,
+    attempts, last error)."""
+    store = SqliteStore(str(store_path))
+    try:
+        with store.writer() as writer:
+            writer.enqueue_alert("webhook", ALERT.violation_key, ALERT.payload, time.time())
+        metrics = Metrics(store)
+        policy = DeliveryPolicy(timeout_s=timeout_s, backoff_s=0.01, max_backoff_s=max_backoff_s)
+        channel = WebhookAlerts(store, JsonLog(io.StringIO()), metrics, url, policy=policy)
+        channel.deliver_due()
+        time.sleep(0.05)  # past any retry's backoff: a retried alert would be POSTed again now
+        channel.deliver_due()
+        with sqlite3.connect(store.path) as db:
+            rows = db.execute("SELECT state, attempts, last_error FROM outbox").fetchall()
+        return metrics, rows
+    finally:
+        store.close()
+
+
+def deliveries_counted(metrics: Metrics) -> dict[str, float | None]:
+    """``durable_sessions_alert_deliveries_total`` of the webhook channel, by outcome."""
+    return {
+        outcome: metrics.registry.get_sample_value(
+            "durable_sessions_alert_deliveries_total", {"channel": "webhook", "outcome": outcome}
+        )
+        for outcome in ("delivered", "retry", "dead_letter")
+    }
+
+
 @pytest.mark.parametrize("mode", ["ok", "chunked"])
 def test_a_whole_2xx_the_deadline_fires_just_after_is_delivered_and_counted_once(  # type: ignore[no-untyped-def]
     tmp_path: Path, receivers, monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> None:
     """The watchdog fired between the answer being read and the attempt being judged (the
     delivery thread descheduled for a moment on a busy host): the 2xx was taken for a
-    timeout, counted as a retry, and the same alert POSTed again with the same key. The
-    delivery thread is held right after its read here, so that the deadline always comes
-    in that window; a body whose length http.client checks (Content-Length, chunked)
-    arrived whole whenever the deadline comes after it."""
+    timeout, counted as a retry, and the same alert POSTed again with the same key. A body
+    whose length http.client checks (Content-Length, chunked) arrived whole whenever the
+    deadline comes after it; so did one ended by the receiver's close, if its end was
+    read before the watchdog shut the socket down."""
     timeout_s = 1.0  # ample for the answer on a busy host: the deadline comes after it
-    real_read = _FinalResponse.read
-
-    def read_then_stall(response: _FinalResponse, amt: int | None = None) -> bytes:
-        body = real_read(response, amt)
-        # Held until the deadline's watchdog has fired (its timer thread then ends).
-        wait_for(lambda: not watchdogs(), timeout=timeout_s + 5, interval=0.01)
-        return body
-
-    monkeypatch.setattr(_FinalResponse, "read", read_then_stall)
+    hold_each_answer_until_its_deadline(monkeypatch, timeout_s)
     receiver = SlowReceiver(mode)
     receivers.append(receiver)
-    store = SqliteStore(str(tmp_path / "sessions.db"))
-    try:
-        with store.writer() as writer:
-            writer.enqueue_alert("webhook", ALERT.violation_key, ALERT.payload, time.time())
-        metrics = Metrics(store)
-        policy = DeliveryPolicy(timeout_s=timeout_s, backoff_s=0.01, max_backoff_s=0.01)
-        channel = WebhookAlerts(store, JsonLog(io.StringIO()), metrics, receiver.url, policy=policy)
-        assert channel.deliver_due() == 1
-        time.sleep(0.05)  # past any retry's backoff: a retried alert would be POSTed again now
-        assert channel.deliver_due() == 0
-        assert [request["idempotency-key"] for request in receiver.requests] == [KEY]
-        counted = {
-            outcome: metrics.registry.get_sample_value(
-                "durable_sessions_alert_deliveries_total", {"channel": "webhook", "outcome": outcome}
-            )
-            for outcome in ("delivered", "retry")
-        }
-        assert counted == {"delivered": 1.0, "retry": None}
-        with sqlite3.connect(store.path) as db:
-            assert db.execute("SELECT state, attempts FROM outbox").fetchall() == [("delivered", 1)]
-    finally:
-        store.close()
+    metrics, rows = deliver_one_alert(tmp_path / "sessions.db", receiver.url, timeout_s)
+    assert [request["idempotency-key"] for request in receiver.requests] == [KEY]
+    assert deliveries_counted(metrics) == {"delivered": 1.0, "retry": None, "dead_letter": None}
+    assert rows == [("delivered", 1, None)]
+
+
+@pytest.mark.parametrize("mode", ["ok", "chunked"])
+def test_a_whole_503_the_deadline_fires_just_after_keeps_its_retry_after(  # type: ignore[no-untyped-def]
+    tmp_path: Path, receivers, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """A complete 503 is judged by its status whenever the deadline fires after it: its
+    Retry-After was dropped for the timeout's backoff (the answer taken for a timeout)."""
+    timeout_s = 1.0
+    hold_each_answer_until_its_deadline(monkeypatch, timeout_s)
+    receiver = SlowReceiver(mode, status="503 Service Unavailable", headers=("Retry-After: 120",))
+    receivers.append(receiver)
+    channel = webhook_channel(receiver.url, timeout_s=timeout_s)
+    attempt = channel.post(ALERT)
+    assert (attempt.outcome, attempt.error, attempt.retry_after_s) == ("retry", "HTTP 503", 120.0)
+    assert attempt.receiver_unavailable
+    # The timeout's backoff would be 10 ms: a second round would POST again.
+    metrics, rows = deliver_one_alert(tmp_path / "sessions.db", receiver.url, timeout_s, max_backoff_s=300)
+    assert len(receiver.requests) == 2  # the post above, and one round: the next is 120 s away
+    assert deliveries_counted(metrics) == {"delivered": None, "retry": 1.0, "dead_letter": None}
+    assert rows == [("pending", 1, "HTTP 503")]
+
+
+@pytest.mark.parametrize("mode", ["ok", "chunked"])
+def test_a_whole_4xx_the_deadline_fires_just_after_is_dead_lettered_at_once(  # type: ignore[no-untyped-def]
+    tmp_path: Path, receivers, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """A complete 400 is the receiver refusing the alert: dead-lettered on its first try,
+    not given another as a timeout."""
+    timeout_s = 1.0
+    hold_each_answer_until_its_deadline(monkeypatch, timeout_s)
+    receiver = SlowReceiver(mode, status="400 Bad Request")
+    receivers.append(receiver)
+    metrics, rows = deliver_one_alert(tmp_path / "sessions.db", receiver.url, timeout_s)
+    assert [request["idempotency-key"] for request in receiver.requests] == [KEY]
+    assert deliveries_counted(metrics) == {"delivered": None, "retry": None, "dead_letter": 1.0}
+    assert rows == [("dead", 1, "HTTP 400")]
 
 
 @pytest.fixture

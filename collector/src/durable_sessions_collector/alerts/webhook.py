@@ -17,8 +17,9 @@ is POSTed to ``alerts.webhook.url`` with:
 ``alerts.webhook.timeout_s`` bounds a whole attempt — connecting (and TLS), sending, the
 status, the headers and the body — not each read: at the deadline a watchdog shuts the
 connection's socket down (:class:`_Deadline`), and the attempt is a timeout to retry, so a
-receiver (or a proxy) that trickles its answer cannot hold the delivery thread. A 2xx
-that came whole is a delivery however soon after it the deadline fires (:func:`_read_whole`). A host
+receiver (or a proxy) that trickles its answer cannot hold the delivery thread. An answer
+that came whole is judged by its status however soon after it the deadline fires
+(:func:`_read_whole`): a 2xx is a delivery, a 429 keeps its ``Retry-After``. A host
 name is resolved (by the system resolver) within the same deadline: a resolver that does
 not answer in time makes the attempt a timeout to retry as well (:func:`_resolve`).
 
@@ -50,6 +51,7 @@ import base64
 import concurrent.futures
 import contextlib
 import datetime
+import email.message
 import functools
 import http.client
 import ipaddress
@@ -438,12 +440,7 @@ class WebhookAlerts(OutboxDelivery):
             opener = urllib.request.build_opener(
                 _NoRedirect(), _HTTPHandler(deadline), _HTTPSHandler(deadline)
             )
-            attempt = self._post(opener, request, deadline)
-        # A delivery stands (_post judged the deadline against its answer); anything else
-        # that failed past the deadline failed of its shutdown.
-        if deadline.expired and attempt.outcome != "delivered":
-            return self._timed_out(deadline)
-        return attempt
+            return self._post(opener, request, deadline)
 
     def _timed_out(self, deadline: _Deadline) -> Attempt:
         return Attempt(
@@ -456,34 +453,67 @@ class WebhookAlerts(OutboxDelivery):
         self, opener: urllib.request.OpenerDirector, request: urllib.request.Request, deadline: _Deadline
     ) -> Attempt:
         try:
-            # The socket timeout bounds each step too (and connecting, before the deadline
-            # watches a socket); the deadline bounds the whole.
-            with opener.open(request, timeout=self.timeout_s) as response:
-                whole = _read_whole(response)
-                status = response.status
-        except urllib.error.HTTPError as error:
-            status = error.code
-            retry_after = _retry_after(error.headers.get("Retry-After") if error.headers else None)
-            error.close()
-            if status >= 500 or status in RETRYABLE_STATUS:
-                return Attempt("retry", f"HTTP {status}", retry_after, status in UNAVAILABLE_STATUS)
-            return Attempt("rejected", f"HTTP {status}")
-        except urllib.error.URLError as error:
+            status, headers, whole = self._answer(opener, request)
+        except (OSError, http.client.HTTPException, UnicodeEncodeError) as error:
+            # Anything that failed past the deadline failed of its shutdown.
+            return self._timed_out(deadline) if deadline.expired else self._failure(error)
+        # The deadline may fire just after a whole answer arrived: that answer stands, a
+        # 2xx a delivery (not a timeout to POST again), a 429 with its Retry-After, a 400
+        # a rejection. One it may have cut short is judged by whether it had been reached
+        # when the read returned (it is marked reached before it shuts a socket down).
+        if deadline.expired and not whole:
+            return self._timed_out(deadline)
+        return _judge(status, headers)
+
+    def _answer(
+        self, opener: urllib.request.OpenerDirector, request: urllib.request.Request
+    ) -> tuple[int, email.message.Message, bool]:
+        """The answer to ``request``: its status, its headers, and whether it came whole
+        (:func:`_read_whole`). Raises what the connection or the request raised.
+
+        The socket timeout bounds each step too (and connecting, before the deadline
+        watches a socket); the deadline bounds the whole."""
+        try:
+            response = opener.open(request, timeout=self.timeout_s)
+        except urllib.error.HTTPError as error:  # a non-2xx answer, its body not read yet
+            with contextlib.closing(error):
+                return error.code, error.headers, _read_whole_non_2xx(error)
+        with response:
+            return response.status, response.headers, _read_whole(response)
+
+    def _failure(self, error: Exception) -> Attempt:
+        """The attempt that ``error``, raised before any answer was judged, made."""
+        if isinstance(error, urllib.error.URLError):
             return Attempt("retry", f"cannot connect: {error.reason}", receiver_unavailable=True)
-        except (http.client.InvalidURL, UnicodeEncodeError) as error:
+        if isinstance(error, http.client.InvalidURL | UnicodeEncodeError):
             # The URL itself cannot be sent (configuration refuses such a URL): no retry
             # can help, and the receiver was never asked. Its text would quote the path.
             return Attempt("rejected", f"{type(error).__name__}: the URL {self.shown_url} cannot be sent")
-        except (OSError, http.client.HTTPException) as error:
-            return Attempt(
-                "retry",
-                f"{type(error).__name__}: {error}" if str(error) else type(error).__name__,
-                receiver_unavailable=True,
-            )
-        if 200 <= status < 300:
-            # The deadline may fire just after a whole 2xx arrived: that is a delivery, not
-            # a timeout to POST again. One it may have cut short is judged by whether it
-            # had been reached when the read returned (it is marked reached before it
-            # shuts a socket down).
-            return Attempt("delivered") if whole or not deadline.expired else self._timed_out(deadline)
-        return Attempt("rejected", f"HTTP {status}")
+        return Attempt(
+            "retry",
+            f"{type(error).__name__}: {error}" if str(error) else type(error).__name__,
+            receiver_unavailable=True,
+        )
+
+
+def _read_whole_non_2xx(error: urllib.error.HTTPError) -> bool:
+    """:func:`_read_whole` of the answer ``error`` carries. A body that fails to read
+    leaves the answer judged by its status (as before its body was read at all) unless
+    the deadline cut it: False, for the deadline to judge."""
+    if error.fp is None:
+        return False
+    try:
+        return _read_whole(error.fp)
+    except (OSError, http.client.HTTPException):
+        return False
+
+
+def _judge(status: int, headers: email.message.Message) -> Attempt:
+    """The attempt a whole answer of ``status`` with ``headers`` made."""
+    if 200 <= status < 300:
+        return Attempt("delivered")
+    if status >= 500 or status in RETRYABLE_STATUS:
+        return Attempt(
+            "retry", f"HTTP {status}", _retry_after(headers.get("Retry-After")), status in UNAVAILABLE_STATUS
+        )
+    return Attempt("rejected", f"HTTP {status}")
