@@ -48,6 +48,7 @@ class SlowReceiver:
 
     - ``"headers"``: ``HTTP/1.1 200 OK`` and then a header, one byte every 0.1 s, forever;
     - ``"body"``: a complete 200 with ``Content-Length: 1000``, then the body a byte every 0.1 s;
+    - ``"unframed body"``: the same with ``Connection: close`` for its framing, no length;
     - ``"ok"``: a complete 200 after ``delay_s``;
     - ``"chunked"``: a complete 200, its body chunked, after ``delay_s``;
     - ``"interim"``: ``102 Processing`` and ``103 Early Hints``, then a complete 200 after ``delay_s``;
@@ -125,8 +126,9 @@ class SlowReceiver:
                 connection.sendall(b"HTTP/1.1 200 OK\r\nX-Slow: ")
                 while not self.stop.wait(0.1):
                     connection.sendall(b"a")
-            elif self.mode == "body":
-                connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
+            elif self.mode in ("body", "unframed body"):
+                framing = b"Content-Length: 1000" if self.mode == "body" else b"Connection: close"
+                connection.sendall(b"HTTP/1.1 200 OK\r\n" + framing + b"\r\n\r\n")
                 while not self.stop.wait(0.1):
                     connection.sendall(b"a")
             else:
@@ -179,10 +181,12 @@ def timed_post(hook: WebhookAlerts) -> tuple[Any, float]:
 # --- alerts.webhook.timeout_s bounds the whole POST ---------------------------------------------
 
 
-@pytest.mark.parametrize("mode", ["headers", "body"])
+@pytest.mark.parametrize("mode", ["headers", "body", "unframed body"])
 def test_a_trickled_answer_is_cut_off_at_timeout_s_and_retried(receivers, mode: str) -> None:  # type: ignore[no-untyped-def]
     """Each byte comes well within the socket timeout, so only a bound on the whole POST
-    ends it. Even a 200 whose body never completes is not a delivery."""
+    ends it. Even a 200 whose body never completes is not a delivery, one that the
+    connection's end would end too: the end the deadline's shutdown makes is not the
+    receiver's."""
     receiver = SlowReceiver(mode)
     receivers.append(receiver)
     attempt, took = timed_post(webhook_channel(receiver.url, timeout_s=0.6))
@@ -272,7 +276,7 @@ def deliveries_counted(metrics: Metrics) -> dict[str, float | None]:
     }
 
 
-@pytest.mark.parametrize("mode", ["ok", "chunked"])
+@pytest.mark.parametrize("mode", ["ok", "chunked", "unframed"])
 def test_a_whole_2xx_the_deadline_fires_just_after_is_delivered_and_counted_once(  # type: ignore[no-untyped-def]
     tmp_path: Path, receivers, monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> None:
@@ -292,7 +296,7 @@ def test_a_whole_2xx_the_deadline_fires_just_after_is_delivered_and_counted_once
     assert rows == [("delivered", 1, None)]
 
 
-@pytest.mark.parametrize("mode", ["ok", "chunked"])
+@pytest.mark.parametrize("mode", ["ok", "chunked", "unframed"])
 def test_a_whole_503_the_deadline_fires_just_after_keeps_its_retry_after(  # type: ignore[no-untyped-def]
     tmp_path: Path, receivers, monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> None:
@@ -313,7 +317,7 @@ def test_a_whole_503_the_deadline_fires_just_after_keeps_its_retry_after(  # typ
     assert rows == [("pending", 1, "HTTP 503")]
 
 
-@pytest.mark.parametrize("mode", ["ok", "chunked"])
+@pytest.mark.parametrize("mode", ["ok", "chunked", "unframed"])
 def test_a_whole_4xx_the_deadline_fires_just_after_is_dead_lettered_at_once(  # type: ignore[no-untyped-def]
     tmp_path: Path, receivers, monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> None:

@@ -327,20 +327,27 @@ ANSWER_READ_LIMIT = 64 * 1024
 """The most of an answer's body read: a receiver's answer past it is not needed."""
 
 
-def _read_whole(response: http.client.HTTPResponse) -> bool:
+def _read_whole(response: http.client.HTTPResponse, deadline: _Deadline) -> bool:
     """Read the body of ``response`` (up to :data:`ANSWER_READ_LIMIT`) and return whether
-    its framing shows that it came whole, which no later deadline can undo.
+    it came whole, which no later deadline can undo.
 
     A body of a known length (``Content-Length``, or none, as a 204's) came whole if the
     read got all it asked for; a chunked one if http.client read it at all (it raises
     :class:`http.client.IncompleteRead` at a cut). A body that ends with the connection
-    (or headers cut short by its end, which http.client takes for their end) cannot tell
-    the receiver's close from the deadline's shutdown: False, for the deadline to judge."""
+    came whole if the read got all it asked for, or if ``deadline`` had not been reached
+    when the read returned: the deadline is marked reached before its watchdog shuts a
+    socket down, so an end read before that is the receiver's close. Read once the
+    deadline was reached, it cannot be told from the shutdown: False, for the deadline
+    to judge. (So are headers cut short by the connection's end, which http.client takes
+    for their end: the body's read comes after them.)"""
     expected = response.length
     body = response.read(ANSWER_READ_LIMIT)
+    ended_before_the_deadline = not deadline.expired  # judged now: the watchdog may fire any moment
     if response.chunked:
         return True
-    return expected is not None and len(body) == min(expected, ANSWER_READ_LIMIT)
+    if expected is None:
+        return len(body) == ANSWER_READ_LIMIT or ended_before_the_deadline
+    return len(body) == min(expected, ANSWER_READ_LIMIT)
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -453,7 +460,7 @@ class WebhookAlerts(OutboxDelivery):
         self, opener: urllib.request.OpenerDirector, request: urllib.request.Request, deadline: _Deadline
     ) -> Attempt:
         try:
-            status, headers, whole = self._answer(opener, request)
+            status, headers, whole = self._answer(opener, request, deadline)
         except (OSError, http.client.HTTPException, UnicodeEncodeError) as error:
             # Anything that failed past the deadline failed of its shutdown.
             return self._timed_out(deadline) if deadline.expired else self._failure(error)
@@ -466,7 +473,7 @@ class WebhookAlerts(OutboxDelivery):
         return _judge(status, headers)
 
     def _answer(
-        self, opener: urllib.request.OpenerDirector, request: urllib.request.Request
+        self, opener: urllib.request.OpenerDirector, request: urllib.request.Request, deadline: _Deadline
     ) -> tuple[int, email.message.Message, bool]:
         """The answer to ``request``: its status, its headers, and whether it came whole
         (:func:`_read_whole`). Raises what the connection or the request raised.
@@ -477,9 +484,9 @@ class WebhookAlerts(OutboxDelivery):
             response = opener.open(request, timeout=self.timeout_s)
         except urllib.error.HTTPError as error:  # a non-2xx answer, its body not read yet
             with contextlib.closing(error):
-                return error.code, error.headers, _read_whole_non_2xx(error)
+                return error.code, error.headers, _read_whole_non_2xx(error, deadline)
         with response:
-            return response.status, response.headers, _read_whole(response)
+            return response.status, response.headers, _read_whole(response, deadline)
 
     def _failure(self, error: Exception) -> Attempt:
         """The attempt that ``error``, raised before any answer was judged, made."""
@@ -496,14 +503,14 @@ class WebhookAlerts(OutboxDelivery):
         )
 
 
-def _read_whole_non_2xx(error: urllib.error.HTTPError) -> bool:
+def _read_whole_non_2xx(error: urllib.error.HTTPError, deadline: _Deadline) -> bool:
     """:func:`_read_whole` of the answer ``error`` carries. A body that fails to read
     leaves the answer judged by its status (as before its body was read at all) unless
     the deadline cut it: False, for the deadline to judge."""
     if error.fp is None:
         return False
     try:
-        return _read_whole(error.fp)
+        return _read_whole(error.fp, deadline)
     except (OSError, http.client.HTTPException):
         return False
 
