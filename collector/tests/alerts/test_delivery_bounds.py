@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import base64
+import collections
 import contextlib
 import hashlib
 import io
@@ -261,9 +262,25 @@ def deliver_one_alert(
         channel.deliver_due()
         with sqlite3.connect(store.path) as db:
             rows = db.execute("SELECT state, attempts, last_error FROM outbox").fetchall()
+        # What /metrics shows of the outbox is read from the store: it must say the same.
+        assert outbox_gauge(metrics) == collections.Counter(row[0] for row in rows)
         return metrics, rows
     finally:
         store.close()
+
+
+OUTBOX_STATES = ("pending", "delivered", "dead")
+
+
+def outbox_gauge(metrics: Metrics) -> dict[str, float]:
+    """``durable_sessions_alert_outbox`` of the webhook channel, by state (those not at 0)."""
+    counts = {
+        state: metrics.registry.get_sample_value(
+            "durable_sessions_alert_outbox", {"channel": "webhook", "state": state}
+        )
+        for state in OUTBOX_STATES
+    }
+    return {state: count for state, count in counts.items() if count}
 
 
 def deliveries_counted(metrics: Metrics) -> dict[str, float | None]:
