@@ -7,6 +7,7 @@ with the fix applied, and is clean under every rule with strict checking on.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import subprocess
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from durable_sessions.check import check_paths
@@ -958,6 +959,96 @@ def test_few_truncated_content_hashes_read_as_time_uuids() -> None:
     keys = [hashlib.sha256(f"s-{n}/a07".encode()).hexdigest()[:32] for n in range(20_000)]
     read_as_uuids = [key for key in keys if "time-based UUID" in (time_component(key) or "")]
     assert len(read_as_uuids) < 40, len(read_as_uuids)
+
+
+# -- ULIDs ------------------------------------------------------------------------------------
+
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"  # base32 without I, L, O and U
+
+
+def crockford(value: int, width: int) -> str:
+    """``value`` in ``width`` Crockford base32 digits, most significant first."""
+    return "".join(_CROCKFORD[value >> 5 * (width - 1 - place) & 31] for place in range(width))
+
+
+def ulid(unix_ms: int, randomness: int) -> str:
+    """A ULID: 10 digits of milliseconds since 1970, then 16 of randomness (80 bits)."""
+    return crockford(unix_ms, 10) + crockford(randomness, 16)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    unix_ms=st.integers(_KEY_YEARS_S[0] * 1000, _KEY_YEARS_S[1] * 1000 - 1),
+    randomness=st.integers(0, 2**80 - 1),
+    lower=st.booleans(),
+    prefix=st.sampled_from(["", "pay-", "order_", "idem:", "s-1/"]),
+)
+def test_ulid_key_is_caught(unix_ms: int, randomness: int, lower: bool, prefix: str) -> None:
+    """A ULID embeds the millisecond it was made, so one made afresh on every attempt
+    keyed nothing, and passed: one made between 2000 and 2100, in either case, is caught.
+    (Not one of hex digits only, which a hex digest cut to 26 is too: its 16 random
+    digits are all hex one time in 65,536.)"""
+    made = ulid(unix_ms, randomness)
+    assume(not set(made) <= set("0123456789ABCDEF"))
+    made = made.lower() if lower else made
+    [violation] = check_records([R("a07", "payment", idempotency_key=prefix + made, result={})])
+    assert violation.rule == "time-derived-key"
+    assert f"contains the ULID '{made}'" in violation.message
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    unix_ms=st.one_of(
+        st.integers(0, _KEY_YEARS_S[0] * 1000 - 1), st.integers(_KEY_YEARS_S[1] * 1000, 2**48 - 1)
+    ),
+    randomness=st.integers(0, 2**80 - 1),
+    prefix=key_prefix,
+)
+def test_ulid_like_key_of_an_implausible_time_is_no_ulid(unix_ms: int, randomness: int, prefix: str) -> None:
+    """26 Crockford digits whose first ten read as a time before 2000 or after 2100 are a
+    hash or a random id, not a clock reading."""
+    assert "ULID" not in (time_component(prefix + ulid(unix_ms, randomness)) or "")
+
+
+def _base62(digest: bytes) -> str:
+    alphabet = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+    value, digits = int.from_bytes(digest), []
+    while value:
+        value, digit = divmod(value, 62)
+        digits.append(alphabet[digit])
+    return "".join(reversed(digits))
+
+
+HASH_KEY_FORMS_OF_ULID_LENGTH = {
+    "hex": lambda digest: digest.hex(),
+    "base32": lambda digest: base64.b32encode(digest).decode(),
+    "base32-lower": lambda digest: base64.b32encode(digest).decode().lower(),
+    "base32hex": lambda digest: base64.b32hexencode(digest).decode(),
+    "base62": _base62,
+    "base64url": lambda digest: base64.urlsafe_b64encode(digest).decode(),
+}
+
+
+@pytest.mark.parametrize("form", sorted(HASH_KEY_FORMS_OF_ULID_LENGTH))
+def test_few_content_hashes_cut_to_a_ulids_length_read_as_ulids(form: str) -> None:
+    """A SHA-256 of the action's identity, written in a common form and cut to a ULID's 26
+    characters, is a recommended key: at most about one in a thousand reads as a ULID."""
+    encode = HASH_KEY_FORMS_OF_ULID_LENGTH[form]
+    keys = [encode(hashlib.sha256(f"s-{n}/a07".encode()).digest())[:26] for n in range(20_000)]
+    read_as_ulids = [key for key in keys if "ULID" in (time_component(key) or "")]
+    assert len(read_as_ulids) < 20, len(read_as_ulids)
+
+
+def test_crockford_base32_content_hashes_cut_to_a_ulids_length_rarely_read_as_ulids() -> None:
+    """Crockford base32 is a ULID's own alphabet: only the time tells a hash written in it
+    from a ULID, and a uniform 50 bits read as a time between 2000 and 2100 about three
+    times in a thousand, as the rule's explanation says."""
+    keys = [
+        crockford(int.from_bytes(hashlib.sha256(f"s-{n}/a07".encode()).digest()) >> 126, 26)
+        for n in range(20_000)
+    ]
+    read_as_ulids = [key for key in keys if "ULID" in (time_component(key) or "")]
+    assert len(read_as_ulids) < 90, len(read_as_ulids)
 
 
 def test_truncated_result_is_a_warning_when_the_length_equals_the_limit() -> None:

@@ -366,6 +366,10 @@ _TIME_UUID_LIKE = re.compile(_TIME_UUID, re.I)
 # and variant digits one time in 21: only the time such a UUID embeds tells it from a hash.
 _UNDASHED_UUID = re.compile(r"(?<![0-9a-f])[0-9a-f]{32}(?![0-9a-f])", re.I)
 _GREGORIAN_TO_UNIX_S = 12_219_292_800  # v1 and v6 count 100 ns from 1582-10-15, 1970 less this
+# A ULID: 26 Crockford base32 digits (no I, L, O or U) in one case, the first ten the
+# milliseconds since 1970 (so the first digit is at most 7), alone between non-alphanumerics.
+_ULID = re.compile(r"(?<![0-9a-z])[0-7][0-9a-hjkmnp-tv-z]{25}(?![0-9a-z])", re.I)
+_CROCKFORD_TO_BASE32 = str.maketrans("ABCDEFGHJKMNPQRSTVWXYZ", "abcdefghijklmnopqrstuv")
 _DIGIT_RUN = re.compile(r"(?<!\d)(\d{10}|\d{13}|\d{16}|\d{19})(?!\d)")
 _EPOCH_RANGE_S = (946_684_800, 4_102_444_800)  # 2000-01-01 .. 2100-01-01
 # What durable_sessions.instrument.idempotency_key() returns: "ds1-" and 32 base32 digits
@@ -389,6 +393,9 @@ def time_component(key: str) -> str | None:
     for digits in _UNDASHED_UUID.findall(key):
         if _is_plausible_time(_uuid_unix_seconds(uuid.UUID(hex=digits))):
             return f"the time-based UUID '{digits}'"
+    for token in _ULID.findall(key):
+        if _is_plausible_time(_ulid_unix_seconds(token)):
+            return f"the ULID '{token}'"
     for run in _DIGIT_RUN.findall(key):
         if _is_plausible_time(int(run) / 10 ** (len(run) - 10)):
             return f"the epoch timestamp '{run}'"
@@ -410,6 +417,18 @@ def _uuid_unix_seconds(value: uuid.UUID) -> float | None:
     return ticks / 10_000_000 - _GREGORIAN_TO_UNIX_S
 
 
+def _ulid_unix_seconds(token: str) -> float | None:
+    """The Unix time a ULID embeds, or None for 26 characters that are no ULID: mixed case
+    (base62 or base64) or hex digits only (a hex digest cut to 26; a ULID has 16 random
+    digits, all hex one time in 65,536)."""
+    if token not in (token.upper(), token.lower()) or _HEX_DIGITS.fullmatch(token):
+        return None
+    return int(token[:10].upper().translate(_CROCKFORD_TO_BASE32), 32) / 1000
+
+
+_HEX_DIGITS = re.compile(r"[0-9a-f]+", re.I)
+
+
 def _is_plausible_time(unix_s: float | None) -> bool:
     """``unix_s`` falls in the years a key read today could have been made in (2000-2100)."""
     return unix_s is not None and _EPOCH_RANGE_S[0] <= unix_s < _EPOCH_RANGE_S[1]
@@ -422,7 +441,7 @@ def _is_plausible_time(unix_s: float | None) -> bool:
     **applies_when(any_field={"idempotency_key"}),
 )
 def time_derived_key(record: ActionRecord) -> str | None:
-    """An idempotency key contains a date, an epoch timestamp or a time-based UUID.
+    """An idempotency key contains a date, an epoch timestamp, a time-based UUID or a ULID.
 
     ## Why is this bad?
     A key computed from the clock differs on every attempt, so the far side sees the
@@ -437,7 +456,13 @@ def time_derived_key(record: ActionRecord) -> str | None:
     one only when the time they embed falls between 2000 and 2100: a content hash cut
     to 32 hex digits (or an MD5) has a time-based UUID's version and variant digits
     one time in 21, and a time in that range about one time in a thousand. A whole
-    SHA-256 (64 hex digits) is never read as a UUID.
+    SHA-256 (64 hex digits) is never read as a UUID. ULIDs (26 Crockford base32
+    characters in one case, the first ten milliseconds since 1970) are read as one when
+    that time falls between 2000 and 2100; a SHA-256 cut to 26 characters of hex, base32
+    (RFC 4648), base62 or base64 is, at most, one time in a thousand, but written in
+    Crockford base32, a ULID's own alphabet, about three times in a thousand. KSUIDs are
+    not detected: a random base62 token of 27 characters embeds a time after 2014 about
+    one time in three.
     Not flagged: a key in exactly the format `idempotency_key()` gives (`ds1-` and 32
     characters of `a`-`z`, `2`-`7`), a hash of the identity whose digits may happen to
     read as an epoch number.

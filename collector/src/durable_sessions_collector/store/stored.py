@@ -164,7 +164,7 @@ def hidden(value: Any) -> str:
 
 def _hidden_identifier(name: str, value: str) -> str:
     """A long identifier's digest. A long idempotency key that holds a date, an epoch
-    timestamp or a time-based UUID keeps that part after a ``~``, so that
+    timestamp, a time-based UUID or a ULID keeps that part after a ``~``, so that
     ``time-derived-key`` reports the stored key as it reported the key (a time is no
     free text)."""
     shown = hidden(value)
