@@ -20,7 +20,8 @@ from durable_sessions.rules import CATALOGUE
 DURABLE_SESSIONS = Path(sys.executable).with_name("durable-sessions")
 DEMO_TRACE = Path("/work/shared/seed/observability-tracing/demo-run-001.jsonl")
 VIOLATION_KEYS = {"rule", "severity", "session_id", "action_id", "file", "line", "message"}
-SEED_RULES = {rule.id for rule in CATALOGUE if rule.seed and not rule.strict_only}
+# The seed's rules, and invalid-field, which --rules seed runs on kind and status (as replay-check).
+SEED_RULES = {rule.id for rule in CATALOGUE if rule.seed and not rule.strict_only} | {"invalid-field"}
 ALL_RULES = {rule.id for rule in CATALOGUE if not rule.strict_only}
 
 

@@ -25,7 +25,7 @@ from durable_sessions.check import check_paths
 from durable_sessions.digest import digest_value
 from durable_sessions.engine import Checker
 from durable_sessions.record import line_location
-from durable_sessions.rules import CATALOGUE, select_rules
+from durable_sessions.rules import CATALOGUE, rule_references, rules_from_references, select_rules
 from durable_sessions.rules.record_rules import describe, time_component
 from durable_sessions.rules.state import DEFAULT_KEY_WINDOW_S, _pack_attempts, _unpack_attempts
 from durable_sessions.violation import Severity, Violation
@@ -1408,3 +1408,14 @@ def test_attempt_numbers_survive_packing(attempts: frozenset[int]) -> None:
     assert _unpack_attempts(packed) == attempts
     if attempts and all(1 <= n <= 62 for n in attempts):
         assert type(packed) is int  # kept as a mask, not a frozenset
+
+
+@pytest.mark.parametrize("preset", ["seed", "all"])
+@pytest.mark.parametrize("strict", [False, True])
+def test_another_process_rebuilds_a_selection_of_rules_identically(preset: str, strict: bool) -> None:
+    """A checking worker (``--jobs``) and the processor's checker process rebuild their
+    rules from names: by its id alone, the seed's ``invalid-field`` for kind and status
+    would come back as the whole rule, judging fields the seed never defined."""
+    chosen = select_rules(preset, strict=strict)  # type: ignore[arg-type]
+    rebuilt = rules_from_references(rule_references(chosen))
+    assert [id(rule) for rule in rebuilt] == [id(rule) for rule in chosen]

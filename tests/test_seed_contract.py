@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SEED_EXAMPLES = ROOT.parent / "shared" / "seed" / "durable-sessions" / "examples"
 PROJECT_EXAMPLES = ROOT / "examples" / "logs"
 REPLAY_CHECK = Path(sys.executable).with_name("replay-check")
+DURABLE_SESSIONS = Path(sys.executable).with_name("durable-sessions")
 
 SEED_PHRASES = (
     "already answered",
@@ -274,21 +275,30 @@ def test_an_action_log_read_from_a_fifo_is_checked_whole(fixtures: FixtureSet, t
     assert (result.returncode, result.stdout, result.stderr) == (1, expected.stdout, "")
 
 
+KIND_OR_STATUS_SPELT_OTHERWISE = [
+    {"session_id": "s-1", "action_id": "a1", "kind": "Payment", "status": "ok", "result": {}},
+    {"session_id": "s-1", "action_id": "a2", "kind": "user-prompt", "status": "ok"},
+    {"session_id": "s-1", "action_id": "a3", "kind": "payment", "status": "OK"},
+    {"session_id": "s-1", "action_id": "a4", "kind": "tool_call", "status": "ok", "ts": "yesterday"},
+]
+
+
+def spelt_otherwise_log(tmp_path: Path) -> Path:
+    """An action log of :data:`KIND_OR_STATUS_SPELT_OTHERWISE`."""
+    log = tmp_path / "spelt.jsonl"
+    log.write_text(
+        "".join(json.dumps(record) + "\n" for record in KIND_OR_STATUS_SPELT_OTHERWISE), encoding="utf-8"
+    )
+    return log
+
+
 def test_a_known_kind_or_status_spelt_otherwise_fails_replay_check(tmp_path: Path) -> None:
     """Every seed rule dispatches on ``kind`` and ``status``, read literally: an unkeyed
     ``Payment``, an unanswered ``user-prompt`` and a ``status: "OK"`` payment passed as
     replay-safe (exit 0) where ``durable-sessions check`` reports them as invalid-field.
     "Exit 0 when every action is replay-safe": they are reported, as check words them.
     Fields the seed never defined (``ts``) stay the full check's to judge."""
-    log = tmp_path / "spelt.jsonl"
-    records = [
-        {"session_id": "s-1", "action_id": "a1", "kind": "Payment", "status": "ok", "result": {}},
-        {"session_id": "s-1", "action_id": "a2", "kind": "user-prompt", "status": "ok"},
-        {"session_id": "s-1", "action_id": "a3", "kind": "payment", "status": "OK"},
-        {"session_id": "s-1", "action_id": "a4", "kind": "tool_call", "status": "ok", "ts": "yesterday"},
-    ]
-    log.write_text("".join(json.dumps(record) + "\n" for record in records), encoding="utf-8")
-    result = replay_check("--actions", str(log))
+    result = replay_check("--actions", str(spelt_otherwise_log(tmp_path)))
     assert result.returncode == 1, result.stdout
     assert [
         (match["line"], match["action"], match["message"]) for match in violation_lines(result.stdout)
@@ -302,3 +312,27 @@ def test_a_known_kind_or_status_spelt_otherwise_fails_replay_check(tmp_path: Pat
         ),
     ]
     assert result.stdout.endswith("replay-check FAIL: 3 violation(s) in 4 action(s)\n")
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_check_with_the_seed_rules_finds_what_replay_check_finds(tmp_path: Path, jobs: str) -> None:
+    """``durable-sessions check --rules seed`` is the seed's rule set, as ``replay-check``
+    runs it: it passed a ``Payment``, a ``user-prompt`` and a status ``OK`` that
+    replay-check reports, and a parallel worker, rebuilding its rules from their ids, would
+    have judged every field ``invalid-field`` judges (the ``ts``) had it been given them."""
+    log = spelt_otherwise_log(tmp_path)
+    expected = [
+        (int(match["line"]), match["message"])
+        for match in violation_lines(replay_check("--actions", str(log)).stdout)
+    ]
+    result = subprocess.run(
+        [str(DURABLE_SESSIONS), "check", "--rules", "seed", "--format", "json", "--jobs", jobs, str(log)],
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=60,
+    )
+    found = [
+        (violation["line"], violation["message"]) for violation in json.loads(result.stdout)["violations"]
+    ]
+    assert (result.returncode, found) == (1, expected), result.stderr

@@ -41,7 +41,7 @@ from durable_sessions.readers import (
     sniff_format,
 )
 from durable_sessions.record import Location
-from durable_sessions.rules import CATALOGUE, Rule
+from durable_sessions.rules import Rule, rule_references, rules_from_references
 from durable_sessions.rules.state import DEFAULT_KEY_WINDOW_S
 from durable_sessions.violation import Violation
 
@@ -157,7 +157,7 @@ class OfflineCheck:
             with open_source(path):
                 pass  # fail here, loudly, before any worker starts
         context = multiprocessing.get_context(self.start_method)
-        rule_ids = [rule.id for rule in self.rules]
+        rule_ids = rule_references(self.rules)
         workers = []
         for shard in range(self.jobs):
             receiver, sender = context.Pipe(duplex=False)
@@ -635,7 +635,7 @@ def _check_own_lines(
     Every worker reads every line; it parses only those that may be its own. That costs
     less than a parent process parsing once and shipping records to the workers.
     """
-    checker = Checker([CATALOGUE.get(rule_id) for rule_id in rule_ids], key_window_s=key_window_s)
+    checker = Checker(rules_from_references(rule_ids), key_window_s=key_window_s)
     found: list[list[Violation]] = []  # per path, in the order given
     parent = os.getppid()
     try:

@@ -59,7 +59,7 @@ from durable_sessions.report import (
     text_line,
     write_text_summary,
 )
-from durable_sessions.rules import CATALOGUE, PRESETS, replay_check_rules, select_rules
+from durable_sessions.rules import CATALOGUE, PRESETS, select_rules
 from durable_sessions.rules.state import DEFAULT_KEY_WINDOW_S
 from durable_sessions.seconds import positive_seconds_from_text
 from durable_sessions.violation import Violation
@@ -174,7 +174,7 @@ def replay_check_main(argv: Sequence[str] | None = None) -> int:
 
 
 def _replay_check(args: argparse.Namespace, out: Output) -> int:
-    checker = Checker(replay_check_rules(strict=args.strict))
+    checker = Checker(select_rules("seed", strict=args.strict))
     count = 0
     _hint_at_trace_files(args.actions)
     try:

@@ -46,7 +46,7 @@ from opentelemetry.trace import SpanContext, StatusCode
 from durable_sessions.engine import Checker
 from durable_sessions.mapping import exact
 from durable_sessions.native import native_module
-from durable_sessions.rules import CATALOGUE, Rule
+from durable_sessions.rules import Rule, rule_references, rules_from_references
 from durable_sessions.span_check import ACTION_KIND, ACTION_PREFIX, MAYBE_ACTION_KEYS, SpanParts, check_span
 from durable_sessions.violation import Severity, Violation
 
@@ -315,7 +315,7 @@ class CheckerProcess:
         interval_s: float = DEFAULT_INTERVAL_S,
     ) -> None:
         config = {
-            "rules": [rule.id for rule in rules],
+            "rules": rule_references(rules),
             "key_window_s": key_window_s,
             "max_sessions": max_sessions,
         }
@@ -645,7 +645,7 @@ class _Session:
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         self.checker = Checker(
-            [CATALOGUE.get(rule_id) for rule_id in config["rules"]],
+            rules_from_references(config["rules"]),
             key_window_s=config["key_window_s"],
             max_sessions=config["max_sessions"],
         )

@@ -624,8 +624,8 @@ def invalid_field(record: ActionRecord) -> str | None:
     kind at all. A wrong type silently turns a protection off, so it is reported rather
     than guessed at. (`max_attempts` and `ttl_s` are judged by `unbounded-retry` and
     `cache-without-ttl` when the action is retryable or cacheable.) `replay-check`, the
-    seed's drop-in, judges `kind` and `status` only: every seed rule is chosen by them,
-    and the other fields are not all the seed's.
+    seed's drop-in, and the seed's rule set (`--rules seed`) judge `kind` and `status`
+    only: every seed rule is chosen by them, and the other fields are not all the seed's.
 
     ## Example
     ```json
@@ -719,11 +719,13 @@ INVALID_KIND_OR_STATUS = dataclasses.replace(
     specialize=None,
     check=partial(_check_fields, ()),
 )
-"""``invalid-field`` for ``kind`` and ``status`` alone, as ``replay-check`` runs it beside
-the seed's rules. Those two fields choose which of the seed's rules judge a record, so a
-``Payment`` or a status ``OK`` passed every one of them as replay-safe; the seed never
-defined the other fields ``invalid-field`` judges (``ts``, ``incarnation``, ...), so a log
-that carries them its own way stays a seed log. Not in the catalogue: one rule, one id."""
+"""``invalid-field`` for ``kind`` and ``status`` alone, as the seed's rule set
+(``replay-check``, ``--rules seed``) runs it beside the seed's rules. Those two fields
+choose which of the seed's rules judge a record, so a ``Payment`` or a status ``OK``
+passed every one of them as replay-safe; the seed never defined the other fields
+``invalid-field`` judges (``ts``, ``incarnation``, ...), so a log that carries them its
+own way stays a seed log. Not in the catalogue: one rule, one id (another process
+rebuilds it by :func:`durable_sessions.rules.rule_references`)."""
 
 
 def describe(value: Any) -> str:
