@@ -177,13 +177,15 @@ def test_a_watch_of_unrecoverable_sessions_gets_the_resolution_of_an_alert_it_wa
     assert (resolved.violation.key, resolved.status) == (fired.violation.key, RESOLVED)
     assert resolved.session_verdict == pb.VERDICT_OK  # the verdict it left, as before
 
-    later = [
-        Watch(sidecar, cursor=cursor, verdicts=[pb.VERDICT_UNRECOVERABLE], timeout=2)
-        for cursor in (fired.cursor, live.start)
-    ]
-    watches.extend(later)
-    assert [a.cursor for a in later[0].rest()] == [resolved.cursor]
-    assert [a.cursor for a in later[1].rest()] == [fired.cursor, resolved.cursor]
+    def read_later(cursor: str) -> list[str]:
+        # Opened only now: the client takes each message off the wire as it is read, so a
+        # watch whose deadline ran out while another was read loses what it had not read.
+        watch = Watch(sidecar, cursor=cursor, verdicts=[pb.VERDICT_UNRECOVERABLE], timeout=2)
+        watches.append(watch)
+        return [alert.cursor for alert in watch.rest()]
+
+    assert read_later(fired.cursor) == [resolved.cursor]
+    assert read_later(live.start) == [fired.cursor, resolved.cursor]
     # A verdict the session never had while it held still filters both out.
     at_risk = Watch(sidecar, cursor=live.start, verdicts=[pb.VERDICT_AT_RISK], timeout=2)
     watches.append(at_risk)
