@@ -754,6 +754,16 @@ def strict_json(body: bytes) -> Any:
     return json.loads(body, parse_constant=refuse)
 
 
+def post_json_span(sidecar: Any, span: dict[str, Any]) -> None:
+    """POST ``span`` alone as an OTLP/JSON Export to the sidecar's HTTP port; it must be taken."""
+    body = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}).encode()
+    request = urllib.request.Request(
+        sidecar.http_url + "/v1/traces", data=body, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 200
+
+
 def test_non_finite_numbers_in_a_record_are_served_as_json_any_parser_reads(sidecar) -> None:  # type: ignore[no-untyped-def]
     # Before, the detail held NaN and Infinity as Python's json writes them: not JSON.
     def attribute(key: str, value: str) -> dict[str, Any]:
@@ -774,12 +784,7 @@ def test_non_finite_numbers_in_a_record_are_served_as_json_any_parser_reads(side
             attribute("agent.action.result_length", "-Infinity"),
         ],
     }
-    body = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}).encode()
-    request = urllib.request.Request(
-        sidecar.http_url + "/v1/traces", data=body, headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=10) as response:
-        assert response.status == 200
+    post_json_span(sidecar, span)
     with urllib.request.urlopen(sidecar.http_url + "/api/sessions/odd-numbers", timeout=10) as response:
         detail = strict_json(response.read())
     [action] = detail["actions"]
@@ -805,12 +810,7 @@ def test_integers_past_2_53_are_served_as_their_decimal_text(sidecar) -> None:  
             {"key": "agent.action.result_length", "value": {"intValue": str(2**53)}},
         ],
     }
-    body = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}).encode()
-    request = urllib.request.Request(
-        sidecar.http_url + "/v1/traces", data=body, headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=10) as response:
-        assert response.status == 200
+    post_json_span(sidecar, span)
     with urllib.request.urlopen(sidecar.http_url + "/api/sessions/big-numbers", timeout=10) as response:
         served = response.read()
     exact, as_doubles = json.loads(served), json.loads(served, parse_int=float)

@@ -9,9 +9,9 @@
 - ``GET /api/sessions/{id}``: one session (400 for an empty id, ``/api/sessions/``): its
   verdict, a page of its actions in order (start time, then arrival; digests only, never
   result or prompt text) and a page of its violations, at most ``actions_limit`` and
-  ``violations_limit`` (default 1,000, at most 5,000); ``next_actions_page_token`` and ``next_violations_page_token``, passed
-  back as ``actions_page_token`` and ``violations_page_token``, ask for the next pages,
-  and are empty on the last;
+  ``violations_limit`` (default 1,000, at most 5,000); ``next_actions_page_token`` and
+  ``next_violations_page_token``, passed back as ``actions_page_token`` and
+  ``violations_page_token``, ask for the next pages, and are empty on the last;
 - ``GET /healthz``: 200 when the writer runs and the store answers, else 503; the reason
   is given only to a caller that may see it (no token configured, or the token sent),
   since it names the store;
