@@ -102,6 +102,12 @@ class Sidecar:
     def alerts(self) -> list[dict[str, Any]]:
         return [line for line in self.log.lines() if line.get("event") == "violation"]
 
+    def alerts_once(self, count: int) -> list[dict[str, Any]]:
+        """The alert lines, once there are at least ``count``. The log channel writes them
+        after the commit that raised them, which an Export's answer or the API's view of
+        an ended session can come before."""
+        return wait_for(lambda: len(lines := self.alerts()) >= count and lines)
+
     def stop(self) -> None:
         self.service.stop()
 

@@ -125,8 +125,8 @@ def test_sessions_across_transports_incarnations_and_a_restart(start_sidecar, tm
     assert metrics[("durable_sessions_queue_capacity", ())] == 64
 
     # One alert line per violation, each once.
-    alerts = sidecar.alerts()
     stored = {v["key"] for s in ("trip-1", "trip-4") for v in sidecar.session(s)["violations"]}
+    alerts = sidecar.alerts_once(len(stored))
     assert sorted(a["key"] for a in alerts) == sorted(stored)
     assert {a["session_verdict"] for a in alerts if a["session_id"] == "trip-1"} == {"unrecoverable"}
 
@@ -149,7 +149,7 @@ def test_sessions_across_transports_incarnations_and_a_restart(start_sidecar, tm
     assert ("diverged-result", "a02") in rules_of(trip1)
     assert len(trip1["actions"]) == 10
     # Only the new finding is alerted by the new process; nothing old is raised again.
-    assert [(a["rule"], a["action_id"]) for a in again.alerts()] == [("diverged-result", "a02")]
+    assert [(a["rule"], a["action_id"]) for a in again.alerts_once(1)] == [("diverged-result", "a02")]
     assert again.metric("durable_sessions_sessions_rebuilt_total") == 1
     third.shutdown()
 
@@ -170,7 +170,7 @@ def test_idle_session_is_ended_and_judged_again_when_it_resumes(start_sidecar) -
     ended = wait_for(lambda: (s := sidecar.session("s-idle"))["state"] == "ended" and s)
     assert rules_of(ended) == [("unresolved-side-effect", "e1")]
     assert ended["verdict"] == "unrecoverable"
-    assert [a["rule"] for a in sidecar.alerts()] == ["unresolved-side-effect"]
+    assert [a["rule"] for a in sidecar.alerts_once(1)] == ["unresolved-side-effect"]
 
     # The completion arrives later (a slow exporter): the session reopens, is rebuilt
     # from the store, and its end-of-session rules run again: the finding is resolved.

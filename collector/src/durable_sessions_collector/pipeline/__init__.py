@@ -301,8 +301,8 @@ class Pipeline:
             self._fail_over(batch, error)
             return
         self.write_failures.ok()
-        for job in batch:
-            job.done.set()
+        # Counted before the receivers answer, so that a scrape after an Export's answer
+        # counts its spans; the alerts' delivery, which may wait on a log, comes after.
         stored = sum(job.stored for job in batch)
         duplicates = sum(job.duplicates for job in batch)
         if stored:
@@ -310,6 +310,9 @@ class Pipeline:
         if duplicates:
             self.metrics.spans_duplicate.inc(duplicates)
         self._raised(fresh)
+        for job in batch:
+            job.done.set()
+        self._deliver()
 
     def _transaction(self, batch: list[Job], now: float) -> list[Violation]:
         """Store and check the batch's records in one transaction; return the new violations."""
@@ -487,6 +490,7 @@ class Pipeline:
         if changes:
             self._backlog = True
         self._raised(fresh)
+        self._deliver()
         return len(idle)
 
     def keep_states(self, until: float) -> int:
@@ -629,6 +633,7 @@ class Pipeline:
                 writer.enqueue_alert(channel, key, payload, due)
 
     def _raised(self, fresh: list[Violation]) -> None:
+        """Count what the last commit raised and rebuilt; its alerts wait for :meth:`_deliver`."""
         for violation in fresh:
             self.metrics.violations.labels(violation.rule, violation.severity.value).inc()
         if self.evaluator.rebuilt > self._rebuilt_reported:
@@ -639,7 +644,6 @@ class Pipeline:
             self._restored_reported = self.evaluator.restored
         if fresh:
             self._backlog = True
-        self._deliver()
 
     def _deliver(self) -> None:
         """Deliver the alerts committed and not yet delivered, if there may be any."""
