@@ -1034,3 +1034,52 @@ def test_a_last_line_that_lacked_only_its_line_break_is_not_called_cut(tmp_path:
     report = "\n".join(describe(proof))
     assert proof.passed, report
     assert [t.cut_by_the_kill for t in proof.trials] == [None, None] and "cut short" not in report
+
+
+@pytest.mark.parametrize("declared", [False, True], ids=["undeclared", "awaitable=True"])
+def test_a_sync_function_that_returns_an_awaitable_resumes_awaitable_when_declared(
+    tmp_path: Path, declared: bool
+) -> None:
+    """Killed at ``before`` a sync function that returns a coroutine (or a Task) has not
+    returned yet, so the journal cannot note that its caller awaits it: stepped over on
+    resume, the call gave back a bare ``None`` and the caller's ``await`` raised TypeError,
+    failing the resumed run. Declared ``awaitable=True``, it is handed back awaitable."""
+    agent = _instrumented(
+        tmp_path,
+        f"""
+        import asyncio, json
+
+        async def sending(to):
+            await asyncio.sleep(0)
+            with open(os.path.join(os.environ["DURABLE_SESSIONS_DIR"], "world.jsonl"), "a") as world:
+                world.write(json.dumps({{"event": "email", "to": to}}) + "\\n")
+            return {{"sent": to}}
+
+        declared = {{"awaitable": True}} if {declared!r} else {{}}
+        by_coroutine = action("a02", "notify", replay="skip", **declared)(lambda: sending("ana"))
+        by_task = action("a03", "notify", replay="skip", **declared)(lambda: asyncio.ensure_future(sending("bo")))
+
+        async def main():
+            with session("s1", journal=journal):
+                action("a01", "llm_call")(lambda: 1)()
+                print("a02", await by_coroutine(), flush=True)
+                print("a03", await by_task(), flush=True)
+
+        asyncio.run(main())
+        """,
+    )
+    proof = prove(agent, tmp_path / "p", points=("before",))
+    lines = "\n".join(describe(proof))
+    trials = {t.name: t for t in proof.trials}
+    resumed = {name: trial.runs[-1] for name, trial in trials.items()}
+    if not declared:
+        assert not proof.passed
+        for name in ("before-2", "before-3"):
+            assert resumed[name].returncode == 1, lines
+            assert "TypeError: object NoneType can't be used in 'await' expression" in resumed[name].output
+        return
+    assert proof.passed, lines
+    assert [trial.stepped_over for trial in proof.trials] == [set(), {("s1", "a02")}, {("s1", "a03")}]
+    assert [len(world(trials[name].directory)) for name in ("before-1", "before-2", "before-3")] == [2, 1, 1]
+    assert resumed["before-2"].output.splitlines() == ["a02 None", "a03 {'sent': 'bo'}"]
+    assert resumed["before-3"].output.splitlines() == ["a02 {'sent': 'ana'}", "a03 None"]

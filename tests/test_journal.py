@@ -1789,6 +1789,104 @@ def test_a_sync_function_that_returned_a_coroutine_is_awaitable_when_skipped_or_
     assert sent == []
 
 
+def test_a_sync_function_declared_awaitable_is_replayed_awaitable_whatever_the_journal_noted(
+    journal: SqliteJournal,
+) -> None:
+    """Killed before the sync function returned, the journal has no ``awaited`` note (nor
+    has one written by an earlier version): settled by an operator, or stepped over, the
+    resumed call was handed back bare, and its caller's ``await`` raised TypeError.
+    Declared ``awaitable=True``, the call is handed back awaitable all the same."""
+    journal.put(Entry("s-1", "p1", "payment", "started", 1, incarnation="dead"))  # killed at ``before``
+    journal.put(Entry("s-1", "n1", "email", "started", 1, incarnation="dead"))
+    journal.put(Entry("s-1", "q1", "llm_call", "ok", 1, result=b'{"quote": 7}'))  # no note: an older journal
+    journal.resolve("s-1", "p1", {"charged": 2400})  # the operator found it went through
+    ran: list[str] = []
+
+    async def effect(name: str) -> str:
+        ran.append(name)
+        return name
+
+    def calls(awaitable: bool) -> tuple[Any, ...]:
+        def declared(action_id: str, kind: str, **fields: Any) -> Any:
+            return action(action_id, kind, awaitable=awaitable, **fields)(lambda: effect(action_id))
+
+        return declared("p1", "payment"), declared("n1", "email", replay="skip"), declared("q1", "llm_call")
+
+    async def resumed(awaitable: bool) -> list[Any]:
+        with session("s-1", journal=journal):
+            return [await call() for call in calls(awaitable)]
+
+    with pytest.raises(TypeError, match="can't be used in 'await' expression"):
+        asyncio.run(resumed(False))
+    assert asyncio.run(resumed(True)) == [{"charged": 2400}, None, {"quote": 7}]
+    assert ran == []
+
+
+def test_awaitable_is_accepted_on_a_coroutine_function_and_refused_where_nothing_is_replayed(
+    journal: SqliteJournal,
+) -> None:
+    """On an ``async def`` the option is redundant, not wrong: its calls are awaitable,
+    replayed or not. A generator's action is never replayed, a ``with`` block returns
+    nothing, and a value that is no bool is a typo: each is a TypeError at once, not a
+    declaration that silently does nothing."""
+    charges: list[int] = []
+
+    @action("p1", "payment", idempotency_key="k-1", awaitable=True)
+    async def pay(amount: int) -> dict[str, int]:
+        charges.append(amount)
+        return {"charged": amount}
+
+    async def run() -> Any:
+        with session("s-1", journal=journal):
+            return await pay(2400)
+
+    assert inspect.iscoroutinefunction(pay)
+    assert asyncio.run(run()) == asyncio.run(run()) == {"charged": 2400}
+    assert charges == [2400]
+
+    def streamed() -> Iterator[str]:
+        yield "token"
+
+    async def streamed_async() -> AsyncIterator[str]:
+        yield "token"
+
+    class Streamer:
+        def __call__(self) -> Iterator[str]:
+            yield "token"
+
+    for generator in (streamed, streamed_async, Streamer(), functools.partial(Streamer())):
+        with pytest.raises(TypeError, match=r"awaitable=True\) cannot decorate the generator function"):
+            action("g1", "llm_call", awaitable=True)(generator)
+    with (
+        pytest.raises(TypeError, match="awaitable=True is only for the decorator form"),
+        action("b1", "llm_call", awaitable=True),
+    ):
+        pass
+    with pytest.raises(TypeError, match="awaitable must be True or False, not str"):
+        action("p1", "payment", awaitable="yes")  # type: ignore[arg-type]
+
+
+def test_a_function_declared_awaitable_that_returns_a_value_is_said_once(
+    journal: SqliteJournal, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its first run returns the value as it is (fail open), but its replays will return a
+    coroutine: a declaration that does not hold is logged, once per action."""
+    lookup = action(lambda city: f"weather-{city}", "external_read", awaitable=True)(
+        lambda city: {"city": city}
+    )
+    with caplog.at_level(logging.WARNING, "durable_sessions"), session("s-1", journal=journal):
+        assert [lookup("Paris"), lookup("Oslo")] == [{"city": "Paris"}, {"city": "Oslo"}]
+    (said,) = [record.getMessage() for record in caplog.records if "awaitable=True" in record.getMessage()]
+    assert "'weather-Paris' is declared awaitable=True, but its function returned a dict" in said
+
+    async def replayed() -> Any:
+        with session("s-1", journal=journal):
+            return await lookup("Paris")
+
+    restart()
+    assert asyncio.run(replayed()) == {"city": "Paris"}
+
+
 def test_a_journal_of_an_earlier_version_gets_the_awaited_column(tmp_path: Path) -> None:
     """A file written before the column existed: read-only it reads as not awaited, and
     opened for writing it gets the column."""

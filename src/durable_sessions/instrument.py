@@ -645,6 +645,16 @@ class action:
     ``agent.action.<field>`` attribute as given, without coercion, so a wrong value is
     reported by the rules rather than repaired.
 
+    ``awaitable=True`` declares that a decorated sync function returns an awaitable (a
+    coroutine, a Task or a Future) that its callers ``await``: its replayed or stepped-over
+    calls return a coroutine of the recorded outcome whatever the journal noted. Without
+    it that is so only when the journal noted the first run's awaitable, which it cannot
+    for a run that died before the function returned: such a call is handed back bare,
+    and its caller's ``await`` raises TypeError. It is accepted, and changes nothing, on a
+    coroutine function (whose calls are awaitable anyway); anything but a bool, and the
+    option on a generator function or in a ``with`` block (neither has a call to replay),
+    is a ``TypeError`` when the action is made, decorates or is entered.
+
     As a context manager it yields an :class:`Action`; as a decorator it records the
     function's return value (``record=False`` to leave that to you) and accepts an
     ``action_id`` that is a callable of the function's arguments, since an action id
@@ -681,8 +691,11 @@ class action:
         result_store: ResultStore | None = None,
         tracer_provider: trace_api.TracerProvider | None = None,
         journal: Journal | None = None,
+        awaitable: bool = False,
         **fields: Any,
     ) -> None:
+        if type(awaitable) is not bool:
+            raise TypeError(f"action(): awaitable must be True or False, not {type(awaitable).__name__}")
         self.action_id = action_id
         self.kind = kind
         self.name = name
@@ -691,9 +704,11 @@ class action:
         self.result_store = result_store
         self.tracer_provider = tracer_provider
         self.journal = journal
+        self.awaitable = awaitable
         self.fields = fields
         self._open: list[tuple[Any, Action]] = []  # every block open, in any context
         self._warned_sessionless = False
+        self._warned_not_awaitable = False
 
     # context manager -------------------------------------------------------------------
     #
@@ -707,6 +722,11 @@ class action:
     def __enter__(self) -> Action:
         if callable(self.action_id):
             raise TypeError("a callable action_id is only for the decorator form; pass the id as a string")
+        if self.awaitable:
+            raise TypeError(
+                f"action {self.action_id!r}: awaitable=True is only for the decorator form of a sync function; "
+                "a with block returns nothing to await"
+            )
         manager = self._start(self.action_id)
         act = manager.__enter__()
         _RUNNING.set((*_RUNNING.get(), (self, manager, act)))
@@ -752,6 +772,13 @@ class action:
     # frameworks that dispatch on it) still see a coroutine or generator function.
 
     def __call__(self, func: F) -> F:
+        if self.awaitable and (
+            _is_form(inspect.isasyncgenfunction, func) or _is_form(inspect.isgeneratorfunction, func)
+        ):
+            raise TypeError(
+                f"action(awaitable=True) cannot decorate the generator function {_text(func)}: a generator's "
+                "action is not journaled, so no call of it is replayed"
+            )
         if _is_form(inspect.isasyncgenfunction, func):
             return self._wrap_async_generator(func)  # type: ignore[return-value]
         if _is_form(inspect.isgeneratorfunction, func):
@@ -773,8 +800,9 @@ class action:
         @functools.wraps(func)
         def run(*args: Any, **kwargs: Any) -> Any:
             with self._start(self._id_for(args, kwargs)) as act:
-                if act.replayed or act.skipped:  # the first run's caller awaited it: so does this one
-                    return _resolved(act.result) if act._replay_awaitable else act.result
+                # The first run's caller awaited it (noted, or declared): so does this one.
+                if act.replayed or act.skipped:
+                    return _resolved(act.result) if self.awaitable or act._replay_awaitable else act.result
                 value = func(*args, **kwargs)
                 # A coroutine's effect runs when it is awaited: so does the action. A Task
                 # or a Future is given back as it is (as a coroutine it would break a caller
@@ -783,6 +811,8 @@ class action:
                     return _awaited(act, value, self.record_return)
                 if asyncio.isfuture(value):
                     return _settled(act, value, self.record_return)
+                if self.awaitable and not inspect.isawaitable(value):
+                    self._warn_not_awaitable(act.action_id, value)
                 if self.record_return:
                     act.record(value)
                 return value
@@ -925,6 +955,20 @@ class action:
             "its entries by session id, so it is not journaled and a restart runs it again: run it inside "
             "session(...) (this is logged once per action)",
             action_id,
+        )
+
+    def _warn_not_awaitable(self, action_id: object, value: object) -> None:
+        """Say once per action object that a function declared ``awaitable=True`` returned
+        no awaitable: its replays are handed back awaitable, unlike this call."""
+        if self._warned_not_awaitable:
+            return
+        self._warned_not_awaitable = True
+        logger.warning(
+            "durable_sessions: action %r is declared awaitable=True, but its function returned a %s, not an "
+            "awaitable: its replayed calls return a coroutine of the outcome, which a caller that does not "
+            "await gets instead of the value (this is logged once per action)",
+            action_id,
+            type(value).__name__,
         )
 
     def _attributes(self, action_id: str, session_id: str | None, step: Plan) -> dict[str, Any]:
