@@ -13,10 +13,12 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 
-def make_cert(directory: Path) -> tuple[Path, Path, Path]:
-    """A test CA, and a server certificate it signed for localhost and 127.0.0.1 with its key."""
+def make_cert(directory: Path, *, expired: bool = False) -> tuple[Path, Path, Path]:
+    """A test CA, and a server certificate it signed for localhost and 127.0.0.1 with its
+    key; with ``expired``, a server certificate that expired an hour ago (the CA is valid)."""
     now = datetime.datetime.now(datetime.UTC)
     validity = (now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=1))
+    served = (now - datetime.timedelta(days=2), now - datetime.timedelta(hours=1)) if expired else validity
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "durable-sessions test CA")])
     ca_ski = x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key())
@@ -42,8 +44,8 @@ def make_cert(directory: Path) -> tuple[Path, Path, Path]:
         .issuer_name(ca_name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(validity[0])
-        .not_valid_after(validity[1])
+        .not_valid_before(served[0])
+        .not_valid_after(served[1])
         .add_extension(
             x509.SubjectAlternativeName(
                 [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]

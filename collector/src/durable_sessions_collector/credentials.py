@@ -175,6 +175,16 @@ class TlsFiles:
         self.on_reload = on_reload
         self._lock = threading.Lock()
         self._context, self._pems = self._load()
+        if self.not_after < time.time():
+            # Served all the same, as the OpenTelemetry Collector serves one: the ports,
+            # /healthz and /metrics stay up while it is renewed, and a renewal is loaded.
+            self.log.write(
+                "ERROR",
+                "tls-certificate-expired",
+                cert_file=cert_file,
+                not_after=_iso(self.not_after),
+                note="clients that verify it refuse every connection; renew it (it is loaded again when it changes)",
+            )
         self._version = 0  # loads so far, after the first
         self._grpc_version = 0
         self._watch = FileWatch([cert_file, key_file, *([client_ca_file] if client_ca_file else [])])
@@ -220,6 +230,7 @@ class TlsFiles:
             return
         try:
             context, pems = self._load()
+            self._refuse_expired(pems[0])
         except OSError as error:
             self.log.write(
                 "ERROR", "tls-reload-failed", error=str(error), note="the certificate in use is kept"
@@ -237,6 +248,17 @@ class TlsFiles:
             not_after=_iso(self.not_after),
         )
         self.on_reload("loaded")
+
+    def _refuse_expired(self, cert: bytes) -> None:
+        """Raises OSError when ``cert`` (a renewal) has expired: it would fail every client's
+        handshake, where the certificate in use may still verify (a restored backup or a
+        stale Secret writes an old certificate back)."""
+        try:
+            not_after = certificate_not_after(cert)
+        except ValueError:
+            return  # OpenSSL loaded it: its expiry is for the TLS clients to judge
+        if not_after < time.time():
+            raise OSError(f"tls.cert_file: the certificate {self.cert_file!r} expired at {_iso(not_after)}")
 
     def _load(self) -> tuple[ssl.SSLContext, tuple[bytes, bytes, bytes | None]]:
         pems = self._read()

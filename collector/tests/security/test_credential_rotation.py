@@ -9,6 +9,7 @@ TLS handshakes with Python's ssl module and grpcio, real OTLP exporters.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import io
 import os
 import shutil
@@ -247,6 +248,45 @@ def test_a_certificate_and_key_that_do_not_match_keep_the_pair_in_use(start_side
     replace(key_file, second_key.read_bytes())
     wait_for(lambda: _https_ok(sidecar, second_ca), timeout=5)
     assert wait_for(lambda: grpc_export_ok(sidecar, second_ca), timeout=20)
+
+
+def test_a_renewal_to_an_expired_certificate_keeps_the_one_in_use(start_sidecar, tmp_path: Path) -> None:
+    # A renewal that wrote back an old certificate (a restored backup, a stale Secret):
+    # serving it would fail every client's handshake, where the one in use still verifies.
+    (first_ca, first_cert, _), _, cert_file, key_file = two_certificates(tmp_path)
+    (tmp_path / "expired").mkdir()
+    _, expired_cert, expired_key = make_cert(tmp_path / "expired", expired=True)
+    sidecar = start_sidecar(tls__cert_file=str(cert_file), tls__key_file=str(key_file))
+
+    replace(key_file, expired_key.read_bytes())
+    replace(cert_file, expired_cert.read_bytes())
+
+    def failed() -> bool:
+        https_status(sidecar, first_ca)  # handshakes are when the files are looked at
+        return any(line["event"] == "tls-reload-failed" for line in sidecar.log.lines())
+
+    wait_for(failed, timeout=5)
+    assert https_status(sidecar, first_ca) == 200
+    assert grpc_export_ok(sidecar, first_ca)
+    [line] = [line for line in sidecar.log.lines() if line["event"] == "tls-reload-failed"]
+    assert line["level"] == "error" and "expired" in line["error"] and str(cert_file) in line["error"]
+    assert reloads(sidecar, "tls") == {"loaded": 0, "failed": 1}
+    served = sidecar.service.metrics.registry.get_sample_value(
+        "durable_sessions_tls_certificate_expiry_timestamp_seconds"
+    )
+    assert served == not_valid_after(first_cert)
+
+
+def test_an_expired_certificate_at_start_is_logged_as_an_error(start_sidecar, tmp_path: Path) -> None:
+    # Started, as the OpenTelemetry Collector starts with one (the ports, /healthz and the
+    # metrics stay up for the renewal to be noticed), but said at once: clients that verify
+    # it refuse every connection, and nothing else in the log said why.
+    _, cert, key = make_cert(tmp_path, expired=True)
+    sidecar = start_sidecar(tls__cert_file=str(cert), tls__key_file=str(key))
+    [line] = [line for line in sidecar.log.lines() if line["event"] == "tls-certificate-expired"]
+    assert line["level"] == "error" and line["cert_file"] == str(cert)
+    expiry = datetime.datetime.fromisoformat(line["not_after"]).timestamp()
+    assert expiry == not_valid_after(cert)
 
 
 def not_valid_after(cert: Path) -> float:
