@@ -178,10 +178,7 @@ def server_ssl_context(cert_file: str, key_file: str, client_ca: bytes | None = 
     except EncryptedKeyError as error:
         raise OSError(f"tls.key_file: {key_file!r}: {error}") from None
     except (ssl.SSLError, OSError) as error:
-        raise OSError(
-            f"tls.cert_file/tls.key_file: cannot load the certificate {cert_file!r} with key {key_file!r}: "
-            f"{getattr(error, 'reason', None) or error}"
-        ) from None
+        raise OSError(_why_not_loaded(cert_file, key_file, error)) from None
     if client_ca is not None:
         try:
             context.load_verify_locations(cadata=client_ca.decode("ascii", "replace"))
@@ -192,6 +189,34 @@ def server_ssl_context(cert_file: str, key_file: str, client_ca: bytes | None = 
         context.verify_mode = ssl.CERT_REQUIRED
     context.set_alpn_protocols(["http/1.1"])
     return context
+
+
+def _why_not_loaded(cert_file: str, key_file: str, error: Exception) -> str:
+    """Why OpenSSL refused the pair, naming the file at fault where its words do not
+    ("[SSL] PEM lib (_ssl.c:3905)", "KEY_VALUES_MISMATCH"): files swapped or one given
+    twice, as a Secret's keys are easily mixed up, or a key that is not the certificate's."""
+    reason = getattr(error, "reason", None)
+    if reason == "KEY_VALUES_MISMATCH":
+        return f"tls.key_file: {key_file!r} is not the private key of the certificate {cert_file!r}"
+    if isinstance(error, ssl.SSLError):
+        if not _holds(cert_file, b"-----BEGIN CERTIFICATE-----"):
+            return f"tls.cert_file: {cert_file!r} holds no PEM certificate (-----BEGIN CERTIFICATE-----)"
+        if not _holds(key_file, b"PRIVATE KEY-----"):
+            return f"tls.key_file: {key_file!r} holds no PEM private key (-----BEGIN PRIVATE KEY-----)"
+    return (
+        f"tls.cert_file/tls.key_file: cannot load the certificate {cert_file!r} with key {key_file!r}: "
+        f"{reason or error}"
+    )
+
+
+def _holds(path: str, marker: bytes) -> bool:
+    """Whether the file at ``path`` holds ``marker`` (True when it cannot be read: OpenSSL's
+    words are then the better ones)."""
+    try:
+        with open(path, "rb") as handle:
+            return marker in handle.read()
+    except OSError:
+        return True
 
 
 def wrap_accepted(context: ssl.SSLContext, connection: socket.socket) -> ssl.SSLSocket:

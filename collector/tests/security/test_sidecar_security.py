@@ -367,3 +367,35 @@ def test_a_refused_export_is_a_status_in_the_requests_content_type(  # type: ign
     else:
         status.ParseFromString(answer)
     assert status.code == code_pb2.UNAUTHENTICATED and "token" in status.message
+
+
+@pytest.mark.parametrize(
+    ("cert_name", "key_name", "message"),
+    [
+        # Files swapped or one given twice, as a Secret's keys are easily mixed up.
+        ("key", "key", "tls.cert_file: '{key}' holds no PEM certificate (-----BEGIN CERTIFICATE-----)"),
+        ("cert", "cert", "tls.key_file: '{cert}' holds no PEM private key (-----BEGIN PRIVATE KEY-----)"),
+        ("other", "key", "tls.key_file: '{key}' is not the private key of the certificate '{other}'"),
+    ],
+)
+def test_a_pair_that_does_not_load_stops_start_up_naming_the_file_at_fault(
+    tmp_path: Path, tls_files, cert_name: str, key_name: str, message: str
+) -> None:  # type: ignore[no-untyped-def]
+    # OpenSSL's own words were "[SSL] PEM lib (_ssl.c:3905)" and "KEY_VALUES_MISMATCH".
+    _, cert, key = tls_files
+    (tmp_path / "other").mkdir()
+    _, other, _ = make_cert(tmp_path / "other")
+    paths = {"cert": str(cert), "key": str(key), "other": str(other)}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLE_SESSIONS_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "durable_sessions_collector", "serve",
+         "--store", f"sqlite:///{tmp_path / 's.db'}",
+         "--grpc-endpoint", "127.0.0.1:0", "--http-endpoint", "127.0.0.1:0",
+         "--tls-cert-file", paths[cert_name], "--tls-key-file", paths[key_name]],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == f"durable-sessions-collector: cannot start: {message.format(**paths)}\n"
