@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,10 +87,26 @@ def printable(text: str) -> str:
 
 
 def table_lines(rows: Sequence[Sequence[str]]) -> Iterator[str]:
-    """``rows`` (a header first) as lines of left-aligned columns, two spaces apart."""
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    """``rows`` (a header first) as lines of left-aligned columns, two spaces apart, in
+    the columns a terminal shows (:func:`columns`)."""
+    widths = [max(columns(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
-        yield "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        yield "  ".join(
+            cell + " " * (width - columns(cell)) for cell, width in zip(row, widths, strict=True)
+        ).rstrip()
+
+
+def columns(text: str) -> int:
+    """How many columns a terminal shows ``text`` in: two for a wide character (CJK, most
+    emoji), none for a combining one (an accent written after its letter), one for any
+    other. Ids are the spans' text: padded by their count of characters, a column after a
+    CJK id was shifted."""
+    if text.isascii():
+        return len(text)
+    return sum(
+        0 if unicodedata.combining(char) else 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
+        for char in text
+    )
 
 
 def text_line(violation: Violation) -> str:

@@ -369,6 +369,25 @@ def test_ids_and_messages_from_spans_are_printed_escaped(sidecar, capsys) -> Non
     assert len(lines) == 6
 
 
+def test_list_aligns_ids_of_wide_and_combining_characters(sidecar, capsys) -> None:  # type: ignore[no-untyped-def]
+    # A terminal shows a CJK character two columns wide and a combining accent in none:
+    # padded by their count of characters, the columns after such an id were shifted.
+    wide, combining, plain = "旅行-42", "cafe\u0301-1", "plain-1"  # each 7 columns but the accent's 6
+    agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
+    for session in (wide, combining, plain):
+        agent.action(session, "a1", "tool_call")
+    agent.shutdown()
+
+    code, out, _ = run(capsys, "sessions", "--endpoint", sidecar.http_url, "list")
+    assert code == 0
+    header, *rows = out.splitlines()
+    assert header.startswith("SESSION  VERDICT")
+    by_id = {row.split()[0]: row for row in rows}
+    assert by_id[wide].startswith(wide + "  ok  ")
+    assert by_id[combining].startswith(combining + "   ok  ")
+    assert by_id[plain].startswith(plain + "  ok  ")
+
+
 def test_show_of_an_empty_id_is_bad_usage(sidecar, capsys) -> None:  # type: ignore[no-untyped-def]
     # No session has an empty id (a span whose session.id is empty starts none); asked, the
     # path was /api/sessions/, answered 404 'no such path' with the exit code of a session not found.
