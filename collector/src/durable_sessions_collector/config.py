@@ -916,28 +916,30 @@ def _check_together(values: dict[str, Any], sources: dict[str, str]) -> None:
         missing, given = (
             ("tls.key_file", "tls.cert_file") if key is None else ("tls.cert_file", "tls.key_file")
         )
-        raise ConfigError(f"{missing}: required when {given} is set (from {sources[given]})")
+        raise _key_error(missing, f"required when {given} is set", sources[given])
     if values.get("tls.client_ca_file") is not None and cert is None:
-        raise ConfigError(
-            f"tls.cert_file: required when tls.client_ca_file is set (from {sources['tls.client_ca_file']})"
+        raise _key_error(
+            "tls.cert_file", "required when tls.client_ca_file is set", sources["tls.client_ca_file"]
         )
     _check_receiver_ports(values, sources)
     if values.get("auth.token") is not None and values.get("auth.token_file") is not None:
-        raise ConfigError(
-            f"auth.token_file: set either auth.token or auth.token_file, not both "
-            f"(from {sources['auth.token_file']} and {sources['auth.token']})"
+        raise _key_error(
+            "auth.token_file",
+            f"set either auth.token or auth.token_file, not both; auth.token is set in {sources['auth.token']}",
+            sources["auth.token_file"],
         )
     if values.get("auth.token_file") is not None:
         try:
             read_token_file(values["auth.token_file"])
         except ValueError as error:
-            raise ConfigError(f"auth.token_file: {error} (from {sources['auth.token_file']})") from None
+            raise _key_error("auth.token_file", str(error), sources["auth.token_file"]) from None
     for channel in ("webhook", "otlp"):
         low, high = values.get(f"alerts.{channel}.backoff_s"), values.get(f"alerts.{channel}.max_backoff_s")
         if low is not None and high is not None and low > high:
-            raise ConfigError(
-                f"alerts.{channel}.max_backoff_s: must be at least alerts.{channel}.backoff_s ({low:g}), "
-                f"got {high:g} (from {sources[f'alerts.{channel}.max_backoff_s']})"
+            raise _key_error(
+                f"alerts.{channel}.max_backoff_s",
+                f"must be at least alerts.{channel}.backoff_s ({low:g}), got {high:g}",
+                sources[f"alerts.{channel}.max_backoff_s"],
             )
 
 
@@ -954,10 +956,11 @@ def _check_receiver_ports(values: dict[str, Any], sources: dict[str, str]) -> No
     http_addresses = {"127.0.0.1"} if http_host.lower() == "localhost" else _addresses(http_host)
     if not any(_same_address(a, b) for a in _addresses(grpc_host) for b in http_addresses):
         return
-    raise ConfigError(
-        f"receivers.http.endpoint: {http} takes the port of receivers.grpc.endpoint ({grpc}, from "
-        f"{sources['receivers.grpc.endpoint']}); each receiver needs its own port "
-        f"(from {sources['receivers.http.endpoint']})"
+    raise _key_error(
+        "receivers.http.endpoint",
+        f"{http} takes the port of receivers.grpc.endpoint ({grpc}, from {sources['receivers.grpc.endpoint']}); "
+        "each receiver needs its own port",
+        sources["receivers.http.endpoint"],
     )
 
 

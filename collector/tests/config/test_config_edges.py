@@ -1745,3 +1745,45 @@ def test_the_readme_example_store_is_an_absolute_path() -> None:
     with pytest.raises(ConfigError) as caught:
         load(None, env={"DURABLE_SESSIONS_STORE": "mysql://h/db"})
     assert "e.g. sqlite:////var/lib/durable-sessions/sessions.db" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "tls:\n  cert_file: {cert}\n",
+            "{path}:2:3: tls.key_file: required when tls.cert_file is set",
+        ),
+        (
+            "tls:\n  client_ca_file: {cert}\n",
+            "{path}:2:3: tls.cert_file: required when tls.client_ca_file is set",
+        ),
+        (
+            "auth:\n  token: abcdefghijklmnopq\n  token_file: {cert}\n",
+            "{path}:3:3: auth.token_file: set either auth.token or auth.token_file, not both; "
+            "auth.token is set in {path}:2:3",
+        ),
+        (
+            "alerts:\n  webhook:\n    backoff_s: 10\n    max_backoff_s: 5\n",
+            "{path}:4:5: alerts.webhook.max_backoff_s: must be at least alerts.webhook.backoff_s (10), got 5",
+        ),
+        (
+            "receivers:\n  grpc: {{endpoint: '127.0.0.1:4399'}}\n  http: {{endpoint: '127.0.0.1:4399'}}\n",
+            "{path}:3:10: receivers.http.endpoint: 127.0.0.1:4399 takes the port of receivers.grpc.endpoint "
+            "(127.0.0.1:4399, from {path}:2:10); each receiver needs its own port",
+        ),
+    ],
+)
+def test_a_setting_that_does_not_go_with_another_in_the_file_is_placed_as_compilers_do(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    """The README's promise for every error about a key of the file, those that weigh two
+    settings together included: ``FILE:LINE:COLUMN: KEY: message``. They said ``KEY:
+    message (from FILE:LINE:COLUMN)``, which editors and CI annotations do not jump to."""
+    cert = tmp_path / "cert.pem"
+    cert.write_text("not read here\n")
+    path = tmp_path / "collector.yaml"
+    _, result = serve_refused(tmp_path, text.format(cert=cert))
+    assert (
+        result.stderr == f"durable-sessions-collector: invalid configuration: {expected.format(path=path)}\n"
+    )
