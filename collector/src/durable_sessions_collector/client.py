@@ -65,6 +65,16 @@ class ApiRefusal(ApiError):
         self.reason = reason
 
 
+_NOT_FOR_THIS_HOST = "ask the sidecar by an address or name the certificate holds (its subjectAltName)"
+_VERIFY_HINTS = {
+    # OpenSSL's X509_V_ERR_* codes of a certificate the CA given did sign, where passing the
+    # CA again (the hint for any other failure) changes nothing.
+    10: "renew the sidecar's tls.cert_file (it serves a renewal without a restart)",
+    62: _NOT_FOR_THIS_HOST,  # a host name
+    64: _NOT_FOR_THIS_HOST,  # an IP address
+}
+
+
 class ApiClient:
     """The API at ``endpoint``. For ``https://``: ``ca_file`` verifies the sidecar's
     certificate (else the system's CAs do), and ``cert_file`` with ``key_file`` (or a
@@ -166,10 +176,9 @@ class ApiClient:
         # urllib wraps in a URLError what failed before the request was sent: connecting, TLS.
         reason = error.reason if isinstance(error, urllib.error.URLError) else error
         if isinstance(reason, ssl.SSLCertVerificationError):
-            return ApiError(
-                f"cannot verify the TLS certificate of {shown}: {reason.verify_message}; "
-                f"pass the CA that signed it with --ca-file"
-            )
+            why = str(reason.verify_message).rstrip(".")
+            hint = _VERIFY_HINTS.get(reason.verify_code, "pass the CA that signed it with --ca-file")
+            return ApiError(f"cannot verify the TLS certificate of {shown}: {why}; {hint}")
         if isinstance(reason, ssl.SSLError):
             return self._tls_failure(shown, reason)
         if isinstance(reason, ValueError):

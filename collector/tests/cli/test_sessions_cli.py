@@ -169,6 +169,31 @@ def test_token_and_tls_ca_options(start_sidecar, tmp_path, capsys, monkeypatch) 
     assert TOKEN not in out + err
 
 
+@pytest.mark.parametrize(
+    ("expired", "host", "why", "hint"),
+    [
+        # The CA given is the right one: passing it again, as the message said, changed nothing.
+        (True, "127.0.0.1", "certificate has expired",
+         "renew the sidecar's tls.cert_file (it serves a renewal without a restart)"),
+        (False, "127.0.0.2", "IP address mismatch, certificate is not valid for '127.0.0.2'",
+         "ask the sidecar by an address or name the certificate holds (its subjectAltName)"),
+    ],
+)  # fmt: skip
+def test_a_certificate_that_its_ca_signed_but_does_not_verify_is_said_why(  # type: ignore[no-untyped-def]
+    start_sidecar, tmp_path, capsys, expired: bool, host: str, why: str, hint: str
+) -> None:
+    ca, cert, key = make_cert(tmp_path, expired=expired)  # for localhost and 127.0.0.1
+    sidecar = start_sidecar(
+        tls__cert_file=str(cert), tls__key_file=str(key), receivers__http__endpoint=f"{host}:0"
+    )
+    endpoint = f"https://{host}:{sidecar.service.http_port}"
+    code, _, err = run(capsys, "sessions", "--endpoint", endpoint, "--ca-file", str(ca), "list")
+    assert (code, err) == (
+        1,
+        f"durable-sessions-collector: cannot verify the TLS certificate of {endpoint}: {why}; {hint}\n",
+    )
+
+
 def test_client_certificate_options_for_mutual_tls(start_sidecar, tmp_path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """A sidecar with tls.client_ca_file lets in only clients with a certificate its CA
     signed: ``sessions`` sends one with --cert-file/--key-file (or the variables), and
