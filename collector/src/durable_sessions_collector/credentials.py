@@ -262,7 +262,7 @@ class TlsFiles:
 
     def _load(self) -> tuple[ssl.SSLContext, tuple[bytes, bytes, bytes | None]]:
         pems = self._read()
-        context = server_ssl_context(self.cert_file, self.key_file, pems[2])
+        context = server_ssl_context(self.cert_file, self.key_file, pems[2], self.client_ca_file)
         # gRPC is given the bytes, the HTTP port a context loaded from the paths: both must
         # be the pair just checked, not one a writer changed in between.
         if self._read() != pems:

@@ -168,9 +168,11 @@ def read_pem(path: str, what: str, key: str) -> bytes:
         raise OSError(f"{key}: cannot read the {what} {path!r}: {error.strerror or error}") from None
 
 
-def server_ssl_context(cert_file: str, key_file: str, client_ca: bytes | None = None) -> ssl.SSLContext:
-    """A TLS 1.2+ server context for the HTTP port; with ``client_ca`` (PEM), one that
-    requires a client certificate signed by it."""
+def server_ssl_context(
+    cert_file: str, key_file: str, client_ca: bytes | None = None, client_ca_file: str | None = None
+) -> ssl.SSLContext:
+    """A TLS 1.2+ server context for the HTTP port; with ``client_ca`` (PEM, read from
+    ``client_ca_file``, which errors name), one that requires a client certificate signed by it."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
@@ -184,7 +186,9 @@ def server_ssl_context(cert_file: str, key_file: str, client_ca: bytes | None = 
             context.load_verify_locations(cadata=client_ca.decode("ascii", "replace"))
         except (ssl.SSLError, ValueError) as error:
             raise OSError(
-                f"tls.client_ca_file: cannot load its CA certificates: {getattr(error, 'reason', None) or error}"
+                f"tls.client_ca_file: cannot load a CA certificate"
+                f"{f' from {client_ca_file!r}' if client_ca_file else ''}: "
+                f"{getattr(error, 'reason', None) or error}"
             ) from None
         context.verify_mode = ssl.CERT_REQUIRED
     context.set_alpn_protocols(["http/1.1"])

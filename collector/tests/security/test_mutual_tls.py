@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import ssl
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -104,6 +106,35 @@ def test_a_client_ca_without_a_server_certificate_is_refused_naming_the_key(tmp_
     ca, _, _ = make_cert(tmp_path)
     with pytest.raises(ConfigError, match=r"tls.cert_file: required when tls.client_ca_file is set"):
         load(None, env={"DURABLE_SESSIONS_TLS_CLIENT_CA_FILE": str(ca)}, overrides={})
+
+
+@pytest.mark.parametrize(
+    "content", ["", "-----BEGIN PRIVATE KEY-----\nnot a CA\n-----END PRIVATE KEY-----\n"]
+)
+def test_a_client_ca_file_without_a_certificate_stops_start_up_naming_the_file(
+    tmp_path: Path, pki, content: str
+) -> None:  # type: ignore[no-untyped-def]
+    # OpenSSL's words alone ("Empty certificate data", "no start line") did not say which
+    # file, and the key name alone not which path the sidecar had been given.
+    client_ca = tmp_path / "client-ca.pem"
+    client_ca.write_text(content)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLE_SESSIONS_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "durable_sessions_collector", "serve",
+         "--store", f"sqlite:///{tmp_path / 's.db'}",
+         "--grpc-endpoint", "127.0.0.1:0", "--http-endpoint", "127.0.0.1:0",
+         "--tls-cert-file", str(pki["cert"]), "--tls-key-file", str(pki["key"]),
+         "--tls-client-ca-file", str(client_ca)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(
+        f"durable-sessions-collector: cannot start: tls.client_ca_file: cannot load a CA certificate "
+        f"from {str(client_ca)!r}: "
+    )
 
 
 def test_a_port_open_to_other_hosts_is_warned_about_unless_tls_and_some_authentication(
