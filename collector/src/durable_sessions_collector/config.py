@@ -416,7 +416,16 @@ MIN_TOKEN_CHARS = 16
 
 def check_token(token: str) -> str:
     """``token`` if it can be sent as a bearer token; the error never repeats the token."""
+    if token.startswith("\ufeff"):  # no one sees it
+        raise ValueError(
+            "starts with a byte order mark (U+FEFF), which Windows editors write: save the file as UTF-8 "
+            "without one (value not shown)"
+        )
     body = token.rstrip("=")
+    scheme, space, rest = token.partition(" ")
+    if space and scheme.lower() == "bearer" and rest.strip():
+        # An Authorization header's value, where the token alone is meant.
+        raise ValueError("write the token alone, without 'Bearer ' (value not shown)")
     if not body or any(c not in _TOKEN_CHARS for c in body):
         raise ValueError(
             "expected a bearer token of letters, digits and -._~+/ (RFC 6750), "

@@ -194,6 +194,15 @@ def test_a_certificate_that_its_ca_signed_but_does_not_verify_is_said_why(  # ty
     )
 
 
+def test_a_token_file_with_a_byte_order_mark_is_bad_usage_saying_so(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    # The sidecar's own check (config.check_token): the generic "no spaces or quotes" left
+    # the invisible character to be found by hand.
+    (tmp_path / "token").write_bytes(("\ufeff" + TOKEN + "\n").encode())
+    code, _, err = run(capsys, "sessions", "--token-file", str(tmp_path / "token"), "list")
+    assert code == 2 and TOKEN not in err
+    assert "starts with a byte order mark (U+FEFF)" in err and str(tmp_path / "token") in err
+
+
 def test_client_certificate_options_for_mutual_tls(start_sidecar, tmp_path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """A sidecar with tls.client_ca_file lets in only clients with a certificate its CA
     signed: ``sessions`` sends one with --cert-file/--key-file (or the variables), and

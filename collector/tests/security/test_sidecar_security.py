@@ -399,3 +399,37 @@ def test_a_pair_that_does_not_load_stops_start_up_naming_the_file_at_fault(
     )  # fmt: skip
     assert result.returncode == 2, result.stderr
     assert result.stderr == f"durable-sessions-collector: cannot start: {message.format(**paths)}\n"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        # Windows editors start a UTF-8 file with a byte order mark, which no one sees.
+        (
+            "\ufeff" + TOKEN + "\r\n",
+            "starts with a byte order mark (U+FEFF), which Windows editors write: save the file as UTF-8 without one",
+        ),
+        # An Authorization header's value, where the token alone is meant.
+        ("Bearer " + TOKEN + "\n", "write the token alone, without 'Bearer '"),
+    ],
+)
+def test_a_token_file_written_as_a_person_might_is_refused_saying_what_to_change(
+    tmp_path: Path, content: str, message: str
+) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_bytes(content.encode())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLE_SESSIONS_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "durable_sessions_collector", "serve",
+         "--store", f"sqlite:///{tmp_path / 's.db'}", "--auth-token-file", str(token_file)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (
+        f"durable-sessions-collector: invalid configuration: auth.token_file: {message} "
+        "(value not shown) (from --auth-token-file)\n"
+    )
+    assert TOKEN not in result.stderr
