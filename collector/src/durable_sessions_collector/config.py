@@ -225,6 +225,14 @@ def _store_url(value: Any, _text: bool) -> str:
                 "the URL holds a control character (a line break, a tab): percent-encode it "
                 f"(a line break is %0A), got {redact_store_url(value)!r}"
             )
+        cut = _cut_store_url(value)
+        if cut is not None and cut[1] is not None and "@" in cut[1]:
+            # libpq ends the user info at the first '@' and reads the rest of the password
+            # into the host, which its errors then quote: no secret here covers that tail.
+            raise ValueError(
+                "expected postgresql://USER@HOST:PORT/DB (percent-encode an @ in the user name or "
+                f"password: %40), got {redact_store_url(value)!r}"
+            )
         try:
             parts = urlsplit(value)
             parts.port  # noqa: B018 - raises ValueError for a port that is not a number

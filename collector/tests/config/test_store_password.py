@@ -145,6 +145,24 @@ def test_a_hash_or_question_mark_in_the_password_is_never_shown(
     assert "postgresql://ds:***@127.0.0.1:1/db" in err and "%23" in err, err
 
 
+@pytest.mark.parametrize("command", [SERVE, ("alerts", "dead")])
+def test_an_at_sign_in_the_password_is_refused_and_never_shown(
+    command: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """libpq ends the user info at the first '@', the redactor at the last (to hide more):
+    of 'ds:Sup3r@Secret99@127.0.0.1', libpq took 'Secret99@127.0.0.1' for the host and
+    psycopg said "failed to resolve host 'Secret99@127.0.0.1'", the password's tail, which
+    no secret the redactor held covered. Two '@' before the path are never a valid URL (a
+    host holds none): the URL is refused before libpq reads it."""
+    pytest.importorskip("psycopg")
+    url = "postgresql://ds:Sup3r@Secret99@127.0.0.1:1/db"
+    assert main([*command, "--store", url]) == 2
+    err = capsys.readouterr().err
+    assert "Secret99" not in err and "Sup3r" not in err, err
+    assert "store: " in err and "percent-encode an @" in err and "%40" in err, err
+    assert "postgresql://ds:***@127.0.0.1:1/db" in err, err
+
+
 @pytest.mark.postgres
 def test_a_password_with_a_hash_is_hidden_in_the_log(postgres_url: str) -> None:
     """A password that urlsplit reads as a port ('1234' of '1234#…') passes the
