@@ -6,6 +6,8 @@ it never accepts a request the reference rejects."""
 from __future__ import annotations
 
 import math
+import struct
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -19,6 +21,7 @@ from durable_sessions_collector.otlp.decode import (
     protobuf_span_parts,
     span_parts,
 )
+from google.protobuf.descriptor import FieldDescriptor
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -221,13 +224,78 @@ def test_fields_in_any_order_decode_as_the_reference_does(
 
 
 def _length(payload: bytes) -> bytes:
-    size, out = len(payload), bytearray()
+    return _varint(len(payload)) + payload
+
+
+def _varint(value: int, width: int = 1) -> bytes:
+    """``value`` as a varint of at least ``width`` bytes: its shortest form, padded with
+    continuation bytes of zero bits (an overlong form, which upb takes up to a limit)."""
+    out = bytearray()
     while True:
-        byte = size & 0x7F
-        size >>= 7
-        out.append(byte | (0x80 if size else 0))
-        if not size:
-            return bytes(out) + payload
+        byte = value & 0x7F
+        value >>= 7
+        if not value and len(out) + 1 >= width:
+            out.append(byte)
+            return bytes(out)
+        out.append(byte | 0x80)
+
+
+_WIRE_TYPES = {
+    FieldDescriptor.TYPE_MESSAGE: 2,
+    FieldDescriptor.TYPE_STRING: 2,
+    FieldDescriptor.TYPE_BYTES: 2,
+    FieldDescriptor.TYPE_FIXED64: 1,
+    FieldDescriptor.TYPE_DOUBLE: 1,
+    FieldDescriptor.TYPE_FIXED32: 5,
+}
+
+
+def padded_wire(message: Any, width: Callable[[str], int]) -> bytes:
+    """``message`` written field by field as protobuf writes it, but each tag, length and
+    varint value in ``width("tag")``, ``width("length")`` or ``width("value")`` bytes, or
+    its shortest form if longer."""
+    out = bytearray()
+    for descriptor, value in message.ListFields():
+        wire = _WIRE_TYPES.get(descriptor.type, 0)
+        for item in value if descriptor.is_repeated else [value]:
+            out += _varint(descriptor.number << 3 | wire, width("tag"))
+            if descriptor.type == FieldDescriptor.TYPE_MESSAGE:
+                payload = padded_wire(item, width)
+            elif wire == 2:
+                payload = item.encode() if isinstance(item, str) else item
+            elif wire == 0:
+                out += _varint(int(item) & (2**64 - 1), width("value"))
+                continue
+            else:
+                out += struct.pack({1: "<d" if isinstance(item, float) else "<Q", 5: "<I"}[wire], item)
+                continue
+            out += _varint(len(payload), width("length")) + payload
+    return bytes(out)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(request=requests, data=st.data())
+def test_overlong_tags_lengths_and_varints_are_read_as_the_reference_reads_them_or_declined(
+    request: ExportTraceServiceRequest, data: Any
+) -> None:
+    # Generated messages are written in shortest forms; upb takes a varint value padded
+    # to 10 bytes but refuses a tag or a length in more than 5.
+    widths = st.sampled_from([1, 1, 1, 2, 5, 6, 10])
+    assert_same(padded_wire(request, lambda _: data.draw(widths)))
+
+
+@pytest.mark.parametrize("width", [5, 6, 10])
+@pytest.mark.parametrize("padded", ["tag", "length"])
+def test_a_tag_or_length_of_more_than_five_bytes_is_declined_as_upb_refuses_it(
+    padded: str, width: int
+) -> None:
+    attribute = KeyValue(key="agent.action.kind", value=AnyValue(string_value="x"))
+    body = padded_wire(
+        ExportTraceServiceRequest.FromString(body_of(one_span(attributes=[attribute]))),
+        lambda kind: width if kind == padded else 1,
+    )
+    found = assert_same(body)
+    assert (found is not None) == (width <= 5)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -16,8 +16,9 @@
  * - any field this file does not list, a field of the wrong wire type, groups;
  * - a singular field given twice (protobuf merges messages given twice), an AnyValue
  *   with more than one field;
- * - malformed varints, lengths past the end, text that is not UTF-8 (upb rejects the
- *   whole request for it, in every string field: those not built are checked too);
+ * - malformed varints, a tag or length in more than 5 bytes, lengths past the end, text
+ *   that is not UTF-8 (upb rejects the whole request for it, in every string field:
+ *   those not built are checked too);
  * - a status code outside int32, nesting deeper than MAX_DEPTH;
  * - a span whose trace or span id would be rejected (wrong length, all zeros).
  *
@@ -72,11 +73,22 @@ read_varint(Reader *r, uint64_t *out)
     return DECLINE;
 }
 
+/* A tag or a length: upb refuses either written in more than 5 bytes (an overlong form
+ * padded with zero bits), where it reads any other varint padded up to 10. */
+static int
+read_short_varint(Reader *r, uint64_t *out)
+{
+    const unsigned char *start = r->p;
+    if (read_varint(r, out) || r->p - start > 5)
+        return DECLINE;
+    return 0;
+}
+
 static int
 read_tag(Reader *r, uint32_t *field, int *wire)
 {
     uint64_t key;
-    if (read_varint(r, &key) || key > UINT32_MAX || (key >> 3) == 0)
+    if (read_short_varint(r, &key) || key > UINT32_MAX || (key >> 3) == 0)
         return DECLINE;
     *field = (uint32_t)(key >> 3);
     *wire = (int)(key & 7);
@@ -87,7 +99,7 @@ static int
 read_length(Reader *r, Reader *out)
 {
     uint64_t size;
-    if (read_varint(r, &size) || size > (uint64_t)(r->end - r->p))
+    if (read_short_varint(r, &size) || size > (uint64_t)(r->end - r->p))
         return DECLINE;
     out->p = r->p;
     out->end = r->p + size;
