@@ -388,6 +388,22 @@ def test_hand_written_json_is_read_alike_by_check_and_the_sidecar(
     assert check_reader(line + b"\n", None) == sidecar_json(line, None)
 
 
+@pytest.mark.parametrize("bad", ["abcd", "zz", 5, None, "7uGbfsPBsXQ="])
+def test_a_parent_or_link_id_that_is_no_id_is_read_past_by_check_and_the_sidecar(bad: Any) -> None:
+    ids = {"traceId": "5b8efff798038103d269b633813fc60c", "spanId": "eee19b7ec3c1b174"}
+    span = {
+        **ids,
+        "parentSpanId": bad,
+        "name": "act",
+        "attributes": [{"key": "agent.action.kind", "value": {"stringValue": "payment"}}],
+        "links": [{"traceId": bad, "spanId": bad}],
+    }
+    line = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}).encode()
+    found = sidecar_json(line, None)
+    assert found == check_reader(line + b"\n", None)
+    assert len(found) == 1 and found[0][0] != "unreadable"
+
+
 # -- what the reviewer's crafted spans showed, end to end ---------------------------------
 
 

@@ -260,6 +260,38 @@ def test_json_ids_are_case_insensitive_hex(sidecar) -> None:  # type: ignore[no-
     assert len(actions(sidecar, "hex-case")) == 2
 
 
+UNREAD_IDS = {
+    "parentSpanId": ["abcd", "zz", 5, "7uGbfsPBsXQ="],
+    "link traceId": ["ab", "zz" * 16, ["x"]],
+    "link spanId": ["cd", "eee19b7ec3c1b17g", True],
+}
+"""Values of the ids no front end reads that are no id: too short, not hex, not text,
+base64 (``"eee19b7ec3c1b17g"``: one digit is not hex)."""
+
+
+@pytest.mark.parametrize(("field", "value"), [(f, v) for f, values in UNREAD_IDS.items() for v in values])
+def test_a_parent_or_link_id_that_is_no_id_rejects_no_span_in_either_encoding(  # type: ignore[no-untyped-def]
+    sidecar, field: str, value: Any
+) -> None:
+    # The sidecar (and check) reads a span's own trace and span id only. Protobuf's parser
+    # takes a parent or link id of any length unread, so OTLP/JSON rejected for it alone
+    # a span the same request in protobuf (or check reading the file) kept.
+    session = f"unread-{field}-{json.dumps(value)}"
+    json_ = json_span(session, "j")
+    if field == "parentSpanId":
+        json_[field] = value
+    else:
+        json_["links"] = [{"traceId": TRACE_ID, "spanId": SPAN_ID, field.split()[1]: value}]
+    status, _, data = post(sidecar, json_request(json_))
+    assert (status, json.loads(data)) == (200, {})
+    wrong_length = ExportTraceServiceRequest.FromString(proto_request(session, "p"))
+    span_ = wrong_length.resource_spans[0].scope_spans[0].spans[0]
+    span_.parent_span_id = b"\xab\xcd"
+    span_.links.add(trace_id=b"\xab", span_id=b"\xcd")
+    assert accepted(sidecar, wrong_length.SerializeToString(), PROTOBUF) == ExportTraceServiceResponse()
+    assert sorted(a["action_id"] for a in actions(sidecar, session)) == ["j", "p"]
+
+
 def test_json_ids_in_protobufs_base64_mapping_are_rejected_span_by_span(sidecar) -> None:  # type: ignore[no-untyped-def]
     base64_ids = json_span("b64", "x", "W47/95gDgQPSabYzgT/GDA==", "7uGbfsPBsXQ=")
     status, _, data = post(sidecar, json_request(base64_ids, json_span("b64", "ok")))

@@ -9,8 +9,8 @@ which is the reference and words every error.
 
 Both receivers share this module. Request-level problems (a body that is not an
 ``ExportTraceServiceRequest``, JSON that does not parse) raise :class:`BadData`, which
-the receivers answer with ``INVALID_ARGUMENT`` / HTTP 400. Span-level problems (an id of
-the wrong length, a JSON id that is not hex, nesting too deep for protobuf's parsers,
+the receivers answer with ``INVALID_ARGUMENT`` / HTTP 400. Span-level problems (a trace
+or span id of the wrong length, or in JSON not hex, nesting too deep for protobuf's parsers,
 text that is not UTF-8 (in OTLP/JSON also a lone surrogate escape: see :mod:`durable_sessions.bad_text`),
 in the span or in its resource or scope) reject that span only: the rest of the request is kept and the answer is a partial
 success that names the rejected spans.
@@ -155,11 +155,11 @@ def read_json(
             continue
         if mapped_only:
             span.pop("events", None)
-        reasons = [reason for reason in _hex_ids_to_base64(span) if reason]
+        reasons = _hex_ids_to_base64(span, read=_READ_IDS)
         links = span.get("links")
         for link in links if isinstance(links, list) else ():  # json_format refuses a non-list
             if isinstance(link, dict):
-                reasons.extend(reason for reason in _hex_ids_to_base64(link, "link ") if reason)
+                _hex_ids_to_base64(link, read=())
         reasons.extend(_read_span(position, span, read, resource_problems.get(position[0])))
         if reasons:
             _add_problem(problems, position, "; ".join(reasons))
@@ -453,30 +453,39 @@ def _base64_hint(value: str, size: int) -> str:
     return ": it is base64, as protobuf's JSON mapping writes bytes, where OTLP/JSON writes ids in hex"
 
 
-def _hex_ids_to_base64(node: dict[str, Any], label: str = "") -> Iterator[str | None]:
-    """Rewrite hex id fields in place as base64 (what json_format expects); yield problems."""
+def _hex_ids_to_base64(node: dict[str, Any], *, read: tuple[str, ...]) -> list[str]:
+    """Rewrite the hex id fields of a span or link in place as base64 (what json_format
+    expects), leaving out each that is no id; return why, for those named in ``read``.
+    Any other (a parent span id, a link's ids) is only left out: no front end reads it,
+    and protobuf's parser takes one of any length unread, so the same span sent in
+    protobuf, or read by ``check``, is kept."""
+    problems = []
     for camel, snake, size in _ID_FIELDS:
         for name in (camel, snake):
-            if name not in node:
-                continue
-            value = node[name]
+            value = node.get(name)
             if value is None or value == "":
                 continue
-            if not isinstance(value, str):
-                del node[name]
-                yield f"{label}{camel} must be a hex string, got {otlp_json.json_kind(value)}"
+            raw = _hex_bytes(value) if isinstance(value, str) else None
+            if raw is not None and len(raw) == size:
+                node[name] = base64.b64encode(raw).decode("ascii")
                 continue
-            raw = _hex_bytes(value)
-            if raw is None:
-                del node[name]
-                yield f"{label}{camel} {quoted(value, 40)} is not hex{_base64_hint(value, size)}"
-                continue
-            if len(raw) != size:
-                del node[name]
-                yield f"{label}{camel} {quoted(value, 40)} is {len(raw)} bytes, expected {size} ({size * 2} hex digits)"
-                continue
-            node[name] = base64.b64encode(raw).decode("ascii")
-            yield None
+            del node[name]
+            if camel in read:
+                problems.append(_json_id_problem(camel, value, raw, size))
+    return problems
+
+
+_READ_IDS = ("traceId", "spanId")
+"""The ids of a span the receivers read (see :func:`span_parts`)."""
+
+
+def _json_id_problem(camel: str, value: Any, raw: bytes | None, size: int) -> str:
+    """Why the OTLP/JSON id ``value`` (``raw``: its bytes, when it is hex) is no id of ``size`` bytes."""
+    if not isinstance(value, str):
+        return f"{camel} must be a hex string, got {otlp_json.json_kind(value)}"
+    if raw is None:
+        return f"{camel} {quoted(value, 40)} is not hex{_base64_hint(value, size)}"
+    return f"{camel} {quoted(value, 40)} is {len(raw)} bytes, expected {size} ({size * 2} hex digits)"
 
 
 SpanParts = tuple[str, dict[str, Any], dict[str, Any], bool, int, str, str, int]
