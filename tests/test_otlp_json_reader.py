@@ -126,7 +126,7 @@ def test_the_reader_reports_every_value_and_never_raises(
             "value sets intValue and stringValue",
         ),
         ("agent.action.status", {"arrayValue": {"values": [3]}}, "value is a number, not an AnyValue object"),
-        ("session.id", {"kvlistValue": {"values": [{"value": {}}]}}, "entry without a string key"),
+        ("session.id", {"kvlistValue": {"values": [{"key": 5, "value": {}}]}}, "entry without a string key"),
     ],
 )
 def test_a_value_the_encoding_does_not_allow_makes_the_span_unreadable(

@@ -265,8 +265,8 @@ def _integer(value: Any) -> int | None:
 
 def attributes_of(key_values: Any, *, only_mapped: bool = False) -> dict[str, Any]:
     """``[{"key": k, "value": {…}}, …]`` as a plain mapping (a repeated key keeps its last
-    value). Raise :class:`BadValue` for a list that is none, an entry without a string
-    key, or a value the mapping reads (``semconv.is_mapped``) that the encoding does not
+    value; no key is key "": see :func:`_key_of`). Raise :class:`BadValue` for a list
+    that is none, an entry that is no object or whose key is not text, or a value the mapping reads (``semconv.is_mapped``) that the encoding does not
     allow; a value the mapping never reads is None then, as it is of no consequence.
     ``only_mapped``: leave out the attributes the mapping never reads (the sidecar)."""
     attributes: dict[str, Any] = {}
@@ -276,8 +276,8 @@ def attributes_of(key_values: Any, *, only_mapped: bool = False) -> dict[str, An
         raise BadValue(f"attributes is {json_kind(key_values)}, not a list")
     is_mapped = sc.is_mapped
     for index, entry in enumerate(key_values):
-        key = entry.get("key") if isinstance(entry, dict) else None
-        if type(key) is not str:
+        key = _key_of(entry)
+        if key is None:
             raise BadValue(f"attributes[{index}] has no string key")
         if only_mapped and not is_mapped(key):
             continue
@@ -288,6 +288,18 @@ def attributes_of(key_values: Any, *, only_mapped: bool = False) -> dict[str, An
                 raise BadValue(f"attribute {key!r}: {error}") from None
             attributes[key] = None
     return attributes
+
+
+def _key_of(entry: Any) -> str | None:
+    """The key of a JSON ``KeyValue``, or None when it has none that is text. A key absent
+    or null is "", as protobuf's JSON mapping leaves out (and reads) a field of its
+    default value: an attribute of key "" in protobuf is the same attribute."""
+    if not isinstance(entry, dict):
+        return None
+    key = entry.get("key")
+    if key is None:
+        return ""
+    return key if type(key) is str else None
 
 
 _VALUE_FIELDS = {
@@ -417,8 +429,8 @@ def _array(inner: Any) -> tuple[Any, ...]:
 def _kvlist(inner: Any) -> dict[str, Any]:
     entries: dict[str, Any] = {}
     for entry in _values(inner, "kvlistValue"):
-        key = entry.get("key") if isinstance(entry, dict) else None
-        if type(key) is not str:
+        key = _key_of(entry)
+        if key is None:
             raise BadValue("kvlistValue holds an entry without a string key")
         entries[key] = any_value(entry.get("value"))
     return entries

@@ -30,6 +30,7 @@ from durable_sessions_collector.store.stored import checked_record, stored_recor
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -402,6 +403,33 @@ def test_a_parent_or_link_id_that_is_no_id_is_read_past_by_check_and_the_sidecar
     found = sidecar_json(line, None)
     assert found == check_reader(line + b"\n", None)
     assert len(found) == 1 and found[0][0] != "unreadable"
+
+
+def test_an_attribute_without_a_key_is_one_of_key_empty_for_every_front_end() -> None:
+    """Protobuf's JSON mapping leaves out a field of its default value: an attribute (or a
+    key-value list's entry) of key "" is written without ``key``, as protobuf's printer
+    and the Collector's write it. Every front end reads it as the same key "", as
+    protobuf's parser does; the JSON readers rejected the span ("has no string key")."""
+    attributes = {"session.id": "s-1", "agent.action.id": "p1", "agent.action.kind": "payment"}
+    request = ExportTraceServiceRequest()
+    span = (
+        request.resource_spans.add()
+        .scope_spans.add()
+        .spans.add(trace_id=b"\x01" * 16, span_id=b"\x02" * 8, name="pay", start_time_unix_nano=END_NS)
+    )
+    for key, text in attributes.items():
+        span.attributes.add(key=key).value.string_value = text
+    span.attributes.add(key="").value.string_value = "no key"
+    entry = span.attributes.add(key="agent.action.result").value.kvlist_value.values.add()
+    entry.value.int_value = 7
+    line = decode.to_otlp_json(request)
+    keyless = json.loads(line)["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["attributes"]
+    assert "key" not in keyless[3] and "key" not in keyless[4]["value"]["kvlistValue"]["values"][0]
+    body = request.SerializeToString()
+    found = sidecar_protobuf(body, None, native=False)
+    assert found is not None and len(found) == 1 and found[0][0] != "unreadable"
+    assert check_reader(line + b"\n", None) == sidecar_json(line, None) == found
+    assert sidecar_protobuf(body, None, native=True) in (None, found)
 
 
 # -- what the reviewer's crafted spans showed, end to end ---------------------------------

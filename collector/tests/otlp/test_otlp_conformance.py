@@ -292,6 +292,17 @@ def test_a_parent_or_link_id_that_is_no_id_rejects_no_span_in_either_encoding(  
     assert sorted(a["action_id"] for a in actions(sidecar, session)) == ["j", "p"]
 
 
+def test_an_attribute_without_a_key_is_the_key_empty_as_protobufs_json_mapping_writes_it(sidecar) -> None:  # type: ignore[no-untyped-def]
+    # Proto3 JSON leaves out a field of its default value, so a KeyValue of key "" has no
+    # "key" (MessageToJson, the Collector's marshaler); the span was rejected for it.
+    keyless = [{"value": {"stringValue": "x"}}, {"key": None, "value": {"intValue": "1"}}]
+    span = json_span("keyless", "k")
+    span["attributes"] += keyless
+    status, _, data = post(sidecar, json_request(span))
+    assert (status, json.loads(data)) == (200, {})
+    assert [a["action_id"] for a in actions(sidecar, "keyless")] == ["k"]
+
+
 def test_json_ids_in_protobufs_base64_mapping_are_rejected_span_by_span(sidecar) -> None:  # type: ignore[no-untyped-def]
     base64_ids = json_span("b64", "x", "W47/95gDgQPSabYzgT/GDA==", "7uGbfsPBsXQ=")
     status, _, data = post(sidecar, json_request(base64_ids, json_span("b64", "ok")))
