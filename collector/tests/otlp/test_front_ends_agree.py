@@ -36,6 +36,8 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Status, StatusCode
+from test_wire_native import requests as wire_requests
+from test_wire_native import typed
 
 from durable_sessions import instrument, otlp_json, readers
 from durable_sessions.check import check_paths
@@ -430,6 +432,22 @@ def test_an_attribute_without_a_key_is_one_of_key_empty_for_every_front_end() ->
     assert found is not None and len(found) == 1 and found[0][0] != "unreadable"
     assert check_reader(line + b"\n", None) == sidecar_json(line, None) == found
     assert sidecar_protobuf(body, None, native=True) in (None, found)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(request=wire_requests)
+def test_a_generated_request_decodes_alike_in_protobuf_and_otlp_json(
+    request: ExportTraceServiceRequest,
+) -> None:
+    """The same request, in binary protobuf and in OTLP/JSON as protobuf's JSON mapping
+    writes it with hex ids (``to_otlp_json``): the same span parts, of the same types,
+    and the same spans rejected. Found an attribute of key "" (written without ``key``)
+    rejected in OTLP/JSON alone."""
+    in_protobuf: list[str] = []
+    in_json: list[str] = []
+    parts = decode.reference_span_parts(request.SerializeToString(), in_protobuf)
+    assert typed(decode.json_span_parts(decode.to_otlp_json(request), in_json)) == typed(parts)
+    assert len(in_json) == len(in_protobuf)
 
 
 # -- what the reviewer's crafted spans showed, end to end ---------------------------------
