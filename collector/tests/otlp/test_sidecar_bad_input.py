@@ -227,6 +227,7 @@ def test_bad_ids_reject_only_their_spans_partial_success(sidecar) -> None:  # ty
                             json_span("zz" * 16, "EEE19B7EC3C1B175", "j2"),
                             json_span(good_trace, "AAAAAAAAAAAAAAAAAAAAAA==", "j3"),
                             json_span(good_trace, "EEE19B7E", "j4"),
+                            json_span(good_trace, "EEE19B7EC3C1B17", "j5"),  # hex digits, one short
                         ]
                     }
                 ],
@@ -236,17 +237,18 @@ def test_bad_ids_reject_only_their_spans_partial_success(sidecar) -> None:  # ty
     status, headers, data = post(sidecar, json.dumps(document).encode(), "application/json")
     assert status == 200 and headers["Content-Type"] == "application/json"
     answer = json.loads(data)
-    assert answer["partialSuccess"]["rejectedSpans"] == "3"
+    assert answer["partialSuccess"]["rejectedSpans"] == "4"
     message = answer["partialSuccess"]["errorMessage"]
     assert "spans[1] 'j2': traceId 'zzzzzzzz" in message and "is not hex" in message
     assert "spans[2] 'j3': spanId 'AAAAAAAAAAAAAAAAAAAAAA==' is not hex" in message
     assert "spans[3] 'j4': spanId 'EEE19B7E' is 4 bytes, expected 8 (16 hex digits)" in message
+    assert "spans[4] 'j5': spanId 'EEE19B7EC3C1B17' is 15 hex digits, expected 16" in message
     stored = sidecar.session("json")["actions"]
     assert [(a["action_id"], a["trace_id"], a["span_id"], a["incarnation"]) for a in stored] == [
         ("j1", good_trace.lower(), "eee19b7ec3c1b174", "inc-json")
     ]
     assert (
-        sidecar.metric("durable_sessions_spans_rejected_total", transport="http", reason="invalid") == 2 + 3
+        sidecar.metric("durable_sessions_spans_rejected_total", transport="http", reason="invalid") == 2 + 4
     )
     assert_healthy(sidecar)
 

@@ -483,6 +483,8 @@ def _json_id_problem(camel: str, value: Any, raw: bytes | None, size: int) -> st
     """Why the OTLP/JSON id ``value`` (``raw``: its bytes, when it is hex) is no id of ``size`` bytes."""
     if not isinstance(value, str):
         return f"{camel} must be a hex string, got {otlp_json.json_kind(value)}"
+    if raw is None and _hex_bytes(value + "0") is not None:  # hex digits, an odd number of them
+        return f"{camel} {quoted(value, 40)} is {len(value)} hex digits, expected {size * 2}"
     if raw is None:
         return f"{camel} {quoted(value, 40)} is not hex{_base64_hint(value, size)}"
     return f"{camel} {quoted(value, 40)} is {len(raw)} bytes, expected {size} ({size * 2} hex digits)"
