@@ -31,14 +31,17 @@ def test_a_restart_longer_than_idle_s_ends_no_session_before_its_queued_spans_ar
     """Idleness counts from when the sidecar began accepting spans at the earliest: the
     span a Collector queued during the restart arrives after it, and no session was ended
     (nor alerted on) for the outage."""
+    # idle_s: long enough that a busy machine delivers the queued span within it of the
+    # restart (with 1 s, starting the sidecar and an exporter took longer under load).
+    idle_s = 3.0
     store = tmp_path / "restart.db"
-    sidecar = start_sidecar(store, evaluation__idle_s=1.0)
+    sidecar = start_sidecar(store, evaluation__idle_s=idle_s)
     agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
     agent.action("mail", "e1", "email", status="started")  # pending until its completion
     agent.shutdown()
     sidecar.stop()
-    time.sleep(1.2)  # the upgrade took longer than idle_s
-    sidecar = start_sidecar(store, evaluation__idle_s=1.0)
+    time.sleep(idle_s + 0.2)  # the upgrade took longer than idle_s
+    sidecar = start_sidecar(store, evaluation__idle_s=idle_s)
     time.sleep(0.4)  # the writer has swept a few times; the queued span is on its way
     assert sidecar.session("mail")["state"] == "active"
     agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
@@ -46,6 +49,11 @@ def test_a_restart_longer_than_idle_s_ends_no_session_before_its_queued_spans_ar
     agent.shutdown()
     wait_for(lambda: sidecar.session("mail")["state"] == "ended")
     assert sidecar.session("mail")["verdict"] == "ok"
+    # An alert is queued in the commit that ends the session, and its line written after
+    # it: the outbox, not the log, says at once whether any was raised.
+    with sqlite3.connect(store) as db:
+        assert db.execute("SELECT count(*) FROM outbox").fetchone() == (0,)
+    db.close()
     assert sidecar.alerts() == []
 
 
@@ -85,11 +93,14 @@ def test_a_sweep_failing_again_and_again_is_logged_once_with_a_count_then_its_re
         db.execute("CREATE TRIGGER broken BEFORE UPDATE ON sessions BEGIN SELECT 1 FROM no_such_table; END")
     db.close()
     wait_for(lambda: any(line["event"] == "idle-sweep-failed" for line in sidecar.log.lines()))
-    time.sleep(1)
+    # Several failed sweeps, counted as they fail (a fixed second saw fewer under load).
+    wait_for(lambda: sidecar.metric("durable_sessions_store_commit_failures_total") >= 5)
     with sqlite3.connect(store) as db:
         db.execute("DROP TRIGGER broken")
     db.close()
     wait_for(lambda: sidecar.session("idle")["state"] == "ended")
+    # The recovery is logged once the sweep has returned, after the commit the API shows.
+    wait_for(lambda: any(line["event"] == "idle-sweep-recovered" for line in sidecar.log.lines()))
     lines = sidecar.log.lines()
     assert [line["failures"] for line in lines if line["event"] == "idle-sweep-failed"] == [1]
     [recovered] = [line for line in lines if line["event"] == "idle-sweep-recovered"]
