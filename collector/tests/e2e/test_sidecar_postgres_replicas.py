@@ -97,7 +97,9 @@ def alert_keys(*sidecars) -> Counter[str]:  # type: ignore[no-untyped-def]
 
 def test_two_replicas_agree_on_one_verdict_and_alert_once(start_sidecar, postgres_url, tmp_path) -> None:  # type: ignore[no-untyped-def]
     # The reference: the same scenario through one sidecar on SQLite.
-    single = start_sidecar(tmp_path / "single.db", evaluation__idle_s=0.5)
+    # idle_s: long enough that a busy machine cannot end the session between two of its
+    # spans (then ended twice, and judged at each end).
+    single = start_sidecar(tmp_path / "single.db", evaluation__idle_s=2.0)
     reference_agent = Agent(grpc_exporter(single.grpc_endpoint), "inc-ref")
     scenario(reference_agent)
     reference = wait_for(lambda: (s := single.session("trip"))["state"] == "ended" and s)
@@ -109,7 +111,7 @@ def test_two_replicas_agree_on_one_verdict_and_alert_once(start_sidecar, postgre
         "unresolved-side-effect",
     }
 
-    replicas = [start_sidecar(postgres_url, evaluation__idle_s=0.5) for _ in range(2)]
+    replicas = [start_sidecar(postgres_url, evaluation__idle_s=2.0) for _ in range(2)]
     # A watch on one replica sees what either replica commits (the shared violation feed).
     channel = grpc.insecure_channel(replicas[0].grpc_endpoint)
     watch = pb_grpc.SessionServiceStub(channel).WatchAlerts(pb.WatchAlertsRequest(), timeout=30)
@@ -124,6 +126,8 @@ def test_two_replicas_agree_on_one_verdict_and_alert_once(start_sidecar, postgre
     assert ended[0]["verdict"] == ended[1]["verdict"] == reference["verdict"]
     assert findings(ended[0]) == findings(ended[1]) == findings(reference)
     assert [a["action_id"] for a in ended[0]["actions"]] == [a["action_id"] for a in reference["actions"]]
+    # Counted by the replica that ended it after the commit the API shows.
+    wait_for(lambda: sum(r.metric("durable_sessions_sessions_ended_total") for r in replicas) >= 1)
     assert sum(r.metric("durable_sessions_sessions_ended_total") for r in replicas) == 1
     # Each violation alerted once, by one replica or the other.
     stored_keys = {v["key"] for v in ended[0]["violations"]}
