@@ -440,7 +440,10 @@ def test_the_sidecar_retries_a_trickling_receiver_then_delivers_with_one_key(
             sidecar.metric("durable_sessions_alert_deliveries_total", channel="webhook", outcome="retry") >= 1
         )
     )
-    [retry, *_] = [line for line in sidecar.log.lines() if line["event"] == "alert-delivery-retry"]
+    # Logged right after it is counted.
+    [retry, *_] = wait_for(
+        lambda: [line for line in sidecar.log.lines() if line["event"] == "alert-delivery-retry"]
+    )
     assert retry["attempt"] == 1 and "timed out" in retry["error"]
     receiver.mode = "ok"  # the receiver recovers
     wait_for(

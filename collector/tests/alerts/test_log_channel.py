@@ -203,6 +203,8 @@ def test_log_deliveries_have_a_latency_like_the_other_channels(start_sidecar) ->
             sidecar.metric("durable_sessions_alert_deliveries_total", channel=LOG, outcome="delivered") == 1
         )
     )
+    # Observed right after the delivery is counted, by the thread that delivered it.
+    wait_for(lambda: sidecar.metric("durable_sessions_alert_latency_seconds_count", channel=LOG) >= 1)
     assert sidecar.metric("durable_sessions_alert_latency_seconds_count", channel=LOG) == 1
     assert 0 <= sidecar.metric("durable_sessions_alert_latency_seconds_sum", channel=LOG) < 30
 

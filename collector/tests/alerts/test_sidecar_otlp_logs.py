@@ -119,9 +119,11 @@ def test_each_violation_arrives_once_as_a_log_record_linked_to_its_span(start_si
         assert SECRET.encode() not in raw and b"4242 4242" not in raw
         delivered = len(found)
         assert outbox(sidecar, "delivered") == delivered
+        # Counted, then its latency observed, after the mark the outbox gauge reads.
+        latency = ("durable_sessions_alert_latency_seconds_count", (("channel", "otlp"),))
+        wait_for(lambda: sidecar.metrics().get(latency, 0) >= delivered)
         assert deliveries(sidecar, "delivered") == delivered and deliveries(sidecar, "retry") == 0
-        metrics = sidecar.metrics()
-        assert metrics[("durable_sessions_alert_latency_seconds_count", (("channel", "otlp"),))] == delivered
+        assert sidecar.metrics()[latency] == delivered
         assert "otlp-header-secret" not in json.dumps(sidecar.log.lines())
         first.shutdown()
         second.shutdown()

@@ -76,6 +76,9 @@ def test_a_failing_receiver_gets_the_alert_after_retries_with_one_idempotency_ke
         wait_for(lambda: outbox(sidecar, "delivered") == 1)
         assert outbox(sidecar, "pending") == 0
         assert deliveries(sidecar, "retry") == 2
+        # Counted, then its latency observed, once the store has the mark the outbox gauge reads.
+        latency = ("durable_sessions_alert_latency_seconds_count", (("channel", "webhook"),))
+        wait_for(lambda: sidecar.metrics().get(latency, 0) >= 1)
         assert deliveries(sidecar, "delivered") == 1
         assert deliveries(sidecar, "dead_letter") == 0
         metrics = sidecar.metrics()
@@ -83,7 +86,7 @@ def test_a_failing_receiver_gets_the_alert_after_retries_with_one_idempotency_ke
             metrics[("durable_sessions_alert_delivery_duration_seconds_count", (("channel", "webhook"),))]
             == 3
         )
-        assert metrics[("durable_sessions_alert_latency_seconds_count", (("channel", "webhook"),))] == 1
+        assert metrics[latency] == 1
         retries = [line for line in sidecar.log.lines() if line["event"] == "alert-delivery-retry"]
         assert [line["attempt"] for line in retries] == [1, 2]
         assert all(0 < line["retry_in_s"] <= 0.2 for line in retries)
@@ -184,8 +187,9 @@ def rate_limited_receiver_pauses_the_channel(start_sidecar, store: str | None) -
         first, second = hook.requests[:2]
         assert second.at - first.at >= 0.95  # the Retry-After, for the next alert too
         # ... and no longer: on PostgreSQL the alerts claimed with the first were left
-        # claimed for the 60 s lease when the channel paused.
-        assert hook.accepted[-1].at - first.at < 3
+        # claimed for the 60 s lease when the channel paused. (Far below the lease, with
+        # room for three POSTs on a loaded machine.)
+        assert hook.accepted[-1].at - first.at < 10
     assert deliveries(sidecar, "dead_letter") == 0
     retry = next(line for line in sidecar.log.lines() if line["event"] == "alert-delivery-retry")
     assert retry["channel_paused"] is True
@@ -204,12 +208,14 @@ def test_a_rate_limited_receiver_pauses_the_channel_for_every_alert_postgres(
 
 def test_a_failure_of_one_alert_does_not_hold_the_others(start_sidecar) -> None:  # type: ignore[no-untyped-def]
     with WebhookServer(fail_first=1, fail_status=500) as hook:
+        # The failed alert's retry is 10-30 s away: far from the others' POSTs, also on a
+        # loaded machine (with 5 s, 2.5-7.5 s away, a slow start could look like waiting).
         sidecar = start_sidecar(
-            alerts__webhook__url=hook.url, alerts__webhook__backoff_s=5, alerts__webhook__max_backoff_s=5
+            alerts__webhook__url=hook.url, alerts__webhook__backoff_s=20, alerts__webhook__max_backoff_s=20
         )
         unkeyed_payments(sidecar, 3)
         wait_for(lambda: len(hook.accepted) == 2, timeout=10)
-        assert hook.accepted[-1].at - hook.requests[0].at < 4  # not after the failed one's 2.5-7.5 s
+        assert hook.accepted[-1].at - hook.requests[0].at < 8  # not after the failed one's retry
 
 
 def test_an_alert_whose_mark_the_store_refused_is_marked_not_posted_again(start_sidecar, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -234,7 +240,9 @@ def test_an_alert_whose_mark_the_store_refused_is_marked_not_posted_again(start_
         time.sleep(0.5)  # a second POST, were there one, would have come by now
         assert len(hook.requests) == 1
         assert deliveries(sidecar, "delivered") == 1
-        # One line for the failure that repeated, and one when it is over, with the count.
+        # One line for the failure that repeated, and one when it is over, with the count
+        # (logged once the delivery pass that marked it has returned).
+        wait_for(lambda: any(line["event"] == "alert-delivery-recovered" for line in sidecar.log.lines()))
         lines = sidecar.log.lines()
         assert [line["failures"] for line in lines if line["event"] == "alert-delivery-failed"] == [1]
         [recovered] = [line for line in lines if line["event"] == "alert-delivery-recovered"]

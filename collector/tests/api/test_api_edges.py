@@ -1100,7 +1100,8 @@ def test_webhook_caps_retry_after_at_max_backoff(start_sidecar) -> None:  # type
         unkeyed_payment(sidecar)
         wait_for(lambda: outbox(sidecar, "delivered") == 1)
         assert len(hook.requests) == 2
-        assert hook.requests[1][0] - hook.requests[0][0] < 1.0  # max_backoff_s 0.2, not 3600 s
+        # max_backoff_s 0.2, not 3600 s (with room for a loaded machine).
+        assert hook.requests[1][0] - hook.requests[0][0] < 30
 
 
 def test_webhook_retries_a_timeout_then_delivers(start_sidecar) -> None:  # type: ignore[no-untyped-def]
