@@ -138,7 +138,8 @@ def test_a_bad_token_file_keeps_the_token_in_use_and_says_why(start_sidecar, tmp
     assert api_status(sidecar, OLD_TOKEN) == 200
     failed = [line for line in sidecar.log.lines() if line["event"] == "auth-token-reload-failed"]
     assert failed[-1]["level"] == "error" and "cannot read" in failed[-1]["error"]
-    assert reloads(sidecar, "token") == {"loaded": 0, "failed": 4}
+    # Counted right after the line is written.
+    wait_for(lambda: reloads(sidecar, "token") == {"loaded": 0, "failed": 4})
     assert "has a space" not in "\n".join(map(str, sidecar.log.lines()))  # the bad content never shown
     replace(token_file, NEW_TOKEN)
     wait_for(lambda: api_status(sidecar, NEW_TOKEN) == 200, timeout=5)
@@ -216,8 +217,10 @@ def test_a_renewed_certificate_is_served_on_both_ports_without_a_restart(
     assert not _https_ok(sidecar, first_ca)  # the old certificate is no longer served
     assert wait_for(lambda: grpc_export_ok(sidecar, second_ca), timeout=20)
     assert not grpc_export_ok(sidecar, first_ca)
-    assert any(line["event"] == "tls-reloaded" for line in sidecar.log.lines())
-    assert reloads(sidecar, "tls")["failed"] == 0 and reloads(sidecar, "tls")["loaded"] >= 1
+    # The new pair is served before the reload is logged, and counted after.
+    wait_for(lambda: any(line["event"] == "tls-reloaded" for line in sidecar.log.lines()))
+    wait_for(lambda: reloads(sidecar, "tls")["loaded"] >= 1)
+    assert reloads(sidecar, "tls")["failed"] == 0
     # The expiry served is the renewed certificate's (the test CA's certificates differ by
     # seconds at most: compare with what cryptography reads from the new one).
     served = sidecar.service.metrics.registry.get_sample_value(
@@ -243,7 +246,7 @@ def test_a_certificate_and_key_that_do_not_match_keep_the_pair_in_use(start_side
     assert grpc_export_ok(sidecar, first_ca)
     [line] = [line for line in sidecar.log.lines() if line["event"] == "tls-reload-failed"]
     assert line["level"] == "error" and str(cert_file) in line["error"]
-    assert reloads(sidecar, "tls") == {"loaded": 0, "failed": 1}
+    wait_for(lambda: reloads(sidecar, "tls") == {"loaded": 0, "failed": 1})  # counted after the line
 
     replace(key_file, second_key.read_bytes())
     wait_for(lambda: _https_ok(sidecar, second_ca), timeout=5)
