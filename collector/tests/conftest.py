@@ -106,7 +106,8 @@ class Sidecar:
         """The alert lines, once there are at least ``count``. The log channel writes them
         after the commit that raised them, which an Export's answer or the API's view of
         an ended session can come before."""
-        return wait_for(lambda: len(lines := self.alerts()) >= count and lines)
+        wait_for(lambda: len(self.alerts()) >= count)
+        return self.alerts()
 
     def stop(self) -> None:
         self.service.stop()
