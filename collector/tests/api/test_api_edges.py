@@ -315,7 +315,9 @@ def test_query_parameters_are_validated(sidecar) -> None:  # type: ignore[no-unt
     ):  # fmt: skip
         status, document = sidecar.get(path)
         assert (status, document["error"]) == (400, error), path
-    # But a blank page token is the first page, as an empty one is over gRPC.
+    # But a blank page token is the first page, as an empty one is over gRPC. (Compared
+    # once the sessions have ended: the sweep, idle_s 0.3 s, could end them between reads.)
+    wait_for(lambda: all(s["state"] == "ended" for s in sidecar.get("/api/sessions")[1]["sessions"]))
     first = sidecar.get("/api/sessions")
     assert sidecar.get("/api/sessions?page_token=") == first and first[0] == 200
     assert sidecar.get("/api/sessions/bad?actions_page_token=&violations_page_token=") == sidecar.get(
@@ -521,7 +523,9 @@ def test_a_page_token_of_another_store_is_refused_not_read_as_a_position_of_this
     the first store's, skipping the other's sessions before it and listing ones the walk
     had not begun with; a detail's token named an action id of the other store. Each is
     refused, naming the token; a token without a store (an earlier sidecar's) still works."""
-    sidecars = [start_sidecar(tmp_path / f"{name}.db") for name in ("a", "b")]
+    # idle_s: no session ends while the pages are compared (with the fixture's 0.3 s, a
+    # loaded machine saw "bad" active on one page and ended on the next).
+    sidecars = [start_sidecar(tmp_path / f"{name}.db", evaluation__idle_s=3600) for name in ("a", "b")]
     for sidecar in sidecars:
         agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
         for n in range(4):
