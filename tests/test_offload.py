@@ -31,6 +31,7 @@ from durable_sessions.span_check import may_be_action
 from durable_sessions.violation import Severity, Violation
 from tests.support.forks import exit_code_in_fork
 from tests.support.senders import use_sender
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture(params=["native", "python"])
@@ -170,7 +171,7 @@ def test_end_session_of_an_id_no_session_can_have_leaves_the_checker_checking(se
     started = time.monotonic()
     assert processor.end_session(["s-9"]) == []  # type: ignore[arg-type]
     assert processor.end_session(object()) == []  # type: ignore[arg-type]
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 20  # neither waited out the 30 s timeout
     start_unfinished_email(provider, "s-9")
     assert [v.rule for v in processor.end_session("s-9")] == ["unresolved-side-effect"]
     assert processor.spans_dropped == 0
@@ -220,9 +221,7 @@ def test_a_dead_checker_process_fails_open(caplog: pytest.LogCaptureFixture, sen
     child = processor._offload._process  # type: ignore[union-attr]
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
-    deadline = time.monotonic() + 10
-    while "failing open" not in caplog.text and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: "failing open" in caplog.text)
     assert processor.internal_errors >= 1
     assert "failing open" in caplog.text
     for n in range(5):
@@ -234,7 +233,7 @@ def test_a_dead_checker_process_fails_open(caplog: pytest.LogCaptureFixture, sen
     assert processor.spans_dropped == 5
     started = time.monotonic()
     assert processor.force_flush(timeout_millis=30_000) is False  # says so, at once
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 15  # not after its 30 s
     provider.shutdown()
 
 
@@ -247,10 +246,8 @@ def test_a_checker_process_that_cannot_start_gives_way_to_inline_checking(
     seen: list[Violation] = []
     processor = DurabilitySpanProcessor(mode="log", checking="process", on_violation=seen.append)
     provider, exporter = provider_with(processor)
-    deadline = time.monotonic() + 10
     # The switch to inline checking is made, then logged (outside the lock): wait for both.
-    while (processor.checking != "inline" or not caplog.text) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: processor.checking == "inline" and bool(caplog.text))
     assert processor.checking == "inline"
     assert "could not start; checking inline instead" in caplog.text
     assert processor.internal_errors == 1

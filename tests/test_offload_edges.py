@@ -34,7 +34,7 @@ import termios
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ from durable_sessions.processor import ConfigurationError, DurabilitySpanProcess
 from durable_sessions.violation import Violation
 from tests.support.forks import exit_code_in_fork
 from tests.support.senders import use_sender
+from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 PAD = "x" * 200
@@ -94,15 +95,6 @@ def run(sender: str) -> Iterator[Run]:
     with contextlib.suppress(ProcessLookupError):
         os.kill(r.checker.pid, signal.SIGCONT)  # never leave a stopped checker behind
     r.provider.shutdown()
-
-
-def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
 
 
 def pipe_fill(pid: int) -> tuple[int, int]:
@@ -171,12 +163,12 @@ def test_sigkill_mid_run_fails_open_once_and_drops_later_spans(
     assert errors == []
     assert run.processor.internal_errors == 1
     assert sum("failing open" in r.getMessage() for r in caplog.records) == 1
-    assert run.checker.wait(timeout=5) == -signal.SIGKILL  # not restarted: the same, dead, process
+    assert run.checker.wait(timeout=30) == -signal.SIGKILL  # not restarted: the same, dead, process
     assert run.processor.wait_checked(timeout_s=5) is False
     started = time.monotonic()
     assert run.processor.force_flush(timeout_millis=30_000) is False
     run.provider.shutdown()
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 15  # not the flush's 30 s: a dead checker is not waited for
 
 
 def test_spans_in_the_pipe_when_the_checker_dies_are_counted_as_dropped(run: Run) -> None:
@@ -240,7 +232,7 @@ def test_force_flush_returns_within_its_timeout_when_the_checker_is_stopped(run:
     started = time.monotonic()
     assert run.processor.force_flush(timeout_millis=300) is False
     assert run.processor.wait_checked(timeout_s=0.3) is False
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 10  # returned, not waiting for the stopped checker for ever
     os.kill(pid, signal.SIGCONT)
     assert run.processor.wait_checked(timeout_s=30)  # nothing was lost by the timeouts
     assert run.processor.actions_checked == 500
@@ -256,7 +248,7 @@ def test_shutdown_with_a_dead_checker_is_prompt_and_quiet(run: Run) -> None:
     assert wait_until(lambda: run.processor.internal_errors == 1)
     started = time.monotonic()
     run.processor.shutdown()  # must not raise
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < processor_module.SHUTDOWN_CHECK_TIMEOUT_S  # not waited for
     assert run.processor.internal_errors == 1
     run.pay(1)  # after the processor's shutdown: ignored, never raised
     assert len(run.exporter.get_finished_spans()) == 2
@@ -272,7 +264,9 @@ def test_shutdown_with_a_stopped_checker_is_bounded(run: Run, monkeypatch: pytes
     run.pay(1)
     started = time.monotonic()
     run.processor.shutdown()  # must not raise
-    assert time.monotonic() - started < 1.0 + 5 + 2  # the wait, then close's own bound
+    # The wait, then close's own bound of 5 s, with room for a loaded machine; below the
+    # 10 + 5 s that a shutdown ignoring the wait's setting would take.
+    assert time.monotonic() - started < 1.0 + 5 + 5
     assert run.checker.poll() is not None  # stopped and reaped, not left behind
     assert run.processor.spans_dropped == 1
 
@@ -375,7 +369,7 @@ def test_a_forked_child_that_lives_on_does_not_delay_the_parents_shutdown(run: R
     os.close(release_read)
     checker, took = shutdown_while_forked(run, pid, release_write)
     assert checker.returncode == 0, f"the checker was killed (exit code {checker.returncode})"
-    assert took < 3, f"shutdown took {took:.1f} s"
+    assert took < 5, f"shutdown took {took:.1f} s"  # below close's wait for a checker that does not exit
     assert run.processor.internal_errors == 0
 
 
@@ -396,7 +390,7 @@ def test_a_forked_grandchild_also_leaves_the_parents_checker_alone(run: Run) -> 
     os.close(release_read)
     checker, took = shutdown_while_forked(run, pid, release_write)
     assert checker.returncode == 0
-    assert took < 3
+    assert took < 5
 
 
 def test_a_forked_child_can_shut_down_while_the_parent_is_mid_write(run: Run, sender: str) -> None:
@@ -491,7 +485,7 @@ def test_a_forked_child_that_exits_without_shutdown_leaves_no_checker_behind(run
     with os.fdopen(read_end, "rb") as reader:
         childs_checker = int(reader.read())
     assert childs_checker != run.checker.pid
-    assert wait_until(lambda: exited(childs_checker), timeout_s=20), "the child's checker outlived it"
+    assert wait_until(lambda: exited(childs_checker)), "the child's checker outlived it"
     run.pay(2)
     assert run.processor.wait_checked(timeout_s=30)
     assert run.processor.actions_checked == 1
@@ -592,7 +586,7 @@ def test_interpreter_exit_without_shutdown(sender: str, exit_path: str) -> None:
     assert time.monotonic() - started < 15
     lines = done.stdout.splitlines()
     checker = int(next(line for line in lines if line.startswith("checker")).split()[1])
-    assert wait_until(lambda: exited(checker), timeout_s=10), "the checker process outlived the app"
+    assert wait_until(lambda: exited(checker)), "the checker process outlived the app"
     reported = [line for line in lines if line.startswith("found")]
     assert reported == (["found unresolved-side-effect"] if exit_path == "atexit" else [])
     assert "Traceback" not in done.stderr
@@ -798,6 +792,11 @@ def test_a_processor_built_in_every_process_does_not_start_a_chain_of_checkers(t
     )
     try:
         assert app.wait(60) == 0
+        # The app's checker writes its line once it has started, which on a loaded machine
+        # can be after the app has exited.
+        assert wait_until(lambda: len(started.read_text().splitlines()) >= 2), (
+            "the app's checker never started"
+        )
         time.sleep(1)  # what a chain would have grown by meanwhile
         lines = started.read_text().splitlines()
     finally:

@@ -9,8 +9,10 @@ from collections.abc import Callable
 
 import pytest
 
+from tests.support.waiting import GENEROUS_S
 
-def exit_code_in_fork(child: Callable[[], int], timeout_s: float = 20.0) -> int:
+
+def exit_code_in_fork(child: Callable[[], int], timeout_s: float = GENEROUS_S) -> int:
     """Fork; the child runs ``child`` and exits with what it returns (3 if it raised).
     The parent waits at most ``timeout_s``, then kills it and fails the test."""
     pid = os.fork()
