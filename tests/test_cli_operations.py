@@ -257,6 +257,38 @@ def test_a_signal_stops_the_parallel_check_and_its_workers(
             process.wait()
 
 
+_SLOW_TO_START = """
+import sys, time
+from durable_sessions import check, cli
+
+started = check._check_shard
+
+def slow_to_start(*args):
+    time.sleep(3)  # the moment between a worker's fork and its own signal handling, widened
+    started(*args)
+
+check._check_shard = slow_to_start
+sys.exit(cli.main(["check", "--jobs", "2", sys.argv[1]]))
+"""
+
+
+@needs_proc
+def test_ctrl_c_as_the_workers_start_prints_no_traceback(tmp_path: Path) -> None:
+    """A worker ignores Ctrl-C from its first instruction: forked with the CLI's handlers,
+    one that Ctrl-C reached before it set its own printed a KeyboardInterrupt traceback."""
+    process = _start_as_a_job([sys.executable, "-c", _SLOW_TO_START, str(unkeyed_log(tmp_path))])
+    try:
+        assert wait_until(lambda: len(_children(process.pid)) == 2), "the workers did not start"
+        os.killpg(process.pid, signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+        assert process.returncode == 130
+        assert b"Traceback" not in stderr, stderr.decode()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
 # -- streams and --jobs ----------------------------------------------------------------------
 
 

@@ -175,7 +175,8 @@ class OfflineCheck:
                 ),
                 daemon=True,
             )
-            process.start()
+            with _stopping_signals_held():
+                process.start()
             sender.close()
             workers.append((process, receiver))
         # Per occurrence of a path, not per name: a file given twice is read twice.
@@ -607,6 +608,25 @@ def _line_checker(
     return check_line
 
 
+_STOPPING_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def _stopping_signals_held() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM back while a worker starts: it inherits them held, and
+    :func:`_check_shard` lets them in once it has set how it takes them. A worker forked
+    with the CLI's handlers that Ctrl-C reached before then printed a KeyboardInterrupt
+    traceback. This process takes what came meanwhile once the start returns."""
+    if not hasattr(signal, "pthread_sigmask"):  # Windows: no fork, and no signal mask
+        yield
+        return
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPPING_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
 def _check_shard(*args: Any) -> None:
     """A worker process's entry: :func:`_check_own_lines`, with the cyclic collector paused.
 
@@ -616,6 +636,8 @@ def _check_shard(*args: Any) -> None:
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a forked worker inherits the CLI's handler
+    if hasattr(signal, "pthread_sigmask"):  # held since the fork (_stopping_signals_held): let them in
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPPING_SIGNALS)
     with cyclic_gc_paused():
         _check_own_lines(*args)
 
