@@ -21,11 +21,11 @@ import contextlib
 import contextvars
 import io
 import json
+import linecache
 import math
 import re
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,7 @@ from durable_sessions.processor import (
 from durable_sessions.readers import UTF8_BOM, parse_object, sniff_format
 from durable_sessions.rules.record_rules import time_component
 from durable_sessions.violation import Violation
+from tests.support.waiting import GENEROUS_S, wait_until
 
 TRACING_LOG = Path(__file__).parent / "data" / "tracing-demo-run-001.jsonl"  # the seed's demo trace
 
@@ -388,6 +389,17 @@ def _provider_of_session(session_id: str, processor: DurabilitySpanProcessor) ->
     return provider
 
 
+def _waiting_for_the_lock(thread: threading.Thread) -> bool:
+    """Whether ``thread`` is inside ``span.end()``, at the processor's lock (a fixed sleep
+    did not always see it get there on a loaded machine)."""
+    frame = sys._current_frames().get(thread.ident)  # type: ignore[arg-type]
+    return (
+        frame is not None
+        and frame.f_code is DurabilitySpanProcessor._check_ended.__code__
+        and "with self._lock" in linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+    )
+
+
 def test_spans_of_two_resources_ending_at_once_are_each_checked_with_their_own_resource() -> None:
     """One processor serves two providers with different resources; a span of each ends
     on its own thread at the same moment. Each span must be checked with its own
@@ -406,11 +418,11 @@ def test_spans_of_two_resources_ending_at_once_are_each_checked_with_their_own_r
     thread_b = threading.Thread(target=_end_action_span, args=(provider_b, "from-B"))
     with processor._lock:
         thread_a.start()
-        time.sleep(0.2)  # thread A is now inside span.end(), waiting for the check
+        assert wait_until(lambda: _waiting_for_the_lock(thread_a)), "thread A never reached the check"
         thread_b.start()
-        time.sleep(0.2)  # and so is thread B
-    thread_a.join(5)
-    thread_b.join(5)
+        assert wait_until(lambda: _waiting_for_the_lock(thread_b)), "thread B never reached the check"
+    thread_a.join(GENEROUS_S)
+    thread_b.join(GENEROUS_S)
     processor.shutdown()
     assert {v.action_id: v.session_id for v in found} == {"from-A": "sess-A", "from-B": "sess-B"}
 
@@ -804,12 +816,16 @@ def test_one_action_object_entered_by_two_threads_ends_each_threads_own_span() -
     rig = Rig()
     shared = action("x", "tool_call", tracer_provider=rig.provider)
     spans: dict[str, Any] = {}
-    second_entered, first_left = threading.Event(), threading.Event()
+    # Each step waits for the one before: with fixed sleeps and short waits, a loaded
+    # machine could run them in another order (the second entering first), testing nothing.
+    first_entered, second_entered, first_left = threading.Event(), threading.Event(), threading.Event()
+    waited: list[bool] = []
 
     def first() -> None:
         with contextlib.suppress(ValueError), shared as act:
             spans["failing"] = act.span
-            second_entered.wait(5)
+            first_entered.set()
+            waited.append(second_entered.wait(GENEROUS_S))
             raise ValueError("boom")
         first_left.set()
 
@@ -817,15 +833,16 @@ def test_one_action_object_entered_by_two_threads_ends_each_threads_own_span() -
         with shared as act:
             spans["fine"] = act.span
             second_entered.set()
-            first_left.wait(5)
+            waited.append(first_left.wait(GENEROUS_S))
 
     pool = [threading.Thread(target=first), threading.Thread(target=second)]
     pool[0].start()
-    time.sleep(0.05)
+    assert first_entered.wait(GENEROUS_S)
     pool[1].start()
     for thread in pool:
-        thread.join(5)
+        thread.join(GENEROUS_S)
     rig.close()
+    assert waited == [True, True]
     assert {name: span.status.status_code for name, span in spans.items()} == {
         "failing": StatusCode.ERROR,
         "fine": StatusCode.UNSET,
