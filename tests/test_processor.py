@@ -44,6 +44,7 @@ from durable_sessions.violation import Severity, Violation
 from tests.support import undated_spans
 from tests.support.senders import use_sender
 from tests.support.undated_spans import end_undated_payments
+from tests.support.waiting import GENEROUS_S
 
 
 class Setup:
@@ -668,7 +669,7 @@ def test_an_on_violation_callback_may_flush_with_a_checker_process() -> None:
 
     def flush_on_violation(_violation: Violation) -> None:
         start = time.monotonic()
-        provider.force_flush(timeout_millis=10_000)
+        provider.force_flush(timeout_millis=60_000)
         took.append(time.monotonic() - start)
 
     processor = DurabilitySpanProcessor(mode="silent", checking="process", on_violation=flush_on_violation)
@@ -676,7 +677,7 @@ def test_an_on_violation_callback_may_flush_with_a_checker_process() -> None:
     unkeyed_payment(provider, "s-1")
     assert processor.wait_checked(30)
     provider.shutdown()
-    assert len(took) == 1 and took[0] < 5
+    assert len(took) == 1 and took[0] < 30  # not its whole timeout
 
 
 @pytest.mark.parametrize("native", ["true", "false"])
@@ -717,11 +718,11 @@ def test_a_child_forked_while_another_thread_holds_the_lock_can_end_spans() -> N
     def hold() -> None:
         with s.processor._lock:
             holding.set()
-            release.wait(10)
+            release.wait(GENEROUS_S)
 
     holder = threading.Thread(target=hold)
     holder.start()
-    holding.wait(5)
+    assert holding.wait(GENEROUS_S)  # else the fork would find the lock free
     pid = os.fork()
     if pid == 0:  # the child: end an action span, then report by the exit code
         try:
@@ -731,7 +732,7 @@ def test_a_child_forked_while_another_thread_holds_the_lock_can_end_spans() -> N
             os._exit(0)
     release.set()
     holder.join()
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + GENEROUS_S
     while time.monotonic() < deadline:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
