@@ -1118,21 +1118,7 @@ def test_an_otlp_span_delivered_again_later_is_read_once_also_in_the_next_file(
     # a new record, the repeat would be a duplicate action id and, its status being
     # "started", an unfinished side effect.
     def request(span_id: str, status: str, start: int) -> str:
-        attributes = {
-            "session.id": "r",
-            "agent.action.id": "mail",
-            "agent.action.kind": "email",
-            "agent.action.status": status,
-            "agent.action.idempotency_key": "mail-r",
-        }
-        span = {
-            "traceId": "ab" * 16,
-            "spanId": span_id,
-            "name": "mail",
-            "startTimeUnixNano": str(start),
-            "attributes": [{"key": k, "value": {"stringValue": v}} for k, v in attributes.items()],
-        }
-        return json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]})
+        return otlp_mail_request("ab" * 16, span_id, status, start)
 
     first, second = tmp_path / "traces-1.jsonl", tmp_path / "traces-2.jsonl"
     started, done = (
@@ -1144,3 +1130,41 @@ def test_an_otlp_span_delivered_again_later_is_read_once_also_in_the_next_file(
     code, out, _ = run_cli(["check", "--format", "json", str(first), str(second)], capsys)
     assert code == 0, out
     assert json.loads(out)["actions"] == 2
+
+
+def otlp_mail_request(trace_id: str, span_id: str, status: str, start: int) -> str:
+    """One OTLP/JSON request line holding one span of the keyed email ``mail`` of session ``r``."""
+    attributes = {
+        "session.id": "r",
+        "agent.action.id": "mail",
+        "agent.action.kind": "email",
+        "agent.action.status": status,
+        "agent.action.idempotency_key": "mail-r",
+    }
+    span = {
+        "traceId": trace_id,
+        "spanId": span_id,
+        "name": "mail",
+        "startTimeUnixNano": str(start),
+        "attributes": [{"key": k, "value": {"stringValue": v}} for k, v in attributes.items()],
+    }
+    return json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]})
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_an_otlp_span_of_an_action_s_last_span_id_in_another_trace_is_checked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], jobs: str
+) -> None:
+    # A span id is unique within its trace only: the same id in another trace is another
+    # span (the email sent again), as the sidecar judges it. The engine, which remembers
+    # an action's last span id but not its trace, took it for the first span delivered
+    # again and skipped it; exact repeats (same trace, span and status) are still read once.
+    path = tmp_path / "traces.jsonl"
+    first = otlp_mail_request("ab" * 16, "07" * 8, "ok", 1_700_000_000_000_000_000)
+    other = otlp_mail_request("cd" * 16, "07" * 8, "ok", 1_700_000_001_000_000_000)
+    path.write_text("\n".join([first, first, other, other, first]) + "\n")
+    code, out, _ = run_cli(["check", "--format", "json", "--jobs", jobs, str(path)], capsys)
+    report = json.loads(out)
+    assert code == 1, out
+    assert report["actions"] == 2
+    assert [(v["rule"], v["line"]) for v in report["violations"]] == [("duplicate-action-id", 3)]

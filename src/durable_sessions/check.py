@@ -128,7 +128,7 @@ class OfflineCheck:
         return self._sequential()
 
     def _sequential(self) -> Iterator[Violation]:
-        checker = Checker(self.rules, key_window_s=self.key_window_s)
+        checker = offline_checker(self.rules, key_window_s=self.key_window_s)
         try:
             yield from check_paths(
                 self.paths,
@@ -225,6 +225,15 @@ def sdk_attribute_value_limit(environ: Mapping[str, str] | None = None) -> int |
         raise ValueError(f"${name} must be a non-negative integer, got {environ[name]!r}") from None
 
 
+def offline_checker(rules: Iterable[Rule], *, key_window_s: float = DEFAULT_KEY_WINDOW_S) -> Checker:
+    """The engine :func:`check_paths` is made to feed: its readers drop every OTLP span
+    delivered again, by trace id, span id and status (:class:`Redeliveries`), as the
+    sidecar's store does, so the engine is told not to skip a span repeating the span id
+    and status of its action's last span, which in another trace is another span; the
+    sidecar and the offline checker then judge the same spans alike."""
+    return Checker(rules, key_window_s=key_window_s, dropped_redeliveries=True)
+
+
 def check_paths(
     paths: Iterable[str],
     checker: Checker,
@@ -239,6 +248,8 @@ def check_paths(
 
     ``attribute_value_limit``: the attribute value length limit OTLP/JSON spans were
     recorded under, when known (a result that long was probably cut: ``truncated-result``).
+    ``checker``: one made by :func:`offline_checker`; another also skips a span of an
+    action's last span id and status in another trace (the span processor's engine does).
 
     Sessions may span files (one file per process run, say). ``intents`` are intent logs
     (:mod:`durable_sessions.intent_log`): an intent whose span is among ``paths`` is that
@@ -657,7 +668,7 @@ def _check_own_lines(
     Every worker reads every line; it parses only those that may be its own. That costs
     less than a parent process parsing once and shipping records to the workers.
     """
-    checker = Checker(rules_from_references(rule_ids), key_window_s=key_window_s)
+    checker = offline_checker(rules_from_references(rule_ids), key_window_s=key_window_s)
     found: list[list[Violation]] = []  # per path, in the order given
     parent = os.getppid()
     try:

@@ -32,10 +32,10 @@ from durable_sessions.check import (
     cli_start_method,
     cyclic_gc_paused,
     default_jobs,
+    offline_checker,
     sdk_attribute_value_limit,
     usable_cores,
 )
-from durable_sessions.engine import Checker
 from durable_sessions.harness import (
     DEFAULT_MAX_BOUNDARIES,
     DEFAULT_TIMEOUT_S,
@@ -174,7 +174,7 @@ def replay_check_main(argv: Sequence[str] | None = None) -> int:
 
 
 def _replay_check(args: argparse.Namespace, out: Output) -> int:
-    checker = Checker(select_rules("seed", strict=args.strict))
+    checker = offline_checker(select_rules("seed", strict=args.strict))
     count = 0
     _hint_at_trace_files(args.actions)
     try:

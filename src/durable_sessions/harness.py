@@ -53,8 +53,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from durable_sessions import crash, disk
-from durable_sessions.check import check_paths, sdk_attribute_value_limit
-from durable_sessions.engine import UNREADABLE_LINE, Checker
+from durable_sessions.check import check_paths, offline_checker, sdk_attribute_value_limit
+from durable_sessions.engine import UNREADABLE_LINE
 from durable_sessions.instrument import RESULT_DIR_ENV
 from durable_sessions.otlp_json import field
 from durable_sessions.readers import Item, Unreadable, open_source, parse_object, read
@@ -316,7 +316,7 @@ class _Runner:
             limit = sdk_attribute_value_limit(self.environment)
         except ValueError:  # the agent's own SDK refused it: the run said so
             limit = None
-        found = list(check_paths([traces], Checker(rules), attribute_value_limit=limit))
+        found = list(check_paths([traces], offline_checker(rules), attribute_value_limit=limit))
         self.trial.violations = [violation for violation in found if not self._cut_by_the_kill(violation)]
         if len(self.trial.violations) == len(found):  # the cut line lacked only its line break: it read
             self.trial.cut_by_the_kill = None

@@ -33,14 +33,15 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import Status, StatusCode
 from test_wire_native import requests as wire_requests
 from test_wire_native import typed
 
 from durable_sessions import instrument, otlp_json, readers
-from durable_sessions.check import check_paths
+from durable_sessions.check import OfflineCheck, check_paths, offline_checker
 from durable_sessions.engine import Checker
 from durable_sessions.json_text import json_line
 from durable_sessions.mapping import (
@@ -543,7 +544,8 @@ def test_a_real_sidecar_judges_the_file_as_check_does(
     path = tmp_path / "traces.jsonl"
     crafted_spans(path)
     checked = sorted(
-        (v.session_id, v.rule) for v in check_paths([str(path)], Checker(RULES), attribute_value_limit=32)
+        (v.session_id, v.rule)
+        for v in check_paths([str(path)], offline_checker(RULES), attribute_value_limit=32)
     )
     assert checked == [
         ("s-1", "missing-field"),
@@ -578,7 +580,7 @@ def test_a_real_sidecar_dates_a_span_without_a_start_time_by_its_end(
     provider.shutdown()
 
     expected = undated_spans.EXPECTED
-    checked = [(v.session_id, v.rule) for v in check_paths([str(path)], Checker(RULES))]
+    checked = [(v.session_id, v.rule) for v in check_paths([str(path)], offline_checker(RULES))]
     assert checked == expected
     wait_for(lambda: len(running.alerts()) >= len(expected))
     assert sorted((alert["session_id"], alert["rule"]) for alert in running.alerts()) == expected
@@ -624,7 +626,7 @@ def test_a_real_sidecar_and_check_count_a_resumed_process_s_attempts_afresh(
         provider.shutdown()
 
     expected = [("s-p", "unkeyed-side-effect")]
-    assert [(v.session_id, v.rule) for v in check_paths([str(path)], Checker(RULES))] == expected
+    assert [(v.session_id, v.rule) for v in check_paths([str(path)], offline_checker(RULES))] == expected
     wait_for(lambda: len(running.alerts()) >= len(expected))
     assert [(alert["session_id"], alert["rule"]) for alert in running.alerts()] == expected
 
@@ -660,8 +662,52 @@ def test_a_real_sidecar_and_check_let_a_resumed_run_s_escalation_settle_the_cap(
         provider.shutdown()
 
     expected = [("s-x", "retry-not-escalated")]
-    assert [(v.session_id, v.rule) for v in check_paths([str(path)], Checker(RULES))] == expected
+    assert [(v.session_id, v.rule) for v in check_paths([str(path)], offline_checker(RULES))] == expected
     wait_for(lambda: all(running.session(s)["state"] == "ended" for s in ("s-r", "s-x")))
     wait_for(lambda: len(running.alerts()) >= len(expected))
     assert [(alert["session_id"], alert["rule"]) for alert in running.alerts()] == expected
     assert running.session("s-r")["verdict"] == "ok"
+
+
+class _OneSpanId(RandomIdGenerator):
+    """Gives every span one span id, as OTLP allows: a span id is unique within its trace."""
+
+    def generate_span_id(self) -> int:
+        return 0x0707070707070707
+
+
+def test_a_real_sidecar_and_check_judge_a_span_id_reused_in_another_trace_and_a_redelivery_alike(
+    start_sidecar: Callable[..., Any], tmp_path: Path
+) -> None:
+    """A tool call run twice, in two traces whose spans have one span id, is two spans: a
+    duplicate-action-id for the sidecar (its store keeps both) and for ``durable-sessions
+    check`` on the same spans, which skipped the second as the first delivered again. The
+    first span exported again, at once and after the second (a retried Export), is read
+    once by both."""
+    from sidecar_clients import grpc_exporter
+
+    running = start_sidecar()
+    path = tmp_path / "traces.jsonl"
+    provider = TracerProvider(
+        resource=Resource.create({"service.instance.id": "run-1"}), id_generator=_OneSpanId()
+    )
+    ended = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(ended))
+    attributes = {"session.id": "s-t", "agent.action.id": "look", "agent.action.kind": "tool_call"}
+    for _ in range(2):  # each a root span, in a trace of its own
+        provider.get_tracer("reused").start_span("look", attributes=attributes).end()
+    first, second = ended.get_finished_spans()
+    assert first.context.span_id == second.context.span_id
+    assert first.context.trace_id != second.context.trace_id
+    sent, written = grpc_exporter(running.grpc_endpoint), FileSpanExporter(path)
+    for span in (first, first, second, first):
+        assert sent.export([span]) == written.export([span]) == SpanExportResult.SUCCESS
+    sent.shutdown()
+    written.shutdown()
+
+    check = OfflineCheck([str(path)], RULES)
+    checked = [(v.session_id, v.rule, v.trace_id) for v in check]
+    assert checked == [("s-t", "duplicate-action-id", f"{second.context.trace_id:032x}")]
+    detail = running.session("s-t")
+    assert [("s-t", v["rule"], v["trace_id"]) for v in detail["violations"]] == checked
+    assert check.actions == len(detail["actions"]) == 2
