@@ -13,7 +13,11 @@ ratios (each check against the baseline run just before it, which cancels slow d
 in the machine's load), and each child's peak RSS (from ``wait4``).
 Target (issue 2): ratio <= 1.5, check peak RSS <= 300 MB.
 
-    python benchmarks/check_throughput.py [--actions N] [--sessions N] [--rounds N]
+``--baseline TREE`` times, in each round, also the check of another source tree (its
+``src`` put first on ``PYTHONPATH``; build its C extensions in place first, or it runs
+the pure-Python engine), and reports this tree's check against it, paired per round.
+
+    python benchmarks/check_throughput.py [--actions N] [--sessions N] [--rounds N] [--baseline TREE]
 """
 
 from __future__ import annotations
@@ -133,14 +137,19 @@ def tree_rss_kb(pid: int) -> int:
     return total
 
 
-def timed(argv: list[str]) -> tuple[float, float, int]:
-    """Wall seconds, peak RSS of the whole process tree in MB, and exit code of one command.
+def timed(
+    argv: list[str], env: dict[str, str] | None = None, output: str | None = None
+) -> tuple[float, float, int]:
+    """Wall seconds, peak RSS of the whole process tree in MB, and exit code of one command
+    (run in ``env``, by default this process's environment; its standard output written
+    to the file ``output``, by default dropped).
 
     The tree's resident memory is sampled every 20 ms (the command and the workers it
     starts); the peak is never below the command's own ``ru_maxrss`` from ``wait4``.
     """
     start = time.perf_counter()
-    child = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+    with open(output or os.devnull, "wb") as out:
+        child = subprocess.Popen(argv, stdout=out, env=env)
     peak_kb = 0
     while True:
         pid, status, usage = os.wait4(child.pid, os.WNOHANG)
@@ -152,6 +161,15 @@ def timed(argv: list[str]) -> tuple[float, float, int]:
     return elapsed, max(peak_kb, usage.ru_maxrss) / 1024, os.waitstatus_to_exitcode(status)
 
 
+def checked_actions(report: str) -> int | None:
+    """The ``actions`` a ``check --format json`` report counts, or None when it holds none."""
+    try:
+        with open(report, "rb") as file:
+            return orjson.loads(file.read())["actions"]
+    except (OSError, orjson.JSONDecodeError, KeyError, TypeError):
+        return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--actions", type=int, default=1_000_000)
@@ -159,18 +177,32 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--keep", metavar="FILE", help="write the log here and keep it")
     parser.add_argument("--jobs", type=int, help="pass --jobs N to the check (default: its own default)")
+    parser.add_argument("--baseline", metavar="TREE", help="also time the check of this source tree")
     args = parser.parse_args()
+    tree_env = None
+    if args.baseline:
+        tree_src = os.path.join(os.path.abspath(args.baseline), "src")
+        if not os.path.isfile(os.path.join(tree_src, "durable_sessions", "__init__.py")):
+            parser.error(f"--baseline {args.baseline}: no src/durable_sessions/__init__.py in that tree")
+        tree_env = {**os.environ, "PYTHONPATH": tree_src}
     path = args.keep or os.path.join(tempfile.mkdtemp(), "actions.jsonl")
     if not os.path.exists(path):
         generate(path, args.actions, args.sessions)
     size_mb = os.path.getsize(path) / 1e6
-    base, check = [], []
+    base, check, tree = [], [], []
     check_argv = [*CHECK, *(["--jobs", str(args.jobs)] if args.jobs else []), path]
     for round_ in range(1, args.rounds + 1):
         base.append(timed([sys.executable, "-c", BASELINE, path]))
         check.append(timed(check_argv))
         (tb, _, _), (tc, _, _) = base[-1], check[-1]
-        print(f"round {round_}: baseline {tb:.2f} s, check {tc:.2f} s, ratio {tc / tb:.2f}", flush=True)
+        line = f"round {round_}: baseline {tb:.2f} s, check {tc:.2f} s, ratio {tc / tb:.2f}"
+        if tree_env is not None:
+            tree.append(timed(check_argv, tree_env, output=f"{path}.tree.json"))
+            tt = tree[-1][0]
+            if checked_actions(f"{path}.tree.json") != args.actions:  # it failed: its time measures nothing
+                sys.exit(f"the baseline tree's check did not report {args.actions:,} actions: run it by hand")
+            line += f"; baseline tree's check {tt:.2f} s, check / tree's {tc / tt:.2f}"
+        print(line, flush=True)
     b = statistics.median(t for t, _, _ in base)
     c = statistics.median(t for t, _, _ in check)
     paired = statistics.median(tc / tb for (tb, _, _), (tc, _, _) in zip(base, check, strict=True))
@@ -187,6 +219,13 @@ def main() -> None:
     print(f"ratio check / baseline:   {c / b:.2f}  (target <= 1.5)")
     print(f"median of round ratios:   {paired:.2f}  (each check against the baseline just before it)")
     print(f"peak RSS of check:        {rss_c:.0f} MB (target <= 300)")
+    if tree:
+        t = statistics.median(t for t, _, _ in tree)
+        against = statistics.median(tc / tt for (tc, _, _), (tt, _, _) in zip(check, tree, strict=True))
+        print(f"baseline tree's check:    {t:.2f} s, peak RSS {max(r for _, r, _ in tree):.0f} MB")
+        print(f"check / tree's check:     {against:.2f} median of round ratios")
+    if tree:
+        os.remove(f"{path}.tree.json")
     if not args.keep:
         os.remove(path)
 

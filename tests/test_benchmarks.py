@@ -27,3 +27,24 @@ def test_session_rebuild_shows_why_its_baseline_child_failed(tmp_path: Path) -> 
     assert f"the re-fed measurement with {broken.parent} failed (exit code 1):" in result.stderr
     assert "RuntimeError: this baseline cannot read schema version 99" in result.stderr
     assert "CalledProcessError" not in result.stderr
+
+
+def test_check_throughput_stops_when_its_baseline_tree_cannot_check(tmp_path: Path) -> None:
+    """A ``--baseline`` tree whose check fails (here it exits 1, as a check that finds
+    violations does) took no time worth comparing: the benchmark stops and says so,
+    rather than print a ratio against a failure."""
+    broken = tmp_path / "baseline" / "src" / "durable_sessions"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text('raise RuntimeError("not this tree")\n')
+    (broken / "__main__.py").write_text("")
+    command = [sys.executable, str(BENCHMARKS / "check_throughput.py"), "--actions", "200", "--sessions", "5"]
+    result = subprocess.run(
+        [*command, "--rounds", "1", "--baseline", str(tmp_path / "baseline")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1, result.stdout
+    assert "RuntimeError: not this tree" in result.stderr  # the tree's own error, as it ran
+    assert "the baseline tree's check did not report 200 actions: run it by hand" in result.stderr
+    assert "check / tree's check" not in result.stdout
