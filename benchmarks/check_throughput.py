@@ -13,11 +13,14 @@ ratios (each check against the baseline run just before it, which cancels slow d
 in the machine's load), and each child's peak RSS (from ``wait4``).
 Target (issue 2): ratio <= 1.5, check peak RSS <= 300 MB.
 
+``--otlp`` checks the same records as OTLP/JSON requests instead (:func:`to_otlp`,
+written beside the log), with some requests delivered twice.
+
 ``--baseline TREE`` times, in each round, also the check of another source tree (its
 ``src`` put first on ``PYTHONPATH``; build its C extensions in place first, or it runs
 the pure-Python engine), and reports this tree's check against it, paired per round.
 
-    python benchmarks/check_throughput.py [--actions N] [--sessions N] [--rounds N] [--baseline TREE]
+    python benchmarks/check_throughput.py [--actions N] [--sessions N] [--rounds N] [--otlp] [--baseline TREE]
 """
 
 from __future__ import annotations
@@ -30,8 +33,11 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 
 import orjson
+
+from durable_sessions.semconv import attribute
 
 BASELINE = "import json,sys\nfor line in open(sys.argv[1],'rb'):\n    json.loads(line)\n"
 CHECK = [sys.executable, "-m", "durable_sessions", "check", "--format", "json"]
@@ -121,6 +127,54 @@ def generate(path: str, actions: int, sessions: int, seed: int = 7, violation_ra
                 live.pop()
 
 
+OTLP_BATCH = 100
+"""Spans per OTLP/JSON request line, as a Collector's batch processor sends a few."""
+OTLP_RETRY_EVERY = 50
+"""Every this many requests is written twice: a retried Export."""
+
+
+def to_otlp(path: str, otlp_path: str, seed: int = 7) -> None:
+    """The action log at ``path`` as OTLP/JSON requests at ``otlp_path``: each record a span
+    carrying its fields as ``agent.action.*`` attributes, its session's trace id and a
+    random span id, ``OTLP_BATCH`` spans to a line, every ``OTLP_RETRY_EVERY``-th request
+    delivered twice (the redeliveries the reader drops)."""
+    rng = random.Random(seed)
+    with open(path, "rb") as source, open(otlp_path, "wb") as out:
+        batch: list[dict] = []
+        requests = 0
+        for number, line in enumerate(source):
+            batch.append(otlp_span(orjson.loads(line), rng.getrandbits(64), number))
+            if len(batch) == OTLP_BATCH:
+                request = orjson.dumps({"resourceSpans": [{"scopeSpans": [{"spans": batch}]}]}) + b"\n"
+                requests += 1
+                out.write(request * (2 if requests % OTLP_RETRY_EVERY == 0 else 1))
+                batch = []
+        if batch:
+            out.write(orjson.dumps({"resourceSpans": [{"scopeSpans": [{"spans": batch}]}]}) + b"\n")
+
+
+def otlp_span(record: dict, span_id: int, number: int) -> dict:
+    attributes = [{"key": "session.id", "value": {"stringValue": record.pop("session_id")}}]
+    for name, value in record.items():
+        if name in ("ts", "incarnation"):  # the span's start time dates it; one resource per request
+            continue
+        if type(value) is bool:
+            typed = {"boolValue": value}
+        elif type(value) is int:
+            typed = {"intValue": str(value)}
+        else:
+            typed = {"stringValue": value if type(value) is str else orjson.dumps(value).decode()}
+        attributes.append({"key": attribute(name), "value": typed})
+    return {
+        "traceId": f"{zlib.crc32(attributes[0]['value']['stringValue'].encode()):032x}",
+        "spanId": f"{span_id:016x}",
+        "name": record["kind"],
+        "startTimeUnixNano": str(1_767_225_600_000_000_000 + number * 1_000_000),
+        "endTimeUnixNano": str(1_767_225_600_000_000_000 + number * 1_000_000 + 500_000),
+        "attributes": attributes,
+    }
+
+
 def tree_rss_kb(pid: int) -> int:
     """Resident memory of a process and all its descendants, from /proc (0 if gone)."""
     total, pending = 0, [pid]
@@ -178,6 +232,7 @@ def main() -> None:
     parser.add_argument("--keep", metavar="FILE", help="write the log here and keep it")
     parser.add_argument("--jobs", type=int, help="pass --jobs N to the check (default: its own default)")
     parser.add_argument("--baseline", metavar="TREE", help="also time the check of this source tree")
+    parser.add_argument("--otlp", action="store_true", help="check the log as OTLP/JSON requests (to_otlp)")
     args = parser.parse_args()
     tree_env = None
     if args.baseline:
@@ -188,6 +243,10 @@ def main() -> None:
     path = args.keep or os.path.join(tempfile.mkdtemp(), "actions.jsonl")
     if not os.path.exists(path):
         generate(path, args.actions, args.sessions)
+    if args.otlp:
+        path = path + ".otlp.jsonl"
+        if not os.path.exists(path):
+            to_otlp(path.removesuffix(".otlp.jsonl"), path)
     size_mb = os.path.getsize(path) / 1e6
     base, check, tree = [], [], []
     check_argv = [*CHECK, *(["--jobs", str(args.jobs)] if args.jobs else []), path]
@@ -226,6 +285,9 @@ def main() -> None:
         print(f"check / tree's check:     {against:.2f} median of round ratios")
     if tree:
         os.remove(f"{path}.tree.json")
+    if args.otlp and not args.keep:
+        os.remove(path)
+        path = path.removesuffix(".otlp.jsonl")
     if not args.keep:
         os.remove(path)
 

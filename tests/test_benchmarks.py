@@ -48,3 +48,28 @@ def test_check_throughput_stops_when_its_baseline_tree_cannot_check(tmp_path: Pa
     assert "RuntimeError: not this tree" in result.stderr  # the tree's own error, as it ran
     assert "the baseline tree's check did not report 200 actions: run it by hand" in result.stderr
     assert "check / tree's check" not in result.stdout
+
+
+def test_check_throughput_s_otlp_log_holds_the_action_log_s_findings(tmp_path: Path) -> None:
+    """``--otlp`` times the same records as spans: checked, the OTLP/JSON file (its
+    retried requests included) gives the action log's actions and findings."""
+    import importlib.util
+
+    from durable_sessions.check import OfflineCheck
+    from durable_sessions.rules import select_rules
+
+    spec = importlib.util.spec_from_file_location("check_throughput", BENCHMARKS / "check_throughput.py")
+    bench = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(bench)  # type: ignore[union-attr]
+    log, otlp = str(tmp_path / "actions.jsonl"), str(tmp_path / "actions.otlp.jsonl")
+    bench.generate(log, 6000, 40)
+    bench.to_otlp(log, otlp)
+    assert Path(otlp).read_bytes().count(b"\n") > 6000 // bench.OTLP_BATCH  # some requests sent twice
+
+    def checked(path: str) -> tuple[int, list[tuple[str, str | None, str | None]]]:
+        check = OfflineCheck([path], select_rules("all"))
+        findings = sorted((v.rule, v.session_id, v.action_id) for v in check)
+        return check.actions, findings
+
+    actions, findings = checked(log)
+    assert findings and checked(otlp) == (actions, findings) == (6000, findings)
