@@ -271,7 +271,9 @@ def main() -> None:
     print(
         f"input: {args.actions:,} actions, {args.sessions:,} sessions, {size_mb:.0f} MB, {args.rounds} rounds"
     )
-    print(f"baseline json.loads loop: {b:.2f} s  ({args.actions / b:,.0f} lines/s), peak RSS {rss_b:.0f} MB")
+    print(
+        f"baseline json.loads loop: {b:.2f} s  ({args.actions / b:,.0f} records/s), peak RSS {rss_b:.0f} MB"
+    )
     print(
         f"durable-sessions check:   {c:.2f} s  ({args.actions / c:,.0f} actions/s), peak RSS {rss_c:.0f} MB, exit {codes}"
     )
