@@ -4,6 +4,7 @@ outbox, paging and the violation feed; then what only one of them has (WAL for S
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import itertools
 import json
@@ -22,7 +23,14 @@ import pytest
 from conftest import loopback_config
 from durable_sessions_collector.service import Service
 from durable_sessions_collector.store import ActionRow, Store, StoreError, action_row, open_store, postgres
-from durable_sessions_collector.store.base import DetailPages, decode_record, encode_record
+from durable_sessions_collector.store.base import (
+    TEXT_COLUMNS,
+    DetailPages,
+    RecordRefused,
+    decode_record,
+    encode_record,
+    refuse_nul,
+)
 from durable_sessions_collector.store.stored import stored_record
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -45,6 +53,18 @@ def row(span_id: str, status: str = "ok", **record) -> ActionRow:  # type: ignor
         **record,
     }
     return action_row(body, "t" * 32, span_id)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("column", TEXT_COLUMNS)
+def test_nul_in_any_id_column_is_refused_and_named(column: str) -> None:
+    # refuse_nul scans the columns run together before it looks at each: a column left out
+    # of that scan would let a NUL through to PostgreSQL's text.
+    nul = dataclasses.replace(row("s1"), **{column: "a\x00b"})
+    with pytest.raises(RecordRefused, match=f"its {column} 'a\\\\x00b' holds NUL"):
+        refuse_nul(nul)
+    refuse_nul(
+        row("s1", notes="a\x00b", action_id=None)
+    )  # NUL outside the id columns, and a None column, pass
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])

@@ -146,6 +146,11 @@ def refuse_nul(row: ActionRow) -> None:
     one (``a\\x00b`` and ``a\\ufffdb``) and answered an id the client never sent. Every
     store refuses such a span, so that they answer alike; a NUL in any other field is kept
     (the record is JSON, which escapes it)."""
+    # One scan of the columns run together first: this runs for every span on the writer
+    # thread, where the loop below took three times as long. The loop only names the column.
+    # (Each is a str or None, and "None" holds no NUL.)
+    if "\x00" not in f"{row.session_id}{row.action_id}{row.kind}{row.status}{row.trace_id}{row.span_id}":
+        return
     for name in TEXT_COLUMNS:
         value = getattr(row, name)
         if value is not None and "\x00" in value:
