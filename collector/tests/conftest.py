@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -123,6 +126,30 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: floa
         time.sleep(interval)
         value = predicate()
     return value
+
+
+def serve_refused(tmp_path: Path, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    """``durable-sessions-collector serve`` with ``argv`` and a SQLite store in ``tmp_path``,
+    in this process's environment without any DURABLE_SESSIONS_* variable: the run, which
+    must have stopped start-up with exit code 2."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLE_SESSIONS_")}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "durable_sessions_collector",
+            "serve",
+            "--store",
+            f"sqlite:///{tmp_path / 's.db'}",
+            *argv,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+    assert result.returncode == 2, result.stderr
+    return result
 
 
 def loopback_config(store: str, settings: Mapping[str, Any] | None = None) -> Config:

@@ -22,7 +22,7 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import loopback_config, wait_for
+from conftest import Sidecar, loopback_config, wait_for
 from durable_sessions_collector import credentials
 from durable_sessions_collector.service import Service
 from hypothesis import given, settings
@@ -229,6 +229,21 @@ def test_a_renewed_certificate_is_served_on_both_ports_without_a_restart(
     assert served == not_valid_after(second_cert)
 
 
+def refused_reload(sidecar: Sidecar, ca: Path) -> dict[str, Any]:
+    """The one ``tls-reload-failed`` line, once a handshake has made the sidecar look at
+    its files, after checking that both ports still serve the pair ``ca`` verifies."""
+
+    def failed() -> bool:
+        https_status(sidecar, ca)  # handshakes are when the files are looked at
+        return any(line["event"] == "tls-reload-failed" for line in sidecar.log.lines())
+
+    wait_for(failed, timeout=5)
+    assert https_status(sidecar, ca) == 200
+    assert grpc_export_ok(sidecar, ca)
+    [line] = [line for line in sidecar.log.lines() if line["event"] == "tls-reload-failed"]
+    return line
+
+
 def test_a_certificate_and_key_that_do_not_match_keep_the_pair_in_use(start_sidecar, tmp_path: Path) -> None:
     # A renewal written file by file: for a moment the new certificate sits beside the old
     # key. The pair in use stays until the files match again.
@@ -236,15 +251,7 @@ def test_a_certificate_and_key_that_do_not_match_keep_the_pair_in_use(start_side
     sidecar = start_sidecar(tls__cert_file=str(cert_file), tls__key_file=str(key_file))
 
     replace(cert_file, second_cert.read_bytes())  # the key is still the first one
-
-    def failed() -> bool:
-        https_status(sidecar, first_ca)  # handshakes are when the files are looked at
-        return any(line["event"] == "tls-reload-failed" for line in sidecar.log.lines())
-
-    wait_for(failed, timeout=5)
-    assert https_status(sidecar, first_ca) == 200
-    assert grpc_export_ok(sidecar, first_ca)
-    [line] = [line for line in sidecar.log.lines() if line["event"] == "tls-reload-failed"]
+    line = refused_reload(sidecar, first_ca)
     assert line["level"] == "error" and str(cert_file) in line["error"]
     wait_for(lambda: reloads(sidecar, "tls") == {"loaded": 0, "failed": 1})  # counted after the line
 
@@ -263,15 +270,7 @@ def test_a_renewal_to_an_expired_certificate_keeps_the_one_in_use(start_sidecar,
 
     replace(key_file, expired_key.read_bytes())
     replace(cert_file, expired_cert.read_bytes())
-
-    def failed() -> bool:
-        https_status(sidecar, first_ca)  # handshakes are when the files are looked at
-        return any(line["event"] == "tls-reload-failed" for line in sidecar.log.lines())
-
-    wait_for(failed, timeout=5)
-    assert https_status(sidecar, first_ca) == 200
-    assert grpc_export_ok(sidecar, first_ca)
-    [line] = [line for line in sidecar.log.lines() if line["event"] == "tls-reload-failed"]
+    line = refused_reload(sidecar, first_ca)
     assert line["level"] == "error" and "expired" in line["error"] and str(cert_file) in line["error"]
     assert reloads(sidecar, "tls") == {"loaded": 0, "failed": 1}
     served = sidecar.service.metrics.registry.get_sample_value(

@@ -7,15 +7,13 @@ from __future__ import annotations
 import json
 import os
 import ssl
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import grpc
 import pytest
-from conftest import wait_for
+from conftest import serve_refused, wait_for
 from durable_sessions_collector.config import ConfigError, load
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
@@ -118,19 +116,12 @@ def test_a_client_ca_file_without_a_certificate_stops_start_up_naming_the_file(
     # file, and the key name alone not which path the sidecar had been given.
     client_ca = tmp_path / "client-ca.pem"
     client_ca.write_text(content)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLE_SESSIONS_")}
-    result = subprocess.run(
-        [sys.executable, "-m", "durable_sessions_collector", "serve",
-         "--store", f"sqlite:///{tmp_path / 's.db'}",
-         "--grpc-endpoint", "127.0.0.1:0", "--http-endpoint", "127.0.0.1:0",
-         "--tls-cert-file", str(pki["cert"]), "--tls-key-file", str(pki["key"]),
-         "--tls-client-ca-file", str(client_ca)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env=env,
+    result = serve_refused(
+        tmp_path,
+        "--grpc-endpoint", "127.0.0.1:0", "--http-endpoint", "127.0.0.1:0",
+        "--tls-cert-file", str(pki["cert"]), "--tls-key-file", str(pki["key"]),
+        "--tls-client-ca-file", str(client_ca),
     )  # fmt: skip
-    assert result.returncode == 2, result.stderr
     assert result.stderr.startswith(
         f"durable-sessions-collector: cannot start: tls.client_ca_file: cannot load a CA certificate "
         f"from {str(client_ca)!r}: "

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from conftest import wait_for
+from conftest import serve_refused, wait_for
 from durable_sessions_collector.api.v1 import sessions_pb2 as pb
 from durable_sessions_collector.api.v1.sessions_pb2_grpc import SessionServiceStub
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -386,18 +386,11 @@ def test_a_pair_that_does_not_load_stops_start_up_naming_the_file_at_fault(
     (tmp_path / "other").mkdir()
     _, other, _ = make_cert(tmp_path / "other")
     paths = {"cert": str(cert), "key": str(key), "other": str(other)}
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLE_SESSIONS_")}
-    result = subprocess.run(
-        [sys.executable, "-m", "durable_sessions_collector", "serve",
-         "--store", f"sqlite:///{tmp_path / 's.db'}",
-         "--grpc-endpoint", "127.0.0.1:0", "--http-endpoint", "127.0.0.1:0",
-         "--tls-cert-file", paths[cert_name], "--tls-key-file", paths[key_name]],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env=env,
+    result = serve_refused(
+        tmp_path,
+        "--grpc-endpoint", "127.0.0.1:0", "--http-endpoint", "127.0.0.1:0",
+        "--tls-cert-file", paths[cert_name], "--tls-key-file", paths[key_name],
     )  # fmt: skip
-    assert result.returncode == 2, result.stderr
     assert result.stderr == f"durable-sessions-collector: cannot start: {message.format(**paths)}\n"
 
 
@@ -418,16 +411,7 @@ def test_a_token_file_written_as_a_person_might_is_refused_saying_what_to_change
 ) -> None:
     token_file = tmp_path / "token"
     token_file.write_bytes(content.encode())
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLE_SESSIONS_")}
-    result = subprocess.run(
-        [sys.executable, "-m", "durable_sessions_collector", "serve",
-         "--store", f"sqlite:///{tmp_path / 's.db'}", "--auth-token-file", str(token_file)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env=env,
-    )  # fmt: skip
-    assert result.returncode == 2, result.stderr
+    result = serve_refused(tmp_path, "--auth-token-file", str(token_file))
     assert result.stderr == (
         f"durable-sessions-collector: invalid configuration: auth.token_file: {message} "
         "(value not shown) (from --auth-token-file)\n"
