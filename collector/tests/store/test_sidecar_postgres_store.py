@@ -10,6 +10,7 @@ never moves past a transaction that commits later.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import threading
 import time
@@ -23,9 +24,26 @@ import psycopg.conninfo
 import pytest
 from conftest import kept_fed, wait_for, written
 from durable_sessions_collector.evaluator import Evaluator, arrival
-from durable_sessions_collector.store import Alert, StoreError, action_row, open_store
+from durable_sessions_collector.store import (
+    INDEX_BUILT,
+    INDEX_FAILED,
+    INDEX_LEFT_TO_ANOTHER,
+    Alert,
+    StoreError,
+    action_row,
+    open_store,
+)
 from durable_sessions_collector.store.base import cursor_position
-from durable_sessions_collector.store.postgres import SCHEMA_VERSION, PostgresStore, split_url
+from durable_sessions_collector.store.postgres import (
+    IS_STORED,
+    OLD_ACTIONS_KEY,
+    SCHEMA_VERSION,
+    SESSION_RECORDS,
+    SESSION_RECORDS_PAGE,
+    SQL,
+    PostgresStore,
+    split_url,
+)
 from postgres_support import held_transaction
 from psycopg import sql
 
@@ -133,8 +151,148 @@ def test_a_version_3_store_gets_the_feed_of_changes_and_its_cursors_still_resume
     store.close()
     with psycopg.connect(dsn) as db:
         assert db.execute(f"SELECT value FROM {schema}.meta WHERE key = 'schema_version'").fetchone() == (
-            "4",
+            str(SCHEMA_VERSION),
         )
+
+
+def in_schema(dsn: str, schema: str | None) -> psycopg.Connection[Any]:
+    """An autocommit connection to ``dsn`` whose unqualified names are ``schema``'s."""
+    db = psycopg.connect(dsn, autocommit=True)
+    db.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema or "public")))
+    return db
+
+
+def actions_key(db: psycopg.Connection[Any]) -> tuple[bool | None, bool]:
+    """Whether the version 5 key's index is valid (None: absent), and whether the
+    version 1-4 constraint is still there."""
+    valid = db.execute(
+        "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass('actions_by_session_span')"
+    ).fetchone()
+    old = db.execute(
+        "SELECT 1 FROM pg_constraint WHERE conrelid = 'actions'::regclass AND conname = %s",
+        (OLD_ACTIONS_KEY,),
+    ).fetchone()
+    return (None if valid is None else bool(valid[0])), old is not None
+
+
+def test_a_version_4_store_gets_the_sqlite_key_built_by_one_of_several_replicas_keeping_its_rows(
+    postgres_url: str,
+) -> None:
+    store = open_store(postgres_url)
+    rows = [
+        action_row({"session_id": "sess", "status": "ok"}, "t" * 32, "s1"),
+        action_row({"session_id": "sess", "status": "ok"}, "t" * 32, "s2"),
+        action_row({"status": "ok"}, "f" * 32, "s1"),  # of no session
+    ]
+    with store.writer() as writer:
+        for row in rows:
+            assert writer.add_action(row, 1.0)
+    store.close()
+    dsn, schema = split_url(postgres_url)
+    with in_schema(dsn, schema) as db:  # as version 4 left it: UNIQUE (trace_id, span_id, status)
+        db.execute("DROP INDEX actions_by_session_span")
+        db.execute("ALTER TABLE actions ADD UNIQUE (trace_id, span_id, status)")
+        db.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
+        assert actions_key(db) == (None, True)
+        before = db.execute("SELECT * FROM actions ORDER BY id").fetchall()
+    reports: list[tuple[str, str, str | None]] = []
+
+    def start(_: int) -> Any:  # one replica's start: open, then build in the background
+        replica = open_store(postgres_url)
+        builder = replica.build_indexes(lambda *report: reports.append(report))
+        return replica, builder
+
+    with ThreadPoolExecutor(4) as pool:
+        replicas = list(pool.map(start, range(4)))
+    for _, builder in replicas:
+        if builder is not None:
+            builder.join(30)
+    assert sorted(replica.migrated_from or "" for replica, _ in replicas) == ["", "", "", "4"]
+    assert {index for index, _, _ in reports} == {"actions_by_session_span"}
+    assert {outcome for _, outcome, _ in reports} <= {INDEX_BUILT, INDEX_LEFT_TO_ANOTHER}
+    assert (INDEX_BUILT, None) in [(outcome, error) for _, outcome, error in reports]
+    with in_schema(dsn, schema) as db:
+        assert actions_key(db) == (True, False)
+        assert db.execute("SELECT * FROM actions ORDER BY id").fetchall() == before  # rows and ids
+        assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == (
+            str(SCHEMA_VERSION),
+        )
+    replica = replicas[0][0]
+    with replica.writer() as writer:
+        assert [writer.add_action(row, 2.0) for row in rows] == [False, False, False]  # redelivered
+        moved = action_row({"session_id": "other", "status": "ok"}, "t" * 32, "s1")
+        assert writer.is_stored(rows[0]) and not writer.is_stored(moved)
+        assert writer.add_action(moved, 2.0)  # the same ids and status in another session
+    assert replica.count_actions() == 4  # type: ignore[attr-defined]
+    for replica, _ in replicas:
+        replica.close()
+    again = open_store(postgres_url)
+    assert again.migrated_from is None and again.build_indexes(lambda *_: None) is None  # nothing left to do
+    again.close()
+
+
+def test_the_old_key_is_dropped_at_a_later_start_when_its_lock_was_refused(postgres_url: str) -> None:
+    open_store(postgres_url).close()
+    dsn, schema = split_url(postgres_url)
+    with in_schema(dsn, schema) as db:  # the new key built, the old one not yet dropped
+        db.execute("ALTER TABLE actions ADD UNIQUE (trace_id, span_id, status)")
+    with in_schema(dsn, schema) as holder:
+        # Any transaction on the table holds the exclusive lock the drop needs back.
+        holder.execute("BEGIN")
+        holder.execute("SELECT count(*) FROM actions")
+        refused = open_store(postgres_url + "&options=-c%20lock_timeout%3D200")
+        reports: list[tuple[str, str, str | None]] = []
+        builder = refused.build_indexes(lambda *report: reports.append(report))
+        assert builder is not None
+        builder.join(30)
+        holder.execute("ROLLBACK")
+        assert [(index, outcome) for index, outcome, _ in reports] == [
+            ("actions_by_session_span", INDEX_FAILED)
+        ]
+        assert "lock" in str(reports[0][2])
+        assert actions_key(holder) == (True, True)  # the old key drops a superset meanwhile
+        with refused.writer() as writer:
+            assert writer.add_action(action_row({"session_id": "a", "status": "ok"}, "t" * 32, "s"), 1.0)
+            assert not writer.add_action(action_row({"session_id": "b", "status": "ok"}, "t" * 32, "s"), 1.0)
+        refused.close()
+        reports.clear()
+        later = open_store(postgres_url)
+        builder = later.build_indexes(lambda *report: reports.append(report))
+        assert builder is not None
+        builder.join(30)
+        assert reports == [("actions_by_session_span", INDEX_BUILT, None)]
+        assert actions_key(holder) == (True, False)
+        with later.writer() as writer:
+            assert writer.add_action(action_row({"session_id": "b", "status": "ok"}, "t" * 32, "s"), 1.0)
+        later.close()
+
+
+def test_session_reads_and_the_redelivery_look_up_read_through_an_index(postgres_url: str) -> None:
+    open_store(postgres_url).close()
+    dsn, schema = split_url(postgres_url)
+    with in_schema(dsn, schema) as db:
+        # Enough rows that a sequential scan is not the cheaper plan: 20,000 over 1,000 sessions.
+        db.execute(
+            "INSERT INTO actions (session_id, trace_id, span_id, status, seq, received_at, record) "
+            "SELECT 's' || i % 1000, md5(i::text), 'span', 'ok', i, i, '{}' FROM generate_series(1, 20000) i"
+        )
+        db.execute("ANALYZE actions")
+        reads = {
+            "session_actions": (SQL.session_actions, ("s7", "s7", 101)),
+            "session_actions_after": (SQL.session_actions_after, ("s7", "s7", 5, 5, 101)),
+            "count_kept": (SQL.count_kept, ("s7", "s7", 10**6)),
+            "keep_state": (SQL.keep_state, ("s7", 1, b"state", "s7", "s7")),  # its max(id)
+            "forget_session": (SQL.forget_session, ("s7", "s7")),
+            "session_records": (SESSION_RECORDS, ("s7", "s7", 0, SESSION_RECORDS_PAGE)),
+            "is_stored": (IS_STORED, ("s7", "0" * 32, "span", "ok")),
+        }
+        plans = {
+            name: "\n".join(line for (line,) in db.execute("EXPLAIN " + statement, params))
+            for name, (statement, params) in reads.items()
+        }
+    expected = dict.fromkeys(reads, "actions_by_session") | {"is_stored": "actions_by_session_span"}
+    for name, index in expected.items():
+        assert re.search(rf"\b(?:using|on) {index}\b", plans[name]), plans[name]
 
 
 def test_libpq_parameters_of_the_url_reach_the_server_as_written(postgres_url: str) -> None:

@@ -116,6 +116,24 @@ def test_a_span_without_a_session_is_stored_once(store) -> None:  # type: ignore
     assert store.count_actions() == 2
 
 
+def test_the_same_span_in_two_sessions_is_kept_in_both_and_a_redelivery_in_neither(store) -> None:  # type: ignore[no-untyped-def]
+    # Both stores key an action by its session, trace, span and status, so the same OTLP
+    # input gives the same sessions whichever store holds it (PostgreSQL's key was once
+    # the ids and status alone, and dropped the second session's span).
+    other = row("s1", session_id="other")
+    with store.writer() as writer:
+        assert writer.add_action(row("s1"), 1.0) is True
+        assert writer.add_action(other, 1.0) is True  # the same ids and status, another session
+    with store.writer() as writer:
+        assert writer.is_stored(row("s1")) and writer.is_stored(other)
+        assert not writer.is_stored(row("s1", session_id="third"))
+        assert writer.add_action(row("s1"), 2.0) is False  # redelivered, each
+        assert writer.add_action(other, 2.0) is False
+        for session in ("sess", "other"):
+            assert [where.span_id for _, where in writer.session_records(session)] == ["s1"]
+    assert store.count_actions() == 2
+
+
 def test_violations_are_unique_and_drive_the_verdict(store) -> None:  # type: ignore[no-untyped-def]
     with store.writer() as writer:
         writer.touch_session("sess", 1.0, 1)

@@ -11,8 +11,9 @@ plus what sharing needs:
   under an advisory lock, so replicas starting together do not race; the version is in
   ``meta.schema_version``. A store of an earlier version is migrated (:func:`_migrate`),
   one of another version is refused.
-- **Deduplication**: ``INSERT … ON CONFLICT DO NOTHING`` on ``(trace_id, span_id,
-  status)`` and on the violation key. PostgreSQL makes a second inserter of the same key
+- **Deduplication**: ``INSERT … ON CONFLICT DO NOTHING`` on the SQLite store's key of
+  an action, ``(coalesce(session_id, ''), trace_id, span_id, status)`` (index
+  :data:`ACTIONS_KEY`), and on the violation key. PostgreSQL makes a second inserter of the same key
   wait for the first transaction and then do nothing, so a span delivered to two
   replicas is stored once and a violation found by two replicas is new — and queued in
   the outbox — in exactly one of them.
@@ -121,7 +122,7 @@ from durable_sessions_collector.store.statements import SqlWriter, Statements, s
 
 _T = TypeVar("_T")
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 CLAIM_LEASE_S = 60.0
 CLOCK_READ_EVERY_S = 10.0
 """Seconds between two readings of the server's clock (:class:`ServerClock`)."""
@@ -201,6 +202,12 @@ SQL = Statements(
 """The statements this store shares with the SQLite store."""
 SESSION_RECORDS_PAGE = 2_000
 """Rows one query of :meth:`PostgresWriter.session_records` reads: a rebuild's memory."""
+SESSION_RECORDS = (
+    "SELECT id, trace_id, span_id, record FROM actions "
+    f"WHERE session_id = %s AND {SQL.not_forgotten} AND id > %s ORDER BY id LIMIT %s"
+)
+"""A page of :meth:`PostgresWriter.session_records` (the session id twice, the last id
+read, :data:`SESSION_RECORDS_PAGE`), along ``actions_by_session``."""
 SCHEMA = (
     """
 CREATE TABLE IF NOT EXISTS meta (
@@ -217,8 +224,7 @@ CREATE TABLE IF NOT EXISTS actions (
     kind TEXT,
     seq BIGINT,
     received_at DOUBLE PRECISION NOT NULL,
-    record TEXT NOT NULL,
-    UNIQUE (trace_id, span_id, status)
+    record TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS actions_by_session ON actions (session_id, id);
 CREATE TABLE IF NOT EXISTS sessions (
@@ -270,6 +276,23 @@ CREATE INDEX IF NOT EXISTS outbox_due ON outbox (channel, state, next_attempt_at
     + f"{FORGETTING};{SESSION_STATES};{VIOLATION_CHANGES};"
 )
 
+# The key that drops a redelivered span: the SQLite store's (its ACTIONS_INDEX), so that
+# both stores keep the same spans. Versions 1 to 4 had UNIQUE (trace_id, span_id, status)
+# (OLD_ACTIONS_KEY), which also dropped a span whose ids and status equal those of a span
+# of another session. A new store gets this index with its schema; a store of an earlier
+# sidecar gets it built CONCURRENTLY at start (PostgresStore.build_indexes), and then the
+# old constraint dropped: every key unique under the old one is unique under this one, so
+# the build cannot fail on the rows, and until it is done the old key drops a superset.
+ACTIONS_KEY = ("actions_by_session_span", "actions (coalesce(session_id, ''), trace_id, span_id, status)")
+OLD_ACTIONS_KEY = "actions_trace_id_span_id_status_key"
+"""The name PostgreSQL gave the version 1-4 schema's ``UNIQUE (trace_id, span_id, status)``."""
+SESSION_KEY = "coalesce(session_id, '')"
+"""How :data:`ACTIONS_KEY` keys a row's session: :data:`IS_STORED` says it so, to use it."""
+IS_STORED = (
+    f"SELECT 1 FROM actions WHERE {SESSION_KEY} = %s AND trace_id = %s AND span_id = %s AND status = %s"
+)
+"""Whether an action of the key (session id or '', trace, span, status) is stored."""
+
 # Retention finds the old rows of no session through these (only such rows are in them).
 # Without them its queries scanned the whole actions table each minute, in the writer's
 # transaction. A new store gets them with its schema; a store of an earlier sidecar
@@ -309,9 +332,12 @@ def _migrate(connection: psycopg.Connection[Any]) -> str | None:
     the schema lock); return the version migrated from. Another version is left for the
     caller to refuse. Version 2 added the ``forgetting`` table, version 3 the
     ``session_states`` table, version 4 the ``violation_changes`` table: no existing table
-    is locked, so the other replicas write on."""
+    is locked, so the other replicas write on. Version 5 keys the actions as the SQLite
+    store does (:data:`ACTIONS_KEY`), which is built concurrently after the start
+    (:meth:`PostgresStore.build_indexes`), not here: building it here would stop every
+    replica's writes for as long as the build takes."""
     row = connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-    if row is None or row[0] not in ("1", "2", "3"):
+    if row is None or row[0] not in ("1", "2", "3", "4"):
         return None
     connection.execute(FORGETTING)
     connection.execute(SESSION_STATES)
@@ -348,8 +374,10 @@ def _schema_exists(connection: psycopg.Connection[Any], schema: str) -> bool:
     )
 
 
-def _create_index(name: str, definition: str, *, concurrently: bool = False) -> sql.Composed:
-    how = "CREATE INDEX CONCURRENTLY" if concurrently else "CREATE INDEX"
+def _create_index(
+    name: str, definition: str, *, concurrently: bool = False, unique: bool = False
+) -> sql.Composed:
+    how = ("CREATE UNIQUE INDEX" if unique else "CREATE INDEX") + (" CONCURRENTLY" if concurrently else "")
     return sql.SQL(how + " IF NOT EXISTS {} ON " + definition).format(sql.Identifier(name))  # type: ignore[arg-type]
 
 
@@ -362,13 +390,52 @@ def _index_valid(connection: psycopg.Connection[Any], name: str) -> bool | None:
 
 
 def _build_index(connection: psycopg.Connection[Any], name: str, definition: str) -> None:
-    """Build index ``name`` unless it is there and valid (see ``PostgresStore.build_indexes``)."""
+    """Build index ``name`` unless it is there and valid (see ``PostgresStore.build_indexes``);
+    for :data:`ACTIONS_KEY`, then drop the key it replaces (:func:`_drop_old_key`)."""
     valid = _index_valid(connection, name)
-    if valid:
-        return
-    if valid is not None:
-        connection.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(sql.Identifier(name)))
-    connection.execute(_create_index(name, definition, concurrently=True))
+    if not valid:
+        if valid is not None:
+            connection.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(sql.Identifier(name)))
+        unique = name == ACTIONS_KEY[0]
+        connection.execute(_create_index(name, definition, concurrently=True, unique=unique))
+    if name == ACTIONS_KEY[0]:
+        _drop_old_key(connection)
+
+
+def _has_old_key(connection: psycopg.Connection[Any]) -> bool:
+    """Whether the actions table still has the version 1-4 key (:data:`OLD_ACTIONS_KEY`)."""
+    found = connection.execute(
+        "SELECT 1 FROM pg_constraint WHERE conrelid = to_regclass('actions') AND conname = %s",
+        (OLD_ACTIONS_KEY,),
+    ).fetchone()
+    return found is not None
+
+
+def _drop_old_key(connection: psycopg.Connection[Any]) -> None:
+    """Drop :data:`OLD_ACTIONS_KEY`, once :data:`ACTIONS_KEY` is valid. Dropping a
+    constraint locks the table exclusively: it waits for the transactions on it, and every
+    read and write of it waits behind. Without a ``lock_timeout`` of the server's or the
+    URL's it gives up after 10 s (a long transaction), and the next start tries again."""
+    with connection.transaction():
+        connection.execute(
+            "SELECT set_config('lock_timeout', '10s', true) WHERE current_setting('lock_timeout') = '0'"
+        )
+        connection.execute(
+            sql.SQL("ALTER TABLE actions DROP CONSTRAINT IF EXISTS {}").format(
+                sql.Identifier(OLD_ACTIONS_KEY)
+            )
+        )
+
+
+def _pending_indexes(connection: psycopg.Connection[Any]) -> list[tuple[str, str]]:
+    """The indexes :meth:`PostgresStore.build_indexes` has to build (or, for
+    :data:`ACTIONS_KEY`, to finish by dropping the old key)."""
+    pending = (
+        [ACTIONS_KEY] if not _index_valid(connection, ACTIONS_KEY[0]) or _has_old_key(connection) else []
+    )
+    return pending + [
+        (name, definition) for name, definition in SESSIONLESS_BY_AGE if not _index_valid(connection, name)
+    ]
 
 
 def split_url(url: str) -> tuple[str, str | None]:
@@ -442,6 +509,7 @@ class PostgresStore:
                         raise StoreError(f"no store in {self.name!r} (schema {self.schema or 'public'})")
                 elif missing:
                     connection.execute(SCHEMA)
+                    connection.execute(_create_index(*ACTIONS_KEY, unique=True))
                     for name, definition in SESSIONLESS_BY_AGE:
                         connection.execute(_create_index(name, definition))
                     connection.execute(
@@ -471,15 +539,12 @@ class PostgresStore:
         The indexes a store of an earlier sidecar lacks are built ``CONCURRENTLY`` by a
         thread of their own, on a connection of its own: the other replicas write on, and
         this one serves meanwhile (its retention queries are the same without them, only
-        slower). One replica builds at a time; another that finds a build in progress
+        slower; until :data:`ACTIONS_KEY` replaces the old key, a span whose ids and status
+        equal a span's of another session is dropped, as before version 5). One replica builds at a time; another that finds a build in progress
         leaves it to that one. An index left invalid by an interrupted build is dropped
         and built again. :meth:`close` cancels a build in progress, which the next start
         takes up again."""
-        pending = self._reading(
-            lambda db: [
-                (name, definition) for name, definition in SESSIONLESS_BY_AGE if not _index_valid(db, name)
-            ]
-        )
+        pending = self._reading(_pending_indexes)
         if not pending:
             return None
         self._index_builder = threading.Thread(
@@ -1050,8 +1115,7 @@ class PostgresWriter(SqlWriter):
 
     def is_stored(self, row: ActionRow) -> bool:
         found = self._db.execute(
-            "SELECT 1 FROM actions WHERE trace_id = %s AND span_id = %s AND status = %s",
-            (_t(row.trace_id), _t(row.span_id), _t(row.status)),
+            IS_STORED, (_t(row.session_id) or "", _t(row.trace_id), _t(row.span_id), _t(row.status))
         ).fetchone()
         return found is not None
 
@@ -1063,9 +1127,7 @@ class PostgresWriter(SqlWriter):
         after = after_id
         while True:
             rows = self._db.execute(
-                "SELECT id, trace_id, span_id, record FROM actions "
-                f"WHERE session_id = %s AND {SQL.not_forgotten} AND id > %s ORDER BY id LIMIT %s",
-                (_t(session_id), _t(session_id), after, SESSION_RECORDS_PAGE),
+                SESSION_RECORDS, (_t(session_id), _t(session_id), after, SESSION_RECORDS_PAGE)
             ).fetchall()
             for _, trace_id, span_id, record in rows:
                 yield decode_record(record), Location(None, None, trace_id, span_id)
