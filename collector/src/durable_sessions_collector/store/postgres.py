@@ -13,8 +13,8 @@ plus what sharing needs:
   one of another version is refused.
 - **Deduplication**: ``INSERT … ON CONFLICT DO NOTHING`` on the SQLite store's key of
   an action, ``(coalesce(session_id, ''), trace_id, span_id, status)`` (index
-  :data:`ACTIONS_KEY`), and on the violation key. PostgreSQL makes a second inserter of the same key
-  wait for the first transaction and then do nothing, so a span delivered to two
+  :data:`ACTIONS_KEY`), and on the violation key. PostgreSQL makes a second inserter of
+  the same key wait for the first transaction and then do nothing, so a span delivered to two
   replicas is stored once and a violation found by two replicas is new — and queued in
   the outbox — in exactly one of them.
 - **One session, one writer at a time**: a write transaction first takes a
@@ -392,13 +392,13 @@ def _index_valid(connection: psycopg.Connection[Any], name: str) -> bool | None:
 def _build_index(connection: psycopg.Connection[Any], name: str, definition: str) -> None:
     """Build index ``name`` unless it is there and valid (see ``PostgresStore.build_indexes``);
     for :data:`ACTIONS_KEY`, then drop the key it replaces (:func:`_drop_old_key`)."""
+    is_key = name == ACTIONS_KEY[0]
     valid = _index_valid(connection, name)
     if not valid:
         if valid is not None:
             connection.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(sql.Identifier(name)))
-        unique = name == ACTIONS_KEY[0]
-        connection.execute(_create_index(name, definition, concurrently=True, unique=unique))
-    if name == ACTIONS_KEY[0]:
+        connection.execute(_create_index(name, definition, concurrently=True, unique=is_key))
+    if is_key:  # once the new key holds: the old one may go
         _drop_old_key(connection)
 
 
@@ -540,8 +540,8 @@ class PostgresStore:
         thread of their own, on a connection of its own: the other replicas write on, and
         this one serves meanwhile (its retention queries are the same without them, only
         slower; until :data:`ACTIONS_KEY` replaces the old key, a span whose ids and status
-        equal a span's of another session is dropped, as before version 5). One replica builds at a time; another that finds a build in progress
-        leaves it to that one. An index left invalid by an interrupted build is dropped
+        equal a span's of another session is dropped, as before version 5). One replica
+        builds at a time; another that finds a build in progress leaves it to that one. An index left invalid by an interrupted build is dropped
         and built again. :meth:`close` cancels a build in progress, which the next start
         takes up again."""
         pending = self._reading(_pending_indexes)
