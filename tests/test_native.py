@@ -391,6 +391,10 @@ def test_the_native_on_start_takes_the_sdk_arguments_only(monkeypatch: pytest.Mo
         on_start()  # type: ignore[call-arg]
 
 
+# GCC 12's AddressSanitizer installs no fork handler for its allocator (LLVM added one in
+# PR #75290): a child forked while the threads the pipe has just started are inside malloc
+# waits for ever on the allocator's lock. Seen once in CI; `make test` runs it unsanitized.
+@pytest.mark.forks_beside_threads
 def test_a_forked_child_drops_and_counts_and_leaves_the_parent_sending() -> None:
     require_native()
     pipe = Pipe()
