@@ -1083,3 +1083,66 @@ def test_a_sync_function_that_returns_an_awaitable_resumes_awaitable_when_declar
     assert [len(world(trials[name].directory)) for name in ("before-1", "before-2", "before-3")] == [2, 1, 1]
     assert resumed["before-2"].output.splitlines() == ["a02 None", "a03 {'sent': 'bo'}"]
     assert resumed["before-3"].output.splitlines() == ["a02 {'sent': 'ana'}", "a03 None"]
+
+
+def test_a_task_and_a_generator_returned_by_sync_functions_resume_in_the_shape_they_had(
+    tmp_path: Path,
+) -> None:
+    """Killed after a Task was done, or after a generator was exhausted, the resumed call
+    is handed back what the first run's caller got: a done Future (its callback, ``done()``
+    and ``result()`` worked on the coroutine the replay was, AttributeError), and a
+    generator of the items (the replay was ``None``, and ``list(None)`` a TypeError).
+    Stepped over while in doubt, they are a done Future of ``None`` and an empty generator.
+    The charge and the emails happen once, whatever the crash."""
+    agent = _instrumented(
+        tmp_path,
+        """
+        import asyncio, json
+
+        def happened(event, to):
+            with open(os.path.join(os.environ["DURABLE_SESSIONS_DIR"], "world.jsonl"), "a") as world:
+                world.write(json.dumps({"event": event, "to": to}) + "\\n")
+
+        async def charging(card):
+            await asyncio.sleep(0)
+            happened("charge", card)
+            return {"charged": card}
+
+        def emails(to):
+            def sending():
+                for name in to:
+                    happened("email", name)
+                    yield {"sent": name}
+            return sending()
+
+        charge = action("a01", "payment", replay="skip")(lambda: asyncio.ensure_future(charging("visa")))
+        notify = action("a02", "notify", replay="skip")(emails)
+
+        async def main():
+            with session("s1", journal=journal):
+                task = charge()
+                called = []
+                task.add_done_callback(lambda done: called.append(done.result()))
+                await task
+                await asyncio.sleep(0)  # the callback runs
+                print("a01", task.done(), task.result(), called, flush=True)
+                print("a02", list(notify(["ana", "bo"])), flush=True)
+                action("a03", "llm_call")(lambda: 3)()
+
+        asyncio.run(main())
+        """,
+    )
+    proof = prove(agent, tmp_path / "p", points=("after",))
+    lines = "\n".join(describe(proof))
+    assert proof.passed, lines
+    trials = {t.name: t for t in proof.trials}
+    assert [trial.stepped_over for trial in proof.trials] == [{("s1", "a01")}, {("s1", "a02")}, set()]
+    for trial in proof.trials:
+        events = world(trial.directory)
+        assert [e["to"] for e in events if e["event"] == "charge"] == ["visa"], trial.name
+        assert [e["to"] for e in events if e["event"] == "email"] == ["ana", "bo"], trial.name
+    charged = "a01 True {'charged': 'visa'} [{'charged': 'visa'}]"
+    sent = "a02 [{'sent': 'ana'}, {'sent': 'bo'}]"
+    assert trials["after-1"].runs[-1].output.splitlines() == ["a01 True None [None]", sent]
+    assert trials["after-2"].runs[-1].output.splitlines() == [charged, "a02 []"]
+    assert trials["after-3"].runs[-1].output.splitlines() == [charged, sent]

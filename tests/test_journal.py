@@ -1692,6 +1692,258 @@ def test_a_task_or_future_returned_by_a_sync_function_is_journaled_when_done_and
     assert charges == ["visa"]
 
 
+def test_the_replay_of_a_task_or_future_is_a_done_future_of_the_running_loop(journal: SqliteJournal) -> None:
+    """Its caller used what it got as a Future (a callback, ``done()``, ``result()``): a
+    replay that handed back a coroutine of the outcome raised AttributeError there, in the
+    process that resumed the session. Stepped over or settled by an operator, the call is
+    handed back a done Future too."""
+    charges: list[str] = []
+
+    async def charge(card: str) -> dict[str, str]:
+        await asyncio.sleep(0)
+        charges.append(card)
+        return {"charged": card}
+
+    async def hanging(card: str) -> None:
+        await asyncio.sleep(10)  # cancelled here: did it charge?
+
+    paid = action("p-paid", "payment", idempotency_key="k-1")(lambda: asyncio.ensure_future(charge("visa")))
+    cut = action("p-cut", "payment", replay="skip")(lambda: asyncio.ensure_future(hanging("amex")))
+    settled = action("p-settled", "payment")(lambda: asyncio.ensure_future(hanging("diners")))
+
+    async def first_run() -> None:
+        with session("s-1", journal=journal):
+            await paid()
+            for call in (cut, settled):
+                task = call()
+                await asyncio.sleep(0)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+
+    asyncio.run(first_run())
+    assert [journal.get("s-1", a).shape for a in ("p-paid", "p-cut", "p-settled")] == ["future"] * 3
+    journal.resolve("s-1", "p-settled", {"charged": "diners"})  # the operator found it went through
+    restart()
+
+    async def resumed() -> list[Any]:
+        with session("s-1", journal=journal):
+            futures = [paid(), cut(), settled()]
+            called: list[Any] = []
+            for future in futures:
+                assert isinstance(future, asyncio.Future) and future.done() and not future.cancel()
+                assert future.get_loop() is asyncio.get_running_loop()
+                future.add_done_callback(lambda done: called.append(done.result()))
+            await asyncio.sleep(0)  # the callbacks run
+            assert called == [future.result() for future in futures]
+            return [await future for future in futures]
+
+    assert asyncio.run(resumed()) == [{"charged": "visa"}, None, {"charged": "diners"}]
+    assert charges == ["visa"]
+
+
+def test_a_task_replayed_with_no_loop_running_is_a_coroutine_and_said(
+    journal: SqliteJournal, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No loop is running to bind a Future to: the replay is a coroutine of the outcome,
+    which a loop started later awaits, and the log says why it is no Future."""
+
+    async def charge() -> dict[str, int]:
+        return {"charged": 1}
+
+    pay = action("p1", "payment", idempotency_key="k-1")(lambda: asyncio.ensure_future(charge()))
+
+    async def first_run() -> Any:
+        with session("s-1", journal=journal):
+            return await pay()
+
+    asyncio.run(first_run())
+    restart()
+    with session("s-1", journal=journal):
+        replayed = pay()
+    assert inspect.iscoroutine(replayed)
+    assert asyncio.run(replayed) == {"charged": 1}
+    assert (
+        "'p1' returned a Task or a Future when it ran, but is replayed with no event loop running"
+        in caplog.text
+    )
+
+
+def test_an_entry_of_a_task_written_before_the_shape_was_noted_replays_as_a_coroutine(tmp_path: Path) -> None:
+    """A journal written before 2026-12 noted a Task's action only as awaited: its replay
+    stays what it was then, a coroutine of the outcome (``await`` takes it)."""
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as old:
+        old.execute(
+            "CREATE TABLE journal (session_id TEXT NOT NULL, action_id TEXT NOT NULL, kind TEXT NOT NULL, "
+            "status TEXT NOT NULL, attempts INTEGER NOT NULL, result BLOB, result_digest TEXT, result_ref TEXT, "
+            "idempotency_key TEXT, incarnation TEXT, awaited INTEGER NOT NULL DEFAULT 0, "
+            "PRIMARY KEY (session_id, action_id))"
+        )
+        old.execute(
+            "INSERT INTO journal VALUES ('s-1', 'p1', 'payment', 'ok', 1, X'7b2263223a317d', NULL, NULL, 'k-1', "
+            "'dead', 1)"
+        )
+    old.close()
+    old_entry = SqliteJournal(path, readonly=True).get("s-1", "p1")
+    assert old_entry.awaited is True and old_entry.shape is None  # the column it has is read
+    charges: list[int] = []
+
+    async def charge() -> dict[str, int]:
+        charges.append(1)
+        return {"c": 2}
+
+    pay = action("p1", "payment", idempotency_key="k-1")(lambda: asyncio.ensure_future(charge()))
+
+    async def resumed() -> Any:
+        with session("s-1", journal=SqliteJournal(path)):
+            replayed = pay()
+            assert inspect.iscoroutine(replayed)
+            return await replayed
+
+    assert asyncio.run(resumed()) == {"c": 1}
+    assert charges == []
+
+
+def test_a_generator_returned_by_a_sync_function_is_journaled_when_exhausted_and_replayed(
+    journal: SqliteJournal, boundaries: Path
+) -> None:
+    """A sync function that returns a generator has its effect as the generator is
+    iterated, after it returned: it was journaled ``ok`` at once, without an outcome (a
+    generator is no JSON), so a side effect's resumed call got ``None`` and the caller's
+    loop raised TypeError. Now the items are its outcome, journaled when it is exhausted,
+    with the span current in its steps and the ``after`` crash point after the last."""
+    agent = Agent(journal)
+    sent: list[str] = []
+    current: list[str] = []
+
+    def sending(to: list[str]) -> Iterator[dict[str, str]]:
+        def each() -> Iterator[dict[str, str]]:
+            for name in to:
+                current.append(trace.get_current_span().attributes[sc.ACTION_ID])
+                sent.append(name)
+                yield {"sent": name}
+            return "all sent"
+
+        return each()
+
+    notify = agent.action("n1", "email")(sending)
+
+    with session("s-1", journal=journal):
+        stream = notify(["ana", "bo"])
+        assert inspect.isgenerator(stream) and sent == [] and agent.spans() == []
+        assert journal.get("s-1", "n1").shape == "iterator"  # noted before the effect
+        assert next(stream) == {"sent": "ana"}
+        assert journal.get("s-1", "n1").status == "started" and not boundaries.exists()
+        assert next(stream) == {"sent": "bo"}
+        with pytest.raises(StopIteration) as stop:
+            next(stream)
+    assert stop.value.value == "all sent"
+    assert current == ["n1", "n1"]
+    assert journal.get("s-1", "n1").outcome == [{"sent": "ana"}, {"sent": "bo"}]
+    assert json.loads(agent.attributes("n1")[sc.ACTION_RESULT]) == [{"sent": "ana"}, {"sent": "bo"}]
+    assert boundaries.read_text().split() == ["1"]
+    restart()
+    with session("s-1", journal=journal):
+        replayed = notify(["ana", "bo"])
+        assert inspect.isgenerator(replayed)
+        assert list(replayed) == [{"sent": "ana"}, {"sent": "bo"}]
+    assert sent == ["ana", "bo"]
+
+
+@pytest.mark.parametrize("kind", ["email", "llm_call"])
+def test_a_returned_generator_closed_early_or_failed_is_not_replayed_as_its_items(
+    journal: SqliteJournal, kind: str
+) -> None:
+    """Stopped early, its items are not all there is: a side effect is in doubt (stepped
+    over as an empty generator, never sent twice), anything else runs again. Failed, it
+    ends ``error`` and runs again. Unrecorded (``record=False``), a side effect is
+    replayed as an empty generator, anything else runs again."""
+    sent: list[str] = []
+
+    def sending(to: list[str]) -> Iterator[str]:
+        def each() -> Iterator[str]:
+            for name in to:
+                if name == "bad":
+                    raise ValueError("no such address")
+                sent.append(name)
+                yield name
+
+        return each()
+
+    stopped = action("n-stopped", kind, replay="skip")(sending)
+    failed = action("n-failed", kind)(sending)
+    unrecorded = action("n-unrecorded", kind, record=False)(sending)
+    with session("s-1", journal=journal):
+        stream = stopped(["ana", "bo"])
+        assert next(stream) == "ana"
+        stream.close()
+        with pytest.raises(ValueError, match="no such address"):
+            list(failed(["cy", "bad"]))
+        assert list(unrecorded(["eve"])) == ["eve"]
+    assert journal.get("s-1", "n-stopped").status == ("started" if kind == "email" else "ok")
+    assert journal.get("s-1", "n-stopped").result is None
+    assert journal.get("s-1", "n-failed").status == "error"
+    restart()
+    with session("s-1", journal=journal):
+        assert list(stopped(["ana", "bo"])) == ([] if kind == "email" else ["ana", "bo"])
+        assert list(failed(["cy", "dee"])) == ["cy", "dee"]
+        assert list(unrecorded(["eve"])) == ([] if kind == "email" else ["eve"])
+    resumed = ["cy", "dee"] if kind == "email" else ["ana", "bo", "cy", "dee", "eve"]
+    assert sent == ["ana", "cy", "eve", *resumed]
+
+
+def test_a_returned_generator_never_iterated_ends_its_action_as_failed(journal: SqliteJournal) -> None:
+    """Its effect never ran: the action fails and the next process runs it, as a coroutine
+    never awaited does (left ``started``, an unkeyed side effect was in doubt for ever)."""
+    agent = Agent(journal)
+    sent: list[str] = []
+
+    def sending() -> Iterator[str]:
+        def each() -> Iterator[str]:
+            sent.append("ana")
+            yield "ana"
+
+        return each()
+
+    notify = agent.action("n1", "email")(sending)
+    with session("s-1", journal=journal):
+        notify()  # dropped: never iterated
+        gc.collect()
+    assert journal.get("s-1", "n1").status == "error"
+    (span,) = agent.spans()
+    assert span.status.status_code is trace.StatusCode.ERROR and "never iterated" in span.status.description
+    restart()
+    with session("s-1", journal=journal):
+        assert list(notify()) == ["ana"]
+    assert sent == ["ana"]
+
+
+def test_a_returned_generator_resolved_by_hand_is_replayed_as_given(
+    journal: SqliteJournal, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An operator settles a generator's side effect with the list of its items (a
+    generator of them comes back); one settled with another value gets that value, and
+    the log says so, rather than a failure inside the agent."""
+
+    def sending(to: str) -> Iterator[str]:
+        def each() -> Iterator[str]:
+            yield to
+
+        return each()
+
+    listed = action("n-list", "email")(lambda: sending("ana"))
+    other = action("n-other", "email")(lambda: sending("bo"))
+    for action_id in ("n-list", "n-other"):
+        journal.put(Entry("s-1", action_id, "email", "started", 1, incarnation="dead", shape="iterator"))
+    journal.resolve("s-1", "n-list", ["ana"])
+    journal.resolve("s-1", "n-other", {"sent": 1})
+    with session("s-1", journal=journal):
+        assert list(listed()) == ["ana"]
+        assert other() == {"sent": 1}
+    assert "'n-other' returned a generator when it ran, but its journaled outcome is a dict" in caplog.text
+
+
 def test_a_returned_coroutine_closed_mid_await_leaves_its_action_in_doubt(journal: SqliteJournal) -> None:
     """Closed while it awaited (cancelled, collected), its effect may or may not have
     happened: the entry stays ``started``, as after a crash; it was written ``ok``."""

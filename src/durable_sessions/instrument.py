@@ -74,6 +74,8 @@ from durable_sessions import semconv as sc
 from durable_sessions.digest import PREFIX, digest_bytes, outcome_json
 from durable_sessions.journal import (
     RUN_FIRST,
+    SHAPE_FUTURE,
+    SHAPE_ITERATOR,
     ActionInDoubt,
     AttemptsExhausted,
     Entry,
@@ -446,6 +448,7 @@ class Action:
         "_max_result_chars",
         "_recorded_as",
         "_replay_awaitable",
+        "_replay_shape",
         "_store",
         "action_id",
         "attempt",
@@ -485,6 +488,9 @@ class Action:
         self._replay_awaitable = False
         """Whether the function's first run returned an awaitable (its replayed or skipped
         call returns one too, for the caller's ``await``)."""
+        self._replay_shape: str | None = None
+        """What the function's first run returned, where its replay returns the same kind
+        of object (:attr:`~durable_sessions.journal.Entry.shape`)."""
 
     def record(self, result: Any) -> Any:
         """Record ``result`` (any JSON-serialisable value, ``None`` included); return it.
@@ -555,6 +561,7 @@ class Action:
         self.result = outcome
         self.result_ref = entry.result_ref
         self._replay_awaitable = entry.awaited
+        self._replay_shape = entry.shape
         self.span.set_attribute(sc.ACTION_REPLAYED, True)
         if entry.result_digest is not None:
             self.span.set_attribute(sc.ACTION_RESULT_DIGEST, entry.result_digest)
@@ -647,7 +654,8 @@ class action:
 
     ``awaitable=True`` declares that a decorated sync function returns an awaitable (a
     coroutine, a Task or a Future) that its callers ``await``: its replayed or stepped-over
-    calls return a coroutine of the recorded outcome whatever the journal noted. Without
+    calls return a coroutine of the recorded outcome whatever the journal noted (but a
+    done Future where it noted a Task or a Future, as without the option). Without
     it that is so only when the journal noted the first run's awaitable, which it cannot
     for a run that died before the function returned: such a call is handed back bare,
     and its caller's ``await`` raises TypeError. It is accepted, and changes nothing, on a
@@ -670,6 +678,13 @@ class action:
     the consumer, and a generator's return value is not the outcome. To record a
     streamed outcome, run the consumption in ``with action(...) as act:`` and
     ``act.record(...)`` the assembled output instead of decorating the generator.
+
+    A sync function that returns a Task or a Future gets it back as it is, and is
+    journaled when it is done; its replayed call returns a done Future of the running
+    loop (a coroutine, with no loop running). One that returns a generator (and is no
+    generator function) gets back a generator running it inside the action, and is
+    journaled, with the list of its items, when it is exhausted; its replayed call returns
+    a generator of them.
 
     An ``Exception`` marks the action failed (span status ERROR, ``status=error``, an
     ``exception`` event). ``GeneratorExit`` (a consumer that stopped early) ends it
@@ -800,19 +815,22 @@ class action:
         @functools.wraps(func)
         def run(*args: Any, **kwargs: Any) -> Any:
             with self._start(self._id_for(args, kwargs)) as act:
-                # The first run's caller awaited it (noted, or declared): so does this one.
                 if act.replayed or act.skipped:
-                    return _resolved(act.result) if self.awaitable or act._replay_awaitable else act.result
+                    return _reshaped(act, self.awaitable)
                 value = func(*args, **kwargs)
                 # A coroutine's effect runs when it is awaited: so does the action. A Task
                 # or a Future is given back as it is (as a coroutine it would break a caller
                 # that cancels it or adds a callback), and the action ends when it is done.
+                # A generator's effect runs as it is iterated: the action ends when it is
+                # exhausted, with its items as the outcome.
                 if inspect.iscoroutine(value):
                     return _awaited(act, value, self.record_return)
                 if asyncio.isfuture(value):
                     return _settled(act, value, self.record_return)
                 if self.awaitable and not inspect.isawaitable(value):
                     self._warn_not_awaitable(act.action_id, value)
+                if inspect.isgenerator(value):
+                    return _iterated(act, value, self.record_return)
                 if self.record_return:
                     act.record(value)
                 return value
@@ -1113,9 +1131,9 @@ def _awaited(act: Action, awaitable: Awaitable[Any], record: bool) -> Awaitable[
     without ``await``) happens when it is awaited, not when the function returns: the span
     stays open, current in the awaitable's steps, and the outcome, the ``after`` crash
     point and the journal's completion come after the await. One never awaited is ended
-    when it is collected (:func:`_never_awaited`).
+    when it is collected (:func:`_never_ran`).
     """
-    ending = _handed_over(act)
+    ending = _handed_over(act, awaited=True)
     context = contextvars.copy_context()  # the span is current here, and the session
 
     async def finish() -> Any:
@@ -1140,19 +1158,20 @@ def _awaited(act: Action, awaitable: Awaitable[Any], record: bool) -> Awaitable[
             act.span.end()
 
     coroutine = finish()
-    unawaited = weakref.finalize(coroutine, _never_awaited, act, ending)
+    unawaited = weakref.finalize(coroutine, _never_ran, act, ending, "awaited")
     return coroutine
 
 
-def _handed_over(act: Action) -> _Ending | None:
-    """Hand the end of ``act``'s run to the awaitable its function returned; return how it
-    ends. The journal notes that the outcome comes from awaiting before the effect runs (it
-    runs when awaited, or as a Task): a run cut short meanwhile is in doubt, and its skip,
-    or the outcome an operator resolves it with, must be handed back awaitable too."""
+def _handed_over(act: Action, *, awaited: bool, shape: str | None = None) -> _Ending | None:
+    """Hand the end of ``act``'s run to the awaitable (or generator) its function returned;
+    return how it ends. The journal notes the shape of what was returned (``awaited``,
+    ``shape``) before the effect runs (it runs when awaited or iterated, or as a Task): a
+    run cut short meanwhile is in doubt, and its skip, or the outcome an operator resolves
+    it with, must be handed back in that shape too."""
     act._handed_over = True
     ending = act._ending
     if ending is not None and ending.entry is not None:
-        ending.entry = dataclasses.replace(ending.entry, awaited=True)
+        ending.entry = dataclasses.replace(ending.entry, awaited=awaited, shape=shape)
         _journal_put(ending.journal, ending.entry)
     return ending
 
@@ -1162,10 +1181,10 @@ def _settled(act: Action, future: asyncio.Future[Any], record: bool) -> asyncio.
     ``act`` ending when it is done: its effect has happened then, not when it was returned.
 
     Done with a result, the action records it and completes ``ok`` (its replay is handed
-    back awaitable, :func:`_resolved`); failed, it ends ``error``; cancelled, it is cut
-    short, in doubt as a cancelled coroutine is. The callback fails open.
+    back as a done Future, :func:`_reshaped`); failed, it ends ``error``; cancelled, it is
+    cut short, in doubt as a cancelled coroutine is. The callback fails open.
     """
-    ending = _handed_over(act)
+    ending = _handed_over(act, awaited=True, shape=SHAPE_FUTURE)
 
     def done(settled: asyncio.Future[Any]) -> None:
         try:
@@ -1192,15 +1211,16 @@ def _settled(act: Action, future: asyncio.Future[Any], record: bool) -> asyncio.
     return future
 
 
-def _never_awaited(act: Action, ending: _Ending | None) -> None:
-    """End the action of a coroutine collected (or left at exit) without being awaited.
+def _never_ran(act: Action, ending: _Ending | None, verb: str) -> None:
+    """End the action of a coroutine (or generator) collected, or left at exit, without
+    being ``verb`` (awaited, iterated).
 
     Its effect never ran, so the action failed, and a later run may run it again: left
     open, its span would never be exported and its journal entry would stay ``started``,
     in doubt, and in flight in this process for ever. Python's own "never awaited"
-    warning still names the coroutine. Runs wherever the last reference goes: fails open.
+    warning still names a coroutine. Runs wherever the last reference goes: fails open.
     """
-    error = RuntimeError("the awaitable it returned was never awaited: its effect did not run")
+    error = RuntimeError(f"what it returned was never {verb}: its effect did not run")
     try:
         if ending is not None:
             ending.raised(error)
@@ -1208,7 +1228,94 @@ def _never_awaited(act: Action, ending: _Ending | None) -> None:
             _fail(act.span, error)
         act.span.end()
     except Exception:  # fail open
-        logger.debug("durable_sessions: could not end an action never awaited", exc_info=True)
+        logger.debug("durable_sessions: could not end an action never %s", verb, exc_info=True)
+
+
+def _iterated(act: Action, steps: Generator[Any, Any, Any], record: bool) -> Generator[Any, Any, Any]:
+    """A generator that runs ``steps`` (what a decorated sync function returned) inside its
+    action, each step in the action's context, passing on items, sent values, thrown
+    exceptions and ``close()``.
+
+    The generator's effect happens as it is iterated: exhausted, the action records the
+    list of its items (kept until then) and completes ``ok`` (its replay is a generator of
+    them, :func:`_reshaped`); failed, it ends ``error``; closed early, it ends as a
+    decorated generator function's does (a side effect with no outcome is in doubt, anything
+    else completes without an outcome and runs again). One never iterated is ended when it
+    is collected (:func:`_never_ran`).
+    """
+    ending = _handed_over(act, awaited=False, shape=SHAPE_ITERATOR)
+    context = contextvars.copy_context()  # the span is current here, and the session
+
+    def iterate() -> Generator[Any, Any, Any]:
+        unstarted.detach()
+        items: list[Any] = []
+        try:
+            try:
+                returned = yield from _stepped(context, steps, items.append if record else None)
+            except BaseException as error:
+                if ending is not None:
+                    ending.raised(error)
+                raise
+            if record:
+                act.record(items)
+            if ending is not None:
+                ending.ok()
+            return returned
+        finally:
+            act.span.end()
+
+    iterator = iterate()
+    unstarted = weakref.finalize(iterator, _never_ran, act, ending, "iterated")
+    return iterator
+
+
+def _reshaped(act: Action, declared_awaitable: bool) -> Any:
+    """The replayed (or stepped-over) outcome of a decorated sync function, in the shape its
+    first run's caller got: a done Future, a coroutine (noted, or declared awaitable), a
+    generator of the recorded items, or the value itself."""
+    if act._replay_shape == SHAPE_FUTURE:
+        return _done_future(act.action_id, act.result)
+    if declared_awaitable or act._replay_awaitable:
+        return _resolved(act.result)
+    if act._replay_shape == SHAPE_ITERATOR:
+        return _replayed_items(act.action_id, act.result)
+    return act.result
+
+
+def _done_future(action_id: str, value: Any) -> Any:
+    """A Future of the running loop holding ``value``: the replay of an action whose first
+    run returned a Task or a Future. With no loop running there is none to bind it to
+    (the first run's had one): a coroutine of ``value``, which a loop started later awaits,
+    is handed back instead, and logged."""
+    try:
+        future = asyncio.get_running_loop().create_future()
+    except RuntimeError:
+        logger.warning(
+            "durable_sessions: action %r returned a Task or a Future when it ran, but is replayed with no "
+            "event loop running: its replay is a coroutine of the outcome, not a Future",
+            action_id,
+        )
+        return _resolved(value)
+    future.set_result(value)
+    return future
+
+
+def _replayed_items(action_id: str, items: Any) -> Any:
+    """A generator of the recorded ``items``: the replay of an action whose first run
+    returned a generator; none (nothing recorded, or stepped over) is an empty one. An
+    outcome that is no list (resolved by hand as another value) is logged and returned as
+    it is."""
+    if items is None:
+        items = []
+    if not isinstance(items, list):
+        logger.warning(
+            "durable_sessions: action %r returned a generator when it ran, but its journaled outcome is a %s, "
+            "not the list of its items: its replay returns the outcome as it is",
+            action_id,
+            type(items).__name__,
+        )
+        return items
+    return (item for item in items)
 
 
 async def _resolved(value: Any) -> Any:
@@ -1292,6 +1399,7 @@ def _served(act: Action, step: Plan, outcome: Any) -> None:
     else:
         act.skipped = True
         act._replay_awaitable = step.entry is not None and step.entry.awaited
+        act._replay_shape = None if step.entry is None else step.entry.shape
 
 
 def _journal_entry(
@@ -1507,8 +1615,13 @@ def _entered(context: contextvars.Context, manager: AbstractContextManager[T]) -
         context.run(manager.__exit__, None, None, None)
 
 
-def _stepped(context: contextvars.Context, steps: Generator[Any, Any, T]) -> Generator[Any, Any, T]:
-    """``yield from steps``, each step of ``steps`` run inside ``context``.
+def _stepped(
+    context: contextvars.Context,
+    steps: Generator[Any, Any, T],
+    seen: Callable[[Any], None] | None = None,
+) -> Generator[Any, Any, T]:
+    """``yield from steps``, each step of ``steps`` run inside ``context`` (and each item
+    handed to ``seen`` first, when given).
 
     Sent values, thrown exceptions and ``close()`` are passed on as ``yield from`` does.
     Also drives an awaitable's ``__await__`` iterator (see :class:`_InContext`).
@@ -1519,6 +1632,8 @@ def _stepped(context: contextvars.Context, steps: Generator[Any, Any, T]) -> Gen
             item = context.run(advance)
         except StopIteration as stop:
             return stop.value  # type: ignore[no-any-return]
+        if seen is not None:
+            seen(item)
         try:
             sent = yield item
         except GeneratorExit:

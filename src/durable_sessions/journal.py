@@ -63,6 +63,11 @@ logger = logging.getLogger("durable_sessions")
 
 Status = Literal["started", "ok", "error"]
 
+SHAPE_FUTURE = "future"
+"""An :attr:`Entry.shape`: the action's function returned an asyncio Task or Future."""
+SHAPE_ITERATOR = "iterator"
+"""An :attr:`Entry.shape`: the action's function returned a generator."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
@@ -85,6 +90,13 @@ class Entry:
     """Whether what the action returned was awaited (a sync function that returned a
     coroutine; noted before the await, so an entry still ``started`` has it too): its
     replay, or its skip, is handed back awaitable, as the first run was."""
+    shape: str | None = None
+    """What a sync function's first run returned, where a replay must hand back the same
+    kind of object: ``"future"`` (an asyncio Task or Future; its replay is a done Future)
+    or ``"iterator"`` (a generator; its outcome is the list of its items, and its replay a
+    generator of them). Noted, as ``awaited`` is, before the outcome is known. ``None``
+    otherwise, and in an entry written before 2026-12, which replays as it did then; an
+    unknown value is read as ``None``."""
 
     def __post_init__(self) -> None:
         # A row written by hand (an operator's UPDATE ... SET result = '{"charged": 2400}'
@@ -389,18 +401,27 @@ CREATE TABLE IF NOT EXISTS journal (
     idempotency_key TEXT,
     incarnation TEXT,
     awaited INTEGER NOT NULL DEFAULT 0,
+    shape TEXT,
     PRIMARY KEY (session_id, action_id)
 )
 """
-_ADDED_COLUMNS = {"awaited": "awaited INTEGER NOT NULL DEFAULT 0"}
-"""Columns a journal written by an earlier version lacks, added when it is opened for writing."""
+_ADDED_COLUMNS = {"awaited": ("INTEGER NOT NULL DEFAULT 0", "0"), "shape": ("TEXT", "NULL")}
+"""Columns a journal written by an earlier version lacks (each column's definition, and the
+value it reads as where it is missing), added when it is opened for writing."""
 _COLUMNS = [field.name for field in dataclasses.fields(Entry)]
 _SELECT = f"SELECT {', '.join(_COLUMNS)} FROM journal"
-# A journal of an earlier version opened read-only keeps its columns: the missing ones read
-# as their defaults.
-_SELECT_WITHOUT_ADDED = "SELECT {} FROM journal".format(
-    ", ".join(f"0 AS {column}" if column in _ADDED_COLUMNS else column for column in _COLUMNS)
-)
+
+
+def _select_from(present: frozenset[str]) -> str:
+    """``_SELECT`` from a journal of an earlier version opened read-only, which keeps its
+    columns (``present``): the ones it lacks read as their defaults."""
+    return "SELECT {} FROM journal".format(
+        ", ".join(
+            column if column in present else f"{_ADDED_COLUMNS[column][1]} AS {column}" for column in _COLUMNS
+        )
+    )
+
+
 # The key of an attempt in doubt (a `started` row) is the one the far side may have seen:
 # it is kept, never replaced by another attempt's, so that a resumed run is checked
 # against it and an operator settling the action looks it up by it.
@@ -653,12 +674,13 @@ class SqliteJournal:
     def _query(self, sql: str, parameters: tuple[Any, ...], *, outcomes: bool = True) -> list[Entry]:
         with self._lock:
             connection = self._connected()
-            if self._lacks_added_columns:
-                sql = sql.replace(_SELECT, _SELECT_WITHOUT_ADDED, 1)
+            present = self._readonly_columns()
+            if present is not None and not present >= _ADDED_COLUMNS.keys():
+                sql = sql.replace(_SELECT, _select_from(present), 1)
             if not outcomes:
                 sql = sql.replace(", result, ", ", NULL AS result, ", 1)
             rows = connection.execute(sql, parameters).fetchall()
-        return [Entry(*row[:-1], awaited=bool(row[-1])) for row in rows]
+        return [_entry(row) for row in rows]
 
     def _execute(self, sql: str, parameters: tuple[Any, ...]) -> int:
         """Run one statement; the number of rows it changed."""
@@ -687,25 +709,32 @@ class SqliteJournal:
             self._connection = connection
         return self._connection
 
-    @property
-    def _lacks_added_columns(self) -> bool:
-        """Whether the file, opened read-only, is a journal of an earlier version (one opened
-        for writing gets the columns it lacks when it is opened)."""
+    def _readonly_columns(self) -> frozenset[str] | None:
+        """The columns of a file opened read-only, which may be a journal of an earlier
+        version; ``None`` for one opened for writing, which gets the columns it lacks when
+        it is opened."""
         if not self.readonly:
-            return False
+            return None
         if self._columns is None:
             rows = self._connected().execute("PRAGMA table_info(journal)").fetchall()
             self._columns = frozenset(row[1] for row in rows)
-        return not self._columns >= _ADDED_COLUMNS.keys()
+        return self._columns
 
 
 def _add_missing_columns(connection: sqlite3.Connection) -> None:
     """Bring a journal written by an earlier version up to this one's columns."""
     present = {row[1] for row in connection.execute("PRAGMA table_info(journal)").fetchall()}
-    for column, definition in _ADDED_COLUMNS.items():
+    for column, (definition, _) in _ADDED_COLUMNS.items():
         if column not in present:
             with contextlib.suppress(sqlite3.OperationalError):  # another process added it first
-                connection.execute(f"ALTER TABLE journal ADD COLUMN {definition}")
+                connection.execute(f"ALTER TABLE journal ADD COLUMN {column} {definition}")
+
+
+def _entry(row: tuple[Any, ...]) -> Entry:
+    """The entry of a row of ``_COLUMNS``: SQLite keeps ``awaited`` as an integer."""
+    values = dict(zip(_COLUMNS, row, strict=True))
+    values["awaited"] = bool(values["awaited"])
+    return Entry(**values)
 
 
 __all__ = [
