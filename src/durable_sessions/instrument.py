@@ -1149,10 +1149,7 @@ def _awaited(act: Action, awaitable: Awaitable[Any], record: bool) -> Awaitable[
                 if ending is not None:
                     ending.raised(error)
                 raise
-            if record:
-                act.record(value)
-            if ending is not None:
-                ending.ok(awaited=True)
+            _succeeded(act, ending, value, record=record, awaited=True)
             return value
         finally:
             act.span.end()
@@ -1160,6 +1157,15 @@ def _awaited(act: Action, awaitable: Awaitable[Any], record: bool) -> Awaitable[
     coroutine = finish()
     unawaited = weakref.finalize(coroutine, _never_ran, act, ending, "awaited")
     return coroutine
+
+
+def _succeeded(act: Action, ending: _Ending | None, outcome: Any, *, record: bool, awaited: bool) -> None:
+    """End ``act``, handed over to what its function returned, which succeeded with
+    ``outcome`` (recorded when ``record``)."""
+    if record:
+        act.record(outcome)
+    if ending is not None:
+        ending.ok(awaited=awaited)
 
 
 def _handed_over(act: Action, *, awaited: bool, shape: str | None = None) -> _Ending | None:
@@ -1195,10 +1201,7 @@ def _settled(act: Action, future: asyncio.Future[Any], record: bool) -> asyncio.
                 if ending is not None:
                     ending.raised(error)
             else:
-                if record:
-                    act.record(settled.result())
-                if ending is not None:
-                    ending.ok(awaited=True)
+                _succeeded(act, ending, settled.result(), record=record, awaited=True)
         except Exception:  # fail open: this runs on the event loop, not in the caller's code
             logger.warning("durable_sessions: could not end action %r", act.action_id, exc_info=True)
         finally:
@@ -1256,10 +1259,7 @@ def _iterated(act: Action, steps: Generator[Any, Any, Any], record: bool) -> Gen
                 if ending is not None:
                     ending.raised(error)
                 raise
-            if record:
-                act.record(items)
-            if ending is not None:
-                ending.ok()
+            _succeeded(act, ending, items, record=record, awaited=False)
             return returned
         finally:
             act.span.end()
