@@ -127,6 +127,35 @@ def test_the_message_of_unwritable_output_names_the_command(arguments: list[str]
     )
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [DURABLE_SESSIONS, "--version"],
+        [DURABLE_SESSIONS, "--help"],
+        [DURABLE_SESSIONS, "check", "--help"],
+        [REPLAY_CHECK, "--help"],
+    ],
+)
+def test_help_and_version_to_unwritable_output_exit_2(argv: list[str]) -> None:
+    """``--version > /dev/full`` was an OSError traceback (exit 1), and ``--help`` exited 0
+    having written nothing: argparse drops the error. Both print, so both end as the
+    commands do when standard output cannot be written."""
+    if not Path("/dev/full").exists():
+        pytest.skip("needs /dev/full")
+    with open("/dev/full", "wb") as full:
+        completed = subprocess.run(argv, stdout=full, stderr=subprocess.PIPE, timeout=60, check=False)
+    assert completed.returncode == 2, completed.stderr.decode()
+    prog = " ".join([Path(argv[0]).name, *argv[1:-1]])
+    assert completed.stderr.decode() == f"{prog}: cannot write to standard output: No space left on device\n"
+
+
+@pytest.mark.parametrize("option", ["--version", "--help"])
+def test_help_and_version_still_print_and_exit_0(option: str) -> None:
+    completed = run([DURABLE_SESSIONS, option])
+    assert completed.returncode == 0
+    assert completed.stdout.startswith(b"durable-sessions 0." if option == "--version" else b"usage: ")
+
+
 @pytest.mark.parametrize("cli", ["check", "replay-check"])
 def test_closed_standard_input_is_unreadable_input(cli: str) -> None:
     """``check - <&-`` was an AttributeError traceback."""

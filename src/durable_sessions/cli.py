@@ -161,7 +161,7 @@ def _on_sigterm() -> Callable[[], None]:
 
 def replay_check_main(argv: Sequence[str] | None = None) -> int:
     """``replay-check --actions FILE [--strict] [--quiet]``: the seed checker's contract."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="replay-check",
         description="Check that every action in a JSONL session log is replay-safe.",
         epilog=f"Exit 0: every action is replay-safe; 1: violations; {CHECK_EXITS_BEYOND_1}",
@@ -236,8 +236,34 @@ class _Version(argparse.Action):
         super().__init__(option_strings, argparse.SUPPRESS, nargs=0, default=argparse.SUPPRESS, **kwargs)
 
     def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
-        print(f"{parser.prog} {self.version}\n{extensions_note(self.extensions)}")
+        print_to_stdout(parser, f"{parser.prog} {self.version}\n{extensions_note(self.extensions)}\n")
         parser.exit()
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser whose ``--help`` ends as every command that prints does when
+    standard output cannot take it (exit 2, or 141 for a reader gone away): argparse
+    drops the write error and exits 0, so ``--help > /dev/full`` passed for success.
+    Its subparsers are of this class too (``add_subparsers`` makes them of its own)."""
+
+    def print_help(self, file: TextIO | None = None) -> None:
+        if file is not None:
+            super().print_help(file)
+        else:
+            print_to_stdout(self, self.format_help())
+
+
+def print_to_stdout(parser: argparse.ArgumentParser, text: str) -> None:
+    """Write ``text`` to standard output for ``parser``'s ``--help`` or ``--version``, and
+    exit as :func:`run_command` ends a command whose output cannot be written."""
+
+    def write(out: Output) -> int:
+        out.write(text)
+        return 0
+
+    code = run_command(parser.prog, write)
+    if code:
+        parser.exit(code)
 
 
 def add_version(
@@ -256,7 +282,7 @@ def add_version(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="durable-sessions",
         description="Check that long-running agent sessions can be recovered by replay.",
     )

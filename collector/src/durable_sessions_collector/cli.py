@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
-from durable_sessions.cli import Output, add_version, run_command
+from durable_sessions.cli import Output, Parser, add_version, run_command
 from durable_sessions.native import LIBRARY_EXTENSIONS
 from durable_sessions.report import printable, table_lines
 from durable_sessions_collector import __version__
@@ -63,7 +63,7 @@ from durable_sessions_collector.store import DeadAlert, Store, StoreError, open_
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="durable-sessions-collector",
         description="The durable-sessions sidecar: OTLP in, whole-session verdicts and alerts out.",
     )

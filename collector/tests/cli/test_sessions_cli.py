@@ -380,6 +380,16 @@ def test_an_unwritable_output_is_one_line_and_exit_code_2(sidecar) -> None:  # t
     )
 
 
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], ["sessions", "list", "--help"]])
+def test_help_and_version_to_unwritable_output_exit_2(argv: list[str]) -> None:
+    # --version was an OSError traceback (exit 1); --help exited 0 having written nothing.
+    with open("/dev/full", "wb") as full:
+        result = run_process(*argv, stdout=full)
+    assert result.returncode == 2
+    prog = " ".join(["durable-sessions-collector", *argv[:-1]])
+    assert result.stderr == f"{prog}: cannot write to standard output: No space left on device\n"
+
+
 def test_ids_and_messages_from_spans_are_printed_escaped(sidecar, capsys) -> None:  # type: ignore[no-untyped-def]
     # A span's attributes are anyone's text: raw, a newline in a session id forged a row of
     # its own and an escape sequence drove the terminal of whoever ran the command.
