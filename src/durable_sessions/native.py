@@ -40,7 +40,7 @@ def native_module(name: str = "_native", package: str = "durable_sessions") -> M
     value = os.environ.get(SWITCH, "").strip().lower()
     if value in OFF:
         return None
-    if value not in ON:
+    if unknown_switch() is not None:
         _warn_unknown(value)
     try:
         return importlib.import_module(f"{package}.{name}")
@@ -48,10 +48,19 @@ def native_module(name: str = "_native", package: str = "durable_sessions") -> M
         return None
 
 
+UNKNOWN_SWITCH = "neither true nor false (1/0, yes/no, on/off): the C extensions stay on"
+
+
+def unknown_switch() -> str | None:
+    """The value of ``DURABLE_SESSIONS_NATIVE`` when it is neither on nor off, else None."""
+    value = os.environ.get(SWITCH, "").strip().lower()
+    return None if value in OFF or value in ON else value
+
+
 @functools.cache
 def _warn_unknown(value: str) -> None:
     warnings.warn(
-        f"{SWITCH}={value!r} is neither true nor false (1/0, yes/no, on/off): the C extensions stay on",
+        f"{SWITCH}={value!r} is {UNKNOWN_SWITCH}",
         RuntimeWarning,
         stacklevel=3,
     )

@@ -28,13 +28,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from durable_sessions.cli import Output, Parser, add_version, run_command
-from durable_sessions.native import LIBRARY_EXTENSIONS
+from durable_sessions.native import LIBRARY_EXTENSIONS, SWITCH
 from durable_sessions.report import printable, table_lines
 from durable_sessions_collector import __version__
 from durable_sessions_collector.alerts import OTLP, WEBHOOK
@@ -482,6 +484,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # writes its own format there (a failed TLS handshake, an unknown grpc-encoding).
     # It reads this before grpc is first imported; a user's setting wins.
     os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+    # So does Python's warning of a DURABLE_SESSIONS_NATIVE neither on nor off, written as
+    # the extensions load: Service logs it as a JSON line instead.
+    warnings.filterwarnings("ignore", message=re.escape(SWITCH) + "=", category=RuntimeWarning)
     from durable_sessions_collector.service import Service
 
     try:

@@ -14,6 +14,7 @@ from typing import TextIO
 
 import grpc
 
+from durable_sessions.native import SWITCH, UNKNOWN_SWITCH, unknown_switch
 from durable_sessions_collector import __version__
 from durable_sessions_collector.alerts import LOG, OTLP, WEBHOOK
 from durable_sessions_collector.alerts.log import LogAlerts, WrittenJournal
@@ -87,6 +88,8 @@ def _warn_unknown_variables(log: JsonLog) -> None:
             note=NOT_READ,
             **fields,
         )
+    if unknown_switch() is not None:  # in place of Python's warning text, which is no JSON line
+        log.warning("invalid-environment-variable", variable=SWITCH, note=UNKNOWN_SWITCH)
 
 
 HANGUP_ACTION = "kept running: TLS and token files are read again when they change; other settings apply at the next start"

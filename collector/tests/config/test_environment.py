@@ -58,7 +58,10 @@ def serve_until_started(tmp_path: Path, extra: dict[str, str]) -> list[dict[str,
             process.kill()
             process.communicate()
     assert SECRET not in text
-    lines = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    # Standard error carries JSON lines only (log shippers parse it), warnings included.
+    not_json = [line for line in text.splitlines() if not line.startswith("{")]
+    assert not not_json, text
+    lines = [json.loads(line) for line in text.splitlines()]
     assert any(line["event"] == "started" for line in lines), text
     return lines
 
@@ -86,6 +89,22 @@ def test_serve_warns_of_each_variable_nothing_reads_with_the_closest_known_one(t
     assert all(line["level"] == "warning" for line in warned.values())
     started = next(line for line in lines if line["event"] == "started")
     assert started["idle_s"] == 30.0  # the misspelt variable was not read: the default stands
+
+
+@pytest.mark.parametrize("value", ["maybe", " Flase "])
+def test_serve_logs_a_native_switch_neither_on_nor_off_as_a_json_line(tmp_path: Path, value: str) -> None:
+    # It was Python's warning text, two lines that are no JSON, among the JSON log lines.
+    lines = serve_until_started(tmp_path, {"DURABLE_SESSIONS_NATIVE": value})
+    warned = [line for line in lines if line["event"] == "invalid-environment-variable"]
+    assert [line["variable"] for line in warned] == ["DURABLE_SESSIONS_NATIVE"]
+    assert warned[0]["level"] == "warning"
+    assert "the C extensions stay on" in warned[0]["note"]
+
+
+def test_serve_says_nothing_of_a_native_switch_on_or_off(tmp_path: Path) -> None:
+    for value in ("off", "TRUE", ""):
+        lines = serve_until_started(tmp_path, {"DURABLE_SESSIONS_NATIVE": value})
+        assert not [line for line in lines if line["event"] == "invalid-environment-variable"], value
 
 
 _SOURCES = (
