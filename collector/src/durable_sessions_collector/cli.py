@@ -9,10 +9,12 @@
     durable-sessions-collector alerts redeliver [--channel C]   # queue them for delivery again
 
 Exit codes: 0 after a clean stop, 2 for invalid configuration or a port that cannot be
-bound (the message names the key, and why: "Address already in use"), 1 for any other
+bound (the message names the key, and why: "Address already in use") or a store that
+cannot be opened, 1 for any other
 failure to start. ``sessions``: 0,
 1 when the sidecar cannot answer (unreachable, 401, no such session, a redirect), 2 for bad usage
-(an endpoint that is not an http(s) URL with a numeric port, or has a query, fragment, user
+(an endpoint that is not an http(s) URL with a host (and a port, when given, from 0 to 65535; none
+means 80 or 443), or has a query, fragment, user
 or password, an unreadable token, CA
 file or client certificate, a CA file or client certificate with an http:// endpoint, a bad
 --verdict or --limit, an empty SESSION_ID). ``alerts``: 0, 2 for bad usage
