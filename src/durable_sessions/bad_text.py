@@ -33,13 +33,25 @@ def not_utf8(where: str, detail: str | None = None) -> str:
 
 
 _NEXT_STRING = re.compile(
-    rb'(?:[^"]*"[\x20\x21\x23-\x5b\x5d-\x7e]*")*[^"]*("[^"\\]*(?:\\.[^"\\]*)*")', re.DOTALL
+    rb'(?:[^"]*+"[\x20\x21\x23-\x5b\x5d-\x7e]*+")*+[^"]*+("[^"\\]*+(?:\\.[^"\\]*+)*+")', re.DOTALL
 )
 """The next JSON string, as written, that may not be UTF-8 text (group 1): the strings
 before it, of printable ASCII without escapes, are passed over by the regular expression
 itself, not one by one in Python. Outside strings valid JSON holds no quotation mark, so
 the strings of a body are these from its start (where the body is not JSON for another
-reason, orjson refuses the marked body as well)."""
+reason, orjson refuses the marked body as well).
+
+Every quantifier is possessive: each run stops at a character it cannot hold, so giving
+characters back finds no other match, only costs time. Backtracking made a 64 MiB line
+ending in an unterminated string cost tens of seconds (the failing match gave back its
+last run one byte at a time, then again with one string fewer). Where the printable
+strings end in one that is unterminated, the match now fails at once; it gave back the
+last printable string, which is never marked, then failed the same way from there: the
+same marks either way."""
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+"""Where a lone surrogate escape may be: any ``\\uD800`` to ``\\uDFFF``, paired or not
+(or after an escaped backslash, which is no escape: only looked at more closely)."""
 
 _MARKS = [chr(code) for code in range(0xFDD0, 0xFDF0)]
 """Unicode noncharacters, one of which starts every mark: valid UTF-8 that no exporter
@@ -101,6 +113,8 @@ _KEY_CHARS = 40
 def marked(body: bytes) -> Marked | None:
     """``body`` with each string that is not UTF-8 text replaced by a mark, or None when it
     holds none (or every mark is in it already)."""
+    if not _may_hold_bad_text(body):  # most bodies orjson refuses: no string to pass over
+        return None
     mark = next((mark for mark in _MARKS if not _holds(body, mark)), None)
     if mark is None:
         return None
@@ -133,6 +147,19 @@ def read(body: bytes) -> tuple[Any, Marked] | None:
         return exact_integers(found.body, orjson.loads(found.body)), found
     except orjson.JSONDecodeError:
         return None
+
+
+def _may_hold_bad_text(body: bytes) -> bool:
+    """Whether ``body`` may hold a string that is not UTF-8 text: it is not all UTF-8, or
+    it holds what may be a surrogate escape. Two passes in C over the body, where the
+    regular expression costs hundreds of nanoseconds a byte: a line of 64 MiB refused for
+    another reason (cut short, unterminated) is passed over in a fraction of a second."""
+    if not body.isascii():
+        try:
+            body.decode("utf-8")
+        except UnicodeDecodeError:
+            return True
+    return b"\\u" in body and _SURROGATE_ESCAPE.search(body) is not None
 
 
 def _holds(body: bytes, mark: str) -> bool:

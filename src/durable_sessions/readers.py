@@ -308,10 +308,10 @@ def sniff_format(source: IO[bytes], name: str, max_line_bytes: int) -> Format:
     as the readers ignore it.
     """
     try:
-        head = _head_lines(source, max_line_bytes)
+        first = _head_object(source, max_line_bytes)
     except OSError as error:
         raise InputError(f"cannot read {name!r}: {error.strerror or error}") from None
-    return _format_of(head)
+    return _format_of(first)
 
 
 def sniff(source: IO[bytes], name: str, max_line_bytes: int) -> tuple[Format, IO[bytes]]:
@@ -327,10 +327,10 @@ def sniff(source: IO[bytes], name: str, max_line_bytes: int) -> tuple[Format, IO
     if _seekable(source):
         return sniff_format(source, name, max_line_bytes), source
     try:
-        head = _lines_to_first_object(source, max_line_bytes, _HEAD_LINES)
+        head, first = _lines_to_first_object(source, max_line_bytes, _HEAD_LINES)
     except OSError as error:
         raise InputError(f"cannot read {name!r}: {error.strerror or error}") from None
-    return _format_of(head), io.BufferedReader(_Replay(b"".join(head), source))
+    return _format_of(first), io.BufferedReader(_Replay(b"".join(head), source))
 
 
 class _Replay(io.RawIOBase):
@@ -357,15 +357,13 @@ class _Replay(io.RawIOBase):
         return len(data)
 
 
-def _format_of(head: list[bytes]) -> Format:
-    """The format the first object among ``head`` (the first lines of a source) says."""
-    for number, line in enumerate(head, 1):
-        parsed = _object_on(line, number)
-        if parsed is not None:
-            if otlp_json.is_otlp_request(parsed):
-                return "otlp-json"
-            return "tracing" if is_tracing_event(parsed) else "actions"
-    return "actions"
+def _format_of(first: dict[str, Any] | None) -> Format:
+    """The format a source's first object (None: it has none in its first lines) says."""
+    if first is None:
+        return "actions"
+    if otlp_json.is_otlp_request(first):
+        return "otlp-json"
+    return "tracing" if is_tracing_event(first) else "actions"
 
 
 def _object_on(line: bytes, number: int) -> dict[str, Any] | None:
@@ -392,26 +390,32 @@ def _seekable(source: IO[bytes]) -> bool:
         return False
 
 
-def _head_lines(source: IO[bytes], max_line_bytes: int, limit: int = _HEAD_LINES) -> list[bytes]:
+def _head_object(source: IO[bytes], max_line_bytes: int) -> dict[str, Any] | None:
+    """The first JSON object in the first lines of ``source``, which is left where it was."""
     if not _seekable(source):
         peek = getattr(source, "peek", None)
-        return peek(65536).splitlines() if peek else []
+        lines = peek(65536).splitlines() if peek else []
+        found = (_object_on(line, number) for number, line in enumerate(lines, 1))
+        return next((first for first in found if first is not None), None)  # {} is one
     start = source.tell()
     try:
-        return _lines_to_first_object(source, max_line_bytes, limit)
+        return _lines_to_first_object(source, max_line_bytes, _HEAD_LINES)[1]
     finally:
         source.seek(start)
 
 
-def _lines_to_first_object(source: IO[bytes], max_line_bytes: int, limit: int) -> list[bytes]:
-    """The lines ``source`` gives up to its first JSON object, that line included; at most
-    ``limit`` lines."""
+def _lines_to_first_object(
+    source: IO[bytes], max_line_bytes: int, limit: int
+) -> tuple[list[bytes], dict[str, Any] | None]:
+    """The lines ``source`` gives up to its first JSON object, that line included (at most
+    ``limit`` lines), and that object (None when there is none among them). Each line is
+    read once: reading a line of 64 MiB may cost a second or more."""
     lines: list[bytes] = []
     while len(lines) < limit and (line := source.readline(max_line_bytes + 1)):
         lines.append(line)
-        if _object_on(line, len(lines)) is not None:
-            break
-    return lines
+        if (first := _object_on(line, len(lines))) is not None:
+            return lines, first
+    return lines, None
 
 
 # -- OTLP/JSON trace files ------------------------------------------------------------
