@@ -73,7 +73,8 @@ def test_a_status_that_is_an_array_or_a_key_value_list_is_reported_not_a_crash(t
 
 # -- the reader never raises, whatever the values --------------------------------------
 
-json_scalars = otlp_json_values.json_scalars("eyJhIjoxfQ==")
+# A decimal string of more digits than Python reads: int() raised ValueError out of the reader.
+json_scalars = otlp_json_values.json_scalars("eyJhIjoxfQ==", "9" * 5000, "-" + "1" * 4301)
 json_values = st.recursive(
     json_scalars,
     lambda children: st.one_of(
@@ -117,6 +118,11 @@ def test_the_reader_reports_every_value_and_never_raises(
         ("agent.action.max_attempts", {"intValue": True}, "intValue true is not an integer"),
         ("agent.action.attempts", {"intValue": "3.0"}, "intValue '3.0' is not an integer"),
         ("agent.action.attempts", {"stringValue": 3}, "stringValue 3 is not a string"),
+        (
+            "agent.action.attempts",
+            {"intValue": "9" * 4301},
+            "intValue '99999999999999999...' has more than 4300 digits, the most Python reads",
+        ),
         ("agent.action.retryable", {"boolValue": "true"}, "boolValue 'true' is not true or false"),
         ("agent.action.ttl_s", {"doubleValue": "soon"}, "doubleValue 'soon' is not a number"),
         ("agent.action.result", {"bytesValue": "not base64!"}, "bytesValue is not base64 text"),
@@ -340,3 +346,28 @@ def test_check_is_told_the_attribute_length_limit_by_option_or_as_the_sdk_reads_
         env={**clean, "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "many"},
     )
     assert bad.returncode == 2 and "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT" in bad.stderr
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        (
+            {"endTimeUnixNano": "9" * 4301},
+            "endTimeUnixNano '99999999999999999...' is not an unsigned 64-bit integer",
+        ),
+        (
+            {"startTimeUnixNano": "1" * 5000},
+            "startTimeUnixNano '11111111111111111...' is not an unsigned 64-bit integer",
+        ),
+        ({"status": {"code": "-" + "2" * 4301}}, "status.code '-2222222222222222...' is not a status code"),
+    ],
+)
+def test_a_decimal_string_of_more_digits_than_python_reads_makes_the_span_unreadable(
+    fields: dict[str, Any], reason: str
+) -> None:
+    """int() refuses a decimal string of more than 4,300 digits: the ValueError went up
+    through the reader, a traceback for the whole check. The span is unreadable now, with
+    the message any other value out of range gets."""
+    [item] = read(request(PAYMENT, **fields))
+    assert type(item) is readers.Unreadable
+    assert item.reason == f"resourceSpans[0].scopeSpans[0].spans[0] {reason}"

@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import re
+import sys
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -255,12 +256,21 @@ def status_error(status: Any) -> bool:
 def _integer(value: Any) -> int | None:
     """A JSON integer, or a decimal string of one, as an int; None for anything else (a
     boolean, ``3.0``, ``"3.5"``, ``" 3"``): protobuf's JSON parser turns some of those
-    into integers, and values are never coerced."""
+    into integers, and values are never coerced. None too for a decimal string of more
+    digits than Python reads (:func:`_too_long_to_read`), which no 64-bit field holds."""
     if type(value) is int:
         return value
-    if type(value) is str and _DECIMAL.fullmatch(value):
+    if type(value) is str and _DECIMAL.fullmatch(value) and not _too_long_to_read(value):
         return int(value)
     return None
+
+
+def _too_long_to_read(decimal: str) -> bool:
+    """Whether ``int()`` refuses the decimal string ``decimal`` (``sys.int_info``'s limit
+    of digits, 4,300 unless ``PYTHONINTMAXSTRDIGITS`` says otherwise): it raised
+    ValueError into the reader, a traceback for one span's ``"endTimeUnixNano"``."""
+    limit = sys.get_int_max_str_digits()
+    return limit > 0 and len(decimal.lstrip("-")) > limit
 
 
 def attributes_of(key_values: Any, *, only_mapped: bool = False) -> dict[str, Any]:
@@ -364,6 +374,10 @@ def _bool(inner: Any) -> bool:
 
 def _int(inner: Any) -> int:
     number = _integer(inner)
+    if number is None and type(inner) is str and _DECIMAL.fullmatch(inner):
+        raise BadValue(
+            f"intValue {_shown(inner)} has more than {sys.get_int_max_str_digits()} digits, the most Python reads"
+        )
     if number is None:
         raise BadValue(f"intValue {_shown(inner)} is not an integer")
     return number

@@ -98,6 +98,20 @@ def test_otlp_json_hex_ids_are_decoded_as_hex_not_base64() -> None:
     )
 
 
+def test_a_time_of_more_digits_than_python_reads_rejects_its_span_only() -> None:
+    """int() refuses a decimal string of more than 4,300 digits: its ValueError went up
+    out of the decoder (the offline checker's reader, whose functions it shares, too).
+    The span is rejected in the reader's words now, and the span beside it kept."""
+    document = otlp_json_document("5B8EFFF798038103D269B633813FC60C", "EEE19B7EC3C1B174")
+    spans = document["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    spans.append({**spans[0], "spanId": "EEE19B7EC3C1B175", "endTimeUnixNano": "9" * 4301})
+    request, problems = parse_json(json.dumps(document).encode())
+    assert problems == {(0, 0, 1): "endTimeUnixNano '99999999999999999...' is not an unsigned 64-bit integer"}
+    decoded = spans_of(request, problems)
+    assert [span.span_id for span in decoded.spans] == ["eee19b7ec3c1b174"]
+    assert len(decoded.rejected) == 1
+
+
 def test_protobuf_json_base64_ids_are_rejected_with_the_reason() -> None:
     body = json.dumps(otlp_json_document("W47/95gDgQPSabYzgT/GDA==", "7uGbfsPBsXQ=")).encode()
     request, problems = parse_json(body)
