@@ -18,16 +18,20 @@ import json
 import math
 import os
 import re
+import subprocess
+import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from durable_sessions import bad_text, kinds, readers
-from durable_sessions.check import check_paths
+from durable_sessions.check import check_paths, offline_checker
 from durable_sessions.engine import Checker
 from durable_sessions.record import REQUIRED_FIELDS, STATUSES, ActionRecord, Location
 from durable_sessions.report import text_line
@@ -309,6 +313,7 @@ def test_lone_surrogates_never_reach_the_output(surrogate: str, field: str) -> N
 # -- the engine ---------------------------------------------------------------------------
 
 ALL_RULES = select_rules("all", strict=True)
+DURABLE_SESSIONS = Path(sys.executable).with_name("durable-sessions")
 
 
 @FUZZ
@@ -503,3 +508,218 @@ def test_format_detection_reads_each_line_once(monkeypatch: Any) -> None:
         fmt, replay = readers.sniff(pipe, "<stdin>", 1 << 20)
         assert (fmt, replay.read()) == ("otlp-json", lines)
     assert counted.lines == [1, 2, 3]
+
+
+# -- hostile lines among valid ones, in each format -------------------------------------------
+
+
+def action_line(n: int) -> bytes:
+    """An action record of its own session that is always a violation (an unkeyed payment)."""
+    return json.dumps({"session_id": f"s{n}", "action_id": "pay", "kind": "payment", "status": "ok"}).encode()
+
+
+def tracing_line(n: int) -> bytes:
+    """The tracing event of an unkeyed payment, in its own trace."""
+    event = {"trace_id": f"s{n}", "span": "pay", "step": 1, "kind": "tool_call", "status": "ok"}
+    return json.dumps({**event, "tool": "pay", "meta": {"action_kind": "payment"}}).encode()
+
+
+def otlp_line(n: int) -> bytes:
+    """An OTLP/JSON request of one span: an unkeyed payment, in its own session."""
+    attributes = [
+        {"key": key, "value": {"stringValue": value}}
+        for key, value in (
+            ("session.id", f"s{n}"),
+            ("agent.action.id", "pay"),
+            ("agent.action.kind", "payment"),
+        )
+    ]
+    span = {
+        **{"traceId": f"{n + 1:032x}", "spanId": f"{n + 1:016x}", "name": "pay", "kind": 1},
+        **{"startTimeUnixNano": "1700000000000000000", "endTimeUnixNano": "1700000000000000001"},
+        **{"attributes": attributes, "status": {}},
+    }
+    scope_spans = [{"scope": {"name": "t"}, "spans": [span]}]
+    return json.dumps(
+        {"resourceSpans": [{"resource": {"attributes": []}, "scopeSpans": scope_spans}]}
+    ).encode()
+
+
+VALID_LINES = {"actions": action_line, "tracing": tracing_line, "otlp-json": otlp_line}
+
+
+def hostile_lines(fmt: str, n: int, *, at: int, depth: int, noise: bytes, digits: int) -> list[bytes]:
+    """Lines of ``fmt``'s log that hold no record, made from its valid line ``n``: never
+    blank, a comment, or an object the format reads (an action log reports any object
+    without its fields, an OTLP/JSON file any object that is no request; a tracing log
+    passes over objects that are no event, as documented, so it gets none). ``at``: where
+    to cut or put a NUL (1 to the line's length - 2); ``noise``: random bytes."""
+    good = VALID_LINES[fmt](n)
+    # inside the first string: the session id's key or value, or the span's name
+    quote = good.index(b'"', good.index(b'"s') + 2) if fmt != "otlp-json" else good.index(b'"pay"') + 2
+    hostile = [
+        good[:at],  # cut short (a full disk, a killed writer)
+        b"\xff" + noise.replace(b"\n", b""),  # random bytes, not UTF-8
+        good[:at] + b"\x00" + good[at:],  # a NUL byte anywhere
+        good[:quote] + b"\xc3\x28" + good[quote:],  # a byte that is not UTF-8 in a string
+        good[:quote] + b"\\ud800" + good[quote:],  # a lone surrogate escape in a string
+        readers.UTF8_BOM + good,  # a BOM that does not start the file is content
+        b"9" * digits,  # a huge number, not an object
+        b'{"n":' + b"9" * 4301 + b"}",  # more digits than Python reads
+        b"[" * depth + b"]" * depth,  # deep nesting (not an object)
+        b'{"a":' * depth + b"1" + b"}" * depth if depth > 3000 else b"[" * depth,  # too deep, or cut
+    ]
+    if fmt == "otlp-json":  # a span's time of more digits than a 64-bit one, or Python, reads
+        hostile.append(good.replace(b'"1700000000000000001"', b'"' + b"9" * digits + b'"'))
+    if fmt != "tracing":  # objects of another format
+        hostile += [VALID_LINES[other](n) for other in VALID_LINES if other != fmt]
+        hostile += [b'{"n":1e999}', b"{}" if fmt == "actions" else b'{"resourceSpans":{}}']
+    return hostile
+
+
+@st.composite
+def hostile_line(draw: st.DrawFn, fmt: str, n: int) -> bytes:
+    """One of :func:`hostile_lines`."""
+    lines = hostile_lines(
+        fmt,
+        n,
+        at=draw(st.integers(1, len(VALID_LINES[fmt](n)) - 2)),
+        depth=draw(st.integers(1, 200_000)),
+        noise=draw(st.binary(max_size=60)),
+        digits=draw(st.integers(20, 6000)),
+    )
+    return draw(st.sampled_from(lines))
+
+
+@st.composite
+def hostile_logs(draw: st.DrawFn, fmt: str) -> tuple[bytes, list[bytes | None]]:
+    """A log of ``fmt``: a valid first line (so that detection has one answer), then valid,
+    hostile, blank and comment lines, each ended by LF or CRLF; the first maybe after a
+    BOM, the last maybe with no line break. Also each line: its text when valid, None when
+    hostile, ``b""`` when blank or a comment (which holds nothing, and is reported never)."""
+    valid = VALID_LINES[fmt]
+    kinds_of_lines = draw(st.lists(st.sampled_from(["valid", "hostile", "blank"]), max_size=10))
+    lines, expected = [valid(0)], [valid(0)]
+    for n, kind in enumerate(kinds_of_lines, 1):
+        if kind == "valid":
+            lines.append(valid(n))
+            expected.append(valid(n))
+        elif kind == "hostile":
+            lines.append(draw(hostile_line(fmt, n)))
+            expected.append(None)
+        else:
+            lines.append(draw(st.sampled_from([b"", b"  \t", b"\r", b"# a comment", b"  # \xff not UTF-8"])))
+            expected.append(b"")
+    ends = draw(st.lists(st.sampled_from([b"\n", b"\r\n"]), min_size=len(lines), max_size=len(lines)))
+    if not draw(st.booleans()):
+        ends[-1] = b""
+    bom = readers.UTF8_BOM if draw(st.booleans()) else b""
+    return bom + b"".join(line + end for line, end in zip(lines, ends, strict=True)), expected
+
+
+def assert_every_line_judged(
+    violations: list[Violation], file: str, expected: list[bytes | None], fmt: str
+) -> None:
+    """Each valid line's payment is found at its line, each hostile line is reported at its
+    line, and no violation points anywhere else."""
+    by_line: dict[int, list[Violation]] = {}
+    for violation in violations:
+        assert_violation_ok(violation, file=file)
+        by_line.setdefault(violation.line, []).append(violation)  # type: ignore[arg-type]
+    for number, line in enumerate(expected, 1):
+        found = by_line.pop(number, [])
+        if line is None:
+            assert found, f"hostile line {number} was not reported"
+        elif line:
+            assert [(v.rule, v.session_id) for v in found] == [("unkeyed-side-effect", f"s{number - 1}")]
+        else:
+            assert not found
+    assert not by_line, f"violations on lines past the file: {by_line}"
+
+
+@FUZZ
+@given(st.sampled_from(list(VALID_LINES)).flatmap(lambda fmt: st.tuples(st.just(fmt), hostile_logs(fmt))))
+def test_hostile_lines_are_reported_by_line_and_lose_no_valid_one(case: tuple[str, Any]) -> None:
+    """Random bytes, lines cut short, NUL bytes, bytes that are not UTF-8, lone surrogates,
+    BOMs, huge numbers, deep nesting, CRLF endings and lines of another format, among
+    valid lines of each format: the format is detected from the valid first line, every
+    hostile line is reported at its line and every valid line's action is still checked."""
+    fmt, (data, expected) = case
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(Path(tmp) / "log.jsonl")
+        Path(path).write_bytes(data)
+        with open(path, "rb") as source:
+            assert readers.sniff_format(source, path, readers.DEFAULT_MAX_LINE_BYTES) == fmt
+        violations = list(check_paths([path], offline_checker(ALL_RULES)))
+    assert_every_line_judged(violations, path, expected, fmt)
+
+
+def sniffed_from_a_pipe(data: bytes) -> tuple[str, bytes]:
+    """The format :func:`readers.sniff` says of ``data`` on a real pipe, and what the stream
+    it returns gives back (written from a thread: ``data`` may not fit the pipe's buffer)."""
+    read, write = os.pipe()
+    writer = threading.Thread(target=lambda: (os.write(write, data) if data else None, os.close(write)))
+    writer.start()
+    try:
+        with open(read, "rb") as pipe:
+            fmt, stream = readers.sniff(pipe, "<stdin>", readers.DEFAULT_MAX_LINE_BYTES)
+            return fmt, stream.read()
+    finally:
+        writer.join(timeout=60)
+
+
+@FUZZ
+@given(
+    st.lists(
+        st.sampled_from(list(VALID_LINES)).flatmap(
+            lambda fmt: st.one_of(st.just(VALID_LINES[fmt](1)), hostile_line(fmt, 1))
+        )
+        | st.sampled_from([b"", b"\r", b"# comment", readers.UTF8_BOM]),
+        max_size=5,
+    ),
+    st.sampled_from([b"\n", b"\r\n"]),
+    st.booleans(),
+)
+def test_a_pipe_and_a_file_are_detected_alike(lines: list[bytes], end: bytes, bom: bool) -> None:
+    """Lines of every format, hostile ones and BOMs before the first object: a file (read
+    and rewound) and a pipe (read whole up to the first object, then given back) are
+    detected as the same format, the first object's, and the pipe loses no byte."""
+    data = (readers.UTF8_BOM if bom else b"") + b"".join(line + end for line in lines)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "log.jsonl"
+        path.write_bytes(data)
+        with open(path, "rb") as source:
+            from_file = readers.sniff_format(source, str(path), readers.DEFAULT_MAX_LINE_BYTES)
+            assert source.tell() == 0
+    assert sniffed_from_a_pipe(data) == (from_file, data)
+    objects = (readers._object_on(line, n) for n, line in enumerate(data.split(b"\n"), 1))
+    first = next((obj for obj in objects if obj is not None), {})  # {} is an object, and an action log's
+    assert from_file == (
+        "otlp-json" if "resourceSpans" in first else "tracing" if "trace_id" in first else "actions"
+    )
+
+
+@pytest.mark.parametrize("fmt", list(VALID_LINES))
+def test_the_cli_reports_every_hostile_line_and_exits_1(tmp_path: Path, fmt: str) -> None:
+    """Every kind of hostile line at once, between valid lines, given to the command as a
+    file and on standard input: exit 1 (violations, docs/readers.md), no traceback, each
+    hostile line reported at its ``file:line`` and each valid line's payment found."""
+    hostile = hostile_lines(fmt, 1, at=7, depth=100_000, noise=bytes(range(256)), digits=5000)
+    lines = [line for n, bad in enumerate(hostile, 1) for line in (bad, VALID_LINES[fmt](n))]
+    data = b"\r\n".join([VALID_LINES[fmt](0), *lines]) + b"\n"
+    path = tmp_path / "log.jsonl"
+    path.write_bytes(data)
+    for argument, name, stdin in ((str(path), str(path), None), ("-", "<stdin>", data)):
+        run = subprocess.run(
+            [str(DURABLE_SESSIONS), "check", "--format", "json", argument],
+            input=stdin, capture_output=True, timeout=300,
+        )  # fmt: skip
+        assert (run.returncode, run.stderr) == (1, b"")
+        reported: dict[int, set[str]] = {}
+        for violation in json.loads(run.stdout)["violations"]:
+            assert violation["file"] == name
+            reported.setdefault(violation["line"], set()).add(violation["rule"])
+        assert reported.pop(1) == {"unkeyed-side-effect"}
+        for number in range(2, len(lines) + 2):
+            assert reported.pop(number), f"line {number} ({lines[number - 2][:40]!r}) was not reported"
+        assert not reported
