@@ -121,16 +121,20 @@ def marked(body: bytes) -> Marked | None:
     details: list[str] = []
     pieces: list[bytes] = []
     start = 0
+    # A mark as orjson writes the string (a noncharacter is written as it is): formatted
+    # here, as a body may hold millions of bad strings, each a turn of this loop.
+    quoted = b'"' + mark.encode()
     # Each match starts where the last ended (finditer would try again from every byte
     # after a failure: a body ending in a long unterminated string took quadratic time).
     while (string := _NEXT_STRING.match(body, start)) is not None:
-        detail = _not_text(string[1])
+        begin, end = string.span(1)
+        detail = _not_text(body[begin:end])
         if detail is not None:
-            pieces += (body[start : string.start(1)], orjson.dumps(f"{mark}{len(details)}"))
+            pieces += (body[start:begin], b'%s%d"' % (quoted, len(details)))
             details.append(detail)
         else:
-            pieces.append(body[start : string.end(1)])
-        start = string.end(1)
+            pieces.append(body[start:end])
+        start = end
     pieces.append(body[start:])
     return Marked(b"".join(pieces), mark, details) if details else None
 
