@@ -119,24 +119,31 @@ def marked(body: bytes) -> Marked | None:
     if mark is None:
         return None
     details: list[str] = []
-    pieces: list[bytes] = []
-    start = 0
-    # A mark as orjson writes the string (a noncharacter is written as it is): formatted
-    # here, as a body may hold millions of bad strings, each a turn of this loop.
+    # A body may hold millions of bad strings, each a turn of this loop: the marked body
+    # grows in one buffer (a list of pieces held two objects a string, over a GB for a
+    # line of 64 MiB), each detail's text is kept once, and a mark is formatted as orjson
+    # writes the string (a noncharacter is written as it is).
+    marked_body = bytearray()
+    view = memoryview(body)
+    texts: dict[str, str] = {}
     quoted = b'"' + mark.encode()
+    start = 0
     # Each match starts where the last ended (finditer would try again from every byte
     # after a failure: a body ending in a long unterminated string took quadratic time).
     while (string := _NEXT_STRING.match(body, start)) is not None:
         begin, end = string.span(1)
         detail = _not_text(body[begin:end])
         if detail is not None:
-            pieces += (body[start:begin], b'%s%d"' % (quoted, len(details)))
-            details.append(detail)
+            marked_body += view[start:begin]
+            marked_body += b'%s%d"' % (quoted, len(details))
+            details.append(texts.setdefault(detail, detail))
         else:
-            pieces.append(body[start:end])
+            marked_body += view[start:end]
         start = end
-    pieces.append(body[start:])
-    return Marked(b"".join(pieces), mark, details) if details else None
+    if not details:
+        return None
+    marked_body += view[start:]
+    return Marked(bytes(marked_body), mark, details)
 
 
 def read(body: bytes) -> tuple[Any, Marked] | None:
