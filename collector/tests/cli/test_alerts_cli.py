@@ -42,7 +42,7 @@ def dead_letter_then_redeliver(start_sidecar, store: str, capsys: pytest.Capture
         sidecar = start_sidecar(store, alerts__webhook__url=hook.url, alerts__webhook__max_attempts=3, **FAST)
         agent = Agent(grpc_exporter(sidecar.grpc_endpoint), "inc-1")
         agent.action("pay-1", "charge", "payment")  # unkeyed: an alert
-        wait_for(lambda: outbox(sidecar, "dead") == 1)
+        wait_for(lambda: outbox(sidecar, "dead") == 1, timeout=60)
 
         code, out, err = run(capsys, "dead", "--store", store, "--json")
         assert code == 0, err
@@ -62,8 +62,8 @@ def dead_letter_then_redeliver(start_sidecar, store: str, capsys: pytest.Capture
             "1 webhook alert(s) queued, but the configuration read here (--config, environment) has no webhook channel"
             in err
         )
-        wait_for(lambda: len(hook.accepted) == 1)
-        wait_for(lambda: outbox(sidecar, "delivered") == 1)
+        wait_for(lambda: len(hook.accepted) == 1, timeout=60)
+        wait_for(lambda: outbox(sidecar, "delivered") == 1, timeout=60)
         first, again = hook.requests
         assert again.headers["idempotency-key"] == first.headers["idempotency-key"]
         assert run(capsys, "dead", "--store", store)[1] == "no dead-lettered alerts\n"
