@@ -227,8 +227,8 @@ def sdk_attribute_value_limit(environ: Mapping[str, str] | None = None) -> int |
 
 def offline_checker(rules: Iterable[Rule], *, key_window_s: float = DEFAULT_KEY_WINDOW_S) -> Checker:
     """The engine :func:`check_paths` is made to feed: its readers drop every OTLP span
-    delivered again, by trace id, span id and status (:class:`Redeliveries`), as the
-    sidecar's store does, so the engine is told not to skip a span repeating the span id
+    delivered again, by session, trace id, span id and status (:class:`Redeliveries`), as
+    the sidecar's stores do, so the engine is told not to skip a span repeating the span id
     and status of its action's last span, which in another trace is another span; the
     sidecar and the offline checker then judge the same spans alike."""
     return Checker(rules, key_window_s=key_window_s, dropped_redeliveries=True)

@@ -53,8 +53,8 @@ class Checker:
 
     A record of an action whose last span it repeats (same span id and status) is taken
     for that span delivered again and skipped, unless ``dropped_redeliveries``: the caller
-    drops every span delivered again itself, by trace id, span id and status (the
-    sidecar's store, the offline checker's readers), and the engine, which remembers an
+    drops every span delivered again itself, by session, trace id, span id and status
+    (the sidecar's stores, the offline checker's readers), and the engine, which remembers an
     action's last span id but not its trace, would also skip a span of the same id in
     another trace, which is another span.
     """

@@ -427,32 +427,42 @@ class Redeliveries:
     OTLP delivers at least once: a retried Export brings its spans back, and not always
     right after their first delivery (another batch may have gone through meanwhile), so
     the engine, which recognises a repeat of an action's latest record only, would judge
-    an earlier one as a new record. The sidecar's store drops every repeat (it is unique
-    on trace, span and status); a file of OTLP requests is read the same way. A retry
-    comes back within the exporter's retry window, so only the last ``window`` spans are
-    remembered, by a 64-bit hash of (trace id, span id, status): memory stays bounded
-    however long the input.
+    an earlier one as a new record. The sidecar's stores drop every repeat (both are
+    unique on session, trace, span and status); a file of OTLP requests is read the same
+    way, so a span whose ids and status equal those of a span of another session is kept,
+    as the stores keep it. A retry comes back within the exporter's retry window, so only
+    the last ``window`` spans are remembered, by a 64-bit hash of (session id, trace id,
+    span id, status): memory stays bounded however long the input.
     """
 
     def __init__(self, window: int = 200_000) -> None:
         self.window = window
         self._seen: dict[int, None] = {}
 
-    def is_repeat(self, trace_id: str, span_id: str, status: object) -> bool:
-        """Whether this (trace id, span id, status) was read lately; remembers it if not.
+    def is_repeat(self, session_id: object, trace_id: str, span_id: str, status: object) -> bool:
+        """Whether this (session id, trace id, span id, status) was read lately; remembers
+        it if not. No session is the store's ``''``.
 
-        ``status`` may be any attribute value (a mistyped one is an array or a key-value
-        list, which cannot be hashed): it is keyed by its ``repr`` then, as the sidecar's
-        store keeps such a status.
+        ``session_id`` and ``status`` may be any attribute value (a mistyped one is an
+        array or a key-value list, which cannot be hashed): it is keyed by its ``repr``
+        then, as the sidecar's store keeps such a value as one digest of it.
         """
         seen = self._seen
-        key = hash((trace_id, span_id, status if type(status) is str else repr(status)))
+        key = hash((_keyed(session_id), trace_id, span_id, _keyed(status)))
         if key in seen:
             return True
         seen[key] = None
         if len(seen) > self.window:
             del seen[next(iter(seen))]  # the oldest: dicts keep insertion order
         return False
+
+
+def _keyed(value: object) -> str:
+    """``value`` as :class:`Redeliveries` keys it: text as it is, none as ``''``, anything
+    else by its ``repr``."""
+    if type(value) is str:
+        return value
+    return "" if value is None else repr(value)
 
 
 def read_otlp_json(
@@ -489,7 +499,8 @@ def read_otlp_json(
             if mapped is None:
                 continue
             trace_id, span_id = mapped.where[2:]
-            if redeliveries.is_repeat(trace_id, span_id, mapped.record.get("status")):
+            record = mapped.record
+            if redeliveries.is_repeat(record.get("session_id"), trace_id, span_id, record.get("status")):
                 continue
             yield (
                 with_problems(mapped.record, mapped.problems),

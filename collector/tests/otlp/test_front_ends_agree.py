@@ -711,3 +711,49 @@ def test_a_real_sidecar_and_check_judge_a_span_id_reused_in_another_trace_and_a_
     detail = running.session("s-t")
     assert [("s-t", v["rule"], v["trace_id"]) for v in detail["violations"]] == checked
     assert check.actions == len(detail["actions"]) == 2
+
+
+class _OneTraceAndSpanId(_OneSpanId):
+    """Gives every span one trace id too: two spans of one id pair, as a client that
+    reuses ids gives them."""
+
+    def generate_trace_id(self) -> int:
+        return 0x0B0B0B0B0B0B0B0B0B0B0B0B0B0B0B0B
+
+
+def test_a_real_sidecar_and_check_keep_one_span_key_in_two_sessions_and_drop_its_redelivery(
+    start_sidecar: Callable[..., Any], tmp_path: Path
+) -> None:
+    """An unkeyed payment in each of two sessions, the two spans of one trace id, span id
+    and status: the stores key a span by its session too, so the sidecar keeps both, and so
+    does ``durable-sessions check`` on the same spans, which read the second as the first
+    delivered again. Each span exported again is read once by both."""
+    from conftest import wait_for
+    from sidecar_clients import grpc_exporter
+
+    running = start_sidecar()
+    path = tmp_path / "traces.jsonl"
+    provider = TracerProvider(id_generator=_OneTraceAndSpanId())
+    ended = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(ended))
+    for session_id in ("s-a", "s-b"):
+        attributes = {"session.id": session_id, "agent.action.id": "pay", "agent.action.kind": "payment"}
+        provider.get_tracer("reused").start_span("pay", attributes=attributes).end()
+    first, second = ended.get_finished_spans()
+    assert (first.context.trace_id, first.context.span_id) == (
+        second.context.trace_id,
+        second.context.span_id,
+    )
+    sent, written = grpc_exporter(running.grpc_endpoint), FileSpanExporter(path)
+    for span in (first, second, first, second):
+        assert sent.export([span]) == written.export([span]) == SpanExportResult.SUCCESS
+    sent.shutdown()
+    written.shutdown()
+
+    check = OfflineCheck([str(path)], RULES)
+    checked = sorted((v.session_id, v.rule) for v in check)
+    assert checked == [("s-a", "unkeyed-side-effect"), ("s-b", "unkeyed-side-effect")]
+    assert check.actions == 2
+    wait_for(lambda: len(running.alerts()) >= 2)
+    assert sorted((alert["session_id"], alert["rule"]) for alert in running.alerts()) == checked
+    assert [len(running.session(s)["actions"]) for s in ("s-a", "s-b")] == [1, 1]
