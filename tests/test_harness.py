@@ -1146,3 +1146,42 @@ def test_a_task_and_a_generator_returned_by_sync_functions_resume_in_the_shape_t
     assert trials["after-1"].runs[-1].output.splitlines() == ["a01 True None [None]", sent]
     assert trials["after-2"].runs[-1].output.splitlines() == [charged, "a02 []"]
     assert trials["after-3"].runs[-1].output.splitlines() == [charged, sent]
+
+
+def test_an_async_generator_returned_by_a_sync_function_resumes_as_an_async_generator(tmp_path: Path) -> None:
+    """Killed after its async generator was exhausted, the resumed call is handed back an
+    async generator of the items (the replay was ``None``, and ``async for`` over it a
+    TypeError); stepped over while in doubt, an empty one. The emails go out once."""
+    agent = _instrumented(
+        tmp_path,
+        """
+        import asyncio, json
+
+        def emails(to):
+            async def sending():
+                for name in to:
+                    await asyncio.sleep(0)
+                    with open(os.path.join(os.environ["DURABLE_SESSIONS_DIR"], "world.jsonl"), "a") as world:
+                        world.write(json.dumps({"event": "email", "to": name}) + "\\n")
+                    yield {"sent": name}
+            return sending()
+
+        notify = action("a01", "notify", replay="skip")(emails)
+
+        async def main():
+            with session("s1", journal=journal):
+                print("a01", [item async for item in notify(["ana", "bo"])], flush=True)
+                action("a02", "llm_call")(lambda: 2)()
+
+        asyncio.run(main())
+        """,
+    )
+    proof = prove(agent, tmp_path / "p", points=("after",))
+    lines = "\n".join(describe(proof))
+    assert proof.passed, lines
+    trials = {t.name: t for t in proof.trials}
+    assert [trial.stepped_over for trial in proof.trials] == [{("s1", "a01")}, set()]
+    for trial in proof.trials:
+        assert [e["to"] for e in world(trial.directory)] == ["ana", "bo"], trial.name
+    assert trials["after-1"].runs[-1].output.splitlines() == ["a01 []"]
+    assert trials["after-2"].runs[-1].output.splitlines() == ["a01 [{'sent': 'ana'}, {'sent': 'bo'}]"]

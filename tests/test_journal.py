@@ -28,7 +28,7 @@ import time
 import tracemalloc
 import types
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -815,15 +815,29 @@ def test_an_inner_session_keeps_the_outer_journal(journal: SqliteJournal) -> Non
 
 
 def test_generators_are_not_journaled(journal: SqliteJournal) -> None:
+    """Generator and async generator functions alike: their items go to the consumer,
+    so there is no outcome to replay, and a resumed process runs them again."""
+    ran: list[str] = []
+
     @action("g1", "llm_call")
     def stream() -> Any:
+        ran.append("g1")
         yield "a"
         yield "b"
 
-    for _ in range(2):
+    @action("g2", "email")
+    async def stream_async() -> AsyncIterator[str]:
+        ran.append("g2")
+        yield "c"
+
+    async def run() -> tuple[list[str], list[str]]:
+        restart()
         with session("s-1", journal=journal):
-            assert list(stream()) == ["a", "b"]
-    assert journal.get("s-1", "g1") is None
+            return list(stream()), [item async for item in stream_async()]
+
+    assert asyncio.run(run()) == asyncio.run(run()) == (["a", "b"], ["c"])
+    assert ran == ["g1", "g2", "g1", "g2"]
+    assert journal.entries("s-1") == []
 
 
 def test_a_broken_journal_fails_open(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -1893,20 +1907,52 @@ def test_a_returned_generator_closed_early_or_failed_is_not_replayed_as_its_item
     assert sent == ["ana", "cy", "eve", *resumed]
 
 
-def test_a_returned_generator_never_iterated_ends_its_action_as_failed(journal: SqliteJournal) -> None:
+def _returned_stream(each: Callable[..., Iterator[Any]], asynchronous: bool) -> Callable[..., Any]:
+    """A sync function that returns the generator ``each(...)`` builds or, when
+    ``asynchronous``, an async generator of its items (an await between them)."""
+
+    def build(*args: Any) -> Any:
+        steps = each(*args)
+        if not asynchronous:
+            return steps
+
+        async def stepping() -> AsyncIterator[Any]:
+            for item in steps:
+                await asyncio.sleep(0)
+                yield item
+
+        return stepping()
+
+    return build
+
+
+def _items(stream: Any) -> Any:
+    """The items of a generator, or of an async generator (run in an event loop of its own);
+    anything else as it is."""
+    if not inspect.isasyncgen(stream):
+        return list(stream) if inspect.isgenerator(stream) else stream
+
+    async def collect() -> list[Any]:
+        return [item async for item in stream]
+
+    return asyncio.run(collect())
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["generator", "async-generator"])
+def test_a_returned_generator_never_iterated_ends_its_action_as_failed(
+    journal: SqliteJournal, asynchronous: bool
+) -> None:
     """Its effect never ran: the action fails and the next process runs it, as a coroutine
-    never awaited does (left ``started``, an unkeyed side effect was in doubt for ever)."""
+    never awaited does (left ``started``, an unkeyed side effect was in doubt for ever).
+    An async generator alike (it was journaled ``ok`` at once, and replayed as ``None``)."""
     agent = Agent(journal)
     sent: list[str] = []
 
-    def sending() -> Iterator[str]:
-        def each() -> Iterator[str]:
-            sent.append("ana")
-            yield "ana"
+    def each() -> Iterator[str]:
+        sent.append("ana")
+        yield "ana"
 
-        return each()
-
-    notify = agent.action("n1", "email")(sending)
+    notify = agent.action("n1", "email")(_returned_stream(each, asynchronous))
     with session("s-1", journal=journal):
         notify()  # dropped: never iterated
         gc.collect()
@@ -1915,33 +1961,143 @@ def test_a_returned_generator_never_iterated_ends_its_action_as_failed(journal: 
     assert span.status.status_code is trace.StatusCode.ERROR and "never iterated" in span.status.description
     restart()
     with session("s-1", journal=journal):
-        assert list(notify()) == ["ana"]
+        resumed = notify()
+    assert inspect.isasyncgen(resumed) is asynchronous
+    assert _items(resumed) == ["ana"]
     assert sent == ["ana"]
 
 
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["generator", "async-generator"])
 def test_a_returned_generator_resolved_by_hand_is_replayed_as_given(
-    journal: SqliteJournal, caplog: pytest.LogCaptureFixture
+    journal: SqliteJournal, caplog: pytest.LogCaptureFixture, asynchronous: bool
 ) -> None:
     """An operator settles a generator's side effect with the list of its items (a
-    generator of them comes back); one settled with another value gets that value, and
-    the log says so, rather than a failure inside the agent."""
-
-    def sending(to: str) -> Iterator[str]:
-        def each() -> Iterator[str]:
-            yield to
-
-        return each()
-
-    listed = action("n-list", "email")(lambda: sending("ana"))
-    other = action("n-other", "email")(lambda: sending("bo"))
+    generator of them comes back, an async one for an async generator); one settled with
+    another value gets that value, and the log says so, rather than a failure inside the
+    agent."""
+    shape = "async_iterator" if asynchronous else "iterator"
+    listed = action("n-list", "email")(_returned_stream(lambda: (to for to in ["ana"]), asynchronous))
+    other = action("n-other", "email")(_returned_stream(lambda: (to for to in ["bo"]), asynchronous))
     for action_id in ("n-list", "n-other"):
-        journal.put(Entry("s-1", action_id, "email", "started", 1, incarnation="dead", shape="iterator"))
+        journal.put(Entry("s-1", action_id, "email", "started", 1, incarnation="dead", shape=shape))
     journal.resolve("s-1", "n-list", ["ana"])
     journal.resolve("s-1", "n-other", {"sent": 1})
     with session("s-1", journal=journal):
-        assert list(listed()) == ["ana"]
+        replayed = listed()
+        assert inspect.isasyncgen(replayed) is asynchronous
+        assert _items(replayed) == ["ana"]
         assert other() == {"sent": 1}
-    assert "'n-other' returned a generator when it ran, but its journaled outcome is a dict" in caplog.text
+    returned = "an async generator" if asynchronous else "a generator"
+    assert f"'n-other' returned {returned} when it ran, but its journaled outcome is a dict" in caplog.text
+
+
+def test_an_async_generator_returned_by_a_sync_function_is_journaled_when_exhausted_and_replayed(
+    journal: SqliteJournal, boundaries: Path
+) -> None:
+    """As a returned generator is: the action is open across the async generator's steps
+    (the span current in them, sent values passed on), and journaled with the list of its
+    items when it is exhausted. It was "recorded" at once (not JSON: a warning), journaled
+    ``ok`` without an outcome with the span ended before the first item, and a side
+    effect's resumed call got ``None``, which the caller's ``async for`` refuses."""
+    agent = Agent(journal)
+    sent: list[str] = []
+    current: list[str] = []
+
+    def sending(to: list[str]) -> AsyncIterator[dict[str, str]]:
+        async def each() -> AsyncIterator[dict[str, str]]:
+            for name in to:
+                await asyncio.sleep(0)
+                current.append(trace.get_current_span().attributes[sc.ACTION_ID])
+                sent.append(name)
+                reply = yield {"sent": name}
+                if reply is not None:
+                    sent.append(reply)
+
+        return each()
+
+    notify = agent.action("n1", "email")(sending)
+
+    async def first() -> list[Any]:
+        with session("s-1", journal=journal):
+            stream = notify(["ana", "bo"])
+            assert inspect.isasyncgen(stream) and sent == [] and agent.spans() == []
+            assert journal.get("s-1", "n1").shape == "async_iterator"  # noted before the effect
+            got = [await stream.__anext__()]
+            assert journal.get("s-1", "n1").status == "started" and not boundaries.exists()
+            got.append(await stream.asend("ana read it"))
+            with pytest.raises(StopAsyncIteration):
+                await stream.__anext__()
+            return got
+
+    assert asyncio.run(first()) == [{"sent": "ana"}, {"sent": "bo"}]
+    assert current == ["n1", "n1"] and sent == ["ana", "ana read it", "bo"]
+    assert journal.get("s-1", "n1").outcome == [{"sent": "ana"}, {"sent": "bo"}]
+    assert json.loads(agent.attributes("n1")[sc.ACTION_RESULT]) == [{"sent": "ana"}, {"sent": "bo"}]
+    assert boundaries.read_text().split() == ["1"]
+    restart()
+
+    async def resumed() -> list[Any]:
+        with session("s-1", journal=journal):
+            replayed = notify(["ana", "bo"])
+            assert inspect.isasyncgen(replayed)
+            return [item async for item in replayed]
+
+    assert asyncio.run(resumed()) == [{"sent": "ana"}, {"sent": "bo"}]
+    assert sent == ["ana", "ana read it", "bo"]
+
+
+@pytest.mark.parametrize("kind", ["email", "llm_call"])
+def test_a_returned_async_generator_closed_early_or_failed_is_not_replayed_as_its_items(
+    journal: SqliteJournal, kind: str
+) -> None:
+    """As a returned generator: closed early (``aclose()``, or left open when the loop
+    ends), a side effect is in doubt (stepped over as an empty async generator), anything
+    else runs again; failed, it ends ``error`` and runs again."""
+    sent: list[str] = []
+
+    def each(to: list[str]) -> Iterator[str]:
+        for name in to:
+            if name == "bad":
+                raise ValueError("no such address")
+            sent.append(name)
+            yield name
+
+    sending = _returned_stream(each, asynchronous=True)
+    stopped = action("n-stopped", kind, replay="skip")(sending)
+    left_open = action("n-left-open", kind, replay="skip")(sending)
+    failed = action("n-failed", kind)(sending)
+    kept: list[Any] = []
+
+    async def first() -> None:
+        with session("s-1", journal=journal):
+            stream = stopped(["ana", "bo"])
+            assert await stream.__anext__() == "ana"
+            await stream.aclose()
+            kept.append(left_open(["cy"]))
+            assert await kept[0].__anext__() == "cy"  # asyncio.run closes it when it ends
+            with pytest.raises(ValueError, match="no such address"):
+                [item async for item in failed(["dee", "bad"])]
+
+    async def resumed() -> list[list[str]]:
+        with session("s-1", journal=journal):
+            return [
+                [item async for item in run(to)]
+                for run, to in ((stopped, ["ana", "bo"]), (left_open, ["cy"]), (failed, ["dee", "eve"]))
+            ]
+
+    asyncio.run(first())
+    for action_id in ("n-stopped", "n-left-open"):
+        entry = journal.get("s-1", action_id)
+        assert (entry.status, entry.result) == ("started" if kind == "email" else "ok", None), action_id
+    assert journal.get("s-1", "n-failed").status == "error"
+    restart()
+    outputs = asyncio.run(resumed())
+    if kind == "email":
+        assert outputs == [[], [], ["dee", "eve"]]
+        assert sent == ["ana", "cy", "dee", "dee", "eve"]
+    else:
+        assert outputs == [["ana", "bo"], ["cy"], ["dee", "eve"]]
+        assert sent == ["ana", "cy", "dee", "ana", "bo", "cy", "dee", "eve"]
 
 
 def test_a_returned_coroutine_closed_mid_await_leaves_its_action_in_doubt(journal: SqliteJournal) -> None:

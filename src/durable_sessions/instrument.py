@@ -74,6 +74,7 @@ from durable_sessions import semconv as sc
 from durable_sessions.digest import PREFIX, digest_bytes, outcome_json
 from durable_sessions.journal import (
     RUN_FIRST,
+    SHAPE_ASYNC_ITERATOR,
     SHAPE_FUTURE,
     SHAPE_ITERATOR,
     ActionInDoubt,
@@ -684,7 +685,8 @@ class action:
     loop (a coroutine, with no loop running). One that returns a generator (and is no
     generator function) gets back a generator running it inside the action, and is
     journaled, with the list of its items, when it is exhausted; its replayed call returns
-    a generator of them.
+    a generator of them. One that returns an async generator gets back an async generator,
+    the same way, and its replayed call an async generator of the items.
 
     An ``Exception`` marks the action failed (span status ERROR, ``status=error``, an
     ``exception`` event). ``GeneratorExit`` (a consumer that stopped early) ends it
@@ -821,15 +823,15 @@ class action:
                 # A coroutine's effect runs when it is awaited: so does the action. A Task
                 # or a Future is given back as it is (as a coroutine it would break a caller
                 # that cancels it or adds a callback), and the action ends when it is done.
-                # A generator's effect runs as it is iterated: the action ends when it is
-                # exhausted, with its items as the outcome.
+                # A generator's (or an async generator's) effect runs as it is iterated: the
+                # action ends when it is exhausted, with its items as the outcome.
                 if inspect.iscoroutine(value):
                     return _awaited(act, value, self.record_return)
                 if asyncio.isfuture(value):
                     return _settled(act, value, self.record_return)
                 if self.awaitable and not inspect.isawaitable(value):
                     self._warn_not_awaitable(act.action_id, value)
-                if inspect.isgenerator(value):
+                if inspect.isgenerator(value) or inspect.isasyncgen(value):
                     return _iterated(act, value, self.record_return)
                 if self.record_return:
                     act.record(value)
@@ -853,28 +855,13 @@ class action:
         return run_generator
 
     def _wrap_async_generator(self, func: Callable[..., AsyncGenerator[Any, Any]]) -> Callable[..., Any]:
-        @functools.wraps(func)
-        async def run_async_generator(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, Any]:
+        @contextmanager
+        def started(*args: Any, **kwargs: Any) -> Iterator[tuple[contextvars.Context, None]]:
             context = contextvars.copy_context()
             with _entered(context, self._start(self._id_for(args, kwargs), journaled=False)):
-                steps = func(*args, **kwargs)
-                step: Awaitable[Any] = _first_step_unregistered(steps)
-                while True:  # ``yield from`` for an async generator, which Python lacks
-                    try:
-                        item = await _InContext(context, step)
-                    except StopAsyncIteration:
-                        return
-                    try:
-                        sent = yield item
-                    except GeneratorExit:
-                        await _InContext(context, steps.aclose())
-                        raise
-                    except BaseException as error:  # thrown in by the consumer: the body's to handle
-                        step = steps.athrow(error)
-                    else:
-                        step = steps.asend(sent)
+                yield context, None
 
-        return run_async_generator
+        return functools.wraps(func)(_async_stepping(started, func))
 
     # internals ---------------------------------------------------------------------------
 
@@ -1234,37 +1221,45 @@ def _never_ran(act: Action, ending: _Ending | None, verb: str) -> None:
         logger.debug("durable_sessions: could not end an action never %s", verb, exc_info=True)
 
 
-def _iterated(act: Action, steps: Generator[Any, Any, Any], record: bool) -> Generator[Any, Any, Any]:
-    """A generator that runs ``steps`` (what a decorated sync function returned) inside its
-    action, each step in the action's context, passing on items, sent values, thrown
-    exceptions and ``close()``.
+def _iterated(
+    act: Action, steps: Generator[Any, Any, Any] | AsyncGenerator[Any, Any], record: bool
+) -> Generator[Any, Any, Any] | AsyncGenerator[Any, Any]:
+    """A generator (an async generator, for one) that runs ``steps`` (what a decorated sync
+    function returned) inside its action, each step in the action's context, passing on
+    items, sent values, thrown exceptions and ``close()`` (``aclose()``).
 
     The generator's effect happens as it is iterated: exhausted, the action records the
-    list of its items (kept until then) and completes ``ok`` (its replay is a generator of
-    them, :func:`_reshaped`); failed, it ends ``error``; closed early, it ends as a
-    decorated generator function's does (a side effect with no outcome is in doubt, anything
-    else completes without an outcome and runs again). One never iterated is ended when it
-    is collected (:func:`_never_ran`).
+    list of its items (kept until then) and completes ``ok`` (its replay is a generator, or
+    an async generator, of them: :func:`_reshaped`); failed, it ends ``error``; closed
+    early, it ends as a decorated generator function's does (a side effect with no outcome
+    is in doubt, anything else completes without an outcome and runs again). One never
+    iterated is ended when it is collected (:func:`_never_ran`).
     """
-    ending = _handed_over(act, awaited=False, shape=SHAPE_ITERATOR)
+    asynchronous = inspect.isasyncgen(steps)
+    ending = _handed_over(act, awaited=False, shape=SHAPE_ASYNC_ITERATOR if asynchronous else SHAPE_ITERATOR)
     context = contextvars.copy_context()  # the span is current here, and the session
 
-    def iterate() -> Generator[Any, Any, Any]:
+    @contextmanager
+    def exhausting() -> Iterator[tuple[contextvars.Context, Callable[[Any], None] | None]]:
+        """Around the steps: the action ends when they do (as :func:`_iterated` says)."""
         unstarted.detach()
         items: list[Any] = []
         try:
             try:
-                returned = yield from _stepped(context, steps, items.append if record else None)
+                yield context, (items.append if record else None)
             except BaseException as error:
                 if ending is not None:
                     ending.raised(error)
                 raise
             _succeeded(act, ending, items, record=record, awaited=False)
-            return returned
         finally:
             act.span.end()
 
-    iterator = iterate()
+    def iterate() -> Generator[Any, Any, Any]:
+        with exhausting() as (_, seen):
+            return (yield from _stepped(context, steps, seen))  # type: ignore[arg-type]
+
+    iterator: Any = _async_stepping(exhausting, lambda: steps)() if asynchronous else iterate()
     unstarted = weakref.finalize(iterator, _never_ran, act, ending, "iterated")
     return iterator
 
@@ -1277,8 +1272,10 @@ def _reshaped(act: Action, declared_awaitable: bool) -> Any:
         return _done_future(act.action_id, act.result)
     if declared_awaitable or act._replay_awaitable:
         return _resolved(act.result)
-    if act._replay_shape == SHAPE_ITERATOR:
-        return _replayed_items(act.action_id, act.result)
+    if act._replay_shape in (SHAPE_ITERATOR, SHAPE_ASYNC_ITERATOR):
+        return _replayed_items(
+            act.action_id, act.result, asynchronous=act._replay_shape == SHAPE_ASYNC_ITERATOR
+        )
     return act.result
 
 
@@ -1300,22 +1297,29 @@ def _done_future(action_id: str, value: Any) -> Any:
     return future
 
 
-def _replayed_items(action_id: str, items: Any) -> Any:
-    """A generator of the recorded ``items``: the replay of an action whose first run
-    returned a generator; none (nothing recorded, or stepped over) is an empty one. An
-    outcome that is no list (resolved by hand as another value) is logged and returned as
-    it is."""
+def _replayed_items(action_id: str, items: Any, *, asynchronous: bool) -> Any:
+    """A generator (an async generator, when ``asynchronous``) of the recorded ``items``:
+    the replay of an action whose first run returned one; none (nothing recorded, or
+    stepped over) is an empty one. An outcome that is no list (resolved by hand as another
+    value) is logged and returned as it is."""
     if items is None:
         items = []
     if not isinstance(items, list):
         logger.warning(
-            "durable_sessions: action %r returned a generator when it ran, but its journaled outcome is a %s, "
+            "durable_sessions: action %r returned %s when it ran, but its journaled outcome is a %s, "
             "not the list of its items: its replay returns the outcome as it is",
             action_id,
+            "an async generator" if asynchronous else "a generator",
             type(items).__name__,
         )
         return items
-    return (item for item in items)
+    return _async_items(items) if asynchronous else (item for item in items)
+
+
+async def _async_items(items: list[Any]) -> AsyncGenerator[Any, None]:
+    """An async generator of ``items``."""
+    for item in items:
+        yield item
 
 
 async def _resolved(value: Any) -> Any:
@@ -1659,6 +1663,47 @@ def _first_step_unregistered(steps: AsyncGenerator[Any, Any]) -> Awaitable[Any]:
         return steps.asend(None)
     finally:
         sys.set_asyncgen_hooks(firstiter=hooks.firstiter, finalizer=hooks.finalizer)
+
+
+_Started = Callable[..., AbstractContextManager[tuple[contextvars.Context, Callable[[Any], None] | None]]]
+"""What :func:`_async_stepping` runs an async generator inside: given the call's arguments,
+a block that yields the context to run each step in, and what to hand each item to."""
+
+
+def _async_stepping(
+    started: _Started, make: Callable[..., AsyncGenerator[Any, Any]]
+) -> Callable[..., AsyncGenerator[Any, Any]]:
+    """An async generator function that runs ``make(*args, **kwargs)`` as :func:`_stepped`
+    runs a generator (``yield from``, which Python lacks for an async generator), inside
+    the block ``started(*args, **kwargs)`` opens when iteration starts.
+
+    A function of its own, not a helper to delegate to: a decorated async generator
+    function must stay one (``inspect.isasyncgenfunction``), and an async generator can
+    only pass sent values, thrown exceptions and ``aclose()`` on through its own loop.
+    """
+
+    async def stepped(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, Any]:
+        with started(*args, **kwargs) as (context, seen):
+            steps = make(*args, **kwargs)
+            step: Awaitable[Any] = _first_step_unregistered(steps)
+            while True:
+                try:
+                    item = await _InContext(context, step)
+                except StopAsyncIteration:
+                    return
+                if seen is not None:
+                    seen(item)
+                try:
+                    sent = yield item
+                except GeneratorExit:
+                    await _InContext(context, steps.aclose())
+                    raise
+                except BaseException as error:  # thrown in by the consumer: the body's to handle
+                    step = steps.athrow(error)
+                else:
+                    step = steps.asend(sent)
+
+    return stepped
 
 
 class _InContext:

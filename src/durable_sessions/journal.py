@@ -67,6 +67,8 @@ SHAPE_FUTURE = "future"
 """An :attr:`Entry.shape`: the action's function returned an asyncio Task or Future."""
 SHAPE_ITERATOR = "iterator"
 """An :attr:`Entry.shape`: the action's function returned a generator."""
+SHAPE_ASYNC_ITERATOR = "async_iterator"
+"""An :attr:`Entry.shape`: the action's function returned an async generator."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,11 +94,12 @@ class Entry:
     replay, or its skip, is handed back awaitable, as the first run was."""
     shape: str | None = None
     """What a sync function's first run returned, where a replay must hand back the same
-    kind of object: ``"future"`` (an asyncio Task or Future; its replay is a done Future)
-    or ``"iterator"`` (a generator; its outcome is the list of its items, and its replay a
-    generator of them). Noted, as ``awaited`` is, before the outcome is known. ``None``
-    otherwise, and in an entry written before 2026-12, which replays as it did then; an
-    unknown value is read as ``None``."""
+    kind of object: ``"future"`` (an asyncio Task or Future; its replay is a done Future),
+    ``"iterator"`` (a generator; its outcome is the list of its items, and its replay a
+    generator of them) or ``"async_iterator"`` (the same of an async generator). Noted, as
+    ``awaited`` is, before the outcome is known. ``None`` otherwise, and in an entry
+    written before 2026-12, which replays as it did then; an unknown value is read as
+    ``None`` (a version before ``"async_iterator"`` replays such an entry as its list)."""
 
     def __post_init__(self) -> None:
         # A row written by hand (an operator's UPDATE ... SET result = '{"charged": 2400}'
