@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from conftest import Sidecar, wait_for
+from durable_sessions_collector.alerts import outbox_key
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
@@ -170,13 +171,33 @@ class Run:
             }
         return findings, verdicts, keys
 
+    def alert_lines(self) -> list[dict[str, Any]]:
+        """Every alert line the sidecars wrote: first alerts and changes of status."""
+        return [
+            line
+            for log in self.logs
+            for line in log.lines()
+            if line.get("event") in ("violation", "violation-resolved")
+        ]
+
     def alerted_keys(self) -> list[str]:
-        return [line["key"] for log in self.logs for line in log.lines() if line.get("event") == "violation"]
+        """The keys in the violations' first alerts. A change of status (resolved, or
+        firing again: ``"event": "violation"`` too) has a ``transition`` and is an alert of
+        its own (collector/README.md, "Alerts"), not a second first alert: a session that
+        ends more than once (its Exports further apart than ``idle_s``) may make one."""
+        return [
+            line["key"]
+            for line in self.alert_lines()
+            if line["event"] == "violation" and "transition" not in line
+        ]
 
     def alerted_once(self, count: int) -> list[str]:
-        """The alerted keys, once there are at least ``count``: the lines of the last
-        sweep's findings are written after the commit that shows its sessions ended."""
+        """The alerted keys, once there are at least ``count`` (the lines of the last
+        sweep's findings are written after the commit that shows its sessions ended),
+        each alert line having been written once: no outbox key twice."""
         wait_for(lambda: len(self.alerted_keys()) >= count)
+        written = collections.Counter(outbox_key(line) for line in self.alert_lines())
+        assert [key for key, lines in written.items() if lines > 1] == []
         return self.alerted_keys()
 
 
@@ -323,6 +344,49 @@ def test_late_completion_resolves_the_end_finding_across_a_restart_and_alerts_on
     run.wait_all_ended(1)
     assert run.sidecar.session("late")["verdict"] == "ok"
     assert run.alerted_keys() == [violation["key"]]
+
+
+def test_a_violation_firing_again_after_a_restart_is_not_a_second_first_alert(
+    start_sidecar, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """The session ends three times, the last two after a restart: the email's start is
+    unresolved, its completion resolves that, a new start makes it hold again. The
+    violation's key is on two ``"violation"`` lines, the first alert and the change back
+    to firing (documented: three alerts, once each), and ``alerted_once`` takes them for
+    what they are. It took the change for the first alert written twice when pauses
+    longer than ``idle_s`` ended a session between its Exports (test_kept_states.py)."""
+    store = tmp_path / "sessions.db"
+    run = Run(start_sidecar(store), tmp_path)
+    email = {"session.id": "again", "id": "mail-1", "kind": "email"}
+    started = action_span(0x61, {**email, "status": "started"})
+    run.send([started])
+    run.wait_all_ended(1)
+    [violation] = run.sidecar.session("again")["violations"]
+    run.sidecar.stop()
+    run.use(start_sidecar(store))
+
+    def ended_with(resolved: bool) -> bool:
+        detail = run.sidecar.session("again")
+        return detail["state"] == "ended" and any(
+            v["key"] == violation["key"] and v["resolved"] == resolved for v in detail["violations"]
+        )
+
+    # The completion (same span, another status: it failed, nothing was sent).
+    run.send([{**started, "error": True, "attrs": {**started["attrs"], "agent.action.status": "error"}}])
+    wait_for(lambda: ended_with(resolved=True))
+    run.send([action_span(0x62, {**email, "status": "started", "idempotency_key": "mail-1-key"})])
+    wait_for(lambda: ended_with(resolved=False))
+
+    def changes() -> list[tuple[str, str]]:
+        return [
+            (line["event"], line["status"]) for line in run.alert_lines() if line["key"] == violation["key"]
+        ]
+
+    # The change's line is written after the commit that shows the session ended.
+    wait_for(lambda: len(changes()) == 3)
+    assert changes() == [("violation", "firing"), ("violation-resolved", "resolved"), ("violation", "firing")]
+    _, _, keys = run.sidecar_findings()
+    assert sorted(run.alerted_once(len(keys))) == sorted(keys)
 
 
 def test_escalation_after_the_end_resolves_retry_not_escalated(start_sidecar, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
