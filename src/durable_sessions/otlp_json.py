@@ -260,9 +260,17 @@ def _integer(value: Any) -> int | None:
     digits than Python reads (:func:`_too_long_to_read`), which no 64-bit field holds."""
     if type(value) is int:
         return value
-    if type(value) is str and _DECIMAL.fullmatch(value) and not _too_long_to_read(value):
+    if (
+        type(value) is str
+        and _DECIMAL.fullmatch(value)
+        and (len(value) <= _ALWAYS_READ or not _too_long_to_read(value))
+    ):
         return int(value)
     return None
+
+
+_ALWAYS_READ = sys.int_info.str_digits_check_threshold
+"""Digits ``int()`` reads whatever its limit (640): a timestamp needs no look at the limit."""
 
 
 def _too_long_to_read(decimal: str) -> bool:
