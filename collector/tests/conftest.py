@@ -128,11 +128,13 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: floa
     return value
 
 
-def serve_refused(tmp_path: Path, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+def serve_refused(
+    tmp_path: Path, *argv: str, timeout: float = 30, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """``durable-sessions-collector serve`` with ``argv`` and a SQLite store in ``tmp_path``,
-    in this process's environment without any DURABLE_SESSIONS_* variable: the run, which
-    must have stopped start-up with exit code 2."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLE_SESSIONS_")}
+    in this process's environment without any DURABLE_SESSIONS_* variable, ``env`` over
+    it: the run, which must have stopped start-up with exit code 2."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLE_SESSIONS_")} | dict(env or {})
     result = subprocess.run(
         [
             sys.executable,

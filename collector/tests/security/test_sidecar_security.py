@@ -260,22 +260,7 @@ def test_invalid_security_settings_stop_start_up_without_echoing_the_token(
     message: str,  # type: ignore[type-arg]
 ) -> None:
     _, cert, _ = tls_files
-    env = {k: v.format(cert=cert) for k, v in env.items()}
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "durable_sessions_collector",
-            "serve",
-            "--store",
-            f"sqlite:///{tmp_path / 'x.db'}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env={**os.environ, **env},
-    )
-    assert result.returncode == 2
+    result = serve_refused(tmp_path, env={k: v.format(cert=cert) for k, v in env.items()})
     assert message in result.stderr
     assert "short" not in result.stderr and "has a space" not in result.stderr
 
