@@ -40,7 +40,7 @@ def native_module(name: str = "_native", package: str = "durable_sessions") -> M
     value = os.environ.get(SWITCH, "").strip().lower()
     if value in OFF:
         return None
-    if unknown_switch() is not None:
+    if value not in ON:
         _warn_unknown(value)
     try:
         return importlib.import_module(f"{package}.{name}")

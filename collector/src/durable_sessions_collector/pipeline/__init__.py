@@ -62,9 +62,11 @@ RECOUNT_RETRY_S = 1.0
 RULES_CHECK_EVERY_S = 60.0
 """Seconds between two looks, on a store replicas share, at the selection of rules its
 verdicts count: another replica started with another selection is logged."""
-KEEP_STATES_AT_STOP_S = 5.0
-"""Longest a stop spends keeping the state of the long sessions held (half of the writer's
-stop timeout): the next start restores them rather than re-feeding all their records."""
+WRITE_AT_STOP_S = 5.0
+"""Longest the writer goes on after a stop is asked for (half of :meth:`Pipeline.stop`'s
+timeout): writing the requests still queued, then keeping the state of the long sessions
+held, so that the next start restores them rather than re-feeding all their records.
+Requests still queued then are refused, and their clients retry; none was acknowledged."""
 
 
 class Overloaded(Exception):
@@ -268,14 +270,20 @@ class Pipeline:
             if self.store.shared and ticked - self.last_rules_check >= RULES_CHECK_EVERY_S:
                 self.last_rules_check = ticked
                 self.check_rules()
-        # Drain what was accepted before the stop was asked for.
-        until = time.monotonic() + KEEP_STATES_AT_STOP_S
-        while True:
+        until = time.monotonic() + WRITE_AT_STOP_S
+        self._drain(until)
+        self.keep_states(until)
+
+    def _drain(self, until: float) -> None:
+        """Write the requests queued before the stop was asked for, one at a time, until
+        ``time.monotonic()`` passes ``until``. Without the bound a deep queue of large
+        requests kept the writer on past :meth:`stop`'s wait, which then refused the same
+        queue from its side while the store was being written."""
+        while time.monotonic() < until:
             try:
                 self._write([self.queue.get_nowait()])
             except queue.Empty:
-                break
-        self.keep_states(until)
+                return
 
     def _write(self, batch: list[Job]) -> None:
         """Commit ``batch`` in one transaction, then release its receivers.
