@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from durable_sessions import readers
+
 DURABLE_SESSIONS = Path(sys.executable).with_name("durable-sessions")
 REPLAY_CHECK = Path(sys.executable).with_name("replay-check")
 
@@ -797,3 +799,16 @@ def test_parallel_check_of_stdin() -> None:
     run = check("--jobs", "2", "-", stdin=data)
     assert run.returncode == 1
     assert run.stdout == single.stdout
+
+
+def test_a_peek_at_a_pipe_splits_lines_as_the_readers_do() -> None:
+    """A carriage return is JSON whitespace, also inside an object: a pipe peeked at found
+    no object on a first line holding one (``splitlines`` cut it there), and named an
+    OTLP/JSON stream an action log, where a file of the same bytes was detected."""
+    data = b'{"resourceSpans":\r[]}\n'
+    read, write = os.pipe()
+    os.write(write, data)
+    os.close(write)
+    with open(read, "rb") as pipe:
+        assert not pipe.seekable()
+        assert readers.sniff_format(pipe, "<pipe>", readers.DEFAULT_MAX_LINE_BYTES) == "otlp-json"

@@ -394,7 +394,9 @@ def _head_object(source: IO[bytes], max_line_bytes: int) -> dict[str, Any] | Non
     """The first JSON object in the first lines of ``source``, which is left where it was."""
     if not _seekable(source):
         peek = getattr(source, "peek", None)
-        lines = peek(65536).splitlines() if peek else []
+        # Lines end at "\n" alone, as the readers split them: splitlines() also split at a
+        # "\r", which JSON allows as whitespace inside an object.
+        lines = peek(65536).split(b"\n") if peek else []
         found = (_object_on(line, number) for number, line in enumerate(lines, 1))
         return next((first for first in found if first is not None), None)  # {} is one
     start = source.tell()
