@@ -44,6 +44,18 @@ one, so the two do not share a GIL (they do share the machine's CPUs).
     grow over the rounds. The discard receiver runs in the same run: half its throughput
     is the per-span budget of the 50% target.
 
+``steps``
+    The CPU time of each step of a span's way through the sidecar, per span, on one
+    thread with nothing else running in the process: ``throughput``'s requests parsed as
+    the discard receiver parses them (``FromString``), decoded by the sidecar (``_wire``),
+    received (mapped, scrubbed and made into rows, as ``TraceReceiver.export`` does before
+    it queues them), and written (checked by every rule, stored and committed, as the
+    writer thread writes batches of ``--clients`` requests to a SQLite store). Each tree
+    runs in a spawned child process, rounds alternating with ``--baseline TREE`` (its
+    ``src`` and ``collector/src``, extensions built in place); the best round of each
+    step. Unlike ``throughput`` it leaves out gRPC, threads and the GIL, so a change to a
+    step shows above this shared machine's noise.
+
 ``http-port``
     The HTTP port's own cost per request, without the store: ``--clients`` threads send
     ``GET`` requests for a path that is not routed (404) as fast as they are answered,
@@ -59,6 +71,7 @@ Run::
     .venv/bin/python benchmarks/collector_ingest.py store-floor [--rounds 5] [--baseline TREE]
     .venv/bin/python benchmarks/collector_ingest.py scrape [--sessions 1000000] [--store postgresql://…] [--baseline TREE]
     .venv/bin/python benchmarks/collector_ingest.py http-port [--rounds 5] [--baseline TREE]
+    .venv/bin/python benchmarks/collector_ingest.py steps [--rounds 5] [--baseline TREE]
     .venv/bin/python benchmarks/collector_ingest.py pages [--sessions 1000000] [--store postgresql://…] [--baseline TREE]
 
 ``scrape``
@@ -1000,6 +1013,105 @@ def http_port(args: argparse.Namespace) -> None:
             server.stop()
 
 
+# --- steps ----------------------------------------------------------------------------------
+
+
+STEPS = ("parse (discard receiver)", "decode", "receive: map, scrub, row", "write: check, store, commit")
+
+
+class _Collecting:
+    """The receivers' side of a pipeline that only keeps the jobs it is given."""
+
+    def __init__(self) -> None:
+        self.jobs: list[Any] = []
+
+    def submit(self, items: list[Any], transport: str) -> Any:
+        from durable_sessions_collector.pipeline import Job
+
+        self.jobs.append(Job(items, transport))
+        return self.jobs[-1]
+
+    def wait(self, job: Any) -> Any:
+        return job
+
+
+def _steps_child(conn: Any, tree: str | None, work: str, clients: int) -> None:
+    """Time :data:`STEPS` for each round of requests ``conn`` sends, in the tree's code."""
+    if tree is not None:
+        sys.path[:0] = [str(Path(tree, "src")), str(Path(tree, "collector", "src"))]
+    from durable_sessions_collector.alerts.metrics import Metrics
+    from durable_sessions_collector.evaluator import Evaluator
+    from durable_sessions_collector.jsonlog import JsonLog
+    from durable_sessions_collector.otlp.decode import wire_span_parts
+    from durable_sessions_collector.otlp.receiver import TraceReceiver
+    from durable_sessions_collector.pipeline import Pipeline
+    from durable_sessions_collector.store import open_store
+
+    store = open_store(f"sqlite:///{work}/sessions.db")
+    log = JsonLog(open(os.devnull, "w"))  # noqa: SIM115
+    metrics = Metrics(store)
+    pipeline = Pipeline(store, Evaluator(strict=True), metrics, log)
+    while (requests := conn.recv()) is not None:
+        collecting = _Collecting()
+        receiver = TraceReceiver(collecting, metrics, log, None)  # type: ignore[arg-type]
+        times = [time.process_time()]
+        for body in requests:
+            ExportTraceServiceRequest.FromString(body)
+        times.append(time.process_time())
+        decoded = [wire_span_parts(body) for body in requests]
+        times.append(time.process_time())
+        for parts in decoded:
+            receiver.export(parts, [], "grpc")
+        times.append(time.process_time())
+        for start in range(0, len(collecting.jobs), clients):
+            pipeline._write(collecting.jobs[start : start + clients])
+        times.append(time.process_time())
+        conn.send([after - before for before, after in itertools.pairwise(times)])
+    store.close()
+
+
+def steps(args: argparse.Namespace) -> None:
+    work = tempfile.mkdtemp(prefix="ds-bench-")
+    trees = {"sidecar": None, **({"baseline": str(Path(args.baseline).resolve())} if args.baseline else {})}
+    context = multiprocessing.get_context("spawn")
+    children = {}
+    for name, tree in trees.items():
+        os.makedirs(f"{work}/{name}")
+        conn, child_conn = context.Pipe()
+        context.Process(
+            target=_steps_child, args=(child_conn, tree, f"{work}/{name}", args.clients), daemon=True
+        ).start()
+        children[name] = conn
+    spans = args.requests * args.spans_per_request
+    print(
+        f"{args.requests} requests x {args.spans_per_request} spans, batches of {args.clients} requests, {args.rounds} rounds; CPU µs per span, best round"
+    )
+    best = {name: [float("inf")] * len(STEPS) for name in trees}
+    for round_no in range(args.rounds + 1):  # the first round warms up, and is not counted
+        batch = build_round(f"s{round_no}", args.requests, args.spans_per_request, args.sessions_per_request)
+        for name, conn in children.items():
+            conn.send(batch)
+            seconds = conn.recv()
+            if round_no:
+                best[name] = [min(b, t / spans * 1e6) for b, t in zip(best[name], seconds, strict=True)]
+    for conn in children.values():
+        conn.send(None)
+    width = max(map(len, STEPS))
+    print(
+        f"{'step':{width}}  "
+        + "  ".join(f"{name:>9}" for name in trees)
+        + ("  sidecar / baseline" if args.baseline else "")
+    )
+    for index, step in enumerate(STEPS):
+        cells = "  ".join(f"{best[name][index]:9.2f}" for name in trees)
+        ratio = f"  {best['sidecar'][index] / best['baseline'][index]:.2f}x" if args.baseline else ""
+        print(f"{step:{width}}  {cells}{ratio}")
+    totals = {name: sum(best[name][1:]) for name in trees}
+    cells = "  ".join(f"{totals[name]:9.2f}" for name in trees)
+    ratio = f"  {totals['sidecar'] / totals['baseline']:.2f}x" if args.baseline else ""
+    print(f"{'the sidecar (all but parse)':{width}}  {cells}{ratio}")
+
+
 def workload_parser(modes: Any, name: str) -> argparse.ArgumentParser:
     """A mode sending ``throughput``'s requests, in rounds."""
     parser: argparse.ArgumentParser = modes.add_parser(name)
@@ -1033,6 +1145,7 @@ def main() -> None:
     three.add_argument("--clients", type=int, default=4)
     three.add_argument("--idle-s", type=float, default=30.0)
     workload_parser(modes, "store-floor")
+    workload_parser(modes, "steps")
     five = modes.add_parser("scrape")
     five.add_argument("--sessions", type=int, default=1_000_000)
     five.add_argument(
@@ -1077,6 +1190,7 @@ def main() -> None:
         "latency": latency,
         "rss": rss,
         "store-floor": store_floor,
+        "steps": steps,
         "scrape": scrape,
         "http-port": http_port,
         "prune": prune,
