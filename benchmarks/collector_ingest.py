@@ -1089,7 +1089,8 @@ def steps(args: argparse.Namespace) -> None:
     best = {name: [float("inf")] * len(STEPS) for name in trees}
     for round_no in range(args.rounds + 1):  # the first round warms up, and is not counted
         batch = build_round(f"s{round_no}", args.requests, args.spans_per_request, args.sessions_per_request)
-        for name, conn in children.items():
+        order = list(children.items())
+        for name, conn in order if round_no % 2 else order[::-1]:  # neither tree always goes first
             conn.send(batch)
             seconds = conn.recv()
             if round_no:

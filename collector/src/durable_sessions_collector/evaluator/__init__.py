@@ -135,16 +135,20 @@ class Evaluator:
         mapped, row = arrived
         refuse_nul(row)
         session_id = row.session_id
+        held = None
         if session_id is not None:
-            if session_id not in self._held and writer.is_stored(row):
+            held = self._held.get(session_id)
+            if held is not None:
+                self._held.move_to_end(session_id)
+            elif writer.is_stored(row):
                 # A redelivered span of a session not in memory (ended, say): rebuilding it
                 # would cost a replay of its records and hold it for nothing.
                 return False, []
-            self._hold(writer, session_id)
+            else:
+                held = self._hold(writer, session_id)
         if not writer.add_action(row, now):
             return False, []
-        if session_id is not None:
-            held = self._held[session_id]
+        if held is not None:
             held.fed += 1
             if held.first_seen is None:  # no row yet: the caller's touch_session makes it at ``now``
                 held.first_seen = now
@@ -154,8 +158,10 @@ class Evaluator:
         # stored (a rebuilt session's records come without them, and its violations are
         # stored already).
         violations = self.checker.feed(with_problems(row.record, mapped.problems), mapped.where)
-        if session_id is not None and held.grown(self.keep_state_after):
-            self._keep(writer, session_id, held)
+        # The first test is half of grown()'s, and fails for most records: it spares them the call.
+        keep_after = self.keep_state_after
+        if held is not None and held.unkept() >= keep_after and held.grown(keep_after):
+            self._keep(writer, session_id, held)  # type: ignore[arg-type]
         return True, violations
 
     def end(self, writer: Writer, session_id: str) -> list[Violation]:
@@ -211,20 +217,21 @@ class Evaluator:
             if self._held.pop(session_id, "absent") != "absent":
                 self.checker.end_session(session_id)
 
-    def _hold(self, writer: Writer, session_id: str) -> None:
-        """Make sure ``session_id`` is in the engine, rebuilding it from the store if not
+    def _hold(self, writer: Writer, session_id: str) -> Held:
+        """``session_id`` as the engine holds it, rebuilt from the store if it was not held
         (what the rules find meanwhile is dropped: see the module's docstring)."""
         held = self._held
         if session_id in held:
             held.move_to_end(session_id)
-            return
-        held[session_id] = self._rebuild(writer, session_id)
+            return held[session_id]
+        held[session_id] = holding = self._rebuild(writer, session_id)
         while len(held) > self.max_sessions:
             evicted = next(iter(held))
             # Most often a session of no span of this transaction, whose lock it does not
             # hold: on a shared store another replica may be writing it meanwhile.
             self._release(writer, evicted, locked=evicted in self._locked)
             self.checker.end_session(evicted)  # not over: its end-of-session findings wait for idleness
+        return holding
 
     def _rebuild(self, writer: Writer, session_id: str) -> Held:
         """The session as the store holds it: its kept state restored, if there is one
