@@ -16,7 +16,7 @@ import pytest
 
 from durable_sessions import crash
 from durable_sessions.cli import main
-from durable_sessions.harness import describe, prove
+from durable_sessions.harness import Trial, describe, prove
 from durable_sessions.journal import SqliteJournal
 from durable_sessions.otlp_json import spans_of
 
@@ -1085,6 +1085,17 @@ def test_a_sync_function_that_returns_an_awaitable_resumes_awaitable_when_declar
     assert resumed["before-3"].output.splitlines() == ["a02 {'sent': 'ana'}", "a03 None"]
 
 
+def _passed_after(
+    agent: list[str], tmp_path: Path, stepped_over: list[set[tuple[str, str]]]
+) -> dict[str, Trial]:
+    """``agent`` proved at its ``after`` crash points: it passes, each trial steps over the
+    actions ``stepped_over`` names for it; its trials by name."""
+    proof = prove(agent, tmp_path / "p", points=("after",))
+    assert proof.passed, "\n".join(describe(proof))
+    assert [trial.stepped_over for trial in proof.trials] == stepped_over
+    return {trial.name: trial for trial in proof.trials}
+
+
 def test_a_task_and_a_generator_returned_by_sync_functions_resume_in_the_shape_they_had(
     tmp_path: Path,
 ) -> None:
@@ -1132,12 +1143,8 @@ def test_a_task_and_a_generator_returned_by_sync_functions_resume_in_the_shape_t
         asyncio.run(main())
         """,
     )
-    proof = prove(agent, tmp_path / "p", points=("after",))
-    lines = "\n".join(describe(proof))
-    assert proof.passed, lines
-    trials = {t.name: t for t in proof.trials}
-    assert [trial.stepped_over for trial in proof.trials] == [{("s1", "a01")}, {("s1", "a02")}, set()]
-    for trial in proof.trials:
+    trials = _passed_after(agent, tmp_path, stepped_over=[{("s1", "a01")}, {("s1", "a02")}, set()])
+    for trial in trials.values():
         events = world(trial.directory)
         assert [e["to"] for e in events if e["event"] == "charge"] == ["visa"], trial.name
         assert [e["to"] for e in events if e["event"] == "email"] == ["ana", "bo"], trial.name
@@ -1176,12 +1183,56 @@ def test_an_async_generator_returned_by_a_sync_function_resumes_as_an_async_gene
         asyncio.run(main())
         """,
     )
-    proof = prove(agent, tmp_path / "p", points=("after",))
-    lines = "\n".join(describe(proof))
-    assert proof.passed, lines
-    trials = {t.name: t for t in proof.trials}
-    assert [trial.stepped_over for trial in proof.trials] == [{("s1", "a01")}, set()]
-    for trial in proof.trials:
+    trials = _passed_after(agent, tmp_path, stepped_over=[{("s1", "a01")}, set()])
+    for trial in trials.values():
         assert [e["to"] for e in world(trial.directory)] == ["ana", "bo"], trial.name
     assert trials["after-1"].runs[-1].output.splitlines() == ["a01 []"]
     assert trials["after-2"].runs[-1].output.splitlines() == ["a01 [{'sent': 'ana'}, {'sent': 'bo'}]"]
+
+
+def test_a_stream_a_coroutine_function_gives_resumes_as_a_stream_of_its_items(tmp_path: Path) -> None:
+    """``async def f(): return stream()``, of either kind: killed after the stream was
+    exhausted, the await of the resumed call gives a stream of the same kind of its items
+    (it gave ``None``, and the caller's loop over it raised TypeError); stepped over while
+    in doubt, an empty one. Each email goes out once, whatever the crash."""
+    agent = _instrumented(
+        tmp_path,
+        """
+        import asyncio, json
+
+        def email(name):
+            with open(os.path.join(os.environ["DURABLE_SESSIONS_DIR"], "world.jsonl"), "a") as world:
+                world.write(json.dumps({"event": "email", "to": name}) + "\\n")
+            return {"sent": name}
+
+        async def emails_async(to):
+            await asyncio.sleep(0)
+            async def sending():
+                for name in to:
+                    await asyncio.sleep(0)
+                    yield email(name)
+            return sending()
+
+        async def emails(to):
+            await asyncio.sleep(0)
+            return (email(name) for name in to)
+
+        notify_async = action("a01", "notify", replay="skip")(emails_async)
+        notify = action("a02", "notify", replay="skip")(emails)
+
+        async def main():
+            with session("s1", journal=journal):
+                print("a01", [item async for item in await notify_async(["ana", "bo"])], flush=True)
+                print("a02", list(await notify(["cy"])), flush=True)
+                action("a03", "llm_call")(lambda: 3)()
+
+        asyncio.run(main())
+        """,
+    )
+    trials = _passed_after(agent, tmp_path, stepped_over=[{("s1", "a01")}, {("s1", "a02")}, set()])
+    for trial in trials.values():
+        assert [e["to"] for e in world(trial.directory)] == ["ana", "bo", "cy"], trial.name
+    sent_async, sent = "a01 [{'sent': 'ana'}, {'sent': 'bo'}]", "a02 [{'sent': 'cy'}]"
+    assert trials["after-1"].runs[-1].output.splitlines() == ["a01 []", sent]
+    assert trials["after-2"].runs[-1].output.splitlines() == [sent_async, "a02 []"]
+    assert trials["after-3"].runs[-1].output.splitlines() == [sent_async, sent]

@@ -1819,6 +1819,15 @@ def test_an_entry_of_a_task_written_before_the_shape_was_noted_replays_as_a_coro
     assert charges == []
 
 
+def _assert_sent_to_ana_and_bo(agent: Agent, boundaries: Path) -> None:
+    """Action ``n1`` of session ``s-1`` completed with its items, ana's and bo's emails, as
+    its outcome, in the journal and on its span, past its ``after`` crash point once."""
+    items = [{"sent": "ana"}, {"sent": "bo"}]
+    assert agent.journal.get("s-1", "n1").outcome == items
+    assert json.loads(agent.attributes("n1")[sc.ACTION_RESULT]) == items
+    assert boundaries.read_text().split() == ["1"]
+
+
 def test_a_generator_returned_by_a_sync_function_is_journaled_when_exhausted_and_replayed(
     journal: SqliteJournal, boundaries: Path
 ) -> None:
@@ -1854,9 +1863,7 @@ def test_a_generator_returned_by_a_sync_function_is_journaled_when_exhausted_and
             next(stream)
     assert stop.value.value == "all sent"
     assert current == ["n1", "n1"]
-    assert journal.get("s-1", "n1").outcome == [{"sent": "ana"}, {"sent": "bo"}]
-    assert json.loads(agent.attributes("n1")[sc.ACTION_RESULT]) == [{"sent": "ana"}, {"sent": "bo"}]
-    assert boundaries.read_text().split() == ["1"]
+    _assert_sent_to_ana_and_bo(agent, boundaries)
     restart()
     with session("s-1", journal=journal):
         replayed = notify(["ana", "bo"])
@@ -1874,17 +1881,7 @@ def test_a_returned_generator_closed_early_or_failed_is_not_replayed_as_its_item
     ends ``error`` and runs again. Unrecorded (``record=False``), a side effect is
     replayed as an empty generator, anything else runs again."""
     sent: list[str] = []
-
-    def sending(to: list[str]) -> Iterator[str]:
-        def each() -> Iterator[str]:
-            for name in to:
-                if name == "bad":
-                    raise ValueError("no such address")
-                sent.append(name)
-                yield name
-
-        return each()
-
+    sending = _returned_stream(_mailing(sent), asynchronous=False)
     stopped = action("n-stopped", kind, replay="skip")(sending)
     failed = action("n-failed", kind)(sending)
     unrecorded = action("n-unrecorded", kind, record=False)(sending)
@@ -1905,6 +1902,20 @@ def test_a_returned_generator_closed_early_or_failed_is_not_replayed_as_its_item
         assert list(unrecorded(["eve"])) == ([] if kind == "email" else ["eve"])
     resumed = ["cy", "dee"] if kind == "email" else ["ana", "bo", "cy", "dee", "eve"]
     assert sent == ["ana", "cy", "eve", *resumed]
+
+
+def _mailing(sent: list[str]) -> Callable[[list[str]], Iterator[str]]:
+    """A generator function that sends to each address it is given (noted in ``sent``) and
+    yields it, and raises ValueError at the address ``"bad"``."""
+
+    def each(to: list[str]) -> Iterator[str]:
+        for name in to:
+            if name == "bad":
+                raise ValueError("no such address")
+            sent.append(name)
+            yield name
+
+    return each
 
 
 def _returned_stream(each: Callable[..., Iterator[Any]], asynchronous: bool) -> Callable[..., Any]:
@@ -2031,9 +2042,7 @@ def test_an_async_generator_returned_by_a_sync_function_is_journaled_when_exhaus
 
     assert asyncio.run(first()) == [{"sent": "ana"}, {"sent": "bo"}]
     assert current == ["n1", "n1"] and sent == ["ana", "ana read it", "bo"]
-    assert journal.get("s-1", "n1").outcome == [{"sent": "ana"}, {"sent": "bo"}]
-    assert json.loads(agent.attributes("n1")[sc.ACTION_RESULT]) == [{"sent": "ana"}, {"sent": "bo"}]
-    assert boundaries.read_text().split() == ["1"]
+    _assert_sent_to_ana_and_bo(agent, boundaries)
     restart()
 
     async def resumed() -> list[Any]:
@@ -2054,15 +2063,7 @@ def test_a_returned_async_generator_closed_early_or_failed_is_not_replayed_as_it
     ends), a side effect is in doubt (stepped over as an empty async generator), anything
     else runs again; failed, it ends ``error`` and runs again."""
     sent: list[str] = []
-
-    def each(to: list[str]) -> Iterator[str]:
-        for name in to:
-            if name == "bad":
-                raise ValueError("no such address")
-            sent.append(name)
-            yield name
-
-    sending = _returned_stream(each, asynchronous=True)
+    sending = _returned_stream(_mailing(sent), asynchronous=True)
     stopped = action("n-stopped", kind, replay="skip")(sending)
     left_open = action("n-left-open", kind, replay="skip")(sending)
     failed = action("n-failed", kind)(sending)
@@ -2098,6 +2099,140 @@ def test_a_returned_async_generator_closed_early_or_failed_is_not_replayed_as_it
     else:
         assert outputs == [["ana", "bo"], ["cy"], ["dee", "eve"]]
         assert sent == ["ana", "cy", "dee", "ana", "bo", "cy", "dee", "eve"]
+
+
+def _awaited_stream(each: Callable[..., Iterator[Any]], asynchronous: bool) -> Callable[..., Any]:
+    """A coroutine function whose await gives what ``_returned_stream(each, asynchronous)``
+    returns, after an await of its own."""
+    build = _returned_stream(each, asynchronous)
+
+    async def stream(*args: Any) -> Any:
+        await asyncio.sleep(0)
+        return build(*args)
+
+    return stream
+
+
+async def _drained(stream: Any) -> list[Any]:
+    """The items of a generator or an async generator, from inside an event loop."""
+    if inspect.isasyncgen(stream):
+        return [item async for item in stream]
+    return list(stream)
+
+
+_STREAM_KINDS = pytest.mark.parametrize("asynchronous", [False, True], ids=["generator", "async-generator"])
+
+
+@_STREAM_KINDS
+def test_a_stream_a_coroutine_function_gives_is_journaled_when_exhausted_and_replayed(
+    journal: SqliteJournal, boundaries: Path, asynchronous: bool
+) -> None:
+    """``async def f(): return stream()`` has its effect as what the await gave is iterated:
+    the action spans the iteration (the span current in its steps) and is journaled with
+    the list of its items when it is exhausted, and the await of a resumed call gives a
+    stream of the same kind. It was "recorded" at the await (not JSON: a warning), journaled
+    ``ok`` without an outcome, and a side effect's resumed call gave ``None``."""
+    agent = Agent(journal)
+    sent: list[str] = []
+    current: list[str] = []
+
+    def each(to: list[str]) -> Iterator[dict[str, str]]:
+        for name in to:
+            current.append(trace.get_current_span().attributes[sc.ACTION_ID])
+            sent.append(name)
+            yield {"sent": name}
+
+    notify = agent.action("n1", "email")(_awaited_stream(each, asynchronous))
+    assert inspect.iscoroutinefunction(notify)
+    is_stream = inspect.isasyncgen if asynchronous else inspect.isgenerator
+
+    async def first() -> list[Any]:
+        with session("s-1", journal=journal):
+            stream = await notify(["ana", "bo"])
+            assert is_stream(stream) and sent == [] and agent.spans() == []
+            assert journal.get("s-1", "n1").shape == ("async_iterator" if asynchronous else "iterator")
+            got = [await stream.__anext__() if asynchronous else next(stream)]
+            assert journal.get("s-1", "n1").status == "started" and not boundaries.exists()
+            return got + await _drained(stream)
+
+    assert asyncio.run(first()) == [{"sent": "ana"}, {"sent": "bo"}]
+    assert current == ["n1", "n1"] and sent == ["ana", "bo"]
+    _assert_sent_to_ana_and_bo(agent, boundaries)
+    restart()
+
+    async def resumed() -> list[Any]:
+        with session("s-1", journal=journal):
+            replayed = await notify(["ana", "bo"])
+            assert is_stream(replayed)
+            return await _drained(replayed)
+
+    assert asyncio.run(resumed()) == [{"sent": "ana"}, {"sent": "bo"}]
+    assert sent == ["ana", "bo"]
+
+
+@_STREAM_KINDS
+@pytest.mark.parametrize("kind", ["email", "llm_call"])
+def test_a_stream_a_coroutine_function_gives_stopped_failed_or_never_iterated_is_not_replayed(
+    journal: SqliteJournal, kind: str, asynchronous: bool
+) -> None:
+    """As a sync function's returned stream: closed early, a side effect is in doubt
+    (stepped over as an empty stream), anything else runs again; failed, or never
+    iterated, it ends ``error`` and runs again (all were journaled ``ok`` at the await)."""
+    agent = Agent(journal)
+    sent: list[str] = []
+    sending = _awaited_stream(_mailing(sent), asynchronous)
+    stopped = agent.action("n-stopped", kind, replay="skip")(sending)
+    failed = agent.action("n-failed", kind)(sending)
+    dropped = agent.action("n-dropped", kind)(sending)
+
+    async def first() -> None:
+        with session("s-1", journal=journal):
+            stream = await stopped(["ana", "bo"])
+            assert (await stream.__anext__() if asynchronous else next(stream)) == "ana"
+            await stream.aclose() if asynchronous else stream.close()
+            with pytest.raises(ValueError, match="no such address"):
+                await _drained(await failed(["cy", "bad"]))
+            await dropped(["dee"])  # never iterated
+            gc.collect()
+
+    async def resumed() -> list[list[str]]:
+        with session("s-1", journal=journal):
+            return [
+                await _drained(await run(to))
+                for run, to in ((stopped, ["ana", "bo"]), (failed, ["cy", "eve"]), (dropped, ["dee"]))
+            ]
+
+    asyncio.run(first())
+    stopped_entry = journal.get("s-1", "n-stopped")
+    assert (stopped_entry.status, stopped_entry.result) == ("started" if kind == "email" else "ok", None)
+    assert [journal.get("s-1", a).status for a in ("n-failed", "n-dropped")] == ["error", "error"]
+    (dropped_span,) = [s for s in agent.spans() if s.attributes[sc.ACTION_ID] == "n-dropped"]
+    assert "never iterated" in dropped_span.status.description
+    restart()
+    outputs = asyncio.run(resumed())
+    stopped_again = [] if kind == "email" else ["ana", "bo"]
+    assert outputs == [stopped_again, ["cy", "eve"], ["dee"]]
+    assert sent == ["ana", "cy", *stopped_again, "cy", "eve", "dee"]  # "dee" was never sent at first
+
+
+@_STREAM_KINDS
+def test_a_stream_a_coroutine_function_gives_resolved_by_hand_is_replayed_as_its_items(
+    journal: SqliteJournal, asynchronous: bool
+) -> None:
+    """An operator settles the in-doubt side effect with the list of its items: the await
+    of the resumed call gives a stream of them (it gave the list itself)."""
+    listed = action("n1", "email")(_awaited_stream(lambda: (to for to in ["bo"]), asynchronous))
+    shape = "async_iterator" if asynchronous else "iterator"
+    journal.put(Entry("s-1", "n1", "email", "started", 1, incarnation="dead", shape=shape))
+    journal.resolve("s-1", "n1", ["ana"])
+
+    async def resumed() -> Any:
+        with session("s-1", journal=journal):
+            return await listed()
+
+    replayed = asyncio.run(resumed())
+    assert (inspect.isasyncgen if asynchronous else inspect.isgenerator)(replayed)
+    assert _items(replayed) == ["ana"]
 
 
 def test_a_returned_coroutine_closed_mid_await_leaves_its_action_in_doubt(journal: SqliteJournal) -> None:

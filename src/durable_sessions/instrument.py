@@ -686,7 +686,9 @@ class action:
     generator function) gets back a generator running it inside the action, and is
     journaled, with the list of its items, when it is exhausted; its replayed call returns
     a generator of them. One that returns an async generator gets back an async generator,
-    the same way, and its replayed call an async generator of the items.
+    the same way, and its replayed call an async generator of the items. A coroutine
+    function whose await gives a generator or an async generator is handled the same way:
+    the await gives the wrapped one, and the await of its replayed call one of the items.
 
     An ``Exception`` marks the action failed (span status ERROR, ``status=error``, an
     ``exception`` event). ``GeneratorExit`` (a consumer that stopped early) ends it
@@ -806,8 +808,12 @@ class action:
             async def run_async(*args: Any, **kwargs: Any) -> Any:
                 with self._start(self._id_for(args, kwargs)) as act:
                     if act.replayed or act.skipped:
-                        return act.result
+                        return _replayed_value(act)
                     value = await func(*args, **kwargs)
+                    # What the await gave may be a stream whose effect runs as it is
+                    # iterated: the action ends with it, as a sync function's does.
+                    if _is_stream(value):
+                        return _iterated(act, value, self.record_return)
                     if self.record_return:
                         act.record(value)
                     return value
@@ -831,7 +837,7 @@ class action:
                     return _settled(act, value, self.record_return)
                 if self.awaitable and not inspect.isawaitable(value):
                     self._warn_not_awaitable(act.action_id, value)
-                if inspect.isgenerator(value) or inspect.isasyncgen(value):
+                if _is_stream(value):
                     return _iterated(act, value, self.record_return)
                 if self.record_return:
                     act.record(value)
@@ -1225,8 +1231,9 @@ def _iterated(
     act: Action, steps: Generator[Any, Any, Any] | AsyncGenerator[Any, Any], record: bool
 ) -> Generator[Any, Any, Any] | AsyncGenerator[Any, Any]:
     """A generator (an async generator, for one) that runs ``steps`` (what a decorated sync
-    function returned) inside its action, each step in the action's context, passing on
-    items, sent values, thrown exceptions and ``close()`` (``aclose()``).
+    function returned, or a decorated coroutine function's await gave) inside its action,
+    each step in the action's context, passing on items, sent values, thrown exceptions and
+    ``close()`` (``aclose()``).
 
     The generator's effect happens as it is iterated: exhausted, the action records the
     list of its items (kept until then) and completes ``ok`` (its replay is a generator, or
@@ -1272,11 +1279,24 @@ def _reshaped(act: Action, declared_awaitable: bool) -> Any:
         return _done_future(act.action_id, act.result)
     if declared_awaitable or act._replay_awaitable:
         return _resolved(act.result)
+    return _replayed_value(act)
+
+
+def _replayed_value(act: Action) -> Any:
+    """The replayed (or stepped-over) outcome as what a call (or a coroutine function's
+    await) gave its first caller: a generator, or an async generator, of the recorded
+    items when it gave one, else the value itself."""
     if act._replay_shape in (SHAPE_ITERATOR, SHAPE_ASYNC_ITERATOR):
         return _replayed_items(
             act.action_id, act.result, asynchronous=act._replay_shape == SHAPE_ASYNC_ITERATOR
         )
     return act.result
+
+
+def _is_stream(value: object) -> bool:
+    """Whether ``value`` is a generator or an async generator: its effect runs as it is
+    iterated, so the action that returned it ends with it (:func:`_iterated`)."""
+    return inspect.isgenerator(value) or inspect.isasyncgen(value)
 
 
 def _done_future(action_id: str, value: Any) -> Any:

@@ -93,13 +93,14 @@ class Entry:
     coroutine; noted before the await, so an entry still ``started`` has it too): its
     replay, or its skip, is handed back awaitable, as the first run was."""
     shape: str | None = None
-    """What a sync function's first run returned, where a replay must hand back the same
-    kind of object: ``"future"`` (an asyncio Task or Future; its replay is a done Future),
-    ``"iterator"`` (a generator; its outcome is the list of its items, and its replay a
-    generator of them) or ``"async_iterator"`` (the same of an async generator). Noted, as
-    ``awaited`` is, before the outcome is known. ``None`` otherwise, and in an entry
-    written before 2026-12, which replays as it did then; an unknown value is read as
-    ``None`` (a version before ``"async_iterator"`` replays such an entry as its list)."""
+    """What a sync function's first run returned (or a coroutine function's await gave),
+    where a replay must hand back the same kind of object: ``"future"`` (an asyncio Task
+    or Future; its replay is a done Future), ``"iterator"`` (a generator; its outcome is
+    the list of its items, and its replay a generator of them) or ``"async_iterator"``
+    (the same of an async generator). Noted, as ``awaited`` is, before the outcome is
+    known. ``None`` otherwise, and in an entry written before 2026-12, which replays as it
+    did then; an unknown value is read as ``None`` (a version before ``"async_iterator"``
+    replays such an entry as its list)."""
 
     def __post_init__(self) -> None:
         # A row written by hand (an operator's UPDATE ... SET result = '{"charged": 2400}'
