@@ -1039,6 +1039,7 @@ def _steps_child(conn: Any, tree: str | None, work: str, clients: int) -> None:
     """Time :data:`STEPS` for each round of requests ``conn`` sends, in the tree's code."""
     if tree is not None:
         sys.path[:0] = [str(Path(tree, "src")), str(Path(tree, "collector", "src"))]
+    from durable_sessions_collector import service
     from durable_sessions_collector.alerts.metrics import Metrics
     from durable_sessions_collector.evaluator import Evaluator
     from durable_sessions_collector.jsonlog import JsonLog
@@ -1051,6 +1052,7 @@ def _steps_child(conn: Any, tree: str | None, work: str, clients: int) -> None:
     log = JsonLog(open(os.devnull, "w"))  # noqa: SIM115
     metrics = Metrics(store)
     pipeline = Pipeline(store, Evaluator(strict=True), metrics, log)
+    service.tune_garbage_collector()  # as serve does
     while (requests := conn.recv()) is not None:
         collecting = _Collecting()
         receiver = TraceReceiver(collecting, metrics, log, None)  # type: ignore[arg-type]
