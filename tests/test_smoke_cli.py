@@ -48,13 +48,14 @@ def test_version_says_which_c_extensions_run() -> None:
     for module in ("_native", "_engine", "_memory"):
         require_native(module)
     require_native("_wire", "durable_sessions_collector.otlp")
+    require_native("_rows", "durable_sessions_collector.store")
     assert version("durable-sessions", "") == [
         f"durable-sessions {__version__}",
         f"C extensions: {EXTENSIONS}",
     ]
     assert version("durable-sessions-collector", "true") == [
         f"durable-sessions-collector {__version__}",
-        f"C extensions: {EXTENSIONS}, durable_sessions_collector.otlp._wire",
+        f"C extensions: {EXTENSIONS}, durable_sessions_collector.otlp._wire, durable_sessions_collector.store._rows",
     ]
     off = "C extensions off (DURABLE_SESSIONS_NATIVE); the Python code runs"
     assert version("durable-sessions", "off") == [f"durable-sessions {__version__}", off]

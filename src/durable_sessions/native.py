@@ -9,7 +9,8 @@
   (``Checker.feed``), and ``durable_sessions._memory`` folds it into its session's
   memory (``SessionState.remember``), for the engine wherever it runs;
 - the sidecar's ``durable_sessions_collector.otlp._wire`` reads binary OTLP trace
-  requests into the parts the mapping takes.
+  requests into the parts the mapping takes, and its
+  ``durable_sessions_collector.store._rows`` builds the stored row of each mapped record.
 
 Each step also exists in Python: the Python code stays the reference, is used wherever
 an extension is missing or declines an item, and is what ``DURABLE_SESSIONS_NATIVE=false``

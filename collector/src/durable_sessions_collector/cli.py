@@ -65,13 +65,19 @@ from durable_sessions_collector.environment import NOT_READ, unknown_variables
 from durable_sessions_collector.redaction import RedactingStream
 from durable_sessions_collector.store import DeadAlert, Store, StoreError, open_store
 
+COLLECTOR_EXTENSIONS = (
+    ("durable_sessions_collector.otlp", "_wire"),
+    ("durable_sessions_collector.store", "_rows"),
+)
+"""This distribution's C extensions (package, module name), which ``--version`` names."""
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="durable-sessions-collector",
         description="The durable-sessions sidecar: OTLP in, whole-session verdicts and alerts out.",
     )
-    add_version(parser, __version__, (*LIBRARY_EXTENSIONS, ("durable_sessions_collector.otlp", "_wire")))
+    add_version(parser, __version__, (*LIBRARY_EXTENSIONS, *COLLECTOR_EXTENSIONS))
     commands = parser.add_subparsers(dest="command", required=True)
     for name, text in (
         ("serve", "run the sidecar until SIGTERM or SIGINT"),

@@ -44,12 +44,13 @@ from typing import Any, Literal, NamedTuple, Protocol
 
 import orjson
 
+from durable_sessions.native import native_module
 from durable_sessions.record import ActionRecord, Location
 from durable_sessions.report import Verdict, verdict_of
 from durable_sessions.violation import Severity, Violation
 from durable_sessions_collector.alerts import FIRING, RESOLVED
 from durable_sessions_collector.quote import quoted
-from durable_sessions_collector.store.stored import checked_record, stored_record
+from durable_sessions_collector.store.stored import checked_record, native_rows_settings, stored_record
 
 SessionState = Literal["active", "ended"]
 VERDICTS: tuple[Verdict, ...] = ("ok", "at_risk", "unrecoverable")
@@ -118,7 +119,19 @@ def action_row(record: ActionRecord, trace_id: str, span_id: str) -> ActionRow:
     type is the column's: a session id must be a non-empty string. ``seq`` orders the
     session's actions in a 64-bit integer column; a span's start time is unsigned and may
     not fit, so it is held to the column's range (the record keeps it exact), which keeps
-    the order."""
+    the order.
+
+    The C extension ``_rows`` builds the row of a plain record (every value kept as given);
+    :func:`reference_action_row` builds any other, and every row where it is not built."""
+    if _ROWS is not None:
+        row = _ROWS.row(record, trace_id, span_id)
+        if row is not None:
+            return row  # type: ignore[no-any-return]
+    return reference_action_row(record, trace_id, span_id)
+
+
+def reference_action_row(record: ActionRecord, trace_id: str, span_id: str) -> ActionRow:
+    """:func:`action_row` in Python: the reference of the C rows."""
     stored = stored_record(record)
     session_id, status = stored.get("session_id"), stored.get("status")
     action_id, kind, seq = stored.get("action_id"), stored.get("kind"), stored.get("seq")
@@ -133,6 +146,22 @@ def action_row(record: ActionRecord, trace_id: str, span_id: str) -> ActionRow:
         min(max(seq, -_INT64), _INT64 - 1) if type(seq) is int else None,
         encode_record(stored),
     )
+
+
+def _native_rows() -> Any:
+    rows = native_module("_rows", package="durable_sessions_collector.store")
+    if rows is None:
+        return None
+    return rows.Rows(**native_rows_settings(), row_type=ActionRow, dumps=orjson.dumps)
+
+
+_ROWS = _native_rows()
+
+
+def native_rows_in_use() -> bool:
+    """Whether :func:`action_row` tries the C rows first (built, and not turned off by
+    ``DURABLE_SESSIONS_NATIVE``)."""
+    return _ROWS is not None
 
 
 TEXT_COLUMNS = ("session_id", "action_id", "kind", "status", "trace_id", "span_id")

@@ -95,6 +95,18 @@ STORED_FIELDS = _IDENTIFIERS | frozenset(_CHOICES) | _DIGESTS | _NOT_TEXT
 _SCALARS = frozenset({bool, int, float, type(None)})
 
 
+def native_rows_settings() -> dict[str, Any]:
+    """The rules of :func:`stored_record` that the C rows (``store/_rows.c``) judge a record
+    by, as ``_rows.Rows`` takes them: it builds a row only where these keep every value."""
+    return {
+        "identifiers": _IDENTIFIERS,
+        "digests": _DIGESTS,
+        "choices": _CHOICES,
+        "no_text": _NOT_TEXT,
+        "max_text": MAX_TEXT,
+    }
+
+
 def stored_record(record: ActionRecord) -> ActionRecord:
     """``record`` as the store keeps it (see the module's description); a new dict, in
     ``record``'s order. Applied to a stored record, it returns an equal one."""
