@@ -12,12 +12,13 @@ import subprocess
 import sys
 from typing import Any
 
+import orjson
 import pytest
 from durable_sessions_collector.otlp.decode import protobuf_span_parts
 from durable_sessions_collector.otlp.receiver import scrub
 from durable_sessions_collector.store import ActionRow, action_row, base
 from durable_sessions_collector.store.base import reference_action_row
-from durable_sessions_collector.store.stored import MAX_TEXT, STORED_FIELDS, hidden
+from durable_sessions_collector.store.stored import MAX_TEXT, STORED_FIELDS, hidden, native_rows_settings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -258,3 +259,24 @@ def test_the_switch_turns_the_c_rows_off() -> None:
             [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
         )
         assert done.stdout.startswith(expected), (value, done.stdout, done.stderr)
+
+
+def test_rows_refuse_a_row_type_of_other_fields() -> None:
+    """A field added to ActionRow alone would be left unset in every row built in C."""
+    from durable_sessions_collector.store import _rows  # type: ignore[attr-defined]
+
+    @dataclasses.dataclass(slots=True)
+    class Wider:
+        session_id: str
+        trace_id: str
+        span_id: str
+        status: str
+        record: dict[str, Any]
+        action_id: str | None
+        kind: str | None
+        seq: int | None
+        text: str
+        extra: int
+
+    with pytest.raises(TypeError, match="slots are not those _rows fills"):
+        _rows.Rows(**native_rows_settings(), row_type=Wider, dumps=orjson.dumps)

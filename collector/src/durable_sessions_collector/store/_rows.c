@@ -333,6 +333,29 @@ fields_of(PyObject *identifiers, PyObject *digests, PyObject *choices, PyObject 
     return fields;
 }
 
+/* Whether the slots of ``row_type`` are ROW_FIELDS, in their order: a row made here sets
+ * each of them, and a field added to ActionRow alone would be left unset. */
+static int
+has_row_fields(PyObject *row_type)
+{
+    PyObject *slots = PyObject_GetAttrString(row_type, "__slots__");
+    PyObject *expected = PyTuple_New(ROW_SIZE);
+    int same = slots != NULL && expected != NULL;
+    for (Py_ssize_t i = 0; same && i < ROW_SIZE; i++) {
+        PyObject *name = PyUnicode_FromString(ROW_FIELDS[i]);
+        same = name != NULL;
+        if (same)
+            PyTuple_SET_ITEM(expected, i, name);
+    }
+    if (same)
+        same = PyObject_RichCompareBool(slots, expected, Py_EQ);
+    Py_XDECREF(slots);
+    Py_XDECREF(expected);
+    if (same == 0 && !PyErr_Occurred())
+        PyErr_Format(PyExc_TypeError, "%.100s's slots are not those _rows fills", ((PyTypeObject *)row_type)->tp_name);
+    return same == 1 ? 0 : -1;
+}
+
 /* The row type's slot descriptors and their names into ``self``. */
 static int
 take_row_type(Rows *self, PyObject *row_type)
@@ -341,6 +364,8 @@ take_row_type(Rows *self, PyObject *row_type)
         PyErr_SetString(PyExc_TypeError, "row_type must be a class");
         return -1;
     }
+    if (has_row_fields(row_type) < 0)
+        return -1;
     for (Py_ssize_t i = 0; i < ROW_SIZE; i++) {
         PyObject *name = PyUnicode_InternFromString(ROW_FIELDS[i]);
         PyObject *slot = name ? PyObject_GetAttr(row_type, name) : NULL;

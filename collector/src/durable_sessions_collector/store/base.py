@@ -92,7 +92,9 @@ class ActionRow:
     """One action record to store, with where it came from, in the store's columns.
 
     Built by :func:`action_row`, one builder for both stores, in the thread that received
-    the span (the writer thread only inserts it).
+    the span (the writer thread only inserts it). The C rows (``_rows.c``) fill its slots
+    without calling ``__init__``: it must stay a plain holder (no ``__post_init__``, no
+    defaults), and ``_rows.Rows`` refuses it when its fields are not those it fills.
     """
 
     session_id: str | None
