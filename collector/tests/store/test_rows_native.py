@@ -24,26 +24,12 @@ from hypothesis import strategies as st
 
 from benchmarks.collector_ingest import build_round
 from durable_sessions.mapping import map_attributes
-from durable_sessions.record import ON_FAILURE_VALUES, STATUSES
 from tests.support.senders import require_native
 
-IDENTIFIERS = (
-    "session_id",
-    "action_id",
-    "kind",
-    "name",
-    "idempotency_key",
-    "cache_key",
-    "result_ref",
-    "incarnation",
-)
-CHOICES = {
-    "status": sorted(STATUSES),
-    "replay": ["skip"],
-    "on_failure": sorted(ON_FAILURE_VALUES),
-    "session_source": ["trace"],
-}
-DIGESTS = ("result_digest", "prompt_digest")
+RULES = native_rows_settings()
+IDENTIFIERS = sorted(RULES["identifiers"])
+CHOICES = {name: sorted(values) for name, values in RULES["choices"].items()}
+DIGESTS = sorted(RULES["digests"])
 NO_TEXT = sorted(STORED_FIELDS.difference(IDENTIFIERS, CHOICES, DIGESTS))
 INT64 = 2**63
 
