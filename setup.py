@@ -25,5 +25,10 @@ setup(
             ["src/durable_sessions/_memory.c"],
             optional=True,
         ),
+        Extension(
+            "durable_sessions._mapping",
+            ["src/durable_sessions/_mapping.c"],
+            optional=True,
+        ),
     ]
 )

@@ -29,7 +29,9 @@ def test_unrecoverable_example_fails_and_names_the_session() -> None:
         assert f"[{rule}]" in result.stdout
 
 
-EXTENSIONS = "durable_sessions._native, durable_sessions._engine, durable_sessions._memory"
+EXTENSIONS = (
+    "durable_sessions._native, durable_sessions._engine, durable_sessions._memory, durable_sessions._mapping"
+)
 
 
 def version(command: str, native: str) -> list[str]:
@@ -45,7 +47,7 @@ def version(command: str, native: str) -> list[str]:
 def test_version_says_which_c_extensions_run() -> None:
     """A build without a compiler installs no extension and says so only under ``pip -v``;
     ``--version`` is where a user (or a bug report) learns whether they run."""
-    for module in ("_native", "_engine", "_memory"):
+    for module in ("_native", "_engine", "_memory", "_mapping"):
         require_native(module)
     require_native("_wire", "durable_sessions_collector.otlp")
     require_native("_rows", "durable_sessions_collector.store")

@@ -34,17 +34,20 @@ it: a mistyped instrumentation is never a silent pass.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 from opentelemetry.trace import StatusCode
 
 from durable_sessions import kinds
 from durable_sessions import semconv as sc
-from durable_sessions.digest import digest_text, digest_value
+from durable_sessions.digest import CANONICAL, digest_text, digest_value
+from durable_sessions.digest import PREFIX as DIGEST_PREFIX
 from durable_sessions.json_text import Failure, exact_integers, parse_with_stdlib
+from durable_sessions.native import native_module
 from durable_sessions.record import ActionRecord, Location, span_location
 
 if TYPE_CHECKING:
@@ -55,6 +58,7 @@ AttributeValue = str | bool | int | float | Sequence[str] | Sequence[bool] | Seq
 _PREFIX_LEN = len(sc.ACTION_PREFIX)
 _FIELDS = sc.ACTION_ATTRIBUTES
 _EMPTY: Mapping[str, Any] = {}
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,6 +319,42 @@ def map_attributes(
     return record, problems  # type: ignore[return-value]
 
 
+reference_map_attributes = map_attributes
+"""The Python :func:`map_attributes`: the reference the C path must agree with."""
+
+
+def _accelerated(reference: _F) -> _F:
+    """``reference`` (:func:`map_attributes`) behind the C path (``durable_sessions._mapping``),
+    which maps the common span itself and hands every other to ``reference``; ``reference``
+    itself where the extension was not built or ``DURABLE_SESSIONS_NATIVE`` turns it off.
+    Chosen once, at import: the front ends call ``map_attributes`` per span."""
+    module = native_module("_mapping")
+    if module is None:
+        return reference
+    return module.Mapper(  # type: ignore[no-any-return]
+        reference,
+        fields=_FIELDS,
+        prefix=sc.ACTION_PREFIX,
+        session_keys=sc.SESSION_ATTRIBUTES,
+        resource_session_key=sc.RESOURCE_SESSION_ID,
+        instance_key=sc.SERVICE_INSTANCE_ID,
+        name_keys=sc.NAME_FALLBACKS,
+        convention=_convention,
+        not_action=_NOT_ACTION,
+        redacted=sc.REDACTED,
+        status_ok=sc.STATUS_OK,
+        status_error=sc.STATUS_ERROR,
+        trace_source=sc.SESSION_SOURCE_TRACE,
+        loads=orjson.loads,
+        dumps=orjson.dumps,
+        canonical=CANONICAL,
+        sha256=hashlib.sha256,
+        digest_prefix=DIGEST_PREFIX,
+        prompt_digest=prompt_digest,
+        span_time=span_time,
+    )
+
+
 def span_time(start_time_ns: int, end_time_ns: int) -> tuple[int | None, str | None]:
     """When a span happened, in ns since the epoch, for its record's ``seq`` (its place
     in the session's listing) and ``ts`` (what ``key-outlived-window`` dates a key's uses
@@ -564,6 +604,9 @@ def sdk_span_facts(span: ReadableSpan) -> tuple[bool, int, int, int, int, Any]:
             context.span_id,  # type: ignore[union-attr]
             span.resource,
         )
+
+
+map_attributes = _accelerated(reference_map_attributes)
 
 
 __all__ = [

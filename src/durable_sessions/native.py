@@ -8,6 +8,9 @@
 - ``durable_sessions._engine`` dispatches every record to the rules that apply
   (``Checker.feed``), and ``durable_sessions._memory`` folds it into its session's
   memory (``SessionState.remember``), for the engine wherever it runs;
+- ``durable_sessions._mapping`` maps a span's attributes to its action record
+  (``mapping.map_attributes``) in every front end that maps spans: the span processor,
+  the sidecar and the OTLP/JSON reader;
 - the sidecar's ``durable_sessions_collector.otlp._wire`` reads binary OTLP trace
   requests into the parts the mapping takes, and its
   ``durable_sessions_collector.store._rows`` builds the stored row of each mapped record.
@@ -71,6 +74,7 @@ LIBRARY_EXTENSIONS = (
     ("durable_sessions", "_native"),
     ("durable_sessions", "_engine"),
     ("durable_sessions", "_memory"),
+    ("durable_sessions", "_mapping"),
 )
 
 

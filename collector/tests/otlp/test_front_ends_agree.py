@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import importlib.util
 import io
 import json
 import logging
@@ -47,6 +48,7 @@ from durable_sessions.json_text import json_line
 from durable_sessions.mapping import (
     exact_attributes,
     map_attributes,
+    reference_map_attributes,
     sdk_attributes,
     sdk_span_facts,
     with_problems,
@@ -56,6 +58,7 @@ from durable_sessions.record import span_location
 from durable_sessions.rules import select_rules
 from durable_sessions.span_check import SpanParts, check_span
 from tests.support import otlp_json_values, undated_spans
+from tests.support.senders import require_native
 from tests.support.undated_spans import end_undated_payments
 
 RULES = select_rules("all")
@@ -757,3 +760,25 @@ def test_a_real_sidecar_and_check_keep_one_span_key_in_two_sessions_and_drop_its
     wait_for(lambda: len(running.alerts()) >= 2)
     assert sorted((alert["session_id"], alert["rule"]) for alert in running.alerts()) == checked
     assert [len(running.session(s)["actions"]) for s in ("s-a", "s-b")] == [1, 1]
+
+
+def test_the_ingest_benchmarks_spans_are_all_mapped_in_c() -> None:
+    """``benchmarks/collector_ingest.py`` measures the sidecar on these spans: were the C
+    mapping to decline them, its figures would be the Python mapping's."""
+    require_native("_mapping")
+    require_native("_wire", package="durable_sessions_collector.otlp")
+    from durable_sessions import _mapping  # type: ignore[attr-defined]
+
+    path = Path(__file__).resolve().parents[3] / "benchmarks" / "collector_ingest.py"
+    spec = importlib.util.spec_from_file_location("collector_ingest", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    parts = [part for body in bench.build_round("test", 4, 100, 10) for part in decode.wire_span_parts(body)]
+    assert len(parts) == 400
+    for _name, attributes, resource, error, start, trace_id, span_id, end in parts:
+        for keep in (False, True):
+            args = (attributes, resource, error, start, trace_id, span_id, None, keep, end)
+            mapped = map_attributes.attempt(*args)  # type: ignore[attr-defined]
+            assert mapped is not _mapping.DECLINED, attributes
+            assert typed(mapped) == typed(reference_map_attributes(*args))
