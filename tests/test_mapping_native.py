@@ -5,7 +5,6 @@ types) and the same problems; every span it declines goes to the reference."""
 from __future__ import annotations
 
 import enum
-import math
 import os
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from durable_sessions import mapping
 from durable_sessions import semconv as sc
 from durable_sessions.mapping import reference_map_attributes
 from tests.support.senders import require_native
+from tests.support.typed import typed
 
 
 @pytest.fixture(autouse=True)
@@ -27,17 +27,6 @@ def _native_mapping() -> None:
     assert mapping.map_attributes is not reference_map_attributes, (
         "built, but DURABLE_SESSIONS_NATIVE turned it off"
     )
-
-
-def typed(value: Any) -> Any:
-    """``value`` with every type spelled out: True is not 1, -0.0 is not 0.0, NaN is NaN."""
-    if isinstance(value, tuple | list):
-        return (type(value).__name__, [typed(item) for item in value])
-    if isinstance(value, dict):
-        return ("dict", [(typed(key), typed(item)) for key, item in value.items()])
-    if isinstance(value, float):
-        return ("float", "nan" if math.isnan(value) else repr(value))
-    return (type(value).__name__, value)
 
 
 def agrees(args: tuple[Any, ...]) -> bool:

@@ -39,7 +39,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import Status, StatusCode
 from test_wire_native import requests as wire_requests
-from test_wire_native import typed
 
 from durable_sessions import instrument, otlp_json, readers
 from durable_sessions.check import OfflineCheck, check_paths, offline_checker
@@ -59,6 +58,7 @@ from durable_sessions.rules import select_rules
 from durable_sessions.span_check import SpanParts, check_span
 from tests.support import otlp_json_values, undated_spans
 from tests.support.senders import require_native
+from tests.support.typed import typed
 from tests.support.undated_spans import end_undated_payments
 
 RULES = select_rules("all")

@@ -5,7 +5,6 @@ it never accepts a request the reference rejects."""
 
 from __future__ import annotations
 
-import math
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -37,6 +36,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
 from tests.support.senders import require_native
+from tests.support.typed import typed
 
 
 @pytest.fixture(autouse=True)
@@ -53,17 +53,6 @@ def native(body: bytes) -> list[Any] | None:
 def reference(body: bytes) -> tuple[list[Any], list[str]]:
     rejected: list[str] = []
     return list(span_parts(parse_protobuf(body), None, rejected, mapped_attributes_of)), rejected
-
-
-def typed(value: Any) -> Any:
-    """``value`` with every type spelled out: True is not 1, -0.0 is not 0.0, NaN is NaN."""
-    if isinstance(value, tuple | list):
-        return (type(value).__name__, [typed(item) for item in value])
-    if isinstance(value, dict):
-        return ("dict", [(typed(key), typed(item)) for key, item in value.items()])
-    if isinstance(value, float):
-        return ("float", "nan" if math.isnan(value) else repr(value))
-    return (type(value).__name__, value)
 
 
 # --- generated requests ------------------------------------------------------------------
