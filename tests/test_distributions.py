@@ -145,7 +145,11 @@ NO_COMPILER_SCRIPT = textwrap.dedent(
     from durable_sessions.processor import DurabilitySpanProcessor
     from durable_sessions_collector.otlp.decode import protobuf_span_parts, wire_in_use
 
-    print("extensions", [native_module(name) for name in ("_native", "_engine", "_memory")], wire_in_use())
+    print(
+        "extensions",
+        [native_module(name) for name in ("_native", "_engine", "_memory", "_mapping")],
+        wire_in_use(),
+    )
 
     found = []
     processor = DurabilitySpanProcessor(checking="process", mode="silent", on_violation=found.append)
@@ -201,7 +205,7 @@ def test_without_a_c_compiler_both_distributions_build_and_run_in_python(tmp_pat
     )
     lines = done.stdout.splitlines()
     assert lines[:3] == [
-        "extensions [None, None, None] False",
+        "extensions [None, None, None, None] False",
         "processor process ['unkeyed-side-effect'] 0",
         "decoded 1",
     ], done.stdout + done.stderr

@@ -241,6 +241,10 @@ def map_attributes(
     decoder) and want to skip building :class:`SpanData` and :class:`Mapped`. The ids
     may be given as integers: they are formatted as hex only if the record needs them,
     so a span that is no action costs no formatting.
+
+    Where ``durable_sessions._mapping`` was built, ``map_attributes`` is its C version of
+    this function, which hands it every span it does not map itself, with the same
+    results (:func:`_accelerated`); :data:`reference_map_attributes` is this one.
     """
     record: dict[str, Any] = {}
     result: Any = _EMPTY
@@ -606,6 +610,7 @@ def sdk_span_facts(span: ReadableSpan) -> tuple[bool, int, int, int, int, Any]:
         )
 
 
+# Here, once every helper the C path is given (span_time, prompt_digest, …) is defined.
 map_attributes = _accelerated(reference_map_attributes)
 
 
@@ -619,6 +624,7 @@ __all__ = [
     "is_error",
     "map_attributes",
     "map_span",
+    "reference_map_attributes",
     "sdk_attributes",
     "sdk_resource_attributes",
     "span_time",
