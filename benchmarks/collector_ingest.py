@@ -16,8 +16,9 @@ one, so the two do not share a GIL (they do share the machine's CPUs).
     median round of each is reported, and the ratios.
 
     ``--baseline TREE`` adds a fourth server: the sidecar of another source tree (its
-    ``collector/src``, e.g. an earlier commit exported with ``git archive``), so that
-    before and after are measured in the same run.
+    ``collector/src``, and its ``src`` when the tree has one, extensions built in place;
+    e.g. an earlier commit exported with ``git archive``), so that before and after are
+    measured in the same run.
 
 ``latency``
     Sessions arrive at a steady rate; each has one span with an ingest-time violation
@@ -252,6 +253,9 @@ def _discard_server(conn: Any, walk: bool = False) -> None:
 def _sidecar_server(conn: Any, settings: dict[str, Any], collector_src: str | None = None) -> None:
     if collector_src is not None:  # another version of the sidecar, for before/after figures
         sys.path.insert(0, collector_src)
+        library = Path(collector_src).parent.parent / "src"
+        if (library / "durable_sessions").is_dir():  # and its durable_sessions, which maps spans
+            sys.path.insert(0, str(library))
     from durable_sessions_collector import service as sidecar
     from durable_sessions_collector.config import load
 
