@@ -82,6 +82,40 @@ def read_until_closed(sock: socket.socket, timeout: float) -> tuple[bytes, bool]
     return data, False
 
 
+def read_response(sock: socket.socket, timeout: float = 10) -> tuple[bytes, bool]:
+    """What the server sends until one whole response is in (within ``timeout`` s), and
+    whether it closed the connection. Unlike :func:`read_until_closed`, it returns as soon
+    as the response is whole: a connection kept open is not waited on for a set time, which
+    a loaded machine (the sanitizer's run) could exceed before the response came."""
+    deadline = time.monotonic() + timeout
+    data = b""
+    while not _whole_response(data) and (left := deadline - time.monotonic()) > 0:
+        sock.settimeout(left)
+        try:
+            got = sock.recv(65536)
+        except TimeoutError:
+            break
+        if not got:
+            return data, True
+        data += got
+    return data, False
+
+
+def _whole_response(data: bytes) -> bool:
+    head, separator, body = data.partition(b"\r\n\r\n")
+    if not separator:
+        return False
+    length = next(
+        (
+            int(line.split(b":", 1)[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        ),
+        0,
+    )
+    return len(body) >= length
+
+
 def responses(data: bytes) -> list[tuple[int, dict[str, str], bytes]]:
     """The HTTP/1.1 responses in ``data``, in order (status, lower-case headers, body)."""
     found = []
@@ -642,8 +676,9 @@ def test_at_the_cap_the_longest_idle_keep_alive_connection_makes_room(start_side
     for _ in range(2):
         sock = connect(sidecar)
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: sidecar\r\n\r\n")
-        data, closed = read_until_closed(sock, 0.5)
+        data, closed = read_response(sock)
         assert not closed and responses(data)[0][0] == 200
+        assert read_until_closed(sock, 0.3) == (b"", False)  # and kept open
         idle.append(sock)
         time.sleep(0.1)  # the first is idle the longer
     started = time.monotonic()
@@ -701,8 +736,9 @@ def test_stopping_closes_idle_connections_at_once_and_answers_requests_in_flight
     sidecar = start_sidecar()
     idle = connect(sidecar)
     idle.sendall(b"GET /healthz HTTP/1.1\r\nHost: sidecar\r\n\r\n")
-    data, closed = read_until_closed(idle, 0.5)
+    data, closed = read_response(idle)
     assert not closed and responses(data)[0][0] == 200
+    assert read_until_closed(idle, 0.3) == (b"", False)  # and kept open
     in_flight = half_sent_body(sidecar, "in-flight")
     wait_for(lambda: sidecar.service.http.connections.open == 2, timeout=5)
     stopping = threading.Thread(target=sidecar.service.stop)
@@ -739,8 +775,9 @@ def test_over_tls_an_idle_connection_makes_room_too(start_sidecar, tmp_path) -> 
 
     idle = tls_connect()
     idle.sendall(b"GET /healthz HTTP/1.1\r\nHost: sidecar\r\n\r\n")
-    data, closed = read_until_closed(idle, 1)
+    data, closed = read_response(idle)
     assert not closed and responses(data)[0][0] == 200
+    assert read_until_closed(idle, 0.3) == (b"", False)  # and kept open
     started = time.monotonic()
     with tls_connect() as newcomer:
         newcomer.sendall(b"GET /healthz HTTP/1.1\r\nHost: sidecar\r\nConnection: close\r\n\r\n")
