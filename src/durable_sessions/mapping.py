@@ -332,7 +332,7 @@ def _accelerated(reference: _F) -> _F:
     which maps the common span itself and hands every other to ``reference``; ``reference``
     itself where the extension was not built or ``DURABLE_SESSIONS_NATIVE`` turns it off.
     Chosen once, at import: the front ends call ``map_attributes`` per span."""
-    module = native_module("_mapping")
+    module = native_module("_mapping", warn=False)  # each front end warns of a bad switch itself
     if module is None:
         return reference
     return module.Mapper(  # type: ignore[no-any-return]

@@ -33,18 +33,24 @@ OFF = frozenset({"0", "false", "no", "off"})
 ON = frozenset({"", "1", "true", "yes", "on"})
 
 
-def native_module(name: str = "_native", package: str = "durable_sessions") -> ModuleType | None:
+def native_module(
+    name: str = "_native", package: str = "durable_sessions", *, warn: bool = True
+) -> ModuleType | None:
     """The extension module ``<package>.<name>``, or None when it was not built or
     ``DURABLE_SESSIONS_NATIVE`` is ``false`` (or ``0``, ``no``, ``off``).
 
     Any other value than those and ``true`` (``1``, ``yes``, ``on``) warns once and
     leaves the extensions on: a typo such as ``flase`` was silently read as on. It warns
     rather than raises, since this runs where the processor is imported, in user code.
+    ``warn=False`` leaves the warning to the front end's own extension, for a module
+    that chooses its C path as it is imported (the mapping, the sidecar's rows): the
+    import would write it before a front end could say it its own way (``serve``
+    writes JSON lines only), and whatever imported the module for nothing else.
     """
     value = os.environ.get(SWITCH, "").strip().lower()
     if value in OFF:
         return None
-    if value not in ON:
+    if warn and value not in ON:
         _warn_unknown(value)
     try:
         return importlib.import_module(f"{package}.{name}")

@@ -151,7 +151,7 @@ def reference_action_row(record: ActionRecord, trace_id: str, span_id: str) -> A
 
 
 def _native_rows() -> Any:
-    rows = native_module("_rows", package="durable_sessions_collector.store")
+    rows = native_module("_rows", package="durable_sessions_collector.store", warn=False)  # serve logs it
     if rows is None:
         return None
     return rows.Rows(**native_rows_settings(), row_type=ActionRow, dumps=orjson.dumps)
