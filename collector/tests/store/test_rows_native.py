@@ -265,4 +265,9 @@ def test_rows_refuse_a_row_type_of_other_fields() -> None:
         extra: int
 
     with pytest.raises(TypeError, match="slots are not those _rows fills"):
-        _rows.Rows(**native_rows_settings(), row_type=Wider, dumps=orjson.dumps)
+        _rows.Rows(
+            **native_rows_settings(),
+            row_type=Wider,
+            dumps=orjson.dumps,
+            smallest_float=base._ORJSON_SMALLEST_FLOAT,
+        )

@@ -11,7 +11,8 @@
  * - a record that is not exactly a dict, a field name that is not exactly a str;
  * - a stored field whose value is not exactly a str, bool, int within int64, float or
  *   None; a float that is not finite or that orjson writes otherwise than json does (a
- *   magnitude below 1e-4 but zero: encode_record writes it with json);
+ *   magnitude below smallest_float, base.py's _ORJSON_SMALLEST_FLOAT, but zero:
+ *   encode_record writes it with json);
  * - an identifier longer than max_text characters, a digest that is not sha256: and 64
  *   hex digits of either case (durable_sessions.digest.sha256_digest), a value of a list
  *   field that is not one of its values, a string in a field of no text (a boolean or a
@@ -34,10 +35,6 @@ enum { IDENTIFIER = 0, DIGEST = 1, NO_TEXT = 2 };
 #define DIGEST_PREFIX "sha256:"
 #define DIGEST_PREFIX_SIZE 7
 #define DIGEST_SIZE (DIGEST_PREFIX_SIZE + 64)
-/* Below this magnitude, zero aside, orjson writes a float positionally where json writes
- * an exponent (base.py's _ORJSON_SMALLEST_FLOAT). */
-#define SMALLEST_FLOAT 1e-4
-
 /* ActionRow's fields in the order of its definition; Rows() checks the class has these. */
 static const char *const ROW_FIELDS[] = {
     "session_id", "trace_id", "span_id", "status", "record", "action_id", "kind", "seq", "text",
@@ -54,6 +51,7 @@ typedef struct {
     PyObject *dumps;           /* orjson.dumps */
     PyObject *no_args;         /* () for the row type's tp_new */
     Py_ssize_t max_text;
+    double smallest_float;     /* below it, zero aside, orjson writes a float otherwise than json */
 } Rows;
 
 /* --- which values are plain ---------------------------------------------------------- */
@@ -114,7 +112,7 @@ plain_value(Rows *self, PyObject *kind, PyObject *value)
     }
     if (PyFloat_CheckExact(value)) {
         double number = PyFloat_AS_DOUBLE(value);
-        return number == 0.0 || (isfinite(number) && fabs(number) >= SMALLEST_FLOAT);
+        return number == 0.0 || (isfinite(number) && fabs(number) >= self->smallest_float);
     }
     return 0;
 }
@@ -384,12 +382,13 @@ static int
 Rows_init(Rows *self, PyObject *args, PyObject *kwargs)
 {
     static char *keywords[] = {
-        "identifiers", "digests", "choices", "no_text", "max_text", "row_type", "dumps", NULL,
+        "identifiers", "digests", "choices", "no_text", "max_text", "row_type", "dumps", "smallest_float", NULL,
     };
     PyObject *identifiers, *digests, *choices, *no_text, *row_type, *dumps;
     Py_ssize_t max_text;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOnOO:Rows", keywords, &identifiers, &digests, &choices,
-                                     &no_text, &max_text, &row_type, &dumps))
+    double smallest_float;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOnOOd:Rows", keywords, &identifiers, &digests, &choices,
+                                     &no_text, &max_text, &row_type, &dumps, &smallest_float))
         return -1;
     PyObject *fields = fields_of(identifiers, digests, choices, no_text);
     if (fields == NULL || take_row_type(self, row_type) < 0) {
@@ -403,6 +402,7 @@ Rows_init(Rows *self, PyObject *args, PyObject *kwargs)
     Py_XSETREF(self->fields, fields);
     Py_XSETREF(self->dumps, Py_NewRef(dumps));
     self->max_text = max_text;
+    self->smallest_float = smallest_float;
     return 0;
 }
 
@@ -431,10 +431,11 @@ static PyMethodDef Rows_methods[] = {
 };
 
 PyDoc_STRVAR(Rows_doc,
-"Rows(identifiers, digests, choices, no_text, max_text, row_type, dumps)\n--\n\n"
+"Rows(identifiers, digests, choices, no_text, max_text, row_type, dumps, smallest_float)\n--\n\n"
 "Builds rows of ``row_type`` for records whose stored fields (the names in ``identifiers``,\n"
 "``digests``, ``choices`` (name to its values) and ``no_text``) hold values stored as given;\n"
-"``dumps`` writes the JSON text (orjson.dumps).");
+"``dumps`` writes the JSON text (orjson.dumps), as json would but for a nonzero float of\n"
+"magnitude below ``smallest_float``, which it declines.");
 
 static PyTypeObject RowsType = {
     PyVarObject_HEAD_INIT(NULL, 0)

@@ -154,10 +154,12 @@ def _native_rows() -> Any:
     rows = native_module("_rows", package="durable_sessions_collector.store", warn=False)  # serve logs it
     if rows is None:
         return None
-    return rows.Rows(**native_rows_settings(), row_type=ActionRow, dumps=orjson.dumps)
-
-
-_ROWS = _native_rows()
+    return rows.Rows(
+        **native_rows_settings(),
+        row_type=ActionRow,
+        dumps=orjson.dumps,
+        smallest_float=_ORJSON_SMALLEST_FLOAT,
+    )
 
 
 def native_rows_in_use() -> bool:
@@ -1009,3 +1011,7 @@ def _untag(node: dict[str, Any]) -> Any:
     if len(node) == 1 and _BYTES_TAG in node and isinstance(node[_BYTES_TAG], str):
         return bytes.fromhex(node[_BYTES_TAG])
     return node
+
+
+# Here, once everything the C rows are given (encode_record's float threshold) is defined.
+_ROWS = _native_rows()
