@@ -22,8 +22,8 @@
  *
  * A declined span costs the C work done so far and nothing else: the record is built
  * in a new dict, and no input is changed. The Python helpers the mapping shares with
- * other code (span_time, prompt_digest, _convention) are called, not copied; a result's
- * digest is digest_value's for a JSON value, sha256 of orjson's canonical JSON.
+ * other code (span_time, prompt_digest, digest_value, _convention) are called, not
+ * copied.
  *
  * tests/test_mapping_native.py checks that Mapper and the reference give the same
  * record (keys, order, values and their types) and problems for generated spans.
@@ -36,7 +36,7 @@
 
 static PyObject *F_KIND, *F_RESULT, *F_STATUS, *F_PROMPT, *F_PROMPT_DIGEST, *F_RESULT_LENGTH,
     *F_VALUE_LIMIT, *F_REDACTED, *F_RESULT_DIGEST, *F_SESSION_ID, *F_SESSION_SOURCE, *F_INCARNATION,
-    *F_NAME, *F_SEQ, *F_TS, *M_HEXDIGEST, *TRACE_FORMAT, *ONE_E9, *ZERO, *DECLINED;
+    *F_NAME, *F_SEQ, *F_TS, *TRACE_FORMAT, *ONE_E9, *ZERO, *DECLINED;
 
 /* The Python objects a Mapper holds, in one list so that each is taken, visited and
  * cleared alike. */
@@ -55,10 +55,7 @@ static PyObject *F_KIND, *F_RESULT, *F_STATUS, *F_PROMPT, *F_PROMPT_DIGEST, *F_R
     X(status_error)        \
     X(trace_source)        \
     X(loads)               \
-    X(dumps)               \
-    X(canonical)           \
-    X(sha256)              \
-    X(digest_prefix)       \
+    X(digest)              \
     X(prompt_digest)       \
     X(span_time)
 
@@ -226,28 +223,6 @@ own_result(Mapper *self, PyObject *record, PyObject *value, PyObject *limit)
     return parsed;
 }
 
-/* digest_value(value) for a value orjson writes: sha256: and the hex digest of its
- * canonical JSON. */
-static PyObject *
-digest_of(Mapper *self, PyObject *value)
-{
-    PyObject *args[3] = {value, Py_None, self->canonical};
-    PyObject *data = PyObject_Vectorcall(self->dumps, args, 3, NULL);
-    if (data == NULL)
-        return NULL;
-    PyObject *hash = PyObject_CallOneArg(self->sha256, data);
-    Py_DECREF(data);
-    if (hash == NULL)
-        return NULL;
-    PyObject *hex = PyObject_CallMethodNoArgs(hash, M_HEXDIGEST);
-    Py_DECREF(hash);
-    if (hex == NULL)
-        return NULL;
-    PyObject *digest = PyUnicode_Concat(self->digest_prefix, hex);
-    Py_DECREF(hex);
-    return digest;
-}
-
 /* The tail's handling of a result: result_digest checked, then the result or its
  * digest recorded. -1: decline. */
 static int
@@ -263,7 +238,7 @@ record_result(Mapper *self, PyObject *record, PyObject *result, int keep)
         return PyDict_SetItem(record, F_RESULT, result);
     if (redacted || given != NULL)
         return 0;
-    return set_field(record, F_RESULT_DIGEST, digest_of(self, result));
+    return set_field(record, F_RESULT_DIGEST, PyObject_CallOneArg(self->digest, result));
 }
 
 /* -- the span's other parts ------------------------------------------------------------ */
@@ -464,12 +439,11 @@ Mapper_init(Mapper *self, PyObject *args, PyObject *kwargs)
 #undef NAME
         NULL,
     };
-    PyObject *given[20];
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O$OOOOOOOOOOOOOOOOOOO:Mapper", keywords, &given[0],
+    PyObject *given[17];
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O$OOOOOOOOOOOOOOOO:Mapper", keywords, &given[0],
                                      &given[1], &given[2], &given[3], &given[4], &given[5], &given[6],
                                      &given[7], &given[8], &given[9], &given[10], &given[11], &given[12],
-                                     &given[13], &given[14], &given[15], &given[16], &given[17], &given[18],
-                                     &given[19]))
+                                     &given[13], &given[14], &given[15], &given[16]))
         return -1;
     int i = 0;
 #define TAKE(name) Py_XSETREF(self->name, Py_NewRef(given[i++]));
@@ -477,7 +451,7 @@ Mapper_init(Mapper *self, PyObject *args, PyObject *kwargs)
 #undef TAKE
     if (!PyDict_CheckExact(self->fields) || !PyTuple_CheckExact(self->session_keys)
         || !PyTuple_CheckExact(self->name_keys) || !PyUnicode_CheckExact(self->prefix)
-        || !PyUnicode_IS_ASCII(self->prefix) || !PyUnicode_CheckExact(self->digest_prefix)) {
+        || !PyUnicode_IS_ASCII(self->prefix)) {
         PyErr_SetString(PyExc_TypeError,
                         "Mapper: fields must be a dict, session_keys and name_keys tuples, prefix ASCII text");
         return -1;
@@ -577,7 +551,6 @@ PyInit__mapping(void)
     INTERN(F_NAME, "name");
     INTERN(F_SEQ, "seq");
     INTERN(F_TS, "ts");
-    INTERN(M_HEXDIGEST, "hexdigest");
     INTERN(TRACE_FORMAT, "032x");
 #undef INTERN
     if ((ONE_E9 = PyFloat_FromDouble(1e9)) == NULL || (ZERO = PyLong_FromLong(0)) == NULL

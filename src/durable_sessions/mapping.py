@@ -34,7 +34,6 @@ it: a mistyped instrumentation is never a silent pass.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -44,8 +43,7 @@ from opentelemetry.trace import StatusCode
 
 from durable_sessions import kinds
 from durable_sessions import semconv as sc
-from durable_sessions.digest import CANONICAL, digest_text, digest_value
-from durable_sessions.digest import PREFIX as DIGEST_PREFIX
+from durable_sessions.digest import digest_text, digest_value
 from durable_sessions.json_text import Failure, exact_integers, parse_with_stdlib
 from durable_sessions.native import native_module
 from durable_sessions.record import ActionRecord, Location, span_location
@@ -350,10 +348,7 @@ def _accelerated(reference: _F) -> _F:
         status_error=sc.STATUS_ERROR,
         trace_source=sc.SESSION_SOURCE_TRACE,
         loads=orjson.loads,
-        dumps=orjson.dumps,
-        canonical=CANONICAL,
-        sha256=hashlib.sha256,
-        digest_prefix=DIGEST_PREFIX,
+        digest=digest_value,
         prompt_digest=prompt_digest,
         span_time=span_time,
     )
