@@ -295,6 +295,18 @@ class Child:
         self.port: int = info["port"]
         self.http_port: int | None = info.get("http_port")
 
+    def cpu_s(self) -> float:
+        """CPU seconds the server's threads have run so far (Linux ``/proc``, in ns: a round
+        of the discard receiver lasts a few clock ticks). A thread gone is not counted."""
+        total = 0
+        for thread in os.listdir(f"/proc/{self.process.pid}/task"):
+            with (
+                contextlib.suppress(OSError),
+                open(f"/proc/{self.process.pid}/task/{thread}/schedstat") as stat,
+            ):
+                total += int(stat.read().split()[0])
+        return total / 1e9
+
     def rss_mib(self) -> tuple[float, float]:
         self.conn.send("rss")
         rss, peak = self.conn.recv()
@@ -374,11 +386,14 @@ def throughput(args: argparse.Namespace) -> None:
     for _, child in servers:
         send_all(child.port, warm, args.clients)
     rates: dict[str, list[float]] = {name: [] for name, _ in servers}
+    cpu: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in servers}  # (server, load generator)
     for round_no in range(args.rounds):
         batch = build_round(f"r{round_no}", args.requests, args.spans_per_request, args.sessions_per_request)
         for name, child in servers:
+            server_before, client_before = child.cpu_s(), time.process_time()
             elapsed = send_all(child.port, batch, args.clients)
             rates[name].append(spans / elapsed)
+            cpu[name].append((child.cpu_s() - server_before, time.process_time() - client_before))
         baseline_note = (
             f", baseline sidecar {rates['baseline'][-1]:,.0f} spans/s "
             f"(sidecar / baseline {rates['sidecar'][-1] / rates['baseline'][-1]:.2f}x)"
@@ -395,6 +410,7 @@ def throughput(args: argparse.Namespace) -> None:
     print(f"median: discard {base:,.0f} spans/s, sidecar {side:,.0f} spans/s, ratio {side / base:.1%}")
     print(f"median: decode-to-Python {walked:,.0f} spans/s, sidecar / decode-to-Python {side / walked:.1%}")
     print(f"sidecar RSS {rss:.0f} MiB (peak {peak:.0f} MiB)")
+    print(_cpu_line(cpu, rates, spans))
     if args.baseline:
         before = statistics.median(rates["baseline"])
         # the servers take turns within a round: a round's own ratio is the fairer comparison
@@ -406,6 +422,23 @@ def throughput(args: argparse.Namespace) -> None:
         )
     for _, child in servers:
         child.stop()
+
+
+def _cpu_line(cpu: dict[str, list[tuple[float, float]]], rates: dict[str, list[float]], spans: int) -> str:
+    """Each server's CPU per span and the cores it kept busy, and the load generator's,
+    medians over the rounds: what bounds a server that does not fill the machine's cores
+    (one GIL, waits) shows as fewer cores than the machine has."""
+    cells = []
+    for name, used in cpu.items():
+        per_span = statistics.median(server / spans * 1e6 for server, _ in used)
+        cores = statistics.median(
+            server * rate / spans for (server, _), rate in zip(used, rates[name], strict=True)
+        )
+        client = statistics.median(client / spans * 1e6 for _, client in used)
+        cells.append(
+            f"{name} {per_span:.2f} µs per span on {cores:.2f} cores (load generator {client:.2f} µs)"
+        )
+    return "median CPU: " + "; ".join(cells)
 
 
 # --- alert latency --------------------------------------------------------------------------
