@@ -1155,6 +1155,52 @@ def test_a_task_and_a_generator_returned_by_sync_functions_resume_in_the_shape_t
     assert trials["after-3"].runs[-1].output.splitlines() == [charged, sent]
 
 
+def test_a_task_a_coroutine_function_gives_resumes_as_a_done_future(tmp_path: Path) -> None:
+    """``async def start(): return asyncio.ensure_future(charge())``: killed after the Task
+    was done, the await of the resumed call gives a done Future of its result (it gave
+    ``None``: the Task is no JSON, so nothing was recorded, and ``None.add_done_callback``
+    raised AttributeError); stepped over while in doubt, a done Future of ``None``. The
+    charge happens once, whatever the crash (the kill came before the Task ran, and the
+    step over left it never charged)."""
+    agent = _instrumented(
+        tmp_path,
+        """
+        import asyncio, json
+
+        async def charging(card):
+            await asyncio.sleep(0)
+            with open(os.path.join(os.environ["DURABLE_SESSIONS_DIR"], "world.jsonl"), "a") as world:
+                world.write(json.dumps({"event": "charge", "to": card}) + "\\n")
+            return {"charged": card}
+
+        async def start(card):
+            await asyncio.sleep(0)
+            return asyncio.ensure_future(charging(card))
+
+        charge = action("a01", "payment", replay="skip")(start)
+
+        async def main():
+            with session("s1", journal=journal):
+                task = await charge("visa")
+                called = []
+                task.add_done_callback(lambda done: called.append(done.result()))
+                await task
+                await asyncio.sleep(0)  # the callback runs
+                print("a01", task.done(), task.result(), called, flush=True)
+                action("a02", "llm_call")(lambda: 2)()
+
+        asyncio.run(main())
+        """,
+    )
+    trials = _passed_after(agent, tmp_path, stepped_over=[{("s1", "a01")}, set()])
+    for trial in trials.values():
+        assert [e["to"] for e in world(trial.directory)] == ["visa"], trial.name
+    assert trials["after-1"].runs[-1].output.splitlines() == ["a01 True None [None]"]
+    assert trials["after-2"].runs[-1].output.splitlines() == [
+        "a01 True {'charged': 'visa'} [{'charged': 'visa'}]"
+    ]
+
+
 def test_an_async_generator_returned_by_a_sync_function_resumes_as_an_async_generator(tmp_path: Path) -> None:
     """Killed after its async generator was exhausted, the resumed call is handed back an
     async generator of the items (the replay was ``None``, and ``async for`` over it a

@@ -1819,6 +1819,127 @@ def test_an_entry_of_a_task_written_before_the_shape_was_noted_replays_as_a_coro
     assert charges == []
 
 
+def _starting(task: Callable[[str], Any]) -> Callable[[str], Any]:
+    """A coroutine function whose await gives a Task of ``task(card)``, as ``async def
+    start(): return asyncio.ensure_future(charge())`` does."""
+
+    async def start(card: str) -> asyncio.Task[Any]:
+        await asyncio.sleep(0)
+        return asyncio.ensure_future(task(card))
+
+    return start
+
+
+def test_a_task_or_future_a_coroutine_function_gives_is_journaled_when_done_and_replayed_as_a_done_future(
+    journal: SqliteJournal,
+) -> None:
+    """``async def start(): return asyncio.ensure_future(charge())`` has its effect when the
+    Task is done: the action ends then, with its result recorded, and the await of a
+    resumed call gives a done Future of the running loop holding it, as a sync function's
+    replay does. The Task was "recorded" at the await (not JSON: a warning), journaled
+    ``ok`` without an outcome, and the resumed call's await gave ``None``. One that failed
+    ends ``error``, and runs again."""
+    agent = Agent(journal)
+    charges: list[str] = []
+
+    async def charge(card: str) -> dict[str, str]:
+        await asyncio.sleep(0)
+        if card == "declined":
+            raise ValueError("card declined")
+        charges.append(card)
+        return {"charged": card}
+
+    async def settled_later(card: str) -> asyncio.Future[dict[str, str]]:
+        future = asyncio.get_running_loop().create_future()
+
+        def charged() -> None:
+            charges.append(card)
+            future.set_result({"charged": card})
+
+        asyncio.get_running_loop().call_soon(charged)
+        return future
+
+    by_task = agent.action("p-task", "payment", idempotency_key="k-1")(_starting(charge))
+    by_future = agent.action("p-future", "payment", idempotency_key="k-2")(settled_later)
+    retried = agent.action("p-retried", "payment", idempotency_key="k-3")(_starting(charge))
+
+    async def first() -> list[Any]:
+        with session("s-1", journal=journal):
+            task = await by_task("visa")
+            assert isinstance(task, asyncio.Task) and not task.done()
+            entry = journal.get("s-1", "p-task")
+            assert (entry.status, entry.shape) == ("started", "future") and agent.spans() == []
+            with pytest.raises(ValueError, match="card declined"):
+                await (await retried("declined"))
+            return [await task, await (await by_future("amex"))]
+
+    assert asyncio.run(first()) == [{"charged": "visa"}, {"charged": "amex"}]
+    assert journal.get("s-1", "p-task").outcome == {"charged": "visa"}
+    assert journal.get("s-1", "p-future").outcome == {"charged": "amex"}
+    assert json.loads(agent.attributes("p-task")[sc.ACTION_RESULT]) == {"charged": "visa"}
+    assert journal.get("s-1", "p-retried").status == "error"
+    restart()
+
+    async def resumed() -> list[Any]:
+        with session("s-1", journal=journal):
+            futures = [await by_task("visa"), await by_future("amex")]
+            for future in futures:
+                assert isinstance(future, asyncio.Future) and future.done() and not future.cancel()
+                assert future.get_loop() is asyncio.get_running_loop()
+            return [future.result() for future in futures] + [await (await retried("mastercard"))]
+
+    assert asyncio.run(resumed()) == [{"charged": "visa"}, {"charged": "amex"}, {"charged": "mastercard"}]
+    assert charges == ["visa", "amex", "mastercard"]
+    assert journal.get("s-1", "p-retried").outcome == {"charged": "mastercard"}
+
+
+def test_a_task_a_coroutine_function_gives_cancelled_is_in_doubt_and_its_skip_or_resolution_a_done_future(
+    journal: SqliteJournal,
+) -> None:
+    """Cancelled, the Task may or may not have charged: the entry stays ``started``, in
+    doubt, as a sync function's Task's does (it was journaled ``ok`` at the await, and
+    replayed as ``None``). Stepped over, or settled by an operator, the await of the
+    resumed call gives a done Future of ``None``, or of the outcome given; otherwise the
+    resumed call raises ActionInDoubt, not charging again."""
+    charges: list[str] = []
+
+    async def hanging(card: str) -> None:
+        await asyncio.sleep(10)  # cancelled here: did it charge?
+        charges.append(card)
+
+    cut = action("p-cut", "payment", replay="skip")(_starting(hanging))
+    settled = action("p-settled", "payment")(_starting(hanging))
+    doubted = action("p-doubted", "payment")(_starting(hanging))
+
+    async def first_run() -> None:
+        with session("s-1", journal=journal):
+            for call, card in ((cut, "amex"), (settled, "diners"), (doubted, "visa")):
+                task = await call(card)
+                await asyncio.sleep(0)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+
+    asyncio.run(first_run())
+    entries = [journal.get("s-1", a) for a in ("p-cut", "p-settled", "p-doubted")]
+    assert [(e.status, e.shape) for e in entries] == [("started", "future")] * 3
+    journal.resolve("s-1", "p-settled", {"charged": "diners"})  # the operator found it went through
+    restart()
+
+    async def resumed() -> list[Any]:
+        with session("s-1", journal=journal):
+            with pytest.raises(ActionInDoubt):
+                await doubted("visa")
+            futures = [await cut("amex"), await settled("diners")]
+            for future in futures:
+                assert isinstance(future, asyncio.Future) and future.done()
+                assert future.get_loop() is asyncio.get_running_loop()
+            return [await future for future in futures]
+
+    assert asyncio.run(resumed()) == [None, {"charged": "diners"}]
+    assert charges == []
+
+
 def _assert_sent_to_ana_and_bo(agent: Agent, boundaries: Path) -> None:
     """Action ``n1`` of session ``s-1`` completed with its items, ana's and bo's emails, as
     its outcome, in the journal and on its span, past its ``after`` crash point once."""

@@ -810,8 +810,11 @@ class action:
                     if act.replayed or act.skipped:
                         return _replayed_value(act)
                     value = await func(*args, **kwargs)
-                    # What the await gave may be a stream whose effect runs as it is
-                    # iterated: the action ends with it, as a sync function's does.
+                    # What the await gave may be a Task or a Future whose effect runs
+                    # until it is done, or a stream whose effect runs as it is iterated:
+                    # the action ends with it, as a sync function's does.
+                    if asyncio.isfuture(value):
+                        return _settled(act, value, self.record_return)
                     if _is_stream(value):
                         return _iterated(act, value, self.record_return)
                     if self.record_return:
@@ -1176,12 +1179,13 @@ def _handed_over(act: Action, *, awaited: bool, shape: str | None = None) -> _En
 
 
 def _settled(act: Action, future: asyncio.Future[Any], record: bool) -> asyncio.Future[Any]:
-    """``future`` (a Task or a Future a decorated sync function returned), as it is, with
-    ``act`` ending when it is done: its effect has happened then, not when it was returned.
+    """``future`` (a Task or a Future a decorated sync function returned, or a decorated
+    coroutine function's await gave), as it is, with ``act`` ending when it is done: its
+    effect has happened then, not when it was returned.
 
     Done with a result, the action records it and completes ``ok`` (its replay is handed
-    back as a done Future, :func:`_reshaped`); failed, it ends ``error``; cancelled, it is
-    cut short, in doubt as a cancelled coroutine is. The callback fails open.
+    back as a done Future, :func:`_replayed_value`); failed, it ends ``error``; cancelled,
+    it is cut short, in doubt as a cancelled coroutine is. The callback fails open.
     """
     ending = _handed_over(act, awaited=True, shape=SHAPE_FUTURE)
 
@@ -1273,19 +1277,20 @@ def _iterated(
 
 def _reshaped(act: Action, declared_awaitable: bool) -> Any:
     """The replayed (or stepped-over) outcome of a decorated sync function, in the shape its
-    first run's caller got: a done Future, a coroutine (noted, or declared awaitable), a
-    generator of the recorded items, or the value itself."""
-    if act._replay_shape == SHAPE_FUTURE:
-        return _done_future(act.action_id, act.result)
-    if declared_awaitable or act._replay_awaitable:
+    first run's caller got: a coroutine (noted, or declared awaitable) unless a Future was
+    noted, which is awaitable itself, else as :func:`_replayed_value` gives it."""
+    if (declared_awaitable or act._replay_awaitable) and act._replay_shape != SHAPE_FUTURE:
         return _resolved(act.result)
     return _replayed_value(act)
 
 
 def _replayed_value(act: Action) -> Any:
     """The replayed (or stepped-over) outcome as what a call (or a coroutine function's
-    await) gave its first caller: a generator, or an async generator, of the recorded
-    items when it gave one, else the value itself."""
+    await) gave its first caller: a done Future of the running loop holding it when it gave
+    a Task or a Future (:func:`_done_future`), a generator, or an async generator, of the
+    recorded items when it gave one, else the value itself."""
+    if act._replay_shape == SHAPE_FUTURE:
+        return _done_future(act.action_id, act.result)
     if act._replay_shape in (SHAPE_ITERATOR, SHAPE_ASYNC_ITERATOR):
         return _replayed_items(
             act.action_id, act.result, asynchronous=act._replay_shape == SHAPE_ASYNC_ITERATOR
@@ -1301,9 +1306,10 @@ def _is_stream(value: object) -> bool:
 
 def _done_future(action_id: str, value: Any) -> Any:
     """A Future of the running loop holding ``value``: the replay of an action whose first
-    run returned a Task or a Future. With no loop running there is none to bind it to
-    (the first run's had one): a coroutine of ``value``, which a loop started later awaits,
-    is handed back instead, and logged."""
+    run returned a Task or a Future (or whose await gave one). With no loop running (only
+    a sync function's replay can have none) there is none to bind it to (the first run's
+    had one): a coroutine of ``value``, which a loop started later awaits, is handed back
+    instead, and logged."""
     try:
         future = asyncio.get_running_loop().create_future()
     except RuntimeError:
