@@ -64,11 +64,13 @@ logger = logging.getLogger("durable_sessions")
 Status = Literal["started", "ok", "error"]
 
 SHAPE_FUTURE = "future"
-"""An :attr:`Entry.shape`: the action's function returned an asyncio Task or Future."""
+"""An :attr:`Entry.shape`: the action's function returned an asyncio Task or Future (or,
+a coroutine function, its await gave one)."""
 SHAPE_ITERATOR = "iterator"
-"""An :attr:`Entry.shape`: the action's function returned a generator."""
+"""An :attr:`Entry.shape`: the action's function returned a generator (or its await gave one)."""
 SHAPE_ASYNC_ITERATOR = "async_iterator"
-"""An :attr:`Entry.shape`: the action's function returned an async generator."""
+"""An :attr:`Entry.shape`: the action's function returned an async generator (or its await
+gave one)."""
 
 
 @dataclasses.dataclass(frozen=True)
