@@ -2,8 +2,9 @@
  * durable_sessions._native: the span processor's per-span work, where it is hot.
  *
  * Optional fast paths, each with a Python path that stays the reference: Handoff
- * (on_end with checking="process"), SessionCopier (on_start) and route_lines (the
- * parallel offline check's line routing).
+ * (on_end with checking="process"), SessionCopier (on_start), route_lines (the
+ * parallel offline check's line routing) and mark_bad_strings (bad_text.marked: the
+ * strings of an OTLP/JSON body that are not UTF-8 text).
  *
  * Handoff hands ended spans to the checker process cheaply.
  *
@@ -99,6 +100,16 @@ put_byte(Scratch *s, char c)
     if (scratch_reserve(s, 1) < 0)
         return -1;
     s->data[s->len++] = c;
+    return 0;
+}
+
+static int
+put_raw(Scratch *s, const void *data, size_t len)
+{
+    if (scratch_reserve(s, len) < 0)
+        return -1;
+    memcpy(s->data + s->len, data, len);
+    s->len += len;
     return 0;
 }
 
@@ -199,10 +210,8 @@ put_str(Scratch *s, PyObject *value)
     }
     if (size > INT32_MAX)
         return 1;
-    if (put_u32(s, TYPE_UNICODE, (uint32_t)size) < 0 || scratch_reserve(s, (size_t)size) < 0)
+    if (put_u32(s, TYPE_UNICODE, (uint32_t)size) < 0 || put_raw(s, utf8, (size_t)size) < 0)
         return -1;
-    memcpy(s->data + s->len, utf8, (size_t)size);
-    s->len += (size_t)size;
     return 0;
 }
 
@@ -1318,20 +1327,292 @@ route_lines(PyObject *module, PyObject *args)
     return Py_BuildValue("(Nnn)", lines, consumed, number);
 }
 
+/* -- mark_bad_strings: OTLP/JSON strings that are not UTF-8 text ------------------------------ */
+
+/* durable_sessions.bad_text.reference_mark_bad_strings in one pass over the body: the
+ * Python loop costs microseconds a string, so a body of millions of small bad strings
+ * held the GIL (and stalled the sidecar) for tens of seconds. The same strings, in the
+ * same words: the Python code is the reference, and a differential test holds this to it. */
+
+enum { LONE_NONE = 0, LONE_REFUSED = -1 };
+
+/* Each detail's text is made once and kept (a body may hold millions of marks): by lead
+ * byte, and by surrogate (0xd800 to 0xdfff). */
+static PyObject *byte_details[256];
+static PyObject *surrogate_details[0x800];
+
+/* The closing quote of the JSON string whose text starts at p (after its opening quote),
+ * as bad_text._NEXT_STRING reads it: a backslash escapes the byte after it, whatever it
+ * is. NULL when the string is unterminated. *escapes_u: whether it holds a \u escape.
+ * The quote found is kept while backslashes before it are passed over, so each byte is
+ * looked at a bounded number of times however many escapes the string holds. */
+static const unsigned char *
+string_close(const unsigned char *p, const unsigned char *end, int *escapes_u)
+{
+    const unsigned char *quote = NULL;
+    *escapes_u = 0;
+    for (;;) {
+        if (quote == NULL || quote < p) {
+            quote = memchr(p, '"', (size_t)(end - p));
+            if (quote == NULL)
+                return NULL;
+        }
+        const unsigned char *backslash = memchr(p, '\\', (size_t)(quote - p));
+        if (backslash == NULL)
+            return quote;
+        if (end - backslash < 2)
+            return NULL;
+        *escapes_u |= backslash[1] == 'u';
+        p = backslash + 2;
+    }
+}
+
+/* The first byte of p[0:end] that is not ASCII, or end: eight bytes at a time, since
+ * most text is ASCII. */
+static const unsigned char *
+skip_ascii(const unsigned char *p, const unsigned char *end)
+{
+    uint64_t word;
+    while (end - p >= 8) {
+        memcpy(&word, p, 8);
+        if (word & 0x8080808080808080ULL)
+            break;
+        p += 8;
+    }
+    while (p < end && *p < 0x80)
+        p++;
+    return p;
+}
+
+/* Where p[0:end] stops being UTF-8 as Python's strict decoder reads it (the lead byte of
+ * the first bad sequence: a stray continuation byte, an overlong form, an encoded
+ * surrogate, beyond U+10FFFF, cut short), or NULL when it is UTF-8 throughout. */
+static const unsigned char *
+first_not_utf8(const unsigned char *p, const unsigned char *end)
+{
+    while ((p = skip_ascii(p, end)) < end) {
+        unsigned char c = *p, low = 0x80, high = 0xbf;
+        Py_ssize_t more;
+        if (c >= 0xc2 && c <= 0xdf)
+            more = 1;
+        else if (c >= 0xe0 && c <= 0xef) {
+            more = 2;
+            low = c == 0xe0 ? 0xa0 : 0x80;  /* overlong */
+            high = c == 0xed ? 0x9f : 0xbf; /* a surrogate */
+        } else if (c >= 0xf0 && c <= 0xf4) {
+            more = 3;
+            low = c == 0xf0 ? 0x90 : 0x80;  /* overlong */
+            high = c == 0xf4 ? 0x8f : 0xbf; /* beyond U+10FFFF */
+        } else
+            return p; /* a continuation byte, or a lead byte no text has */
+        if (end - p <= more || p[1] < low || p[1] > high)
+            return p;
+        for (Py_ssize_t i = 2; i <= more; i++)
+            if ((p[i] & 0xc0) != 0x80)
+                return p;
+        p += more + 1;
+    }
+    return NULL;
+}
+
+/* The four hex digits at p[0:4] (before end), or -1 when they are not. */
+static long
+hex4(const unsigned char *p, const unsigned char *end)
+{
+    if (end - p < 4)
+        return -1;
+    long value = 0;
+    for (int i = 0; i < 4; i++) {
+        unsigned char c = p[i];
+        int digit = c >= '0' && c <= '9' ? c - '0'
+                    : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                    : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                           : -1;
+        if (digit < 0)
+            return -1;
+        value = value << 4 | digit;
+    }
+    return value;
+}
+
+/* The first lone surrogate of the JSON string p[0:end] (between its quotes, UTF-8) as
+ * json.loads reads it: a \uD800-\uDBFF escape followed by a \uDC00-\uDFFF escape is a
+ * pair, as CPython's _json.c scanstring pairs them (it reads the second escape's digits
+ * whenever "\u" follows a high surrogate: bad digits refuse the string there). LONE_NONE
+ * when it holds none, LONE_REFUSED when json.loads refuses it (a raw control character, a
+ * bad escape, a short \u): no mark for it, as the reference gives none. */
+static long
+lone_surrogate(const unsigned char *p, const unsigned char *end)
+{
+    long first = LONE_NONE;
+    while (p < end) {
+        unsigned char c = *p;
+        if (c < 0x20)
+            return LONE_REFUSED;
+        if (c != '\\') {
+            p++;
+            continue;
+        }
+        if (end - p < 2)
+            return LONE_REFUSED;
+        c = p[1];
+        if (c != 'u') {
+            if (c == 0 || strchr("\"\\/bfnrt", c) == NULL)
+                return LONE_REFUSED;
+            p += 2;
+            continue;
+        }
+        long code = hex4(p + 2, end);
+        if (code < 0)
+            return LONE_REFUSED;
+        p += 6;
+        if (code >= 0xd800 && code <= 0xdbff && end - p >= 6 && p[0] == '\\' && p[1] == 'u') {
+            long low = hex4(p + 2, end);
+            if (low < 0)
+                return LONE_REFUSED;
+            if (low >= 0xdc00 && low <= 0xdfff) {
+                p += 6;
+                continue;
+            }
+        }
+        if (code >= 0xd800 && code <= 0xdfff && first == LONE_NONE)
+            first = code;
+    }
+    return first;
+}
+
+/* The interned text of detail, made at its first use: slot, one of the caches. */
+static PyObject *
+cached_detail(PyObject **slot, const char *format, unsigned int value)
+{
+    if (*slot == NULL) {
+        char text[48];
+        snprintf(text, sizeof text, format, value);
+        *slot = PyUnicode_InternFromString(text);
+    }
+    return *slot;
+}
+
+/* bad_text._not_text for the string p[0:end] (between its quotes): 1 with *detail (a
+ * borrowed reference) when it is not UTF-8 text, 0 when it is (or json.loads refuses
+ * it), -1 on a memory error. Without a \u escape a string holds no surrogate, so only
+ * its bytes are looked at. */
+static int
+not_text(const unsigned char *p, const unsigned char *end, int escapes_u, PyObject **detail)
+{
+    const unsigned char *bad = first_not_utf8(p, end);
+    if (bad != NULL)
+        *detail = cached_detail(&byte_details[*bad], "byte 0x%02x", *bad);
+    else {
+        long code = escapes_u ? lone_surrogate(p, end) : LONE_NONE;
+        if (code == LONE_NONE || code == LONE_REFUSED)
+            return 0;
+        *detail = cached_detail(&surrogate_details[code - 0xd800], "a lone surrogate escape \\u%04x", (unsigned int)code);
+    }
+    return *detail == NULL ? -1 : 1;
+}
+
+/* Writes the mark numbered number: quoted (a quote and the mark), the number in
+ * decimal, a quote. The digits are written by hand: snprintf took half the time of a
+ * body of tiny bad strings. */
+static int
+put_mark(Scratch *s, const Py_buffer *quoted, size_t number)
+{
+    char text[24], *digit = text + sizeof text;
+    *--digit = '"';
+    do
+        *--digit = (char)('0' + number % 10);
+    while ((number /= 10) != 0);
+    if (put_raw(s, quoted->buf, (size_t)quoted->len) < 0 || put_raw(s, digit, (size_t)(text + sizeof text - digit)) < 0)
+        return -1;
+    return 0;
+}
+
+/* Marks the string body[open:close + 1] (its detail appended to *details, made at the
+ * first mark), after the bytes from *copied kept as they are. */
+static int
+mark_string(Scratch *s, const Py_buffer *quoted, const unsigned char **copied, const unsigned char *open,
+            const unsigned char *close, PyObject **details, PyObject *detail)
+{
+    if (*details == NULL && (*details = PyList_New(0)) == NULL)
+        return -1;
+    if (put_raw(s, *copied, (size_t)(open - *copied)) < 0 || put_mark(s, quoted, (size_t)PyList_GET_SIZE(*details)) < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *copied = close + 1;
+    return PyList_Append(*details, detail);
+}
+
+/* The marked body and its details from the scratch buffer, the rest of the body after
+ * copied kept as it is; None when no string was marked. */
+static PyObject *
+marked_result(Scratch *s, const unsigned char *copied, const unsigned char *end, PyObject *details)
+{
+    if (details == NULL)
+        Py_RETURN_NONE;
+    if (put_raw(s, copied, (size_t)(end - copied)) < 0 || s->len > PY_SSIZE_T_MAX) {
+        Py_DECREF(details);
+        return PyErr_NoMemory();
+    }
+    PyObject *body = PyBytes_FromStringAndSize(s->data, (Py_ssize_t)s->len);
+    if (body == NULL) {
+        Py_DECREF(details);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", body, details);
+}
+
+static PyObject *
+mark_bad_strings(PyObject *module, PyObject *args)
+{
+    Py_buffer data, quoted;
+    if (!PyArg_ParseTuple(args, "y*y*", &data, &quoted))
+        return NULL;
+    Scratch s;
+    scratch_init(&s);
+    PyObject *details = NULL, *result = NULL;
+    const unsigned char *p = data.buf, *end = p + data.len, *copied = p, *open;
+    while ((open = memchr(p, '"', (size_t)(end - p))) != NULL) {
+        int escapes_u;
+        const unsigned char *close = string_close(open + 1, end, &escapes_u);
+        if (close == NULL)
+            break; /* unterminated: the rest is kept as it is */
+        PyObject *detail;
+        int status = not_text(open + 1, close, escapes_u, &detail);
+        if (status < 0 || (status == 1 && mark_string(&s, &quoted, &copied, open, close, &details, detail) < 0))
+            goto done;
+        p = close + 1;
+    }
+    result = marked_result(&s, copied, end, details);
+    details = NULL; /* the result's, or released */
+done:
+    Py_XDECREF(details);
+    scratch_free(&s);
+    PyBuffer_Release(&quoted);
+    PyBuffer_Release(&data);
+    return result;
+}
+
 static PyMethodDef module_functions[] = {
     {"route_lines", (PyCFunction)route_lines, METH_VARARGS,
      "route_lines(data, number, shard, shards, max_line_bytes, final) -> (lines, consumed, number): "
      "the lines of data a parallel check's worker must look at, as (line number, raw bytes or None "
      "when too long, owned for certain); lines another worker owns are left out. Without final, "
      "a last line with no newline is left for the next call (consumed says where it starts)."},
+    {"mark_bad_strings", (PyCFunction)mark_bad_strings, METH_VARARGS,
+     "mark_bad_strings(body, quoted_mark) -> (marked_body, details) or None: "
+     "durable_sessions.bad_text.reference_mark_bad_strings in C. Each JSON string of body "
+     "that is not UTF-8 text becomes quoted_mark, its number and a quote; details[number] "
+     "says why. None when body holds no such string."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "durable_sessions._native",
-    .m_doc = "Optional native fast paths of the span processor and the parallel check "
-             "(see durable_sessions.native).",
+    .m_doc = "Optional native fast paths of the span processor, the parallel check and the "
+             "marking of OTLP/JSON text that is not UTF-8 (see durable_sessions.native).",
     .m_size = -1,
     .m_methods = module_functions,
 };

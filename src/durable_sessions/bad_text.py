@@ -12,6 +12,13 @@ such string of the body with a mark (a string that cannot be in the body otherwi
 keeps why it is bad. orjson then reads the marked body, or refuses it for something
 else, and the reader rejects the span (or the resource or scope) that holds a mark,
 naming the field as :meth:`Marked.first` finds it.
+
+The strings are marked in one pass in C (``durable_sessions._native.mark_bad_strings``)
+where the extension was built: a body of millions of small bad strings (or of strings of
+text that is not ASCII, each looked at) held the GIL for seconds a MiB in the Python loop,
+which stalled the whole sidecar. :func:`reference_mark_bad_strings`, that loop, stays the
+reference (same marks, same words; a differential test holds the C to it) and is what
+``DURABLE_SESSIONS_NATIVE=false`` selects.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from typing import Any
 import orjson
 
 from durable_sessions.json_text import exact_integers
+from durable_sessions.native import native_module
 
 
 def not_utf8(where: str, detail: str | None = None) -> str:
@@ -112,12 +120,26 @@ _KEY_CHARS = 40
 
 def marked(body: bytes) -> Marked | None:
     """``body`` with each string that is not UTF-8 text replaced by a mark, or None when it
-    holds none (or every mark is in it already)."""
+    holds none (or every mark is in it already). The strings are marked in C
+    (``durable_sessions._native.mark_bad_strings``) where the extension was built, else by
+    :func:`reference_mark_bad_strings`: the same marks in the same words."""
     if not _may_hold_bad_text(body):  # most bodies orjson refuses: no string to pass over
         return None
     mark = next((mark for mark in _MARKS if not _holds(body, mark)), None)
     if mark is None:
         return None
+    native = native_module(warn=False)  # each front end warns of a bad switch itself
+    mark_bad_strings = reference_mark_bad_strings if native is None else native.mark_bad_strings
+    found = mark_bad_strings(body, b'"' + mark.encode())
+    return None if found is None else Marked(found[0], mark, found[1])
+
+
+def reference_mark_bad_strings(body: bytes, quoted_mark: bytes) -> tuple[bytes, list[str]] | None:
+    """``body`` with each string that is not UTF-8 text replaced by ``quoted_mark`` (a
+    quotation mark and the mark), its number and a quotation mark, and what is wrong with
+    each by number (:func:`_not_text`); None when it holds none. The strings are those
+    :data:`_NEXT_STRING` finds from the start; an unterminated one ends the search, and
+    the rest of the body is kept as it is. The reference the C version must agree with."""
     details: list[str] = []
     # A body may hold millions of bad strings, each a turn of this loop: the marked body
     # grows in one buffer (a list of pieces held two objects a string, over a GB for a
@@ -126,7 +148,6 @@ def marked(body: bytes) -> Marked | None:
     marked_body = bytearray()
     view = memoryview(body)
     texts: dict[str, str] = {}
-    quoted = b'"' + mark.encode()
     start = 0
     # Each match starts where the last ended (finditer would try again from every byte
     # after a failure: a body ending in a long unterminated string took quadratic time).
@@ -135,7 +156,7 @@ def marked(body: bytes) -> Marked | None:
         detail = _not_text(body[begin:end])
         if detail is not None:
             marked_body += view[start:begin]
-            marked_body += b'%s%d"' % (quoted, len(details))
+            marked_body += b'%s%d"' % (quoted_mark, len(details))
             details.append(texts.setdefault(detail, detail))
         else:
             marked_body += view[start:end]
@@ -143,7 +164,7 @@ def marked(body: bytes) -> Marked | None:
     if not details:
         return None
     marked_body += view[start:]
-    return Marked(bytes(marked_body), mark, details)
+    return bytes(marked_body), details
 
 
 def read(body: bytes) -> tuple[Any, Marked] | None:

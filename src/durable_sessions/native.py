@@ -4,7 +4,9 @@
 
 - ``durable_sessions._native`` holds the hottest per-item steps of the span processor
   (``on_start``, and ``on_end`` with ``checking="process"``) and of the parallel offline
-  check (routing lines to workers);
+  check (routing lines to workers), and the marking of the strings that are not UTF-8
+  text in an OTLP/JSON body orjson refused (``bad_text.marked``, in the sidecar and
+  ``check``);
 - ``durable_sessions._engine`` dispatches every record to the rules that apply
   (``Checker.feed``), and ``durable_sessions._memory`` folds it into its session's
   memory (``SessionState.remember``), for the engine wherever it runs;
