@@ -28,7 +28,7 @@ import time
 import tracemalloc
 import types
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -1662,6 +1662,20 @@ def test_a_task_returned_by_a_sync_function_is_given_back_as_it_is(journal: Sqli
     assert journal.get("s-1", "p1").status == "ok"
 
 
+def card_charger(charges: list[str]) -> Callable[[str], Coroutine[Any, Any, dict[str, str]]]:
+    """A coroutine function that charges a card after one turn of the loop (appending it to
+    ``charges``), or fails for the card ``declined``."""
+
+    async def charge(card: str) -> dict[str, str]:
+        await asyncio.sleep(0)
+        if card == "declined":
+            raise ValueError("card declined")
+        charges.append(card)
+        return {"charged": card}
+
+    return charge
+
+
 def test_a_task_or_future_returned_by_a_sync_function_is_journaled_when_done_and_replayed_awaitable(
     journal: SqliteJournal,
 ) -> None:
@@ -1670,13 +1684,7 @@ def test_a_task_or_future_returned_by_a_sync_function_is_journaled_when_done_and
     ``None`` back and the caller's ``await`` raised TypeError in its code; a Task that
     failed was journaled ``ok`` all the same."""
     charges: list[str] = []
-
-    async def charge(card: str) -> dict[str, str]:
-        await asyncio.sleep(0)
-        if card == "declined":
-            raise ValueError("card declined")
-        charges.append(card)
-        return {"charged": card}
+    charge = card_charger(charges)
 
     def settled_later(card: str) -> asyncio.Future[dict[str, str]]:
         future = asyncio.get_running_loop().create_future()
@@ -1841,13 +1849,7 @@ def test_a_task_or_future_a_coroutine_function_gives_is_journaled_when_done_and_
     ends ``error``, and runs again."""
     agent = Agent(journal)
     charges: list[str] = []
-
-    async def charge(card: str) -> dict[str, str]:
-        await asyncio.sleep(0)
-        if card == "declined":
-            raise ValueError("card declined")
-        charges.append(card)
-        return {"charged": card}
+    charge = card_charger(charges)
 
     async def settled_later(card: str) -> asyncio.Future[dict[str, str]]:
         future = asyncio.get_running_loop().create_future()
