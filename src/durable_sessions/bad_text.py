@@ -125,7 +125,7 @@ def marked(body: bytes) -> Marked | None:
     :func:`reference_mark_bad_strings`: the same marks in the same words."""
     if not _may_hold_bad_text(body):  # most bodies orjson refuses: no string to pass over
         return None
-    mark = next((mark for mark in _MARKS if not _holds(body, mark)), None)
+    mark = absent_mark(body)
     if mark is None:
         return None
     native = native_module(warn=False)  # each front end warns of a bad switch itself
@@ -194,9 +194,19 @@ def _may_hold_bad_text(body: bytes) -> bool:
     return b"\\u" in body and _SURROGATE_ESCAPE.search(body) is not None
 
 
-def _holds(body: bytes, mark: str) -> bool:
-    """Whether ``body`` may hold ``mark``, as UTF-8 or as an escape of either case."""
-    return mark.encode() in body or f"\\u{ord(mark):04x}".encode() in body.lower()
+def absent_mark(body: bytes) -> str | None:
+    """The first of :data:`_MARKS` that ``body`` holds neither as UTF-8 nor as an escape of
+    either case, or None. The body is lowered once, and only when it holds an escape: a
+    body of 64 MiB that held the first marks was copied once for each of them."""
+    escapes = body.lower() if b"\\u" in body or b"\\U" in body else b""
+    return next(
+        (
+            mark
+            for mark in _MARKS
+            if mark.encode() not in body and f"\\u{ord(mark):04x}".encode() not in escapes
+        ),
+        None,
+    )
 
 
 def _not_text(string: bytes) -> str | None:
