@@ -196,7 +196,10 @@ def test_a_restarted_sidecar_judges_long_keys_and_bad_digests_as_before(
     first.shutdown()
     sidecar.stop()
 
-    again = start_sidecar(store, evaluation__idle_s=0.3)
+    # Idle long enough that the restarted sidecar's sweep does not end (rebuilding it) the
+    # session before the second run's spans come: at 0.3 s, on a loaded machine, it did,
+    # and their arrival rebuilt it a second time.
+    again = start_sidecar(store, evaluation__idle_s=3)
     second = Agent(grpc_exporter(again.grpc_endpoint), "inc-2")
     second.action("trip-9", "p1", "payment", idempotency_key=key, result_digest=DIGEST)  # same key
     second.action("trip-9", "p2", "payment", idempotency_key=key)  # a key already used by p1
